@@ -1,0 +1,520 @@
+//! The wire-format test vectors: their definitions, the generator that writes
+//! them to `spec/vectors/`, and the checker that decodes each one and compares
+//! the result with its JSON description.
+//!
+//! Each vector is a pair of files: `NAME.bin` (the bytes) and `NAME.json` (what
+//! they decode to, or the error code they must give). The format of the JSON is
+//! documented in `spec/vectors/README.md`; any implementation of the wire format
+//! must pass every vector.
+
+#![warn(missing_docs)]
+
+use std::path::{Path, PathBuf};
+
+use handoff_wire::framing::encode_header_into;
+use handoff_wire::{auth, Buffer, Descriptor, Header, Hello, Limits, Preamble, WireError};
+use serde::Serialize;
+use serde_json::{json, Value as Json};
+
+/// One test vector.
+#[derive(Debug, Clone)]
+pub struct Vector {
+    /// File stem.
+    pub name: &'static str,
+    /// The bytes.
+    pub bytes: Vec<u8>,
+    /// The JSON description (without the `file` key, which the writer adds).
+    pub description: Json,
+}
+
+fn hello_fixture() -> Hello {
+    Hello {
+        node_id: "0123456789abcdef0123456789abcdef".into(),
+        name: "alpha".into(),
+        host_id: "host-a".into(),
+        pid: 4242,
+        process_id: "fedcba9876543210fedcba9876543210".into(),
+        language: "rust".into(),
+        implementation: "handoff-rs/0.1.0".into(),
+        version: 1,
+        capabilities: vec!["inline".into()],
+        nonce: (0u8..32).collect(),
+        listen: Some("tcp://127.0.0.1:7070".into()),
+    }
+}
+
+fn hello_fixture_b() -> Hello {
+    Hello {
+        node_id: "00000000000000000000000000000001".into(),
+        name: "beta".into(),
+        host_id: "host-b".into(),
+        pid: 7,
+        process_id: "00000000000000000000000000000002".into(),
+        language: "python".into(),
+        implementation: "handoff-py/0.1.0".into(),
+        version: 1,
+        capabilities: vec!["inline".into()],
+        nonce: (100u8..132).collect(),
+        listen: None,
+    }
+}
+
+fn hello_json(h: &Hello) -> Json {
+    let mut j = json!({
+        "k": "hello", "node": h.node_id, "name": h.name, "host": h.host_id, "pid": h.pid,
+        "proc": h.process_id, "lang": h.language, "impl": h.implementation, "v": h.version,
+        "caps": h.capabilities, "nonce": {"$bin": hex::encode(&h.nonce)},
+    });
+    if let Some(l) = &h.listen {
+        j["listen"] = json!(l);
+    }
+    j
+}
+
+fn message(header: &Header<'_>, frames: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_header_into(header, &mut out);
+    for f in frames {
+        out.extend_from_slice(f);
+    }
+    out
+}
+
+/// Encodes a header from raw msgpack bytes (for vectors the encoder refuses to write).
+fn raw_message(header_msgpack: &[u8], tail: &[u8]) -> Vec<u8> {
+    let mut out = (header_msgpack.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(header_msgpack);
+    out.extend_from_slice(tail);
+    out
+}
+
+fn msgpack(value: &rmpv::Value) -> Vec<u8> {
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, value).expect("writing msgpack to memory");
+    out
+}
+
+fn s(v: &str) -> rmpv::Value {
+    rmpv::Value::from(v)
+}
+
+fn map(pairs: Vec<(&str, rmpv::Value)>) -> rmpv::Value {
+    rmpv::Value::Map(pairs.into_iter().map(|(k, v)| (s(k), v)).collect())
+}
+
+fn invalid(name: &'static str, kind: &str, bytes: Vec<u8>, error: &str, what: &str) -> Vector {
+    Vector {
+        name,
+        bytes,
+        description: json!({"kind": kind, "valid": false, "error": error, "description": what}),
+    }
+}
+
+/// A struct with two buffers, the body of the `msg-two-frames` vector.
+#[derive(Serialize)]
+struct Sample {
+    name: String,
+    seq: u32,
+    data: Buffer,
+    meta: Buffer,
+}
+
+/// Every vector, in a stable order.
+pub fn all() -> Vec<Vector> {
+    let mut v = Vec::new();
+    let ours = Preamble::OURS;
+    v.push(Vector {
+        name: "preamble-v1",
+        bytes: ours.encode().to_vec(),
+        description: json!({
+            "kind": "preamble", "valid": true,
+            "description": "The preamble of a version-1 implementation.",
+            "decoded": {"min_version": 1, "max_version": 1, "flags": 0},
+            "negotiated": 1,
+        }),
+    });
+    v.push(Vector {
+        name: "preamble-newer-peer",
+        bytes: Preamble { min_version: 1, max_version: 3, flags: 0 }.encode().to_vec(),
+        description: json!({
+            "kind": "preamble", "valid": true,
+            "description": "A newer peer that still speaks version 1: both use version 1.",
+            "decoded": {"min_version": 1, "max_version": 3, "flags": 0},
+            "negotiated": 1,
+        }),
+    });
+    v.push(invalid(
+        "preamble-no-common-version",
+        "preamble",
+        Preamble { min_version: 2, max_version: 3, flags: 0 }.encode().to_vec(),
+        "unsupported-version",
+        "A peer that speaks only versions 2 and 3: negotiation with a version-1 implementation fails.",
+    ));
+    v.push(invalid(
+        "preamble-bad-magic",
+        "preamble",
+        b"GET / HTTP/1.1\r\n".to_vec(),
+        "bad-magic",
+        "An HTTP client connected to a handoff port.",
+    ));
+    v.push(invalid(
+        "preamble-truncated",
+        "preamble",
+        b"HANDOFF".to_vec(),
+        "truncated",
+        "The connection closed after 7 bytes.",
+    ));
+
+    let hello = hello_fixture();
+    v.push(Vector {
+        name: "hello",
+        bytes: message(&Header::Hello(hello.clone()), &[]),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "A hello: the first message after the preambles.",
+            "header": hello_json(&hello), "frames": [],
+        }),
+    });
+
+    // The authentication proof between the two fixture hellos.
+    let secret = b"correct horse battery staple";
+    let hello_a = hello.clone();
+    let hello_b = hello_fixture_b();
+    let bytes_a = Header::Hello(hello_a.clone()).encode();
+    let bytes_b = Header::Hello(hello_b.clone()).encode();
+    let proof_a = auth::proof(secret, &bytes_a, &bytes_b);
+    v.push(Vector {
+        name: "auth",
+        bytes: message(&Header::Auth { mac: proof_a.to_vec() }, &[]),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "The auth message alpha sends to beta. Its mac is HMAC-SHA256(secret, \"handoff-v1-auth\\0\" | u32 len | alpha's hello header | u32 len | beta's hello header).",
+            "header": {"k": "auth", "mac": {"$bin": hex::encode(proof_a)}},
+            "frames": [],
+            "auth": {
+                "secret": {"$bin": hex::encode(secret)},
+                "prover_hello": {"$bin": hex::encode(&bytes_a)},
+                "verifier_hello": {"$bin": hex::encode(&bytes_b)},
+                "verifier_proof": {"$bin": hex::encode(auth::proof(secret, &bytes_b, &bytes_a))},
+            },
+        }),
+    });
+    v.push(Vector {
+        name: "ready",
+        bytes: message(&Header::Ready, &[]),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "Ready: the peer's proof verified.",
+            "header": {"k": "ready"}, "frames": [],
+        }),
+    });
+    v.push(Vector {
+        name: "error",
+        bytes: message(
+            &Header::Error { code: "auth-failed".into(), message: "wrong cluster secret".into() },
+            &[],
+        ),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "An error the sender reports before it closes the connection.",
+            "header": {"k": "error", "code": "auth-failed", "msg": "wrong cluster secret"}, "frames": [],
+        }),
+    });
+
+    let ping = handoff_wire::encode(&json!({"seq": 7}), None).expect("encode");
+    v.push(Vector {
+        name: "msg-no-frames",
+        bytes: message(&Header::Msg { type_name: "handoff.Ping", body: &ping.body, frames: vec![] }, &[]),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "A message with a small body and no frames.",
+            "header": {"k": "msg", "t": "handoff.Ping", "b": {"$bin": hex::encode(&ping.body)}, "f": []},
+            "frames": [], "body": {"seq": 7},
+        }),
+    });
+
+    let sample = Sample {
+        name: "blob".into(),
+        seq: 300,
+        data: Buffer::from_static(b"hello world"),
+        meta: Buffer::from_static(&[0, 1, 2, 3]),
+    };
+    let enc = handoff_wire::encode(&sample, None).expect("encode");
+    let descs: Vec<Descriptor> = enc.frames.iter().map(|f| Descriptor::Inline { len: f.len() as u64 }).collect();
+    let frames: Vec<&[u8]> = enc.frames.iter().map(|f| f.as_ref()).collect();
+    v.push(Vector {
+        name: "msg-two-frames",
+        bytes: message(&Header::Msg { type_name: "demo.Sample", body: &enc.body, frames: descs }, &frames),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "A struct with two buffers: the body refers to them as frames 0 and 1 (msgpack ext type 1, u32 big-endian index); their bytes follow the header.",
+            "header": {"k": "msg", "t": "demo.Sample", "b": {"$bin": hex::encode(&enc.body)},
+                       "f": [{"k": "inline", "n": 11}, {"k": "inline", "n": 4}]},
+            "frames": [{"$bin": hex::encode(b"hello world")}, {"$bin": "00010203"}],
+            "body": {"name": "blob", "seq": 300, "data": {"$frame": 0}, "meta": {"$frame": 1}},
+        }),
+    });
+
+    let extra_keys = msgpack(&map(vec![
+        ("k", s("msg")),
+        ("t", s("handoff.Ping")),
+        ("b", rmpv::Value::Binary(vec![0x80])),
+        ("f", rmpv::Value::Array(vec![])),
+        ("x-future", s("ignored")),
+    ]));
+    v.push(Vector {
+        name: "msg-unknown-key-ignored",
+        bytes: raw_message(&extra_keys, &[]),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "Receivers ignore header keys they do not know (later versions add optional keys).",
+            "header": {"k": "msg", "t": "handoff.Ping", "b": {"$bin": "80"}, "f": []},
+            "frames": [], "body": {},
+        }),
+    });
+
+    // Invalid messages.
+    let ok_header = msgpack(&map(vec![
+        ("k", s("msg")),
+        ("t", s("x")),
+        ("b", rmpv::Value::Binary(vec![0x80])),
+        ("f", rmpv::Value::Array(vec![map(vec![("k", s("inline")), ("n", 10.into())])])),
+    ]));
+    v.push(invalid(
+        "msg-truncated-header",
+        "message",
+        raw_message(&ok_header, &[])[..12].to_vec(),
+        "truncated",
+        "The stream ends inside the header.",
+    ));
+    v.push(invalid(
+        "msg-truncated-frame",
+        "message",
+        raw_message(&ok_header, b"abc"),
+        "truncated",
+        "The descriptor announces 10 bytes, only 3 follow.",
+    ));
+    v.push(invalid(
+        "msg-header-too-large",
+        "message",
+        vec![0x7f, 0xff, 0xff, 0xff, 0x80],
+        "header-too-large",
+        "The length prefix announces a 2 GiB header (the default limit is 16 MiB); the receiver rejects it before reading or allocating.",
+    ));
+    v.push(invalid(
+        "msg-header-zero-length",
+        "message",
+        vec![0, 0, 0, 0],
+        "malformed-header",
+        "A zero-length header.",
+    ));
+    v.push(invalid(
+        "msg-header-not-a-map",
+        "message",
+        raw_message(&[0xc1, 0xc1, 0xc1], &[]),
+        "malformed-header",
+        "The header is not msgpack (0xc1 is never used).",
+    ));
+    v.push(invalid(
+        "msg-missing-type",
+        "message",
+        raw_message(&msgpack(&map(vec![("k", s("msg")), ("b", rmpv::Value::Binary(vec![0x80]))])), &[]),
+        "malformed-header",
+        "A msg header without its type name `t`.",
+    ));
+    v.push(invalid(
+        "msg-unknown-kind",
+        "message",
+        raw_message(&msgpack(&map(vec![("k", s("launch-missiles"))])), &[]),
+        "unknown-kind",
+        "A header kind this version does not know.",
+    ));
+    let many: Vec<rmpv::Value> = (0..1025).map(|_| map(vec![("k", s("inline")), ("n", 0.into())])).collect();
+    v.push(invalid(
+        "msg-too-many-frames",
+        "message",
+        raw_message(
+            &msgpack(&map(vec![
+                ("k", s("msg")),
+                ("t", s("x")),
+                ("b", rmpv::Value::Binary(vec![0x80])),
+                ("f", rmpv::Value::Array(many)),
+            ])),
+            &[],
+        ),
+        "too-many-frames",
+        "1025 descriptors; the default limit is 1024.",
+    ));
+    let desc = |k: &str, n: u64| map(vec![("k", s(k)), ("n", n.into())]);
+    let msg_with = |descs: Vec<rmpv::Value>| {
+        msgpack(&map(vec![
+            ("k", s("msg")),
+            ("t", s("x")),
+            ("b", rmpv::Value::Binary(vec![0x80])),
+            ("f", rmpv::Value::Array(descs)),
+        ]))
+    };
+    v.push(invalid(
+        "msg-frame-too-large",
+        "message",
+        raw_message(&msg_with(vec![desc("inline", 5 << 30)]), &[]),
+        "frame-too-large",
+        "One frame of 5 GiB; the default limit is 4 GiB per frame. Rejected before any frame byte is read.",
+    ));
+    v.push(invalid(
+        "msg-message-too-large",
+        "message",
+        raw_message(&msg_with((0..5).map(|_| desc("inline", 4 << 30)).collect()), &[]),
+        "message-too-large",
+        "Five frames of 4 GiB; the default limit is 16 GiB per message.",
+    ));
+    v.push(invalid(
+        "msg-unknown-descriptor",
+        "message",
+        raw_message(&msg_with(vec![desc("carrier-pigeon", 1)]), b"x"),
+        "unknown-descriptor",
+        "A descriptor kind that no version defines.",
+    ));
+    v.push(invalid(
+        "msg-shm-descriptor-on-stream",
+        "message",
+        raw_message(&msg_with(vec![desc("shm", 4096)]), &[]),
+        "unsupported-descriptor",
+        "A reserved descriptor kind (shm) on a connection that cannot carry it.",
+    ));
+    let bad_ref_body = msgpack(&map(vec![("data", rmpv::Value::Ext(1, vec![0, 0, 0, 3]))]));
+    v.push(invalid(
+        "msg-bad-frame-ref",
+        "message",
+        raw_message(
+            &msgpack(&map(vec![
+                ("k", s("msg")),
+                ("t", s("x")),
+                ("b", rmpv::Value::Binary(bad_ref_body)),
+                ("f", rmpv::Value::Array(vec![desc("inline", 2)])),
+            ])),
+            b"ok",
+        ),
+        "bad-frame-ref",
+        "The body refers to frame 3 of a message with one frame.",
+    ));
+    let bad_ext_body = msgpack(&map(vec![("data", rmpv::Value::Ext(1, vec![0, 0]))]));
+    v.push(invalid(
+        "msg-bad-frame-ref-payload",
+        "message",
+        raw_message(
+            &msgpack(&map(vec![
+                ("k", s("msg")),
+                ("t", s("x")),
+                ("b", rmpv::Value::Binary(bad_ext_body)),
+                ("f", rmpv::Value::Array(vec![])),
+            ])),
+            &[],
+        ),
+        "bad-body",
+        "A frame reference whose payload is 2 bytes instead of 4.",
+    ));
+    v
+}
+
+/// The folder the vectors live in: `spec/vectors` at the workspace root.
+pub fn vectors_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../spec/vectors")
+}
+
+/// The description of a vector as written to disk, with its `name` and `file` keys.
+pub fn description_on_disk(v: &Vector) -> Json {
+    let mut d = v.description.clone();
+    d["name"] = json!(v.name);
+    d["file"] = json!(format!("{}.bin", v.name));
+    d
+}
+
+/// Writes every vector to `dir` (the generator).
+pub fn write_all(dir: &Path) -> std::io::Result<usize> {
+    std::fs::create_dir_all(dir)?;
+    let vectors = all();
+    for v in &vectors {
+        std::fs::write(dir.join(format!("{}.bin", v.name)), &v.bytes)?;
+        let text = serde_json::to_string_pretty(&description_on_disk(v)).expect("JSON") + "\n";
+        std::fs::write(dir.join(format!("{}.json", v.name)), text)?;
+    }
+    Ok(vectors.len())
+}
+
+/// Converts a decoded msgpack value into the JSON view the vectors use:
+/// binary as `{"$bin": hex}`, a frame reference as `{"$frame": index}`.
+pub fn json_view(value: &rmpv::Value, frame_count: usize) -> Result<Json, WireError> {
+    use rmpv::Value as V;
+    Ok(match value {
+        V::Nil => Json::Null,
+        V::Boolean(b) => json!(b),
+        V::Integer(i) => match (i.as_u64(), i.as_i64()) {
+            (Some(u), _) => json!(u),
+            (None, Some(s)) => json!(s),
+            _ => unreachable!("msgpack integers fit u64 or i64"),
+        },
+        V::F32(f) => json!(f),
+        V::F64(f) => json!(f),
+        V::String(s) => json!(s.as_str().unwrap_or("")),
+        V::Binary(b) => json!({"$bin": hex::encode(b)}),
+        V::Array(items) => Json::Array(items.iter().map(|i| json_view(i, frame_count)).collect::<Result<_, _>>()?),
+        V::Map(pairs) => {
+            let mut m = serde_json::Map::new();
+            for (k, val) in pairs {
+                let key = k.as_str().map(str::to_string).unwrap_or_else(|| k.to_string());
+                m.insert(key, json_view(val, frame_count)?);
+            }
+            Json::Object(m)
+        }
+        V::Ext(1, payload) => {
+            let idx: [u8; 4] = payload.as_slice().try_into().map_err(|_| WireError::BadBody {
+                type_name: "?".into(),
+                reason: format!("frame reference payload must be 4 bytes, got {}", payload.len()),
+            })?;
+            let index = u32::from_be_bytes(idx) as u64;
+            if index as usize >= frame_count {
+                return Err(WireError::BadFrameRef { index, count: frame_count });
+            }
+            json!({"$frame": index})
+        }
+        V::Ext(t, payload) => json!({"$ext": t, "data": hex::encode(payload)}),
+    })
+}
+
+/// Decodes a vector's bytes the way a receiver would and returns its JSON view
+/// (or the error), to compare with the description.
+pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
+    let limits = Limits::default();
+    let kind = v.description["kind"].as_str().unwrap_or("");
+    if kind == "preamble" {
+        let p = Preamble::decode(&v.bytes)?;
+        let negotiated = Preamble::OURS.negotiate(&p)?;
+        return Ok(json!({
+            "decoded": {"min_version": p.min_version, "max_version": p.max_version, "flags": p.flags},
+            "negotiated": negotiated,
+        }));
+    }
+    let m = handoff_wire::decode_message(&v.bytes, &limits)?;
+    let header_end = 4 + u32::from_be_bytes(v.bytes[..4].try_into().expect("4 bytes")) as usize;
+    let header_value = rmpv::decode::read_value(&mut &v.bytes[4..header_end])
+        .map_err(|e| WireError::MalformedHeader(e.to_string()))?;
+    let mut header_json = json_view(&header_value, 0)?;
+    // Keys a receiver ignores are not part of what the message decodes to.
+    if let Json::Object(map) = &mut header_json {
+        map.retain(|k, _| !k.starts_with("x-"));
+    }
+    let frames: Vec<Json> = m.frames.iter().map(|f| json!({"$bin": hex::encode(f)})).collect();
+    let mut out = json!({"header": header_json, "frames": frames});
+    if let Header::Msg { body, .. } = &m.header {
+        let value = rmpv::decode::read_value(&mut &body[..]).map_err(|e| WireError::BadBody {
+            type_name: "?".into(),
+            reason: e.to_string(),
+        })?;
+        let view = json_view(&value, m.frames.len())?;
+        if v.description.get("body").is_some() {
+            out["body"] = view;
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,388 @@
+//! The msgpack header that starts every message after the preamble, and its frame descriptors.
+//!
+//! The header is a msgpack map whose `k` field says what kind of message it is.
+//! Decoders accept the keys in any order and ignore keys they do not know (so
+//! later versions may add optional keys); encoders write the keys in the order
+//! given in `spec/WIRE.md`, so that every implementation produces the same bytes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Limits, WireError};
+
+/// Everything a side says about itself in the handshake (Dask's handshake context, made explicit).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// Random 128-bit node id, lower-case hex.
+    pub node_id: String,
+    /// Human-readable node name.
+    pub name: String,
+    /// Host identity: nodes with equal host ids may share memory.
+    pub host_id: String,
+    /// Operating-system process id.
+    pub pid: u32,
+    /// Random 128-bit id of the process instance (pids repeat across hosts), lower-case hex.
+    pub process_id: String,
+    /// Implementation language, e.g. `rust` or `python`.
+    pub language: String,
+    /// Implementation name and version, e.g. `handoff-rs/0.1.0`.
+    pub implementation: String,
+    /// The protocol version this side chose after the preambles.
+    pub version: u16,
+    /// Capabilities, e.g. `inline`; later versions add `shm`, `ticket`, `tag`.
+    pub capabilities: Vec<String>,
+    /// 32 random bytes: the challenge the peer's proof must cover.
+    pub nonce: Vec<u8>,
+    /// Address other nodes can connect to, if the node listens.
+    pub listen: Option<String>,
+}
+
+/// How one frame of a message travels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Descriptor {
+    /// `len` bytes that follow the header in the same stream.
+    Inline {
+        /// Length in bytes.
+        len: u64,
+    },
+    /// Reserved (specified for the same-host channel): a shared-memory segment passed as a descriptor.
+    Shm {
+        /// Length in bytes.
+        len: u64,
+    },
+    /// Reserved (specified for tickets): a claim to pull the bytes from their owner.
+    Ticket {
+        /// Length in bytes.
+        len: u64,
+    },
+    /// Reserved (specified for resource tags): a key the receiver resolves locally.
+    Tag {
+        /// The resource key.
+        key: String,
+    },
+}
+
+impl Descriptor {
+    /// The descriptor kind as written on the wire.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Descriptor::Inline { .. } => "inline",
+            Descriptor::Shm { .. } => "shm",
+            Descriptor::Ticket { .. } => "ticket",
+            Descriptor::Tag { .. } => "tag",
+        }
+    }
+
+    /// Bytes of this frame that follow the header in the stream.
+    pub fn inline_len(&self) -> u64 {
+        match self {
+            Descriptor::Inline { len } => *len,
+            _ => 0,
+        }
+    }
+}
+
+/// A decoded header; `'a` borrows the body from the received bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Header<'a> {
+    /// First handshake message.
+    Hello(Hello),
+    /// Second handshake message: the proof of the cluster secret.
+    Auth {
+        /// HMAC-SHA256 proof, 32 bytes.
+        mac: Vec<u8>,
+    },
+    /// Third handshake message: the peer's proof verified, messages may flow.
+    Ready,
+    /// A user message.
+    Msg {
+        /// The registered type name of the value.
+        type_name: &'a str,
+        /// The msgpack-encoded value.
+        body: &'a [u8],
+        /// Its frames, in order.
+        frames: Vec<Descriptor>,
+    },
+    /// The sender rejects something and closes the connection.
+    Error {
+        /// A stable code from the spec, e.g. `auth-failed`.
+        code: String,
+        /// A human-readable explanation.
+        message: String,
+    },
+}
+
+#[derive(Deserialize)]
+struct RawDescriptor<'a> {
+    #[serde(borrow)]
+    k: Option<&'a str>,
+    n: Option<u64>,
+    key: Option<String>,
+}
+
+#[derive(Serialize)]
+struct OutDescriptor<'a> {
+    k: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    n: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
+}
+
+#[derive(Deserialize)]
+struct RawHeader<'a> {
+    #[serde(borrow)]
+    k: Option<&'a str>,
+    #[serde(borrow)]
+    t: Option<&'a str>,
+    #[serde(borrow, default, with = "serde_bytes")]
+    b: Option<&'a [u8]>,
+    #[serde(borrow)]
+    f: Option<Vec<RawDescriptor<'a>>>,
+    node: Option<String>,
+    name: Option<String>,
+    host: Option<String>,
+    pid: Option<u32>,
+    proc: Option<String>,
+    lang: Option<String>,
+    #[serde(rename = "impl")]
+    implementation: Option<String>,
+    v: Option<u16>,
+    caps: Option<Vec<String>>,
+    #[serde(default, with = "serde_bytes")]
+    nonce: Option<Vec<u8>>,
+    listen: Option<String>,
+    #[serde(default, with = "serde_bytes")]
+    mac: Option<Vec<u8>>,
+    code: Option<String>,
+    msg: Option<String>,
+}
+
+fn missing(kind: &str, field: &str) -> WireError {
+    WireError::MalformedHeader(format!("{kind:?} header lacks field {field:?}"))
+}
+
+impl<'a> Header<'a> {
+    /// Decodes and validates a header against `limits`.
+    pub fn decode(bytes: &'a [u8], limits: &Limits) -> Result<Header<'a>, WireError> {
+        let raw: RawHeader<'a> = rmp_serde::from_slice(bytes)
+            .map_err(|e| WireError::MalformedHeader(format!("not a msgpack map of the header's shape: {e}")))?;
+        let kind = raw.k.ok_or_else(|| WireError::MalformedHeader("header lacks field \"k\"".into()))?;
+        match kind {
+            "msg" => {
+                let type_name = raw.t.ok_or_else(|| missing("msg", "t"))?;
+                let body = raw.b.ok_or_else(|| missing("msg", "b"))?;
+                let raw_frames = raw.f.unwrap_or_default();
+                if raw_frames.len() as u64 > limits.max_frames as u64 {
+                    return Err(WireError::TooManyFrames {
+                        count: raw_frames.len() as u64,
+                        limit: limits.max_frames as u64,
+                    });
+                }
+                let mut frames = Vec::with_capacity(raw_frames.len());
+                let mut total: u64 = 0;
+                for (index, d) in raw_frames.into_iter().enumerate() {
+                    let desc = decode_descriptor(index, d)?;
+                    let len = desc.inline_len();
+                    if len > limits.max_frame_bytes {
+                        return Err(WireError::FrameTooLarge {
+                            index,
+                            len,
+                            limit: limits.max_frame_bytes,
+                        });
+                    }
+                    total = total.saturating_add(len);
+                    if total > limits.max_message_bytes {
+                        return Err(WireError::MessageTooLarge {
+                            len: total,
+                            limit: limits.max_message_bytes,
+                        });
+                    }
+                    frames.push(desc);
+                }
+                Ok(Header::Msg {
+                    type_name,
+                    body,
+                    frames,
+                })
+            }
+            "hello" => {
+                let nonce = raw.nonce.ok_or_else(|| missing("hello", "nonce"))?;
+                if nonce.len() != 32 {
+                    return Err(WireError::MalformedHeader(format!(
+                        "hello nonce must be 32 bytes, got {}",
+                        nonce.len()
+                    )));
+                }
+                Ok(Header::Hello(Hello {
+                    node_id: raw.node.ok_or_else(|| missing("hello", "node"))?,
+                    name: raw.name.ok_or_else(|| missing("hello", "name"))?,
+                    host_id: raw.host.ok_or_else(|| missing("hello", "host"))?,
+                    pid: raw.pid.ok_or_else(|| missing("hello", "pid"))?,
+                    process_id: raw.proc.ok_or_else(|| missing("hello", "proc"))?,
+                    language: raw.lang.ok_or_else(|| missing("hello", "lang"))?,
+                    implementation: raw.implementation.ok_or_else(|| missing("hello", "impl"))?,
+                    version: raw.v.ok_or_else(|| missing("hello", "v"))?,
+                    capabilities: raw.caps.ok_or_else(|| missing("hello", "caps"))?,
+                    nonce,
+                    listen: raw.listen,
+                }))
+            }
+            "auth" => {
+                let mac = raw.mac.ok_or_else(|| missing("auth", "mac"))?;
+                if mac.len() != 32 {
+                    return Err(WireError::MalformedHeader(format!(
+                        "auth mac must be 32 bytes, got {}",
+                        mac.len()
+                    )));
+                }
+                Ok(Header::Auth { mac })
+            }
+            "ready" => Ok(Header::Ready),
+            "error" => Ok(Header::Error {
+                code: raw.code.ok_or_else(|| missing("error", "code"))?,
+                message: raw.msg.ok_or_else(|| missing("error", "msg"))?,
+            }),
+            other => Err(WireError::UnknownKind(other.to_string())),
+        }
+    }
+
+    /// Encodes the header as msgpack, keys in the spec's order.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// Appends the msgpack encoding of the header to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>) {
+        let mut ser = rmp_serde::Serializer::new(out).with_struct_map();
+        let result = match self {
+            Header::Msg {
+                type_name,
+                body,
+                frames,
+            } => {
+                #[derive(Serialize)]
+                struct Out<'b> {
+                    k: &'static str,
+                    t: &'b str,
+                    #[serde(with = "serde_bytes")]
+                    b: &'b [u8],
+                    f: Vec<OutDescriptor<'b>>,
+                }
+                Out {
+                    k: "msg",
+                    t: type_name,
+                    b: body,
+                    f: frames.iter().map(out_descriptor).collect(),
+                }
+                .serialize(&mut ser)
+            }
+            Header::Hello(h) => {
+                #[derive(Serialize)]
+                struct Out<'b> {
+                    k: &'static str,
+                    node: &'b str,
+                    name: &'b str,
+                    host: &'b str,
+                    pid: u32,
+                    proc: &'b str,
+                    lang: &'b str,
+                    #[serde(rename = "impl")]
+                    implementation: &'b str,
+                    v: u16,
+                    caps: &'b [String],
+                    #[serde(with = "serde_bytes")]
+                    nonce: &'b [u8],
+                    #[serde(skip_serializing_if = "Option::is_none")]
+                    listen: Option<&'b str>,
+                }
+                Out {
+                    k: "hello",
+                    node: &h.node_id,
+                    name: &h.name,
+                    host: &h.host_id,
+                    pid: h.pid,
+                    proc: &h.process_id,
+                    lang: &h.language,
+                    implementation: &h.implementation,
+                    v: h.version,
+                    caps: &h.capabilities,
+                    nonce: &h.nonce,
+                    listen: h.listen.as_deref(),
+                }
+                .serialize(&mut ser)
+            }
+            Header::Auth { mac } => {
+                #[derive(Serialize)]
+                struct Out<'b> {
+                    k: &'static str,
+                    #[serde(with = "serde_bytes")]
+                    mac: &'b [u8],
+                }
+                Out { k: "auth", mac }.serialize(&mut ser)
+            }
+            Header::Ready => {
+                #[derive(Serialize)]
+                struct Out {
+                    k: &'static str,
+                }
+                Out { k: "ready" }.serialize(&mut ser)
+            }
+            Header::Error { code, message } => {
+                #[derive(Serialize)]
+                struct Out<'b> {
+                    k: &'static str,
+                    code: &'b str,
+                    msg: &'b str,
+                }
+                Out {
+                    k: "error",
+                    code,
+                    msg: message,
+                }
+                .serialize(&mut ser)
+            }
+        };
+        // Serializing these plain structs into a Vec cannot fail.
+        result.expect("encoding a header into memory cannot fail");
+    }
+}
+
+fn out_descriptor(d: &Descriptor) -> OutDescriptor<'_> {
+    match d {
+        Descriptor::Inline { len } | Descriptor::Shm { len } | Descriptor::Ticket { len } => OutDescriptor {
+            k: d.kind(),
+            n: Some(*len),
+            key: None,
+        },
+        Descriptor::Tag { key } => OutDescriptor {
+            k: "tag",
+            n: None,
+            key: Some(key),
+        },
+    }
+}
+
+fn decode_descriptor(index: usize, d: RawDescriptor<'_>) -> Result<Descriptor, WireError> {
+    let kind = d
+        .k
+        .ok_or_else(|| WireError::MalformedHeader(format!("frame {index}: descriptor lacks field \"k\"")))?;
+    let len = || {
+        d.n.ok_or_else(|| WireError::MalformedHeader(format!("frame {index}: {kind:?} descriptor lacks field \"n\"")))
+    };
+    match kind {
+        "inline" => Ok(Descriptor::Inline { len: len()? }),
+        "shm" => Ok(Descriptor::Shm { len: len()? }),
+        "ticket" => Ok(Descriptor::Ticket { len: len()? }),
+        "tag" => Ok(Descriptor::Tag {
+            key: d.key.clone().ok_or_else(|| {
+                WireError::MalformedHeader(format!("frame {index}: \"tag\" descriptor lacks field \"key\""))
+            })?,
+        }),
+        other => Err(WireError::UnknownDescriptor {
+            index,
+            kind: other.to_string(),
+        }),
+    }
+}

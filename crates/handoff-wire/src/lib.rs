@@ -1,0 +1,33 @@
+//! # handoff-wire
+//!
+//! The sans-IO core of handoff's wire format, version 1 (see `spec/WIRE.md`):
+//! the connection [preamble](preamble) and version negotiation, the
+//! [header](header) with its frame [descriptors](header::Descriptor), message
+//! [framing](framing), the [limits](Limits) a receiver enforces, the
+//! challenge–response [authentication](auth), and the route-aware
+//! [codec](codec) that moves [`Buffer`]s out of band.
+//!
+//! Nothing here does I/O: the runtime crate `handoff` reads and writes sockets
+//! around these functions, and the test vectors in `spec/vectors/` are checked
+//! against them.
+
+#![warn(missing_docs)]
+
+pub mod auth;
+mod buffer;
+pub mod codec;
+mod error;
+pub mod framing;
+pub mod header;
+mod limits;
+pub mod preamble;
+pub mod route;
+
+pub use buffer::Buffer;
+pub use codec::{decode, encode, EncodeError, EncodedBody, EXT_FRAME_REF};
+pub use error::WireError;
+pub use framing::{decode_message, DecodedMessage};
+pub use header::{Descriptor, Header, Hello};
+pub use limits::Limits;
+pub use preamble::{Preamble, MAX_VERSION, MIN_VERSION};
+pub use route::{Channel, Endpoint, Locality, Route};

@@ -1,0 +1,33 @@
+//! What a receiver accepts before it rejects a message.
+
+/// Limits a receiver enforces on every message, before it allocates for it.
+///
+/// A message that exceeds one is rejected with the matching [`WireError`](crate::WireError)
+/// and the connection is closed; the node keeps serving its other peers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest msgpack header, in bytes (the body of a message travels inside it).
+    pub max_header_bytes: u32,
+    /// Most frame descriptors in one message.
+    pub max_frames: u32,
+    /// Largest single frame, in bytes.
+    pub max_frame_bytes: u64,
+    /// Largest sum of all inline frames of one message, in bytes.
+    pub max_message_bytes: u64,
+}
+
+impl Limits {
+    /// The defaults of spec version 1: 16 MiB header, 1024 frames, 4 GiB per frame, 16 GiB per message.
+    pub const DEFAULT: Limits = Limits {
+        max_header_bytes: 16 << 20,
+        max_frames: 1024,
+        max_frame_bytes: 4 << 30,
+        max_message_bytes: 16 << 30,
+    };
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits::DEFAULT
+    }
+}
