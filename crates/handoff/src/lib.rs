@@ -1,14 +1,47 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! # handoff
+//!
+//! Moves objects between the workers of a distributed program, choosing how each
+//! object is encoded by *where it goes*: in one process the value is moved and
+//! nothing is serialized; to another process it is encoded with its large
+//! [`Buffer`]s travelling out of band, written straight from their memory and
+//! received as zero-copy views.
+//!
+//! ```no_run
+//! use handoff::{Buffer, Message, Node};
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Chunk { index: u32, data: Buffer }
+//! impl Message for Chunk { const TYPE_NAME: &'static str = "example.Chunk"; }
+//!
+//! # async fn run() -> handoff::Result<()> {
+//! let a = Node::builder("a").secret("s3cret").build().await?;
+//! let b = Node::builder("b").secret("s3cret").listen("127.0.0.1:0").register::<Chunk>().build().await?;
+//! let peer = a.connect(b.listen_addr().unwrap()).await?;
+//! peer.send(Chunk { index: 0, data: Buffer::from(vec![7u8; 1 << 20]) }).await?;
+//! let chunk: Chunk = b.recv().await?.decode()?;
+//! assert_eq!(chunk.data.len(), 1 << 20);
+//! # Ok(()) }
+//! ```
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+#![warn(missing_docs)]
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+mod envelope;
+mod error;
+mod handshake;
+pub mod identity;
+mod io;
+mod message;
+mod node;
+mod peer;
+mod pool;
+
+pub use envelope::Envelope;
+pub use error::{Error, Result};
+pub use handoff_wire::{Buffer, Channel, Endpoint, Limits, Locality, Route, WireError};
+pub use message::{Message, TypeRegistry};
+pub use node::{Node, NodeBuilder};
+pub use peer::Peer;
+
+/// The wire-format crate, for lower-level use (codec, headers, vectors).
+pub use handoff_wire as wire;

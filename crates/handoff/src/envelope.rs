@@ -1,0 +1,116 @@
+//! [`Envelope`]: a received message, not yet decoded.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use handoff_wire::{Channel, Route};
+
+use crate::message::TypeRegistry;
+use crate::{Error, Message, Peer, Result};
+
+/// What an envelope carries: a moved value (in-process) or encoded bytes.
+pub(crate) enum Payload {
+    /// The value itself, moved from the sender: nothing was serialized.
+    Value(Box<dyn Any + Send>),
+    /// A msgpack body and its frames.
+    Encoded { body: Bytes, frames: Vec<Bytes> },
+}
+
+/// A received message: who sent it, its type name, and the value, decoded on demand.
+pub struct Envelope {
+    pub(crate) from: Peer,
+    pub(crate) type_name: String,
+    pub(crate) payload: Payload,
+}
+
+impl Envelope {
+    /// The peer that sent the message; use it to reply.
+    pub fn from(&self) -> &Peer {
+        &self.from
+    }
+
+    /// The type name in the message header.
+    pub fn type_name(&self) -> &str {
+        &self.type_name
+    }
+
+    /// Whether the message was encoded on the wire (`false`: the value was moved in-process).
+    pub fn is_encoded(&self) -> bool {
+        matches!(self.payload, Payload::Encoded { .. })
+    }
+
+    /// The channel it came on.
+    pub fn channel(&self) -> Channel {
+        self.from.channel()
+    }
+
+    /// The route it took (sender to this node).
+    pub fn route(&self) -> &Arc<Route> {
+        self.from.inbound_route()
+    }
+
+    /// Bytes of the encoded body and frames (0 for a moved value).
+    pub fn wire_bytes(&self) -> u64 {
+        match &self.payload {
+            Payload::Value(_) => 0,
+            Payload::Encoded { body, frames } => {
+                body.len() as u64 + frames.iter().map(|f| f.len() as u64).sum::<u64>()
+            }
+        }
+    }
+
+    /// Decodes the value as `T`; fails if the envelope carries another type.
+    ///
+    /// Buffers in an encoded value are zero-copy views of the received frames.
+    pub fn decode<T: Message>(self) -> Result<T> {
+        if self.type_name != T::TYPE_NAME {
+            return Err(Error::TypeMismatch {
+                expected: T::TYPE_NAME,
+                got: self.type_name,
+            });
+        }
+        match self.payload {
+            Payload::Value(v) => v
+                .downcast::<T>()
+                .map(|b| *b)
+                .map_err(|_| Error::TypeMismatch {
+                    expected: T::TYPE_NAME,
+                    got: format!(
+                        "{} (a different Rust type registered under that name)",
+                        self.type_name
+                    ),
+                }),
+            Payload::Encoded { body, frames } => Ok(handoff_wire::decode::<T>(
+                T::TYPE_NAME,
+                &body,
+                &frames,
+                Some(self.from.inbound_route()),
+            )?),
+        }
+    }
+
+    /// Decodes the value by the name in its header, through `registry`, as a boxed `Any`.
+    pub fn decode_any(self, registry: &TypeRegistry) -> Result<Box<dyn Any + Send>> {
+        let decoder = registry
+            .check(&self.type_name)
+            .map(|()| registry.decoder(&self.type_name));
+        let decoder = decoder?.expect("checked above");
+        match self.payload {
+            Payload::Value(v) => Ok(v),
+            Payload::Encoded { body, frames } => {
+                Ok(decoder(&body, &frames, self.from.inbound_route())?)
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Envelope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Envelope")
+            .field("from", &self.from.name())
+            .field("type_name", &self.type_name)
+            .field("encoded", &self.is_encoded())
+            .finish()
+    }
+}

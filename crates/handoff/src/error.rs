@@ -1,0 +1,74 @@
+//! The runtime's error type.
+
+use handoff_wire::{EncodeError, WireError};
+use thiserror::Error;
+
+/// What can go wrong while running a node, connecting or exchanging messages.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// A socket or file operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The peer sent bytes that break the wire format, or a handshake step failed.
+    #[error(transparent)]
+    Wire(#[from] WireError),
+    /// A value could not be encoded.
+    #[error(transparent)]
+    Encode(#[from] EncodeError),
+    /// The peer rejected us or something we sent, and closed the connection.
+    #[error("peer {peer} refused: {message} [{code}]")]
+    Refused {
+        /// The peer's name or address.
+        peer: String,
+        /// The stable error code the peer sent.
+        code: String,
+        /// The peer's explanation.
+        message: String,
+    },
+    /// The connection to a peer is closed.
+    #[error("connection to peer {0} is closed")]
+    PeerClosed(String),
+    /// No peer of that name is connected.
+    #[error("no peer named {name:?} is connected; connected peers: {known}")]
+    UnknownPeer {
+        /// The name asked for.
+        name: String,
+        /// The connected peers, comma separated.
+        known: String,
+    },
+    /// An envelope was decoded as a type other than the one it carries.
+    #[error("envelope carries type {got:?}, not {expected:?}")]
+    TypeMismatch {
+        /// The type asked for.
+        expected: &'static str,
+        /// The type in the envelope.
+        got: String,
+    },
+    /// An operation did not finish in time.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The node was shut down.
+    #[error("node is shut down")]
+    NodeClosed,
+    /// A setting or address is not usable.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// Result with the runtime's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

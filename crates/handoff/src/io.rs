@@ -1,0 +1,148 @@
+//! Reading and writing the wire format on a byte stream (the I/O around `handoff-wire`).
+
+use std::io::IoSlice;
+
+use bytes::{Buf, Bytes, BytesMut};
+use handoff_wire::framing::{header_len, LEN_PREFIX};
+use handoff_wire::preamble::PREAMBLE_LEN;
+use handoff_wire::{Limits, WireError};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::pool::{RecvPool, MIN_POOLED};
+use crate::{Error, Result};
+
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Reads preambles, headers and frames from a stream through a small read buffer;
+/// large frames are read straight into pooled buffers, with no copy in between.
+pub(crate) struct MessageReader<R> {
+    stream: R,
+    buf: BytesMut,
+    label: String,
+}
+
+impl<R: AsyncRead + Unpin> MessageReader<R> {
+    pub(crate) fn new(stream: R, label: String) -> Self {
+        MessageReader {
+            stream,
+            buf: BytesMut::with_capacity(READ_CHUNK),
+            label,
+        }
+    }
+
+    /// Reads until at least `n` bytes are buffered. Returns `false` if the stream
+    /// ended cleanly before any byte of this item arrived.
+    async fn fill(&mut self, n: usize, what: &'static str, at_boundary: bool) -> Result<bool> {
+        while self.buf.len() < n {
+            if self.buf.capacity() - self.buf.len() < READ_CHUNK.min(n - self.buf.len()) {
+                self.buf.reserve(READ_CHUNK.max(n - self.buf.len()));
+            }
+            let read = self
+                .stream
+                .read_buf(&mut self.buf)
+                .await
+                .map_err(|e| Error::io(format!("reading from {}", self.label), e))?;
+            if read == 0 {
+                if at_boundary && self.buf.is_empty() {
+                    return Ok(false);
+                }
+                return Err(WireError::Truncated {
+                    what,
+                    needed: n as u64,
+                    available: self.buf.len() as u64,
+                }
+                .into());
+            }
+        }
+        Ok(true)
+    }
+
+    /// The peer's 16-byte preamble.
+    pub(crate) async fn read_preamble(&mut self) -> Result<Bytes> {
+        self.fill(PREAMBLE_LEN, "preamble", false).await?;
+        Ok(self.buf.split_to(PREAMBLE_LEN).freeze())
+    }
+
+    /// The next header's bytes (without the length prefix), or `None` at a clean end of stream.
+    pub(crate) async fn read_header(&mut self, limits: &Limits) -> Result<Option<Bytes>> {
+        if !self.fill(LEN_PREFIX, "header length", true).await? {
+            return Ok(None);
+        }
+        let prefix = [self.buf[0], self.buf[1], self.buf[2], self.buf[3]];
+        let len = header_len(prefix, limits)?;
+        self.fill(LEN_PREFIX + len, "header", false).await?;
+        self.buf.advance(LEN_PREFIX);
+        Ok(Some(self.buf.split_to(len).freeze()))
+    }
+
+    /// The next inline frame of `len` bytes.
+    pub(crate) async fn read_frame(&mut self, len: u64, pool: &RecvPool) -> Result<Bytes> {
+        let len = usize::try_from(len).map_err(|_| WireError::FrameTooLarge {
+            index: 0,
+            len,
+            limit: usize::MAX as u64,
+        })?;
+        if len < MIN_POOLED {
+            self.fill(len, "frame", false).await?;
+            return Ok(self.buf.split_to(len).freeze());
+        }
+        let mut target = pool.take(len);
+        let dst = target.as_mut_slice();
+        let buffered = self.buf.len().min(len);
+        dst[..buffered].copy_from_slice(&self.buf[..buffered]);
+        self.buf.advance(buffered);
+        if buffered < len {
+            let mut filled = buffered;
+            while filled < len {
+                let n = self
+                    .stream
+                    .read(&mut dst[filled..])
+                    .await
+                    .map_err(|e| Error::io(format!("reading from {}", self.label), e))?;
+                if n == 0 {
+                    return Err(WireError::Truncated {
+                        what: "frame",
+                        needed: len as u64,
+                        available: filled as u64,
+                    }
+                    .into());
+                }
+                filled += n;
+            }
+        }
+        Ok(target.freeze())
+    }
+}
+
+/// Writes every byte of `head` and `frames` with vectored writes straight from their memory.
+pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
+    stream: &mut W,
+    head: &[u8],
+    frames: &[Bytes],
+) -> std::io::Result<()> {
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + frames.len());
+    slices.push(IoSlice::new(head));
+    slices.extend(
+        frames
+            .iter()
+            .filter(|f| !f.is_empty())
+            .map(|f| IoSlice::new(f)),
+    );
+    let mut rest: &mut [IoSlice<'_>] = &mut slices;
+    while !rest.is_empty() {
+        let n = stream.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
+/// Writes a preamble or a whole small message.
+pub(crate) async fn write_all<W: AsyncWrite + Unpin>(
+    stream: &mut W,
+    bytes: &[u8],
+) -> std::io::Result<()> {
+    stream.write_all(bytes).await
+}

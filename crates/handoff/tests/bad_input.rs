@@ -1,0 +1,274 @@
+//! Bad input from a peer: a clear error, that connection closed, the node keeps serving others.
+//!
+//! A raw TCP client speaks the wire format by hand (through `handoff-wire`), then sends
+//! something broken; the node must answer with an `error` header naming the problem,
+//! close that connection, and still serve a well-behaved peer.
+
+use std::time::Duration;
+
+use handoff::wire::framing::encode_header_into;
+use handoff::wire::{auth, decode_message, Header, Hello, Limits, Preamble};
+use handoff::{Buffer, Message, Node};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const SECRET: &str = "bad-input-secret";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Ping {
+    seq: u64,
+    data: Buffer,
+}
+impl Message for Ping {
+    const TYPE_NAME: &'static str = "test.Ping";
+}
+
+async fn server(name: &str) -> Node {
+    Node::builder(name)
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .register::<Ping>()
+        .build()
+        .await
+        .unwrap()
+}
+
+fn addr(node: &Node) -> String {
+    node.listen_addr()
+        .unwrap()
+        .trim_start_matches("tcp://")
+        .to_string()
+}
+
+fn header_bytes(h: &Header<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_header_into(h, &mut out);
+    out
+}
+
+/// Reads until the server closes; returns everything it sent.
+async fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out))
+        .await
+        .expect("the server must close the connection")
+        .ok();
+    out
+}
+
+/// Splits the server's bytes after the handshake into headers and returns the error code it sent.
+fn error_code_in(bytes: &[u8]) -> Option<String> {
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let m = decode_message(rest, &Limits::default()).ok()?;
+        if let Header::Error { code, .. } = m.header {
+            return Some(code);
+        }
+        rest = &rest[m.consumed..];
+    }
+    None
+}
+
+/// Performs a valid handshake by hand; returns the stream, ready for messages.
+async fn handshaken(target: &str) -> TcpStream {
+    let mut s = TcpStream::connect(target).await.unwrap();
+    s.write_all(&Preamble::OURS.encode()).await.unwrap();
+    let mut pre = [0u8; 16];
+    s.read_exact(&mut pre).await.unwrap();
+    let hello = Hello {
+        node_id: "00000000000000000000000000000abc".into(),
+        name: "raw-client".into(),
+        host_id: "raw-host".into(),
+        pid: 1,
+        process_id: "00000000000000000000000000000def".into(),
+        language: "test".into(),
+        implementation: "raw/0".into(),
+        version: 1,
+        capabilities: vec!["inline".into()],
+        nonce: vec![5; 32],
+        listen: None,
+    };
+    let own = header_bytes(&Header::Hello(hello));
+    s.write_all(&own).await.unwrap();
+    let peer_hello = read_one_header(&mut s).await;
+    let proof = auth::proof(SECRET.as_bytes(), &own[4..], &peer_hello);
+    s.write_all(&header_bytes(&Header::Auth {
+        mac: proof.to_vec(),
+    }))
+    .await
+    .unwrap();
+    let _auth = read_one_header(&mut s).await;
+    s.write_all(&header_bytes(&Header::Ready)).await.unwrap();
+    let ready = read_one_header(&mut s).await;
+    assert_eq!(
+        Header::decode(&ready, &Limits::default()).unwrap(),
+        Header::Ready
+    );
+    s
+}
+
+async fn read_one_header(s: &mut TcpStream) -> Vec<u8> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await.unwrap();
+    let mut h = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut h).await.unwrap();
+    h
+}
+
+/// A well-behaved peer can still exchange a message with the node.
+async fn still_serves(server: &Node, name: &str) {
+    let client = Node::builder(name).secret(SECRET).build().await.unwrap();
+    let peer = client.connect(server.listen_addr().unwrap()).await.unwrap();
+    let ping = Ping {
+        seq: 1,
+        data: Buffer::from(vec![1u8; 100_000]),
+    };
+    peer.send(ping.clone()).await.unwrap();
+    loop {
+        let env = server.recv_timeout(Duration::from_secs(10)).await.unwrap();
+        if env.from().name() == name {
+            assert_eq!(env.decode::<Ping>().unwrap(), ping);
+            return;
+        }
+    }
+}
+
+async fn send_and_expect(server: &Node, bytes: Vec<u8>, code: &str) {
+    let mut s = handshaken(&addr(server)).await;
+    s.write_all(&bytes).await.unwrap();
+    let _ = s.shutdown().await;
+    let reply = read_to_close(&mut s).await;
+    assert_eq!(
+        error_code_in(&reply).as_deref(),
+        Some(code),
+        "server's reply: {reply:02x?}"
+    );
+}
+
+#[tokio::test]
+async fn garbage_instead_of_a_preamble() {
+    let node = server("bad-preamble").await;
+    let mut s = TcpStream::connect(addr(&node)).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let reply = read_to_close(&mut s).await;
+    assert_eq!(
+        &reply[..8],
+        b"HANDOFF\0",
+        "the node sends its preamble first"
+    );
+    assert_eq!(error_code_in(&reply[16..]).as_deref(), Some("bad-magic"));
+    still_serves(&node, "after-bad-preamble").await;
+}
+
+#[tokio::test]
+async fn unknown_protocol_version() {
+    let node = server("bad-version").await;
+    let mut s = TcpStream::connect(addr(&node)).await.unwrap();
+    let future = Preamble {
+        min_version: 7,
+        max_version: 9,
+        flags: 0,
+    };
+    s.write_all(&future.encode()).await.unwrap();
+    let reply = read_to_close(&mut s).await;
+    assert_eq!(
+        error_code_in(&reply[16..]).as_deref(),
+        Some("unsupported-version")
+    );
+    still_serves(&node, "after-bad-version").await;
+}
+
+#[tokio::test]
+async fn garbage_after_the_preamble() {
+    let node = server("bad-hello").await;
+    let mut s = TcpStream::connect(addr(&node)).await.unwrap();
+    s.write_all(&Preamble::OURS.encode()).await.unwrap();
+    s.write_all(&[0, 0, 0, 3, 0xc1, 0xc1, 0xc1]).await.unwrap();
+    let reply = read_to_close(&mut s).await;
+    assert_eq!(
+        error_code_in(&reply[16..]).as_deref(),
+        Some("malformed-header")
+    );
+    still_serves(&node, "after-bad-hello").await;
+}
+
+#[tokio::test]
+async fn oversized_header() {
+    let node = server("big-header").await;
+    send_and_expect(&node, vec![0x7f, 0xff, 0xff, 0xff], "header-too-large").await;
+    still_serves(&node, "after-big-header").await;
+}
+
+fn msg_with_frames(
+    type_name: &str,
+    frames: Vec<handoff::wire::Descriptor>,
+    tail: &[u8],
+) -> Vec<u8> {
+    let body = [0x80u8];
+    let mut out = header_bytes(&Header::Msg {
+        type_name,
+        body: &body,
+        frames,
+    });
+    out.extend_from_slice(tail);
+    out
+}
+
+#[tokio::test]
+async fn too_many_frames() {
+    let node = server("many-frames").await;
+    let frames = vec![handoff::wire::Descriptor::Inline { len: 0 }; 5000];
+    send_and_expect(
+        &node,
+        msg_with_frames("test.Ping", frames, &[]),
+        "too-many-frames",
+    )
+    .await;
+    still_serves(&node, "after-many-frames").await;
+}
+
+#[tokio::test]
+async fn truncated_frame() {
+    let node = server("truncated").await;
+    let frames = vec![handoff::wire::Descriptor::Inline { len: 1000 }];
+    send_and_expect(
+        &node,
+        msg_with_frames("test.Ping", frames, b"only a few bytes"),
+        "truncated",
+    )
+    .await;
+    still_serves(&node, "after-truncated").await;
+}
+
+#[tokio::test]
+async fn unknown_type_name() {
+    let node = server("unknown-type").await;
+    send_and_expect(
+        &node,
+        msg_with_frames("no.such.Type", vec![], &[]),
+        "unknown-type",
+    )
+    .await;
+    still_serves(&node, "after-unknown-type").await;
+}
+
+#[tokio::test]
+async fn body_that_does_not_match_the_type_is_an_error_for_the_receiver_only() {
+    let node = server("bad-body").await;
+    let mut s = handshaken(&addr(&node)).await;
+    // A body of the right name but the wrong shape is delivered; decoding it fails clearly.
+    s.write_all(&msg_with_frames("test.Ping", vec![], &[]))
+        .await
+        .unwrap();
+    let env = node.recv_timeout(Duration::from_secs(10)).await.unwrap();
+    let err = env.decode::<Ping>().unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("cannot decode body of type \"test.Ping\""),
+        "{err}"
+    );
+    still_serves(&node, "after-bad-body").await;
+}
