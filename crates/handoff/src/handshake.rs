@@ -57,14 +57,30 @@ async fn read_header<R: AsyncRead + Unpin>(
     })
 }
 
-fn refused(label: &str, header: Header<'_>, step: &str) -> Error {
+/// The error for a header that is not the expected handshake step; unless the peer
+/// itself reported an error, the peer is told why we close.
+async fn refused<W: AsyncWrite + Unpin>(writer: &mut W, label: &str, header: Header<'_>, step: &str) -> Error {
     match header {
         Header::Error { code, message } => Error::Refused {
             peer: label.to_string(),
             code,
             message,
         },
-        other => WireError::Handshake(format!("expected {step}, got {other:?}")).into(),
+        other => {
+            let e = WireError::Handshake(format!("expected {step}, got a {:?} header", kind_of(&other)));
+            send_error(writer, &e).await;
+            e.into()
+        }
+    }
+}
+
+fn kind_of(h: &Header<'_>) -> &'static str {
+    match h {
+        Header::Hello(_) => "hello",
+        Header::Auth { .. } => "auth",
+        Header::Ready => "ready",
+        Header::Msg { .. } => "msg",
+        Header::Error { .. } => "error",
     }
 }
 
@@ -112,7 +128,7 @@ where
     let peer_hello_bytes = read_header(reader, limits, label, "hello").await?;
     let peer_hello = match Header::decode(&peer_hello_bytes, limits) {
         Ok(Header::Hello(h)) => h,
-        Ok(other) => return Err(refused(label, other, "hello")),
+        Ok(other) => return Err(refused(writer, label, other, "hello").await),
         Err(e) => {
             send_error(writer, &e).await;
             return Err(e.into());
@@ -150,7 +166,7 @@ where
                 return Err(e.into());
             }
         }
-        Ok(other) => return Err(refused(label, other, "auth")),
+        Ok(other) => return Err(refused(writer, label, other, "auth").await),
         Err(e) => {
             send_error(writer, &e).await;
             return Err(e.into());
@@ -159,8 +175,12 @@ where
 
     send_header(writer, &Header::Ready, label).await?;
     let ready = read_header(reader, limits, label, "ready").await?;
-    match Header::decode(&ready, limits)? {
-        Header::Ready => Ok(Handshaken { hello: peer_hello }),
-        other => Err(refused(label, other, "ready")),
+    match Header::decode(&ready, limits) {
+        Ok(Header::Ready) => Ok(Handshaken { hello: peer_hello }),
+        Ok(other) => Err(refused(writer, label, other, "ready").await),
+        Err(e) => {
+            send_error(writer, &e).await;
+            Err(e.into())
+        }
     }
 }

@@ -1,0 +1,353 @@
+//! `handoff bench`: each channel against a raw baseline measured in the same run.
+//!
+//! Every case reports `ours` and `baseline` as the median seconds per operation over
+//! several repetitions, and `efficiency = baseline / ours` (1.0 = as fast as the raw
+//! baseline). Case names and JSON keys are a public interface: keep them stable.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use handoff::{Buffer, Node, Peer};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use crate::protocol::{self, Blob, Ping};
+use crate::table;
+
+/// Options of `handoff bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Print the results as a JSON array.
+    #[arg(long)]
+    pub json: bool,
+    /// A short run (under 30 seconds): fewer sizes and repetitions.
+    #[arg(long)]
+    pub quick: bool,
+    /// Run only the cases whose name contains this text.
+    #[arg(long)]
+    pub only: Option<String>,
+}
+
+/// One result row (keys are a public interface: keep them stable).
+#[derive(Debug, Clone, Serialize)]
+pub struct Case {
+    /// Case name: `inproc-msg`, `tcp-rtt`, `tcp-stream`.
+    pub case: String,
+    /// Channel measured.
+    pub channel: String,
+    /// Bytes per operation.
+    pub bytes: u64,
+    /// Median seconds per operation through handoff.
+    pub ours: f64,
+    /// Median seconds per operation of the raw baseline.
+    pub baseline: f64,
+    /// `baseline / ours`: 1.0 is as fast as the baseline, higher is better.
+    pub efficiency: f64,
+}
+
+struct Plan {
+    reps: usize,
+    msgs: u64,
+    rtts: u64,
+    sizes: Vec<u64>,
+}
+
+impl Plan {
+    fn new(quick: bool) -> Plan {
+        if quick {
+            Plan {
+                reps: 3,
+                msgs: 20_000,
+                rtts: 300,
+                sizes: vec![1 << 20, 16 << 20, 64 << 20],
+            }
+        } else {
+            Plan {
+                reps: 7,
+                msgs: 200_000,
+                rtts: 3_000,
+                sizes: vec![1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20],
+            }
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn case(name: &str, channel: &str, bytes: u64, ours: f64, baseline: f64) -> Case {
+    Case {
+        case: name.into(),
+        channel: channel.into(),
+        bytes,
+        ours,
+        baseline,
+        efficiency: if ours > 0.0 { baseline / ours } else { 0.0 },
+    }
+}
+
+/// Runs the benchmark and prints the table or JSON.
+pub async fn run(args: BenchArgs) -> Result<()> {
+    let cases = run_cases(args.quick, args.only.as_deref()).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&cases)?);
+    } else {
+        let rows: Vec<Vec<String>> = cases
+            .iter()
+            .map(|c| {
+                vec![
+                    c.case.clone(),
+                    c.channel.clone(),
+                    table::size(c.bytes),
+                    table::duration(c.ours),
+                    table::duration(c.baseline),
+                    format!("{:.2}", c.efficiency),
+                    if c.bytes >= 1 << 20 {
+                        table::throughput(c.bytes, c.ours)
+                    } else {
+                        String::new()
+                    },
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            table::render(
+                &["case", "channel", "bytes", "ours", "baseline", "efficiency", "throughput"],
+                &rows
+            )
+        );
+    }
+    Ok(())
+}
+
+/// Measures every case (or those matching `only`).
+pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
+    let plan = Plan::new(quick);
+    let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
+    let total = [wanted("inproc-msg"), wanted("tcp-rtt")].iter().filter(|w| **w).count()
+        + if wanted("tcp-stream") { plan.sizes.len() } else { 0 };
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(ProgressStyle::with_template("{spinner} bench [{bar:30}] {pos}/{len} {msg}").expect("template"));
+    let secret = hex::encode(rand::random::<[u8; 16]>());
+    let mut out = Vec::new();
+
+    if wanted("inproc-msg") {
+        bar.set_message("inproc-msg");
+        out.push(inproc_msg(&plan, &secret).await?);
+        bar.inc(1);
+    }
+    if wanted("tcp-rtt") || wanted("tcp-stream") {
+        let server = protocol::register_all(Node::builder("bench-server").listen("127.0.0.1:0").secret(secret.clone()))
+            .host_id("bench-host-b")
+            .build()
+            .await?;
+        let client = protocol::register_all(Node::builder("bench-client").secret(secret.clone()))
+            .host_id("bench-host-a")
+            .build()
+            .await?;
+        let serving = server.clone();
+        let server_task = tokio::spawn(async move { crate::node_cmd::serve(&serving).await });
+        let peer = client.connect(server.listen_addr().context("listen address")?).await?;
+        if wanted("tcp-rtt") {
+            bar.set_message("tcp-rtt");
+            out.push(tcp_rtt(&plan, &client, &peer).await?);
+            bar.inc(1);
+        }
+        if wanted("tcp-stream") {
+            for &size in &plan.sizes {
+                bar.set_message(format!("tcp-stream {}", table::size(size)));
+                out.push(tcp_stream(&plan, &client, &peer, size).await?);
+                bar.inc(1);
+            }
+        }
+        server.shutdown();
+        client.shutdown();
+        let _ = server_task.await;
+    }
+    bar.finish_and_clear();
+    Ok(out)
+}
+
+fn small_ping(seq: u64) -> Ping {
+    Ping {
+        seq,
+        data: vec![0x5a; 100],
+    }
+}
+
+/// One small message in-process, against a plain tokio channel carrying the same values.
+async fn inproc_msg(plan: &Plan, secret: &str) -> Result<Case> {
+    let a = protocol::register_all(Node::builder("bench-inproc-a").secret(secret)).build().await?;
+    let b = protocol::register_all(Node::builder("bench-inproc-b").secret(secret)).build().await?;
+    let peer = a.connect(&b.inproc_addr()).await?;
+    let n = plan.msgs;
+    let mut ours = Vec::new();
+    let mut base = Vec::new();
+    for rep in 0..=plan.reps {
+        let started = Instant::now();
+        for i in 0..n {
+            peer.send(small_ping(i)).await?;
+            let p: Ping = b.recv().await?.decode()?;
+            black_box(p);
+        }
+        let t_ours = started.elapsed().as_secs_f64() / n as f64;
+
+        let (tx, mut rx) = mpsc::channel::<Ping>(1024);
+        let started = Instant::now();
+        for i in 0..n {
+            tx.send(small_ping(i)).await.ok().context("channel closed")?;
+            black_box(rx.recv().await);
+        }
+        let t_base = started.elapsed().as_secs_f64() / n as f64;
+        if rep > 0 {
+            ours.push(t_ours);
+            base.push(t_base);
+        }
+    }
+    a.shutdown();
+    b.shutdown();
+    Ok(case("inproc-msg", "inproc", 100, median(ours), median(base)))
+}
+
+/// A small message there and back over TCP, against a raw TCP ping-pong of the same bytes.
+async fn tcp_rtt(plan: &Plan, client: &Node, peer: &Peer) -> Result<Case> {
+    let (mut raw_client, _echo) = raw_echo_pair(108).await?;
+    let n = plan.rtts;
+    let mut ours = Vec::new();
+    let mut base = Vec::new();
+    let mut buf = [0u8; 108];
+    for rep in 0..=plan.reps {
+        let started = Instant::now();
+        for i in 0..n {
+            peer.send(small_ping(i)).await?;
+            let p: Ping = client.recv_timeout(Duration::from_secs(30)).await?.decode()?;
+            anyhow::ensure!(p.seq == i, "echo out of order");
+        }
+        let t_ours = started.elapsed().as_secs_f64() / n as f64;
+
+        let started = Instant::now();
+        for i in 0..n {
+            buf[..8].copy_from_slice(&i.to_le_bytes());
+            raw_client.write_all(&buf).await?;
+            raw_client.read_exact(&mut buf).await?;
+        }
+        let t_base = started.elapsed().as_secs_f64() / n as f64;
+        if rep > 0 {
+            ours.push(t_ours);
+            base.push(t_base);
+        }
+    }
+    Ok(case("tcp-rtt", "tcp", 100, median(ours), median(base)))
+}
+
+/// A raw TCP connection whose far end echoes fixed-size records.
+async fn raw_echo_pair(record: usize) -> Result<(TcpStream, tokio::task::JoinHandle<()>)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let echo = tokio::spawn(async move {
+        let Ok((mut s, _)) = listener.accept().await else { return };
+        let _ = s.set_nodelay(true);
+        let mut buf = vec![0u8; record];
+        while s.read_exact(&mut buf).await.is_ok() {
+            if s.write_all(&buf).await.is_err() {
+                return;
+            }
+        }
+    });
+    let client = TcpStream::connect(addr).await?;
+    client.set_nodelay(true)?;
+    Ok((client, echo))
+}
+
+/// Back-to-back buffers of `size` bytes over TCP, against a raw TCP stream of the same bytes.
+async fn tcp_stream(plan: &Plan, client: &Node, peer: &Peer, size: u64) -> Result<Case> {
+    let count = ((1u64 << 30) / size).clamp(4, 64);
+    let count = if plan.reps <= 3 { count.min(8) } else { count };
+    let data = Buffer::from(vec![0xa5u8; size as usize]);
+    let mut raw = RawStream::start(size as usize).await?;
+    let mut ours = Vec::new();
+    let mut base = Vec::new();
+    for rep in 0..=plan.reps {
+        // Ours: the server acknowledges each blob with a small ping once decoded; we wait
+        // for the acknowledgements after sending all, so transfers stream back to back.
+        let started = Instant::now();
+        for seq in 0..count {
+            peer.send(Blob {
+                seq,
+                data: data.clone(),
+            })
+            .await?;
+        }
+        for _ in 0..count {
+            let _: Ping = client.recv_timeout(Duration::from_secs(60)).await?.decode()?;
+        }
+        let t_ours = started.elapsed().as_secs_f64() / count as f64;
+        let t_base = raw.run(&data, count).await? / count as f64;
+        // The first repetition warms both sides up (receive buffers faulted in).
+        if rep > 0 {
+            ours.push(t_ours);
+            base.push(t_base);
+        }
+    }
+    Ok(case("tcp-stream", "tcp", size, median(ours), median(base)))
+}
+
+/// The raw baseline: a TCP stream whose receiver reads each record into one reused
+/// buffer and acknowledges it with 8 bytes, as the handoff server acknowledges each blob.
+struct RawStream {
+    stream: TcpStream,
+    _reader: tokio::task::JoinHandle<()>,
+}
+
+impl RawStream {
+    async fn start(record: usize) -> Result<RawStream> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let reader = tokio::spawn(async move {
+            let Ok((mut s, _)) = listener.accept().await else { return };
+            let _ = s.set_nodelay(true);
+            let mut buf = vec![1u8; record];
+            while s.read_exact(&mut buf).await.is_ok() {
+                if s.write_all(&[1u8; 8]).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(RawStream {
+            stream,
+            _reader: reader,
+        })
+    }
+
+    /// Seconds to push `count` copies of `data` and receive every acknowledgement.
+    async fn run(&mut self, data: &Buffer, count: u64) -> Result<f64> {
+        let started = Instant::now();
+        let (mut rd, mut wr) = self.stream.split();
+        let write = async {
+            for _ in 0..count {
+                wr.write_all(data).await?;
+            }
+            anyhow::Ok(())
+        };
+        let acks = async {
+            let mut ack = [0u8; 8];
+            for _ in 0..count {
+                rd.read_exact(&mut ack).await?;
+            }
+            anyhow::Ok(())
+        };
+        let (w, a) = tokio::join!(write, acks);
+        w?;
+        a?;
+        Ok(started.elapsed().as_secs_f64())
+    }
+}

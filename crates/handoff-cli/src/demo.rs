@@ -1,0 +1,218 @@
+//! `handoff demo`: a small cluster on this machine, a transfer along every route, every byte verified.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use handoff::{Message as _, Node, Peer};
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::node_cmd::read_ready_line;
+use crate::protocol::{self, Payload, Receipt, SendRequest};
+use crate::table;
+
+/// Options of `handoff demo`.
+#[derive(Debug, clap::Args)]
+pub struct DemoArgs {
+    /// Print the rows as a JSON array.
+    #[arg(long)]
+    pub json: bool,
+    /// Size of the large buffer in each message, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub bytes: u64,
+}
+
+/// One transfer of the demo (keys are a public interface: keep them stable).
+#[derive(Debug, Serialize)]
+pub struct Row {
+    /// Sending node.
+    pub from: String,
+    /// Receiving node.
+    pub to: String,
+    /// `same-process`, `same-host` or `remote`.
+    pub locality: String,
+    /// `inproc` or `tcp`.
+    pub channel: String,
+    /// Bytes of the large buffer.
+    pub bytes: u64,
+    /// Seconds from send until the receiver held the decoded value.
+    pub seconds: f64,
+    /// Whether the receiver's digest of the bytes matched the sender's.
+    pub verified: bool,
+}
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A child process running `handoff node`, killed when dropped.
+struct Child {
+    child: tokio::process::Child,
+    _dir: TempDir,
+}
+
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn write_secret(secret: &str) -> Result<(TempDir, std::path::PathBuf)> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let dir = std::env::temp_dir().join(format!("handoff-demo-{}-{}", std::process::id(), rand::random::<u32>()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("secret");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    std::io::Write::write_all(&mut f, secret.as_bytes())?;
+    Ok((TempDir(dir), path))
+}
+
+async fn spawn_remote_node(name: &str, host_id: &str, secret: &str, connect: &str) -> Result<Child> {
+    let (dir, secret_path) = write_secret(secret)?;
+    let exe = std::env::current_exe().context("finding the handoff executable")?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["node", "--name", name, "--host-id", host_id, "--listen", "127.0.0.1:0"])
+        .arg("--secret-file")
+        .arg(&secret_path)
+        .args(["--connect", connect])
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the child node")?;
+    let stdout = child.stdout.take().context("child stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    read_ready_line(&mut lines, WAIT).await?;
+    Ok(Child { child, _dir: dir })
+}
+
+fn row(from: &Peer, to_name: &str, bytes: u64, seconds: f64, verified: bool, sender: &str) -> Row {
+    Row {
+        from: sender.to_string(),
+        to: to_name.to_string(),
+        locality: from.locality().to_string(),
+        channel: from.channel().to_string(),
+        bytes,
+        seconds,
+        verified,
+    }
+}
+
+/// Sends a payload from `src` to the in-process node `dst` and verifies it there.
+async fn inproc_transfer(src: &Node, dst: &Node, id: u64, bytes: u64) -> Result<Row> {
+    let peer = src.peer(dst.name()).context("in-process peer")?;
+    let payload = protocol::make_payload(id, bytes as usize);
+    let started = Instant::now();
+    peer.send(payload).await?;
+    let env = dst.recv_timeout(WAIT).await?;
+    let got: Payload = env.decode()?;
+    let seconds = started.elapsed().as_secs_f64();
+    let (verified, _) = protocol::verify(&got);
+    Ok(row(&peer, dst.name(), bytes, seconds, verified && got.id == id, src.name()))
+}
+
+/// Sends a payload from `src` to the remote peer; the peer verifies it and sends a receipt.
+async fn send_to_remote(src: &Node, peer: &Peer, id: u64, bytes: u64) -> Result<Row> {
+    let payload = protocol::make_payload(id, bytes as usize);
+    let started = Instant::now();
+    peer.send(payload).await?;
+    let env = src.recv_timeout(WAIT).await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    if env.type_name() != Receipt::TYPE_NAME {
+        bail!("expected a receipt from {}, got {}", peer.name(), env.type_name());
+    }
+    let r: Receipt = env.decode()?;
+    let verified = r.verified && r.id == id && r.bytes == bytes;
+    Ok(row(peer, peer.name(), bytes, (elapsed - r.verify_seconds).max(0.0), verified, src.name()))
+}
+
+/// Asks the remote peer to send a payload to `dst`, which verifies it.
+async fn receive_from_remote(dst: &Node, peer: &Peer, id: u64, bytes: u64) -> Result<Row> {
+    let started = Instant::now();
+    peer.send(SendRequest { id, bytes }).await?;
+    let env = dst.recv_timeout(WAIT).await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let p: Payload = env.decode().context("expected the requested payload")?;
+    let (verified, _) = protocol::verify(&p);
+    Ok(Row {
+        from: peer.name().to_string(),
+        to: dst.name().to_string(),
+        locality: peer.locality().to_string(),
+        channel: peer.channel().to_string(),
+        bytes,
+        seconds: (elapsed - p.prepare_seconds).max(0.0),
+        verified: verified && p.id == id && p.data.len() as u64 == bytes,
+    })
+}
+
+/// Runs the demo and prints its rows.
+pub async fn run(args: DemoArgs) -> Result<()> {
+    let rows = run_rows(args.bytes).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        let cells: Vec<Vec<String>> = rows
+            .iter()
+            .map(|r| {
+                vec![
+                    r.from.clone(),
+                    r.to.clone(),
+                    r.locality.clone(),
+                    r.channel.clone(),
+                    table::size(r.bytes),
+                    table::duration(r.seconds),
+                    table::throughput(r.bytes, r.seconds),
+                    if r.verified { "yes".into() } else { "NO".into() },
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            table::render(
+                &["from", "to", "locality", "channel", "bytes", "time", "throughput", "verified"],
+                &cells
+            )
+        );
+    }
+    if rows.iter().any(|r| !r.verified) {
+        bail!("some transfers were not verified");
+    }
+    Ok(())
+}
+
+/// Starts the cluster and runs one transfer per route.
+pub async fn run_rows(bytes: u64) -> Result<Vec<Row>> {
+    let secret = hex::encode(rand::random::<[u8; 32]>());
+    let alpha = protocol::register_all(Node::builder("alpha").listen("127.0.0.1:0").secret(secret.clone()))
+        .build()
+        .await?;
+    let beta = protocol::register_all(Node::builder("beta").secret(secret.clone()))
+        .build()
+        .await?;
+    alpha.connect(&beta.inproc_addr()).await?;
+    let remote_host = format!("{}-gamma", alpha.endpoint().host_id);
+    let listen = alpha.listen_addr().context("alpha listens")?.to_string();
+    let mut child = spawn_remote_node("gamma", &remote_host, &secret, &listen).await?;
+    let gamma = alpha.wait_for_peer("gamma", WAIT).await?;
+
+    let mut rows = Vec::new();
+    rows.push(inproc_transfer(&alpha, &beta, 1, bytes).await?);
+    rows.push(inproc_transfer(&beta, &alpha, 2, bytes).await?);
+    rows.push(send_to_remote(&alpha, &gamma, 3, bytes).await?);
+    rows.push(receive_from_remote(&alpha, &gamma, 4, bytes).await?);
+
+    let _ = child.child.start_kill();
+    let _ = child.child.wait().await;
+    alpha.shutdown();
+    beta.shutdown();
+    Ok(rows)
+}

@@ -1,0 +1,128 @@
+//! `handoff node`: runs one node that serves the demo and bench protocol until killed.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use handoff::{Message as _, Node};
+
+use crate::protocol::{self, Blob, Payload, Ping, Receipt, SendRequest};
+
+/// Options of `handoff node`.
+#[derive(Debug, clap::Args)]
+pub struct NodeArgs {
+    /// The node's name.
+    #[arg(long)]
+    pub name: String,
+    /// Address to listen on, e.g. 127.0.0.1:7000 (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: String,
+    /// Host identity (default: from the kernel's machine and boot ids).
+    #[arg(long)]
+    pub host_id: Option<String>,
+    /// File holding the cluster secret (its bytes, trailing newline ignored).
+    #[arg(long)]
+    pub secret_file: Option<PathBuf>,
+    /// Peers to connect to at start (repeatable).
+    #[arg(long)]
+    pub connect: Vec<String>,
+}
+
+/// Reads a secret file; the trailing newline (if any) is not part of the secret.
+pub fn read_secret(path: &PathBuf) -> Result<Vec<u8>> {
+    let mut bytes =
+        std::fs::read(path).with_context(|| format!("reading the cluster secret from {}", path.display()))?;
+    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        bytes.pop();
+    }
+    anyhow::ensure!(!bytes.is_empty(), "the secret file {} is empty", path.display());
+    Ok(bytes)
+}
+
+/// Runs the node until the process is killed.
+pub async fn run(args: NodeArgs) -> Result<()> {
+    let mut builder = protocol::register_all(Node::builder(&args.name).listen(&args.listen));
+    if let Some(h) = &args.host_id {
+        builder = builder.host_id(h);
+    }
+    if let Some(f) = &args.secret_file {
+        builder = builder.secret(read_secret(f)?);
+    }
+    let node = builder.build().await.context("starting the node")?;
+    for addr in &args.connect {
+        let peer = node.connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+        tracing::info!(peer = %peer.name(), locality = %peer.locality(), channel = %peer.channel(), "connected");
+    }
+    // One machine-readable line so that a parent process knows where we listen.
+    println!(
+        "{}",
+        serde_json::json!({
+            "event": "ready",
+            "name": node.name(),
+            "listen": node.listen_addr(),
+            "host_id": node.endpoint().host_id,
+            "pid": std::process::id(),
+        })
+    );
+    serve(&node).await
+}
+
+/// Answers demo and bench messages until the node shuts down.
+pub async fn serve(node: &Node) -> Result<()> {
+    loop {
+        let env = match node.recv().await {
+            Ok(env) => env,
+            Err(handoff::Error::NodeClosed) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        };
+        let from = env.from().clone();
+        let result = match env.type_name() {
+            Payload::TYPE_NAME => {
+                let p: Payload = env.decode()?;
+                let (verified, verify_seconds) = protocol::verify(&p);
+                from.send(Receipt {
+                    id: p.id,
+                    bytes: p.data.len() as u64,
+                    verified,
+                    verify_seconds,
+                })
+                .await
+            }
+            SendRequest::TYPE_NAME => {
+                let req: SendRequest = env.decode()?;
+                let payload = protocol::make_payload(req.id, req.bytes as usize);
+                from.send(payload).await
+            }
+            Ping::TYPE_NAME => from.send(env.decode::<Ping>()?).await,
+            Blob::TYPE_NAME => {
+                let blob: Blob = env.decode()?;
+                from.send(Ping {
+                    seq: blob.seq,
+                    data: Vec::new(),
+                })
+                .await
+            }
+            other => {
+                tracing::warn!(type_name = other, from = %from.name(), "no handler for this type");
+                Ok(())
+            }
+        };
+        if let Err(e) = result {
+            tracing::warn!(peer = %from.name(), "reply failed: {e}");
+        }
+    }
+}
+
+/// Waits up to `timeout` for a line on `lines` that parses as the ready event.
+pub async fn read_ready_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    timeout: Duration,
+) -> Result<serde_json::Value> {
+    let line = tokio::time::timeout(timeout, lines.next_line())
+        .await
+        .context("the child node did not report ready in time")??
+        .context("the child node exited before reporting ready")?;
+    let v: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("child said {line:?}"))?;
+    anyhow::ensure!(v["event"] == "ready", "unexpected first line from child: {line}");
+    Ok(v)
+}

@@ -1,0 +1,132 @@
+//! The `handoff` binary end to end, with real processes.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+fn handoff() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_handoff"));
+    c.env("HANDOFF_LOG", "warn");
+    c
+}
+
+fn run_json(args: &[&str]) -> Value {
+    let out = handoff().args(args).output().expect("run handoff");
+    assert!(
+        out.status.success(),
+        "handoff {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("handoff {args:?} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+    })
+}
+
+#[test]
+fn demo_json_rows_cover_inproc_and_tcp_and_are_verified() {
+    let rows = run_json(&["demo", "--json", "--bytes", "3000000"]);
+    let rows = rows.as_array().expect("an array");
+    assert!(rows.len() >= 4, "{rows:?}");
+    for r in rows {
+        for key in ["from", "to", "locality", "channel", "bytes", "seconds", "verified"] {
+            assert!(r.get(key).is_some(), "row lacks {key}: {r}");
+        }
+        assert_eq!(r["verified"], true, "{r}");
+        assert_eq!(r["bytes"], 3_000_000, "{r}");
+        assert!(r["seconds"].as_f64().unwrap() > 0.0);
+    }
+    let has = |channel: &str, locality: &str| {
+        rows.iter()
+            .any(|r| r["channel"] == channel && r["locality"] == locality)
+    };
+    assert!(has("inproc", "same-process"));
+    assert!(has("tcp", "remote"));
+    // Both directions between processes.
+    assert!(rows.iter().any(|r| r["channel"] == "tcp" && r["from"] == "gamma"));
+    assert!(rows.iter().any(|r| r["channel"] == "tcp" && r["to"] == "gamma"));
+}
+
+#[test]
+fn bench_quick_json_has_every_case_with_stable_keys() {
+    let cases = run_json(&["bench", "--quick", "--json"]);
+    let cases = cases.as_array().expect("an array");
+    for name in ["inproc-msg", "tcp-rtt", "tcp-stream"] {
+        assert!(cases.iter().any(|c| c["case"] == name), "missing case {name}");
+    }
+    for c in cases {
+        for key in ["case", "channel", "bytes", "ours", "baseline", "efficiency"] {
+            assert!(c.get(key).is_some(), "case lacks {key}: {c}");
+        }
+        let ours = c["ours"].as_f64().unwrap();
+        let baseline = c["baseline"].as_f64().unwrap();
+        assert!(ours > 0.0 && baseline > 0.0, "{c}");
+        let eff = c["efficiency"].as_f64().unwrap();
+        assert!((eff - baseline / ours).abs() < 1e-9, "{c}");
+    }
+}
+
+/// Starts `handoff node` and returns the child and its ready line.
+fn start_node(args: &[&str]) -> (std::process::Child, Value) {
+    let mut child = handoff()
+        .arg("node")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn node");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad ready line {line:?}: {e}"));
+    (child, ready)
+}
+
+#[test]
+fn a_node_with_the_wrong_secret_is_refused_on_both_sides() {
+    let dir = std::env::temp_dir().join(format!("handoff-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good");
+    let bad = dir.join("bad");
+    std::fs::write(&good, "right\n").unwrap();
+    std::fs::write(&bad, "wrong\n").unwrap();
+    let (mut server, ready) = start_node(&["--name", "server", "--secret-file", good.to_str().unwrap()]);
+    let addr = ready["listen"].as_str().unwrap().to_string();
+
+    let out = handoff()
+        .args(["node", "--name", "intruder", "--secret-file", bad.to_str().unwrap(), "--connect", &addr])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("authentication failed"), "client stderr: {err}");
+
+    std::thread::sleep(Duration::from_millis(200));
+    server.kill().unwrap();
+    let out = server.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("refused connection") && log.contains("authentication failed"),
+        "server log: {log}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_command_lines_get_clear_errors() {
+    let out = handoff()
+        .args(["node", "--name", "x", "--secret-file", "/nonexistent/secret"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("reading the cluster secret from /nonexistent/secret"), "{err}");
+
+    let out = handoff().args(["node", "--name", "x", "--listen", "not-an-address"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("listening on not-an-address"));
+
+    let out = handoff().args(["demo", "--bytes", "lots"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'lots'"));
+}
