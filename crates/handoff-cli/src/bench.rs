@@ -119,7 +119,15 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         print!(
             "{}",
             table::render(
-                &["case", "channel", "bytes", "ours", "baseline", "efficiency", "throughput"],
+                &[
+                    "case",
+                    "channel",
+                    "bytes",
+                    "ours",
+                    "baseline",
+                    "efficiency",
+                    "throughput"
+                ],
                 &rows
             )
         );
@@ -131,10 +139,20 @@ pub async fn run(args: BenchArgs) -> Result<()> {
 pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
     let plan = Plan::new(quick);
     let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
-    let total = [wanted("inproc-msg"), wanted("tcp-rtt")].iter().filter(|w| **w).count()
-        + if wanted("tcp-stream") { plan.sizes.len() } else { 0 };
+    let total = [wanted("inproc-msg"), wanted("tcp-rtt")]
+        .iter()
+        .filter(|w| **w)
+        .count()
+        + if wanted("tcp-stream") {
+            plan.sizes.len()
+        } else {
+            0
+        };
     let bar = ProgressBar::new(total as u64);
-    bar.set_style(ProgressStyle::with_template("{spinner} bench [{bar:30}] {pos}/{len} {msg}").expect("template"));
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} bench [{bar:30}] {pos}/{len} {msg}")
+            .expect("template"),
+    );
     let secret = hex::encode(rand::random::<[u8; 16]>());
     let mut out = Vec::new();
 
@@ -144,17 +162,23 @@ pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
         bar.inc(1);
     }
     if wanted("tcp-rtt") || wanted("tcp-stream") {
-        let server = protocol::register_all(Node::builder("bench-server").listen("127.0.0.1:0").secret(secret.clone()))
-            .host_id("bench-host-b")
-            .build()
-            .await?;
+        let server = protocol::register_all(
+            Node::builder("bench-server")
+                .listen("127.0.0.1:0")
+                .secret(secret.clone()),
+        )
+        .host_id("bench-host-b")
+        .build()
+        .await?;
         let client = protocol::register_all(Node::builder("bench-client").secret(secret.clone()))
             .host_id("bench-host-a")
             .build()
             .await?;
         let serving = server.clone();
         let server_task = tokio::spawn(async move { crate::node_cmd::serve(&serving).await });
-        let peer = client.connect(server.listen_addr().context("listen address")?).await?;
+        let peer = client
+            .connect(server.listen_addr().context("listen address")?)
+            .await?;
         if wanted("tcp-rtt") {
             bar.set_message("tcp-rtt");
             out.push(tcp_rtt(&plan, &client, &peer).await?);
@@ -184,8 +208,12 @@ fn small_ping(seq: u64) -> Ping {
 
 /// One small message in-process, against a plain tokio channel carrying the same values.
 async fn inproc_msg(plan: &Plan, secret: &str) -> Result<Case> {
-    let a = protocol::register_all(Node::builder("bench-inproc-a").secret(secret)).build().await?;
-    let b = protocol::register_all(Node::builder("bench-inproc-b").secret(secret)).build().await?;
+    let a = protocol::register_all(Node::builder("bench-inproc-a").secret(secret))
+        .build()
+        .await?;
+    let b = protocol::register_all(Node::builder("bench-inproc-b").secret(secret))
+        .build()
+        .await?;
     let peer = a.connect(&b.inproc_addr()).await?;
     let n = plan.msgs;
     let mut ours = Vec::new();
@@ -202,7 +230,10 @@ async fn inproc_msg(plan: &Plan, secret: &str) -> Result<Case> {
         let (tx, mut rx) = mpsc::channel::<Ping>(1024);
         let started = Instant::now();
         for i in 0..n {
-            tx.send(small_ping(i)).await.ok().context("channel closed")?;
+            tx.send(small_ping(i))
+                .await
+                .ok()
+                .context("channel closed")?;
             black_box(rx.recv().await);
         }
         let t_base = started.elapsed().as_secs_f64() / n as f64;
@@ -213,7 +244,13 @@ async fn inproc_msg(plan: &Plan, secret: &str) -> Result<Case> {
     }
     a.shutdown();
     b.shutdown();
-    Ok(case("inproc-msg", "inproc", 100, median(ours), median(base)))
+    Ok(case(
+        "inproc-msg",
+        "inproc",
+        100,
+        median(ours),
+        median(base),
+    ))
 }
 
 /// A small message there and back over TCP, against a raw TCP ping-pong of the same bytes.
@@ -227,7 +264,10 @@ async fn tcp_rtt(plan: &Plan, client: &Node, peer: &Peer) -> Result<Case> {
         let started = Instant::now();
         for i in 0..n {
             peer.send(small_ping(i)).await?;
-            let p: Ping = client.recv_timeout(Duration::from_secs(30)).await?.decode()?;
+            let p: Ping = client
+                .recv_timeout(Duration::from_secs(30))
+                .await?
+                .decode()?;
             anyhow::ensure!(p.seq == i, "echo out of order");
         }
         let t_ours = started.elapsed().as_secs_f64() / n as f64;
@@ -252,7 +292,9 @@ async fn raw_echo_pair(record: usize) -> Result<(TcpStream, tokio::task::JoinHan
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let echo = tokio::spawn(async move {
-        let Ok((mut s, _)) = listener.accept().await else { return };
+        let Ok((mut s, _)) = listener.accept().await else {
+            return;
+        };
         let _ = s.set_nodelay(true);
         let mut buf = vec![0u8; record];
         while s.read_exact(&mut buf).await.is_ok() {
@@ -286,7 +328,10 @@ async fn tcp_stream(plan: &Plan, client: &Node, peer: &Peer, size: u64) -> Resul
             .await?;
         }
         for _ in 0..count {
-            let _: Ping = client.recv_timeout(Duration::from_secs(60)).await?.decode()?;
+            let _: Ping = client
+                .recv_timeout(Duration::from_secs(60))
+                .await?
+                .decode()?;
         }
         let t_ours = started.elapsed().as_secs_f64() / count as f64;
         let t_base = raw.run(&data, count).await? / count as f64;
@@ -311,7 +356,9 @@ impl RawStream {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let reader = tokio::spawn(async move {
-            let Ok((mut s, _)) = listener.accept().await else { return };
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
             let _ = s.set_nodelay(true);
             let mut buf = vec![1u8; record];
             while s.read_exact(&mut buf).await.is_ok() {

@@ -30,12 +30,16 @@ pub struct NodeArgs {
 
 /// Reads a secret file; the trailing newline (if any) is not part of the secret.
 pub fn read_secret(path: &PathBuf) -> Result<Vec<u8>> {
-    let mut bytes =
-        std::fs::read(path).with_context(|| format!("reading the cluster secret from {}", path.display()))?;
+    let mut bytes = std::fs::read(path)
+        .with_context(|| format!("reading the cluster secret from {}", path.display()))?;
     while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         bytes.pop();
     }
-    anyhow::ensure!(!bytes.is_empty(), "the secret file {} is empty", path.display());
+    anyhow::ensure!(
+        !bytes.is_empty(),
+        "the secret file {} is empty",
+        path.display()
+    );
     Ok(bytes)
 }
 
@@ -50,7 +54,10 @@ pub async fn run(args: NodeArgs) -> Result<()> {
     }
     let node = builder.build().await.context("starting the node")?;
     for addr in &args.connect {
-        let peer = node.connect(addr).await.with_context(|| format!("connecting to {addr}"))?;
+        let peer = node
+            .connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
         tracing::info!(peer = %peer.name(), locality = %peer.locality(), channel = %peer.channel(), "connected");
     }
     // One machine-readable line so that a parent process knows where we listen.
@@ -122,7 +129,11 @@ pub async fn read_ready_line(
         .await
         .context("the child node did not report ready in time")??
         .context("the child node exited before reporting ready")?;
-    let v: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("child said {line:?}"))?;
-    anyhow::ensure!(v["event"] == "ready", "unexpected first line from child: {line}");
+    let v: serde_json::Value =
+        serde_json::from_str(&line).with_context(|| format!("child said {line:?}"))?;
+    anyhow::ensure!(
+        v["event"] == "ready",
+        "unexpected first line from child: {line}"
+    );
     Ok(v)
 }

@@ -135,7 +135,13 @@ pub fn all() -> Vec<Vector> {
     });
     v.push(Vector {
         name: "preamble-newer-peer",
-        bytes: Preamble { min_version: 1, max_version: 3, flags: 0 }.encode().to_vec(),
+        bytes: Preamble {
+            min_version: 1,
+            max_version: 3,
+            flags: 0,
+        }
+        .encode()
+        .to_vec(),
         description: json!({
             "kind": "preamble", "valid": true,
             "description": "A newer peer that still speaks version 1: both use version 1.",
@@ -240,7 +246,13 @@ pub fn all() -> Vec<Vector> {
         meta: Buffer::from_static(&[0, 1, 2, 3]),
     };
     let enc = handoff_wire::encode(&sample, None).expect("encode");
-    let descs: Vec<Descriptor> = enc.frames.iter().map(|f| Descriptor::Inline { len: f.len() as u64 }).collect();
+    let descs: Vec<Descriptor> = enc
+        .frames
+        .iter()
+        .map(|f| Descriptor::Inline {
+            len: f.len() as u64,
+        })
+        .collect();
     let frames: Vec<&[u8]> = enc.frames.iter().map(|f| f.as_ref()).collect();
     v.push(Vector {
         name: "msg-two-frames",
@@ -278,7 +290,10 @@ pub fn all() -> Vec<Vector> {
         ("k", s("msg")),
         ("t", s("x")),
         ("b", rmpv::Value::Binary(vec![0x80])),
-        ("f", rmpv::Value::Array(vec![map(vec![("k", s("inline")), ("n", 10.into())])])),
+        (
+            "f",
+            rmpv::Value::Array(vec![map(vec![("k", s("inline")), ("n", 10.into())])]),
+        ),
     ]));
     v.push(invalid(
         "msg-truncated-header",
@@ -318,7 +333,13 @@ pub fn all() -> Vec<Vector> {
     v.push(invalid(
         "msg-missing-type",
         "message",
-        raw_message(&msgpack(&map(vec![("k", s("msg")), ("b", rmpv::Value::Binary(vec![0x80]))])), &[]),
+        raw_message(
+            &msgpack(&map(vec![
+                ("k", s("msg")),
+                ("b", rmpv::Value::Binary(vec![0x80])),
+            ])),
+            &[],
+        ),
         "malformed-header",
         "A msg header without its type name `t`.",
     ));
@@ -329,7 +350,9 @@ pub fn all() -> Vec<Vector> {
         "unknown-kind",
         "A header kind this version does not know.",
     ));
-    let many: Vec<rmpv::Value> = (0..1025).map(|_| map(vec![("k", s("inline")), ("n", 0.into())])).collect();
+    let many: Vec<rmpv::Value> = (0..1025)
+        .map(|_| map(vec![("k", s("inline")), ("n", 0.into())]))
+        .collect();
     v.push(invalid(
         "msg-too-many-frames",
         "message",
@@ -364,7 +387,10 @@ pub fn all() -> Vec<Vector> {
     v.push(invalid(
         "msg-message-too-large",
         "message",
-        raw_message(&msg_with((0..5).map(|_| desc("inline", 4 << 30)).collect()), &[]),
+        raw_message(
+            &msg_with((0..5).map(|_| desc("inline", 4 << 30)).collect()),
+            &[],
+        ),
         "message-too-large",
         "Five frames of 4 GiB; the default limit is 16 GiB per message.",
     ));
@@ -458,23 +484,40 @@ pub fn json_view(value: &rmpv::Value, frame_count: usize) -> Result<Json, WireEr
         V::F64(f) => json!(f),
         V::String(s) => json!(s.as_str().unwrap_or("")),
         V::Binary(b) => json!({"$bin": hex::encode(b)}),
-        V::Array(items) => Json::Array(items.iter().map(|i| json_view(i, frame_count)).collect::<Result<_, _>>()?),
+        V::Array(items) => Json::Array(
+            items
+                .iter()
+                .map(|i| json_view(i, frame_count))
+                .collect::<Result<_, _>>()?,
+        ),
         V::Map(pairs) => {
             let mut m = serde_json::Map::new();
             for (k, val) in pairs {
-                let key = k.as_str().map(str::to_string).unwrap_or_else(|| k.to_string());
+                let key = k
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| k.to_string());
                 m.insert(key, json_view(val, frame_count)?);
             }
             Json::Object(m)
         }
         V::Ext(1, payload) => {
-            let idx: [u8; 4] = payload.as_slice().try_into().map_err(|_| WireError::BadBody {
-                type_name: "?".into(),
-                reason: format!("frame reference payload must be 4 bytes, got {}", payload.len()),
-            })?;
+            let idx: [u8; 4] = payload
+                .as_slice()
+                .try_into()
+                .map_err(|_| WireError::BadBody {
+                    type_name: "?".into(),
+                    reason: format!(
+                        "frame reference payload must be 4 bytes, got {}",
+                        payload.len()
+                    ),
+                })?;
             let index = u32::from_be_bytes(idx) as u64;
             if index as usize >= frame_count {
-                return Err(WireError::BadFrameRef { index, count: frame_count });
+                return Err(WireError::BadFrameRef {
+                    index,
+                    count: frame_count,
+                });
             }
             json!({"$frame": index})
         }
@@ -504,7 +547,11 @@ pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
     if let Json::Object(map) = &mut header_json {
         map.retain(|k, _| !k.starts_with("x-"));
     }
-    let frames: Vec<Json> = m.frames.iter().map(|f| json!({"$bin": hex::encode(f)})).collect();
+    let frames: Vec<Json> = m
+        .frames
+        .iter()
+        .map(|f| json!({"$bin": hex::encode(f)}))
+        .collect();
     let mut out = json!({"header": header_json, "frames": frames});
     if let Header::Msg { body, .. } = &m.header {
         let value = rmpv::decode::read_value(&mut &body[..]).map_err(|e| WireError::BadBody {

@@ -35,15 +35,28 @@ fn files_match_the_generator() {
             .iter()
             .find(|(n, _, _)| n == v.name)
             .unwrap_or_else(|| panic!("vector {} missing on disk: regenerate", v.name));
-        assert_eq!(bytes, &v.bytes, "{}.bin differs from the generator: regenerate", v.name);
-        assert_eq!(json, &description_on_disk(v), "{}.json differs from the generator", v.name);
+        assert_eq!(
+            bytes, &v.bytes,
+            "{}.bin differs from the generator: regenerate",
+            v.name
+        );
+        assert_eq!(
+            json,
+            &description_on_disk(v),
+            "{}.json differs from the generator",
+            v.name
+        );
     }
 }
 
 #[test]
 fn every_vector_decodes_as_described() {
     let disk = on_disk();
-    assert!(disk.len() >= 20, "expected the full set of vectors, found {}", disk.len());
+    assert!(
+        disk.len() >= 20,
+        "expected the full set of vectors, found {}",
+        disk.len()
+    );
     let mut invalid = 0;
     for (name, bytes, json) in disk {
         let v = Vector {
@@ -53,7 +66,8 @@ fn every_vector_decodes_as_described() {
         };
         let result = decode_to_json(&v);
         if json["valid"] == Json::Bool(true) {
-            let got = result.unwrap_or_else(|e| panic!("{name}: valid vector failed to decode: {e}"));
+            let got =
+                result.unwrap_or_else(|e| panic!("{name}: valid vector failed to decode: {e}"));
             for key in ["header", "frames", "body", "decoded", "negotiated"] {
                 if let Some(expected) = json.get(key) {
                     assert_eq!(&got[key], expected, "{name}: {key} differs");
@@ -61,8 +75,14 @@ fn every_vector_decodes_as_described() {
             }
         } else {
             invalid += 1;
-            let err = result.err().unwrap_or_else(|| panic!("{name}: invalid vector decoded without error"));
-            assert_eq!(err.code(), json["error"].as_str().unwrap(), "{name}: wrong error ({err})");
+            let err = result
+                .err()
+                .unwrap_or_else(|| panic!("{name}: invalid vector decoded without error"));
+            assert_eq!(
+                err.code(),
+                json["error"].as_str().unwrap(),
+                "{name}: wrong error ({err})"
+            );
         }
     }
     assert!(invalid >= 10, "expected invalid vectors too");

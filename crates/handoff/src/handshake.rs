@@ -59,7 +59,12 @@ async fn read_header<R: AsyncRead + Unpin>(
 
 /// The error for a header that is not the expected handshake step; unless the peer
 /// itself reported an error, the peer is told why we close.
-async fn refused<W: AsyncWrite + Unpin>(writer: &mut W, label: &str, header: Header<'_>, step: &str) -> Error {
+async fn refused<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    label: &str,
+    header: Header<'_>,
+    step: &str,
+) -> Error {
     match header {
         Header::Error { code, message } => Error::Refused {
             peer: label.to_string(),
@@ -67,7 +72,10 @@ async fn refused<W: AsyncWrite + Unpin>(writer: &mut W, label: &str, header: Hea
             message,
         },
         other => {
-            let e = WireError::Handshake(format!("expected {step}, got a {:?} header", kind_of(&other)));
+            let e = WireError::Handshake(format!(
+                "expected {step}, got a {:?} header",
+                kind_of(&other)
+            ));
             send_error(writer, &e).await;
             e.into()
         }
