@@ -139,20 +139,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
 pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
     let plan = Plan::new(quick);
     let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
-    let total = [wanted("inproc-msg"), wanted("tcp-rtt")]
-        .iter()
-        .filter(|w| **w)
-        .count()
-        + if wanted("tcp-stream") {
-            plan.sizes.len()
-        } else {
-            0
-        };
+    let total = [wanted("inproc-msg"), wanted("tcp-rtt")].iter().filter(|w| **w).count()
+        + if wanted("tcp-stream") { plan.sizes.len() } else { 0 };
     let bar = ProgressBar::new(total as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} bench [{bar:30}] {pos}/{len} {msg}")
-            .expect("template"),
-    );
+    bar.set_style(ProgressStyle::with_template("{spinner} bench [{bar:30}] {pos}/{len} {msg}").expect("template"));
     let secret = hex::encode(rand::random::<[u8; 16]>());
     let mut out = Vec::new();
 
@@ -176,9 +166,7 @@ pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
             .await?;
         let serving = server.clone();
         let server_task = tokio::spawn(async move { crate::node_cmd::serve(&serving).await });
-        let peer = client
-            .connect(server.listen_addr().context("listen address")?)
-            .await?;
+        let peer = client.connect(server.listen_addr().context("listen address")?).await?;
         if wanted("tcp-rtt") {
             bar.set_message("tcp-rtt");
             out.push(tcp_rtt(&plan, &client, &peer).await?);
@@ -230,10 +218,7 @@ async fn inproc_msg(plan: &Plan, secret: &str) -> Result<Case> {
         let (tx, mut rx) = mpsc::channel::<Ping>(1024);
         let started = Instant::now();
         for i in 0..n {
-            tx.send(small_ping(i))
-                .await
-                .ok()
-                .context("channel closed")?;
+            tx.send(small_ping(i)).await.ok().context("channel closed")?;
             black_box(rx.recv().await);
         }
         let t_base = started.elapsed().as_secs_f64() / n as f64;
@@ -244,13 +229,7 @@ async fn inproc_msg(plan: &Plan, secret: &str) -> Result<Case> {
     }
     a.shutdown();
     b.shutdown();
-    Ok(case(
-        "inproc-msg",
-        "inproc",
-        100,
-        median(ours),
-        median(base),
-    ))
+    Ok(case("inproc-msg", "inproc", 100, median(ours), median(base)))
 }
 
 /// A small message there and back over TCP, against a raw TCP ping-pong of the same bytes.
@@ -264,10 +243,7 @@ async fn tcp_rtt(plan: &Plan, client: &Node, peer: &Peer) -> Result<Case> {
         let started = Instant::now();
         for i in 0..n {
             peer.send(small_ping(i)).await?;
-            let p: Ping = client
-                .recv_timeout(Duration::from_secs(30))
-                .await?
-                .decode()?;
+            let p: Ping = client.recv_timeout(Duration::from_secs(30)).await?.decode()?;
             anyhow::ensure!(p.seq == i, "echo out of order");
         }
         let t_ours = started.elapsed().as_secs_f64() / n as f64;
@@ -328,10 +304,7 @@ async fn tcp_stream(plan: &Plan, client: &Node, peer: &Peer, size: u64) -> Resul
             .await?;
         }
         for _ in 0..count {
-            let _: Ping = client
-                .recv_timeout(Duration::from_secs(60))
-                .await?
-                .decode()?;
+            let _: Ping = client.recv_timeout(Duration::from_secs(60)).await?.decode()?;
         }
         let t_ours = started.elapsed().as_secs_f64() / count as f64;
         let t_base = raw.run(&data, count).await? / count as f64;

@@ -60,11 +60,7 @@ impl Drop for TempDir {
 
 fn write_secret(secret: &str) -> Result<(TempDir, std::path::PathBuf)> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    let dir = std::env::temp_dir().join(format!(
-        "handoff-demo-{}-{}",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
+    let dir = std::env::temp_dir().join(format!("handoff-demo-{}-{}", std::process::id(), rand::random::<u32>()));
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&dir)
@@ -80,24 +76,11 @@ fn write_secret(secret: &str) -> Result<(TempDir, std::path::PathBuf)> {
     Ok((TempDir(dir), path))
 }
 
-async fn spawn_remote_node(
-    name: &str,
-    host_id: &str,
-    secret: &str,
-    connect: &str,
-) -> Result<Child> {
+async fn spawn_remote_node(name: &str, host_id: &str, secret: &str, connect: &str) -> Result<Child> {
     let (dir, secret_path) = write_secret(secret)?;
     let exe = std::env::current_exe().context("finding the handoff executable")?;
     let mut child = tokio::process::Command::new(exe)
-        .args([
-            "node",
-            "--name",
-            name,
-            "--host-id",
-            host_id,
-            "--listen",
-            "127.0.0.1:0",
-        ])
+        .args(["node", "--name", name, "--host-id", host_id, "--listen", "127.0.0.1:0"])
         .arg("--secret-file")
         .arg(&secret_path)
         .args(["--connect", connect])
@@ -152,11 +135,7 @@ async fn send_to_remote(src: &Node, peer: &Peer, id: u64, bytes: u64) -> Result<
     let env = src.recv_timeout(WAIT).await?;
     let elapsed = started.elapsed().as_secs_f64();
     if env.type_name() != Receipt::TYPE_NAME {
-        bail!(
-            "expected a receipt from {}, got {}",
-            peer.name(),
-            env.type_name()
-        );
+        bail!("expected a receipt from {}, got {}", peer.name(), env.type_name());
     }
     let r: Receipt = env.decode()?;
     let verified = r.verified && r.id == id && r.bytes == bytes;
@@ -206,11 +185,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
                     table::size(r.bytes),
                     table::duration(r.seconds),
                     table::throughput(r.bytes, r.seconds),
-                    if r.verified {
-                        "yes".into()
-                    } else {
-                        "NO".into()
-                    },
+                    if r.verified { "yes".into() } else { "NO".into() },
                 ]
             })
             .collect();
@@ -240,13 +215,9 @@ pub async fn run(args: DemoArgs) -> Result<()> {
 /// Starts the cluster and runs one transfer per route.
 pub async fn run_rows(bytes: u64) -> Result<Vec<Row>> {
     let secret = hex::encode(rand::random::<[u8; 32]>());
-    let alpha = protocol::register_all(
-        Node::builder("alpha")
-            .listen("127.0.0.1:0")
-            .secret(secret.clone()),
-    )
-    .build()
-    .await?;
+    let alpha = protocol::register_all(Node::builder("alpha").listen("127.0.0.1:0").secret(secret.clone()))
+        .build()
+        .await?;
     let beta = protocol::register_all(Node::builder("beta").secret(secret.clone()))
         .build()
         .await?;

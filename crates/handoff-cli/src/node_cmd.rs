@@ -30,16 +30,12 @@ pub struct NodeArgs {
 
 /// Reads a secret file; the trailing newline (if any) is not part of the secret.
 pub fn read_secret(path: &PathBuf) -> Result<Vec<u8>> {
-    let mut bytes = std::fs::read(path)
-        .with_context(|| format!("reading the cluster secret from {}", path.display()))?;
+    let mut bytes =
+        std::fs::read(path).with_context(|| format!("reading the cluster secret from {}", path.display()))?;
     while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         bytes.pop();
     }
-    anyhow::ensure!(
-        !bytes.is_empty(),
-        "the secret file {} is empty",
-        path.display()
-    );
+    anyhow::ensure!(!bytes.is_empty(), "the secret file {} is empty", path.display());
     Ok(bytes)
 }
 
@@ -129,11 +125,7 @@ pub async fn read_ready_line(
         .await
         .context("the child node did not report ready in time")??
         .context("the child node exited before reporting ready")?;
-    let v: serde_json::Value =
-        serde_json::from_str(&line).with_context(|| format!("child said {line:?}"))?;
-    anyhow::ensure!(
-        v["event"] == "ready",
-        "unexpected first line from child: {line}"
-    );
+    let v: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("child said {line:?}"))?;
+    anyhow::ensure!(v["event"] == "ready", "unexpected first line from child: {line}");
     Ok(v)
 }

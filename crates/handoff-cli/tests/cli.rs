@@ -33,9 +33,7 @@ fn demo_json_rows_cover_inproc_and_tcp_and_are_verified() {
     let rows = rows.as_array().expect("an array");
     assert!(rows.len() >= 4, "{rows:?}");
     for r in rows {
-        for key in [
-            "from", "to", "locality", "channel", "bytes", "seconds", "verified",
-        ] {
+        for key in ["from", "to", "locality", "channel", "bytes", "seconds", "verified"] {
             assert!(r.get(key).is_some(), "row lacks {key}: {r}");
         }
         assert_eq!(r["verified"], true, "{r}");
@@ -49,12 +47,8 @@ fn demo_json_rows_cover_inproc_and_tcp_and_are_verified() {
     assert!(has("inproc", "same-process"));
     assert!(has("tcp", "remote"));
     // Both directions between processes.
-    assert!(rows
-        .iter()
-        .any(|r| r["channel"] == "tcp" && r["from"] == "gamma"));
-    assert!(rows
-        .iter()
-        .any(|r| r["channel"] == "tcp" && r["to"] == "gamma"));
+    assert!(rows.iter().any(|r| r["channel"] == "tcp" && r["from"] == "gamma"));
+    assert!(rows.iter().any(|r| r["channel"] == "tcp" && r["to"] == "gamma"));
 }
 
 #[test]
@@ -62,10 +56,7 @@ fn bench_quick_json_has_every_case_with_stable_keys() {
     let cases = run_json(&["bench", "--quick", "--json"]);
     let cases = cases.as_array().expect("an array");
     for name in ["inproc-msg", "tcp-rtt", "tcp-stream"] {
-        assert!(
-            cases.iter().any(|c| c["case"] == name),
-            "missing case {name}"
-        );
+        assert!(cases.iter().any(|c| c["case"] == name), "missing case {name}");
     }
     for c in cases {
         for key in ["case", "channel", "bytes", "ours", "baseline", "efficiency"] {
@@ -92,8 +83,7 @@ fn start_node(args: &[&str]) -> (std::process::Child, Value) {
     BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    let ready: Value =
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad ready line {line:?}: {e}"));
+    let ready: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad ready line {line:?}: {e}"));
     (child, ready)
 }
 
@@ -105,8 +95,7 @@ fn a_node_with_the_wrong_secret_is_refused_on_both_sides() {
     let bad = dir.join("bad");
     std::fs::write(&good, "right\n").unwrap();
     std::fs::write(&bad, "wrong\n").unwrap();
-    let (mut server, ready) =
-        start_node(&["--name", "server", "--secret-file", good.to_str().unwrap()]);
+    let (mut server, ready) = start_node(&["--name", "server", "--secret-file", good.to_str().unwrap()]);
     let addr = ready["listen"].as_str().unwrap().to_string();
 
     let out = handoff()
@@ -123,10 +112,7 @@ fn a_node_with_the_wrong_secret_is_refused_on_both_sides() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("authentication failed"),
-        "client stderr: {err}"
-    );
+    assert!(err.contains("authentication failed"), "client stderr: {err}");
 
     std::thread::sleep(Duration::from_millis(200));
     server.kill().unwrap();
@@ -142,13 +128,7 @@ fn a_node_with_the_wrong_secret_is_refused_on_both_sides() {
 #[test]
 fn bad_command_lines_get_clear_errors() {
     let out = handoff()
-        .args([
-            "node",
-            "--name",
-            "x",
-            "--secret-file",
-            "/nonexistent/secret",
-        ])
+        .args(["node", "--name", "x", "--secret-file", "/nonexistent/secret"])
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -165,10 +145,7 @@ fn bad_command_lines_get_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("listening on not-an-address"));
 
-    let out = handoff()
-        .args(["demo", "--bytes", "lots"])
-        .output()
-        .unwrap();
+    let out = handoff().args(["demo", "--bytes", "lots"]).output().unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'lots'"));
 }

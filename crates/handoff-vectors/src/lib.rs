@@ -152,7 +152,13 @@ pub fn all() -> Vec<Vector> {
     v.push(invalid(
         "preamble-no-common-version",
         "preamble",
-        Preamble { min_version: 2, max_version: 3, flags: 0 }.encode().to_vec(),
+        Preamble {
+            min_version: 2,
+            max_version: 3,
+            flags: 0,
+        }
+        .encode()
+        .to_vec(),
         "unsupported-version",
         "A peer that speaks only versions 2 and 3: negotiation with a version-1 implementation fails.",
     ));
@@ -217,7 +223,10 @@ pub fn all() -> Vec<Vector> {
     v.push(Vector {
         name: "error",
         bytes: message(
-            &Header::Error { code: "auth-failed".into(), message: "wrong cluster secret".into() },
+            &Header::Error {
+                code: "auth-failed".into(),
+                message: "wrong cluster secret".into(),
+            },
             &[],
         ),
         description: json!({
@@ -230,7 +239,14 @@ pub fn all() -> Vec<Vector> {
     let ping = handoff_wire::encode(&json!({"seq": 7}), None).expect("encode");
     v.push(Vector {
         name: "msg-no-frames",
-        bytes: message(&Header::Msg { type_name: "handoff.Ping", body: &ping.body, frames: vec![] }, &[]),
+        bytes: message(
+            &Header::Msg {
+                type_name: "handoff.Ping",
+                body: &ping.body,
+                frames: vec![],
+            },
+            &[],
+        ),
         description: json!({
             "kind": "message", "valid": true,
             "description": "A message with a small body and no frames.",
@@ -249,9 +265,7 @@ pub fn all() -> Vec<Vector> {
     let descs: Vec<Descriptor> = enc
         .frames
         .iter()
-        .map(|f| Descriptor::Inline {
-            len: f.len() as u64,
-        })
+        .map(|f| Descriptor::Inline { len: f.len() as u64 })
         .collect();
     let frames: Vec<&[u8]> = enc.frames.iter().map(|f| f.as_ref()).collect();
     v.push(Vector {
@@ -334,10 +348,7 @@ pub fn all() -> Vec<Vector> {
         "msg-missing-type",
         "message",
         raw_message(
-            &msgpack(&map(vec![
-                ("k", s("msg")),
-                ("b", rmpv::Value::Binary(vec![0x80])),
-            ])),
+            &msgpack(&map(vec![("k", s("msg")), ("b", rmpv::Value::Binary(vec![0x80]))])),
             &[],
         ),
         "malformed-header",
@@ -387,10 +398,7 @@ pub fn all() -> Vec<Vector> {
     v.push(invalid(
         "msg-message-too-large",
         "message",
-        raw_message(
-            &msg_with((0..5).map(|_| desc("inline", 4 << 30)).collect()),
-            &[],
-        ),
+        raw_message(&msg_with((0..5).map(|_| desc("inline", 4 << 30)).collect()), &[]),
         "message-too-large",
         "Five frames of 4 GiB; the default limit is 16 GiB per message.",
     ));
@@ -493,25 +501,16 @@ pub fn json_view(value: &rmpv::Value, frame_count: usize) -> Result<Json, WireEr
         V::Map(pairs) => {
             let mut m = serde_json::Map::new();
             for (k, val) in pairs {
-                let key = k
-                    .as_str()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| k.to_string());
+                let key = k.as_str().map(str::to_string).unwrap_or_else(|| k.to_string());
                 m.insert(key, json_view(val, frame_count)?);
             }
             Json::Object(m)
         }
         V::Ext(1, payload) => {
-            let idx: [u8; 4] = payload
-                .as_slice()
-                .try_into()
-                .map_err(|_| WireError::BadBody {
-                    type_name: "?".into(),
-                    reason: format!(
-                        "frame reference payload must be 4 bytes, got {}",
-                        payload.len()
-                    ),
-                })?;
+            let idx: [u8; 4] = payload.as_slice().try_into().map_err(|_| WireError::BadBody {
+                type_name: "?".into(),
+                reason: format!("frame reference payload must be 4 bytes, got {}", payload.len()),
+            })?;
             let index = u32::from_be_bytes(idx) as u64;
             if index as usize >= frame_count {
                 return Err(WireError::BadFrameRef {
@@ -547,11 +546,7 @@ pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
     if let Json::Object(map) = &mut header_json {
         map.retain(|k, _| !k.starts_with("x-"));
     }
-    let frames: Vec<Json> = m
-        .frames
-        .iter()
-        .map(|f| json!({"$bin": hex::encode(f)}))
-        .collect();
+    let frames: Vec<Json> = m.frames.iter().map(|f| json!({"$bin": hex::encode(f)})).collect();
     let mut out = json!({"header": header_json, "frames": frames});
     if let Header::Msg { body, .. } = &m.header {
         let value = rmpv::decode::read_value(&mut &body[..]).map_err(|e| WireError::BadBody {

@@ -35,11 +35,7 @@ fn files_match_the_generator() {
             .iter()
             .find(|(n, _, _)| n == v.name)
             .unwrap_or_else(|| panic!("vector {} missing on disk: regenerate", v.name));
-        assert_eq!(
-            bytes, &v.bytes,
-            "{}.bin differs from the generator: regenerate",
-            v.name
-        );
+        assert_eq!(bytes, &v.bytes, "{}.bin differs from the generator: regenerate", v.name);
         assert_eq!(
             json,
             &description_on_disk(v),
@@ -66,8 +62,7 @@ fn every_vector_decodes_as_described() {
         };
         let result = decode_to_json(&v);
         if json["valid"] == Json::Bool(true) {
-            let got =
-                result.unwrap_or_else(|e| panic!("{name}: valid vector failed to decode: {e}"));
+            let got = result.unwrap_or_else(|e| panic!("{name}: valid vector failed to decode: {e}"));
             for key in ["header", "frames", "body", "decoded", "negotiated"] {
                 if let Some(expected) = json.get(key) {
                     assert_eq!(&got[key], expected, "{name}: {key} differs");

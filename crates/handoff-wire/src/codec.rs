@@ -17,6 +17,11 @@ use crate::{Route, WireError};
 /// The msgpack extension type of a frame reference in a body.
 pub const EXT_FRAME_REF: i8 = 1;
 
+/// Nesting limit of a body: msgpack arrays, maps and ext values deeper than
+/// `MAX_BODY_DEPTH - 1` levels (`spec/WIRE.md`: 127) are `bad-body` instead of
+/// overflowing the receiving thread's stack.
+const MAX_BODY_DEPTH: usize = 128;
+
 #[derive(Default)]
 struct DecodeState {
     frames: Vec<Bytes>,
@@ -77,8 +82,16 @@ pub fn decode<T: DeserializeOwned>(
             frames: frames.to_vec(),
             bad_ref: None,
         };
+        if body_depth_exceeds(body, MAX_BODY_DEPTH - 1) {
+            return Err(WireError::BadBody {
+                type_name: type_name.to_string(),
+                reason: format!("nesting deeper than {} levels", MAX_BODY_DEPTH - 1),
+            });
+        }
         let previous = DECODING.with(|d| d.borrow_mut().replace(state));
-        let result = rmp_serde::from_slice::<T>(body);
+        let mut de = rmp_serde::Deserializer::from_read_ref(body);
+        de.set_max_depth(MAX_BODY_DEPTH);
+        let result = T::deserialize(&mut de);
         let state = DECODING.with(|d| std::mem::replace(&mut *d.borrow_mut(), previous));
         match result {
             Ok(v) => Ok(v),
@@ -97,6 +110,78 @@ pub fn decode<T: DeserializeOwned>(
     match route {
         Some(route) => Route::with(route, run),
         None => run(),
+    }
+}
+
+/// Whether the first msgpack value in `body` nests arrays, maps and ext values more than
+/// `max` levels deep (the outermost counts).
+///
+/// rmp-serde's own depth limit does not count the one-entry map of an enum variant, so a
+/// recursive enum could still overflow the stack; this scan is iterative and counts every
+/// container. Malformed or truncated input ends the scan without a verdict: the
+/// deserializer reports it.
+fn body_depth_exceeds(body: &[u8], max: usize) -> bool {
+    // Items still to read in each open container, innermost last.
+    let mut open: Vec<u64> = Vec::new();
+    let mut pos = 0;
+    let be = |at: usize, n: usize| -> Option<u64> {
+        let bytes = body.get(at..at.checked_add(n)?)?;
+        Some(bytes.iter().fold(0u64, |acc, &b| (acc << 8) | b as u64))
+    };
+    loop {
+        let Some(&marker) = body.get(pos) else {
+            return false;
+        };
+        pos += 1;
+        // (items inside, bytes to skip) of this value; containers have items.
+        let (items, skip): (Option<u64>, u64) = match marker {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => (None, 0),
+            0x80..=0x8f => (Some(2 * (marker & 0x0f) as u64), 0),
+            0x90..=0x9f => (Some((marker & 0x0f) as u64), 0),
+            0xa0..=0xbf => (None, (marker & 0x1f) as u64),
+            0xc1 => return false,
+            0xc4 | 0xd9 => (None, 1 + be(pos, 1).unwrap_or(u64::MAX / 2)),
+            0xc5 | 0xda => (None, 2 + be(pos, 2).unwrap_or(u64::MAX / 2)),
+            0xc6 | 0xdb => (None, 4 + be(pos, 4).unwrap_or(u64::MAX / 2)),
+            // ext: a leaf, but it counts one level
+            0xc7 => (Some(0), 2 + be(pos, 1).unwrap_or(u64::MAX / 2)),
+            0xc8 => (Some(0), 3 + be(pos, 2).unwrap_or(u64::MAX / 2)),
+            0xc9 => (Some(0), 5 + be(pos, 4).unwrap_or(u64::MAX / 2)),
+            0xd4..=0xd8 => (Some(0), 1 + (1u64 << (marker - 0xd4))),
+            0xca | 0xcb => (None, 4 << (marker - 0xca)),
+            0xcc..=0xcf => (None, 1 << (marker - 0xcc)),
+            0xd0..=0xd3 => (None, 1 << (marker - 0xd0)),
+            0xdc => (Some(be(pos, 2).unwrap_or(0)), 2),
+            0xdd => (Some(be(pos, 4).unwrap_or(0)), 4),
+            0xde => (Some(2 * be(pos, 2).unwrap_or(0)), 2),
+            0xdf => (Some(2 * be(pos, 4).unwrap_or(0)), 4),
+        };
+        match usize::try_from(skip).ok().and_then(|s| pos.checked_add(s)) {
+            Some(next) if next <= body.len() => pos = next,
+            _ => return false,
+        }
+        if let Some(items) = items {
+            if open.len() + 1 > max {
+                return true;
+            }
+            if items > 0 {
+                open.push(items);
+                continue;
+            }
+        }
+        // A value is complete: count it in its container(s).
+        loop {
+            match open.last_mut() {
+                None => return false,
+                Some(left) => {
+                    *left -= 1;
+                    if *left > 0 {
+                        break;
+                    }
+                    open.pop();
+                }
+            }
+        }
     }
 }
 

@@ -157,6 +157,11 @@ struct RawHeader<'a> {
     msg: Option<String>,
 }
 
+/// Nesting limit of a header: msgpack arrays, maps and ext values deeper than
+/// `MAX_HEADER_DEPTH - 1` levels (`spec/WIRE.md`: 15; a valid v1 header uses 3) are
+/// `malformed-header`.
+const MAX_HEADER_DEPTH: usize = 16;
+
 fn missing(kind: &str, field: &str) -> WireError {
     WireError::MalformedHeader(format!("{kind:?} header lacks field {field:?}"))
 }
@@ -164,9 +169,14 @@ fn missing(kind: &str, field: &str) -> WireError {
 impl<'a> Header<'a> {
     /// Decodes and validates a header against `limits`.
     pub fn decode(bytes: &'a [u8], limits: &Limits) -> Result<Header<'a>, WireError> {
-        let raw: RawHeader<'a> = rmp_serde::from_slice(bytes)
+        // A bounded depth keeps hostile nesting (in ignored keys, say) from overflowing the stack.
+        let mut de = rmp_serde::Deserializer::from_read_ref(bytes);
+        de.set_max_depth(MAX_HEADER_DEPTH);
+        let raw = RawHeader::deserialize(&mut de)
             .map_err(|e| WireError::MalformedHeader(format!("not a msgpack map of the header's shape: {e}")))?;
-        let kind = raw.k.ok_or_else(|| WireError::MalformedHeader("header lacks field \"k\"".into()))?;
+        let kind = raw
+            .k
+            .ok_or_else(|| WireError::MalformedHeader("header lacks field \"k\"".into()))?;
         match kind {
             "msg" => {
                 let type_name = raw.t.ok_or_else(|| missing("msg", "t"))?;
@@ -365,9 +375,8 @@ fn out_descriptor(d: &Descriptor) -> OutDescriptor<'_> {
 }
 
 fn decode_descriptor(index: usize, d: RawDescriptor<'_>) -> Result<Descriptor, WireError> {
-    let kind = d
-        .k
-        .ok_or_else(|| WireError::MalformedHeader(format!("frame {index}: descriptor lacks field \"k\"")))?;
+    let kind =
+        d.k.ok_or_else(|| WireError::MalformedHeader(format!("frame {index}: descriptor lacks field \"k\"")))?;
     let len = || {
         d.n.ok_or_else(|| WireError::MalformedHeader(format!("frame {index}: {kind:?} descriptor lacks field \"n\"")))
     };

@@ -54,10 +54,7 @@ impl Preamble {
         let mut got = [0u8; 8];
         got.copy_from_slice(&bytes[..8]);
         if got != MAGIC {
-            return Err(WireError::BadMagic {
-                expected: MAGIC,
-                got,
-            });
+            return Err(WireError::BadMagic { expected: MAGIC, got });
         }
         let min_version = u16::from_be_bytes([bytes[8], bytes[9]]);
         let max_version = u16::from_be_bytes([bytes[10], bytes[11]]);

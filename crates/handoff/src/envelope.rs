@@ -54,9 +54,7 @@ impl Envelope {
     pub fn wire_bytes(&self) -> u64 {
         match &self.payload {
             Payload::Value(_) => 0,
-            Payload::Encoded { body, frames } => {
-                body.len() as u64 + frames.iter().map(|f| f.len() as u64).sum::<u64>()
-            }
+            Payload::Encoded { body, frames } => body.len() as u64 + frames.iter().map(|f| f.len() as u64).sum::<u64>(),
         }
     }
 
@@ -71,16 +69,10 @@ impl Envelope {
             });
         }
         match self.payload {
-            Payload::Value(v) => v
-                .downcast::<T>()
-                .map(|b| *b)
-                .map_err(|_| Error::TypeMismatch {
-                    expected: T::TYPE_NAME,
-                    got: format!(
-                        "{} (a different Rust type registered under that name)",
-                        self.type_name
-                    ),
-                }),
+            Payload::Value(v) => v.downcast::<T>().map(|b| *b).map_err(|_| Error::TypeMismatch {
+                expected: T::TYPE_NAME,
+                got: format!("{} (a different Rust type registered under that name)", self.type_name),
+            }),
             Payload::Encoded { body, frames } => Ok(handoff_wire::decode::<T>(
                 T::TYPE_NAME,
                 &body,
@@ -98,9 +90,7 @@ impl Envelope {
         let decoder = decoder?.expect("checked above");
         match self.payload {
             Payload::Value(v) => Ok(v),
-            Payload::Encoded { body, frames } => {
-                Ok(decoder(&body, &frames, self.from.inbound_route())?)
-            }
+            Payload::Encoded { body, frames } => Ok(decoder(&body, &frames, self.from.inbound_route())?),
         }
     }
 }

@@ -18,11 +18,7 @@ pub(crate) struct Handshaken {
     pub(crate) hello: Hello,
 }
 
-async fn send_header<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    header: &Header<'_>,
-    label: &str,
-) -> Result<Vec<u8>> {
+async fn send_header<W: AsyncWrite + Unpin>(w: &mut W, header: &Header<'_>, label: &str) -> Result<Vec<u8>> {
     let mut out = Vec::with_capacity(128);
     encode_header_into(header, &mut out);
     write_all(w, &out)
@@ -50,21 +46,14 @@ async fn read_header<R: AsyncRead + Unpin>(
     label: &str,
     step: &str,
 ) -> Result<bytes::Bytes> {
-    r.read_header(limits).await?.ok_or_else(|| {
-        Error::PeerClosed(format!(
-            "{label} (during the handshake, waiting for {step})"
-        ))
-    })
+    r.read_header(limits)
+        .await?
+        .ok_or_else(|| Error::PeerClosed(format!("{label} (during the handshake, waiting for {step})")))
 }
 
 /// The error for a header that is not the expected handshake step; unless the peer
 /// itself reported an error, the peer is told why we close.
-async fn refused<W: AsyncWrite + Unpin>(
-    writer: &mut W,
-    label: &str,
-    header: Header<'_>,
-    step: &str,
-) -> Error {
+async fn refused<W: AsyncWrite + Unpin>(writer: &mut W, label: &str, header: Header<'_>, step: &str) -> Error {
     match header {
         Header::Error { code, message } => Error::Refused {
             peer: label.to_string(),
@@ -72,10 +61,7 @@ async fn refused<W: AsyncWrite + Unpin>(
             message,
         },
         other => {
-            let e = WireError::Handshake(format!(
-                "expected {step}, got a {:?} header",
-                kind_of(&other)
-            ));
+            let e = WireError::Handshake(format!("expected {step}, got a {:?} header", kind_of(&other)));
             send_error(writer, &e).await;
             e.into()
         }
@@ -143,8 +129,7 @@ where
         }
     };
     if peer_hello.nonce == nonce {
-        let e =
-            WireError::Handshake("the peer echoed our own nonce (a reflected handshake)".into());
+        let e = WireError::Handshake("the peer echoed our own nonce (a reflected handshake)".into());
         send_error(writer, &e).await;
         return Err(e.into());
     }
@@ -158,14 +143,7 @@ where
     }
 
     let proof = auth::proof(secret, &own_hello, &peer_hello_bytes);
-    send_header(
-        writer,
-        &Header::Auth {
-            mac: proof.to_vec(),
-        },
-        label,
-    )
-    .await?;
+    send_header(writer, &Header::Auth { mac: proof.to_vec() }, label).await?;
     let peer_auth = read_header(reader, limits, label, "auth").await?;
     match Header::decode(&peer_auth, limits) {
         Ok(Header::Auth { mac }) => {

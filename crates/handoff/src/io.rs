@@ -122,12 +122,7 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
 ) -> std::io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + frames.len());
     slices.push(IoSlice::new(head));
-    slices.extend(
-        frames
-            .iter()
-            .filter(|f| !f.is_empty())
-            .map(|f| IoSlice::new(f)),
-    );
+    slices.extend(frames.iter().filter(|f| !f.is_empty()).map(|f| IoSlice::new(f)));
     let mut rest: &mut [IoSlice<'_>] = &mut slices;
     while !rest.is_empty() {
         let n = stream.write_vectored(rest).await?;
@@ -140,9 +135,6 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
 }
 
 /// Writes a preamble or a whole small message.
-pub(crate) async fn write_all<W: AsyncWrite + Unpin>(
-    stream: &mut W,
-    bytes: &[u8],
-) -> std::io::Result<()> {
+pub(crate) async fn write_all<W: AsyncWrite + Unpin>(stream: &mut W, bytes: &[u8]) -> std::io::Result<()> {
     stream.write_all(bytes).await
 }

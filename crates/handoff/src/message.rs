@@ -40,8 +40,7 @@ fn decode_boxed<T: Message>(
     frames: &[Bytes],
     route: &Arc<Route>,
 ) -> Result<Box<dyn Any + Send>, WireError> {
-    handoff_wire::decode::<T>(T::TYPE_NAME, body, frames, Some(route))
-        .map(|v| Box::new(v) as Box<dyn Any + Send>)
+    handoff_wire::decode::<T>(T::TYPE_NAME, body, frames, Some(route)).map(|v| Box::new(v) as Box<dyn Any + Send>)
 }
 
 /// The type names a node accepts, and how to decode each.

@@ -125,8 +125,7 @@ impl NodeBuilder {
         let listen_addr = match &listener {
             Some(l) => Some(format!(
                 "tcp://{}",
-                l.local_addr()
-                    .map_err(|e| Error::io("reading the listen address", e))?
+                l.local_addr().map_err(|e| Error::io("reading the listen address", e))?
             )),
             None => None,
         };
@@ -189,10 +188,7 @@ pub(crate) struct NodeInner {
 impl NodeInner {
     /// Puts an envelope into the inbox, waiting while it is full.
     pub(crate) async fn deliver(&self, envelope: Envelope) -> Result<()> {
-        self.inbox_tx
-            .send(envelope)
-            .await
-            .map_err(|_| Error::NodeClosed)
+        self.inbox_tx.send(envelope).await.map_err(|_| Error::NodeClosed)
     }
 
     fn is_shut_down(&self) -> bool {
@@ -313,19 +309,12 @@ impl Node {
         let label = addr.to_string();
         tokio::time::timeout(HANDSHAKE_TIMEOUT, open_tcp(inner, stream, label))
             .await
-            .map_err(|_| {
-                Error::Timeout(format!(
-                    "handshake with {addr} took over {HANDSHAKE_TIMEOUT:?}"
-                ))
-            })?
+            .map_err(|_| Error::Timeout(format!("handshake with {addr} took over {HANDSHAKE_TIMEOUT:?}")))?
     }
 
     fn connect_inproc(&self, name: &str) -> Result<Peer> {
-        let other = directory::lookup(name).ok_or_else(|| {
-            Error::Config(format!(
-                "no node named {name:?} in this process (inproc://{name})"
-            ))
-        })?;
+        let other = directory::lookup(name)
+            .ok_or_else(|| Error::Config(format!("no node named {name:?} in this process (inproc://{name})")))?;
         if Arc::ptr_eq(&other, &self.inner) {
             return Err(Error::Config("a node cannot connect to itself".into()));
         }
@@ -378,13 +367,7 @@ impl Node {
 
     /// Every connected peer.
     pub fn peers(&self) -> Vec<Peer> {
-        self.inner
-            .peers
-            .read()
-            .expect("peers lock")
-            .values()
-            .cloned()
-            .collect()
+        self.inner.peers.read().expect("peers lock").values().cloned().collect()
     }
 
     /// Waits until a peer named `name` is connected (for example one that connects to us).
@@ -396,8 +379,7 @@ impl Node {
                 return Ok(p);
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                let known: Vec<String> =
-                    self.peers().iter().map(|p| p.name().to_string()).collect();
+                let known: Vec<String> = self.peers().iter().map(|p| p.name().to_string()).collect();
                 return Err(Error::Timeout(format!(
                     "no peer named {name:?} connected within {timeout:?}; connected: {}",
                     known.join(", ")
@@ -438,12 +420,7 @@ impl Node {
     pub async fn recv_timeout(&self, timeout: Duration) -> Result<Envelope> {
         tokio::time::timeout(timeout, self.recv())
             .await
-            .map_err(|_| {
-                Error::Timeout(format!(
-                    "no message for node {} within {timeout:?}",
-                    self.name()
-                ))
-            })?
+            .map_err(|_| Error::Timeout(format!("no message for node {} within {timeout:?}", self.name())))?
     }
 
     /// Closes the listener and every connection.
@@ -484,11 +461,8 @@ async fn accept_loop(node: Arc<NodeInner>, listener: TcpListener) {
                 let node = node.clone();
                 tokio::spawn(async move {
                     let label = format!("tcp://{addr}");
-                    let result = tokio::time::timeout(
-                        HANDSHAKE_TIMEOUT,
-                        open_tcp(node.clone(), stream, label.clone()),
-                    )
-                    .await;
+                    let result =
+                        tokio::time::timeout(HANDSHAKE_TIMEOUT, open_tcp(node.clone(), stream, label.clone())).await;
                     match result {
                         Ok(Ok(peer)) => {
                             tracing::info!(node = %node.me.name, peer = %peer.name(), locality = %peer.locality(), "accepted peer")
@@ -580,11 +554,7 @@ async fn read_loop(node: Arc<NodeInner>, peer: Peer, mut reader: MessageReader<O
     }
 }
 
-async fn read_messages(
-    node: &NodeInner,
-    peer: &Peer,
-    reader: &mut MessageReader<OwnedReadHalf>,
-) -> Result<()> {
+async fn read_messages(node: &NodeInner, peer: &Peer, reader: &mut MessageReader<OwnedReadHalf>) -> Result<()> {
     loop {
         let Some(header_bytes) = reader.read_header(&node.limits).await? else {
             return Ok(());
@@ -620,10 +590,7 @@ async fn read_messages(
                 })
             }
             other => {
-                return Err(WireError::Handshake(format!(
-                    "unexpected {other:?} after the handshake"
-                ))
-                .into());
+                return Err(WireError::Handshake(format!("unexpected {other:?} after the handshake")).into());
             }
         }
     }

@@ -162,9 +162,7 @@ impl Peer {
                     frames: encoded
                         .frames
                         .iter()
-                        .map(|f| handoff_wire::Descriptor::Inline {
-                            len: f.len() as u64,
-                        })
+                        .map(|f| handoff_wire::Descriptor::Inline { len: f.len() as u64 })
                         .collect(),
                 };
                 let mut head = Vec::with_capacity(encoded.body.len() + 64);

@@ -95,11 +95,7 @@ impl Drop for PooledBuf {
         let mut state = pool.lock().expect("pool lock");
         if state.idle_bytes + class <= self.max_idle_bytes {
             state.idle_bytes += class;
-            state
-                .free
-                .entry(class)
-                .or_default()
-                .push(std::mem::take(&mut self.vec));
+            state.free.entry(class).or_default().push(std::mem::take(&mut self.vec));
         }
     }
 }
@@ -129,10 +125,6 @@ mod tests {
     fn idle_bytes_are_capped() {
         let pool = RecvPool::new(100_000);
         drop(pool.take(70_000).freeze());
-        assert_eq!(
-            pool.idle_bytes(),
-            0,
-            "a 128 KiB class does not fit a 100 KB cap"
-        );
+        assert_eq!(pool.idle_bytes(), 0, "a 128 KiB class does not fit a 100 KB cap");
     }
 }

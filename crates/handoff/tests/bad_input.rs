@@ -35,10 +35,7 @@ async fn server(name: &str) -> Node {
 }
 
 fn addr(node: &Node) -> String {
-    node.listen_addr()
-        .unwrap()
-        .trim_start_matches("tcp://")
-        .to_string()
+    node.listen_addr().unwrap().trim_start_matches("tcp://").to_string()
 }
 
 fn header_bytes(h: &Header<'_>) -> Vec<u8> {
@@ -93,18 +90,13 @@ async fn handshaken(target: &str) -> TcpStream {
     s.write_all(&own).await.unwrap();
     let peer_hello = read_one_header(&mut s).await;
     let proof = auth::proof(SECRET.as_bytes(), &own[4..], &peer_hello);
-    s.write_all(&header_bytes(&Header::Auth {
-        mac: proof.to_vec(),
-    }))
-    .await
-    .unwrap();
+    s.write_all(&header_bytes(&Header::Auth { mac: proof.to_vec() }))
+        .await
+        .unwrap();
     let _auth = read_one_header(&mut s).await;
     s.write_all(&header_bytes(&Header::Ready)).await.unwrap();
     let ready = read_one_header(&mut s).await;
-    assert_eq!(
-        Header::decode(&ready, &Limits::default()).unwrap(),
-        Header::Ready
-    );
+    assert_eq!(Header::decode(&ready, &Limits::default()).unwrap(), Header::Ready);
     s
 }
 
@@ -150,15 +142,9 @@ async fn send_and_expect(server: &Node, bytes: Vec<u8>, code: &str) {
 async fn garbage_instead_of_a_preamble() {
     let node = server("bad-preamble").await;
     let mut s = TcpStream::connect(addr(&node)).await.unwrap();
-    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
     let reply = read_to_close(&mut s).await;
-    assert_eq!(
-        &reply[..8],
-        b"HANDOFF\0",
-        "the node sends its preamble first"
-    );
+    assert_eq!(&reply[..8], b"HANDOFF\0", "the node sends its preamble first");
     assert_eq!(error_code_in(&reply[16..]).as_deref(), Some("bad-magic"));
     still_serves(&node, "after-bad-preamble").await;
 }
@@ -174,10 +160,7 @@ async fn unknown_protocol_version() {
     };
     s.write_all(&future.encode()).await.unwrap();
     let reply = read_to_close(&mut s).await;
-    assert_eq!(
-        error_code_in(&reply[16..]).as_deref(),
-        Some("unsupported-version")
-    );
+    assert_eq!(error_code_in(&reply[16..]).as_deref(), Some("unsupported-version"));
     still_serves(&node, "after-bad-version").await;
 }
 
@@ -188,10 +171,7 @@ async fn garbage_after_the_preamble() {
     s.write_all(&Preamble::OURS.encode()).await.unwrap();
     s.write_all(&[0, 0, 0, 3, 0xc1, 0xc1, 0xc1]).await.unwrap();
     let reply = read_to_close(&mut s).await;
-    assert_eq!(
-        error_code_in(&reply[16..]).as_deref(),
-        Some("malformed-header")
-    );
+    assert_eq!(error_code_in(&reply[16..]).as_deref(), Some("malformed-header"));
     still_serves(&node, "after-bad-hello").await;
 }
 
@@ -202,11 +182,7 @@ async fn oversized_header() {
     still_serves(&node, "after-big-header").await;
 }
 
-fn msg_with_frames(
-    type_name: &str,
-    frames: Vec<handoff::wire::Descriptor>,
-    tail: &[u8],
-) -> Vec<u8> {
+fn msg_with_frames(type_name: &str, frames: Vec<handoff::wire::Descriptor>, tail: &[u8]) -> Vec<u8> {
     let body = [0x80u8];
     let mut out = header_bytes(&Header::Msg {
         type_name,
@@ -221,12 +197,7 @@ fn msg_with_frames(
 async fn too_many_frames() {
     let node = server("many-frames").await;
     let frames = vec![handoff::wire::Descriptor::Inline { len: 0 }; 5000];
-    send_and_expect(
-        &node,
-        msg_with_frames("test.Ping", frames, &[]),
-        "too-many-frames",
-    )
-    .await;
+    send_and_expect(&node, msg_with_frames("test.Ping", frames, &[]), "too-many-frames").await;
     still_serves(&node, "after-many-frames").await;
 }
 
@@ -246,12 +217,7 @@ async fn truncated_frame() {
 #[tokio::test]
 async fn unknown_type_name() {
     let node = server("unknown-type").await;
-    send_and_expect(
-        &node,
-        msg_with_frames("no.such.Type", vec![], &[]),
-        "unknown-type",
-    )
-    .await;
+    send_and_expect(&node, msg_with_frames("no.such.Type", vec![], &[]), "unknown-type").await;
     still_serves(&node, "after-unknown-type").await;
 }
 
@@ -260,14 +226,11 @@ async fn body_that_does_not_match_the_type_is_an_error_for_the_receiver_only() {
     let node = server("bad-body").await;
     let mut s = handshaken(&addr(&node)).await;
     // A body of the right name but the wrong shape is delivered; decoding it fails clearly.
-    s.write_all(&msg_with_frames("test.Ping", vec![], &[]))
-        .await
-        .unwrap();
+    s.write_all(&msg_with_frames("test.Ping", vec![], &[])).await.unwrap();
     let env = node.recv_timeout(Duration::from_secs(10)).await.unwrap();
     let err = env.decode::<Ping>().unwrap_err();
     assert!(
-        err.to_string()
-            .contains("cannot decode body of type \"test.Ping\""),
+        err.to_string().contains("cannot decode body of type \"test.Ping\""),
         "{err}"
     );
     still_serves(&node, "after-bad-body").await;

@@ -58,16 +58,11 @@ impl Serialize for DeviceArray {
             Bytes(&'a Buffer),
         }
         let DeviceArray::Bytes(data) = self else {
-            return Err(serde::ser::Error::custom(
-                "only device-resident arrays are sent",
-            ));
+            return Err(serde::ser::Error::custom("only device-resident arrays are sent"));
         };
         let near = Route::current().is_some_and(|r| r.locality != Locality::Remote);
         if near {
-            Wire::Handle {
-                id: data.len() as u64,
-            }
-            .serialize(s)
+            Wire::Handle { id: data.len() as u64 }.serialize(s)
         } else {
             Wire::Bytes(data).serialize(s)
         }
@@ -113,11 +108,7 @@ async fn inproc_moves_the_value_without_serializing() {
     let back = b.peer("inproc-a").unwrap();
     back.send(payload(3)).await.unwrap();
     assert_eq!(
-        a.recv_timeout(T)
-            .await
-            .unwrap()
-            .decode::<Payload>()
-            .unwrap(),
+        a.recv_timeout(T).await.unwrap().decode::<Payload>().unwrap(),
         payload(3)
     );
 }
@@ -194,26 +185,17 @@ async fn route_aware_type_encodes_per_destination() {
     assert_eq!(to_near.locality(), Locality::SameProcess);
     assert_eq!(to_far.locality(), Locality::Remote);
     let data = Buffer::from(vec![9u8; 4096]);
-    to_near
-        .send(DeviceArray::Bytes(data.clone()))
-        .await
-        .unwrap();
+    to_near.send(DeviceArray::Bytes(data.clone())).await.unwrap();
     to_far.send(DeviceArray::Bytes(data.clone())).await.unwrap();
     let got_near = near.recv_timeout(T).await.unwrap();
     let got_far = far.recv_timeout(T).await.unwrap();
-    assert!(
-        got_near.wire_bytes() < 100,
-        "the near peer gets a small handle"
-    );
+    assert!(got_near.wire_bytes() < 100, "the near peer gets a small handle");
     assert!(got_far.wire_bytes() >= 4096, "the far peer gets the bytes");
     assert_eq!(
         got_near.decode::<DeviceArray>().unwrap(),
         DeviceArray::Handle { id: 4096 }
     );
-    assert_eq!(
-        got_far.decode::<DeviceArray>().unwrap(),
-        DeviceArray::Bytes(data)
-    );
+    assert_eq!(got_far.decode::<DeviceArray>().unwrap(), DeviceArray::Bytes(data));
 }
 
 #[tokio::test]
@@ -224,26 +206,17 @@ async fn wrong_secret_is_refused_on_both_sides() {
         .build()
         .await
         .unwrap();
-    let err = client
-        .connect(server.listen_addr().unwrap())
-        .await
-        .unwrap_err();
+    let err = client.connect(server.listen_addr().unwrap()).await.unwrap_err();
     let text = err.to_string();
     assert!(
         text.contains("authentication failed") && text.contains("secret"),
         "unclear error: {text}"
     );
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        server.peers().is_empty(),
-        "the server must not accept the peer"
-    );
+    assert!(server.peers().is_empty(), "the server must not accept the peer");
     // In-process too.
     let err = client.connect(&server.inproc_addr()).await.unwrap_err();
-    assert!(
-        err.to_string().contains("different cluster secret"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("different cluster secret"), "{err}");
 }
 
 #[tokio::test]
@@ -260,20 +233,13 @@ async fn unknown_type_is_refused_before_reading_frames() {
     // b closes the connection with unknown-type; a sees its peer go away.
     let deadline = tokio::time::Instant::now() + T;
     while a.peer("unknown-b").is_some() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "b did not close the connection"
-        );
+        assert!(tokio::time::Instant::now() < deadline, "b did not close the connection");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     // In-process the sender gets the error directly.
     let inproc = a.connect(&b.inproc_addr()).await.unwrap();
     let err = inproc.send(payload(1)).await.unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("unknown type name \"test.Payload\""),
-        "{err}"
-    );
+    assert!(err.to_string().contains("unknown type name \"test.Payload\""), "{err}");
 }
 
 #[tokio::test]
@@ -282,12 +248,7 @@ async fn decode_as_wrong_type_is_a_clear_error() {
     let b = node("mismatch-b").await;
     let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
     peer.send(payload(1)).await.unwrap();
-    let err = b
-        .recv_timeout(T)
-        .await
-        .unwrap()
-        .decode::<DeviceArray>()
-        .unwrap_err();
+    let err = b.recv_timeout(T).await.unwrap().decode::<DeviceArray>().unwrap_err();
     assert!(matches!(err, Error::TypeMismatch { .. }), "{err}");
 }
 

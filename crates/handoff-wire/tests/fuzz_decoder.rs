@@ -1,0 +1,1063 @@
+//! Property-based fuzzing of the decoder: preamble, framing, header and codec.
+//!
+//! Every property here holds for *any* input bytes a peer could send: the decoder
+//! returns `Ok` or a [`WireError`] with the right code, and never panics. Valid
+//! messages round-trip, their prefixes are `truncated`, and the codec moves
+//! [`Buffer`]s out of band and back without copying them.
+//!
+//! The case count is modest so the file runs in a few seconds in debug mode; set
+//! `PROPTEST_CASES` to fuzz longer.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use handoff_wire::framing::{self, LEN_PREFIX};
+use handoff_wire::preamble::{MAGIC, PREAMBLE_LEN};
+use handoff_wire::{decode_message, Buffer, Descriptor, Header, Hello, Limits, Preamble, WireError, EXT_FRAME_REF};
+use proptest::collection::vec;
+use proptest::prelude::*;
+use serde::{Deserialize, Serialize, Serializer};
+
+/// Every code a decoder may report.
+const CODES: &[&str] = &[
+    "truncated",
+    "bad-magic",
+    "unsupported-version",
+    "header-too-large",
+    "too-many-frames",
+    "frame-too-large",
+    "message-too-large",
+    "malformed-header",
+    "unknown-kind",
+    "unknown-descriptor",
+    "unsupported-descriptor",
+    "bad-frame-ref",
+    "bad-body",
+    "unknown-type",
+    "handshake",
+    "auth-failed",
+];
+
+fn config() -> ProptestConfig {
+    ProptestConfig {
+        // Failures are reported with the minimal input; do not write regression files
+        // into the source tree.
+        failure_persistence: None,
+        ..ProptestConfig::with_cases(256)
+    }
+}
+
+fn assert_known_code(e: &WireError) {
+    assert!(CODES.contains(&e.code()), "unknown error code {:?} for {e}", e.code());
+    // Display must not panic either.
+    let _ = e.to_string();
+}
+
+// ---------------------------------------------------------------------------
+// Owned headers and message encoding
+// ---------------------------------------------------------------------------
+
+/// An owned header the strategies generate; [`OwnedHeader::header`] borrows it as a [`Header`].
+#[derive(Debug, Clone)]
+enum OwnedHeader {
+    Msg {
+        type_name: String,
+        body: Vec<u8>,
+        frames: Vec<Vec<u8>>,
+    },
+    Hello(Hello),
+    Auth(Vec<u8>),
+    Ready,
+    Error {
+        code: String,
+        message: String,
+    },
+}
+
+impl OwnedHeader {
+    fn header(&self) -> Header<'_> {
+        match self {
+            OwnedHeader::Msg {
+                type_name,
+                body,
+                frames,
+            } => Header::Msg {
+                type_name,
+                body,
+                frames: frames
+                    .iter()
+                    .map(|f| Descriptor::Inline { len: f.len() as u64 })
+                    .collect(),
+            },
+            OwnedHeader::Hello(h) => Header::Hello(h.clone()),
+            OwnedHeader::Auth(mac) => Header::Auth { mac: mac.clone() },
+            OwnedHeader::Ready => Header::Ready,
+            OwnedHeader::Error { code, message } => Header::Error {
+                code: code.clone(),
+                message: message.clone(),
+            },
+        }
+    }
+
+    fn frames(&self) -> &[Vec<u8>] {
+        match self {
+            OwnedHeader::Msg { frames, .. } => frames,
+            _ => &[],
+        }
+    }
+
+    /// `len | header | inline frames`, as a sender writes it.
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        framing::encode_header_into(&self.header(), &mut out);
+        for f in self.frames() {
+            out.extend_from_slice(f);
+        }
+        out
+    }
+}
+
+fn text() -> impl Strategy<Value = String> {
+    "(?s).{0,24}"
+}
+
+fn msg_strategy() -> impl Strategy<Value = OwnedHeader> {
+    (text(), vec(any::<u8>(), 0..256), vec(vec(any::<u8>(), 0..48), 0..8)).prop_map(|(type_name, body, frames)| {
+        OwnedHeader::Msg {
+            type_name,
+            body,
+            frames,
+        }
+    })
+}
+
+fn hello_strategy() -> impl Strategy<Value = Hello> {
+    (
+        (text(), text(), text(), any::<u32>(), text(), text()),
+        (
+            text(),
+            any::<u16>(),
+            vec(text(), 0..4),
+            vec(any::<u8>(), 32..=32),
+            proptest::option::of(text()),
+        ),
+    )
+        .prop_map(
+            |(
+                (node_id, name, host_id, pid, process_id, language),
+                (implementation, version, capabilities, nonce, listen),
+            )| {
+                Hello {
+                    node_id,
+                    name,
+                    host_id,
+                    pid,
+                    process_id,
+                    language,
+                    implementation,
+                    version,
+                    capabilities,
+                    nonce,
+                    listen,
+                }
+            },
+        )
+}
+
+fn header_strategy() -> impl Strategy<Value = OwnedHeader> {
+    prop_oneof![
+        6 => msg_strategy(),
+        1 => hello_strategy().prop_map(OwnedHeader::Hello),
+        1 => vec(any::<u8>(), 32..=32).prop_map(OwnedHeader::Auth),
+        1 => Just(OwnedHeader::Ready),
+        1 => (text(), text()).prop_map(|(code, message)| OwnedHeader::Error { code, message }),
+    ]
+}
+
+// ---------------------------------------------------------------------------
+// A small msgpack value model, to build structured (not just random) inputs
+// ---------------------------------------------------------------------------
+
+/// A msgpack value; serialized with `rmp_serde` (bytes as `bin`, `Ext` as an extension).
+#[derive(Debug, Clone)]
+enum Mp {
+    Nil,
+    Bool(bool),
+    Int(i64),
+    UInt(u64),
+    F64(f64),
+    Str(String),
+    Bin(Vec<u8>),
+    Ext(i8, Vec<u8>),
+    Arr(Vec<Mp>),
+    Map(Vec<(Mp, Mp)>),
+}
+
+impl Serialize for Mp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{SerializeMap, SerializeSeq};
+        match self {
+            Mp::Nil => s.serialize_unit(),
+            Mp::Bool(b) => s.serialize_bool(*b),
+            Mp::Int(i) => s.serialize_i64(*i),
+            Mp::UInt(u) => s.serialize_u64(*u),
+            Mp::F64(f) => s.serialize_f64(*f),
+            Mp::Str(t) => s.serialize_str(t),
+            Mp::Bin(b) => s.serialize_bytes(b),
+            Mp::Ext(tag, data) => s.serialize_newtype_struct(
+                rmp_serde::MSGPACK_EXT_STRUCT_NAME,
+                &(*tag, serde_bytes::Bytes::new(data)),
+            ),
+            Mp::Arr(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for i in items {
+                    seq.serialize_element(i)?;
+                }
+                seq.end()
+            }
+            Mp::Map(entries) => {
+                let mut map = s.serialize_map(Some(entries.len()))?;
+                for (k, v) in entries {
+                    map.serialize_entry(k, v)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+fn mp_to_vec(v: &Mp) -> Vec<u8> {
+    rmp_serde::to_vec(v).expect("serializing a msgpack value into memory")
+}
+
+/// A frame reference as the codec writes it: `fixext4`, type [`EXT_FRAME_REF`], u32 index.
+fn frame_ref(index: u32) -> Mp {
+    Mp::Ext(EXT_FRAME_REF, index.to_be_bytes().to_vec())
+}
+
+fn mp_leaf() -> impl Strategy<Value = Mp> {
+    prop_oneof![
+        Just(Mp::Nil),
+        any::<bool>().prop_map(Mp::Bool),
+        any::<i64>().prop_map(Mp::Int),
+        any::<u64>().prop_map(Mp::UInt),
+        (0u64..64).prop_map(Mp::UInt),
+        any::<f64>().prop_map(Mp::F64),
+        text().prop_map(Mp::Str),
+        prop_oneof!["k", "t", "b", "f", "n", "key", "inline", "msg", "data", "parts", "maybe", "id", "name"]
+            .prop_map(|s| Mp::Str(s.to_string())),
+        vec(any::<u8>(), 0..16).prop_map(Mp::Bin),
+        (any::<i8>(), vec(any::<u8>(), 0..6)).prop_map(|(t, d)| Mp::Ext(t, d)),
+        (0u32..6).prop_map(frame_ref),
+        any::<u32>().prop_map(frame_ref),
+    ]
+}
+
+fn mp_strategy() -> impl Strategy<Value = Mp> {
+    mp_leaf().prop_recursive(4, 48, 6, |inner| {
+        prop_oneof![
+            vec(inner.clone(), 0..6).prop_map(Mp::Arr),
+            vec((inner.clone(), inner), 0..6).prop_map(Mp::Map),
+        ]
+    })
+}
+
+fn key(k: &str) -> Mp {
+    Mp::Str(k.to_string())
+}
+
+/// A value of the right type for one header key.
+fn header_field(name: &'static str) -> BoxedStrategy<Mp> {
+    match name {
+        "b" | "nonce" | "mac" => prop_oneof![
+            vec(any::<u8>(), 0..40).prop_map(Mp::Bin),
+            vec(any::<u8>(), 32..=32).prop_map(Mp::Bin),
+        ]
+        .boxed(),
+        "f" => vec(descriptor_mp(), 0..5).prop_map(Mp::Arr).boxed(),
+        "pid" | "v" => prop_oneof![
+            (0u64..1 << 16).prop_map(Mp::UInt),
+            any::<u32>().prop_map(|v| Mp::UInt(v as u64))
+        ]
+        .boxed(),
+        "caps" => vec(text().prop_map(Mp::Str), 0..3).prop_map(Mp::Arr).boxed(),
+        _ => text().prop_map(Mp::Str).boxed(),
+    }
+}
+
+fn descriptor_mp() -> impl Strategy<Value = Mp> {
+    let kind =
+        prop_oneof![6 => Just("inline"), 1 => Just("shm"), 1 => Just("ticket"), 1 => Just("tag"), 1 => Just("x")]
+            .prop_map(key);
+    let n = prop_oneof![8 => (0u64..16).prop_map(Mp::UInt), 1 => any::<u64>().prop_map(Mp::UInt), 1 => mp_leaf()];
+    (
+        proptest::option::weighted(0.95, kind),
+        proptest::option::weighted(0.9, n),
+        proptest::option::of(text().prop_map(Mp::Str)),
+    )
+        .prop_map(|(k, n, tag_key)| {
+            let mut entries = Vec::new();
+            if let Some(k) = k {
+                entries.push((key("k"), k));
+            }
+            if let Some(n) = n {
+                entries.push((key("n"), n));
+            }
+            if let Some(t) = tag_key {
+                entries.push((key("key"), t));
+            }
+            Mp::Map(entries)
+        })
+}
+
+const HEADER_KEYS: &[&str] = &[
+    "t", "b", "f", "node", "name", "host", "pid", "proc", "lang", "impl", "v", "caps", "nonce", "listen", "mac",
+    "code", "msg", "extra",
+];
+
+/// The keys a header of `kind` must (or, for `listen`, may) have.
+fn required(kind: &str, k: &str) -> bool {
+    match kind {
+        "msg" => matches!(k, "t" | "b" | "f"),
+        "hello" => matches!(
+            k,
+            "node" | "name" | "host" | "pid" | "proc" | "lang" | "impl" | "v" | "caps" | "nonce" | "listen"
+        ),
+        "auth" => k == "mac",
+        "error" => matches!(k, "code" | "msg"),
+        _ => false,
+    }
+}
+
+/// A header map of a random kind built from the known keys: the keys its kind needs
+/// (mostly), others (sometimes), values mostly of the right type, in random order.
+fn structured_header() -> impl Strategy<Value = Mp> {
+    let kind = prop_oneof![
+        Just("msg"),
+        Just("hello"),
+        Just("auth"),
+        Just("ready"),
+        Just("error"),
+        Just("nope")
+    ];
+    let fields: Vec<BoxedStrategy<(u8, u8, Mp, Mp)>> = HEADER_KEYS
+        .iter()
+        .map(|&k| (any::<u8>(), any::<u8>(), header_field(k), mp_strategy()).boxed())
+        .collect();
+    let k_field = (any::<u8>(), any::<u8>(), mp_strategy());
+    (kind, k_field, fields, any::<u64>()).prop_map(|(kind, (k_present, k_wrong, k_chaos), fields, seed)| {
+        let mut entries = Vec::new();
+        if k_present < 250 {
+            entries.push((key("k"), if k_wrong < 8 { k_chaos } else { key(kind) }));
+        }
+        for (&name, (present, wrong, right, chaos)) in HEADER_KEYS.iter().zip(fields) {
+            let p = if required(kind, name) { 245 } else { 40 };
+            if present < p {
+                entries.push((key(name), if wrong < 10 { chaos } else { right }));
+            }
+        }
+        // A cheap deterministic shuffle: decoders must accept keys in any order.
+        let n = entries.len();
+        let mut s = seed;
+        for i in (1..n).rev() {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            entries.swap(i, (s >> 33) as usize % (i + 1));
+        }
+        Mp::Map(entries)
+    })
+}
+
+fn with_prefix(header: &[u8]) -> Vec<u8> {
+    let mut out = (header.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(header);
+    out
+}
+
+/// Checks the invariants of a decode result for any input.
+fn check_decoded(input: &[u8], limits: &Limits) {
+    match decode_message(input, limits) {
+        Ok(m) => {
+            assert!(m.consumed <= input.len());
+            assert!(m.consumed >= LEN_PREFIX);
+            let frame_bytes: usize = m.frames.iter().map(|f| f.len()).sum();
+            let header_len = u32::from_be_bytes(input[..4].try_into().unwrap()) as usize;
+            assert_eq!(m.consumed, LEN_PREFIX + header_len + frame_bytes);
+            match &m.header {
+                Header::Msg { frames, .. } => {
+                    assert_eq!(frames.len(), m.frames.len());
+                    assert!(frames.len() <= limits.max_frames as usize);
+                    for (d, f) in frames.iter().zip(&m.frames) {
+                        assert_eq!(d, &Descriptor::Inline { len: f.len() as u64 });
+                        assert!(f.len() as u64 <= limits.max_frame_bytes);
+                    }
+                    assert!(frame_bytes as u64 <= limits.max_message_bytes);
+                    // A decoded header re-encodes and decodes to itself.
+                    let encoded = m.header.encode();
+                    let again = Header::decode(&encoded, limits).expect("a decoded header re-encodes validly");
+                    assert_eq!(again, m.header);
+                }
+                Header::Hello(h) => assert_eq!(h.nonce.len(), 32),
+                Header::Auth { mac } => assert_eq!(mac.len(), 32),
+                Header::Ready | Header::Error { .. } => {}
+            }
+        }
+        Err(e) => assert_known_code(&e),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Codec test types
+// ---------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Payload {
+    id: u64,
+    name: String,
+    data: Buffer,
+    parts: Vec<Buffer>,
+    maybe: Option<Buffer>,
+    inner: Inner,
+    tags: BTreeMap<String, Buffer>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Inner {
+    count: u64,
+    blob: Option<Buffer>,
+}
+
+impl Payload {
+    /// The buffers in the order the codec serializes them (field order).
+    fn buffers(&self) -> Vec<&Buffer> {
+        let mut out = vec![&self.data];
+        out.extend(&self.parts);
+        out.extend(&self.maybe);
+        out.extend(&self.inner.blob);
+        out.extend(self.tags.values());
+        out
+    }
+
+    fn buffers_mut(&mut self) -> Vec<&mut Buffer> {
+        let mut out = vec![&mut self.data];
+        out.extend(&mut self.parts);
+        out.extend(&mut self.maybe);
+        out.extend(&mut self.inner.blob);
+        out.extend(self.tags.values_mut());
+        out
+    }
+}
+
+fn buffer_strategy(max: usize) -> impl Strategy<Value = Buffer> {
+    prop_oneof![
+        vec(any::<u8>(), 0..32).prop_map(Buffer::from),
+        vec(any::<u8>(), 0..max).prop_map(Buffer::from),
+        // Large buffers (cheap to generate): a repeated byte.
+        (any::<u8>(), 0..8 * max).prop_map(|(b, n)| Buffer::from(vec![b; n])),
+    ]
+}
+
+fn payload_strategy() -> impl Strategy<Value = Payload> {
+    (
+        any::<u64>(),
+        text(),
+        buffer_strategy(4096),
+        vec(buffer_strategy(512), 0..5),
+        proptest::option::of(buffer_strategy(512)),
+        (any::<u64>(), proptest::option::of(buffer_strategy(512))),
+        proptest::collection::btree_map(text(), buffer_strategy(64), 0..3),
+    )
+        .prop_map(|(id, name, data, parts, maybe, (count, blob), tags)| Payload {
+            id,
+            name,
+            data,
+            parts,
+            maybe,
+            inner: Inner { count, blob },
+            tags,
+        })
+}
+
+/// Sends `value` as a whole wire message and decodes it as the receiver does: the frames
+/// are zero-copy slices of one received buffer.
+fn send_and_receive(value: &Payload) -> (Payload, Bytes, Vec<Bytes>) {
+    let encoded = handoff_wire::encode(value, None).expect("encoding a payload");
+    let header = Header::Msg {
+        type_name: "t",
+        body: &encoded.body,
+        frames: encoded
+            .frames
+            .iter()
+            .map(|f| Descriptor::Inline { len: f.len() as u64 })
+            .collect(),
+    };
+    let mut wire = Vec::new();
+    framing::encode_header_into(&header, &mut wire);
+    for f in &encoded.frames {
+        wire.extend_from_slice(f);
+    }
+    let received = Bytes::from(wire);
+    let m = decode_message(&received, &Limits::DEFAULT).expect("a valid message decodes");
+    assert_eq!(m.consumed, received.len());
+    let Header::Msg { type_name, body, .. } = m.header else {
+        panic!("expected a msg header, got {:?}", m.header)
+    };
+    let frames: Vec<Bytes> = m
+        .frames
+        .iter()
+        .map(|f| {
+            if f.is_empty() {
+                Bytes::new()
+            } else {
+                received.slice_ref(f)
+            }
+        })
+        .collect();
+    let decoded: Payload = handoff_wire::decode(type_name, body, &frames, None).expect("decoding the body");
+    (decoded, received, frames)
+}
+
+// ---------------------------------------------------------------------------
+// Properties
+// ---------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// `decode_message` on arbitrary bytes returns Ok or a known error, never panics.
+    #[test]
+    fn decode_message_arbitrary_bytes(bytes in vec(any::<u8>(), 0..512)) {
+        check_decoded(&bytes, &Limits::DEFAULT);
+    }
+
+    /// Arbitrary bytes behind a length prefix that fits them: the header decoder sees them.
+    #[test]
+    fn decode_message_arbitrary_header(header in vec(any::<u8>(), 0..256), tail in vec(any::<u8>(), 0..64)) {
+        let mut input = with_prefix(&header);
+        input.extend_from_slice(&tail);
+        check_decoded(&input, &Limits::DEFAULT);
+    }
+
+    /// Random msgpack maps built from the header's keys, in any order, with right or wrong types.
+    #[test]
+    fn decode_message_structured_header(header in structured_header(), tail in vec(any::<u8>(), 0..64)) {
+        let mut input = with_prefix(&mp_to_vec(&header));
+        input.extend_from_slice(&tail);
+        check_decoded(&input, &Limits::DEFAULT);
+        let small = Limits { max_header_bytes: 64, max_frames: 2, max_frame_bytes: 8, max_message_bytes: 12 };
+        check_decoded(&input, &small);
+    }
+
+    /// Arbitrary msgpack values (not only maps) as headers.
+    #[test]
+    fn decode_message_any_msgpack(value in mp_strategy()) {
+        let input = with_prefix(&mp_to_vec(&value));
+        check_decoded(&input, &Limits::DEFAULT);
+    }
+
+    /// `Preamble::decode` on arbitrary bytes never panics; Ok only for a well-formed preamble.
+    #[test]
+    fn preamble_arbitrary_bytes(bytes in vec(any::<u8>(), 0..40), magic in any::<bool>()) {
+        let mut bytes = bytes;
+        if magic && bytes.len() >= 8 {
+            bytes[..8].copy_from_slice(&MAGIC);
+        }
+        match Preamble::decode(&bytes) {
+            Ok(p) => {
+                prop_assert!(bytes.len() >= PREAMBLE_LEN);
+                prop_assert!(p.min_version >= 1 && p.min_version <= p.max_version);
+                prop_assert_eq!(&p.encode()[..], &bytes[..PREAMBLE_LEN]);
+                let _ = Preamble::OURS.negotiate(&p);
+                let _ = p.negotiate(&Preamble::OURS);
+            }
+            Err(e) => {
+                assert_known_code(&e);
+                let expected = if bytes.len() < PREAMBLE_LEN {
+                    "truncated"
+                } else if bytes[..8] != MAGIC {
+                    "bad-magic"
+                } else {
+                    "handshake"
+                };
+                prop_assert_eq!(e.code(), expected);
+            }
+        }
+    }
+
+    /// Any version range negotiates to a version both speak, or `unsupported-version`.
+    #[test]
+    fn preamble_round_trip_and_negotiate(a in (1u16..8, 0u16..8, any::<u32>()), b in (1u16..8, 0u16..8)) {
+        let ours = Preamble { min_version: a.0, max_version: a.0 + a.1, flags: a.2 };
+        let peer = Preamble { min_version: b.0, max_version: b.0 + b.1, flags: 0 };
+        prop_assert_eq!(Preamble::decode(&ours.encode()).unwrap(), ours);
+        match ours.negotiate(&peer) {
+            Ok(v) => {
+                prop_assert!(v >= ours.min_version && v <= ours.max_version);
+                prop_assert!(v >= peer.min_version && v <= peer.max_version);
+                prop_assert_eq!(peer.negotiate(&ours).unwrap(), v);
+            }
+            Err(e) => {
+                prop_assert_eq!(e.code(), "unsupported-version");
+                prop_assert!(ours.max_version < peer.min_version || peer.max_version < ours.min_version);
+            }
+        }
+    }
+
+    /// Encoded headers (any kind) and their frames decode back to the same header and frames.
+    #[test]
+    fn round_trip(owned in header_strategy(), trailing in vec(any::<u8>(), 0..16)) {
+        let wire = owned.encode();
+        let m = decode_message(&wire, &Limits::DEFAULT).unwrap();
+        prop_assert_eq!(&m.header, &owned.header());
+        let frames: Vec<&[u8]> = owned.frames().iter().map(|f| &f[..]).collect();
+        prop_assert_eq!(&m.frames, &frames);
+        prop_assert_eq!(m.consumed, wire.len());
+
+        // Bytes after the message (the next message) are not consumed.
+        let mut longer = wire.clone();
+        longer.extend_from_slice(&trailing);
+        let m2 = decode_message(&longer, &Limits::DEFAULT).unwrap();
+        prop_assert_eq!(m2.consumed, wire.len());
+        prop_assert_eq!(m2.header, owned.header());
+
+        // Header::encode and encode_header_into agree.
+        prop_assert_eq!(&wire[LEN_PREFIX..LEN_PREFIX + owned.header().encode().len()], &owned.header().encode()[..]);
+    }
+
+    /// Descriptors of every kind round-trip through `Header`; `decode_message` (inline only)
+    /// rejects the others as `unsupported-descriptor`.
+    #[test]
+    fn descriptors_round_trip(
+        type_name in text(),
+        descs in vec(prop_oneof![
+            (0u64..1 << 40).prop_map(|len| Descriptor::Inline { len }),
+            any::<u64>().prop_map(|len| Descriptor::Shm { len }),
+            any::<u64>().prop_map(|len| Descriptor::Ticket { len }),
+            text().prop_map(|key| Descriptor::Tag { key }),
+        ], 0..6),
+    ) {
+        let header = Header::Msg { type_name: &type_name, body: b"", frames: descs.clone() };
+        let encoded = header.encode();
+        let limits = Limits { max_header_bytes: u32::MAX, max_frames: u32::MAX, max_frame_bytes: u64::MAX, max_message_bytes: u64::MAX };
+        prop_assert_eq!(Header::decode(&encoded, &limits).unwrap(), header.clone());
+
+        let mut wire = Vec::new();
+        framing::encode_header_into(&header, &mut wire);
+        let first_other = descs.iter().position(|d| !matches!(d, Descriptor::Inline { .. }));
+        match (decode_message(&wire, &limits), first_other) {
+            (Err(e), Some(index)) => prop_assert_eq!(e, WireError::UnsupportedDescriptor {
+                index, kind: descs[index].kind().to_string(),
+            }),
+            (Err(e), None) => {
+                // Only inline frames: the (absent) frame bytes are missing.
+                prop_assert_eq!(e.code(), "truncated");
+                prop_assert!(descs.iter().any(|d| d.inline_len() > 0));
+            }
+            (Ok(m), None) => prop_assert!(descs.iter().all(|d| d.inline_len() == 0) && m.frames.len() == descs.len()),
+            (Ok(m), Some(_)) => prop_assert!(false, "accepted a non-inline descriptor: {:?}", m),
+        }
+    }
+
+    /// Every strict prefix of a valid message is `truncated`.
+    #[test]
+    fn truncation(owned in header_strategy(), cut in any::<prop::sample::Index>()) {
+        let wire = owned.encode();
+        let len = cut.index(wire.len());
+        let e = decode_message(&wire[..len], &Limits::DEFAULT).unwrap_err();
+        prop_assert_eq!(e.code(), "truncated", "prefix of {} of {} bytes: {}", len, wire.len(), e);
+    }
+
+    /// Every strict prefix, exhaustively, for a few messages.
+    #[test]
+    fn truncation_every_prefix(owned in msg_strategy()) {
+        let wire = owned.encode();
+        for len in 0..wire.len() {
+            let e = decode_message(&wire[..len], &Limits::DEFAULT).unwrap_err();
+            prop_assert_eq!(e.code(), "truncated", "prefix of {} of {} bytes: {}", len, wire.len(), e);
+        }
+    }
+
+    /// Overwriting or flipping bytes of a valid message never panics.
+    #[test]
+    fn mutation(
+        owned in header_strategy(),
+        edits in vec((any::<prop::sample::Index>(), any::<u8>(), any::<bool>()), 1..6),
+        cut in proptest::option::of(any::<prop::sample::Index>()),
+    ) {
+        let mut wire = owned.encode();
+        for (at, byte, flip) in edits {
+            let i = at.index(wire.len());
+            if flip {
+                wire[i] ^= 1 << (byte % 8);
+            } else {
+                wire[i] = byte;
+            }
+        }
+        if let Some(cut) = cut {
+            wire.truncate(cut.index(wire.len() + 1));
+        }
+        check_decoded(&wire, &Limits::DEFAULT);
+        let small = Limits { max_header_bytes: 128, max_frames: 3, max_frame_bytes: 32, max_message_bytes: 64 };
+        check_decoded(&wire, &small);
+    }
+
+    /// Mutations that keep the length prefix: the header decoder gets the damage.
+    #[test]
+    fn mutation_inside_header(owned in msg_strategy(), edits in vec((any::<prop::sample::Index>(), any::<u8>()), 1..4)) {
+        let mut wire = owned.encode();
+        let header_len = u32::from_be_bytes(wire[..4].try_into().unwrap()) as usize;
+        for (at, byte) in edits {
+            wire[LEN_PREFIX + at.index(header_len)] = byte;
+        }
+        check_decoded(&wire, &Limits::DEFAULT);
+    }
+
+    /// A length prefix above `max_header_bytes` is `header-too-large`, whatever follows.
+    #[test]
+    fn header_too_large(max in any::<u32>(), excess in any::<u32>(), tail in vec(any::<u8>(), 0..64)) {
+        prop_assume!(max < u32::MAX);
+        let len = max.saturating_add(1).saturating_add(excess % (u32::MAX - max));
+        prop_assert!(len > max);
+        let limits = Limits { max_header_bytes: max, ..Limits::DEFAULT };
+        let mut input = len.to_be_bytes().to_vec();
+        input.extend_from_slice(&tail);
+        let e = decode_message(&input, &limits).unwrap_err();
+        prop_assert_eq!(&e, &WireError::HeaderTooLarge { len: len as u64, limit: max as u64 });
+        prop_assert_eq!(framing::header_len(len.to_be_bytes(), &limits).unwrap_err(), e);
+    }
+
+    /// The same with the default limits, and a valid message behind the oversized prefix.
+    #[test]
+    fn header_too_large_default(len in (Limits::DEFAULT.max_header_bytes + 1).., owned in header_strategy()) {
+        let mut input = owned.encode();
+        input[..4].copy_from_slice(&len.to_be_bytes());
+        prop_assert_eq!(decode_message(&input, &Limits::DEFAULT).unwrap_err().code(), "header-too-large");
+    }
+
+    /// Valid messages over the frame limits get the matching error.
+    #[test]
+    fn frame_limits(owned in msg_strategy()) {
+        let OwnedHeader::Msg { frames, .. } = &owned else { unreachable!() };
+        let wire = owned.encode();
+        let count = frames.len() as u32;
+        let biggest = frames.iter().map(|f| f.len() as u64).max().unwrap_or(0);
+        let total: u64 = frames.iter().map(|f| f.len() as u64).sum();
+        if count > 0 {
+            let limits = Limits { max_frames: count - 1, ..Limits::DEFAULT };
+            prop_assert_eq!(decode_message(&wire, &limits).unwrap_err().code(), "too-many-frames");
+        }
+        if biggest > 0 {
+            let limits = Limits { max_frame_bytes: biggest - 1, ..Limits::DEFAULT };
+            prop_assert_eq!(decode_message(&wire, &limits).unwrap_err().code(), "frame-too-large");
+        }
+        if total > biggest {
+            let limits = Limits { max_frame_bytes: biggest, max_message_bytes: total - 1, ..Limits::DEFAULT };
+            prop_assert_eq!(decode_message(&wire, &limits).unwrap_err().code(), "message-too-large");
+        }
+        let exact = Limits {
+            max_header_bytes: (wire.len() - LEN_PREFIX - total as usize) as u32,
+            max_frames: count,
+            max_frame_bytes: biggest,
+            max_message_bytes: total,
+        };
+        prop_assert!(decode_message(&wire, &exact).is_ok());
+        if exact.max_header_bytes > 0 {
+            let tight = Limits { max_header_bytes: exact.max_header_bytes - 1, ..exact };
+            prop_assert_eq!(decode_message(&wire, &tight).unwrap_err().code(), "header-too-large");
+        }
+    }
+
+    /// The codec moves buffers out of band and back, zero copy, through a whole wire message.
+    #[test]
+    fn codec_round_trip(value in payload_strategy()) {
+        let encoded = handoff_wire::encode(&value, None).unwrap();
+        let buffers = value.buffers();
+        let total: usize = buffers.iter().map(|b| b.len()).sum();
+
+        // Each buffer is one frame, in serialization order, sharing the buffer's memory.
+        prop_assert_eq!(encoded.frames.len(), buffers.len());
+        for (f, b) in encoded.frames.iter().zip(&buffers) {
+            prop_assert_eq!(&f[..], &b[..]);
+            if !b.is_empty() {
+                prop_assert_eq!(f.as_ptr(), b.as_ptr(), "encode copied a buffer");
+            }
+        }
+        // The body does not hold the buffer bytes: it does not change when their contents
+        // and lengths change.
+        let mut other = value.clone();
+        for b in other.buffers_mut() {
+            *b = Buffer::from(vec![0xA5; b.len() * 2 + 1]);
+        }
+        let other_encoded = handoff_wire::encode(&other, None).unwrap();
+        prop_assert_eq!(&other_encoded.body, &encoded.body);
+        if total > 4096 {
+            prop_assert!(encoded.body.len() < total, "body of {} bytes for {} buffer bytes", encoded.body.len(), total);
+        }
+
+        // Direct decode against the sender's frames.
+        let direct: Payload = handoff_wire::decode("t", &encoded.body, &encoded.frames, None).unwrap();
+        prop_assert_eq!(&direct, &value);
+
+        // Over the wire: decoded buffers are views of the received frames.
+        let (decoded, received, frames) = send_and_receive(&value);
+        prop_assert_eq!(&decoded, &value);
+        let range = received.as_ptr() as usize..received.as_ptr() as usize + received.len();
+        for (i, (b, f)) in decoded.buffers().into_iter().zip(&frames).enumerate() {
+            prop_assert_eq!(b.len(), f.len());
+            if !b.is_empty() {
+                prop_assert_eq!(b.as_ptr(), f.as_ptr(), "buffer {} was copied", i);
+                prop_assert!(range.contains(&(b.as_ptr() as usize)));
+            }
+        }
+    }
+
+    /// `decode` of arbitrary body bytes with arbitrary frames never panics.
+    #[test]
+    fn codec_decode_arbitrary_bytes(body in vec(any::<u8>(), 0..256), frames in vec(vec(any::<u8>(), 0..16), 0..4)) {
+        let frames: Vec<Bytes> = frames.into_iter().map(Bytes::from).collect();
+        check_body(&body, &frames);
+    }
+
+    /// The codec's depth scan rejects nothing shallow that msgpack itself accepts: for bodies
+    /// too short to nest 128 levels, `decode` succeeds exactly when plain rmp-serde does.
+    #[test]
+    fn codec_depth_scan_agrees(body in vec(any::<u8>(), 0..127), value in mp_strategy()) {
+        for body in [body, mp_to_vec(&value)] {
+            let ours = handoff_wire::decode::<serde::de::IgnoredAny>("t", &body, &[], None);
+            let plain = rmp_serde::from_slice::<serde::de::IgnoredAny>(&body);
+            prop_assert_eq!(ours.is_ok(), plain.is_ok(), "{:?} vs {:?} for {}", ours, plain, hex::encode(&body));
+        }
+    }
+
+    /// `decode` of structured msgpack bodies (maps with the payload's keys, frame references
+    /// in and out of range, foreign extensions) never panics.
+    #[test]
+    fn codec_decode_structured(value in mp_strategy(), frames in vec(vec(any::<u8>(), 0..16), 0..6)) {
+        let frames: Vec<Bytes> = frames.into_iter().map(Bytes::from).collect();
+        check_body(&mp_to_vec(&value), &frames);
+    }
+
+    /// Frame references resolve exactly when their index is in range; otherwise `bad-frame-ref`.
+    #[test]
+    fn codec_frame_refs(indices in vec(0u32..8, 0..8), n in 0usize..6) {
+        let frames: Vec<Bytes> = (0..n).map(|i| Bytes::from(vec![i as u8; i + 1])).collect();
+        let body = mp_to_vec(&Mp::Arr(indices.iter().map(|&i| frame_ref(i)).collect()));
+        let result = handoff_wire::decode::<Vec<Buffer>>("t", &body, &frames, None);
+        match indices.iter().find(|&&i| i as usize >= n) {
+            None => {
+                let bufs = result.unwrap();
+                prop_assert_eq!(bufs.len(), indices.len());
+                for (b, &i) in bufs.iter().zip(&indices) {
+                    prop_assert_eq!(b.as_ptr(), frames[i as usize].as_ptr());
+                }
+            }
+            Some(&bad) => prop_assert_eq!(result.unwrap_err(), WireError::BadFrameRef { index: bad as u64, count: n }),
+        }
+    }
+
+    /// Outside the codec a `Buffer` is plain bytes: serde_json and rmp_serde round-trip it.
+    #[test]
+    fn buffer_outside_codec(value in payload_strategy()) {
+        let json = serde_json::to_vec(&value).unwrap();
+        let back: Payload = serde_json::from_slice(&json).unwrap();
+        prop_assert_eq!(&back, &value);
+        let v: serde_json::Value = serde_json::from_slice(&json).unwrap();
+        let data: Vec<u8> = serde_json::from_value(v["data"].clone()).unwrap();
+        prop_assert_eq!(&data[..], &value.data[..]);
+
+        let mp = rmp_serde::to_vec_named(&value).unwrap();
+        let back: Payload = rmp_serde::from_slice(&mp).unwrap();
+        prop_assert_eq!(&back, &value);
+    }
+}
+
+/// Decodes `body` as several types; each returns Ok or a codec error.
+fn check_body(body: &[u8], frames: &[Bytes]) {
+    fn check<T: serde::de::DeserializeOwned>(body: &[u8], frames: &[Bytes]) -> Option<T> {
+        match handoff_wire::decode::<T>("t", body, frames, None) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                assert!(matches!(e.code(), "bad-body" | "bad-frame-ref"), "unexpected error {e}");
+                None
+            }
+        }
+    }
+    if let Some(p) = check::<Payload>(body, frames) {
+        for b in p.buffers() {
+            let _ = &b[..];
+        }
+    }
+    check::<Vec<Buffer>>(body, frames);
+    check::<Option<Buffer>>(body, frames);
+    check::<Buffer>(body, frames);
+    check::<BTreeMap<String, Buffer>>(body, frames);
+    check::<(u64, String, Buffer)>(body, frames);
+    check::<serde_json::Value>(body, frames);
+    check::<Vec<serde_json::Value>>(body, frames);
+}
+
+// ---------------------------------------------------------------------------
+// Fixed regression cases
+// ---------------------------------------------------------------------------
+
+/// Nesting depth as `spec/WIRE.md` counts it: every array, map and ext value is one level.
+fn mp_depth(v: &Mp) -> usize {
+    match v {
+        Mp::Arr(items) => 1 + items.iter().map(mp_depth).max().unwrap_or(0),
+        Mp::Map(entries) => {
+            1 + entries
+                .iter()
+                .map(|(k, v)| mp_depth(k).max(mp_depth(v)))
+                .max()
+                .unwrap_or(0)
+        }
+        Mp::Ext(..) => 1,
+        _ => 0,
+    }
+}
+
+fn wrap_in_arrays(v: Mp, levels: usize) -> Mp {
+    (0..levels).fold(v, |v, _| Mp::Arr(vec![v]))
+}
+
+/// `levels` one-element arrays around the msgpack value `leaf`, built without recursion
+/// (a deep `Mp` would overflow the stack in its own `Serialize` and `Drop`).
+fn arrays_around(levels: usize, leaf: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x91; levels];
+    out.extend_from_slice(leaf);
+    out
+}
+
+/// A whole message with a header of kind `ready` holding the msgpack `value` under an ignored key.
+fn ready_header_with(value: &[u8]) -> Vec<u8> {
+    let mut header = mp_to_vec(&Mp::Map(vec![(key("k"), key("ready")), (key("x"), Mp::Nil)]));
+    header.pop(); // the nil
+    header.extend_from_slice(value);
+    with_prefix(&header)
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// Headers nest at most 15 levels (the outermost map included), bodies 127.
+    #[test]
+    fn nesting_limits(value in mp_strategy(), target in 10usize..20, body_target in 120usize..135) {
+        let depth = mp_depth(&value);
+        prop_assume!(depth < target);
+        let input = ready_header_with(&mp_to_vec(&wrap_in_arrays(value.clone(), target - 1 - depth)));
+        let result = decode_message(&input, &Limits::DEFAULT);
+        if target <= 15 {
+            prop_assert_eq!(result.unwrap().header, Header::Ready);
+        } else {
+            prop_assert_eq!(result.unwrap_err().code(), "malformed-header");
+        }
+
+        let body = mp_to_vec(&wrap_in_arrays(value, body_target - depth));
+        let result = handoff_wire::decode::<serde::de::IgnoredAny>("t", &body, &[], None);
+        if body_target <= 127 {
+            prop_assert!(result.is_ok(), "{:?}", result);
+        } else {
+            prop_assert_eq!(result.unwrap_err().code(), "bad-body");
+        }
+    }
+}
+
+/// Deeply nested msgpack in an ignored header key must not overflow the stack (it did:
+/// ~1000 levels aborted the process in debug builds).
+#[test]
+fn deeply_nested_header_is_rejected_not_a_crash() {
+    for levels in [14, 15, 16, 100, 1_000, 100_000] {
+        // The outermost map is one level.
+        for leaf in [Mp::Nil, frame_ref(0)] {
+            let arrays = levels - 1 - mp_depth(&leaf);
+            let input = ready_header_with(&arrays_around(arrays, &mp_to_vec(&leaf)));
+            match decode_message(&input, &Limits::DEFAULT) {
+                Ok(m) => assert!(levels <= 15 && m.header == Header::Ready, "{levels} levels"),
+                Err(e) => assert!(levels > 15 && e.code() == "malformed-header", "{levels} levels: {e}"),
+            }
+        }
+    }
+}
+
+/// The same for bodies: a deep body is `bad-body`, not a crash.
+#[test]
+fn deeply_nested_body_is_rejected_not_a_crash() {
+    for levels in [126, 127, 128, 1_000, 100_000] {
+        let body = arrays_around(levels, &[0xc0]);
+        let value = handoff_wire::decode::<serde_json::Value>("t", &body, &[], None);
+        let buffers = handoff_wire::decode::<Vec<Buffer>>("t", &body, &[], None);
+        if levels <= 127 {
+            assert!(value.is_ok(), "{levels} levels: {value:?}");
+        } else {
+            assert_eq!(value.unwrap_err().code(), "bad-body", "{levels} levels");
+        }
+        assert_eq!(buffers.unwrap_err().code(), "bad-body");
+
+        // A frame reference is a level too.
+        let body = arrays_around(levels - 1, &mp_to_vec(&frame_ref(0)));
+        let frames = [Bytes::from_static(b"x")];
+        let result = handoff_wire::decode::<serde::de::IgnoredAny>("t", &body, &frames, None);
+        assert_eq!(result.is_ok(), levels <= 127, "{levels} levels: {result:?}");
+    }
+}
+
+/// A recursive enum: rmp-serde does not count the one-entry map of an enum variant
+/// towards its depth limit, so without the codec's own scan this overflowed the stack.
+#[test]
+fn deeply_nested_enum_is_rejected_not_a_crash() {
+    #[derive(Debug, Deserialize, PartialEq)]
+    enum Expr {
+        Neg(Box<Expr>),
+        Leaf(Buffer),
+    }
+    let frames = [Bytes::from_static(b"leaf")];
+    for levels in [126, 127, 128, 1_000, 100_000] {
+        // `levels - 1` maps `{"Neg": …}` around `{"Leaf": <frame ref>}`.
+        let mut body = Vec::new();
+        for _ in 0..levels - 2 {
+            body.extend_from_slice(&[0x81, 0xa3, b'N', b'e', b'g']);
+        }
+        body.extend(mp_to_vec(&Mp::Map(vec![(key("Leaf"), frame_ref(0))])));
+        let result = handoff_wire::decode::<Expr>("t", &body, &frames, None);
+        // Levels: `levels - 1` maps, then the frame reference.
+        if levels <= 127 {
+            let mut e = result.unwrap();
+            let mut depth = 1;
+            while let Expr::Neg(inner) = e {
+                e = *inner;
+                depth += 1;
+            }
+            assert_eq!(depth, levels - 1);
+            assert_eq!(e, Expr::Leaf(Buffer::from_static(b"leaf")));
+        } else {
+            assert_eq!(result.unwrap_err().code(), "bad-body", "{levels} levels");
+        }
+    }
+}
+
+/// A frame reference outside the codec is an error, not a panic.
+#[test]
+fn frame_ref_outside_codec() {
+    let body = mp_to_vec(&frame_ref(0));
+    assert!(rmp_serde::from_slice::<Buffer>(&body).is_err());
+    let body = mp_to_vec(&Mp::Bin(vec![1, 2, 3]));
+    assert_eq!(&rmp_serde::from_slice::<Buffer>(&body).unwrap()[..], &[1, 2, 3]);
+}
+
+/// Lengths below the prefix are `truncated`; a zero length prefix is `malformed-header`.
+#[test]
+fn tiny_inputs() {
+    for len in 0..LEN_PREFIX {
+        assert_eq!(
+            decode_message(&[0xff; 3][..len], &Limits::DEFAULT).unwrap_err().code(),
+            "truncated"
+        );
+    }
+    assert_eq!(
+        decode_message(&[0, 0, 0, 0], &Limits::DEFAULT).unwrap_err().code(),
+        "malformed-header"
+    );
+    assert_eq!(
+        decode_message(&[0, 0, 0, 1], &Limits::DEFAULT).unwrap_err().code(),
+        "truncated"
+    );
+}
