@@ -1,7 +1,10 @@
 //! [`Buffer`]: immutable bytes that travel out of band.
 
+use std::any::Any;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::ops::{Deref, RangeBounds};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
@@ -15,99 +18,160 @@ use crate::codec;
 /// message and the body holds only a reference to it; on receipt it is a
 /// zero-copy view of the received bytes. Outside the codec (plain `serde_json`,
 /// say) it serializes as ordinary bytes, so it never panics.
-#[derive(Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Buffer(Bytes);
+///
+/// A buffer may remember its *origin*: the shared-memory segment (or other side
+/// channel resource) its bytes live in, so a channel that can pass that resource
+/// (the same-host `shm` channel) sends a handle to it instead of the bytes, and a
+/// received view can be forwarded on without a copy. Equality, ordering and hashing
+/// look at the bytes only.
+#[derive(Clone, Default)]
+pub struct Buffer {
+    bytes: Bytes,
+    origin: Option<Origin>,
+}
+
+/// Where a buffer's bytes live, for channels that can hand the resource itself on
+/// (set by the runtime; opaque here).
+pub type Origin = Arc<dyn Any + Send + Sync>;
 
 impl Buffer {
     /// An empty buffer.
     pub const fn new() -> Buffer {
-        Buffer(Bytes::new())
+        Buffer {
+            bytes: Bytes::new(),
+            origin: None,
+        }
     }
 
     /// A buffer over static bytes (no allocation, no copy).
     pub const fn from_static(bytes: &'static [u8]) -> Buffer {
-        Buffer(Bytes::from_static(bytes))
+        Buffer {
+            bytes: Bytes::from_static(bytes),
+            origin: None,
+        }
     }
 
     /// A buffer holding a copy of `data`.
     pub fn copy_from_slice(data: &[u8]) -> Buffer {
-        Buffer(Bytes::copy_from_slice(data))
+        Buffer::from(Bytes::copy_from_slice(data))
+    }
+
+    /// A buffer over `bytes` that lives in `origin` (a shared-memory segment, say).
+    pub fn with_origin(bytes: Bytes, origin: Origin) -> Buffer {
+        Buffer {
+            bytes,
+            origin: Some(origin),
+        }
+    }
+
+    /// The resource the bytes live in, if the runtime recorded one.
+    pub fn origin(&self) -> Option<&Origin> {
+        self.origin.as_ref()
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.bytes.len()
     }
 
     /// Whether the buffer holds no bytes.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.bytes.is_empty()
     }
 
     /// A zero-copy view of part of the buffer.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Buffer {
-        Buffer(self.0.slice(range))
+        Buffer {
+            bytes: self.bytes.slice(range),
+            origin: self.origin.clone(),
+        }
     }
 
     /// The bytes, as a cheap `Bytes` handle on the same memory.
     pub fn as_bytes(&self) -> &Bytes {
-        &self.0
+        &self.bytes
     }
 
     /// Converts into `Bytes` without copying.
     pub fn into_bytes(self) -> Bytes {
-        self.0
+        self.bytes
     }
 }
 
 impl Deref for Buffer {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.0
+        &self.bytes
     }
 }
 
 impl AsRef<[u8]> for Buffer {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        &self.bytes
     }
 }
 
 impl From<Bytes> for Buffer {
-    fn from(b: Bytes) -> Buffer {
-        Buffer(b)
+    fn from(bytes: Bytes) -> Buffer {
+        Buffer { bytes, origin: None }
     }
 }
 
 impl From<Vec<u8>> for Buffer {
     fn from(v: Vec<u8>) -> Buffer {
-        Buffer(Bytes::from(v))
+        Buffer::from(Bytes::from(v))
     }
 }
 
 impl From<&'static [u8]> for Buffer {
     fn from(s: &'static [u8]) -> Buffer {
-        Buffer(Bytes::from_static(s))
+        Buffer::from_static(s)
     }
 }
 
 impl From<Buffer> for Bytes {
     fn from(b: Buffer) -> Bytes {
-        b.0
+        b.bytes
     }
 }
 
 impl fmt::Debug for Buffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Buffer({} bytes)", self.0.len())
+        write!(f, "Buffer({} bytes)", self.bytes.len())
+    }
+}
+
+impl PartialEq for Buffer {
+    fn eq(&self, other: &Buffer) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for Buffer {}
+
+impl PartialOrd for Buffer {
+    fn partial_cmp(&self, other: &Buffer) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Buffer {
+    fn cmp(&self, other: &Buffer) -> std::cmp::Ordering {
+        self.bytes.cmp(&other.bytes)
+    }
+}
+
+impl Hash for Buffer {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.bytes.hash(state)
     }
 }
 
 impl Serialize for Buffer {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match codec::push_frame(&self.0) {
+        match codec::push_frame(self) {
             Some(index) => codec::serialize_frame_ref(index, serializer),
-            None => serializer.serialize_bytes(&self.0),
+            None => serializer.serialize_bytes(&self.bytes),
         }
     }
 }
@@ -144,6 +208,6 @@ impl<'de> Visitor<'de> for BufferVisitor {
     }
 
     fn visit_newtype_struct<D: Deserializer<'de>>(self, deserializer: D) -> Result<Buffer, D::Error> {
-        codec::deserialize_frame_ref(deserializer).map(Buffer)
+        codec::deserialize_frame_ref(deserializer)
     }
 }

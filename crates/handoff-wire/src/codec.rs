@@ -8,11 +8,10 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::{Route, WireError};
+use crate::{Buffer, Route, WireError};
 
 /// The msgpack extension type of a frame reference in a body.
 pub const EXT_FRAME_REF: i8 = 1;
@@ -24,12 +23,12 @@ const MAX_BODY_DEPTH: usize = 128;
 
 #[derive(Default)]
 struct DecodeState {
-    frames: Vec<Bytes>,
+    frames: Vec<Buffer>,
     bad_ref: Option<u64>,
 }
 
 thread_local! {
-    static ENCODING: RefCell<Option<Vec<Bytes>>> = const { RefCell::new(None) };
+    static ENCODING: RefCell<Option<Vec<Buffer>>> = const { RefCell::new(None) };
     static DECODING: RefCell<Option<DecodeState>> = const { RefCell::new(None) };
 }
 
@@ -39,7 +38,7 @@ pub struct EncodedBody {
     /// The msgpack body (structs as maps with field names).
     pub body: Vec<u8>,
     /// The buffers the body refers to, in index order.
-    pub frames: Vec<Bytes>,
+    pub frames: Vec<Buffer>,
 }
 
 /// Encoding a value failed (its `Serialize` implementation returned an error).
@@ -74,7 +73,7 @@ pub fn encode<T: Serialize + ?Sized>(value: &T, route: Option<&Arc<Route>>) -> R
 pub fn decode<T: DeserializeOwned>(
     type_name: &str,
     body: &[u8],
-    frames: &[Bytes],
+    frames: &[Buffer],
     route: Option<&Arc<Route>>,
 ) -> Result<T, WireError> {
     let run = || {
@@ -187,10 +186,10 @@ fn body_depth_exceeds(body: &[u8], max: usize) -> bool {
 
 /// Called by `Buffer::serialize`: inside [`encode`], records the bytes as a frame and
 /// returns its index; outside, returns `None`.
-pub(crate) fn push_frame(bytes: &Bytes) -> Option<u32> {
+pub(crate) fn push_frame(buffer: &Buffer) -> Option<u32> {
     ENCODING.with(|e| {
         e.borrow_mut().as_mut().map(|frames| {
-            frames.push(bytes.clone());
+            frames.push(buffer.clone());
             (frames.len() - 1) as u32
         })
     })
@@ -206,7 +205,7 @@ pub(crate) fn serialize_frame_ref<S: Serializer>(index: u32, serializer: S) -> R
 }
 
 /// Reads a frame reference (already known to be a msgpack extension) and returns the frame.
-pub(crate) fn deserialize_frame_ref<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Bytes, D::Error> {
+pub(crate) fn deserialize_frame_ref<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Buffer, D::Error> {
     use serde::de::Error;
     let (tag, payload): (i8, serde_bytes::ByteBuf) = Deserialize::deserialize(deserializer)?;
     if tag != EXT_FRAME_REF {

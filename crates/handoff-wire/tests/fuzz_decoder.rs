@@ -477,6 +477,11 @@ fn payload_strategy() -> impl Strategy<Value = Payload> {
         })
 }
 
+/// The received frames as buffers (what the runtime hands to the codec).
+fn as_buffers(frames: &[Bytes]) -> Vec<Buffer> {
+    frames.iter().cloned().map(Buffer::from).collect()
+}
+
 /// Sends `value` as a whole wire message and decodes it as the receiver does: the frames
 /// are zero-copy slices of one received buffer.
 fn send_and_receive(value: &Payload) -> (Payload, Bytes, Vec<Bytes>) {
@@ -512,7 +517,7 @@ fn send_and_receive(value: &Payload) -> (Payload, Bytes, Vec<Bytes>) {
             }
         })
         .collect();
-    let decoded: Payload = handoff_wire::decode(type_name, body, &frames, None).expect("decoding the body");
+    let decoded: Payload = handoff_wire::decode(type_name, body, &as_buffers(&frames), None).expect("decoding the body");
     (decoded, received, frames)
 }
 
@@ -841,7 +846,7 @@ proptest! {
     fn codec_frame_refs(indices in vec(0u32..8, 0..8), n in 0usize..6) {
         let frames: Vec<Bytes> = (0..n).map(|i| Bytes::from(vec![i as u8; i + 1])).collect();
         let body = mp_to_vec(&Mp::Arr(indices.iter().map(|&i| frame_ref(i)).collect()));
-        let result = handoff_wire::decode::<Vec<Buffer>>("t", &body, &frames, None);
+        let result = handoff_wire::decode::<Vec<Buffer>>("t", &body, &as_buffers(&frames), None);
         match indices.iter().find(|&&i| i as usize >= n) {
             None => {
                 let bufs = result.unwrap();
@@ -873,7 +878,7 @@ proptest! {
 /// Decodes `body` as several types; each returns Ok or a codec error.
 fn check_body(body: &[u8], frames: &[Bytes]) {
     fn check<T: serde::de::DeserializeOwned>(body: &[u8], frames: &[Bytes]) -> Option<T> {
-        match handoff_wire::decode::<T>("t", body, frames, None) {
+        match handoff_wire::decode::<T>("t", body, &as_buffers(frames), None) {
             Ok(v) => Some(v),
             Err(e) => {
                 assert!(matches!(e.code(), "bad-body" | "bad-frame-ref"), "unexpected error {e}");
@@ -995,7 +1000,7 @@ fn deeply_nested_body_is_rejected_not_a_crash() {
         // A frame reference is a level too.
         let body = arrays_around(levels - 1, &mp_to_vec(&frame_ref(0)));
         let frames = [Bytes::from_static(b"x")];
-        let result = handoff_wire::decode::<serde::de::IgnoredAny>("t", &body, &frames, None);
+        let result = handoff_wire::decode::<serde::de::IgnoredAny>("t", &body, &as_buffers(&frames), None);
         assert_eq!(result.is_ok(), levels <= 127, "{levels} levels: {result:?}");
     }
 }
@@ -1017,7 +1022,7 @@ fn deeply_nested_enum_is_rejected_not_a_crash() {
             body.extend_from_slice(&[0x81, 0xa3, b'N', b'e', b'g']);
         }
         body.extend(mp_to_vec(&Mp::Map(vec![(key("Leaf"), frame_ref(0))])));
-        let result = handoff_wire::decode::<Expr>("t", &body, &frames, None);
+        let result = handoff_wire::decode::<Expr>("t", &body, &as_buffers(&frames), None);
         // Levels: `levels - 1` maps, then the frame reference.
         if levels <= 127 {
             let mut e = result.unwrap();

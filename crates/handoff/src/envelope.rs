@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_wire::{Channel, Route};
+use handoff_wire::{Buffer, Channel, Route};
 
 use crate::message::TypeRegistry;
 use crate::{Error, Message, Peer, Result};
@@ -14,7 +14,7 @@ pub(crate) enum Payload {
     /// The value itself, moved from the sender: nothing was serialized.
     Value(Box<dyn Any + Send>),
     /// A msgpack body and its frames.
-    Encoded { body: Bytes, frames: Vec<Bytes> },
+    Encoded { body: Bytes, frames: Vec<Buffer> },
 }
 
 /// A received message: who sent it, its type name, and the value, decoded on demand.

@@ -5,7 +5,7 @@ use std::io::IoSlice;
 use bytes::{Buf, Bytes, BytesMut};
 use handoff_wire::framing::{header_len, LEN_PREFIX};
 use handoff_wire::preamble::PREAMBLE_LEN;
-use handoff_wire::{Limits, WireError};
+use handoff_wire::{Buffer, Limits, WireError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::pool::{RecvPool, MIN_POOLED};
@@ -118,7 +118,7 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
 pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     stream: &mut W,
     head: &[u8],
-    frames: &[Bytes],
+    frames: &[Buffer],
 ) -> std::io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + frames.len());
     slices.push(IoSlice::new(head));

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_wire::{Route, WireError};
+use handoff_wire::{Buffer, Route, WireError};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -33,11 +33,11 @@ pub trait Message: Serialize + DeserializeOwned + Send + 'static {
     const TYPE_NAME: &'static str;
 }
 
-type DecodeFn = fn(&Bytes, &[Bytes], &Arc<Route>) -> Result<Box<dyn Any + Send>, WireError>;
+type DecodeFn = fn(&Bytes, &[Buffer], &Arc<Route>) -> Result<Box<dyn Any + Send>, WireError>;
 
 fn decode_boxed<T: Message>(
     body: &Bytes,
-    frames: &[Bytes],
+    frames: &[Buffer],
     route: &Arc<Route>,
 ) -> Result<Box<dyn Any + Send>, WireError> {
     handoff_wire::decode::<T>(T::TYPE_NAME, body, frames, Some(route)).map(|v| Box::new(v) as Box<dyn Any + Send>)

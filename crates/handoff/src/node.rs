@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
 use handoff_wire::framing::inline_frame_lengths;
-use handoff_wire::{Channel, Endpoint, Header, Limits, WireError};
+use handoff_wire::{Buffer, Channel, Endpoint, Header, Limits, WireError};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, Notify};
@@ -570,7 +570,7 @@ async fn read_messages(node: &NodeInner, peer: &Peer, reader: &mut MessageReader
                 let lengths = inline_frame_lengths(&frames, &["inline"])?;
                 let mut received = Vec::with_capacity(lengths.len());
                 for len in lengths {
-                    received.push(reader.read_frame(len, &node.pool).await?);
+                    received.push(Buffer::from(reader.read_frame(len, &node.pool).await?));
                 }
                 let envelope = Envelope {
                     from: peer.clone(),
