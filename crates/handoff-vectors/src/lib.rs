@@ -40,6 +40,7 @@ fn hello_fixture() -> Hello {
         capabilities: vec!["inline".into()],
         nonce: (0u8..32).collect(),
         listen: Some("tcp://127.0.0.1:7070".into()),
+        unix: None,
     }
 }
 
@@ -56,6 +57,7 @@ fn hello_fixture_b() -> Hello {
         capabilities: vec!["inline".into()],
         nonce: (100u8..132).collect(),
         listen: None,
+        unix: None,
     }
 }
 
@@ -67,6 +69,9 @@ fn hello_json(h: &Hello) -> Json {
     });
     if let Some(l) = &h.listen {
         j["listen"] = json!(l);
+    }
+    if let Some(u) = &h.unix {
+        j["unix"] = json!(u);
     }
     j
 }
@@ -188,6 +193,21 @@ pub fn all() -> Vec<Vector> {
         }),
     });
 
+    let same_host = Hello {
+        capabilities: vec!["inline".into(), "shm".into()],
+        unix: Some("unix:///run/user/1000/handoff/alpha-0123456789ab.sock".into()),
+        ..hello.clone()
+    };
+    v.push(Vector {
+        name: "hello-same-host",
+        bytes: message(&Header::Hello(same_host.clone()), &[]),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "A hello from a node that offers shared memory: capability shm and its Unix socket.",
+            "header": hello_json(&same_host), "frames": [],
+        }),
+    });
+
     // The authentication proof between the two fixture hellos.
     let secret = b"correct horse battery staple";
     let hello_a = hello.clone();
@@ -278,6 +298,47 @@ pub fn all() -> Vec<Vector> {
                        "f": [{"k": "inline", "n": 11}, {"k": "inline", "n": 4}]},
             "frames": [{"$bin": hex::encode(b"hello world")}, {"$bin": "00010203"}],
             "body": {"name": "blob", "seq": 300, "data": {"$frame": 0}, "meta": {"$frame": 1}},
+        }),
+    });
+
+    let shm_msg = Header::Msg {
+        type_name: "demo.Sample",
+        body: &[
+            0x82, 0xa4, b'd', b'a', b't', b'a', 0xd6, 0x01, 0, 0, 0, 0, 0xa4, b'm', b'e', b't', b'a', 0xd6, 0x01, 0, 0,
+            0, 1,
+        ],
+        frames: vec![
+            Descriptor::Shm {
+                len: 1 << 20,
+                offset: 4096,
+                size: 4 << 20,
+                lease: 7,
+                sealed: false,
+            },
+            Descriptor::Inline { len: 3 },
+        ],
+    };
+    v.push(Vector {
+        name: "msg-shm-frame",
+        bytes: message(&shm_msg, &[b"abc"]),
+        description: json!({
+            "kind": "message", "channel": "shm", "valid": true,
+            "description": "On a Unix socket: frame 0 is a 1 MiB window at offset 4096 of a 4 MiB shared segment whose file descriptor travels with the header (SCM_RIGHTS), under lease 7; frame 1 is 3 inline bytes.",
+            "header": {"k": "msg", "t": "demo.Sample",
+                       "b": {"$bin": "82a464617461d60100000000a46d657461d60100000001"},
+                       "f": [{"k": "shm", "n": 1048576, "off": 4096, "size": 4194304, "lease": 7, "sealed": false},
+                             {"k": "inline", "n": 3}]},
+            "frames": [{"$bin": "616263"}],
+            "body": {"data": {"$frame": 0}, "meta": {"$frame": 1}},
+        }),
+    });
+    v.push(Vector {
+        name: "release",
+        bytes: message(&Header::Release { leases: vec![7, 300, 70000] }, &[]),
+        description: json!({
+            "kind": "message", "channel": "shm", "valid": true,
+            "description": "The receiver of shm frames dropped its last views of leases 7, 300 and 70000: the sender may reuse those segments.",
+            "header": {"k": "release", "leases": [7, 300, 70000]}, "frames": [],
         }),
     });
 
@@ -409,13 +470,41 @@ pub fn all() -> Vec<Vector> {
         "unknown-descriptor",
         "A descriptor kind that no version defines.",
     ));
+    let shm_desc = |n: u64, off: u64, size: u64| {
+        map(vec![
+            ("k", s("shm")),
+            ("n", n.into()),
+            ("off", off.into()),
+            ("size", size.into()),
+            ("lease", 1.into()),
+            ("sealed", rmpv::Value::Boolean(false)),
+        ])
+    };
     v.push(invalid(
         "msg-shm-descriptor-on-stream",
         "message",
-        raw_message(&msg_with(vec![desc("shm", 4096)]), &[]),
+        raw_message(&msg_with(vec![shm_desc(4096, 0, 4096)]), &[]),
         "unsupported-descriptor",
-        "A reserved descriptor kind (shm) on a connection that cannot carry it.",
+        "A shm descriptor on a TCP connection, which cannot pass file descriptors.",
     ));
+    let mut outside = invalid(
+        "msg-shm-window-outside-segment",
+        "message",
+        raw_message(&msg_with(vec![shm_desc(4096, 8192, 8192)]), &[]),
+        "malformed-header",
+        "A shm window (offset 8192, 4096 bytes) that ends past its 8192-byte segment.",
+    );
+    outside.description["channel"] = json!("shm");
+    v.push(outside);
+    let mut no_lease = invalid(
+        "msg-shm-missing-lease",
+        "message",
+        raw_message(&msg_with(vec![desc("shm", 4096)]), &[]),
+        "malformed-header",
+        "A shm descriptor without its off, size and lease fields.",
+    );
+    no_lease.description["channel"] = json!("shm");
+    v.push(no_lease);
     let bad_ref_body = msgpack(&map(vec![("data", rmpv::Value::Ext(1, vec![0, 0, 0, 3]))]));
     v.push(invalid(
         "msg-bad-frame-ref",
@@ -537,7 +626,12 @@ pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
             "negotiated": negotiated,
         }));
     }
-    let m = handoff_wire::decode_message(&v.bytes, &limits)?;
+    let supported: &[&str] = if v.description["channel"] == "shm" {
+        &["inline", "shm"]
+    } else {
+        &["inline"]
+    };
+    let m = handoff_wire::framing::decode_message_on(&v.bytes, &limits, supported)?;
     let header_end = 4 + u32::from_be_bytes(v.bytes[..4].try_into().expect("4 bytes")) as usize;
     let header_value = rmpv::decode::read_value(&mut &v.bytes[4..header_end])
         .map_err(|e| WireError::MalformedHeader(e.to_string()))?;
@@ -548,12 +642,13 @@ pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
     }
     let frames: Vec<Json> = m.frames.iter().map(|f| json!({"$bin": hex::encode(f)})).collect();
     let mut out = json!({"header": header_json, "frames": frames});
-    if let Header::Msg { body, .. } = &m.header {
+    if let Header::Msg { body, frames, .. } = &m.header {
         let value = rmpv::decode::read_value(&mut &body[..]).map_err(|e| WireError::BadBody {
             type_name: "?".into(),
             reason: e.to_string(),
         })?;
-        let view = json_view(&value, m.frames.len())?;
+        // Frame references index all frames, inline or not.
+        let view = json_view(&value, frames.len())?;
         if v.description.get("body").is_some() {
             out["body"] = view;
         }

@@ -111,6 +111,10 @@ pub enum WireError {
         /// What went wrong.
         reason: String,
     },
+    /// Shared-memory descriptors that do not match the message: missing, unexpected,
+    /// too many, or a segment whose size or seals differ from what the header says.
+    #[error("bad shared-memory descriptor: {0}")]
+    BadShm(String),
     /// A message arrived for a type name the receiver has not registered.
     #[error("unknown type name {name:?}; this node knows: {known}")]
     UnknownType {
@@ -144,6 +148,7 @@ impl WireError {
             WireError::UnsupportedDescriptor { .. } => "unsupported-descriptor",
             WireError::BadFrameRef { .. } => "bad-frame-ref",
             WireError::BadBody { .. } => "bad-body",
+            WireError::BadShm(_) => "bad-shm",
             WireError::UnknownType { .. } => "unknown-type",
             WireError::Handshake(_) => "handshake",
             WireError::AuthFailed(_) => "auth-failed",

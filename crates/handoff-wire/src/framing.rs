@@ -64,8 +64,20 @@ pub struct DecodedMessage<'a> {
     pub consumed: usize,
 }
 
-/// Decodes one message from the front of `bytes`; only `inline` frames are accepted.
+/// Decodes one message from the front of `bytes`; only `inline` frames are accepted
+/// (a plain byte stream carries nothing else).
 pub fn decode_message<'a>(bytes: &'a [u8], limits: &Limits) -> Result<DecodedMessage<'a>, WireError> {
+    decode_message_on(bytes, limits, &["inline"])
+}
+
+/// Decodes one message from the front of `bytes` on a connection that carries the
+/// descriptor kinds in `supported` (a Unix socket: `["inline", "shm"]`); `frames` holds
+/// the inline frames' bytes.
+pub fn decode_message_on<'a>(
+    bytes: &'a [u8],
+    limits: &Limits,
+    supported: &[&str],
+) -> Result<DecodedMessage<'a>, WireError> {
     if bytes.len() < LEN_PREFIX {
         return Err(WireError::Truncated {
             what: "header length",
@@ -86,7 +98,10 @@ pub fn decode_message<'a>(bytes: &'a [u8], limits: &Limits) -> Result<DecodedMes
     let mut offset = LEN_PREFIX + len;
     let mut frames = Vec::new();
     if let Header::Msg { frames: descs, .. } = &header {
-        for frame_len in inline_frame_lengths(descs, &["inline"])? {
+        for (desc, frame_len) in descs.iter().zip(inline_frame_lengths(descs, supported)?) {
+            if !matches!(desc, Descriptor::Inline { .. }) {
+                continue;
+            }
             let available = (bytes.len() - offset) as u64;
             if available < frame_len {
                 return Err(WireError::Truncated {

@@ -34,6 +34,8 @@ pub struct Hello {
     pub nonce: Vec<u8>,
     /// Address other nodes can connect to, if the node listens.
     pub listen: Option<String>,
+    /// Path of the node's Unix socket for same-host peers (the `shm` channel), if any.
+    pub unix: Option<String>,
 }
 
 /// How one frame of a message travels.
@@ -44,10 +46,19 @@ pub enum Descriptor {
         /// Length in bytes.
         len: u64,
     },
-    /// Reserved (specified for the same-host channel): a shared-memory segment passed as a descriptor.
+    /// A window of a shared-memory segment whose file descriptor travels with the
+    /// message (SCM_RIGHTS on a Unix socket), one descriptor per `shm` frame, in order.
     Shm {
-        /// Length in bytes.
+        /// Length of the window in bytes.
         len: u64,
+        /// Offset of the window in the segment.
+        offset: u64,
+        /// Size of the whole segment (the receiver checks it against the descriptor's file).
+        size: u64,
+        /// Lease id: the receiver sends it back in a `release` when its last view is dropped.
+        lease: u64,
+        /// Whether the segment is sealed against writes, shrinking and growing.
+        sealed: bool,
     },
     /// Reserved (specified for tickets): a claim to pull the bytes from their owner.
     Ticket {
@@ -70,6 +81,19 @@ impl Descriptor {
             Descriptor::Ticket { .. } => "ticket",
             Descriptor::Tag { .. } => "tag",
         }
+    }
+
+    /// Length of the frame in bytes (`0` for a tag).
+    pub fn len(&self) -> u64 {
+        match self {
+            Descriptor::Inline { len } | Descriptor::Shm { len, .. } | Descriptor::Ticket { len } => *len,
+            Descriptor::Tag { .. } => 0,
+        }
+    }
+
+    /// Whether the frame is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Bytes of this frame that follow the header in the stream.
@@ -102,6 +126,11 @@ pub enum Header<'a> {
         /// Its frames, in order.
         frames: Vec<Descriptor>,
     },
+    /// The receiver of `shm` frames has dropped its last view of these leases.
+    Release {
+        /// Lease ids from `shm` descriptors.
+        leases: Vec<u64>,
+    },
     /// The sender rejects something and closes the connection.
     Error {
         /// A stable code from the spec, e.g. `auth-failed`.
@@ -116,6 +145,10 @@ struct RawDescriptor<'a> {
     #[serde(borrow)]
     k: Option<&'a str>,
     n: Option<u64>,
+    off: Option<u64>,
+    size: Option<u64>,
+    lease: Option<u64>,
+    sealed: Option<bool>,
     key: Option<String>,
 }
 
@@ -124,6 +157,14 @@ struct OutDescriptor<'a> {
     k: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     n: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    off: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sealed: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     key: Option<&'a str>,
 }
@@ -151,6 +192,8 @@ struct RawHeader<'a> {
     #[serde(default, with = "serde_bytes")]
     nonce: Option<Vec<u8>>,
     listen: Option<String>,
+    unix: Option<String>,
+    leases: Option<Vec<u64>>,
     #[serde(default, with = "serde_bytes")]
     mac: Option<Vec<u8>>,
     code: Option<String>,
@@ -192,7 +235,7 @@ impl<'a> Header<'a> {
                 let mut total: u64 = 0;
                 for (index, d) in raw_frames.into_iter().enumerate() {
                     let desc = decode_descriptor(index, d)?;
-                    let len = desc.inline_len();
+                    let len = desc.len();
                     if len > limits.max_frame_bytes {
                         return Err(WireError::FrameTooLarge {
                             index,
@@ -235,6 +278,7 @@ impl<'a> Header<'a> {
                     capabilities: raw.caps.ok_or_else(|| missing("hello", "caps"))?,
                     nonce,
                     listen: raw.listen,
+                    unix: raw.unix,
                 }))
             }
             "auth" => {
@@ -248,6 +292,9 @@ impl<'a> Header<'a> {
                 Ok(Header::Auth { mac })
             }
             "ready" => Ok(Header::Ready),
+            "release" => Ok(Header::Release {
+                leases: raw.leases.ok_or_else(|| missing("release", "leases"))?,
+            }),
             "error" => Ok(Header::Error {
                 code: raw.code.ok_or_else(|| missing("error", "code"))?,
                 message: raw.msg.ok_or_else(|| missing("error", "msg"))?,
@@ -306,6 +353,8 @@ impl<'a> Header<'a> {
                     nonce: &'b [u8],
                     #[serde(skip_serializing_if = "Option::is_none")]
                     listen: Option<&'b str>,
+                    #[serde(skip_serializing_if = "Option::is_none")]
+                    unix: Option<&'b str>,
                 }
                 Out {
                     k: "hello",
@@ -320,6 +369,7 @@ impl<'a> Header<'a> {
                     caps: &h.capabilities,
                     nonce: &h.nonce,
                     listen: h.listen.as_deref(),
+                    unix: h.unix.as_deref(),
                 }
                 .serialize(&mut ser)
             }
@@ -338,6 +388,14 @@ impl<'a> Header<'a> {
                     k: &'static str,
                 }
                 Out { k: "ready" }.serialize(&mut ser)
+            }
+            Header::Release { leases } => {
+                #[derive(Serialize)]
+                struct Out<'b> {
+                    k: &'static str,
+                    leases: &'b [u64],
+                }
+                Out { k: "release", leases }.serialize(&mut ser)
             }
             Header::Error { code, message } => {
                 #[derive(Serialize)]
@@ -360,17 +418,32 @@ impl<'a> Header<'a> {
 }
 
 fn out_descriptor(d: &Descriptor) -> OutDescriptor<'_> {
+    let plain = OutDescriptor {
+        k: d.kind(),
+        n: None,
+        off: None,
+        size: None,
+        lease: None,
+        sealed: None,
+        key: None,
+    };
     match d {
-        Descriptor::Inline { len } | Descriptor::Shm { len } | Descriptor::Ticket { len } => OutDescriptor {
-            k: d.kind(),
+        Descriptor::Inline { len } | Descriptor::Ticket { len } => OutDescriptor { n: Some(*len), ..plain },
+        Descriptor::Shm {
+            len,
+            offset,
+            size,
+            lease,
+            sealed,
+        } => OutDescriptor {
             n: Some(*len),
-            key: None,
+            off: Some(*offset),
+            size: Some(*size),
+            lease: Some(*lease),
+            sealed: Some(*sealed),
+            ..plain
         },
-        Descriptor::Tag { key } => OutDescriptor {
-            k: "tag",
-            n: None,
-            key: Some(key),
-        },
+        Descriptor::Tag { key } => OutDescriptor { key: Some(key), ..plain },
     }
 }
 
@@ -382,7 +455,26 @@ fn decode_descriptor(index: usize, d: RawDescriptor<'_>) -> Result<Descriptor, W
     };
     match kind {
         "inline" => Ok(Descriptor::Inline { len: len()? }),
-        "shm" => Ok(Descriptor::Shm { len: len()? }),
+        "shm" => {
+            let field = |v: Option<u64>, name: &str| {
+                v.ok_or_else(|| WireError::MalformedHeader(format!("frame {index}: \"shm\" descriptor lacks field {name:?}")))
+            };
+            let len = len()?;
+            let offset = field(d.off, "off")?;
+            let size = field(d.size, "size")?;
+            if offset.checked_add(len).is_none_or(|end| end > size) {
+                return Err(WireError::MalformedHeader(format!(
+                    "frame {index}: shm window {offset}+{len} exceeds the segment size {size}"
+                )));
+            }
+            Ok(Descriptor::Shm {
+                len,
+                offset,
+                size,
+                lease: field(d.lease, "lease")?,
+                sealed: d.sealed.unwrap_or(false),
+            })
+        }
         "ticket" => Ok(Descriptor::Ticket { len: len()? }),
         "tag" => Ok(Descriptor::Tag {
             key: d.key.clone().ok_or_else(|| {

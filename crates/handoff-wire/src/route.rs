@@ -83,14 +83,17 @@ pub enum Channel {
     Inproc,
     /// A TCP stream carrying the wire format.
     Tcp,
+    /// A Unix socket between same-host processes; large buffers travel as shared memory.
+    Shm,
 }
 
 impl Channel {
-    /// The name used in CLI output and JSON (`inproc`, `tcp`).
+    /// The name used in CLI output and JSON (`inproc`, `tcp`, `shm`).
     pub fn as_str(&self) -> &'static str {
         match self {
             Channel::Inproc => "inproc",
             Channel::Tcp => "tcp",
+            Channel::Shm => "shm",
         }
     }
 }

@@ -10,8 +10,9 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::io::{write_all, MessageReader};
 use crate::{Error, Result};
 
-/// Capabilities of this implementation in protocol version 1.
-pub(crate) const CAPABILITIES: &[&str] = &["inline"];
+/// Capabilities of this implementation in protocol version 1 (`shm` only where the node
+/// has a Unix socket for same-host peers).
+pub(crate) const CAPABILITIES: &[&str] = &["inline", "shm"];
 
 /// What we know about the peer once the handshake succeeded.
 pub(crate) struct Handshaken {
@@ -73,6 +74,7 @@ fn kind_of(h: &Header<'_>) -> &'static str {
         Header::Hello(_) => "hello",
         Header::Auth { .. } => "auth",
         Header::Ready => "ready",
+        Header::Release { .. } => "release",
         Header::Msg { .. } => "msg",
         Header::Error { .. } => "error",
     }
@@ -84,6 +86,7 @@ pub(crate) async fn handshake<R, W>(
     writer: &mut W,
     me: &Endpoint,
     listen: Option<String>,
+    unix: Option<String>,
     secret: &[u8],
     limits: &Limits,
     label: &str,
@@ -117,6 +120,7 @@ where
         capabilities: me.capabilities.clone(),
         nonce: nonce.to_vec(),
         listen,
+        unix,
     };
     let own_hello = send_header(writer, &Header::Hello(hello), label).await?;
     let peer_hello_bytes = read_header(reader, limits, label, "hello").await?;

@@ -114,6 +114,52 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
     }
 }
 
+impl<R> MessageReader<R> {
+    /// The stream (for the descriptors a Unix socket collected).
+    pub(crate) fn stream_mut(&mut self) -> &mut R {
+        &mut self.stream
+    }
+
+    /// Bytes read ahead and not yet consumed.
+    pub(crate) fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+}
+
+/// A stream that may carry file descriptors beside its bytes (a Unix socket does).
+pub(crate) trait FdSource {
+    /// Takes the next `n` descriptors that arrived, in order (`None`: fewer arrived).
+    fn take_fds(&mut self, n: usize) -> Option<Vec<std::os::fd::OwnedFd>>;
+    /// Descriptors that arrived and no header has claimed.
+    fn pending_fds(&self) -> usize;
+    /// A problem with the descriptors seen while reading.
+    fn take_fd_error(&mut self) -> Option<String>;
+}
+
+impl FdSource for tokio::net::tcp::OwnedReadHalf {
+    fn take_fds(&mut self, n: usize) -> Option<Vec<std::os::fd::OwnedFd>> {
+        (n == 0).then(Vec::new)
+    }
+    fn pending_fds(&self) -> usize {
+        0
+    }
+    fn take_fd_error(&mut self) -> Option<String> {
+        None
+    }
+}
+
+impl FdSource for crate::unix::FdReader {
+    fn take_fds(&mut self, n: usize) -> Option<Vec<std::os::fd::OwnedFd>> {
+        crate::unix::FdReader::take_fds(self, n)
+    }
+    fn pending_fds(&self) -> usize {
+        crate::unix::FdReader::pending_fds(self)
+    }
+    fn take_fd_error(&mut self) -> Option<String> {
+        self.take_error()
+    }
+}
+
 /// Writes every byte of `head` and `frames` with vectored writes straight from their memory.
 pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     stream: &mut W,
@@ -121,7 +167,9 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     frames: &[Buffer],
 ) -> std::io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + frames.len());
-    slices.push(IoSlice::new(head));
+    if !head.is_empty() {
+        slices.push(IoSlice::new(head));
+    }
     slices.extend(frames.iter().filter(|f| !f.is_empty()).map(|f| IoSlice::new(f)));
     let mut rest: &mut [IoSlice<'_>] = &mut slices;
     while !rest.is_empty() {

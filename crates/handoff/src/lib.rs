@@ -35,13 +35,16 @@ mod message;
 mod node;
 mod peer;
 mod pool;
+pub mod shm;
+mod unix;
 
 pub use envelope::Envelope;
 pub use error::{Error, Result};
 pub use handoff_wire::{Buffer, Channel, Endpoint, Limits, Locality, Route, WireError};
 pub use message::{Message, TypeRegistry};
 pub use node::{Node, NodeBuilder};
-pub use peer::Peer;
+pub use peer::{LeaseStats, Peer};
+pub use shm::SharedBufMut;
 
 /// The wire-format crate, for lower-level use (codec, headers, vectors).
 pub use handoff_wire as wire;

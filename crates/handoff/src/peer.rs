@@ -1,16 +1,19 @@
 //! [`Peer`]: a connected node, and how messages reach it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 
 use bytes::Bytes;
 use handoff_wire::framing::encode_header_into;
-use handoff_wire::{Channel, Endpoint, Header, Locality, Route};
+use handoff_wire::{Channel, Descriptor, EncodedBody, Endpoint, Header, Locality, Route};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Mutex;
 
 use crate::envelope::{Envelope, Payload};
 use crate::node::NodeInner;
+use crate::shm::{self, Held};
+use crate::unix::UnixWriter;
 use crate::{Error, Message, Result};
 
 /// How messages reach a peer.
@@ -23,11 +26,143 @@ pub(crate) enum Link {
     },
     /// A TCP connection; the reader task owns the read half.
     Tcp { writer: Mutex<OwnedWriteHalf> },
+    /// A Unix socket to a same-host node; large buffers go as shared memory.
+    Shm(Arc<ShmLink>),
+}
+
+/// The sending state of a same-host connection.
+pub(crate) struct ShmLink {
+    pub(crate) writer: Mutex<UnixWriter>,
+    /// What we keep alive for the peer until it releases each lease.
+    leases: StdMutex<HashMap<u64, Held>>,
+    next_lease: AtomicU64,
+    /// Buffers at least this large go through shared memory.
+    threshold: usize,
+    /// Send only sealed segments (fresh memfd, sealed against change).
+    sealed: bool,
+}
+
+/// Leases a node holds for a peer: buffers kept alive until the peer releases them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LeaseStats {
+    /// Leases outstanding.
+    pub count: usize,
+    /// Bytes they keep alive.
+    pub bytes: usize,
+}
+
+impl ShmLink {
+    pub(crate) fn new(writer: UnixWriter, threshold: usize, sealed: bool) -> ShmLink {
+        ShmLink {
+            writer: Mutex::new(writer),
+            leases: StdMutex::default(),
+            next_lease: AtomicU64::new(1),
+            threshold,
+            sealed,
+        }
+    }
+
+    /// Ends the leases the peer released.
+    pub(crate) fn release(&self, leases: &[u64]) -> usize {
+        let mut held = self.leases.lock().expect("leases lock");
+        leases.iter().filter(|l| held.remove(l).is_some()).count()
+    }
+
+    /// Ends every lease (the peer is gone).
+    pub(crate) fn release_all(&self) -> usize {
+        let mut held = self.leases.lock().expect("leases lock");
+        let n = held.len();
+        held.clear();
+        n
+    }
+
+    pub(crate) fn stats(&self) -> LeaseStats {
+        let held = self.leases.lock().expect("leases lock");
+        LeaseStats {
+            count: held.len(),
+            bytes: held.values().map(Held::bytes).sum(),
+        }
+    }
+
+    /// Plans each frame (shared segment or inline), registers the leases, and writes the message.
+    async fn send(&self, type_name: &str, encoded: EncodedBody, label: &str) -> Result<()> {
+        let mut descriptors = Vec::with_capacity(encoded.frames.len());
+        let mut inline = Vec::new();
+        // Local handles on what the fds belong to, so they stay open while we send.
+        let mut passing: Vec<Held> = Vec::new();
+        for frame in encoded.frames {
+            let origin_ok = shm::origin_of(&frame).is_some_and(|o| !self.sealed || o.sealed());
+            let shared = if origin_ok {
+                Some(Held::Buffer(frame.clone()))
+            } else if frame.len() >= self.threshold && !frame.is_empty() {
+                Some(if self.sealed {
+                    Held::Sealed(Arc::new(
+                        shm::sealed_copy(&frame).map_err(|e| Error::io("copying into a sealed segment", e))?,
+                    ))
+                } else {
+                    Held::Buffer(shm::copy_in(&frame).map_err(|e| Error::io("copying into shared memory", e))?)
+                })
+            } else {
+                None
+            };
+            match shared {
+                Some(held) => {
+                    let lease = self.next_lease.fetch_add(1, Ordering::Relaxed);
+                    let (offset, size, sealed) = match &held {
+                        Held::Buffer(b) => {
+                            let o = shm::origin_of(b).expect("a shared buffer has its origin");
+                            (
+                                o.offset_of(b).expect("a view lies in its segment"),
+                                o.size(),
+                                o.sealed(),
+                            )
+                        }
+                        Held::Sealed(s) => (0, s.size, true),
+                    };
+                    descriptors.push(Descriptor::Shm {
+                        len: held.bytes() as u64,
+                        offset: offset as u64,
+                        size: size as u64,
+                        lease,
+                        sealed,
+                    });
+                    // Registered before sending: the release may come back at once.
+                    self.leases
+                        .lock()
+                        .expect("leases lock")
+                        .insert(lease, held.clone_handle());
+                    passing.push(held);
+                }
+                None => {
+                    descriptors.push(Descriptor::Inline {
+                        len: frame.len() as u64,
+                    });
+                    inline.push(frame);
+                }
+            }
+        }
+        let header = Header::Msg {
+            type_name,
+            body: &encoded.body,
+            frames: descriptors,
+        };
+        let mut head = Vec::with_capacity(encoded.body.len() + 64);
+        encode_header_into(&header, &mut head);
+        let fds: Vec<_> = passing.iter().map(Held::fd).collect();
+        let mut w = self.writer.lock().await;
+        w.send_with_fds(&head, &fds)
+            .await
+            .map_err(|e| Error::io(format!("sending {type_name} to {label}"), e))?;
+        crate::io::write_all_vectored(&mut *w, &[], &inline)
+            .await
+            .map_err(|e| Error::io(format!("sending {type_name} to {label}"), e))
+    }
 }
 
 pub(crate) struct PeerInner {
     pub(crate) remote: Endpoint,
     pub(crate) listen: Option<String>,
+    pub(crate) unix: Option<String>,
     pub(crate) outbound: Arc<Route>,
     pub(crate) inbound: Arc<Route>,
     pub(crate) link: Link,
@@ -43,11 +178,18 @@ pub(crate) struct PeerInner {
 #[derive(Clone)]
 pub struct Peer(pub(crate) Arc<PeerInner>);
 
+/// What the handshake told us about a peer, besides its endpoint.
+#[derive(Default)]
+pub(crate) struct PeerAddrs {
+    pub(crate) listen: Option<String>,
+    pub(crate) unix: Option<String>,
+}
+
 impl Peer {
     pub(crate) fn new(
         local: &Endpoint,
         remote: Endpoint,
-        listen: Option<String>,
+        addrs: PeerAddrs,
         channel: Channel,
         link: Link,
         force_encode: bool,
@@ -67,7 +209,8 @@ impl Peer {
         });
         Peer(Arc::new(PeerInner {
             remote,
-            listen,
+            listen: addrs.listen,
+            unix: addrs.unix,
             outbound,
             inbound,
             link,
@@ -89,6 +232,11 @@ impl Peer {
     /// The address the peer listens on, if it announced one.
     pub fn listen_addr(&self) -> Option<&str> {
         self.0.listen.as_deref()
+    }
+
+    /// The peer's Unix socket for same-host connections, if it announced one.
+    pub fn unix_addr(&self) -> Option<&str> {
+        self.0.unix.as_deref()
     }
 
     /// The route messages to this peer take.
@@ -119,10 +267,19 @@ impl Peer {
         self.0.closed.store(true, Ordering::Release);
     }
 
+    /// Shared-memory leases this node holds for the peer (zero on other channels).
+    pub fn leases(&self) -> LeaseStats {
+        match &self.0.link {
+            Link::Shm(link) => link.stats(),
+            _ => LeaseStats::default(),
+        }
+    }
+
     /// Sends `value` to the peer.
     ///
-    /// In-process the value is moved and nothing is serialized; over TCP it is encoded
-    /// for this route and its buffers are written straight from their memory.
+    /// In-process the value is moved and nothing is serialized; to a same-host peer large
+    /// buffers travel as shared memory; over TCP the value is encoded for this route and
+    /// its buffers are written straight from their memory.
     pub async fn send<T: Message>(&self, value: T) -> Result<()> {
         if self.is_closed() {
             return Err(Error::PeerClosed(self.name().to_string()));
@@ -162,7 +319,7 @@ impl Peer {
                     frames: encoded
                         .frames
                         .iter()
-                        .map(|f| handoff_wire::Descriptor::Inline { len: f.len() as u64 })
+                        .map(|f| Descriptor::Inline { len: f.len() as u64 })
                         .collect(),
                 };
                 let mut head = Vec::with_capacity(encoded.body.len() + 64);
@@ -175,6 +332,31 @@ impl Peer {
                         Error::io(format!("sending {} to {}", T::TYPE_NAME, self.name()), e)
                     })
             }
+            Link::Shm(link) => {
+                let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
+                link.send(T::TYPE_NAME, encoded, self.name()).await.inspect_err(|e| {
+                    if matches!(e, Error::Io { .. }) {
+                        self.mark_closed();
+                    }
+                })
+            }
+        }
+    }
+}
+
+impl Held {
+    fn clone_handle(&self) -> Held {
+        match self {
+            Held::Buffer(b) => Held::Buffer(b.clone()),
+            Held::Sealed(s) => Held::Sealed(s.clone()),
+        }
+    }
+
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        match self {
+            Held::Buffer(b) => shm::origin_of(b).expect("a shared buffer has its origin").fd(),
+            Held::Sealed(s) => s.fd.as_fd(),
         }
     }
 }

@@ -85,6 +85,7 @@ async fn handshaken(target: &str) -> TcpStream {
         capabilities: vec!["inline".into()],
         nonce: vec![5; 32],
         listen: None,
+        unix: None,
     };
     let own = header_bytes(&Header::Hello(hello));
     s.write_all(&own).await.unwrap();

@@ -1,0 +1,231 @@
+//! Shared-memory segments (memfd) and the pool that reuses them.
+//!
+//! Fresh memfd pages fault at 0.5–1.6 GB/s on these machines, so segments are kept
+//! and reused: a segment returns to the pool when the last holder (local buffers,
+//! leases held for peers) lets go of it.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+use memmap2::{MmapMut, MmapOptions};
+use rustix::fs::{MemfdFlags, SealFlags};
+
+/// Smallest segment the pool creates.
+pub const MIN_SEGMENT: usize = 64 * 1024;
+
+/// The memory of one segment: its memfd and a writable mapping of it.
+pub(crate) struct SegmentData {
+    id: u64,
+    file: File,
+    map: MmapMut,
+    inode: (u64, u64),
+}
+
+impl SegmentData {
+    fn create(id: u64, size: usize) -> std::io::Result<SegmentData> {
+        let fd = rustix::fs::memfd_create("handoff-segment", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+        rustix::fs::ftruncate(&fd, size as u64)?;
+        let inode = inode_of(fd.as_fd())?;
+        let file = File::from(fd);
+        // SAFETY: the memfd is ours and sized above; the mapping lives as long as `file`.
+        let map = unsafe { MmapOptions::new().len(size).map_mut(&file)? };
+        Ok(SegmentData { id, file, map, inode })
+    }
+
+    fn size(&self) -> usize {
+        self.map.len()
+    }
+}
+
+/// Device and inode of a file: the identity of a shared segment across processes.
+pub(crate) fn inode_of(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
+    let st = rustix::fs::fstat(fd)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// A pooled segment; shared by everything that holds views of it.
+pub struct Segment {
+    data: Option<SegmentData>,
+    pool: Weak<SegmentPool>,
+}
+
+impl Segment {
+    fn data(&self) -> &SegmentData {
+        self.data.as_ref().expect("a live segment has its data")
+    }
+
+    /// Id of the segment, unique in this process.
+    pub fn id(&self) -> u64 {
+        self.data().id
+    }
+
+    /// Size of the segment in bytes.
+    pub fn size(&self) -> usize {
+        self.data().size()
+    }
+
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.data().file.as_fd()
+    }
+
+    pub(crate) fn inode(&self) -> (u64, u64) {
+        self.data().inode
+    }
+
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.data().map.as_ptr() as *mut u8
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if let (Some(data), Some(pool)) = (self.data.take(), self.pool.upgrade()) {
+            pool.give_back(data);
+        }
+    }
+}
+
+#[derive(Default)]
+struct PoolState {
+    free: BTreeMap<usize, Vec<SegmentData>>,
+    idle_bytes: usize,
+    segments: usize,
+    bytes: usize,
+}
+
+/// What the pool holds now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PoolStats {
+    /// Segments alive (idle or in use).
+    pub segments: usize,
+    /// Bytes of all live segments.
+    pub bytes: usize,
+    /// Segments waiting for reuse.
+    pub idle_segments: usize,
+    /// Bytes of idle segments.
+    pub idle_bytes: usize,
+}
+
+/// The process's pool of shared-memory segments.
+pub struct SegmentPool {
+    state: Mutex<PoolState>,
+    max_idle_bytes: AtomicU64,
+    next_id: AtomicU64,
+    me: Weak<SegmentPool>,
+}
+
+impl SegmentPool {
+    /// A pool that keeps at most `max_idle_bytes` of idle segments.
+    pub fn new(max_idle_bytes: usize) -> Arc<SegmentPool> {
+        Arc::new_cyclic(|me| SegmentPool {
+            state: Mutex::default(),
+            max_idle_bytes: AtomicU64::new(max_idle_bytes as u64),
+            next_id: AtomicU64::new(1),
+            me: me.clone(),
+        })
+    }
+
+    /// The process-wide pool (idle cap from `HANDOFF_SHM_POOL_BYTES`, default 4 GiB).
+    pub fn global() -> &'static Arc<SegmentPool> {
+        static POOL: OnceLock<Arc<SegmentPool>> = OnceLock::new();
+        POOL.get_or_init(|| {
+            let cap = std::env::var("HANDOFF_SHM_POOL_BYTES")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(4usize << 30);
+            SegmentPool::new(cap)
+        })
+    }
+
+    /// Changes how many idle bytes the pool keeps.
+    pub fn set_max_idle_bytes(&self, bytes: usize) {
+        self.max_idle_bytes.store(bytes as u64, Ordering::Relaxed);
+    }
+
+    /// A segment of at least `len` bytes: an idle one if one fits, else a new one.
+    pub fn take(&self, len: usize) -> std::io::Result<Arc<Segment>> {
+        let class = len.max(MIN_SEGMENT).next_power_of_two();
+        let reused = {
+            let mut state = self.state.lock().expect("pool lock");
+            let found = state.free.get_mut(&class).and_then(Vec::pop);
+            if let Some(d) = &found {
+                state.idle_bytes -= d.size();
+            }
+            found
+        };
+        let data = match reused {
+            Some(d) => d,
+            None => {
+                let d = SegmentData::create(self.next_id.fetch_add(1, Ordering::Relaxed), class)?;
+                let mut state = self.state.lock().expect("pool lock");
+                state.segments += 1;
+                state.bytes += class;
+                d
+            }
+        };
+        Ok(Arc::new(Segment {
+            data: Some(data),
+            pool: self.me.clone(),
+        }))
+    }
+
+    fn give_back(&self, data: SegmentData) {
+        let mut state = self.state.lock().expect("pool lock");
+        let size = data.size();
+        if (state.idle_bytes + size) as u64 <= self.max_idle_bytes.load(Ordering::Relaxed) {
+            state.idle_bytes += size;
+            state.free.entry(size).or_default().push(data);
+        } else {
+            state.segments -= 1;
+            state.bytes -= size;
+        }
+    }
+
+    /// Counts of live and idle segments.
+    pub fn stats(&self) -> PoolStats {
+        let state = self.state.lock().expect("pool lock");
+        PoolStats {
+            segments: state.segments,
+            bytes: state.bytes,
+            idle_segments: state.free.values().map(Vec::len).sum(),
+            idle_bytes: state.idle_bytes,
+        }
+    }
+
+    /// Whether the segment with this id is idle in the pool (returned by every holder).
+    pub fn is_idle(&self, id: u64) -> bool {
+        let state = self.state.lock().expect("pool lock");
+        state.free.values().flatten().any(|d| d.id == id)
+    }
+}
+
+/// A fresh memfd holding a copy of `data`, sealed against writes, shrinking and growing
+/// (for peers that must never see the bytes change).
+pub(crate) fn sealed_copy(data: &[u8]) -> std::io::Result<SealedSegment> {
+    let fd = rustix::fs::memfd_create("handoff-sealed", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    let mut written = 0;
+    while written < data.len() {
+        written += rustix::io::write(&fd, &data[written..])?;
+    }
+    rustix::fs::fcntl_add_seals(
+        &fd,
+        SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+    )?;
+    let inode = inode_of(fd.as_fd())?;
+    Ok(SealedSegment {
+        fd,
+        size: data.len(),
+        inode,
+    })
+}
+
+/// A sealed, unpooled segment; freed when its last holder drops it.
+pub(crate) struct SealedSegment {
+    pub(crate) fd: OwnedFd,
+    pub(crate) size: usize,
+    #[allow(dead_code)]
+    pub(crate) inode: (u64, u64),
+}

@@ -1,0 +1,211 @@
+//! Bad shared-memory input from a same-host peer: missing, unexpected or mismatched file
+//! descriptors get a clear `bad-shm` error, that connection closes, the node keeps serving.
+
+use std::io::{IoSlice, Read, Write};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use handoff::wire::framing::encode_header_into;
+use handoff::wire::{auth, decode_message, Descriptor, Header, Hello, Limits, Preamble};
+use handoff::{Buffer, Channel, Message, Node};
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+use serde::{Deserialize, Serialize};
+
+const SECRET: &str = "bad-shm-secret";
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Blob {
+    data: Buffer,
+}
+impl Message for Blob {
+    const TYPE_NAME: &'static str = "test.Blob";
+}
+
+async fn server(name: &str) -> Node {
+    Node::builder(name)
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .register::<Blob>()
+        .build()
+        .await
+        .unwrap()
+}
+
+fn header(h: &Header<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_header_into(h, &mut out);
+    out
+}
+
+fn read_header(s: &mut UnixStream) -> Vec<u8> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).unwrap();
+    let mut h = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut h).unwrap();
+    h
+}
+
+/// Connects to the node's Unix socket and handshakes by hand (blocking).
+fn handshaken(path: &str) -> UnixStream {
+    let mut s = UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&Preamble::OURS.encode()).unwrap();
+    let mut pre = [0u8; 16];
+    s.read_exact(&mut pre).unwrap();
+    let own = header(&Header::Hello(Hello {
+        node_id: "000000000000000000000000000000aa".into(),
+        name: "raw-shm".into(),
+        host_id: "whatever".into(),
+        pid: std::process::id(),
+        process_id: "000000000000000000000000000000bb".into(),
+        language: "test".into(),
+        implementation: "raw/0".into(),
+        version: 1,
+        capabilities: vec!["inline".into(), "shm".into()],
+        nonce: vec![9; 32],
+        listen: None,
+        unix: None,
+    }));
+    s.write_all(&own).unwrap();
+    let peer_hello = read_header(&mut s);
+    let proof = auth::proof(SECRET.as_bytes(), &own[4..], &peer_hello);
+    s.write_all(&header(&Header::Auth { mac: proof.to_vec() })).unwrap();
+    read_header(&mut s);
+    s.write_all(&header(&Header::Ready)).unwrap();
+    assert_eq!(
+        Header::decode(&read_header(&mut s), &Limits::default()).unwrap(),
+        Header::Ready
+    );
+    s
+}
+
+fn send_with_fds(s: &UnixStream, bytes: &[u8], fds: &[OwnedFd]) {
+    let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+    let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(4))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    assert!(control.push(SendAncillaryMessage::ScmRights(&borrowed)));
+    let n = rustix::net::sendmsg(s, &[IoSlice::new(bytes)], &mut control, SendFlags::empty()).unwrap();
+    assert_eq!(n, bytes.len());
+}
+
+fn memfd(size: u64, sealed: bool) -> OwnedFd {
+    let fd = rustix::fs::memfd_create("test", MemfdFlags::ALLOW_SEALING).unwrap();
+    rustix::fs::ftruncate(&fd, size).unwrap();
+    if sealed {
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW).unwrap();
+    }
+    fd
+}
+
+fn shm_msg(size: u64, sealed: bool) -> Vec<u8> {
+    let body = [0x81, 0xa4, b'd', b'a', b't', b'a', 0xd6, 0x01, 0, 0, 0, 0];
+    header(&Header::Msg {
+        type_name: "test.Blob",
+        body: &body,
+        frames: vec![Descriptor::Shm {
+            len: 4096,
+            offset: 0,
+            size,
+            lease: 1,
+            sealed,
+        }],
+    })
+}
+
+/// Sends `bytes` with `fds`, then reads what the node answers until it closes.
+async fn expect_refusal(node: &Node, bytes: Vec<u8>, fds: Vec<OwnedFd>) -> String {
+    let path = node.unix_addr().unwrap().trim_start_matches("unix://").to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut s = handshaken(&path);
+        send_with_fds(&s, &bytes, &fds);
+        let mut reply = Vec::new();
+        let _ = s.read_to_end(&mut reply);
+        let m = decode_message(&reply, &Limits::default()).expect("an error message");
+        match m.header {
+            Header::Error { code, message } => format!("{code}: {message}"),
+            other => panic!("expected an error, got {other:?}"),
+        }
+    })
+    .await
+    .unwrap()
+}
+
+async fn still_serves(node: &Node, name: &str) {
+    let client = Node::builder(name).secret(SECRET).build().await.unwrap();
+    let peer = client.connect(node.listen_addr().unwrap()).await.unwrap();
+    assert_eq!(peer.channel(), Channel::Shm);
+    let blob = Blob {
+        data: Buffer::from(vec![4u8; 100_000]),
+    };
+    peer.send(blob.clone()).await.unwrap();
+    loop {
+        let env = node.recv_timeout(Duration::from_secs(10)).await.unwrap();
+        if env.from().name() == name {
+            assert_eq!(env.decode::<Blob>().unwrap(), blob);
+            return;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_shm_frame_without_its_descriptor() {
+    let node = server("shm-missing-fd").await;
+    let reply = expect_refusal(&node, shm_msg(8192, false), vec![]).await;
+    assert!(
+        reply.starts_with("bad-shm") && reply.contains("fewer descriptors"),
+        "{reply}"
+    );
+    still_serves(&node, "after-missing-fd").await;
+}
+
+#[tokio::test]
+async fn a_descriptor_whose_size_differs_from_the_header() {
+    let node = server("shm-wrong-size").await;
+    let reply = expect_refusal(&node, shm_msg(8192, false), vec![memfd(4096, false)]).await;
+    assert!(reply.starts_with("bad-shm") && reply.contains("8192"), "{reply}");
+    still_serves(&node, "after-wrong-size").await;
+}
+
+#[tokio::test]
+async fn a_descriptor_that_no_header_announced() {
+    let node = server("shm-stray-fd").await;
+    let plain = header(&Header::Msg {
+        type_name: "test.Blob",
+        body: &[0x81, 0xa4, b'd', b'a', b't', b'a', 0xc4, 0x00],
+        frames: vec![],
+    });
+    let reply = expect_refusal(&node, plain, vec![memfd(4096, false)]).await;
+    assert!(
+        reply.starts_with("bad-shm") && reply.contains("no header announced"),
+        "{reply}"
+    );
+    still_serves(&node, "after-stray-fd").await;
+}
+
+#[tokio::test]
+async fn a_sealed_claim_on_an_unsealed_segment() {
+    let node = server("shm-unsealed").await;
+    let reply = expect_refusal(&node, shm_msg(8192, true), vec![memfd(8192, false)]).await;
+    assert!(reply.starts_with("bad-shm") && reply.contains("sealed"), "{reply}");
+    // A really sealed one is accepted.
+    let path = node.unix_addr().unwrap().trim_start_matches("unix://").to_string();
+    let client = tokio::task::spawn_blocking(move || {
+        let s = handshaken(&path);
+        send_with_fds(&s, &shm_msg(8192, true), &[memfd(8192, true)]);
+        s
+    })
+    .await
+    .unwrap();
+    let got: Blob = node
+        .recv_timeout(Duration::from_secs(10))
+        .await
+        .unwrap()
+        .decode()
+        .unwrap();
+    assert_eq!(got.data.len(), 4096);
+    assert!(handoff::shm::segment_info(&got.data).unwrap().sealed);
+    drop(client);
+}
