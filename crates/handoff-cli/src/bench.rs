@@ -35,7 +35,8 @@ pub struct BenchArgs {
 /// One result row (keys are a public interface: keep them stable).
 #[derive(Debug, Clone, Serialize)]
 pub struct Case {
-    /// Case name: `inproc-msg`, `tcp-rtt`, `tcp-stream`.
+    /// Case name: `inproc-msg`, `tcp-rtt`, `tcp-stream`, `shm-view`, `shm-read`, `tcp-read`,
+    /// `shm-copy-in`.
     pub case: String,
     /// Channel measured.
     pub channel: String,
@@ -54,6 +55,7 @@ struct Plan {
     msgs: u64,
     rtts: u64,
     sizes: Vec<u64>,
+    shm_sizes: Vec<u64>,
 }
 
 impl Plan {
@@ -64,6 +66,7 @@ impl Plan {
                 msgs: 20_000,
                 rtts: 300,
                 sizes: vec![1 << 20, 16 << 20, 64 << 20],
+                shm_sizes: vec![1 << 20, 64 << 20],
             }
         } else {
             Plan {
@@ -71,6 +74,7 @@ impl Plan {
                 msgs: 200_000,
                 rtts: 3_000,
                 sizes: vec![1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20],
+                shm_sizes: vec![1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30],
             }
         }
     }
@@ -139,8 +143,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
 pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
     let plan = Plan::new(quick);
     let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
+    let shm_cases = ["shm-view", "shm-read", "tcp-read", "shm-copy-in"];
     let total = [wanted("inproc-msg"), wanted("tcp-rtt")].iter().filter(|w| **w).count()
-        + if wanted("tcp-stream") { plan.sizes.len() } else { 0 };
+        + if wanted("tcp-stream") { plan.sizes.len() } else { 0 }
+        + shm_cases.iter().filter(|c| wanted(c)).count() * plan.shm_sizes.len();
     let bar = ProgressBar::new(total as u64);
     bar.set_style(ProgressStyle::with_template("{spinner} bench [{bar:30}] {pos}/{len} {msg}").expect("template"));
     let secret = hex::encode(rand::random::<[u8; 16]>());
@@ -183,8 +189,149 @@ pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
         client.shutdown();
         let _ = server_task.await;
     }
+    if shm_cases.iter().any(|c| wanted(c)) {
+        let bench = ShmBench::start(&secret).await?;
+        for name in shm_cases.into_iter().filter(|c| wanted(c)) {
+            for &size in &plan.shm_sizes {
+                bar.set_message(format!("{name} {}", table::size(size)));
+                out.push(bench.run(name, size, plan.reps).await?);
+                bar.inc(1);
+            }
+        }
+        bench.stop();
+    }
     bar.finish_and_clear();
     Ok(out)
+}
+
+/// Two receivers in this process: one reached over the Unix socket (shm), one pinned to
+/// TCP with another host identity; the sender measures a transfer until the receiver
+/// holds (or has read) the value.
+struct ShmBench {
+    sender: Node,
+    shm_receiver: Node,
+    tcp_receiver: Node,
+    shm_peer: Peer,
+    tcp_peer: Peer,
+}
+
+impl ShmBench {
+    async fn start(secret: &str) -> Result<ShmBench> {
+        let build = |name: &str, host: &str| {
+            protocol::register_all(Node::builder(name).listen("127.0.0.1:0").secret(secret)).host_id(host)
+        };
+        let sender = build("bench-shm-sender", "bench-host").build().await?;
+        let shm_receiver = build("bench-shm-receiver", "bench-host").build().await?;
+        let tcp_receiver = build("bench-tcp-receiver", "bench-other-host").build().await?;
+        let shm_peer = sender
+            .connect_with(
+                shm_receiver.listen_addr().context("listen")?,
+                Some(handoff::Channel::Shm),
+            )
+            .await?;
+        let tcp_peer = sender
+            .connect_with(
+                tcp_receiver.listen_addr().context("listen")?,
+                Some(handoff::Channel::Tcp),
+            )
+            .await?;
+        Ok(ShmBench {
+            sender,
+            shm_receiver,
+            tcp_receiver,
+            shm_peer,
+            tcp_peer,
+        })
+    }
+
+    fn stop(self) {
+        self.sender.shutdown();
+        self.shm_receiver.shutdown();
+        self.tcp_receiver.shutdown();
+    }
+
+    /// One case at one size: median seconds of `reps` runs after a warm-up, beside memcpy.
+    async fn run(&self, name: &str, size: u64, reps: usize) -> Result<Case> {
+        let len = size as usize;
+        let heap = Buffer::from(vec![0x3cu8; len]);
+        let mut ours = Vec::new();
+        for rep in 0..=reps {
+            let t = match name {
+                "shm-view" => {
+                    self.transfer(&self.shm_peer, &self.shm_receiver, shared(len, rep)?, false)
+                        .await?
+                }
+                "shm-read" => {
+                    self.transfer(&self.shm_peer, &self.shm_receiver, shared(len, rep)?, true)
+                        .await?
+                }
+                "tcp-read" => {
+                    self.transfer(&self.tcp_peer, &self.tcp_receiver, shared(len, rep)?, true)
+                        .await?
+                }
+                "shm-copy-in" => {
+                    self.transfer(&self.shm_peer, &self.shm_receiver, heap.clone(), false)
+                        .await?
+                }
+                other => anyhow::bail!("unknown case {other}"),
+            };
+            if rep > 0 {
+                ours.push(t);
+            }
+            // Wait for the receiver's release, so the next run reuses the warm segment.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.shm_peer.leases().count > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_micros(100)).await;
+            }
+        }
+        let channel = if name.starts_with("tcp") { "tcp" } else { "shm" };
+        Ok(case(name, channel, size, median(ours), memcpy_seconds(len, reps)))
+    }
+
+    /// Seconds from send until the receiver holds the decoded value (and, if `read`,
+    /// has read every byte of it).
+    async fn transfer(&self, peer: &Peer, receiver: &Node, data: Buffer, read: bool) -> Result<f64> {
+        let started = Instant::now();
+        peer.send(Blob { seq: 0, data }).await?;
+        let blob: Blob = receiver.recv_timeout(Duration::from_secs(60)).await?.decode()?;
+        if read {
+            black_box(read_every_byte(&blob.data));
+        }
+        Ok(started.elapsed().as_secs_f64())
+    }
+}
+
+/// A shared buffer written in place by the producer (not timed).
+fn shared(len: usize, seed: usize) -> Result<Buffer> {
+    let mut b = handoff::SharedBufMut::new(len)?;
+    b.fill(seed as u8);
+    Ok(b.freeze())
+}
+
+/// Reads every byte (a sum of 64-bit words).
+fn read_every_byte(data: &[u8]) -> u64 {
+    // SAFETY: any bytes are valid u64s; align_to splits off unaligned ends.
+    let (head, words, tail) = unsafe { data.align_to::<u64>() };
+    let mut sum = words.iter().fold(0u64, |a, w| a.wrapping_add(*w));
+    for b in head.iter().chain(tail) {
+        sum = sum.wrapping_add(*b as u64);
+    }
+    sum
+}
+
+/// Median seconds of a plain memcpy of `len` bytes between two warm buffers.
+fn memcpy_seconds(len: usize, reps: usize) -> f64 {
+    let src = vec![0x5au8; len];
+    let mut dst = vec![0u8; len];
+    dst.copy_from_slice(&src);
+    let mut times = Vec::new();
+    for _ in 0..reps.max(3) {
+        let started = Instant::now();
+        dst.copy_from_slice(black_box(&src));
+        black_box(&dst);
+        times.push(started.elapsed().as_secs_f64());
+    }
+    median(times)
 }
 
 fn small_ping(seq: u64) -> Ping {

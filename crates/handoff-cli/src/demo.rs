@@ -4,7 +4,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use handoff::{Message as _, Node, Peer};
+use handoff::{Channel, Message as _, Node, Peer};
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
@@ -13,6 +13,10 @@ use crate::protocol::{self, Payload, Receipt, SendRequest};
 use crate::table;
 
 /// Options of `handoff demo`.
+///
+/// The cluster: `alpha` and `beta` in this process, `gamma` in a child process with
+/// another host identity (remote, tcp), and `delta` in a child process with this host's
+/// identity (same host, shm).
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Print the rows as a JSON array.
@@ -32,7 +36,7 @@ pub struct Row {
     pub to: String,
     /// `same-process`, `same-host` or `remote`.
     pub locality: String,
-    /// `inproc` or `tcp`.
+    /// `inproc`, `shm` or `tcp`.
     pub channel: String,
     /// Bytes of the large buffer.
     pub bytes: u64,
@@ -76,7 +80,7 @@ fn write_secret(secret: &str) -> Result<(TempDir, std::path::PathBuf)> {
     Ok((TempDir(dir), path))
 }
 
-async fn spawn_remote_node(name: &str, host_id: &str, secret: &str, connect: &str) -> Result<Child> {
+async fn spawn_node(name: &str, host_id: &str, secret: &str, connect: &str) -> Result<Child> {
     let (dir, secret_path) = write_secret(secret)?;
     let exe = std::env::current_exe().context("finding the handoff executable")?;
     let mut child = tokio::process::Command::new(exe)
@@ -168,6 +172,22 @@ async fn receive_from_remote(dst: &Node, peer: &Peer, id: u64, bytes: u64) -> Re
     })
 }
 
+/// Waits until the peer `name` is connected on `channel` (a same-host peer first arrives
+/// over TCP and then switches to its Unix socket).
+async fn wait_for_channel(node: &Node, name: &str, channel: Channel) -> Result<Peer> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(p) = node.peer(name).filter(|p| p.channel() == channel && !p.is_closed()) {
+            return Ok(p);
+        }
+        if Instant::now() > deadline {
+            let now = node.peer(name).map(|p| p.channel().to_string());
+            bail!("peer {name} did not connect over {channel} within {WAIT:?} (now: {now:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Runs the demo and prints its rows.
 pub async fn run(args: DemoArgs) -> Result<()> {
     let rows = run_rows(args.bytes).await?;
@@ -224,17 +244,24 @@ pub async fn run_rows(bytes: u64) -> Result<Vec<Row>> {
     alpha.connect(&beta.inproc_addr()).await?;
     let remote_host = format!("{}-gamma", alpha.endpoint().host_id);
     let listen = alpha.listen_addr().context("alpha listens")?.to_string();
-    let mut child = spawn_remote_node("gamma", &remote_host, &secret, &listen).await?;
+    let mut child = spawn_node("gamma", &remote_host, &secret, &listen).await?;
     let gamma = alpha.wait_for_peer("gamma", WAIT).await?;
+    // Same host identity: delta reaches alpha over TCP, then switches to alpha's Unix socket.
+    let mut sibling = spawn_node("delta", &alpha.endpoint().host_id, &secret, &listen).await?;
+    let delta = wait_for_channel(&alpha, "delta", Channel::Shm).await?;
 
     let mut rows = Vec::new();
     rows.push(inproc_transfer(&alpha, &beta, 1, bytes).await?);
     rows.push(inproc_transfer(&beta, &alpha, 2, bytes).await?);
     rows.push(send_to_remote(&alpha, &gamma, 3, bytes).await?);
     rows.push(receive_from_remote(&alpha, &gamma, 4, bytes).await?);
+    rows.push(send_to_remote(&alpha, &delta, 5, bytes).await?);
+    rows.push(receive_from_remote(&alpha, &delta, 6, bytes).await?);
 
-    let _ = child.child.start_kill();
-    let _ = child.child.wait().await;
+    for c in [&mut child, &mut sibling] {
+        let _ = c.child.start_kill();
+        let _ = c.child.wait().await;
+    }
     alpha.shutdown();
     beta.shutdown();
     Ok(rows)

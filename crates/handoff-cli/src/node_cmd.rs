@@ -6,7 +6,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use handoff::{Message as _, Node};
 
-use crate::protocol::{self, Blob, Payload, Ping, Receipt, SendRequest};
+use std::collections::HashMap;
+
+use handoff::{Buffer, Peer};
+
+use crate::protocol::{self, Blob, Forward, Held, Hold, Payload, Ping, Receipt, Release, SendRequest};
 
 /// Options of `handoff node`.
 #[derive(Debug, clap::Args)]
@@ -72,6 +76,8 @@ pub async fn run(args: NodeArgs) -> Result<()> {
 
 /// Answers demo and bench messages until the node shuts down.
 pub async fn serve(node: &Node) -> Result<()> {
+    let mut held: HashMap<u64, Buffer> = HashMap::new();
+    let mut forwarded: HashMap<u64, Peer> = HashMap::new();
     loop {
         let env = match node.recv().await {
             Ok(env) => env,
@@ -104,6 +110,48 @@ pub async fn serve(node: &Node) -> Result<()> {
                     data: Vec::new(),
                 })
                 .await
+            }
+            Hold::TYPE_NAME => {
+                let h: Hold = env.decode()?;
+                let answer = Held {
+                    id: h.id,
+                    holder: node.name().to_string(),
+                    bytes: h.data.len() as u64,
+                    segment: handoff::shm::segment_info(&h.data),
+                };
+                held.insert(h.id, h.data);
+                from.send(answer).await
+            }
+            Release::TYPE_NAME => {
+                let r: Release = env.decode()?;
+                let dropped = held.remove(&r.id);
+                from.send(Held {
+                    id: r.id,
+                    holder: node.name().to_string(),
+                    bytes: dropped.map_or(0, |d| d.len() as u64),
+                    segment: None,
+                })
+                .await
+            }
+            Forward::TYPE_NAME => {
+                let f: Forward = env.decode()?;
+                match node.peer(&f.to) {
+                    Some(next) => {
+                        forwarded.insert(f.id, from.clone());
+                        next.send(Hold { id: f.id, data: f.data }).await
+                    }
+                    None => {
+                        tracing::warn!(to = %f.to, "cannot forward: no such peer");
+                        Ok(())
+                    }
+                }
+            }
+            Held::TYPE_NAME => {
+                let h: Held = env.decode()?;
+                match forwarded.remove(&h.id) {
+                    Some(asker) => asker.send(h).await,
+                    None => Ok(()),
+                }
             }
             other => {
                 tracing::warn!(type_name = other, from = %from.name(), "no handler for this type");

@@ -1,7 +1,8 @@
 //! The message types the CLI's nodes speak (demo and bench); documented in `spec/WIRE.md`
 //! so that workers in other languages can take part.
 
-use handoff::{Buffer, Message, NodeBuilder};
+use handoff::shm::SegmentInfo;
+use handoff::{Buffer, Message, NodeBuilder, SharedBufMut};
 use serde::{Deserialize, Serialize};
 
 /// A payload to verify: `digest` is the BLAKE3 hash of `data`.
@@ -73,6 +74,59 @@ impl Message for Blob {
     const TYPE_NAME: &'static str = "handoff.bench.Blob";
 }
 
+/// Asks a node to keep `data` until told to drop it (to observe leases).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hold {
+    /// Id to drop it by later.
+    pub id: u64,
+    /// The bytes to keep.
+    pub data: Buffer,
+}
+impl Message for Hold {
+    const TYPE_NAME: &'static str = "handoff.demo.Hold";
+}
+
+/// The answer to [`Hold`], [`Forward`] and [`Release`]: what the holder has.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Held {
+    /// The hold's id.
+    pub id: u64,
+    /// Name of the node that holds (or held) the bytes.
+    pub holder: String,
+    /// Bytes held (0 once dropped).
+    pub bytes: u64,
+    /// Where the holder's view lives, if in shared memory.
+    pub segment: Option<SegmentInfo>,
+}
+impl Message for Held {
+    const TYPE_NAME: &'static str = "handoff.demo.Held";
+}
+
+/// Asks a node to drop what it holds under `id`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Release {
+    /// The hold's id.
+    pub id: u64,
+}
+impl Message for Release {
+    const TYPE_NAME: &'static str = "handoff.demo.Release";
+}
+
+/// Asks a node to pass `data` on to its peer `to` as a [`Hold`], keep nothing itself,
+/// and relay the holder's [`Held`] answer back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Forward {
+    /// The hold's id.
+    pub id: u64,
+    /// Name of the peer to pass it to.
+    pub to: String,
+    /// The bytes.
+    pub data: Buffer,
+}
+impl Message for Forward {
+    const TYPE_NAME: &'static str = "handoff.demo.Forward";
+}
+
 /// Registers every CLI message type.
 pub fn register_all(builder: NodeBuilder) -> NodeBuilder {
     builder
@@ -81,13 +135,15 @@ pub fn register_all(builder: NodeBuilder) -> NodeBuilder {
         .register::<SendRequest>()
         .register::<Ping>()
         .register::<Blob>()
+        .register::<Hold>()
+        .register::<Held>()
+        .register::<Release>()
+        .register::<Forward>()
 }
 
-/// Builds a payload of `len` bytes (a cheap deterministic pattern) with its digest.
-pub fn make_payload(id: u64, len: usize) -> Payload {
-    let started = std::time::Instant::now();
-    let mut data = vec![0u8; len];
-    let mut x: u64 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+/// Fills `data` with a cheap deterministic pattern seeded by `seed`.
+pub fn fill_pattern(data: &mut [u8], seed: u64) {
+    let mut x: u64 = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     for chunk in data.chunks_mut(8) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -95,11 +151,28 @@ pub fn make_payload(id: u64, len: usize) -> Payload {
         let b = x.to_le_bytes();
         chunk.copy_from_slice(&b[..chunk.len()]);
     }
+}
+
+/// Builds a payload of `len` bytes with its digest, written in place into shared memory
+/// (so a same-host peer gets it with no copy; other channels send it from there).
+pub fn make_payload(id: u64, len: usize) -> Payload {
+    let started = std::time::Instant::now();
+    let data = match SharedBufMut::new(len) {
+        Ok(mut shared) if len >= handoff::shm::MIN_SEGMENT => {
+            fill_pattern(&mut shared, id);
+            shared.freeze()
+        }
+        _ => {
+            let mut heap = vec![0u8; len];
+            fill_pattern(&mut heap, id);
+            Buffer::from(heap)
+        }
+    };
     let digest = blake3::hash(&data);
     Payload {
         id,
         digest: Buffer::copy_from_slice(digest.as_bytes()),
-        data: Buffer::from(data),
+        data,
         prepare_seconds: started.elapsed().as_secs_f64(),
     }
 }

@@ -92,7 +92,23 @@ impl Drop for PooledBuf {
             return;
         };
         let class = self.vec.len();
+        if class > self.max_idle_bytes {
+            return;
+        }
         let mut state = pool.lock().expect("pool lock");
+        // Make room by dropping idle buffers of other sizes: the one just used is the
+        // likeliest to be needed again.
+        while state.idle_bytes + class > self.max_idle_bytes {
+            let Some(victim) = state.free.keys().copied().find(|c| *c != class) else {
+                break;
+            };
+            let list = state.free.get_mut(&victim).expect("present");
+            list.pop();
+            if list.is_empty() {
+                state.free.remove(&victim);
+            }
+            state.idle_bytes -= victim;
+        }
         if state.idle_bytes + class <= self.max_idle_bytes {
             state.idle_bytes += class;
             state.free.entry(class).or_default().push(std::mem::take(&mut self.vec));
@@ -126,5 +142,15 @@ mod tests {
         let pool = RecvPool::new(100_000);
         drop(pool.take(70_000).freeze());
         assert_eq!(pool.idle_bytes(), 0, "a 128 KiB class does not fit a 100 KB cap");
+    }
+
+    #[test]
+    fn a_returning_buffer_evicts_idle_ones_of_other_sizes() {
+        let pool = RecvPool::new(1 << 20);
+        drop(pool.take(100_000).freeze()); // 128 KiB class
+        drop(pool.take(300_000).freeze()); // 512 KiB class
+        assert_eq!(pool.idle_bytes(), 640 << 10);
+        drop(pool.take(1 << 20).freeze()); // 1 MiB: the others make room
+        assert_eq!(pool.idle_bytes(), 1 << 20);
     }
 }
