@@ -28,7 +28,7 @@ fn run_json(args: &[&str]) -> Value {
 }
 
 #[test]
-fn demo_json_rows_cover_inproc_and_tcp_and_are_verified() {
+fn demo_json_rows_cover_inproc_tcp_and_shm_and_are_verified() {
     let rows = run_json(&["demo", "--json", "--bytes", "3000000"]);
     let rows = rows.as_array().expect("an array");
     assert!(rows.len() >= 4, "{rows:?}");
@@ -46,6 +46,9 @@ fn demo_json_rows_cover_inproc_and_tcp_and_are_verified() {
     };
     assert!(has("inproc", "same-process"));
     assert!(has("tcp", "remote"));
+    assert!(has("shm", "same-host"), "a same-host row between two processes on shm");
+    assert!(rows.iter().any(|r| r["channel"] == "shm" && r["from"] == "delta"));
+    assert!(rows.iter().any(|r| r["channel"] == "shm" && r["to"] == "delta"));
     // Both directions between processes.
     assert!(rows.iter().any(|r| r["channel"] == "tcp" && r["from"] == "gamma"));
     assert!(rows.iter().any(|r| r["channel"] == "tcp" && r["to"] == "gamma"));
@@ -55,7 +58,15 @@ fn demo_json_rows_cover_inproc_and_tcp_and_are_verified() {
 fn bench_quick_json_has_every_case_with_stable_keys() {
     let cases = run_json(&["bench", "--quick", "--json"]);
     let cases = cases.as_array().expect("an array");
-    for name in ["inproc-msg", "tcp-rtt", "tcp-stream"] {
+    for name in [
+        "inproc-msg",
+        "tcp-rtt",
+        "tcp-stream",
+        "shm-view",
+        "shm-read",
+        "tcp-read",
+        "shm-copy-in",
+    ] {
         assert!(cases.iter().any(|c| c["case"] == name), "missing case {name}");
     }
     for c in cases {
