@@ -499,9 +499,18 @@ pub fn all() -> Vec<Vector> {
     let mut no_lease = invalid(
         "msg-shm-missing-lease",
         "message",
-        raw_message(&msg_with(vec![desc("shm", 4096)]), &[]),
+        raw_message(
+            &msg_with(vec![map(vec![
+                ("k", s("shm")),
+                ("n", 4096.into()),
+                ("off", 0.into()),
+                ("size", 4096.into()),
+                ("sealed", rmpv::Value::Boolean(false)),
+            ])]),
+            &[],
+        ),
         "malformed-header",
-        "A shm descriptor without its off, size and lease fields.",
+        "A shm descriptor without its lease.",
     );
     no_lease.description["channel"] = json!("shm");
     v.push(no_lease);

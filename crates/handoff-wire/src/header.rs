@@ -28,7 +28,7 @@ pub struct Hello {
     pub implementation: String,
     /// The protocol version this side chose after the preambles.
     pub version: u16,
-    /// Capabilities, e.g. `inline`; later versions add `shm`, `ticket`, `tag`.
+    /// Capabilities: `inline`, and `shm` where the node has a Unix socket for same-host peers.
     pub capabilities: Vec<String>,
     /// 32 random bytes: the challenge the peer's proof must cover.
     pub nonce: Vec<u8>,
@@ -443,7 +443,10 @@ fn out_descriptor(d: &Descriptor) -> OutDescriptor<'_> {
             sealed: Some(*sealed),
             ..plain
         },
-        Descriptor::Tag { key } => OutDescriptor { key: Some(key), ..plain },
+        Descriptor::Tag { key } => OutDescriptor {
+            key: Some(key),
+            ..plain
+        },
     }
 }
 
@@ -457,7 +460,9 @@ fn decode_descriptor(index: usize, d: RawDescriptor<'_>) -> Result<Descriptor, W
         "inline" => Ok(Descriptor::Inline { len: len()? }),
         "shm" => {
             let field = |v: Option<u64>, name: &str| {
-                v.ok_or_else(|| WireError::MalformedHeader(format!("frame {index}: \"shm\" descriptor lacks field {name:?}")))
+                v.ok_or_else(|| {
+                    WireError::MalformedHeader(format!("frame {index}: \"shm\" descriptor lacks field {name:?}"))
+                })
             };
             let len = len()?;
             let offset = field(d.off, "off")?;

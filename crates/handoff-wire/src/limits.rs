@@ -12,7 +12,7 @@ pub struct Limits {
     pub max_frames: u32,
     /// Largest single frame, in bytes.
     pub max_frame_bytes: u64,
-    /// Largest sum of all inline frames of one message, in bytes.
+    /// Largest sum of all frames of one message (inline and shared), in bytes.
     pub max_message_bytes: u64,
 }
 

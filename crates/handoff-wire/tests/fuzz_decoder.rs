@@ -1,9 +1,11 @@
 //! Property-based fuzzing of the decoder: preamble, framing, header and codec.
 //!
 //! Every property here holds for *any* input bytes a peer could send: the decoder
-//! returns `Ok` or a [`WireError`] with the right code, and never panics. Valid
-//! messages round-trip, their prefixes are `truncated`, and the codec moves
-//! [`Buffer`]s out of band and back without copying them.
+//! returns `Ok` or a [`WireError`] with the right code, and never panics, on a TCP
+//! connection (`decode_message`: inline frames only) and on a Unix socket
+//! (`decode_message_on(.., ["inline", "shm"])`). Valid messages round-trip, their
+//! prefixes are `truncated`, and the codec moves [`Buffer`]s out of band and back
+//! without copying them.
 //!
 //! The case count is modest so the file runs in a few seconds in debug mode; set
 //! `PROPTEST_CASES` to fuzz longer.
@@ -11,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use handoff_wire::framing::{self, LEN_PREFIX};
+use handoff_wire::framing::{self, decode_message_on, LEN_PREFIX};
 use handoff_wire::preamble::{MAGIC, PREAMBLE_LEN};
 use handoff_wire::{decode_message, Buffer, Descriptor, Header, Hello, Limits, Preamble, WireError, EXT_FRAME_REF};
 use proptest::collection::vec;
@@ -33,10 +35,22 @@ const CODES: &[&str] = &[
     "unsupported-descriptor",
     "bad-frame-ref",
     "bad-body",
+    "bad-shm",
     "unknown-type",
     "handshake",
     "auth-failed",
 ];
+
+/// The descriptor kinds a Unix socket (channel `shm`) carries.
+const SHM: &[&str] = &["inline", "shm"];
+
+/// Limits that accept anything, to look at descriptors whatever their lengths.
+const UNLIMITED: Limits = Limits {
+    max_header_bytes: u32::MAX,
+    max_frames: u32::MAX,
+    max_frame_bytes: u64::MAX,
+    max_message_bytes: u64::MAX,
+};
 
 fn config() -> ProptestConfig {
     ProptestConfig {
@@ -68,6 +82,7 @@ enum OwnedHeader {
     Hello(Hello),
     Auth(Vec<u8>),
     Ready,
+    Release(Vec<u64>),
     Error {
         code: String,
         message: String,
@@ -92,6 +107,7 @@ impl OwnedHeader {
             OwnedHeader::Hello(h) => Header::Hello(h.clone()),
             OwnedHeader::Auth(mac) => Header::Auth { mac: mac.clone() },
             OwnedHeader::Ready => Header::Ready,
+            OwnedHeader::Release(leases) => Header::Release { leases: leases.clone() },
             OwnedHeader::Error { code, message } => Header::Error {
                 code: code.clone(),
                 message: message.clone(),
@@ -140,12 +156,13 @@ fn hello_strategy() -> impl Strategy<Value = Hello> {
             vec(text(), 0..4),
             vec(any::<u8>(), 32..=32),
             proptest::option::of(text()),
+            proptest::option::of(text()),
         ),
     )
         .prop_map(
             |(
                 (node_id, name, host_id, pid, process_id, language),
-                (implementation, version, capabilities, nonce, listen),
+                (implementation, version, capabilities, nonce, listen, unix),
             )| {
                 Hello {
                     node_id,
@@ -159,9 +176,92 @@ fn hello_strategy() -> impl Strategy<Value = Hello> {
                     capabilities,
                     nonce,
                     listen,
+                    unix,
                 }
             },
         )
+}
+
+fn leases_strategy() -> impl Strategy<Value = Vec<u64>> {
+    vec(prop_oneof![0u64..1000, any::<u64>()], 0..8)
+}
+
+/// An `shm` descriptor whose window lies in its segment (`off + n <= size`): small
+/// numbers, any numbers, windows that end exactly at the segment's end.
+fn shm_descriptor() -> impl Strategy<Value = Descriptor> {
+    (
+        prop_oneof![
+            (0u64..64, 0u64..64, 0u64..64),
+            (any::<u64>(), any::<u64>(), any::<u64>())
+        ],
+        any::<u64>(),
+        any::<bool>(),
+        any::<u8>(),
+    )
+        .prop_map(|((size, a, b), lease, sealed, fill)| {
+            let offset = if size == u64::MAX { a } else { a % (size + 1) };
+            let room = size - offset;
+            let len = if fill < 48 || room == u64::MAX {
+                room
+            } else {
+                b % (room + 1)
+            };
+            Descriptor::Shm {
+                len,
+                offset,
+                size,
+                lease,
+                sealed,
+            }
+        })
+}
+
+/// `(size, off, n)` of a window that ends past its segment (`off + n > size`, also when the
+/// sum overflows), among them windows one byte too long.
+fn shm_window_outside() -> impl Strategy<Value = (u64, u64, u64)> {
+    prop_oneof![
+        (0u64..64, 0u64..64, 0u64..64),
+        (any::<u64>(), any::<u64>(), any::<u64>()),
+        (any::<u64>(), any::<u64>(), Just(0u64)).prop_map(|(size, a, _)| {
+            let offset = if size == u64::MAX { a } else { a % (size + 1) };
+            (size, offset, (size - offset).wrapping_add(1))
+        }),
+    ]
+    .prop_filter("the window must end past the segment", |&(size, off, n)| {
+        off as u128 + n as u128 > size as u128
+    })
+}
+
+/// The frames of a message on a Unix socket: inline bytes (`Ok`) or shm windows (`Err`).
+fn shm_parts() -> impl Strategy<Value = Vec<Result<Vec<u8>, Descriptor>>> {
+    vec(
+        prop_oneof![vec(any::<u8>(), 0..48).prop_map(Ok), shm_descriptor().prop_map(Err)],
+        0..8,
+    )
+}
+
+/// The header and the wire bytes of a message with `parts` as its frames.
+fn shm_message<'a>(type_name: &'a str, body: &'a [u8], parts: &[Result<Vec<u8>, Descriptor>]) -> (Header<'a>, Vec<u8>) {
+    let frames = parts
+        .iter()
+        .map(|p| match p {
+            Ok(bytes) => Descriptor::Inline {
+                len: bytes.len() as u64,
+            },
+            Err(shm) => shm.clone(),
+        })
+        .collect();
+    let header = Header::Msg {
+        type_name,
+        body,
+        frames,
+    };
+    let mut wire = Vec::new();
+    framing::encode_header_into(&header, &mut wire);
+    for bytes in parts.iter().filter_map(|p| p.as_ref().ok()) {
+        wire.extend_from_slice(bytes);
+    }
+    (header, wire)
 }
 
 fn header_strategy() -> impl Strategy<Value = OwnedHeader> {
@@ -170,6 +270,7 @@ fn header_strategy() -> impl Strategy<Value = OwnedHeader> {
         1 => hello_strategy().prop_map(OwnedHeader::Hello),
         1 => vec(any::<u8>(), 32..=32).prop_map(OwnedHeader::Auth),
         1 => Just(OwnedHeader::Ready),
+        1 => leases_strategy().prop_map(OwnedHeader::Release),
         1 => (text(), text()).prop_map(|(code, message)| OwnedHeader::Error { code, message }),
     ]
 }
@@ -244,8 +345,11 @@ fn mp_leaf() -> impl Strategy<Value = Mp> {
         (0u64..64).prop_map(Mp::UInt),
         any::<f64>().prop_map(Mp::F64),
         text().prop_map(Mp::Str),
-        prop_oneof!["k", "t", "b", "f", "n", "key", "inline", "msg", "data", "parts", "maybe", "id", "name"]
-            .prop_map(|s| Mp::Str(s.to_string())),
+        prop_oneof![
+            "k", "t", "b", "f", "n", "key", "inline", "msg", "data", "parts", "maybe", "id", "name", "shm", "off",
+            "size", "lease", "sealed", "release", "leases", "unix"
+        ]
+        .prop_map(|s| Mp::Str(s.to_string())),
         vec(any::<u8>(), 0..16).prop_map(Mp::Bin),
         (any::<i8>(), vec(any::<u8>(), 0..6)).prop_map(|(t, d)| Mp::Ext(t, d)),
         (0u32..6).prop_map(frame_ref),
@@ -281,24 +385,43 @@ fn header_field(name: &'static str) -> BoxedStrategy<Mp> {
         ]
         .boxed(),
         "caps" => vec(text().prop_map(Mp::Str), 0..3).prop_map(Mp::Arr).boxed(),
+        "leases" => leases_strategy()
+            .prop_map(|l| Mp::Arr(l.into_iter().map(Mp::UInt).collect()))
+            .boxed(),
         _ => text().prop_map(Mp::Str).boxed(),
     }
 }
 
 fn descriptor_mp() -> impl Strategy<Value = Mp> {
-    let kind =
-        prop_oneof![6 => Just("inline"), 1 => Just("shm"), 1 => Just("ticket"), 1 => Just("tag"), 1 => Just("x")]
-            .prop_map(key);
-    let n = prop_oneof![8 => (0u64..16).prop_map(Mp::UInt), 1 => any::<u64>().prop_map(Mp::UInt), 1 => mp_leaf()];
+    let kind = prop_oneof![
+        6 => Just("inline"), 3 => Just("shm"), 1 => Just("ticket"), 1 => Just("tag"), 1 => Just("x")
+    ];
+    let small = |max: u64| {
+        prop_oneof![
+            16 => (0u64..max).prop_map(Mp::UInt),
+            1 => any::<u64>().prop_map(Mp::UInt),
+            1 => mp_leaf(),
+        ]
+    };
+    let sealed = prop_oneof![12 => any::<bool>().prop_map(Mp::Bool), 1 => mp_leaf()];
     (
         proptest::option::weighted(0.95, kind),
-        proptest::option::weighted(0.9, n),
+        proptest::option::weighted(0.9, small(16)),
         proptest::option::of(text().prop_map(Mp::Str)),
+        // off, size, lease, sealed: mostly present in `shm` descriptors, rarely elsewhere.
+        (
+            proptest::option::weighted(0.95, small(16)),
+            proptest::option::weighted(0.95, small(48)),
+            proptest::option::weighted(0.95, small(1000)),
+            proptest::option::weighted(0.9, sealed),
+        ),
+        any::<u8>(),
     )
-        .prop_map(|(k, n, tag_key)| {
+        .prop_map(|(k, n, tag_key, (off, size, lease, sealed), elsewhere)| {
+            let shm_keys = k == Some("shm") || elsewhere < 25;
             let mut entries = Vec::new();
             if let Some(k) = k {
-                entries.push((key("k"), k));
+                entries.push((key("k"), key(k)));
             }
             if let Some(n) = n {
                 entries.push((key("n"), n));
@@ -306,24 +429,32 @@ fn descriptor_mp() -> impl Strategy<Value = Mp> {
             if let Some(t) = tag_key {
                 entries.push((key("key"), t));
             }
+            if shm_keys {
+                for (name, value) in [("off", off), ("size", size), ("lease", lease), ("sealed", sealed)] {
+                    if let Some(v) = value {
+                        entries.push((key(name), v));
+                    }
+                }
+            }
             Mp::Map(entries)
         })
 }
 
 const HEADER_KEYS: &[&str] = &[
-    "t", "b", "f", "node", "name", "host", "pid", "proc", "lang", "impl", "v", "caps", "nonce", "listen", "mac",
-    "code", "msg", "extra",
+    "t", "b", "f", "node", "name", "host", "pid", "proc", "lang", "impl", "v", "caps", "nonce", "listen", "unix",
+    "leases", "mac", "code", "msg", "extra",
 ];
 
-/// The keys a header of `kind` must (or, for `listen`, may) have.
+/// The keys a header of `kind` must (or, for `listen` and `unix`, may) have.
 fn required(kind: &str, k: &str) -> bool {
     match kind {
         "msg" => matches!(k, "t" | "b" | "f"),
         "hello" => matches!(
             k,
-            "node" | "name" | "host" | "pid" | "proc" | "lang" | "impl" | "v" | "caps" | "nonce" | "listen"
+            "node" | "name" | "host" | "pid" | "proc" | "lang" | "impl" | "v" | "caps" | "nonce" | "listen" | "unix"
         ),
         "auth" => k == "mac",
+        "release" => k == "leases",
         "error" => matches!(k, "code" | "msg"),
         _ => false,
     }
@@ -337,6 +468,7 @@ fn structured_header() -> impl Strategy<Value = Mp> {
         Just("hello"),
         Just("auth"),
         Just("ready"),
+        Just("release"),
         Just("error"),
         Just("nope")
     ];
@@ -373,36 +505,76 @@ fn with_prefix(header: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Checks the invariants of a decode result for any input.
+/// Checks the invariants of a decode result for any input, on a TCP connection (inline
+/// frames only) and on a Unix socket (inline and shm), and how the two results relate.
 fn check_decoded(input: &[u8], limits: &Limits) {
-    match decode_message(input, limits) {
-        Ok(m) => {
-            assert!(m.consumed <= input.len());
-            assert!(m.consumed >= LEN_PREFIX);
-            let frame_bytes: usize = m.frames.iter().map(|f| f.len()).sum();
-            let header_len = u32::from_be_bytes(input[..4].try_into().unwrap()) as usize;
-            assert_eq!(m.consumed, LEN_PREFIX + header_len + frame_bytes);
-            match &m.header {
-                Header::Msg { frames, .. } => {
-                    assert_eq!(frames.len(), m.frames.len());
-                    assert!(frames.len() <= limits.max_frames as usize);
-                    for (d, f) in frames.iter().zip(&m.frames) {
-                        assert_eq!(d, &Descriptor::Inline { len: f.len() as u64 });
-                        assert!(f.len() as u64 <= limits.max_frame_bytes);
-                    }
-                    assert!(frame_bytes as u64 <= limits.max_message_bytes);
-                    // A decoded header re-encodes and decodes to itself.
-                    let encoded = m.header.encode();
-                    let again = Header::decode(&encoded, limits).expect("a decoded header re-encodes validly");
-                    assert_eq!(again, m.header);
-                }
-                Header::Hello(h) => assert_eq!(h.nonce.len(), 32),
-                Header::Auth { mac } => assert_eq!(mac.len(), 32),
-                Header::Ready | Header::Error { .. } => {}
-            }
-        }
-        Err(e) => assert_known_code(&e),
+    let tcp = decode_message(input, limits);
+    let unix = decode_message_on(input, limits, SHM);
+    check_result(input, limits, &tcp, false);
+    check_result(input, limits, &unix, true);
+    match (&tcp, &unix) {
+        (Ok(a), Ok(b)) => assert_eq!(a, b),
+        (Err(a), Err(b)) if a == b => {}
+        // Only a shm descriptor may tell the two apart, and only on TCP.
+        (Err(WireError::UnsupportedDescriptor { kind, .. }), _) if kind == "shm" => {}
+        (a, b) => panic!("tcp: {a:?}, unix socket: {b:?}"),
     }
+}
+
+fn check_result(input: &[u8], limits: &Limits, result: &Result<framing::DecodedMessage<'_>, WireError>, shm: bool) {
+    let m = match result {
+        Ok(m) => m,
+        Err(e) => {
+            assert_known_code(e);
+            assert_ne!(
+                e.code(),
+                "bad-shm",
+                "bad-shm needs file descriptors, which a byte decoder never sees"
+            );
+            return;
+        }
+    };
+    assert!(m.consumed <= input.len());
+    assert!(m.consumed >= LEN_PREFIX);
+    let frame_bytes: usize = m.frames.iter().map(|f| f.len()).sum();
+    let header_len = u32::from_be_bytes(input[..4].try_into().unwrap()) as usize;
+    assert_eq!(m.consumed, LEN_PREFIX + header_len + frame_bytes);
+    match &m.header {
+        Header::Msg { frames, .. } => {
+            assert!(frames.len() <= limits.max_frames as usize);
+            // `frames` holds the inline frames' bytes only, in order.
+            let inline: Vec<&Descriptor> = frames
+                .iter()
+                .filter(|d| matches!(d, Descriptor::Inline { .. }))
+                .collect();
+            assert_eq!(inline.len(), m.frames.len());
+            for (d, f) in inline.iter().zip(&m.frames) {
+                assert_eq!(*d, &Descriptor::Inline { len: f.len() as u64 });
+            }
+            // Every frame, inline or shm, counts toward the limits.
+            let mut total: u64 = 0;
+            for d in frames {
+                match d {
+                    Descriptor::Inline { .. } => {}
+                    Descriptor::Shm { len, offset, size, .. } => {
+                        assert!(shm, "a shm descriptor accepted on TCP: {d:?}");
+                        assert!(offset.checked_add(*len).is_some_and(|end| end <= *size), "{d:?}");
+                    }
+                    other => panic!("accepted a descriptor no channel carries: {other:?}"),
+                }
+                assert!(d.len() <= limits.max_frame_bytes);
+                total = total.saturating_add(d.len());
+            }
+            assert!(total <= limits.max_message_bytes);
+        }
+        Header::Hello(h) => assert_eq!(h.nonce.len(), 32),
+        Header::Auth { mac } => assert_eq!(mac.len(), 32),
+        Header::Release { .. } | Header::Ready | Header::Error { .. } => {}
+    }
+    // A decoded header re-encodes and decodes to itself.
+    let encoded = m.header.encode();
+    let again = Header::decode(&encoded, limits).expect("a decoded header re-encodes validly");
+    assert_eq!(again, m.header);
 }
 
 // ---------------------------------------------------------------------------
@@ -517,7 +689,8 @@ fn send_and_receive(value: &Payload) -> (Payload, Bytes, Vec<Bytes>) {
             }
         })
         .collect();
-    let decoded: Payload = handoff_wire::decode(type_name, body, &as_buffers(&frames), None).expect("decoding the body");
+    let decoded: Payload =
+        handoff_wire::decode(type_name, body, &as_buffers(&frames), None).expect("decoding the body");
     (decoded, received, frames)
 }
 
@@ -629,37 +802,172 @@ proptest! {
     }
 
     /// Descriptors of every kind round-trip through `Header`; `decode_message` (inline only)
-    /// rejects the others as `unsupported-descriptor`.
+    /// rejects the others as `unsupported-descriptor`, a Unix socket rejects tickets and tags.
     #[test]
     fn descriptors_round_trip(
         type_name in text(),
         descs in vec(prop_oneof![
             (0u64..1 << 40).prop_map(|len| Descriptor::Inline { len }),
-            any::<u64>().prop_map(|len| Descriptor::Shm { len }),
+            shm_descriptor(),
             any::<u64>().prop_map(|len| Descriptor::Ticket { len }),
             text().prop_map(|key| Descriptor::Tag { key }),
         ], 0..6),
     ) {
         let header = Header::Msg { type_name: &type_name, body: b"", frames: descs.clone() };
         let encoded = header.encode();
-        let limits = Limits { max_header_bytes: u32::MAX, max_frames: u32::MAX, max_frame_bytes: u64::MAX, max_message_bytes: u64::MAX };
-        prop_assert_eq!(Header::decode(&encoded, &limits).unwrap(), header.clone());
+        prop_assert_eq!(Header::decode(&encoded, &UNLIMITED).unwrap(), header.clone());
 
         let mut wire = Vec::new();
         framing::encode_header_into(&header, &mut wire);
-        let first_other = descs.iter().position(|d| !matches!(d, Descriptor::Inline { .. }));
-        match (decode_message(&wire, &limits), first_other) {
-            (Err(e), Some(index)) => prop_assert_eq!(e, WireError::UnsupportedDescriptor {
-                index, kind: descs[index].kind().to_string(),
-            }),
-            (Err(e), None) => {
-                // Only inline frames: the (absent) frame bytes are missing.
-                prop_assert_eq!(e.code(), "truncated");
-                prop_assert!(descs.iter().any(|d| d.inline_len() > 0));
+        for (supported, first_other) in [
+            (&["inline"][..], descs.iter().position(|d| !matches!(d, Descriptor::Inline { .. }))),
+            (SHM, descs.iter().position(|d| !matches!(d, Descriptor::Inline { .. } | Descriptor::Shm { .. }))),
+        ] {
+            match (decode_message_on(&wire, &UNLIMITED, supported), first_other) {
+                (Err(e), Some(index)) => prop_assert_eq!(e, WireError::UnsupportedDescriptor {
+                    index, kind: descs[index].kind().to_string(),
+                }),
+                (Err(e), None) => {
+                    // Only carried kinds: the (absent) inline frame bytes are missing.
+                    prop_assert_eq!(e.code(), "truncated");
+                    prop_assert!(descs.iter().any(|d| d.inline_len() > 0));
+                }
+                (Ok(m), None) => {
+                    prop_assert!(descs.iter().all(|d| d.inline_len() == 0));
+                    let inline = descs.iter().filter(|d| matches!(d, Descriptor::Inline { .. })).count();
+                    prop_assert_eq!(m.frames.len(), inline);
+                    prop_assert_eq!(&m.header, &header);
+                }
+                (Ok(m), Some(_)) => {
+                    prop_assert!(false, "accepted a descriptor {:?} does not carry: {:?}", supported, m)
+                }
             }
-            (Ok(m), None) => prop_assert!(descs.iter().all(|d| d.inline_len() == 0) && m.frames.len() == descs.len()),
-            (Ok(m), Some(_)) => prop_assert!(false, "accepted a non-inline descriptor: {:?}", m),
         }
+        prop_assert_eq!(decode_message(&wire, &UNLIMITED), decode_message_on(&wire, &UNLIMITED, &["inline"]));
+    }
+
+    /// A shm window that ends past its segment is `malformed-header` on any connection,
+    /// before the descriptor kinds are checked against it.
+    #[test]
+    fn shm_window_outside_segment(
+        (size, offset, len) in shm_window_outside(),
+        lease in any::<u64>(),
+        sealed in any::<bool>(),
+        before in vec((0u64..8).prop_map(|len| Descriptor::Inline { len }), 0..3),
+    ) {
+        let mut frames = before.clone();
+        frames.push(Descriptor::Shm { len, offset, size, lease, sealed });
+        let header = Header::Msg { type_name: "x", body: b"", frames };
+        let mut wire = Vec::new();
+        framing::encode_header_into(&header, &mut wire);
+        let e = Header::decode(&wire[LEN_PREFIX..], &UNLIMITED).unwrap_err();
+        prop_assert_eq!(e.code(), "malformed-header", "{}", e);
+        for limits in [UNLIMITED, Limits::DEFAULT] {
+            prop_assert_eq!(decode_message(&wire, &limits).unwrap_err().code(), "malformed-header");
+            prop_assert_eq!(decode_message_on(&wire, &limits, SHM).unwrap_err().code(), "malformed-header");
+        }
+    }
+
+    /// Messages mixing inline frames and shm windows, as a Unix socket carries them: only the
+    /// inline frames' bytes follow the header, and `frames` holds exactly those; TCP refuses
+    /// the first shm descriptor; shm lengths count toward the frame and message limits.
+    #[test]
+    fn shm_messages(
+        type_name in text(),
+        body in vec(any::<u8>(), 0..32),
+        parts in shm_parts(),
+        trailing in vec(any::<u8>(), 0..8),
+    ) {
+        let (header, wire) = shm_message(&type_name, &body, &parts);
+        let Header::Msg { frames: descs, .. } = &header else { unreachable!() };
+        let inline: Vec<&[u8]> = parts.iter().filter_map(|p| p.as_ref().ok()).map(|b| &b[..]).collect();
+
+        let m = decode_message_on(&wire, &UNLIMITED, SHM).unwrap();
+        prop_assert_eq!(&m.header, &header);
+        prop_assert_eq!(&m.frames, &inline);
+        prop_assert_eq!(m.consumed, wire.len());
+        let mut longer = wire.clone();
+        longer.extend_from_slice(&trailing);
+        prop_assert_eq!(&decode_message_on(&longer, &UNLIMITED, SHM).unwrap(), &m);
+
+        match descs.iter().position(|d| d.kind() == "shm") {
+            Some(index) => prop_assert_eq!(
+                decode_message(&wire, &UNLIMITED).unwrap_err(),
+                WireError::UnsupportedDescriptor { index, kind: "shm".into() }
+            ),
+            None => prop_assert_eq!(decode_message(&wire, &UNLIMITED).unwrap(), m),
+        }
+
+        // Every strict prefix is `truncated` on a Unix socket too.
+        for len in 0..wire.len() {
+            let e = decode_message_on(&wire[..len], &UNLIMITED, SHM).unwrap_err();
+            prop_assert_eq!(e.code(), "truncated", "prefix of {} of {} bytes: {}", len, wire.len(), e);
+        }
+
+        // The limits see every frame's `n`, shm or inline.
+        let count = descs.len() as u32;
+        let biggest = descs.iter().map(Descriptor::len).max().unwrap_or(0);
+        if count > 0 {
+            let limits = Limits { max_frames: count - 1, ..UNLIMITED };
+            prop_assert_eq!(decode_message_on(&wire, &limits, SHM).unwrap_err().code(), "too-many-frames");
+        }
+        if biggest > 0 {
+            let limits = Limits { max_frame_bytes: biggest - 1, ..UNLIMITED };
+            prop_assert_eq!(decode_message_on(&wire, &limits, SHM).unwrap_err().code(), "frame-too-large");
+        }
+        if let Some(total) = descs.iter().try_fold(0u64, |t, d| t.checked_add(d.len())) {
+            if total > biggest {
+                let limits = Limits { max_frame_bytes: biggest, max_message_bytes: total - 1, ..UNLIMITED };
+                prop_assert_eq!(decode_message_on(&wire, &limits, SHM).unwrap_err().code(), "message-too-large");
+            }
+            let exact = Limits { max_frames: count, max_frame_bytes: biggest, max_message_bytes: total, ..UNLIMITED };
+            prop_assert!(decode_message_on(&wire, &exact, SHM).is_ok());
+        }
+    }
+
+    /// Overwriting or flipping bytes of a message with shm frames never panics.
+    #[test]
+    fn shm_mutation(
+        parts in shm_parts(),
+        edits in vec((any::<prop::sample::Index>(), any::<u8>(), any::<bool>()), 1..6),
+        cut in proptest::option::of(any::<prop::sample::Index>()),
+    ) {
+        let (_, mut wire) = shm_message("demo.Sample", &[0x80], &parts);
+        for (at, byte, flip) in edits {
+            let i = at.index(wire.len());
+            if flip {
+                wire[i] ^= 1 << (byte % 8);
+            } else {
+                wire[i] = byte;
+            }
+        }
+        if let Some(cut) = cut {
+            wire.truncate(cut.index(wire.len() + 1));
+        }
+        check_decoded(&wire, &Limits::DEFAULT);
+        let small = Limits { max_header_bytes: 256, max_frames: 3, max_frame_bytes: 32, max_message_bytes: 64 };
+        check_decoded(&wire, &small);
+    }
+
+    /// `release` headers round-trip, whatever the lease ids.
+    #[test]
+    fn release_round_trip(leases in leases_strategy(), trailing in vec(any::<u8>(), 0..8)) {
+        let owned = OwnedHeader::Release(leases.clone());
+        let mut wire = owned.encode();
+        let len = wire.len();
+        wire.extend_from_slice(&trailing);
+        let tcp = decode_message(&wire, &Limits::DEFAULT).unwrap();
+        for m in [tcp, decode_message_on(&wire, &Limits::DEFAULT, SHM).unwrap()] {
+            prop_assert_eq!(&m.header, &Header::Release { leases: leases.clone() });
+            prop_assert!(m.frames.is_empty());
+            prop_assert_eq!(m.consumed, len);
+        }
+        // Canonical: exactly `{"k": "release", "leases": [...]}`, keys in that order.
+        let expected = Mp::Map(vec![
+            (key("k"), key("release")),
+            (key("leases"), Mp::Arr(leases.iter().copied().map(Mp::UInt).collect())),
+        ]);
+        prop_assert_eq!(&wire[LEN_PREFIX..len], &mp_to_vec(&expected)[..]);
     }
 
     /// Every strict prefix of a valid message is `truncated`.
@@ -1065,4 +1373,361 @@ fn tiny_inputs() {
         decode_message(&[0, 0, 0, 1], &Limits::DEFAULT).unwrap_err().code(),
         "truncated"
     );
+}
+
+// ---------------------------------------------------------------------------
+// Shared memory: the shm descriptor and the release header
+// ---------------------------------------------------------------------------
+
+/// A whole `msg` message (no frame bytes) whose `f` holds the descriptor maps `descs`.
+fn msg_with_descriptors(descs: Vec<Mp>) -> Vec<u8> {
+    with_prefix(&mp_to_vec(&Mp::Map(vec![
+        (key("k"), key("msg")),
+        (key("t"), key("x")),
+        (key("b"), Mp::Bin(vec![0x80])),
+        (key("f"), Mp::Arr(descs)),
+    ])))
+}
+
+fn shm_map(fields: &[(&str, Mp)]) -> Mp {
+    let mut entries = vec![(key("k"), key("shm"))];
+    entries.extend(fields.iter().map(|(k, v)| (key(k), v.clone())));
+    Mp::Map(entries)
+}
+
+/// The decode result of one message on a Unix socket, as an error code or the descriptors.
+fn decode_shm_descriptors(input: &[u8]) -> Result<Vec<Descriptor>, &'static str> {
+    match decode_message_on(input, &Limits::DEFAULT, SHM) {
+        Ok(m) => match m.header {
+            Header::Msg { frames, .. } => Ok(frames),
+            other => panic!("expected a msg, got {other:?}"),
+        },
+        Err(e) => Err(e.code()),
+    }
+}
+
+/// An encoder writes every field of a shm descriptor, `sealed` included, in the order
+/// k, n, off, size, lease, sealed.
+#[test]
+fn shm_descriptor_is_canonical() {
+    for sealed in [false, true] {
+        let d = Descriptor::Shm {
+            len: 1 << 20,
+            offset: 4096,
+            size: 4 << 20,
+            lease: 7,
+            sealed,
+        };
+        let header = Header::Msg {
+            type_name: "x",
+            body: &[0x80],
+            frames: vec![d.clone()],
+        };
+        let expected = Mp::Map(vec![
+            (key("k"), key("msg")),
+            (key("t"), key("x")),
+            (key("b"), Mp::Bin(vec![0x80])),
+            (
+                key("f"),
+                Mp::Arr(vec![shm_map(&[
+                    ("n", Mp::UInt(1 << 20)),
+                    ("off", Mp::UInt(4096)),
+                    ("size", Mp::UInt(4 << 20)),
+                    ("lease", Mp::UInt(7)),
+                    ("sealed", Mp::Bool(sealed)),
+                ])]),
+            ),
+        ]);
+        assert_eq!(header.encode(), mp_to_vec(&expected));
+        assert_eq!(decode_shm_descriptors(&with_prefix(&header.encode())), Ok(vec![d]));
+    }
+}
+
+/// Windows at the very end of the segment are fine; one byte further is `malformed-header`.
+#[test]
+fn shm_window_bounds() {
+    let shm = |n: u64, off: u64, size: u64| {
+        shm_map(&[
+            ("n", Mp::UInt(n)),
+            ("off", Mp::UInt(off)),
+            ("size", Mp::UInt(size)),
+            ("lease", Mp::UInt(1)),
+            ("sealed", Mp::Bool(false)),
+        ])
+    };
+    let window = |len, offset, size| Descriptor::Shm {
+        len,
+        offset,
+        size,
+        lease: 1,
+        sealed: false,
+    };
+    for (n, off, size) in [
+        (0, 0, 0),
+        (8192, 0, 8192),
+        (4096, 4096, 8192),
+        (0, 8192, 8192),
+        (1, u64::MAX - 1, u64::MAX),
+    ] {
+        let d = decode_shm_descriptors(&msg_with_descriptors(vec![shm(n, off, size)]));
+        assert_eq!(d, Ok(vec![window(n, off, size)]), "n {n}, off {off}, size {size}");
+    }
+    for (n, off, size) in [
+        (1, 0, 0),
+        (8193, 0, 8192),
+        (4096, 8192, 8192),
+        (1, 8192, 8192),
+        (2, u64::MAX - 1, u64::MAX),
+        (u64::MAX, u64::MAX, u64::MAX),
+    ] {
+        let input = msg_with_descriptors(vec![shm(n, off, size)]);
+        assert_eq!(
+            decode_shm_descriptors(&input),
+            Err("malformed-header"),
+            "n {n}, off {off}, size {size}"
+        );
+        assert_eq!(
+            decode_message(&input, &Limits::DEFAULT).unwrap_err().code(),
+            "malformed-header"
+        );
+    }
+}
+
+/// A shm descriptor needs `n`, `off`, `size` and `lease`; an absent `sealed` reads as false;
+/// every known descriptor key is type-checked, whatever the descriptor's kind.
+#[test]
+fn shm_descriptor_fields() {
+    let all = [
+        ("n", Mp::UInt(16)),
+        ("off", Mp::UInt(0)),
+        ("size", Mp::UInt(64)),
+        ("lease", Mp::UInt(3)),
+        ("sealed", Mp::Bool(true)),
+    ];
+    let full = Descriptor::Shm {
+        len: 16,
+        offset: 0,
+        size: 64,
+        lease: 3,
+        sealed: true,
+    };
+    assert_eq!(
+        decode_shm_descriptors(&msg_with_descriptors(vec![shm_map(&all)])),
+        Ok(vec![full])
+    );
+    for missing in ["n", "off", "size", "lease"] {
+        let fields: Vec<_> = all.iter().filter(|(k, _)| *k != missing).cloned().collect();
+        let input = msg_with_descriptors(vec![shm_map(&fields)]);
+        assert_eq!(
+            decode_shm_descriptors(&input),
+            Err("malformed-header"),
+            "without {missing}"
+        );
+        // nil counts as absent.
+        let nil: Vec<_> = all
+            .iter()
+            .map(|(k, v)| (*k, if *k == missing { Mp::Nil } else { v.clone() }))
+            .collect();
+        let input = msg_with_descriptors(vec![shm_map(&nil)]);
+        assert_eq!(
+            decode_shm_descriptors(&input),
+            Err("malformed-header"),
+            "{missing}: nil"
+        );
+    }
+    let unsealed: Vec<_> = all.iter().filter(|(k, _)| *k != "sealed").cloned().collect();
+    assert_eq!(
+        decode_shm_descriptors(&msg_with_descriptors(vec![shm_map(&unsealed)])),
+        Ok(vec![Descriptor::Shm {
+            len: 16,
+            offset: 0,
+            size: 64,
+            lease: 3,
+            sealed: false
+        }])
+    );
+    // Wrong types, in shm descriptors and in others.
+    for (name, bad) in [
+        ("off", Mp::Str("0".into())),
+        ("size", Mp::Int(-1)),
+        ("lease", Mp::F64(3.0)),
+        ("sealed", Mp::UInt(1)),
+        ("sealed", Mp::Str("yes".into())),
+    ] {
+        let fields: Vec<_> = all
+            .iter()
+            .map(|(k, v)| (*k, if *k == name { bad.clone() } else { v.clone() }))
+            .collect();
+        let input = msg_with_descriptors(vec![shm_map(&fields)]);
+        assert_eq!(
+            decode_shm_descriptors(&input),
+            Err("malformed-header"),
+            "{name}: {bad:?}"
+        );
+        let inline = Mp::Map(vec![
+            (key("k"), key("inline")),
+            (key("n"), Mp::UInt(0)),
+            (key(name), bad.clone()),
+        ]);
+        let input = msg_with_descriptors(vec![inline]);
+        assert_eq!(
+            decode_shm_descriptors(&input),
+            Err("malformed-header"),
+            "inline with {name}: {bad:?}"
+        );
+    }
+    // Unknown keys inside a descriptor are ignored.
+    let mut extra = all.to_vec();
+    extra.push(("x-segment-name", Mp::Str("pool-3".into())));
+    assert!(decode_shm_descriptors(&msg_with_descriptors(vec![shm_map(&extra)])).is_ok());
+}
+
+/// The vector `msg-shm-frame`: frame references index all descriptors, `frames` only the
+/// inline ones; on TCP the same bytes are `unsupported-descriptor`.
+#[test]
+fn shm_frame_and_inline_frame() {
+    let shm = Descriptor::Shm {
+        len: 1 << 20,
+        offset: 4096,
+        size: 4 << 20,
+        lease: 7,
+        sealed: false,
+    };
+    let body = mp_to_vec(&Mp::Map(vec![(key("data"), frame_ref(0)), (key("meta"), frame_ref(1))]));
+    let header = Header::Msg {
+        type_name: "demo.Sample",
+        body: &body,
+        frames: vec![shm.clone(), Descriptor::Inline { len: 3 }],
+    };
+    let mut wire = Vec::new();
+    framing::encode_header_into(&header, &mut wire);
+    wire.extend_from_slice(b"abc");
+    let m = decode_message_on(&wire, &Limits::DEFAULT, SHM).unwrap();
+    assert_eq!(m.header, header);
+    assert_eq!(m.frames, vec![&b"abc"[..]]);
+    assert_eq!(m.consumed, wire.len());
+    assert_eq!(
+        decode_message(&wire, &Limits::DEFAULT).unwrap_err(),
+        WireError::UnsupportedDescriptor {
+            index: 0,
+            kind: "shm".into()
+        }
+    );
+    // The receiver puts the mapped window where the shm descriptor is.
+    let mapped = Bytes::from(vec![0x5a; 1 << 20]);
+    let frames = [mapped.clone(), Bytes::from_static(b"abc")];
+    #[derive(Deserialize)]
+    struct Sample {
+        data: Buffer,
+        meta: Buffer,
+    }
+    let s: Sample = handoff_wire::decode("demo.Sample", &body, &as_buffers(&frames), None).unwrap();
+    assert_eq!(s.data.as_ptr(), mapped.as_ptr());
+    assert_eq!(&s.meta[..], b"abc");
+}
+
+/// `release` needs `leases`, an array of unsigned integers; the keys of shared memory are
+/// type-checked in every header, whatever its kind.
+#[test]
+fn release_and_new_header_keys() {
+    let header = |entries: Vec<(&str, Mp)>| {
+        with_prefix(&mp_to_vec(&Mp::Map(
+            entries.into_iter().map(|(k, v)| (key(k), v)).collect(),
+        )))
+    };
+    fn code(input: &[u8]) -> Result<Header<'_>, WireError> {
+        decode_message_on(input, &Limits::DEFAULT, SHM).map(|m| m.header)
+    }
+
+    // The bytes of the vector `release`.
+    let release = Header::Release {
+        leases: vec![7, 300, 70000],
+    };
+    let mut wire = Vec::new();
+    framing::encode_header_into(&release, &mut wire);
+    assert_eq!(
+        hex::encode(&wire),
+        "0000001c82a16ba772656c65617365a66c65617365739307cd012cce00011170"
+    );
+    assert_eq!(code(&wire), Ok(release));
+    assert_eq!(
+        code(&header(vec![("k", key("release")), ("leases", Mp::Arr(vec![]))])),
+        Ok(Header::Release { leases: vec![] })
+    );
+
+    for bad in [
+        vec![("k", key("release"))],
+        vec![("k", key("release")), ("leases", Mp::Nil)],
+        vec![("k", key("release")), ("leases", Mp::UInt(7))],
+        vec![("k", key("release")), ("leases", Mp::Arr(vec![Mp::Int(-1)]))],
+        vec![("k", key("release")), ("leases", Mp::Arr(vec![Mp::Str("7".into())]))],
+        vec![("k", key("ready")), ("leases", Mp::Str("x".into()))],
+        vec![("k", key("ready")), ("unix", Mp::UInt(5))],
+        vec![
+            ("k", key("error")),
+            ("code", key("x")),
+            ("msg", key("y")),
+            ("unix", Mp::Arr(vec![])),
+        ],
+    ] {
+        let input = header(bad.clone());
+        assert_eq!(code(&input).unwrap_err().code(), "malformed-header", "{bad:?}");
+    }
+    // Keys of other kinds do not belong to a release, and are ignored when well typed.
+    assert_eq!(
+        code(&header(vec![
+            ("k", key("release")),
+            ("unix", key("unix:///tmp/x.sock")),
+            ("leases", Mp::Arr(vec![Mp::UInt(1)])),
+        ])),
+        Ok(Header::Release { leases: vec![1] })
+    );
+}
+
+/// `unix` is optional and written after `listen`.
+#[test]
+fn hello_unix_key() {
+    let hello = Hello {
+        node_id: "n".into(),
+        name: "alpha".into(),
+        host_id: "h".into(),
+        pid: 1,
+        process_id: "p".into(),
+        language: "rust".into(),
+        implementation: "handoff-rs/0.1.0".into(),
+        version: 1,
+        capabilities: vec!["inline".into(), "shm".into()],
+        nonce: vec![0; 32],
+        listen: Some("tcp://127.0.0.1:7070".into()),
+        unix: Some("unix:///run/user/1000/handoff/alpha-0123456789ab.sock".into()),
+    };
+    for (listen, unix) in [(true, true), (false, true), (true, false), (false, false)] {
+        let h = Hello {
+            listen: hello.listen.clone().filter(|_| listen),
+            unix: hello.unix.clone().filter(|_| unix),
+            ..hello.clone()
+        };
+        let mut entries = vec![
+            (key("k"), key("hello")),
+            (key("node"), key("n")),
+            (key("name"), key("alpha")),
+            (key("host"), key("h")),
+            (key("pid"), Mp::UInt(1)),
+            (key("proc"), key("p")),
+            (key("lang"), key("rust")),
+            (key("impl"), key("handoff-rs/0.1.0")),
+            (key("v"), Mp::UInt(1)),
+            (key("caps"), Mp::Arr(vec![key("inline"), key("shm")])),
+            (key("nonce"), Mp::Bin(vec![0; 32])),
+        ];
+        if let Some(l) = &h.listen {
+            entries.push((key("listen"), Mp::Str(l.clone())));
+        }
+        if let Some(u) = &h.unix {
+            entries.push((key("unix"), Mp::Str(u.clone())));
+        }
+        let header = Header::Hello(h);
+        assert_eq!(header.encode(), mp_to_vec(&Mp::Map(entries)));
+        assert_eq!(Header::decode(&header.encode(), &Limits::DEFAULT).unwrap(), header);
+    }
 }

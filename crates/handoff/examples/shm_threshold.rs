@@ -32,7 +32,10 @@ async fn pair(name: &str, threshold: usize) -> (Node, Node, handoff::Peer) {
         .build()
         .await
         .unwrap();
-    let p = a.connect_with(b.listen_addr().unwrap(), Some(Channel::Shm)).await.unwrap();
+    let p = a
+        .connect_with(b.listen_addr().unwrap(), Some(Channel::Shm))
+        .await
+        .unwrap();
     (a, b, p)
 }
 
@@ -41,7 +44,12 @@ async fn median_seconds(peer: &handoff::Peer, rx: &Node, data: &Buffer) -> f64 {
     for i in 0..201 {
         let started = Instant::now();
         peer.send(Blob { data: data.clone() }).await.unwrap();
-        let blob: Blob = rx.recv_timeout(Duration::from_secs(10)).await.unwrap().decode().unwrap();
+        let blob: Blob = rx
+            .recv_timeout(Duration::from_secs(10))
+            .await
+            .unwrap()
+            .decode()
+            .unwrap();
         let sum: u64 = blob.data.iter().map(|b| *b as u64).sum();
         std::hint::black_box(sum);
         if i > 0 {
@@ -57,7 +65,16 @@ async fn main() {
     let (_a1, inline_rx, inline) = pair("inline", usize::MAX).await;
     let (_a2, shm_rx, shared) = pair("shared", 0).await;
     println!("{:>9}  {:>12}  {:>12}", "bytes", "inline µs", "shm µs");
-    for size in [1usize << 10, 4 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 1 << 20] {
+    for size in [
+        1usize << 10,
+        4 << 10,
+        16 << 10,
+        32 << 10,
+        64 << 10,
+        128 << 10,
+        256 << 10,
+        1 << 20,
+    ] {
         let data = Buffer::from(vec![7u8; size]);
         let t_inline = median_seconds(&inline, &inline_rx, &data).await;
         let t_shm = median_seconds(&shared, &shm_rx, &data).await;

@@ -80,21 +80,33 @@ fn kind_of(h: &Header<'_>) -> &'static str {
     }
 }
 
+/// What we say about ourselves in a handshake, and what we check the peer against.
+pub(crate) struct OurSide<'a> {
+    pub(crate) me: &'a Endpoint,
+    pub(crate) listen: Option<String>,
+    pub(crate) unix: Option<String>,
+    pub(crate) secret: &'a [u8],
+    pub(crate) limits: &'a Limits,
+}
+
 /// Runs the handshake; on any failure the peer is told why (when possible) and an error returned.
 pub(crate) async fn handshake<R, W>(
     reader: &mut MessageReader<R>,
     writer: &mut W,
-    me: &Endpoint,
-    listen: Option<String>,
-    unix: Option<String>,
-    secret: &[u8],
-    limits: &Limits,
+    ours: OurSide<'_>,
     label: &str,
 ) -> Result<Handshaken>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    let OurSide {
+        me,
+        listen,
+        unix,
+        secret,
+        limits,
+    } = ours;
     write_all(writer, &Preamble::OURS.encode())
         .await
         .map_err(|e| Error::io(format!("handshake with {label}"), e))?;

@@ -12,7 +12,7 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::{mpsc, watch, Notify};
 
 use crate::envelope::{Envelope, Payload};
-use crate::handshake::{handshake, send_error, CAPABILITIES};
+use crate::handshake::{handshake, send_error, OurSide, CAPABILITIES};
 use crate::identity;
 use crate::io::{FdSource, MessageReader};
 use crate::message::TypeRegistry;
@@ -311,6 +311,16 @@ impl NodeInner {
             let _ = std::fs::remove_file(path);
         }
         directory::unregister(&self.me.name, self);
+    }
+
+    fn our_side(&self) -> OurSide<'_> {
+        OurSide {
+            me: &self.me,
+            listen: self.listen_addr.clone(),
+            unix: self.unix_addr(),
+            secret: &self.secret,
+            limits: &self.limits,
+        }
     }
 
     fn unix_addr(&self) -> Option<String> {
@@ -716,18 +726,9 @@ async fn open_tcp(node: Arc<NodeInner>, stream: TcpStream, label: String) -> Res
         .map_err(|e| Error::io(format!("setting TCP_NODELAY for {label}"), e))?;
     let (read_half, mut write_half) = stream.into_split();
     let mut reader = MessageReader::new(read_half, label.clone());
-    let hello = handshake(
-        &mut reader,
-        &mut write_half,
-        &node.me,
-        node.listen_addr.clone(),
-        node.unix_addr(),
-        &node.secret,
-        &node.limits,
-        &label,
-    )
-    .await?
-    .hello;
+    let hello = handshake(&mut reader, &mut write_half, node.our_side(), &label)
+        .await?
+        .hello;
     let peer = Peer::new(
         &node.me,
         endpoint_of(&hello),
@@ -753,18 +754,9 @@ async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: String) -> R
     let stream = Arc::new(stream);
     let mut reader = MessageReader::new(FdReader::new(stream.clone()), label.clone());
     let mut writer = UnixWriter::new(stream);
-    let hello = handshake(
-        &mut reader,
-        &mut writer,
-        &node.me,
-        node.listen_addr.clone(),
-        node.unix_addr(),
-        &node.secret,
-        &node.limits,
-        &label,
-    )
-    .await?
-    .hello;
+    let hello = handshake(&mut reader, &mut writer, node.our_side(), &label)
+        .await?
+        .hello;
     if hello.host_id != node.me.host_id {
         tracing::warn!(
             node = %node.me.name,

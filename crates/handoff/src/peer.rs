@@ -91,8 +91,12 @@ impl ShmLink {
         // Local handles on what the fds belong to, so they stay open while we send.
         let mut passing: Vec<Held> = Vec::new();
         for frame in encoded.frames {
-            let origin_ok = shm::origin_of(&frame).is_some_and(|o| !self.sealed || o.sealed());
-            let shared = if origin_ok {
+            // One read takes at most MAX_FDS_PER_READ descriptors: frames past that go inline.
+            let room = passing.len() < crate::unix::MAX_FDS_PER_READ;
+            let origin_ok = room && shm::origin_of(&frame).is_some_and(|o| !self.sealed || o.sealed());
+            let shared = if !room {
+                None
+            } else if origin_ok {
                 Some(Held::Buffer(frame.clone()))
             } else if frame.len() >= self.threshold && !frame.is_empty() {
                 Some(if self.sealed {
