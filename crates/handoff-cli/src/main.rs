@@ -1,6 +1,7 @@
 //! `handoff`: run a node, the demo cluster, or the benchmarks.
 
 mod bench;
+mod chaos;
 mod demo;
 mod node_cmd;
 mod protocol;
@@ -25,6 +26,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure each channel against a raw baseline in the same run.
     Bench(bench::BenchArgs),
+    /// Inject faults into ticket transfers between real processes and check the lease invariants.
+    Chaos(chaos::ChaosArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -48,6 +51,7 @@ fn main() -> std::process::ExitCode {
             Command::Node(args) => node_cmd::run(args).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Bench(args) => bench::run(args).await,
+            Command::Chaos(args) => chaos::run(args).await,
         }
     });
     match result {

@@ -8,9 +8,13 @@ use handoff::{Message as _, Node};
 
 use std::collections::HashMap;
 
-use handoff::{Buffer, Peer};
+use handoff::tickets::LeaseConfig;
+use handoff::{Buffer, Peer, Redeem, Ticket};
 
-use crate::protocol::{self, Blob, Forward, Held, Hold, Payload, Ping, Receipt, Release, SendRequest};
+use crate::protocol::{
+    self, Blob, Disconnect, Forward, Held, Hold, Issue, Payload, Ping, Receipt, Release, Report, SendRequest, Stats,
+    StatsRequest, Take,
+};
 
 /// Options of `handoff node`.
 #[derive(Debug, clap::Args)]
@@ -30,6 +34,27 @@ pub struct NodeArgs {
     /// Peers to connect to at start (repeatable).
     #[arg(long)]
     pub connect: Vec<String>,
+    /// When received tickets are redeemed: before delivery, or on first use.
+    #[arg(long, value_enum, default_value_t = RedeemArg::Eager)]
+    pub redeem: RedeemArg,
+    /// Send buffers of at least this many bytes to TCP peers as tickets.
+    #[arg(long)]
+    pub ticket_threshold: Option<usize>,
+    /// How long a ticket hold lasts without renewal, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub lease_ttl_ms: u64,
+    /// How long a pull may wait for the owner, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub pull_timeout_ms: u64,
+}
+
+/// `--redeem` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RedeemArg {
+    /// Pull before delivering the message.
+    Eager,
+    /// Pull on first use.
+    Lazy,
 }
 
 /// Reads a secret file; the trailing newline (if any) is not part of the secret.
@@ -45,7 +70,17 @@ pub fn read_secret(path: &PathBuf) -> Result<Vec<u8>> {
 
 /// Runs the node until the process is killed.
 pub async fn run(args: NodeArgs) -> Result<()> {
-    let mut builder = protocol::register_all(Node::builder(&args.name).listen(&args.listen));
+    let mut builder = protocol::register_all(Node::builder(&args.name).listen(&args.listen))
+        .redeem(match args.redeem {
+            RedeemArg::Eager => Redeem::Eager,
+            RedeemArg::Lazy => Redeem::Lazy,
+        })
+        .ticket_threshold(args.ticket_threshold)
+        .leases(LeaseConfig {
+            ttl: Duration::from_millis(args.lease_ttl_ms),
+            ..LeaseConfig::default()
+        })
+        .pull_timeout(Duration::from_millis(args.pull_timeout_ms));
     if let Some(h) = &args.host_id {
         builder = builder.host_id(h);
     }
@@ -153,6 +188,32 @@ pub async fn serve(node: &Node) -> Result<()> {
                     None => Ok(()),
                 }
             }
+            StatsRequest::TYPE_NAME => {
+                env.decode::<StatsRequest>()?;
+                from.send(stats(node)).await
+            }
+            Disconnect::TYPE_NAME => {
+                let d: Disconnect = env.decode()?;
+                node.disconnect(&d.peer).await;
+                Ok(())
+            }
+            Issue::TYPE_NAME => {
+                let issue: Issue = env.decode()?;
+                let node = node.clone();
+                // Issuing may wait for lease room; do not hold up other messages.
+                tokio::spawn(async move {
+                    if let Err(e) = issue_take(&node, issue).await {
+                        tracing::warn!("issuing a ticket failed: {e:#}");
+                    }
+                });
+                Ok(())
+            }
+            Take::TYPE_NAME => {
+                let take: Take = env.decode()?;
+                let node = node.clone();
+                tokio::spawn(async move { take_and_report(&node, take).await });
+                Ok(())
+            }
             other => {
                 tracing::warn!(type_name = other, from = %from.name(), "no handler for this type");
                 Ok(())
@@ -176,4 +237,78 @@ pub async fn read_ready_line(
     let v: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("child said {line:?}"))?;
     anyhow::ensure!(v["event"] == "ready", "unexpected first line from child: {line}");
     Ok(v)
+}
+
+/// The node's statistics, as `handoff stats` shows them.
+pub fn stats(node: &Node) -> Stats {
+    Stats {
+        node: node.name().to_string(),
+        ticket_leases: node.ticket_leases(),
+        shm_leases: node.leases(),
+        shm_pool: handoff::shm::pool().stats(),
+        peers: node
+            .peers()
+            .iter()
+            .map(|p| (p.name().to_string(), p.channel().to_string()))
+            .collect(),
+    }
+}
+
+/// Chaos, owner side: makes the buffer and sends it by ticket.
+async fn issue_take(node: &Node, issue: Issue) -> Result<()> {
+    let mut data = vec![0u8; issue.bytes as usize];
+    protocol::fill_pattern(&mut data, issue.id);
+    let take = Take {
+        id: issue.id,
+        digest: protocol::digest(&data),
+        data: Buffer::from(data),
+        forward_to: issue.forward_to,
+        leak: issue.leak,
+    };
+    let peer = node.peer(&issue.to).with_context(|| format!("no peer {}", issue.to))?;
+    peer.send_by_ticket(take).await?;
+    Ok(())
+}
+
+/// Chaos, holder side: forwards, leaks, or redeems and verifies, then reports to `chaos`.
+async fn take_and_report(node: &Node, take: Take) {
+    let id = take.id;
+    let outcome = match (&take.forward_to, Ticket::of(&take.data)) {
+        (Some(next), _) => match node.peer(next) {
+            Some(p) => {
+                let forwarded = Take {
+                    forward_to: None,
+                    ..take.clone()
+                };
+                match p.send(forwarded).await {
+                    Ok(()) => ("forwarded".to_string(), String::new()),
+                    Err(e) => (protocol::error_kind(&e), e.to_string()),
+                }
+            }
+            None => ("other".into(), format!("no peer {next}")),
+        },
+        (None, Some(ticket)) if take.leak => {
+            std::mem::forget(ticket);
+            ("leaked".into(), String::new())
+        }
+        (None, Some(ticket)) => match ticket.redeem().await {
+            Ok(bytes) if protocol::digest(&bytes) == take.digest => ("ok".into(), String::new()),
+            Ok(_) => ("corrupt".into(), "bytes differ from the digest".into()),
+            // The runtime checks the ticket's digest too.
+            Err(e) => (protocol::error_kind(&e), e.to_string()),
+        },
+        (None, None) if protocol::digest(&take.data) == take.digest => ("ok".into(), String::new()),
+        (None, None) => ("corrupt".into(), "bytes differ from the digest".into()),
+    };
+    drop(take);
+    if let Some(chaos) = node.peer("chaos") {
+        let _ = chaos
+            .send(Report {
+                id,
+                node: node.name().to_string(),
+                outcome: outcome.0,
+                detail: outcome.1,
+            })
+            .await;
+    }
 }

@@ -127,6 +127,94 @@ impl Message for Forward {
     const TYPE_NAME: &'static str = "handoff.demo.Forward";
 }
 
+/// Chaos: asks an owner to send `bytes` bytes by ticket to its peer `to` as a [`Take`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Issue {
+    /// Transfer id.
+    pub id: u64,
+    /// Size of the buffer.
+    pub bytes: u64,
+    /// The holder.
+    pub to: String,
+    /// If set, the holder forwards the ticket to this peer instead of redeeming it.
+    pub forward_to: Option<String>,
+    /// If set, the final holder leaks its handle (its release is lost).
+    pub leak: bool,
+}
+impl Message for Issue {
+    const TYPE_NAME: &'static str = "handoff.chaos.Issue";
+}
+
+/// Chaos: a ticketed buffer for a holder to redeem (or forward), with its digest.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Take {
+    /// Transfer id.
+    pub id: u64,
+    /// BLAKE3 of `data` (bin, in the body: only `data` travels as a ticket).
+    #[serde(with = "serde_bytes_compat")]
+    pub digest: Vec<u8>,
+    /// The bytes (a ticket).
+    pub data: Buffer,
+    /// Forward to this peer instead of redeeming.
+    pub forward_to: Option<String>,
+    /// Leak the handle instead of releasing it.
+    pub leak: bool,
+}
+impl Message for Take {
+    const TYPE_NAME: &'static str = "handoff.chaos.Take";
+}
+
+/// Chaos: what a holder saw, sent to the peer named `chaos`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// Transfer id.
+    pub id: u64,
+    /// The reporting node.
+    pub node: String,
+    /// `ok`, `forwarded`, `leaked`, `corrupt`, or an error kind (`owner-lost`, `unknown-lease`, …).
+    pub outcome: String,
+    /// Details of an error.
+    pub detail: String,
+}
+impl Message for Report {
+    const TYPE_NAME: &'static str = "handoff.chaos.Report";
+}
+
+/// Asks a node for its statistics; it answers with [`Stats`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatsRequest {}
+impl Message for StatsRequest {
+    const TYPE_NAME: &'static str = "handoff.admin.StatsRequest";
+}
+
+/// A node's leases and shared memory.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Stats {
+    /// The node.
+    pub node: String,
+    /// Leases it holds as an owner of tickets.
+    pub ticket_leases: handoff::tickets::LeaseTableStats,
+    /// Shared-memory leases it holds for its peers.
+    pub shm_leases: handoff::LeaseStats,
+    /// Its process's segment pool.
+    pub shm_pool: handoff::shm::PoolStats,
+    /// Connected peers (name and channel).
+    pub peers: Vec<(String, String)>,
+}
+impl Message for Stats {
+    const TYPE_NAME: &'static str = "handoff.admin.Stats";
+}
+
+/// Asks a node to close its connection to `peer`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Disconnect {
+    /// The peer's name.
+    pub peer: String,
+}
+impl Message for Disconnect {
+    const TYPE_NAME: &'static str = "handoff.chaos.Disconnect";
+}
+
 /// Registers every CLI message type.
 pub fn register_all(builder: NodeBuilder) -> NodeBuilder {
     builder
@@ -139,6 +227,31 @@ pub fn register_all(builder: NodeBuilder) -> NodeBuilder {
         .register::<Held>()
         .register::<Release>()
         .register::<Forward>()
+        .register::<Issue>()
+        .register::<Take>()
+        .register::<Report>()
+        .register::<StatsRequest>()
+        .register::<Stats>()
+        .register::<Disconnect>()
+}
+
+/// BLAKE3 of `data`.
+pub fn digest(data: &[u8]) -> Vec<u8> {
+    blake3::hash(data).as_bytes().to_vec()
+}
+
+/// The kind of a runtime error, as chaos counts it.
+pub fn error_kind(e: &handoff::Error) -> String {
+    match e {
+        handoff::Error::OwnerLost { .. } => "owner-lost".into(),
+        handoff::Error::TicketRefused { code, .. } => code.clone(),
+        handoff::Error::Corrupt { .. } => "corrupt".into(),
+        handoff::Error::PeerClosed(_) => "peer-closed".into(),
+        handoff::Error::NodeClosed => "node-closed".into(),
+        handoff::Error::Timeout(_) => "timeout".into(),
+        handoff::Error::LeaseCap { .. } => "lease-cap".into(),
+        _ => "other".into(),
+    }
 }
 
 /// Fills `data` with a cheap deterministic pattern seeded by `seed`.

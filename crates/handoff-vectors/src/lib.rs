@@ -12,7 +12,8 @@
 use std::path::{Path, PathBuf};
 
 use handoff_wire::framing::encode_header_into;
-use handoff_wire::{auth, Buffer, Descriptor, Header, Hello, Limits, Preamble, WireError};
+use handoff_wire::framing::{TCP_KINDS, UNIX_KINDS};
+use handoff_wire::{auth, Buffer, Descriptor, Header, Hello, Limits, Preamble, TicketClaim, TicketOp, WireError};
 use serde::Serialize;
 use serde_json::{json, Value as Json};
 
@@ -112,6 +113,60 @@ fn invalid(name: &'static str, kind: &str, bytes: Vec<u8>, error: &str, what: &s
         name,
         bytes,
         description: json!({"kind": kind, "valid": false, "error": error, "description": what}),
+    }
+}
+
+/// The buffer the ticket vectors are about: 1 MiB, byte `i` = `i % 251`.
+fn ticket_buffer() -> Vec<u8> {
+    (0..1u32 << 20).map(|i| (i % 251) as u8).collect()
+}
+
+/// BLAKE3 of [`ticket_buffer`] (`b3sum` of those bytes), the ticket's `digest`.
+const TICKET_DIGEST: &str = "74cb441fd087764ca9c3694da742ebe30cbeb3060a17009ca81825c7a8d10343";
+
+/// Beta's token for lease 42: bytes 64..=95.
+fn beta_token() -> Vec<u8> {
+    (64u8..96).collect()
+}
+
+/// The token alpha issues to carol when beta forwards the ticket: bytes 96..=127.
+fn carol_token() -> Vec<u8> {
+    (96u8..128).collect()
+}
+
+/// Carol, the third node of the forwarding vectors.
+const CAROL: &str = "00000000000000000000000000000003";
+
+/// The ticket alpha (the owner) gives beta for [`ticket_buffer`].
+fn ticket_fixture() -> TicketClaim {
+    TicketClaim {
+        len: 1 << 20,
+        owner: hello_fixture().node_id,
+        addr: hello_fixture().listen,
+        lease: 42,
+        token: beta_token(),
+        digest: hex::decode(TICKET_DIGEST).expect("hex"),
+        ttl_ms: 30_000,
+    }
+}
+
+fn bin_json(bytes: &[u8]) -> Json {
+    json!({"$bin": hex::encode(bytes)})
+}
+
+/// A valid ticket-protocol message on TCP: the header, then `follow` (the bytes of a `pulled`).
+fn ticket_vector(name: &'static str, op: TicketOp, follow: &[u8], header: Json, what: &str) -> Vector {
+    let frames: Vec<Json> = if matches!(op, TicketOp::Pulled { .. }) {
+        vec![bin_json(follow)]
+    } else {
+        vec![]
+    };
+    Vector {
+        name,
+        bytes: message(&Header::Ticket(op), &[follow]),
+        description: json!({
+            "kind": "message", "valid": true, "description": what, "header": header, "frames": frames,
+        }),
     }
 }
 
@@ -342,6 +397,108 @@ pub fn all() -> Vec<Vector> {
         }),
     });
 
+    // Tickets: alpha owns a 1 MiB buffer and gives beta a ticket for it under lease 42.
+    let ticket = ticket_fixture();
+    let ticket_msg = Header::Msg {
+        type_name: "demo.Sample",
+        body: &[
+            0x82, 0xa4, b'd', b'a', b't', b'a', 0xd6, 0x01, 0, 0, 0, 0, 0xa4, b'm', b'e', b't', b'a', 0xd6, 0x01, 0, 0,
+            0, 1,
+        ],
+        frames: vec![Descriptor::Ticket(ticket.clone()), Descriptor::Inline { len: 3 }],
+    };
+    v.push(Vector {
+        name: "msg-ticket",
+        bytes: message(&ticket_msg, &[b"abc"]),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "Frame 0 is a ticket: 1 MiB that beta pulls from its owner alpha (node 0123…cdef, listening at tcp://127.0.0.1:7070) under lease 42 with its own token, checked against the BLAKE3 digest, held for 30 s unless renewed; no byte of it follows in the stream. Frame 1 is 3 inline bytes.",
+            "header": {"k": "msg", "t": "demo.Sample",
+                       "b": {"$bin": "82a464617461d60100000000a46d657461d60100000001"},
+                       "f": [{"k": "ticket", "n": 1048576, "owner": ticket.owner, "addr": ticket.addr,
+                              "lease": 42, "token": bin_json(&ticket.token), "digest": {"$bin": TICKET_DIGEST},
+                              "ttl": 30000},
+                             {"k": "inline", "n": 3}]},
+            "frames": [{"$bin": "616263"}],
+            "body": {"data": {"$frame": 0}, "meta": {"$frame": 1}},
+        }),
+    });
+    v.push(ticket_vector(
+        "ticket-pull",
+        TicketOp::Pull {
+            req: 1,
+            lease: 42,
+            token: beta_token(),
+            offset: 4096,
+            len: 16,
+        },
+        &[],
+        json!({"k": "pull", "req": 1, "lease": 42, "token": bin_json(&beta_token()), "off": 4096, "n": 16}),
+        "Beta (holder) asks alpha (owner) for bytes 4096..4112 of lease 42, request 1.",
+    ));
+    let pulled = &ticket_buffer()[4096..4112];
+    v.push(ticket_vector(
+        "ticket-pulled",
+        TicketOp::Pulled { req: 1, len: 16 },
+        pulled,
+        json!({"k": "pulled", "req": 1, "n": 16}),
+        "Alpha's answer to request 1: the 16 bytes asked for follow the header, like an inline frame.",
+    ));
+    v.push(ticket_vector(
+        "ticket-forward",
+        TicketOp::Forward {
+            req: 2,
+            lease: 42,
+            token: beta_token(),
+            to: CAROL.into(),
+        },
+        &[],
+        json!({"k": "forward", "req": 2, "lease": 42, "token": bin_json(&beta_token()), "to": CAROL}),
+        "Beta asks alpha to make carol (node 0000…0003) a holder of lease 42 too, before it passes the ticket on.",
+    ));
+    v.push(ticket_vector(
+        "ticket-forwarded",
+        TicketOp::Forwarded {
+            req: 2,
+            token: carol_token(),
+        },
+        &[],
+        json!({"k": "forwarded", "req": 2, "token": bin_json(&carol_token())}),
+        "Alpha's answer to request 2: carol's own token, valid only on a connection authenticated as carol.",
+    ));
+    let refusal = format!("the hold of node {} on lease 42 expired", hello_fixture_b().node_id);
+    v.push(ticket_vector(
+        "ticket-error",
+        TicketOp::Refused {
+            req: 3,
+            code: "expired".into(),
+            message: refusal.clone(),
+        },
+        &[],
+        json!({"k": "ticket-error", "req": 3, "code": "expired", "msg": refusal}),
+        "Alpha refuses request 3: beta's hold ended by its deadline. The connection stays open.",
+    ));
+    v.push(ticket_vector(
+        "ticket-unlease",
+        TicketOp::Unlease {
+            lease: 42,
+            token: beta_token(),
+        },
+        &[],
+        json!({"k": "unlease", "lease": 42, "token": bin_json(&beta_token())}),
+        "Beta is done with lease 42: its hold ends (the lease ends with its last hold).",
+    ));
+    v.push(ticket_vector(
+        "ticket-renew",
+        TicketOp::Renew {
+            lease: 42,
+            token: beta_token(),
+        },
+        &[],
+        json!({"k": "renew", "lease": 42, "token": bin_json(&beta_token())}),
+        "Beta extends its hold on lease 42: its deadline becomes now + ttl. No answer.",
+    ));
+
     let extra_keys = msgpack(&map(vec![
         ("k", s("msg")),
         ("t", s("handoff.Ping")),
@@ -514,6 +671,60 @@ pub fn all() -> Vec<Vector> {
     );
     no_lease.description["channel"] = json!("shm");
     v.push(no_lease);
+    let ticket_desc = |drop: &str, token_len: usize| {
+        let t = ticket_fixture();
+        let fields = vec![
+            ("k", s("ticket")),
+            ("n", t.len.into()),
+            ("owner", s(&t.owner)),
+            ("addr", s(t.addr.as_deref().unwrap_or_default())),
+            ("lease", t.lease.into()),
+            ("token", rmpv::Value::Binary(t.token[..token_len].to_vec())),
+            ("digest", rmpv::Value::Binary(t.digest)),
+            ("ttl", t.ttl_ms.into()),
+        ];
+        map(fields.into_iter().filter(|(k, _)| *k != drop).collect())
+    };
+    v.push(invalid(
+        "msg-ticket-short-token",
+        "message",
+        raw_message(&msg_with(vec![ticket_desc("", 31)]), &[]),
+        "malformed-header",
+        "A ticket whose token is 31 bytes; tokens and digests are exactly 32.",
+    ));
+    v.push(invalid(
+        "msg-ticket-missing-owner",
+        "message",
+        raw_message(&msg_with(vec![ticket_desc("owner", 32)]), &[]),
+        "malformed-header",
+        "A ticket without its owner's node id.",
+    ));
+    v.push(invalid(
+        "ticket-pull-missing-token",
+        "message",
+        raw_message(
+            &msgpack(&map(vec![
+                ("k", s("pull")),
+                ("req", 1.into()),
+                ("lease", 42.into()),
+                ("off", 0.into()),
+                ("n", 16.into()),
+            ])),
+            &[],
+        ),
+        "malformed-header",
+        "A pull without the holder's token.",
+    ));
+    v.push(invalid(
+        "ticket-pulled-truncated",
+        "message",
+        raw_message(
+            &msgpack(&map(vec![("k", s("pulled")), ("req", 1.into()), ("n", 16.into())])),
+            &ticket_buffer()[4096..4106],
+        ),
+        "truncated",
+        "A pulled announcing 16 bytes; the stream ends after 10.",
+    ));
     let bad_ref_body = msgpack(&map(vec![("data", rmpv::Value::Ext(1, vec![0, 0, 0, 3]))]));
     v.push(invalid(
         "msg-bad-frame-ref",
@@ -636,9 +847,9 @@ pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
         }));
     }
     let supported: &[&str] = if v.description["channel"] == "shm" {
-        &["inline", "shm"]
+        UNIX_KINDS
     } else {
-        &["inline"]
+        TCP_KINDS
     };
     let m = handoff_wire::framing::decode_message_on(&v.bytes, &limits, supported)?;
     let header_end = 4 + u32::from_be_bytes(v.bytes[..4].try_into().expect("4 bytes")) as usize;
@@ -649,6 +860,7 @@ pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
     if let Json::Object(map) = &mut header_json {
         map.retain(|k, _| !k.starts_with("x-"));
     }
+    // The inline frames' bytes, or the bytes that follow a `pulled`.
     let frames: Vec<Json> = m.frames.iter().map(|f| json!({"$bin": hex::encode(f)})).collect();
     let mut out = json!({"header": header_json, "frames": frames});
     if let Header::Msg { body, frames, .. } = &m.header {

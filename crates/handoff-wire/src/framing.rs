@@ -58,21 +58,26 @@ pub fn inline_frame_lengths(frames: &[Descriptor], supported: &[&str]) -> Result
 pub struct DecodedMessage<'a> {
     /// The header.
     pub header: Header<'a>,
-    /// The inline frames, in order.
+    /// The inline frames, in order (for a `pulled` header: its bytes, as one frame).
     pub frames: Vec<&'a [u8]>,
     /// How many bytes of the input the message used.
     pub consumed: usize,
 }
 
-/// Decodes one message from the front of `bytes`; only `inline` frames are accepted
-/// (a plain byte stream carries nothing else).
+/// The descriptor kinds a TCP stream carries.
+pub const TCP_KINDS: &[&str] = &["inline", "ticket"];
+/// The descriptor kinds a Unix socket carries.
+pub const UNIX_KINDS: &[&str] = &["inline", "shm", "ticket"];
+
+/// Decodes one message from the front of `bytes` as a TCP stream carries it: `inline`
+/// frames and `ticket`s (a plain byte stream cannot pass shared memory).
 pub fn decode_message<'a>(bytes: &'a [u8], limits: &Limits) -> Result<DecodedMessage<'a>, WireError> {
-    decode_message_on(bytes, limits, &["inline"])
+    decode_message_on(bytes, limits, TCP_KINDS)
 }
 
 /// Decodes one message from the front of `bytes` on a connection that carries the
-/// descriptor kinds in `supported` (a Unix socket: `["inline", "shm"]`); `frames` holds
-/// the inline frames' bytes.
+/// descriptor kinds in `supported` (a Unix socket: [`UNIX_KINDS`]); `frames` holds the
+/// inline frames' bytes, or for a `pulled` header the bytes that follow it.
 pub fn decode_message_on<'a>(
     bytes: &'a [u8],
     limits: &Limits,
@@ -97,6 +102,19 @@ pub fn decode_message_on<'a>(
     let header = Header::decode(&rest[..len], limits)?;
     let mut offset = LEN_PREFIX + len;
     let mut frames = Vec::new();
+    if let Header::Ticket(crate::TicketOp::Pulled { len, .. }) = &header {
+        let available = (bytes.len() - offset) as u64;
+        if available < *len {
+            return Err(WireError::Truncated {
+                what: "pulled bytes",
+                needed: *len,
+                available,
+            });
+        }
+        let end = offset + *len as usize;
+        frames.push(&bytes[offset..end]);
+        offset = end;
+    }
     if let Header::Msg { frames: descs, .. } = &header {
         for (desc, frame_len) in descs.iter().zip(inline_frame_lengths(descs, supported)?) {
             if !matches!(desc, Descriptor::Inline { .. }) {

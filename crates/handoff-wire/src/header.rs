@@ -28,7 +28,8 @@ pub struct Hello {
     pub implementation: String,
     /// The protocol version this side chose after the preambles.
     pub version: u16,
-    /// Capabilities: `inline`, and `shm` where the node has a Unix socket for same-host peers.
+    /// Capabilities: `inline`; `shm` where the node has a Unix socket for same-host peers;
+    /// `ticket` where it issues and redeems tickets.
     pub capabilities: Vec<String>,
     /// 32 random bytes: the challenge the peer's proof must cover.
     pub nonce: Vec<u8>,
@@ -60,16 +61,114 @@ pub enum Descriptor {
         /// Whether the segment is sealed against writes, shrinking and growing.
         sealed: bool,
     },
-    /// Reserved (specified for tickets): a claim to pull the bytes from their owner.
-    Ticket {
-        /// Length in bytes.
-        len: u64,
-    },
+    /// A claim to pull the bytes from their owner, who keeps them under a lease until
+    /// every holder has released it.
+    Ticket(TicketClaim),
     /// Reserved (specified for resource tags): a key the receiver resolves locally.
     Tag {
         /// The resource key.
         key: String,
     },
+}
+
+/// The fields of a `ticket` descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TicketClaim {
+    /// Length of the buffer in bytes.
+    pub len: u64,
+    /// Node id of the owner.
+    pub owner: String,
+    /// Where the owner listens (`tcp://…`), for holders not connected to it.
+    pub addr: Option<String>,
+    /// The owner's lease id.
+    pub lease: u64,
+    /// 32 random bytes, valid only for the node the ticket was issued to.
+    pub token: Vec<u8>,
+    /// BLAKE3 of the whole buffer, 32 bytes.
+    pub digest: Vec<u8>,
+    /// Milliseconds the hold lasts unless renewed.
+    pub ttl_ms: u64,
+}
+
+/// Messages of the ticket protocol between a holder and the owner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TicketOp {
+    /// Holder → owner: send `len` bytes from `offset` of the leased buffer.
+    Pull {
+        /// Request id, echoed in the answer.
+        req: u64,
+        /// Lease id.
+        lease: u64,
+        /// The holder's token.
+        token: Vec<u8>,
+        /// Start of the range.
+        offset: u64,
+        /// Length of the range.
+        len: u64,
+    },
+    /// Owner → holder: the `len` bytes asked for follow this header.
+    Pulled {
+        /// Request id.
+        req: u64,
+        /// Bytes that follow.
+        len: u64,
+    },
+    /// Holder → owner: register node `to` as a holder too (before this holder may release).
+    Forward {
+        /// Request id, echoed in the answer.
+        req: u64,
+        /// Lease id.
+        lease: u64,
+        /// The asking holder's token.
+        token: Vec<u8>,
+        /// Node id of the new holder.
+        to: String,
+    },
+    /// Owner → holder: the new holder's own token.
+    Forwarded {
+        /// Request id.
+        req: u64,
+        /// Token for the new holder.
+        token: Vec<u8>,
+    },
+    /// Owner → holder: a pull or forward refused; the connection stays open.
+    Refused {
+        /// Request id.
+        req: u64,
+        /// Stable code: `unknown-lease`, `bad-token`, `expired`, `out-of-range`.
+        code: String,
+        /// Explanation.
+        message: String,
+    },
+    /// Holder → owner: this holder is done with the lease.
+    Unlease {
+        /// Lease id.
+        lease: u64,
+        /// The holder's token.
+        token: Vec<u8>,
+    },
+    /// Holder → owner: extend this holder's deadline by the lease's ttl.
+    Renew {
+        /// Lease id.
+        lease: u64,
+        /// The holder's token.
+        token: Vec<u8>,
+    },
+}
+
+impl TicketOp {
+    /// The header kind on the wire.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TicketOp::Pull { .. } => "pull",
+            TicketOp::Pulled { .. } => "pulled",
+            TicketOp::Forward { .. } => "forward",
+            TicketOp::Forwarded { .. } => "forwarded",
+            TicketOp::Refused { .. } => "ticket-error",
+            TicketOp::Unlease { .. } => "unlease",
+            TicketOp::Renew { .. } => "renew",
+        }
+    }
 }
 
 impl Descriptor {
@@ -86,7 +185,8 @@ impl Descriptor {
     /// Length of the frame in bytes (`0` for a tag).
     pub fn len(&self) -> u64 {
         match self {
-            Descriptor::Inline { len } | Descriptor::Shm { len, .. } | Descriptor::Ticket { len } => *len,
+            Descriptor::Inline { len } | Descriptor::Shm { len, .. } => *len,
+            Descriptor::Ticket(t) => t.len,
             Descriptor::Tag { .. } => 0,
         }
     }
@@ -131,6 +231,8 @@ pub enum Header<'a> {
         /// Lease ids from `shm` descriptors.
         leases: Vec<u64>,
     },
+    /// The ticket protocol (pull, forward, release of a ticket's hold, …).
+    Ticket(TicketOp),
     /// The sender rejects something and closes the connection.
     Error {
         /// A stable code from the spec, e.g. `auth-failed`.
@@ -150,6 +252,13 @@ struct RawDescriptor<'a> {
     lease: Option<u64>,
     sealed: Option<bool>,
     key: Option<String>,
+    owner: Option<String>,
+    addr: Option<String>,
+    #[serde(default, with = "serde_bytes")]
+    token: Option<Vec<u8>>,
+    #[serde(default, with = "serde_bytes")]
+    digest: Option<Vec<u8>>,
+    ttl: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -167,6 +276,21 @@ struct OutDescriptor<'a> {
     sealed: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     key: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct OutTicket<'a> {
+    k: &'static str,
+    n: u64,
+    owner: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    addr: Option<&'a str>,
+    lease: u64,
+    #[serde(with = "serde_bytes")]
+    token: &'a [u8],
+    #[serde(with = "serde_bytes")]
+    digest: &'a [u8],
+    ttl: u64,
 }
 
 #[derive(Deserialize)]
@@ -198,6 +322,13 @@ struct RawHeader<'a> {
     mac: Option<Vec<u8>>,
     code: Option<String>,
     msg: Option<String>,
+    req: Option<u64>,
+    lease: Option<u64>,
+    #[serde(default, with = "serde_bytes")]
+    token: Option<Vec<u8>>,
+    off: Option<u64>,
+    n: Option<u64>,
+    to: Option<String>,
 }
 
 /// Nesting limit of a header: msgpack arrays, maps and ext values deeper than
@@ -295,6 +426,26 @@ impl<'a> Header<'a> {
             "release" => Ok(Header::Release {
                 leases: raw.leases.ok_or_else(|| missing("release", "leases"))?,
             }),
+            "pull" | "pulled" | "forward" | "forwarded" | "ticket-error" | "unlease" | "renew" => {
+                let op = decode_ticket_op(kind, raw)?;
+                // The bytes of a `pulled` follow the header like one inline frame: same limits.
+                if let TicketOp::Pulled { len, .. } = op {
+                    if len > limits.max_frame_bytes {
+                        return Err(WireError::FrameTooLarge {
+                            index: 0,
+                            len,
+                            limit: limits.max_frame_bytes,
+                        });
+                    }
+                    if len > limits.max_message_bytes {
+                        return Err(WireError::MessageTooLarge {
+                            len,
+                            limit: limits.max_message_bytes,
+                        });
+                    }
+                }
+                Ok(Header::Ticket(op))
+            }
             "error" => Ok(Header::Error {
                 code: raw.code.ok_or_else(|| missing("error", "code"))?,
                 message: raw.msg.ok_or_else(|| missing("error", "msg"))?,
@@ -325,7 +476,7 @@ impl<'a> Header<'a> {
                     t: &'b str,
                     #[serde(with = "serde_bytes")]
                     b: &'b [u8],
-                    f: Vec<OutDescriptor<'b>>,
+                    f: Vec<OutAny<'b>>,
                 }
                 Out {
                     k: "msg",
@@ -397,6 +548,7 @@ impl<'a> Header<'a> {
                 }
                 Out { k: "release", leases }.serialize(&mut ser)
             }
+            Header::Ticket(op) => encode_ticket_op(op, &mut ser),
             Header::Error { code, message } => {
                 #[derive(Serialize)]
                 struct Out<'b> {
@@ -417,7 +569,166 @@ impl<'a> Header<'a> {
     }
 }
 
-fn out_descriptor(d: &Descriptor) -> OutDescriptor<'_> {
+#[derive(Serialize)]
+#[serde(untagged)]
+enum OutAny<'a> {
+    Plain(OutDescriptor<'a>),
+    Ticket(OutTicket<'a>),
+}
+
+fn decode_ticket_op(kind: &str, raw: RawHeader<'_>) -> Result<TicketOp, WireError> {
+    let req = || raw.req.ok_or_else(|| missing(kind, "req"));
+    let lease = || raw.lease.ok_or_else(|| missing(kind, "lease"));
+    let token = |t: Option<Vec<u8>>| {
+        let t = t.ok_or_else(|| missing(kind, "token"))?;
+        if t.len() != 32 {
+            return Err(WireError::MalformedHeader(format!(
+                "{kind:?} token must be 32 bytes, got {}",
+                t.len()
+            )));
+        }
+        Ok(t)
+    };
+    Ok(match kind {
+        "pull" => TicketOp::Pull {
+            req: req()?,
+            lease: lease()?,
+            token: token(raw.token)?,
+            offset: raw.off.ok_or_else(|| missing(kind, "off"))?,
+            len: raw.n.ok_or_else(|| missing(kind, "n"))?,
+        },
+        "pulled" => TicketOp::Pulled {
+            req: req()?,
+            len: raw.n.ok_or_else(|| missing(kind, "n"))?,
+        },
+        "forward" => TicketOp::Forward {
+            req: req()?,
+            lease: lease()?,
+            token: token(raw.token)?,
+            to: raw.to.ok_or_else(|| missing(kind, "to"))?,
+        },
+        "forwarded" => TicketOp::Forwarded {
+            req: req()?,
+            token: token(raw.token)?,
+        },
+        "ticket-error" => TicketOp::Refused {
+            req: req()?,
+            code: raw.code.ok_or_else(|| missing(kind, "code"))?,
+            message: raw.msg.ok_or_else(|| missing(kind, "msg"))?,
+        },
+        "unlease" => TicketOp::Unlease {
+            lease: lease()?,
+            token: token(raw.token)?,
+        },
+        _ => TicketOp::Renew {
+            lease: lease()?,
+            token: token(raw.token)?,
+        },
+    })
+}
+
+fn encode_ticket_op<S: serde::Serializer>(op: &TicketOp, ser: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Out<'b> {
+        k: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        req: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        lease: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none", with = "opt_bytes")]
+        token: Option<&'b [u8]>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        off: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        n: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        to: Option<&'b str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        code: Option<&'b str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        msg: Option<&'b str>,
+    }
+    let none = Out {
+        k: op.kind(),
+        req: None,
+        lease: None,
+        token: None,
+        off: None,
+        n: None,
+        to: None,
+        code: None,
+        msg: None,
+    };
+    let out = match op {
+        TicketOp::Pull {
+            req,
+            lease,
+            token,
+            offset,
+            len,
+        } => Out {
+            req: Some(*req),
+            lease: Some(*lease),
+            token: Some(token),
+            off: Some(*offset),
+            n: Some(*len),
+            ..none
+        },
+        TicketOp::Pulled { req, len } => Out {
+            req: Some(*req),
+            n: Some(*len),
+            ..none
+        },
+        TicketOp::Forward { req, lease, token, to } => Out {
+            req: Some(*req),
+            lease: Some(*lease),
+            token: Some(token),
+            to: Some(to),
+            ..none
+        },
+        TicketOp::Forwarded { req, token } => Out {
+            req: Some(*req),
+            token: Some(token),
+            ..none
+        },
+        TicketOp::Refused { req, code, message } => Out {
+            req: Some(*req),
+            code: Some(code),
+            msg: Some(message),
+            ..none
+        },
+        TicketOp::Unlease { lease, token } | TicketOp::Renew { lease, token } => Out {
+            lease: Some(*lease),
+            token: Some(token),
+            ..none
+        },
+    };
+    out.serialize(ser)
+}
+
+/// `Option<&[u8]>` as msgpack bin.
+mod opt_bytes {
+    pub fn serialize<S: serde::Serializer>(v: &Option<&[u8]>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(b) => s.serialize_bytes(b),
+            None => s.serialize_none(),
+        }
+    }
+}
+
+fn out_descriptor(d: &Descriptor) -> OutAny<'_> {
+    if let Descriptor::Ticket(t) = d {
+        return OutAny::Ticket(OutTicket {
+            k: "ticket",
+            n: t.len,
+            owner: &t.owner,
+            addr: t.addr.as_deref(),
+            lease: t.lease,
+            token: &t.token,
+            digest: &t.digest,
+            ttl: t.ttl_ms,
+        });
+    }
     let plain = OutDescriptor {
         k: d.kind(),
         n: None,
@@ -427,8 +738,9 @@ fn out_descriptor(d: &Descriptor) -> OutDescriptor<'_> {
         sealed: None,
         key: None,
     };
-    match d {
-        Descriptor::Inline { len } | Descriptor::Ticket { len } => OutDescriptor { n: Some(*len), ..plain },
+    OutAny::Plain(match d {
+        Descriptor::Inline { len } => OutDescriptor { n: Some(*len), ..plain },
+        Descriptor::Ticket(_) => unreachable!("handled above"),
         Descriptor::Shm {
             len,
             offset,
@@ -447,7 +759,7 @@ fn out_descriptor(d: &Descriptor) -> OutDescriptor<'_> {
             key: Some(key),
             ..plain
         },
-    }
+    })
 }
 
 fn decode_descriptor(index: usize, d: RawDescriptor<'_>) -> Result<Descriptor, WireError> {
@@ -480,7 +792,30 @@ fn decode_descriptor(index: usize, d: RawDescriptor<'_>) -> Result<Descriptor, W
                 sealed: d.sealed.unwrap_or(false),
             })
         }
-        "ticket" => Ok(Descriptor::Ticket { len: len()? }),
+        "ticket" => {
+            let need = |what: &str| {
+                WireError::MalformedHeader(format!("frame {index}: \"ticket\" descriptor lacks field {what:?}"))
+            };
+            let bytes32 = |v: Option<Vec<u8>>, what: &str| {
+                let v = v.ok_or_else(|| need(what))?;
+                if v.len() != 32 {
+                    return Err(WireError::MalformedHeader(format!(
+                        "frame {index}: ticket {what} must be 32 bytes, got {}",
+                        v.len()
+                    )));
+                }
+                Ok(v)
+            };
+            Ok(Descriptor::Ticket(TicketClaim {
+                len: len()?,
+                owner: d.owner.clone().ok_or_else(|| need("owner"))?,
+                addr: d.addr.clone(),
+                lease: d.lease.ok_or_else(|| need("lease"))?,
+                token: bytes32(d.token.clone(), "token")?,
+                digest: bytes32(d.digest.clone(), "digest")?,
+                ttl_ms: d.ttl.ok_or_else(|| need("ttl"))?,
+            }))
+        }
         "tag" => Ok(Descriptor::Tag {
             key: d.key.clone().ok_or_else(|| {
                 WireError::MalformedHeader(format!("frame {index}: \"tag\" descriptor lacks field \"key\""))

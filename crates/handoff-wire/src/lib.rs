@@ -27,7 +27,7 @@ pub use buffer::Buffer;
 pub use codec::{decode, encode, EncodeError, EncodedBody, EXT_FRAME_REF};
 pub use error::WireError;
 pub use framing::{decode_message, DecodedMessage};
-pub use header::{Descriptor, Header, Hello};
+pub use header::{Descriptor, Header, Hello, TicketClaim, TicketOp};
 pub use limits::Limits;
 pub use preamble::{Preamble, MAX_VERSION, MIN_VERSION};
 pub use route::{Channel, Endpoint, Locality, Route};

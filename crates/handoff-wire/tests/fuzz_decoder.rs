@@ -2,10 +2,10 @@
 //!
 //! Every property here holds for *any* input bytes a peer could send: the decoder
 //! returns `Ok` or a [`WireError`] with the right code, and never panics, on a TCP
-//! connection (`decode_message`: inline frames only) and on a Unix socket
-//! (`decode_message_on(.., ["inline", "shm"])`). Valid messages round-trip, their
-//! prefixes are `truncated`, and the codec moves [`Buffer`]s out of band and back
-//! without copying them.
+//! connection (`decode_message`: inline frames and tickets) and on a Unix socket
+//! (`decode_message_on(.., UNIX_KINDS)`: inline, shm and tickets). Valid messages,
+//! the ticket protocol's headers among them, round-trip, their prefixes are
+//! `truncated`, and the codec moves [`Buffer`]s out of band and back without copying them.
 //!
 //! The case count is modest so the file runs in a few seconds in debug mode; set
 //! `PROPTEST_CASES` to fuzz longer.
@@ -15,7 +15,10 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use handoff_wire::framing::{self, decode_message_on, LEN_PREFIX};
 use handoff_wire::preamble::{MAGIC, PREAMBLE_LEN};
-use handoff_wire::{decode_message, Buffer, Descriptor, Header, Hello, Limits, Preamble, WireError, EXT_FRAME_REF};
+use handoff_wire::{
+    decode_message, Buffer, Descriptor, Header, Hello, Limits, Preamble, TicketClaim, TicketOp, WireError,
+    EXT_FRAME_REF,
+};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize, Serializer};
@@ -41,8 +44,10 @@ const CODES: &[&str] = &[
     "auth-failed",
 ];
 
-/// The descriptor kinds a Unix socket (channel `shm`) carries.
-const SHM: &[&str] = &["inline", "shm"];
+/// The descriptor kinds a Unix socket (channel `shm`) carries: inline, shm and ticket.
+const SHM: &[&str] = framing::UNIX_KINDS;
+/// The descriptor kinds a TCP connection carries: inline and ticket.
+const TCP: &[&str] = framing::TCP_KINDS;
 
 /// Limits that accept anything, to look at descriptors whatever their lengths.
 const UNLIMITED: Limits = Limits {
@@ -87,6 +92,13 @@ enum OwnedHeader {
         code: String,
         message: String,
     },
+    /// A ticket-protocol header other than `pulled`.
+    Ticket(TicketOp),
+    /// A `pulled` header and the bytes that follow it.
+    Pulled {
+        req: u64,
+        bytes: Vec<u8>,
+    },
 }
 
 impl OwnedHeader {
@@ -112,12 +124,19 @@ impl OwnedHeader {
                 code: code.clone(),
                 message: message.clone(),
             },
+            OwnedHeader::Ticket(op) => Header::Ticket(op.clone()),
+            OwnedHeader::Pulled { req, bytes } => Header::Ticket(TicketOp::Pulled {
+                req: *req,
+                len: bytes.len() as u64,
+            }),
         }
     }
 
+    /// The bytes that follow the header: a msg's inline frames, a `pulled`'s bytes.
     fn frames(&self) -> &[Vec<u8>] {
         match self {
             OwnedHeader::Msg { frames, .. } => frames,
+            OwnedHeader::Pulled { bytes, .. } => std::slice::from_ref(bytes),
             _ => &[],
         }
     }
@@ -264,6 +283,83 @@ fn shm_message<'a>(type_name: &'a str, body: &'a [u8], parts: &[Result<Vec<u8>, 
     (header, wire)
 }
 
+fn token() -> impl Strategy<Value = Vec<u8>> {
+    vec(any::<u8>(), 32..=32)
+}
+
+/// Small numbers (request and lease ids, offsets) and any numbers.
+fn number() -> impl Strategy<Value = u64> {
+    prop_oneof![0u64..1000, any::<u64>()]
+}
+
+/// A ticket with arbitrary fields (its token and digest are 32 bytes, as they must be).
+fn ticket_claim() -> impl Strategy<Value = TicketClaim> {
+    (
+        number(),
+        text(),
+        proptest::option::of(text()),
+        number(),
+        token(),
+        token(),
+        number(),
+    )
+        .prop_map(|(len, owner, addr, lease, token, digest, ttl_ms)| TicketClaim {
+            len,
+            owner,
+            addr,
+            lease,
+            token,
+            digest,
+            ttl_ms,
+        })
+}
+
+/// Any ticket-protocol operation; a `pulled` announces any length.
+fn ticket_op() -> impl Strategy<Value = TicketOp> {
+    prop_oneof![
+        (number(), number(), token(), number(), number()).prop_map(|(req, lease, token, offset, len)| TicketOp::Pull {
+            req,
+            lease,
+            token,
+            offset,
+            len
+        }),
+        (number(), number()).prop_map(|(req, len)| TicketOp::Pulled { req, len }),
+        (number(), number(), token(), text()).prop_map(|(req, lease, token, to)| TicketOp::Forward {
+            req,
+            lease,
+            token,
+            to
+        }),
+        (number(), token()).prop_map(|(req, token)| TicketOp::Forwarded { req, token }),
+        (
+            number(),
+            prop_oneof![
+                Just("unknown-lease".to_string()),
+                Just("bad-token".to_string()),
+                Just("expired".to_string()),
+                Just("out-of-range".to_string()),
+                text(),
+            ],
+            text()
+        )
+            .prop_map(|(req, code, message)| TicketOp::Refused { req, code, message }),
+        (number(), token()).prop_map(|(lease, token)| TicketOp::Unlease { lease, token }),
+        (number(), token()).prop_map(|(lease, token)| TicketOp::Renew { lease, token }),
+    ]
+}
+
+/// A ticket-protocol header as a whole message: a `pulled` comes with its bytes.
+fn ticket_header() -> impl Strategy<Value = OwnedHeader> {
+    prop_oneof![
+        3 => ticket_op().prop_filter_map("pulled comes with its bytes", |op| match op {
+            TicketOp::Pulled { .. } => None,
+            op => Some(OwnedHeader::Ticket(op)),
+        }),
+        1 => (number(), vec(any::<u8>(), 0..64)).prop_map(|(req, bytes)| OwnedHeader::Pulled { req, bytes }),
+    ]
+}
+
 fn header_strategy() -> impl Strategy<Value = OwnedHeader> {
     prop_oneof![
         6 => msg_strategy(),
@@ -272,6 +368,7 @@ fn header_strategy() -> impl Strategy<Value = OwnedHeader> {
         1 => Just(OwnedHeader::Ready),
         1 => leases_strategy().prop_map(OwnedHeader::Release),
         1 => (text(), text()).prop_map(|(code, message)| OwnedHeader::Error { code, message }),
+        2 => ticket_header(),
     ]
 }
 
@@ -336,6 +433,10 @@ fn frame_ref(index: u32) -> Mp {
     Mp::Ext(EXT_FRAME_REF, index.to_be_bytes().to_vec())
 }
 
+/// The words of tickets, as strings that may turn up anywhere.
+const TICKET_WORDS: &str =
+    "ticket owner addr token digest ttl pull pulled forward forwarded ticket-error unlease renew req to";
+
 fn mp_leaf() -> impl Strategy<Value = Mp> {
     prop_oneof![
         Just(Mp::Nil),
@@ -350,6 +451,7 @@ fn mp_leaf() -> impl Strategy<Value = Mp> {
             "size", "lease", "sealed", "release", "leases", "unix"
         ]
         .prop_map(|s| Mp::Str(s.to_string())),
+        prop::sample::select(TICKET_WORDS.split(' ').collect::<Vec<_>>()).prop_map(|s| Mp::Str(s.to_string())),
         vec(any::<u8>(), 0..16).prop_map(Mp::Bin),
         (any::<i8>(), vec(any::<u8>(), 0..6)).prop_map(|(t, d)| Mp::Ext(t, d)),
         (0u32..6).prop_map(frame_ref),
@@ -373,7 +475,7 @@ fn key(k: &str) -> Mp {
 /// A value of the right type for one header key.
 fn header_field(name: &'static str) -> BoxedStrategy<Mp> {
     match name {
-        "b" | "nonce" | "mac" => prop_oneof![
+        "b" | "nonce" | "mac" | "token" => prop_oneof![
             vec(any::<u8>(), 0..40).prop_map(Mp::Bin),
             vec(any::<u8>(), 32..=32).prop_map(Mp::Bin),
         ]
@@ -388,6 +490,12 @@ fn header_field(name: &'static str) -> BoxedStrategy<Mp> {
         "leases" => leases_strategy()
             .prop_map(|l| Mp::Arr(l.into_iter().map(Mp::UInt).collect()))
             .boxed(),
+        // Mostly small, so that a `pulled` often finds its bytes in the tail.
+        "req" | "lease" | "off" | "n" => prop_oneof![
+            4 => (0u64..64).prop_map(Mp::UInt),
+            1 => any::<u64>().prop_map(Mp::UInt),
+        ]
+        .boxed(),
         _ => text().prop_map(Mp::Str).boxed(),
     }
 }
@@ -404,6 +512,12 @@ fn descriptor_mp() -> impl Strategy<Value = Mp> {
         ]
     };
     let sealed = prop_oneof![12 => any::<bool>().prop_map(Mp::Bool), 1 => mp_leaf()];
+    let bytes32 = prop_oneof![
+        12 => vec(any::<u8>(), 32..=32).prop_map(Mp::Bin),
+        1 => vec(any::<u8>(), 0..40).prop_map(Mp::Bin),
+        1 => mp_leaf(),
+    ];
+    let text_or_not = prop_oneof![12 => text().prop_map(Mp::Str), 1 => mp_leaf()];
     (
         proptest::option::weighted(0.95, kind),
         proptest::option::weighted(0.9, small(16)),
@@ -415,9 +529,19 @@ fn descriptor_mp() -> impl Strategy<Value = Mp> {
             proptest::option::weighted(0.95, small(1000)),
             proptest::option::weighted(0.9, sealed),
         ),
+        // owner, addr, token, digest, ttl: mostly present in `ticket` descriptors.
+        (
+            proptest::option::weighted(0.95, text_or_not.clone()),
+            proptest::option::of(text_or_not),
+            proptest::option::weighted(0.95, bytes32.clone()),
+            proptest::option::weighted(0.95, bytes32),
+            proptest::option::weighted(0.95, small(60_000)),
+        ),
         any::<u8>(),
     )
-        .prop_map(|(k, n, tag_key, (off, size, lease, sealed), elsewhere)| {
+        .prop_map(|(k, n, tag_key, (off, size, lease, sealed), ticket, elsewhere)| {
+            let (owner, addr, token, digest, ttl) = ticket;
+            let ticket_keys = k == Some("ticket") || elsewhere % 16 == 0;
             let shm_keys = k == Some("shm") || elsewhere < 25;
             let mut entries = Vec::new();
             if let Some(k) = k {
@@ -430,7 +554,27 @@ fn descriptor_mp() -> impl Strategy<Value = Mp> {
                 entries.push((key("key"), t));
             }
             if shm_keys {
-                for (name, value) in [("off", off), ("size", size), ("lease", lease), ("sealed", sealed)] {
+                for (name, value) in [
+                    ("off", off),
+                    ("size", size),
+                    ("lease", lease.clone()),
+                    ("sealed", sealed),
+                ] {
+                    if let Some(v) = value {
+                        entries.push((key(name), v));
+                    }
+                }
+            }
+            if ticket_keys {
+                let lease = if shm_keys { None } else { lease };
+                for (name, value) in [
+                    ("owner", owner),
+                    ("addr", addr),
+                    ("lease", lease),
+                    ("token", token),
+                    ("digest", digest),
+                    ("ttl", ttl),
+                ] {
                     if let Some(v) = value {
                         entries.push((key(name), v));
                     }
@@ -442,7 +586,7 @@ fn descriptor_mp() -> impl Strategy<Value = Mp> {
 
 const HEADER_KEYS: &[&str] = &[
     "t", "b", "f", "node", "name", "host", "pid", "proc", "lang", "impl", "v", "caps", "nonce", "listen", "unix",
-    "leases", "mac", "code", "msg", "extra",
+    "leases", "mac", "code", "msg", "req", "lease", "token", "off", "n", "to", "extra",
 ];
 
 /// The keys a header of `kind` must (or, for `listen` and `unix`, may) have.
@@ -456,6 +600,12 @@ fn required(kind: &str, k: &str) -> bool {
         "auth" => k == "mac",
         "release" => k == "leases",
         "error" => matches!(k, "code" | "msg"),
+        "pull" => matches!(k, "req" | "lease" | "token" | "off" | "n"),
+        "pulled" => matches!(k, "req" | "n"),
+        "forward" => matches!(k, "req" | "lease" | "token" | "to"),
+        "forwarded" => matches!(k, "req" | "token"),
+        "ticket-error" => matches!(k, "req" | "code" | "msg"),
+        "unlease" | "renew" => matches!(k, "lease" | "token"),
         _ => false,
     }
 }
@@ -470,6 +620,13 @@ fn structured_header() -> impl Strategy<Value = Mp> {
         Just("ready"),
         Just("release"),
         Just("error"),
+        Just("pull"),
+        Just("pulled"),
+        Just("forward"),
+        Just("forwarded"),
+        Just("ticket-error"),
+        Just("unlease"),
+        Just("renew"),
         Just("nope")
     ];
     let fields: Vec<BoxedStrategy<(u8, u8, Mp, Mp)>> = HEADER_KEYS
@@ -505,8 +662,8 @@ fn with_prefix(header: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Checks the invariants of a decode result for any input, on a TCP connection (inline
-/// frames only) and on a Unix socket (inline and shm), and how the two results relate.
+/// Checks the invariants of a decode result for any input, on a TCP connection (inline and
+/// ticket) and on a Unix socket (inline, shm and ticket), and how the two results relate.
 fn check_decoded(input: &[u8], limits: &Limits) {
     let tcp = decode_message(input, limits);
     let unix = decode_message_on(input, limits, SHM);
@@ -560,6 +717,8 @@ fn check_result(input: &[u8], limits: &Limits, result: &Result<framing::DecodedM
                         assert!(shm, "a shm descriptor accepted on TCP: {d:?}");
                         assert!(offset.checked_add(*len).is_some_and(|end| end <= *size), "{d:?}");
                     }
+                    // A ticket carries no bytes in the stream, on either channel.
+                    Descriptor::Ticket(t) => assert_eq!((t.token.len(), t.digest.len()), (32, 32)),
                     other => panic!("accepted a descriptor no channel carries: {other:?}"),
                 }
                 assert!(d.len() <= limits.max_frame_bytes);
@@ -567,9 +726,27 @@ fn check_result(input: &[u8], limits: &Limits, result: &Result<framing::DecodedM
             }
             assert!(total <= limits.max_message_bytes);
         }
-        Header::Hello(h) => assert_eq!(h.nonce.len(), 32),
-        Header::Auth { mac } => assert_eq!(mac.len(), 32),
-        Header::Release { .. } | Header::Ready | Header::Error { .. } => {}
+        // The bytes of a `pulled` follow its header as one frame, within the frame limits.
+        Header::Ticket(TicketOp::Pulled { len, .. }) => {
+            assert_eq!(m.frames.len(), 1);
+            assert_eq!(m.frames[0].len() as u64, *len);
+            assert!(*len <= limits.max_frame_bytes && *len <= limits.max_message_bytes);
+        }
+        other => {
+            assert!(m.frames.is_empty(), "{other:?} has no frames");
+            match other {
+                Header::Hello(h) => assert_eq!(h.nonce.len(), 32),
+                Header::Auth { mac } => assert_eq!(mac.len(), 32),
+                Header::Ticket(
+                    TicketOp::Pull { token, .. }
+                    | TicketOp::Forward { token, .. }
+                    | TicketOp::Forwarded { token, .. }
+                    | TicketOp::Unlease { token, .. }
+                    | TicketOp::Renew { token, .. },
+                ) => assert_eq!(token.len(), 32),
+                _ => {}
+            }
+        }
     }
     // A decoded header re-encodes and decodes to itself.
     let encoded = m.header.encode();
@@ -801,15 +978,16 @@ proptest! {
         prop_assert_eq!(&wire[LEN_PREFIX..LEN_PREFIX + owned.header().encode().len()], &owned.header().encode()[..]);
     }
 
-    /// Descriptors of every kind round-trip through `Header`; `decode_message` (inline only)
-    /// rejects the others as `unsupported-descriptor`, a Unix socket rejects tickets and tags.
+    /// Descriptors of every kind round-trip through `Header`; TCP (`decode_message`) carries
+    /// inline frames and tickets and rejects the first shm or tag as `unsupported-descriptor`;
+    /// a Unix socket carries inline, shm and ticket and rejects tags.
     #[test]
     fn descriptors_round_trip(
         type_name in text(),
         descs in vec(prop_oneof![
             (0u64..1 << 40).prop_map(|len| Descriptor::Inline { len }),
             shm_descriptor(),
-            any::<u64>().prop_map(|len| Descriptor::Ticket { len }),
+            ticket_claim().prop_map(Descriptor::Ticket),
             text().prop_map(|key| Descriptor::Tag { key }),
         ], 0..6),
     ) {
@@ -819,10 +997,8 @@ proptest! {
 
         let mut wire = Vec::new();
         framing::encode_header_into(&header, &mut wire);
-        for (supported, first_other) in [
-            (&["inline"][..], descs.iter().position(|d| !matches!(d, Descriptor::Inline { .. }))),
-            (SHM, descs.iter().position(|d| !matches!(d, Descriptor::Inline { .. } | Descriptor::Shm { .. }))),
-        ] {
+        for supported in [TCP, SHM] {
+            let first_other = descs.iter().position(|d| !supported.contains(&d.kind()));
             match (decode_message_on(&wire, &UNLIMITED, supported), first_other) {
                 (Err(e), Some(index)) => prop_assert_eq!(e, WireError::UnsupportedDescriptor {
                     index, kind: descs[index].kind().to_string(),
@@ -843,7 +1019,129 @@ proptest! {
                 }
             }
         }
-        prop_assert_eq!(decode_message(&wire, &UNLIMITED), decode_message_on(&wire, &UNLIMITED, &["inline"]));
+        // No connection carries tags; TCP carries no shm; both carry tickets.
+        if descs.iter().any(|d| d.kind() == "tag") {
+            prop_assert_eq!(decode_message_on(&wire, &UNLIMITED, SHM).unwrap_err().code(), "unsupported-descriptor");
+        }
+        if descs.iter().any(|d| matches!(d.kind(), "tag" | "shm")) {
+            prop_assert_eq!(decode_message(&wire, &UNLIMITED).unwrap_err().code(), "unsupported-descriptor");
+        }
+        prop_assert_eq!(decode_message(&wire, &UNLIMITED), decode_message_on(&wire, &UNLIMITED, TCP));
+    }
+
+    /// Tickets beside inline frames: only the inline frames' bytes follow the header, on TCP
+    /// and on a Unix socket alike; a ticket's `n` counts toward the frame and message limits.
+    #[test]
+    fn ticket_messages(
+        parts in vec(prop_oneof![vec(any::<u8>(), 0..32).prop_map(Ok), ticket_claim().prop_map(Err)], 0..6),
+        trailing in vec(any::<u8>(), 0..8),
+    ) {
+        let descs: Vec<Descriptor> = parts
+            .iter()
+            .map(|p| match p {
+                Ok(bytes) => Descriptor::Inline { len: bytes.len() as u64 },
+                Err(claim) => Descriptor::Ticket(claim.clone()),
+            })
+            .collect();
+        let header = Header::Msg { type_name: "demo.Sample", body: &[0x80], frames: descs.clone() };
+        let mut wire = Vec::new();
+        framing::encode_header_into(&header, &mut wire);
+        let inline: Vec<&[u8]> = parts.iter().filter_map(|p| p.as_ref().ok()).map(|b| &b[..]).collect();
+        for bytes in &inline {
+            wire.extend_from_slice(bytes);
+        }
+        let mut longer = wire.clone();
+        longer.extend_from_slice(&trailing);
+        for supported in [TCP, SHM] {
+            let m = decode_message_on(&longer, &UNLIMITED, supported).unwrap();
+            prop_assert_eq!(&m.header, &header);
+            prop_assert_eq!(&m.frames, &inline);
+            prop_assert_eq!(m.consumed, wire.len());
+        }
+        // A receiver that takes no tickets (it did not announce `ticket`) refuses them by its
+        // own list of kinds.
+        if let Some(index) = descs.iter().position(|d| d.kind() == "ticket") {
+            prop_assert_eq!(
+                decode_message_on(&wire, &UNLIMITED, &["inline"]).unwrap_err(),
+                WireError::UnsupportedDescriptor { index, kind: "ticket".into() }
+            );
+        }
+        let biggest = descs.iter().map(Descriptor::len).max().unwrap_or(0);
+        if biggest > 0 {
+            let limits = Limits { max_frame_bytes: biggest - 1, ..UNLIMITED };
+            prop_assert_eq!(decode_message(&wire, &limits).unwrap_err().code(), "frame-too-large");
+        }
+        if let Some(total) = descs.iter().try_fold(0u64, |t, d| t.checked_add(d.len())) {
+            if total > biggest {
+                let limits = Limits { max_frame_bytes: biggest, max_message_bytes: total - 1, ..UNLIMITED };
+                prop_assert_eq!(decode_message(&wire, &limits).unwrap_err().code(), "message-too-large");
+            }
+        } else {
+            let limits = Limits { max_message_bytes: u64::MAX - 1, ..UNLIMITED };
+            prop_assert_eq!(decode_message(&wire, &limits).unwrap_err().code(), "message-too-large");
+        }
+    }
+
+    /// Every ticket-protocol header round-trips through `Header::encode` and `Header::decode`,
+    /// and is canonical: encoding what was decoded gives the same bytes.
+    #[test]
+    fn ticket_ops_round_trip(op in ticket_op()) {
+        let header = Header::Ticket(op.clone());
+        let encoded = header.encode();
+        let decoded = Header::decode(&encoded, &UNLIMITED).unwrap();
+        prop_assert_eq!(&decoded, &header);
+        prop_assert_eq!(decoded.encode(), encoded);
+        prop_assert_eq!(op.kind(), match op {
+            TicketOp::Pull { .. } => "pull",
+            TicketOp::Pulled { .. } => "pulled",
+            TicketOp::Forward { .. } => "forward",
+            TicketOp::Forwarded { .. } => "forwarded",
+            TicketOp::Refused { .. } => "ticket-error",
+            TicketOp::Unlease { .. } => "unlease",
+            TicketOp::Renew { .. } => "renew",
+        });
+        // Every header but `pulled` is the whole message, on any connection.
+        if !matches!(op, TicketOp::Pulled { .. }) {
+            let mut wire = Vec::new();
+            framing::encode_header_into(&header, &mut wire);
+            for supported in [TCP, SHM] {
+                let m = decode_message_on(&wire, &Limits::DEFAULT, supported).unwrap();
+                prop_assert_eq!(&m.header, &header);
+                prop_assert!(m.frames.is_empty());
+                prop_assert_eq!(m.consumed, wire.len());
+            }
+        }
+    }
+
+    /// `pulled` and its `n` bytes: `decode_message` returns them as the only frame; every strict
+    /// prefix is `truncated`; `n` is held to the frame and message limits from the header alone.
+    #[test]
+    fn pulled_message(req in number(), bytes in vec(any::<u8>(), 0..96), trailing in vec(any::<u8>(), 0..8)) {
+        let owned = OwnedHeader::Pulled { req, bytes: bytes.clone() };
+        let wire = owned.encode();
+        let mut longer = wire.clone();
+        longer.extend_from_slice(&trailing);
+        for supported in [TCP, SHM] {
+            let m = decode_message_on(&longer, &Limits::DEFAULT, supported).unwrap();
+            prop_assert_eq!(&m.header, &Header::Ticket(TicketOp::Pulled { req, len: bytes.len() as u64 }));
+            prop_assert_eq!(&m.frames, &vec![&bytes[..]]);
+            prop_assert_eq!(m.consumed, wire.len());
+        }
+        for len in 0..wire.len() {
+            let e = decode_message(&wire[..len], &Limits::DEFAULT).unwrap_err();
+            prop_assert_eq!(e.code(), "truncated", "prefix of {} of {} bytes: {}", len, wire.len(), e);
+        }
+        let n = bytes.len() as u64;
+        if n > 0 {
+            // Rejected from the header: even with none of the bytes present.
+            let header_only = &wire[..wire.len() - bytes.len()];
+            let limits = Limits { max_frame_bytes: n - 1, ..Limits::DEFAULT };
+            prop_assert_eq!(decode_message(header_only, &limits).unwrap_err().code(), "frame-too-large");
+            let limits = Limits { max_message_bytes: n - 1, ..Limits::DEFAULT };
+            prop_assert_eq!(decode_message(header_only, &limits).unwrap_err().code(), "message-too-large");
+        }
+        let exact = Limits { max_frame_bytes: n, max_message_bytes: n, ..Limits::DEFAULT };
+        prop_assert!(decode_message(&wire, &exact).is_ok());
     }
 
     /// A shm window that ends past its segment is `malformed-header` on any connection,
@@ -1730,4 +2028,393 @@ fn hello_unix_key() {
         assert_eq!(header.encode(), mp_to_vec(&Mp::Map(entries)));
         assert_eq!(Header::decode(&header.encode(), &Limits::DEFAULT).unwrap(), header);
     }
+}
+
+// ---------------------------------------------------------------------------
+// Tickets: the ticket descriptor and the ticket protocol's headers
+// ---------------------------------------------------------------------------
+
+fn claim_fixture() -> TicketClaim {
+    TicketClaim {
+        len: 1 << 20,
+        owner: "0123456789abcdef0123456789abcdef".into(),
+        addr: Some("tcp://127.0.0.1:7000".into()),
+        lease: 9,
+        token: vec![0xab; 32],
+        digest: vec![0xcd; 32],
+        ttl_ms: 30_000,
+    }
+}
+
+/// The map of a ticket descriptor with `fields` after its `k`.
+fn ticket_map(fields: &[(&str, Mp)]) -> Mp {
+    let mut entries = vec![(key("k"), key("ticket"))];
+    entries.extend(fields.iter().map(|(k, v)| (key(k), v.clone())));
+    Mp::Map(entries)
+}
+
+/// Every field of the fixture ticket, in canonical order.
+fn claim_fields() -> Vec<(&'static str, Mp)> {
+    vec![
+        ("n", Mp::UInt(1 << 20)),
+        ("owner", key("0123456789abcdef0123456789abcdef")),
+        ("addr", key("tcp://127.0.0.1:7000")),
+        ("lease", Mp::UInt(9)),
+        ("token", Mp::Bin(vec![0xab; 32])),
+        ("digest", Mp::Bin(vec![0xcd; 32])),
+        ("ttl", Mp::UInt(30_000)),
+    ]
+}
+
+/// An encoder writes a ticket's keys in the order k, n, owner, addr, lease, token, digest,
+/// ttl, and omits `addr` when there is none.
+#[test]
+fn ticket_descriptor_is_canonical() {
+    for with_addr in [true, false] {
+        let claim = TicketClaim {
+            addr: claim_fixture().addr.filter(|_| with_addr),
+            ..claim_fixture()
+        };
+        let header = Header::Msg {
+            type_name: "x",
+            body: &[0x80],
+            frames: vec![Descriptor::Ticket(claim.clone()), Descriptor::Inline { len: 2 }],
+        };
+        let fields: Vec<_> = claim_fields()
+            .into_iter()
+            .filter(|(k, _)| with_addr || *k != "addr")
+            .collect();
+        let expected = Mp::Map(vec![
+            (key("k"), key("msg")),
+            (key("t"), key("x")),
+            (key("b"), Mp::Bin(vec![0x80])),
+            (
+                key("f"),
+                Mp::Arr(vec![
+                    ticket_map(&fields),
+                    Mp::Map(vec![(key("k"), key("inline")), (key("n"), Mp::UInt(2))]),
+                ]),
+            ),
+        ]);
+        assert_eq!(header.encode(), mp_to_vec(&expected));
+        let mut wire = with_prefix(&header.encode());
+        wire.extend_from_slice(b"ok");
+        for supported in [TCP, SHM] {
+            let m = decode_message_on(&wire, &Limits::DEFAULT, supported).unwrap();
+            assert_eq!(m.header, header);
+            assert_eq!(m.frames, vec![&b"ok"[..]]);
+            assert_eq!(m.consumed, wire.len());
+        }
+    }
+}
+
+/// A ticket needs `n`, `owner`, `lease`, `token`, `digest` and `ttl` (nil counts as absent);
+/// `token` and `digest` are exactly 32 bytes; the ticket's keys are type-checked in every
+/// descriptor, whatever its kind.
+#[test]
+fn ticket_descriptor_fields() {
+    let decode = |d: Mp| -> Result<Vec<Descriptor>, &'static str> {
+        let input = msg_with_descriptors(vec![d]);
+        let tcp = decode_message(&input, &Limits::DEFAULT).map(|m| m.header);
+        let unix = decode_message_on(&input, &Limits::DEFAULT, SHM).map(|m| m.header);
+        assert_eq!(tcp, unix);
+        match tcp {
+            Ok(Header::Msg { frames, .. }) => Ok(frames),
+            Ok(other) => panic!("expected a msg, got {other:?}"),
+            Err(e) => Err(e.code()),
+        }
+    };
+    let all = claim_fields();
+    assert_eq!(decode(ticket_map(&all)), Ok(vec![Descriptor::Ticket(claim_fixture())]));
+    let without_addr: Vec<_> = all.iter().filter(|(k, _)| *k != "addr").cloned().collect();
+    assert_eq!(
+        decode(ticket_map(&without_addr)),
+        Ok(vec![Descriptor::Ticket(TicketClaim {
+            addr: None,
+            ..claim_fixture()
+        })])
+    );
+    // Keys in any order.
+    let mut reversed = all.clone();
+    reversed.reverse();
+    assert_eq!(
+        decode(ticket_map(&reversed)),
+        Ok(vec![Descriptor::Ticket(claim_fixture())])
+    );
+    for missing in ["n", "owner", "lease", "token", "digest", "ttl"] {
+        let fields: Vec<_> = all.iter().filter(|(k, _)| *k != missing).cloned().collect();
+        assert_eq!(
+            decode(ticket_map(&fields)),
+            Err("malformed-header"),
+            "without {missing}"
+        );
+        let nil: Vec<_> = all
+            .iter()
+            .map(|(k, v)| (*k, if *k == missing { Mp::Nil } else { v.clone() }))
+            .collect();
+        assert_eq!(decode(ticket_map(&nil)), Err("malformed-header"), "{missing}: nil");
+    }
+    for name in ["token", "digest"] {
+        for len in [0, 16, 31, 33, 64] {
+            let fields: Vec<_> = all
+                .iter()
+                .map(|(k, v)| (*k, if *k == name { Mp::Bin(vec![7; len]) } else { v.clone() }))
+                .collect();
+            assert_eq!(
+                decode(ticket_map(&fields)),
+                Err("malformed-header"),
+                "{name} of {len} bytes"
+            );
+        }
+    }
+    for (name, bad) in [
+        ("owner", Mp::UInt(1)),
+        ("addr", Mp::UInt(7000)),
+        ("lease", Mp::Int(-1)),
+        ("token", Mp::UInt(5)),
+        ("digest", Mp::Bool(true)),
+        ("ttl", Mp::Str("30s".into())),
+        ("ttl", Mp::F64(1.5)),
+    ] {
+        let fields: Vec<_> = all
+            .iter()
+            .map(|(k, v)| (*k, if *k == name { bad.clone() } else { v.clone() }))
+            .collect();
+        assert_eq!(decode(ticket_map(&fields)), Err("malformed-header"), "{name}: {bad:?}");
+        let inline = Mp::Map(vec![
+            (key("k"), key("inline")),
+            (key("n"), Mp::UInt(0)),
+            (key(name), bad.clone()),
+        ]);
+        assert_eq!(decode(inline), Err("malformed-header"), "inline with {name}: {bad:?}");
+    }
+    // Unknown keys inside a ticket are ignored.
+    let mut extra = all.clone();
+    extra.push(("x-region", key("eu")));
+    assert_eq!(
+        decode(ticket_map(&extra)),
+        Ok(vec![Descriptor::Ticket(claim_fixture())])
+    );
+    // A ticket's `n` is held to the limits like any frame's.
+    let huge: Vec<_> = all
+        .iter()
+        .map(|(k, v)| (*k, if *k == "n" { Mp::UInt(5 << 30) } else { v.clone() }))
+        .collect();
+    assert_eq!(decode(ticket_map(&huge)), Err("frame-too-large"));
+    // A tag is defined but carried by no connection.
+    let tag = Mp::Map(vec![(key("k"), key("tag")), (key("key"), key("model/llama"))]);
+    assert_eq!(decode(tag), Err("unsupported-descriptor"));
+}
+
+/// Each ticket-protocol header is written with exactly its keys, in the spec's order.
+#[test]
+fn ticket_ops_are_canonical() {
+    let token = || Mp::Bin(vec![0x11; 32]);
+    let cases: Vec<(TicketOp, Vec<(&str, Mp)>)> = vec![
+        (
+            TicketOp::Pull {
+                req: 1,
+                lease: 9,
+                token: vec![0x11; 32],
+                offset: 4096,
+                len: 65536,
+            },
+            vec![
+                ("k", key("pull")),
+                ("req", Mp::UInt(1)),
+                ("lease", Mp::UInt(9)),
+                ("token", token()),
+                ("off", Mp::UInt(4096)),
+                ("n", Mp::UInt(65536)),
+            ],
+        ),
+        (
+            TicketOp::Pulled { req: 1, len: 5 },
+            vec![("k", key("pulled")), ("req", Mp::UInt(1)), ("n", Mp::UInt(5))],
+        ),
+        (
+            TicketOp::Forward {
+                req: 2,
+                lease: 9,
+                token: vec![0x11; 32],
+                to: "c0ffee".into(),
+            },
+            vec![
+                ("k", key("forward")),
+                ("req", Mp::UInt(2)),
+                ("lease", Mp::UInt(9)),
+                ("token", token()),
+                ("to", key("c0ffee")),
+            ],
+        ),
+        (
+            TicketOp::Forwarded {
+                req: 2,
+                token: vec![0x11; 32],
+            },
+            vec![("k", key("forwarded")), ("req", Mp::UInt(2)), ("token", token())],
+        ),
+        (
+            TicketOp::Refused {
+                req: 3,
+                code: "expired".into(),
+                message: "too late".into(),
+            },
+            vec![
+                ("k", key("ticket-error")),
+                ("req", Mp::UInt(3)),
+                ("code", key("expired")),
+                ("msg", key("too late")),
+            ],
+        ),
+        (
+            TicketOp::Unlease {
+                lease: 9,
+                token: vec![0x11; 32],
+            },
+            vec![("k", key("unlease")), ("lease", Mp::UInt(9)), ("token", token())],
+        ),
+        (
+            TicketOp::Renew {
+                lease: 9,
+                token: vec![0x11; 32],
+            },
+            vec![("k", key("renew")), ("lease", Mp::UInt(9)), ("token", token())],
+        ),
+    ];
+    for (op, fields) in cases {
+        let header = Header::Ticket(op.clone());
+        let expected = mp_to_vec(&Mp::Map(fields.iter().map(|(k, v)| (key(k), v.clone())).collect()));
+        assert_eq!(header.encode(), expected, "{}", op.kind());
+        assert_eq!(Header::decode(&expected, &Limits::DEFAULT).unwrap(), header);
+
+        // Every field is required (nil counts as absent); tokens are exactly 32 bytes.
+        for (name, _) in fields.iter().skip(1) {
+            let without: Vec<_> = fields.iter().filter(|(k, _)| k != name).cloned().collect();
+            let input = mp_to_vec(&Mp::Map(without.into_iter().map(|(k, v)| (key(k), v)).collect()));
+            let e = Header::decode(&input, &Limits::DEFAULT).unwrap_err();
+            assert_eq!(e.code(), "malformed-header", "{} without {name}", op.kind());
+            let nil: Vec<_> = fields
+                .iter()
+                .map(|(k, v)| (key(k), if k == name { Mp::Nil } else { v.clone() }))
+                .collect();
+            let e = Header::decode(&mp_to_vec(&Mp::Map(nil)), &Limits::DEFAULT).unwrap_err();
+            assert_eq!(e.code(), "malformed-header", "{} with {name} nil", op.kind());
+        }
+        if fields.iter().any(|(k, _)| *k == "token") {
+            for len in [0, 31, 33] {
+                let short: Vec<_> = fields
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            key(k),
+                            if *k == "token" {
+                                Mp::Bin(vec![1; len])
+                            } else {
+                                v.clone()
+                            },
+                        )
+                    })
+                    .collect();
+                let e = Header::decode(&mp_to_vec(&Mp::Map(short)), &Limits::DEFAULT).unwrap_err();
+                assert_eq!(e.code(), "malformed-header", "{} with a {len}-byte token", op.kind());
+            }
+        }
+    }
+}
+
+/// The ticket protocol's keys are type-checked in every header, whatever its kind; keys of
+/// other kinds are ignored when well typed.
+#[test]
+fn ticket_header_keys() {
+    let decode = |entries: Vec<(&str, Mp)>| {
+        let input = mp_to_vec(&Mp::Map(entries.into_iter().map(|(k, v)| (key(k), v)).collect()));
+        match Header::decode(&input, &Limits::DEFAULT) {
+            Ok(Header::Ready) => Ok(Header::Ready),
+            Ok(Header::Ticket(op)) => Ok(Header::Ticket(op)),
+            Ok(other) => panic!("unexpected header {other:?}"),
+            Err(e) => Err(e),
+        }
+    };
+    for (name, bad) in [
+        ("req", Mp::Str("1".into())),
+        ("req", Mp::Int(-1)),
+        ("lease", Mp::F64(1.0)),
+        ("token", Mp::UInt(1)),
+        ("off", Mp::Bool(false)),
+        ("n", Mp::Arr(vec![])),
+        ("to", Mp::UInt(3)),
+    ] {
+        let e = decode(vec![("k", key("ready")), (name, bad.clone())]).unwrap_err();
+        assert_eq!(e.code(), "malformed-header", "ready with {name}: {bad:?}");
+    }
+    assert_eq!(
+        decode(vec![("k", key("ready")), ("req", Mp::UInt(1)), ("to", key("x"))]),
+        Ok(Header::Ready)
+    );
+    assert_eq!(
+        decode(vec![
+            ("k", key("renew")),
+            ("token", Mp::Bin(vec![0; 32])),
+            ("lease", Mp::UInt(4)),
+            ("req", Mp::UInt(99)),
+            ("x-later", key("ignored")),
+        ]),
+        Ok(Header::Ticket(TicketOp::Renew {
+            lease: 4,
+            token: vec![0; 32]
+        }))
+    );
+    // A `ticket-error` with any code decodes: the codes are the runtime's business.
+    assert_eq!(
+        decode(vec![
+            ("k", key("ticket-error")),
+            ("req", Mp::UInt(1)),
+            ("code", key("some-later-code")),
+            ("msg", key("")),
+        ]),
+        Ok(Header::Ticket(TicketOp::Refused {
+            req: 1,
+            code: "some-later-code".into(),
+            message: String::new()
+        }))
+    );
+}
+
+/// `pulled` announcing more bytes than follow is `truncated`; one above the frame limit is
+/// `frame-too-large` before any byte is read.
+#[test]
+fn pulled_limits() {
+    let mut wire = Vec::new();
+    framing::encode_header_into(&Header::Ticket(TicketOp::Pulled { req: 1, len: 8 }), &mut wire);
+    wire.extend_from_slice(b"abc");
+    let e = decode_message(&wire, &Limits::DEFAULT).unwrap_err();
+    assert_eq!(
+        e,
+        WireError::Truncated {
+            what: "pulled bytes",
+            needed: 8,
+            available: 3
+        }
+    );
+    let mut big = Vec::new();
+    let len = Limits::DEFAULT.max_frame_bytes + 1;
+    framing::encode_header_into(&Header::Ticket(TicketOp::Pulled { req: 1, len }), &mut big);
+    assert_eq!(
+        decode_message(&big, &Limits::DEFAULT).unwrap_err().code(),
+        "frame-too-large"
+    );
+    assert_eq!(
+        decode_message_on(&big, &Limits::DEFAULT, SHM).unwrap_err().code(),
+        "frame-too-large"
+    );
+    let mut max = Vec::new();
+    framing::encode_header_into(
+        &Header::Ticket(TicketOp::Pulled {
+            req: 1,
+            len: Limits::DEFAULT.max_frame_bytes,
+        }),
+        &mut max,
+    );
+    assert_eq!(decode_message(&max, &Limits::DEFAULT).unwrap_err().code(), "truncated");
 }

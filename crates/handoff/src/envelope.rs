@@ -15,6 +15,8 @@ pub(crate) enum Payload {
     Value(Box<dyn Any + Send>),
     /// A msgpack body and its frames.
     Encoded { body: Bytes, frames: Vec<Buffer> },
+    /// The message could not be completed (a ticket could not be redeemed).
+    Failed(Error),
 }
 
 /// A received message: who sent it, its type name, and the value, decoded on demand.
@@ -37,7 +39,7 @@ impl Envelope {
 
     /// Whether the message was encoded on the wire (`false`: the value was moved in-process).
     pub fn is_encoded(&self) -> bool {
-        matches!(self.payload, Payload::Encoded { .. })
+        !matches!(self.payload, Payload::Value(_))
     }
 
     /// The channel it came on.
@@ -53,7 +55,7 @@ impl Envelope {
     /// Bytes of the encoded body and frames (0 for a moved value).
     pub fn wire_bytes(&self) -> u64 {
         match &self.payload {
-            Payload::Value(_) => 0,
+            Payload::Value(_) | Payload::Failed(_) => 0,
             Payload::Encoded { body, frames } => body.len() as u64 + frames.iter().map(|f| f.len() as u64).sum::<u64>(),
         }
     }
@@ -73,6 +75,7 @@ impl Envelope {
                 expected: T::TYPE_NAME,
                 got: format!("{} (a different Rust type registered under that name)", self.type_name),
             }),
+            Payload::Failed(e) => Err(e),
             Payload::Encoded { body, frames } => Ok(handoff_wire::decode::<T>(
                 T::TYPE_NAME,
                 &body,
@@ -90,6 +93,7 @@ impl Envelope {
         let decoder = decoder?.expect("checked above");
         match self.payload {
             Payload::Value(v) => Ok(v),
+            Payload::Failed(e) => Err(e),
             Payload::Encoded { body, frames } => Ok(decoder(&body, &frames, self.from.inbound_route())?),
         }
     }

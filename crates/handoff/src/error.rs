@@ -50,6 +50,50 @@ pub enum Error {
         /// The type in the envelope.
         got: String,
     },
+    /// The owner of a ticket refused a pull or forward (the connection stays open).
+    #[error("owner {owner} refused {what} of lease {lease}: {message} [{code}]")]
+    TicketRefused {
+        /// The owner's node name (or id).
+        owner: String,
+        /// The lease.
+        lease: u64,
+        /// What was asked: `pull`, `forward`.
+        what: &'static str,
+        /// Stable code: `unknown-lease`, `bad-token`, `expired`, `out-of-range`.
+        code: String,
+        /// The owner's explanation.
+        message: String,
+    },
+    /// The owner of a ticket could not be reached or went away before answering.
+    #[error("cannot redeem lease {lease} ({len} bytes) from owner {owner}: {reason}")]
+    OwnerLost {
+        /// The owner's node name (or id).
+        owner: String,
+        /// The lease.
+        lease: u64,
+        /// Bytes of the buffer.
+        len: u64,
+        /// What happened.
+        reason: String,
+    },
+    /// Pulled bytes do not match the ticket's digest.
+    #[error("bytes of lease {lease} from owner {owner} do not match the ticket's digest")]
+    Corrupt {
+        /// The owner.
+        owner: String,
+        /// The lease.
+        lease: u64,
+    },
+    /// Issuing a ticket would pin more bytes than the node allows.
+    #[error("cannot lease {bytes} more bytes to {peer}: {reason}")]
+    LeaseCap {
+        /// The peer the ticket was for.
+        peer: String,
+        /// Bytes asked for.
+        bytes: u64,
+        /// Which cap, and how full it is.
+        reason: String,
+    },
     /// An operation did not finish in time.
     #[error("timed out: {0}")]
     Timeout(String),

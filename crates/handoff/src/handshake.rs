@@ -12,7 +12,7 @@ use crate::{Error, Result};
 
 /// Capabilities of this implementation in protocol version 1 (`shm` only where the node
 /// has a Unix socket for same-host peers).
-pub(crate) const CAPABILITIES: &[&str] = &["inline", "shm"];
+pub(crate) const CAPABILITIES: &[&str] = &["inline", "shm", "ticket"];
 
 /// What we know about the peer once the handshake succeeded.
 pub(crate) struct Handshaken {
@@ -75,6 +75,7 @@ fn kind_of(h: &Header<'_>) -> &'static str {
         Header::Auth { .. } => "auth",
         Header::Ready => "ready",
         Header::Release { .. } => "release",
+        Header::Ticket(op) => op.kind(),
         Header::Msg { .. } => "msg",
         Header::Error { .. } => "error",
     }

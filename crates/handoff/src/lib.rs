@@ -26,6 +26,7 @@
 
 #![warn(missing_docs)]
 
+mod connection;
 mod envelope;
 mod error;
 mod handshake;
@@ -35,7 +36,9 @@ mod message;
 mod node;
 mod peer;
 mod pool;
+mod receive;
 pub mod shm;
+pub mod tickets;
 mod unix;
 
 pub use envelope::Envelope;
@@ -45,6 +48,7 @@ pub use message::{Message, TypeRegistry};
 pub use node::{Node, NodeBuilder};
 pub use peer::{LeaseStats, Peer};
 pub use shm::SharedBufMut;
+pub use tickets::{Redeem, Ticket};
 
 /// The wire-format crate, for lower-level use (codec, headers, vectors).
 pub use handoff_wire as wire;

@@ -2,31 +2,32 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
-use handoff_wire::framing::inline_frame_lengths;
-use handoff_wire::{Buffer, Channel, Descriptor, Endpoint, Header, Limits, Locality, WireError};
-use tokio::io::AsyncRead;
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use handoff_wire::{Channel, Endpoint, Limits};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Notify};
 
-use crate::envelope::{Envelope, Payload};
-use crate::handshake::{handshake, send_error, OurSide, CAPABILITIES};
+use crate::connection;
+use crate::envelope::Envelope;
+use crate::handshake::{OurSide, CAPABILITIES};
 use crate::identity;
-use crate::io::{FdSource, MessageReader};
 use crate::message::TypeRegistry;
-use crate::peer::{LeaseStats, Link, PeerAddrs, PeerInner, ShmLink};
+use crate::peer::{LeaseStats, Link};
 use crate::pool::RecvPool;
-use crate::shm::{self, MappingCache, RemoteView};
-use crate::unix::{self, FdReader, UnixWriter};
+use crate::shm::MappingCache;
+use crate::tickets::owner::LeaseTable;
+use crate::tickets::{self, LeaseConfig, LeaseTableStats, Redeem};
+use crate::unix;
 use crate::{Error, Message, Peer, Result};
 
 /// Default size from which buffers to a same-host peer travel as shared memory.
 pub const DEFAULT_SHM_THRESHOLD: usize = 64 * 1024;
 
 /// How long a handshake may take before the connection is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Settings for a [`Node`]; start with [`Node::builder`].
 #[derive(Debug, Clone)]
@@ -43,9 +44,39 @@ pub struct NodeBuilder {
     shm: bool,
     shm_threshold: usize,
     shm_sealed: bool,
+    ticket_threshold: Option<usize>,
+    lease_config: LeaseConfig,
+    redeem: Redeem,
+    pull_timeout: Duration,
 }
 
 impl NodeBuilder {
+    /// Send buffers of at least this many bytes to TCP peers as tickets (the receiver
+    /// pulls them from us) instead of in the stream. Default: never (`None`);
+    /// [`Peer::send_by_ticket`] asks for tickets explicitly.
+    pub fn ticket_threshold(mut self, bytes: Option<usize>) -> Self {
+        self.ticket_threshold = bytes;
+        self
+    }
+
+    /// Lifetime and caps of the leases this node issues for its tickets.
+    pub fn leases(mut self, config: LeaseConfig) -> Self {
+        self.lease_config = config;
+        self
+    }
+
+    /// When received tickets are redeemed: before delivery (default) or on first use.
+    pub fn redeem(mut self, redeem: Redeem) -> Self {
+        self.redeem = redeem;
+        self
+    }
+
+    /// How long a pull or forward may wait for the owner before it fails (default 30 s).
+    pub fn pull_timeout(mut self, timeout: Duration) -> Self {
+        self.pull_timeout = timeout;
+        self
+    }
+
     /// The node's name (unique among nodes of one process; shown to peers).
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
@@ -188,6 +219,7 @@ impl NodeBuilder {
         };
         let (inbox_tx, inbox_rx) = mpsc::channel(self.inbox_capacity);
         let (shutdown_tx, _) = watch::channel(false);
+        let (unlease_tx, unlease_rx) = mpsc::unbounded_channel();
         let force_env = std::env::var("HANDOFF_FORCE_ENCODE").is_ok_and(|v| v == "1");
         let inner = Arc::new(NodeInner {
             me,
@@ -206,14 +238,22 @@ impl NodeBuilder {
             inbox_rx: tokio::sync::Mutex::new(inbox_rx),
             pool: RecvPool::new(self.pool_idle_bytes),
             shutdown: shutdown_tx,
+            leases: LeaseTable::new(self.lease_config),
+            ticket_threshold: self.ticket_threshold,
+            redeem: self.redeem,
+            pull_timeout: self.pull_timeout,
+            next_req: AtomicU64::new(1),
+            unlease_tx,
         });
         directory::register(&inner)?;
         if let Some(listener) = listener {
-            tokio::spawn(accept_loop(inner.clone(), listener));
+            tokio::spawn(connection::accept_loop(inner.clone(), listener));
         }
         if let Some((listener, _)) = unix_listener {
-            tokio::spawn(unix_accept_loop(inner.clone(), listener));
+            tokio::spawn(connection::unix_accept_loop(inner.clone(), listener));
         }
+        tokio::spawn(tickets::client::unlease_loop(Arc::downgrade(&inner), unlease_rx));
+        tokio::spawn(tickets::reap_expired(Arc::downgrade(&inner)));
         tracing::info!(node = %inner.me.name, host = %inner.me.host_id, listen = ?inner.listen_addr, "node started");
         Ok(Node {
             inner: inner.clone(),
@@ -222,7 +262,7 @@ impl NodeBuilder {
     }
 }
 
-fn strip_scheme<'a>(addr: &'a str, scheme: &str) -> &'a str {
+pub(crate) fn strip_scheme<'a>(addr: &'a str, scheme: &str) -> &'a str {
     addr.strip_prefix(scheme).unwrap_or(addr)
 }
 
@@ -242,21 +282,29 @@ fn sanitize(name: &str) -> String {
 
 pub(crate) struct NodeInner {
     pub(crate) me: Endpoint,
-    secret: Vec<u8>,
+    pub(crate) secret: Vec<u8>,
     pub(crate) limits: Limits,
     pub(crate) registry: TypeRegistry,
     pub(crate) force_encode_inproc: bool,
-    listen_addr: Option<String>,
-    unix_path: Option<PathBuf>,
-    shm_threshold: usize,
-    shm_sealed: bool,
-    mappings: MappingCache,
-    peers: RwLock<HashMap<String, Peer>>,
-    peers_changed: Notify,
-    inbox_tx: mpsc::Sender<Envelope>,
-    inbox_rx: tokio::sync::Mutex<mpsc::Receiver<Envelope>>,
-    pool: RecvPool,
-    shutdown: watch::Sender<bool>,
+    pub(crate) listen_addr: Option<String>,
+    pub(crate) unix_path: Option<PathBuf>,
+    pub(crate) shm_threshold: usize,
+    pub(crate) shm_sealed: bool,
+    pub(crate) mappings: MappingCache,
+    pub(crate) peers: RwLock<HashMap<String, Peer>>,
+    pub(crate) peers_changed: Notify,
+    pub(crate) inbox_tx: mpsc::Sender<Envelope>,
+    pub(crate) inbox_rx: tokio::sync::Mutex<mpsc::Receiver<Envelope>>,
+    pub(crate) pool: RecvPool,
+    pub(crate) shutdown: watch::Sender<bool>,
+    /// Leases on buffers we sent as tickets.
+    pub(crate) leases: LeaseTable,
+    pub(crate) ticket_threshold: Option<usize>,
+    pub(crate) redeem: Redeem,
+    pub(crate) pull_timeout: Duration,
+    /// Ids of ticket requests we send.
+    pub(crate) next_req: AtomicU64,
+    pub(crate) unlease_tx: mpsc::UnboundedSender<handoff_wire::TicketClaim>,
 }
 
 impl NodeInner {
@@ -265,11 +313,11 @@ impl NodeInner {
         self.inbox_tx.send(envelope).await.map_err(|_| Error::NodeClosed)
     }
 
-    fn is_shut_down(&self) -> bool {
+    pub(crate) fn is_shut_down(&self) -> bool {
         *self.shutdown.borrow()
     }
 
-    fn add_peer(&self, peer: Peer) {
+    pub(crate) fn add_peer(&self, peer: Peer) {
         let old = self
             .peers
             .write()
@@ -281,7 +329,7 @@ impl NodeInner {
         self.peers_changed.notify_waiters();
     }
 
-    fn remove_peer(&self, peer: &Peer) {
+    pub(crate) fn remove_peer(&self, peer: &Peer) {
         let mut peers = self.peers.write().expect("peers lock");
         if let Some(current) = peers.get(&peer.0.remote.node_id) {
             if Arc::ptr_eq(&current.0, &peer.0) {
@@ -292,7 +340,7 @@ impl NodeInner {
         self.peers_changed.notify_waiters();
     }
 
-    fn shutdown(&self) {
+    pub(crate) fn shutdown(&self) {
         self.shutdown.send_replace(true);
         let peers: Vec<Peer> = self
             .peers
@@ -313,7 +361,7 @@ impl NodeInner {
         directory::unregister(&self.me.name, self);
     }
 
-    fn our_side(&self) -> OurSide<'_> {
+    pub(crate) fn our_side(&self) -> OurSide<'_> {
         OurSide {
             me: &self.me,
             listen: self.listen_addr.clone(),
@@ -323,7 +371,7 @@ impl NodeInner {
         }
     }
 
-    fn unix_addr(&self) -> Option<String> {
+    pub(crate) fn unix_addr(&self) -> Option<String> {
         self.unix_path.as_ref().map(|p| format!("unix://{}", p.display()))
     }
 }
@@ -361,6 +409,10 @@ impl Node {
             shm: true,
             shm_threshold: DEFAULT_SHM_THRESHOLD,
             shm_sealed: false,
+            ticket_threshold: None,
+            lease_config: LeaseConfig::default(),
+            redeem: Redeem::Eager,
+            pull_timeout: Duration::from_secs(30),
         }
     }
 
@@ -395,6 +447,16 @@ impl Node {
         })
     }
 
+    /// The leases this node holds as the owner of tickets it sent.
+    pub fn ticket_leases(&self) -> LeaseTableStats {
+        self.inner.leases.stats()
+    }
+
+    /// Whether a lease this node issued is still alive (its buffer pinned).
+    pub fn lease_alive(&self, lease: u64) -> bool {
+        self.inner.leases.is_alive(lease)
+    }
+
     /// Bytes of peers' segments mapped into this process.
     pub fn mapped_bytes(&self) -> usize {
         self.inner.mappings.mapped_bytes()
@@ -422,116 +484,7 @@ impl Node {
     /// Like [`connect`](Self::connect), with the channel pinned: `Some(Channel::Tcp)` never
     /// switches to shared memory, `Some(Channel::Shm)` fails unless shared memory works.
     pub async fn connect_with(&self, addr: &str, channel: Option<Channel>) -> Result<Peer> {
-        if self.inner.is_shut_down() {
-            return Err(Error::NodeClosed);
-        }
-        if let Some(name) = addr.strip_prefix("inproc://") {
-            return self.connect_inproc(name);
-        }
-        if let Some(path) = addr.strip_prefix("unix://") {
-            return self.connect_unix(path).await;
-        }
-        let target = strip_scheme(addr, "tcp://");
-        let stream = TcpStream::connect(target)
-            .await
-            .map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
-        let label = addr.to_string();
-        let peer = with_timeout(addr, open_tcp(self.inner.clone(), stream, label)).await?;
-        if channel == Some(Channel::Tcp) {
-            return Ok(peer);
-        }
-        let why_not = if peer.locality() == Locality::Remote {
-            Some("it is on another host".to_string())
-        } else if self.inner.unix_path.is_none() {
-            Some("this node has shared memory turned off".to_string())
-        } else if !peer.endpoint().has_capability("shm") || peer.unix_addr().is_none() {
-            Some("it offers no Unix socket".to_string())
-        } else {
-            None
-        };
-        if let Some(reason) = why_not {
-            if channel == Some(Channel::Shm) {
-                close_tcp(&peer).await;
-                return Err(Error::Config(format!("cannot use shm with {}: {reason}", peer.name())));
-            }
-            return Ok(peer);
-        }
-        let path = peer.unix_addr().expect("checked above").to_string();
-        match self.connect_unix(strip_scheme(&path, "unix://")).await {
-            Ok(shm_peer) => {
-                close_tcp(&peer).await;
-                tracing::info!(node = %self.name(), peer = %shm_peer.name(), "same-host peer: using shm");
-                Ok(shm_peer)
-            }
-            Err(e) if channel == Some(Channel::Shm) => {
-                close_tcp(&peer).await;
-                Err(e)
-            }
-            Err(e) => {
-                tracing::warn!(
-                    node = %self.name(),
-                    peer = %peer.name(),
-                    "same-host peer, but its Unix socket {path} cannot be reached ({e}); falling back to tcp"
-                );
-                Ok(peer)
-            }
-        }
-    }
-
-    async fn connect_unix(&self, path: &str) -> Result<Peer> {
-        let stream = UnixStream::connect(path)
-            .await
-            .map_err(|e| Error::io(format!("connecting to unix://{path}"), e))?;
-        let label = format!("unix://{path}");
-        with_timeout(&label.clone(), open_unix(self.inner.clone(), stream, label)).await
-    }
-
-    fn connect_inproc(&self, name: &str) -> Result<Peer> {
-        let other = directory::lookup(name)
-            .ok_or_else(|| Error::Config(format!("no node named {name:?} in this process (inproc://{name})")))?;
-        if Arc::ptr_eq(&other, &self.inner) {
-            return Err(Error::Config("a node cannot connect to itself".into()));
-        }
-        if !constant_time_eq(&other.secret, &self.inner.secret) {
-            return Err(Error::Wire(WireError::AuthFailed(format!(
-                "node {name:?} has a different cluster secret"
-            ))));
-        }
-        let force = self.inner.force_encode_inproc || other.force_encode_inproc;
-        let ours = Peer::new(
-            &self.inner.me,
-            other.me.clone(),
-            PeerAddrs {
-                listen: other.listen_addr.clone(),
-                unix: other.unix_addr(),
-            },
-            Channel::Inproc,
-            Link::Inproc {
-                target: Arc::downgrade(&other),
-                reverse: OnceLock::new(),
-            },
-            force,
-        );
-        let theirs = Peer::new(
-            &other.me,
-            self.inner.me.clone(),
-            PeerAddrs {
-                listen: self.inner.listen_addr.clone(),
-                unix: self.inner.unix_addr(),
-            },
-            Channel::Inproc,
-            Link::Inproc {
-                target: Arc::downgrade(&self.inner),
-                reverse: OnceLock::new(),
-            },
-            force,
-        );
-        set_reverse(&ours.0, &theirs.0);
-        set_reverse(&theirs.0, &ours.0);
-        other.add_peer(theirs);
-        self.inner.add_peer(ours.clone());
-        tracing::debug!(from = %self.name(), to = %name, "connected in-process");
-        Ok(ours)
+        connection::connect(&self.inner, addr, channel).await
     }
 
     /// The connected peer named `name`, if any.
@@ -543,6 +496,19 @@ impl Node {
             .values()
             .find(|p| p.name() == name)
             .cloned()
+    }
+
+    /// Closes the connection to the peer named `name` (both sides then drop it, and its
+    /// holds on our leases end). Returns whether such a peer was connected.
+    pub async fn disconnect(&self, name: &str) -> bool {
+        match self.peer(name) {
+            Some(p) => {
+                connection::close(&p).await;
+                self.inner.remove_peer(&p);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Every connected peer.
@@ -619,367 +585,8 @@ impl std::fmt::Debug for Node {
     }
 }
 
-fn set_reverse(peer: &Arc<PeerInner>, reverse: &Arc<PeerInner>) {
-    if let Link::Inproc { reverse: slot, .. } = &peer.link {
-        let _ = slot.set(Arc::downgrade(reverse));
-    }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-async fn with_timeout<F: std::future::Future<Output = Result<Peer>>>(what: &str, f: F) -> Result<Peer> {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, f)
-        .await
-        .map_err(|_| Error::Timeout(format!("handshake with {what} took over {HANDSHAKE_TIMEOUT:?}")))?
-}
-
-/// Closes a TCP connection we replaced with a same-host one.
-async fn close_tcp(peer: &Peer) {
-    peer.mark_closed();
-    if let Link::Tcp { writer } = &peer.0.link {
-        use tokio::io::AsyncWriteExt;
-        let _ = writer.lock().await.shutdown().await;
-    }
-}
-
-fn log_accept(node: &NodeInner, label: &str, result: std::result::Result<Result<Peer>, tokio::time::error::Elapsed>) {
-    match result {
-        Ok(Ok(peer)) => tracing::info!(
-            node = %node.me.name,
-            peer = %peer.name(),
-            locality = %peer.locality(),
-            channel = %peer.channel(),
-            "accepted peer"
-        ),
-        Ok(Err(e)) => tracing::warn!(node = %node.me.name, from = %label, "refused connection: {e}"),
-        Err(_) => tracing::warn!(node = %node.me.name, from = %label, "refused connection: handshake timed out"),
-    }
-}
-
-async fn accept_loop(node: Arc<NodeInner>, listener: TcpListener) {
-    let mut shutdown = node.shutdown.subscribe();
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = shutdown.changed() => return,
-        };
-        match accepted {
-            Ok((stream, addr)) => {
-                let node = node.clone();
-                tokio::spawn(async move {
-                    let label = format!("tcp://{addr}");
-                    let result =
-                        tokio::time::timeout(HANDSHAKE_TIMEOUT, open_tcp(node.clone(), stream, label.clone())).await;
-                    log_accept(&node, &label, result);
-                });
-            }
-            Err(e) => {
-                tracing::warn!(node = %node.me.name, "accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-async fn unix_accept_loop(node: Arc<NodeInner>, listener: UnixListener) {
-    let mut shutdown = node.shutdown.subscribe();
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = shutdown.changed() => return,
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                let node = node.clone();
-                tokio::spawn(async move {
-                    let label = format!("unix peer (pid {:?})", stream.peer_cred().ok().and_then(|c| c.pid()));
-                    let result =
-                        tokio::time::timeout(HANDSHAKE_TIMEOUT, open_unix(node.clone(), stream, label.clone())).await;
-                    log_accept(&node, &label, result);
-                });
-            }
-            Err(e) => {
-                tracing::warn!(node = %node.me.name, "unix accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-fn endpoint_of(hello: &handoff_wire::Hello) -> Endpoint {
-    Endpoint {
-        node_id: hello.node_id.clone(),
-        name: hello.name.clone(),
-        host_id: hello.host_id.clone(),
-        process_id: hello.process_id.clone(),
-        language: hello.language.clone(),
-        capabilities: hello.capabilities.clone(),
-    }
-}
-
-/// Handshakes on a fresh TCP stream, registers the peer and starts its reader.
-async fn open_tcp(node: Arc<NodeInner>, stream: TcpStream, label: String) -> Result<Peer> {
-    stream
-        .set_nodelay(true)
-        .map_err(|e| Error::io(format!("setting TCP_NODELAY for {label}"), e))?;
-    let (read_half, mut write_half) = stream.into_split();
-    let mut reader = MessageReader::new(read_half, label.clone());
-    let hello = handshake(&mut reader, &mut write_half, node.our_side(), &label)
-        .await?
-        .hello;
-    let peer = Peer::new(
-        &node.me,
-        endpoint_of(&hello),
-        PeerAddrs {
-            listen: hello.listen,
-            unix: hello.unix,
-        },
-        Channel::Tcp,
-        Link::Tcp {
-            writer: tokio::sync::Mutex::new(write_half),
-        },
-        false,
-    );
-    node.add_peer(peer.clone());
-    tracing::debug!(node = %node.me.name, peer = %peer.name(), locality = %peer.locality(), "tcp peer ready");
-    tokio::spawn(read_loop(node, peer.clone(), reader, None));
-    Ok(peer)
-}
-
-/// Handshakes on a Unix stream from or to a same-host node; the peer's uid must be ours.
-async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: String) -> Result<Peer> {
-    unix::check_peer_uid(&stream)?;
-    let stream = Arc::new(stream);
-    let mut reader = MessageReader::new(FdReader::new(stream.clone()), label.clone());
-    let mut writer = UnixWriter::new(stream);
-    let hello = handshake(&mut reader, &mut writer, node.our_side(), &label)
-        .await?
-        .hello;
-    if hello.host_id != node.me.host_id {
-        tracing::warn!(
-            node = %node.me.name,
-            peer = %hello.name,
-            "peer on our Unix socket claims another host id ({}); it shares our memory all the same",
-            hello.host_id
-        );
-    }
-    let link = Arc::new(ShmLink::new(writer, node.shm_threshold, node.shm_sealed));
-    let peer = Peer::new(
-        &node.me,
-        endpoint_of(&hello),
-        PeerAddrs {
-            listen: hello.listen,
-            unix: hello.unix,
-        },
-        Channel::Shm,
-        Link::Shm(link.clone()),
-        false,
-    );
-    node.add_peer(peer.clone());
-    tracing::debug!(node = %node.me.name, peer = %peer.name(), "shm peer ready");
-    let (release_tx, release_rx) = mpsc::unbounded_channel();
-    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(release_loop(link, release_rx, closed_rx));
-    let reading = peer.clone();
-    tokio::spawn(async move {
-        read_loop(node, reading, reader, Some(release_tx)).await;
-        drop(closed_tx);
-    });
-    Ok(peer)
-}
-
-/// Sends `release` messages for the leases whose last local view was dropped.
-async fn release_loop(
-    link: Arc<ShmLink>,
-    mut rx: mpsc::UnboundedReceiver<u64>,
-    mut closed: tokio::sync::oneshot::Receiver<()>,
-) {
-    use handoff_wire::framing::encode_header_into;
-    loop {
-        let first = tokio::select! {
-            l = rx.recv() => match l { Some(l) => l, None => return },
-            _ = &mut closed => return,
-        };
-        let mut leases = vec![first];
-        while leases.len() < 4096 {
-            match rx.try_recv() {
-                Ok(l) => leases.push(l),
-                Err(_) => break,
-            }
-        }
-        let mut head = Vec::with_capacity(16 + leases.len() * 9);
-        encode_header_into(&Header::Release { leases }, &mut head);
-        let mut w = link.writer.lock().await;
-        if crate::io::write_all(&mut *w, &head).await.is_err() {
-            return;
-        }
-    }
-}
-
-/// Receives messages from one peer until it closes or breaks the protocol.
-async fn read_loop<R>(
-    node: Arc<NodeInner>,
-    peer: Peer,
-    mut reader: MessageReader<R>,
-    releases: Option<mpsc::UnboundedSender<u64>>,
-) where
-    R: AsyncRead + FdSource + Unpin,
-{
-    let mut shutdown = node.shutdown.subscribe();
-    let result = tokio::select! {
-        r = read_messages(&node, &peer, &mut reader, releases.as_ref()) => r,
-        _ = shutdown.changed() => Ok(()),
-    };
-    peer.mark_closed();
-    node.remove_peer(&peer);
-    match result {
-        Ok(()) => tracing::debug!(node = %node.me.name, peer = %peer.name(), "connection closed"),
-        Err(Error::Refused { code, message, .. }) => {
-            tracing::warn!(node = %node.me.name, peer = %peer.name(), "peer closed the connection: {message} [{code}]")
-        }
-        Err(e) => {
-            tracing::warn!(node = %node.me.name, peer = %peer.name(), "closing connection: {e}");
-            if let Error::Wire(w) = &e {
-                match &peer.0.link {
-                    Link::Tcp { writer } => send_error(&mut *writer.lock().await, w).await,
-                    Link::Shm(link) => send_error(&mut *link.writer.lock().await, w).await,
-                    Link::Inproc { .. } => {}
-                }
-            }
-        }
-    }
-    use tokio::io::AsyncWriteExt;
-    match &peer.0.link {
-        Link::Tcp { writer } => {
-            let _ = writer.lock().await.shutdown().await;
-        }
-        Link::Shm(link) => {
-            let freed = link.release_all();
-            if freed > 0 {
-                tracing::info!(node = %node.me.name, peer = %peer.name(), "peer gone: {freed} shared-memory leases ended");
-            }
-            let _ = link.writer.lock().await.shutdown().await;
-            node.mappings.forget_idle();
-        }
-        Link::Inproc { .. } => {}
-    }
-}
-
-async fn read_messages<R>(
-    node: &NodeInner,
-    peer: &Peer,
-    reader: &mut MessageReader<R>,
-    releases: Option<&mpsc::UnboundedSender<u64>>,
-) -> Result<()>
-where
-    R: AsyncRead + FdSource + Unpin,
-{
-    let supported: &[&str] = if releases.is_some() {
-        &["inline", "shm"]
-    } else {
-        &["inline"]
-    };
-    loop {
-        let Some(header_bytes) = reader.read_header(&node.limits).await? else {
-            return Ok(());
-        };
-        if let Some(problem) = reader.stream_mut().take_fd_error() {
-            return Err(WireError::BadShm(problem).into());
-        }
-        let header = Header::decode(&header_bytes, &node.limits)?;
-        match header {
-            Header::Msg {
-                type_name,
-                body,
-                frames,
-            } => {
-                node.registry.check(type_name)?;
-                let lengths = inline_frame_lengths(&frames, supported)?;
-                let shared = frames.iter().filter(|d| matches!(d, Descriptor::Shm { .. })).count();
-                let mut fds = reader
-                    .stream_mut()
-                    .take_fds(shared)
-                    .ok_or_else(|| {
-                        WireError::BadShm(format!(
-                            "the message announces {shared} shared segments, but fewer descriptors arrived"
-                        ))
-                    })?
-                    .into_iter();
-                let mut received = Vec::with_capacity(lengths.len());
-                for (desc, len) in frames.iter().zip(lengths) {
-                    let buffer = match desc {
-                        Descriptor::Shm {
-                            len,
-                            offset,
-                            size,
-                            lease,
-                            sealed,
-                        } => {
-                            let fd = fds.next().expect("counted above");
-                            let mapping = node
-                                .mappings
-                                .map(fd, *size, *sealed)
-                                .map_err(|e| WireError::BadShm(e.0))?;
-                            shm::remote_buffer(RemoteView {
-                                mapping,
-                                offset: *offset as usize,
-                                len: *len as usize,
-                                lease: *lease,
-                                release: releases.expect("shm frames only on shm links").clone(),
-                            })
-                        }
-                        _ => Buffer::from(reader.read_frame(len, &node.pool).await?),
-                    };
-                    received.push(buffer);
-                }
-                let stray = reader.stream_mut().pending_fds();
-                if stray > 0 && reader.buffered() == 0 {
-                    return Err(
-                        WireError::BadShm(format!("{stray} descriptors arrived that no header announced")).into(),
-                    );
-                }
-                let envelope = Envelope {
-                    from: peer.clone(),
-                    type_name: type_name.to_string(),
-                    payload: Payload::Encoded {
-                        body: header_bytes.slice_ref(body),
-                        frames: received,
-                    },
-                };
-                node.deliver(envelope).await?;
-            }
-            Header::Release { leases } => match &peer.0.link {
-                Link::Shm(link) => {
-                    let ended = link.release(&leases);
-                    if ended < leases.len() {
-                        tracing::debug!(
-                            node = %node.me.name,
-                            peer = %peer.name(),
-                            "{} released leases were unknown (already ended)",
-                            leases.len() - ended
-                        );
-                    }
-                }
-                _ => return Err(WireError::Handshake("a release on a connection without shared memory".into()).into()),
-            },
-            Header::Error { code, message } => {
-                return Err(Error::Refused {
-                    peer: peer.name().to_string(),
-                    code,
-                    message,
-                })
-            }
-            other => {
-                return Err(WireError::Handshake(format!("unexpected {other:?} after the handshake")).into());
-            }
-        }
-    }
-}
-
 /// The nodes of this process, by name, for `inproc://` connections.
-mod directory {
+pub(crate) mod directory {
     use super::*;
 
     fn nodes() -> &'static Mutex<HashMap<String, Weak<NodeInner>>> {
@@ -987,7 +594,7 @@ mod directory {
         NODES.get_or_init(Default::default)
     }
 
-    pub(super) fn register(node: &Arc<NodeInner>) -> Result<()> {
+    pub(crate) fn register(node: &Arc<NodeInner>) -> Result<()> {
         let mut map = nodes().lock().expect("directory lock");
         if let Some(existing) = map.get(&node.me.name).and_then(Weak::upgrade) {
             if !existing.is_shut_down() {
@@ -1001,7 +608,7 @@ mod directory {
         Ok(())
     }
 
-    pub(super) fn lookup(name: &str) -> Option<Arc<NodeInner>> {
+    pub(crate) fn lookup(name: &str) -> Option<Arc<NodeInner>> {
         nodes()
             .lock()
             .expect("directory lock")
@@ -1010,7 +617,7 @@ mod directory {
             .filter(|n| !n.is_shut_down())
     }
 
-    pub(super) fn unregister(name: &str, node: &NodeInner) {
+    pub(crate) fn unregister(name: &str, node: &NodeInner) {
         let mut map = nodes().lock().expect("directory lock");
         if let Some(existing) = map.get(name) {
             if std::ptr::eq(existing.as_ptr(), node) {

@@ -6,13 +6,15 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
 
 use bytes::Bytes;
 use handoff_wire::framing::encode_header_into;
-use handoff_wire::{Channel, Descriptor, EncodedBody, Endpoint, Header, Locality, Route};
+use handoff_wire::{Buffer, Channel, Descriptor, Endpoint, Header, Locality, Route, TicketClaim};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::Mutex;
 
 use crate::envelope::{Envelope, Payload};
 use crate::node::NodeInner;
 use crate::shm::{self, Held};
+use crate::tickets::client::Pending;
+use crate::tickets::Ticket;
 use crate::unix::UnixWriter;
 use crate::{Error, Message, Result};
 
@@ -43,7 +45,7 @@ pub(crate) struct ShmLink {
 }
 
 /// Leases a node holds for a peer: buffers kept alive until the peer releases them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LeaseStats {
     /// Leases outstanding.
     pub count: usize,
@@ -85,12 +87,19 @@ impl ShmLink {
     }
 
     /// Plans each frame (shared segment or inline), registers the leases, and writes the message.
-    async fn send(&self, type_name: &str, encoded: EncodedBody, label: &str) -> Result<()> {
-        let mut descriptors = Vec::with_capacity(encoded.frames.len());
+    async fn send(&self, type_name: &str, body: &[u8], frames: Vec<Planned>, label: &str) -> Result<()> {
+        let mut descriptors = Vec::with_capacity(frames.len());
         let mut inline = Vec::new();
         // Local handles on what the fds belong to, so they stay open while we send.
         let mut passing: Vec<Held> = Vec::new();
-        for frame in encoded.frames {
+        for planned in frames {
+            let frame = match planned {
+                Planned::Ticket(claim) => {
+                    descriptors.push(Descriptor::Ticket(claim));
+                    continue;
+                }
+                Planned::Bytes(frame) => frame,
+            };
             // One read takes at most MAX_FDS_PER_READ descriptors: frames past that go inline.
             let room = passing.len() < crate::unix::MAX_FDS_PER_READ;
             let origin_ok = room && shm::origin_of(&frame).is_some_and(|o| !self.sealed || o.sealed());
@@ -147,10 +156,10 @@ impl ShmLink {
         }
         let header = Header::Msg {
             type_name,
-            body: &encoded.body,
+            body,
             frames: descriptors,
         };
-        let mut head = Vec::with_capacity(encoded.body.len() + 64);
+        let mut head = Vec::with_capacity(body.len() + 64);
         encode_header_into(&header, &mut head);
         let fds: Vec<_> = passing.iter().map(Held::fd).collect();
         let mut w = self.writer.lock().await;
@@ -173,6 +182,16 @@ pub(crate) struct PeerInner {
     pub(crate) closed: AtomicBool,
     /// Encode even in-process (the test switch that keeps both paths equal).
     pub(crate) force_encode: bool,
+    /// The node this peer belongs to (for tickets: its leases and settings).
+    pub(crate) local: Weak<NodeInner>,
+    /// Ticket requests sent on this connection, waiting for the owner's answer.
+    pub(crate) pending: StdMutex<HashMap<u64, Pending>>,
+}
+
+/// A frame after the ticket policy: its bytes, or a ticket for them.
+pub(crate) enum Planned {
+    Bytes(Buffer),
+    Ticket(TicketClaim),
 }
 
 /// A connected node: send it messages, ask how it is reached.
@@ -191,13 +210,14 @@ pub(crate) struct PeerAddrs {
 
 impl Peer {
     pub(crate) fn new(
-        local: &Endpoint,
+        node: &Arc<NodeInner>,
         remote: Endpoint,
         addrs: PeerAddrs,
         channel: Channel,
         link: Link,
         force_encode: bool,
     ) -> Peer {
+        let local = &node.me;
         let locality = Locality::between(local, &remote);
         let outbound = Arc::new(Route {
             from: local.clone(),
@@ -220,6 +240,8 @@ impl Peer {
             link,
             closed: AtomicBool::new(false),
             force_encode,
+            local: Arc::downgrade(node),
+            pending: StdMutex::default(),
         }))
     }
 
@@ -285,6 +307,10 @@ impl Peer {
     /// buffers travel as shared memory; over TCP the value is encoded for this route and
     /// its buffers are written straight from their memory.
     pub async fn send<T: Message>(&self, value: T) -> Result<()> {
+        self.send_inner(value, false).await
+    }
+
+    async fn send_inner<T: Message>(&self, value: T, by_ticket: bool) -> Result<()> {
         if self.is_closed() {
             return Err(Error::PeerClosed(self.name().to_string()));
         }
@@ -317,19 +343,27 @@ impl Peer {
             }
             Link::Tcp { writer } => {
                 let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
+                let planned = self.plan(encoded.frames, by_ticket).await?;
+                let mut descriptors = Vec::with_capacity(planned.len());
+                let mut inline = Vec::new();
+                for p in planned {
+                    match p {
+                        Planned::Bytes(b) => {
+                            descriptors.push(Descriptor::Inline { len: b.len() as u64 });
+                            inline.push(b);
+                        }
+                        Planned::Ticket(claim) => descriptors.push(Descriptor::Ticket(claim)),
+                    }
+                }
                 let header = Header::Msg {
                     type_name: T::TYPE_NAME,
                     body: &encoded.body,
-                    frames: encoded
-                        .frames
-                        .iter()
-                        .map(|f| Descriptor::Inline { len: f.len() as u64 })
-                        .collect(),
+                    frames: descriptors,
                 };
                 let mut head = Vec::with_capacity(encoded.body.len() + 64);
                 encode_header_into(&header, &mut head);
                 let mut w = writer.lock().await;
-                crate::io::write_all_vectored(&mut *w, &head, &encoded.frames)
+                crate::io::write_all_vectored(&mut *w, &head, &inline)
                     .await
                     .map_err(|e| {
                         self.mark_closed();
@@ -338,13 +372,72 @@ impl Peer {
             }
             Link::Shm(link) => {
                 let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
-                link.send(T::TYPE_NAME, encoded, self.name()).await.inspect_err(|e| {
-                    if matches!(e, Error::Io { .. }) {
-                        self.mark_closed();
-                    }
-                })
+                let planned = self.plan(encoded.frames, by_ticket).await?;
+                link.send(T::TYPE_NAME, &encoded.body, planned, self.name())
+                    .await
+                    .inspect_err(|e| {
+                        if matches!(e, Error::Io { .. }) {
+                            self.mark_closed();
+                        }
+                    })
             }
         }
+    }
+
+    /// Sends `value` with every non-empty buffer as a ticket: the peer pulls the bytes
+    /// from us (or from their owner, for tickets we hold), and we keep them under a lease
+    /// until it releases them. In-process peers get the value itself.
+    pub async fn send_by_ticket<T: Message>(&self, value: T) -> Result<()> {
+        self.send_inner(value, true).await
+    }
+
+    /// Applies the ticket policy to each frame: tickets we hold are forwarded (the owner
+    /// registers the peer first), large or requested buffers are leased and sent as tickets.
+    async fn plan(&self, frames: Vec<Buffer>, by_ticket: bool) -> Result<Vec<Planned>> {
+        let node = self.0.local.upgrade().ok_or(Error::NodeClosed)?;
+        let to = &self.0.remote.node_id;
+        let mut out = Vec::with_capacity(frames.len());
+        for frame in frames {
+            if let Some(ticket) = Ticket::of(&frame) {
+                let claim = &ticket.0.claim;
+                if &claim.owner == to {
+                    // Back to its owner: send the bytes.
+                    out.push(Planned::Bytes(ticket.redeem().await?));
+                } else {
+                    out.push(Planned::Ticket(node.forward_claim(claim, to).await?));
+                }
+                continue;
+            }
+            let wanted = by_ticket
+                || (self.channel() == Channel::Tcp && node.ticket_threshold.is_some_and(|t| frame.len() >= t));
+            if wanted && !frame.is_empty() {
+                let issued = node.leases.issue(&frame, to, self.name()).await?;
+                out.push(Planned::Ticket(TicketClaim {
+                    len: frame.len() as u64,
+                    owner: node.me.node_id.clone(),
+                    addr: node.listen_addr.clone(),
+                    lease: issued.lease,
+                    token: issued.token.to_vec(),
+                    digest: issued.digest.to_vec(),
+                    ttl_ms: node.leases.config.ttl.as_millis() as u64,
+                }));
+            } else {
+                out.push(Planned::Bytes(frame));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes a control header (and its inline bytes) on this connection.
+    pub(crate) async fn write_control(&self, header: &Header<'_>, frames: &[Buffer]) -> Result<()> {
+        let mut head = Vec::with_capacity(96);
+        encode_header_into(header, &mut head);
+        let result = match &self.0.link {
+            Link::Tcp { writer } => crate::io::write_all_vectored(&mut *writer.lock().await, &head, frames).await,
+            Link::Shm(link) => crate::io::write_all_vectored(&mut *link.writer.lock().await, &head, frames).await,
+            Link::Inproc { .. } => return Err(Error::Config("no wire protocol between in-process nodes".into())),
+        };
+        result.map_err(|e| Error::io(format!("writing to {}", self.name()), e))
     }
 }
 

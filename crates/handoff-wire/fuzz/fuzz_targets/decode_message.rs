@@ -59,12 +59,12 @@ fuzz_target!(|data: &[u8]| {
     {
         // The receiver's frames: zero-copy views of one received buffer.
         let received = Bytes::copy_from_slice(data);
-        let frames: Vec<Bytes> = message
+        let frames: Vec<Buffer> = message
             .frames
             .iter()
             .map(|f| {
                 let start = f.as_ptr() as usize - data.as_ptr() as usize;
-                received.slice(start..start + f.len())
+                Buffer::from(received.slice(start..start + f.len()))
             })
             .collect();
         for result in [

@@ -97,7 +97,7 @@ struct PoolState {
 }
 
 /// What the pool holds now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PoolStats {
     /// Segments alive (idle or in use).
     pub segments: usize,

@@ -1,0 +1,357 @@
+//! `handoff chaos`: fault injection with real processes, checking the lease invariants.
+//!
+//! Each iteration starts an owner and two holders (`b`, and `c` for forwarded tickets) as
+//! child processes, has the owner send a buffer by ticket to `b` (which redeems it, or
+//! forwards it to `c`), and injects one fault at a random moment: SIGKILL of the owner or
+//! of a holder, a dropped connection, or a lost release. Then it checks that every lease at
+//! a live owner ends (no leak), that no holder's hold ended while it still needed it (no
+//! premature free), and that every completed read matched its digest.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use handoff::{Message as _, Node};
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::node_cmd::read_ready_line;
+use crate::protocol::{self, Disconnect, Issue, Report, Stats, StatsRequest};
+
+/// Options of `handoff chaos`.
+#[derive(Debug, clap::Args)]
+pub struct ChaosArgs {
+    /// How many iterations to run.
+    #[arg(long, default_value_t = 20)]
+    pub iterations: u32,
+    /// Seed of the random choices (default: from the clock); the same seed makes the same choices.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print one JSON object instead of a summary.
+    #[arg(long)]
+    pub json: bool,
+    /// Largest buffer an iteration sends, in bytes.
+    #[arg(long, default_value_t = 16 << 20)]
+    pub max_bytes: u64,
+}
+
+/// The result (keys are a public interface: keep them stable).
+#[derive(Debug, Default, Serialize)]
+pub struct Summary {
+    /// Iterations run.
+    pub iterations: u32,
+    /// Leases still alive at a live owner after every holder was done or gone.
+    pub leaked_leases: u64,
+    /// Holds that ended while their holder still needed them.
+    pub premature_frees: u64,
+    /// Completed reads whose bytes did not match the digest.
+    pub corrupt_reads: u64,
+    /// Errors the holders reported, by kind (expected ones included: a killed owner
+    /// gives `owner-lost`).
+    pub errors: BTreeMap<String, u64>,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// The seed used.
+    pub seed: u64,
+    /// Wall-clock seconds.
+    pub seconds: f64,
+}
+
+const LEASE_TTL_MS: u64 = 600;
+const PULL_TIMEOUT_MS: u64 = 1500;
+
+/// SplitMix64: a small, stable, seedable generator (the same seed gives the same run).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    KillOwner,
+    KillHolder,
+    KillThird,
+    DropConnection,
+    LostRelease,
+}
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::None => "none",
+            Fault::KillOwner => "kill-owner",
+            Fault::KillHolder => "kill-holder",
+            Fault::KillThird => "kill-third",
+            Fault::DropConnection => "drop-connection",
+            Fault::LostRelease => "lost-release",
+        }
+    }
+}
+
+struct Child {
+    child: tokio::process::Child,
+    listen: String,
+}
+
+async fn spawn(name: &str, secret: &std::path::Path, extra: &[&str]) -> Result<Child> {
+    let exe = std::env::current_exe().context("finding the handoff executable")?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["node", "--name", name, "--host-id", &format!("chaos-{name}")])
+        .arg("--secret-file")
+        .arg(secret)
+        .args(["--lease-ttl-ms", &LEASE_TTL_MS.to_string()])
+        .args(["--pull-timeout-ms", &PULL_TIMEOUT_MS.to_string()])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting node {name}"))?;
+    let stdout = child.stdout.take().context("child stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = read_ready_line(&mut lines, Duration::from_secs(20)).await?;
+    let listen = ready["listen"].as_str().context("listen address")?.to_string();
+    Ok(Child { child, listen })
+}
+
+/// Runs the harness and prints the summary.
+pub async fn run(args: ChaosArgs) -> Result<()> {
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let summary = run_iterations(args.iterations, seed, args.max_bytes).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        println!(
+            "{} iterations in {:.1} s (seed {}): {} leaked leases, {} premature frees, {} corrupt reads",
+            summary.iterations,
+            summary.seconds,
+            summary.seed,
+            summary.leaked_leases,
+            summary.premature_frees,
+            summary.corrupt_reads
+        );
+        println!("faults: {:?}", summary.faults);
+        println!("errors: {:?}", summary.errors);
+    }
+    anyhow::ensure!(
+        summary.leaked_leases == 0 && summary.premature_frees == 0 && summary.corrupt_reads == 0,
+        "an invariant was broken"
+    );
+    Ok(())
+}
+
+/// Runs `iterations` iterations from `seed`.
+pub async fn run_iterations(iterations: u32, seed: u64, max_bytes: u64) -> Result<Summary> {
+    let started = Instant::now();
+    let mut rng = Rng(seed);
+    let secret = hex::encode(rand::random::<[u8; 16]>());
+    let dir = std::env::temp_dir().join(format!("handoff-chaos-{}-{seed}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let secret_file = dir.join("secret");
+    std::fs::write(&secret_file, &secret)?;
+    let chaos = protocol::register_all(Node::builder("chaos").listen("127.0.0.1:0").secret(secret.clone()))
+        .host_id("chaos-driver")
+        .build()
+        .await?;
+    let chaos_addr = chaos.listen_addr().context("listen")?.to_string();
+    let mut summary = Summary {
+        seed,
+        ..Summary::default()
+    };
+    for i in 0..iterations {
+        iteration(&chaos, &chaos_addr, &secret_file, i, &mut rng, max_bytes, &mut summary)
+            .await
+            .with_context(|| format!("iteration {i}"))?;
+        summary.iterations += 1;
+    }
+    chaos.shutdown();
+    let _ = std::fs::remove_dir_all(&dir);
+    summary.seconds = started.elapsed().as_secs_f64();
+    Ok(summary)
+}
+
+async fn iteration(
+    chaos: &Node,
+    chaos_addr: &str,
+    secret: &std::path::Path,
+    i: u32,
+    rng: &mut Rng,
+    max_bytes: u64,
+    summary: &mut Summary,
+) -> Result<()> {
+    let (owner_name, b_name, c_name) = (format!("owner-{i}"), format!("b-{i}"), format!("c-{i}"));
+    let forward = rng.below(2) == 0;
+    let faults: &[Fault] = if forward {
+        &[
+            Fault::None,
+            Fault::KillOwner,
+            Fault::KillHolder,
+            Fault::KillThird,
+            Fault::DropConnection,
+            Fault::LostRelease,
+        ]
+    } else {
+        &[
+            Fault::None,
+            Fault::KillOwner,
+            Fault::KillHolder,
+            Fault::DropConnection,
+            Fault::LostRelease,
+        ]
+    };
+    let fault = faults[rng.below(faults.len() as u64) as usize];
+    let bytes = 64 * 1024 + rng.below(max_bytes.saturating_sub(64 * 1024).max(1));
+    let delay = Duration::from_micros(rng.below(6_000));
+    *summary.faults.entry(fault.name().into()).or_default() += 1;
+
+    let mut owner = spawn(&owner_name, secret, &["--connect", chaos_addr]).await?;
+    let owner_listen = owner.listen.clone();
+    let mut c = spawn(
+        &c_name,
+        secret,
+        &["--redeem", "lazy", "--connect", chaos_addr, "--connect", &owner_listen],
+    )
+    .await?;
+    let mut b = spawn(
+        &b_name,
+        secret,
+        &[
+            "--redeem",
+            "lazy",
+            "--connect",
+            chaos_addr,
+            "--connect",
+            &owner_listen,
+            "--connect",
+            &c.listen,
+        ],
+    )
+    .await?;
+    let to_owner = chaos.wait_for_peer(&owner_name, Duration::from_secs(20)).await?;
+    chaos.wait_for_peer(&b_name, Duration::from_secs(20)).await?;
+    chaos.wait_for_peer(&c_name, Duration::from_secs(20)).await?;
+
+    to_owner
+        .send(Issue {
+            id: i as u64,
+            bytes,
+            to: b_name.clone(),
+            forward_to: forward.then(|| c_name.clone()),
+            leak: fault == Fault::LostRelease,
+        })
+        .await?;
+    tokio::time::sleep(delay).await;
+    let mut owner_alive = true;
+    let mut expected: Vec<String> = vec![b_name.clone()];
+    if forward {
+        expected.push(c_name.clone());
+    }
+    match fault {
+        Fault::KillOwner => {
+            owner.child.kill().await?;
+            owner_alive = false;
+        }
+        Fault::KillHolder => {
+            b.child.kill().await?;
+            expected.retain(|n| *n != b_name);
+        }
+        Fault::KillThird => {
+            c.child.kill().await?;
+            expected.retain(|n| *n != c_name);
+        }
+        Fault::DropConnection => to_owner.send(Disconnect { peer: b_name.clone() }).await?,
+        Fault::None | Fault::LostRelease => {}
+    }
+
+    // Reports from the holders that still live, within a bounded time.
+    let deadline = Instant::now() + Duration::from_millis(PULL_TIMEOUT_MS * 2 + 2000);
+    let mut reported: Vec<String> = Vec::new();
+    while expected.iter().any(|n| !reported.contains(n)) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let env = match chaos.recv_timeout(left).await {
+            Ok(env) => env,
+            Err(_) => break,
+        };
+        if env.type_name() != Report::TYPE_NAME {
+            continue;
+        }
+        let report: Report = env.decode()?;
+        if report.id != i as u64 {
+            continue;
+        }
+        reported.push(report.node.clone());
+        match report.outcome.as_str() {
+            "ok" | "forwarded" | "leaked" => {}
+            "corrupt" => summary.corrupt_reads += 1,
+            kind => {
+                *summary.errors.entry(kind.to_string()).or_default() += 1;
+                let refused = matches!(kind, "unknown-lease" | "expired" | "bad-token");
+                // A holder whose connection was dropped lost its hold by design; a refusal
+                // anywhere else, with the owner alive, is a hold that ended too early.
+                let explained = fault == Fault::DropConnection && report.node == b_name;
+                if refused && owner_alive && !explained {
+                    summary.premature_frees += 1;
+                    tracing::error!(
+                        "iteration {i}: premature free: {} got {kind}: {}",
+                        report.node,
+                        report.detail
+                    );
+                }
+            }
+        }
+    }
+    for n in expected.iter().filter(|n| !reported.contains(n)) {
+        *summary.errors.entry("no-report".into()).or_default() += 1;
+        tracing::warn!("iteration {i}: no report from {n} (fault {})", fault.name());
+    }
+
+    // Every lease at a live owner must end: released, or by its deadline.
+    if owner_alive {
+        let deadline = Instant::now() + Duration::from_millis(LEASE_TTL_MS * 3 + 1000);
+        let mut left = u64::MAX;
+        while Instant::now() < deadline {
+            to_owner.send(StatsRequest {}).await?;
+            let stats = loop {
+                let env = chaos.recv_timeout(Duration::from_secs(5)).await?;
+                if env.type_name() == Stats::TYPE_NAME {
+                    break env.decode::<Stats>()?;
+                }
+            };
+            left = stats.ticket_leases.count as u64;
+            if left == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if left > 0 {
+            tracing::error!(
+                "iteration {i}: {left} leases leaked at the owner (fault {})",
+                fault.name()
+            );
+            summary.leaked_leases += left;
+        }
+    }
+    for child in [&mut owner, &mut b, &mut c] {
+        let _ = child.child.kill().await;
+    }
+    Ok(())
+}

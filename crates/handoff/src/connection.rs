@@ -1,0 +1,308 @@
+//! Setting up connections: connecting (inproc, unix, tcp with the switch to shm),
+//! accepting, and the handshake-then-register step both share.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use handoff_wire::{Channel, Endpoint, Locality, WireError};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::sync::mpsc;
+
+use crate::handshake::handshake;
+use crate::io::MessageReader;
+use crate::node::{directory, strip_scheme, NodeInner, HANDSHAKE_TIMEOUT};
+use crate::peer::{Link, PeerAddrs, PeerInner, ShmLink};
+use crate::receive::{read_loop, release_loop};
+use crate::unix::{self, FdReader, UnixWriter};
+use crate::{Error, Peer, Result};
+
+/// Connects `node` to `addr` (see `Node::connect_with`).
+pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<Channel>) -> Result<Peer> {
+    if node.is_shut_down() {
+        return Err(Error::NodeClosed);
+    }
+    if let Some(name) = addr.strip_prefix("inproc://") {
+        return connect_inproc(node, name);
+    }
+    if let Some(path) = addr.strip_prefix("unix://") {
+        return connect_unix(node, path).await;
+    }
+    let target = strip_scheme(addr, "tcp://");
+    let stream = TcpStream::connect(target)
+        .await
+        .map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
+    let label = addr.to_string();
+    let peer = with_timeout(addr, open_tcp(node.clone(), stream, label)).await?;
+    if channel == Some(Channel::Tcp) {
+        return Ok(peer);
+    }
+    let why_not = if peer.locality() == Locality::Remote {
+        Some("it is on another host".to_string())
+    } else if node.unix_path.is_none() {
+        Some("this node has shared memory turned off".to_string())
+    } else if !peer.endpoint().has_capability("shm") || peer.unix_addr().is_none() {
+        Some("it offers no Unix socket".to_string())
+    } else {
+        None
+    };
+    if let Some(reason) = why_not {
+        if channel == Some(Channel::Shm) {
+            close(&peer).await;
+            return Err(Error::Config(format!("cannot use shm with {}: {reason}", peer.name())));
+        }
+        return Ok(peer);
+    }
+    let path = peer.unix_addr().expect("checked above").to_string();
+    match connect_unix(node, strip_scheme(&path, "unix://")).await {
+        Ok(shm_peer) => {
+            close(&peer).await;
+            tracing::info!(node = %node.me.name, peer = %shm_peer.name(), "same-host peer: using shm");
+            Ok(shm_peer)
+        }
+        Err(e) if channel == Some(Channel::Shm) => {
+            close(&peer).await;
+            Err(e)
+        }
+        Err(e) => {
+            tracing::warn!(
+                node = %node.me.name,
+                peer = %peer.name(),
+                "same-host peer, but its Unix socket {path} cannot be reached ({e}); falling back to tcp"
+            );
+            Ok(peer)
+        }
+    }
+}
+
+async fn connect_unix(node: &Arc<NodeInner>, path: &str) -> Result<Peer> {
+    let stream = UnixStream::connect(path)
+        .await
+        .map_err(|e| Error::io(format!("connecting to unix://{path}"), e))?;
+    let label = format!("unix://{path}");
+    with_timeout(&label.clone(), open_unix(node.clone(), stream, label)).await
+}
+
+fn connect_inproc(node: &Arc<NodeInner>, name: &str) -> Result<Peer> {
+    let other = directory::lookup(name)
+        .ok_or_else(|| Error::Config(format!("no node named {name:?} in this process (inproc://{name})")))?;
+    if Arc::ptr_eq(&other, node) {
+        return Err(Error::Config("a node cannot connect to itself".into()));
+    }
+    if !constant_time_eq(&other.secret, &node.secret) {
+        return Err(Error::Wire(WireError::AuthFailed(format!(
+            "node {name:?} has a different cluster secret"
+        ))));
+    }
+    let force = node.force_encode_inproc || other.force_encode_inproc;
+    let ours = Peer::new(
+        node,
+        other.me.clone(),
+        PeerAddrs {
+            listen: other.listen_addr.clone(),
+            unix: other.unix_addr(),
+        },
+        Channel::Inproc,
+        Link::Inproc {
+            target: Arc::downgrade(&other),
+            reverse: OnceLock::new(),
+        },
+        force,
+    );
+    let theirs = Peer::new(
+        &other,
+        node.me.clone(),
+        PeerAddrs {
+            listen: node.listen_addr.clone(),
+            unix: node.unix_addr(),
+        },
+        Channel::Inproc,
+        Link::Inproc {
+            target: Arc::downgrade(node),
+            reverse: OnceLock::new(),
+        },
+        force,
+    );
+    set_reverse(&ours.0, &theirs.0);
+    set_reverse(&theirs.0, &ours.0);
+    other.add_peer(theirs);
+    node.add_peer(ours.clone());
+    tracing::debug!(from = %node.me.name, to = %name, "connected in-process");
+    Ok(ours)
+}
+
+fn set_reverse(peer: &Arc<PeerInner>, reverse: &Arc<PeerInner>) {
+    if let Link::Inproc { reverse: slot, .. } = &peer.link {
+        let _ = slot.set(Arc::downgrade(reverse));
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn with_timeout<F: std::future::Future<Output = Result<Peer>>>(what: &str, f: F) -> Result<Peer> {
+    tokio::time::timeout(HANDSHAKE_TIMEOUT, f)
+        .await
+        .map_err(|_| Error::Timeout(format!("handshake with {what} took over {HANDSHAKE_TIMEOUT:?}")))?
+}
+
+/// Closes our side of a connection (the peer sees the end of the stream and closes too).
+pub(crate) async fn close(peer: &Peer) {
+    use tokio::io::AsyncWriteExt;
+    peer.mark_closed();
+    match &peer.0.link {
+        Link::Tcp { writer } => {
+            let _ = writer.lock().await.shutdown().await;
+        }
+        Link::Shm(link) => {
+            let _ = link.writer.lock().await.shutdown().await;
+        }
+        Link::Inproc { .. } => {}
+    }
+}
+
+fn log_accept(node: &NodeInner, label: &str, result: std::result::Result<Result<Peer>, tokio::time::error::Elapsed>) {
+    match result {
+        Ok(Ok(peer)) => tracing::info!(
+            node = %node.me.name,
+            peer = %peer.name(),
+            locality = %peer.locality(),
+            channel = %peer.channel(),
+            "accepted peer"
+        ),
+        Ok(Err(e)) => tracing::warn!(node = %node.me.name, from = %label, "refused connection: {e}"),
+        Err(_) => tracing::warn!(node = %node.me.name, from = %label, "refused connection: handshake timed out"),
+    }
+}
+
+pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: TcpListener) {
+    let mut shutdown = node.shutdown.subscribe();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.changed() => return,
+        };
+        match accepted {
+            Ok((stream, addr)) => {
+                let node = node.clone();
+                tokio::spawn(async move {
+                    let label = format!("tcp://{addr}");
+                    let result =
+                        tokio::time::timeout(HANDSHAKE_TIMEOUT, open_tcp(node.clone(), stream, label.clone())).await;
+                    log_accept(&node, &label, result);
+                });
+            }
+            Err(e) => {
+                tracing::warn!(node = %node.me.name, "accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+pub(crate) async fn unix_accept_loop(node: Arc<NodeInner>, listener: UnixListener) {
+    let mut shutdown = node.shutdown.subscribe();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.changed() => return,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let node = node.clone();
+                tokio::spawn(async move {
+                    let label = format!("unix peer (pid {:?})", stream.peer_cred().ok().and_then(|c| c.pid()));
+                    let result =
+                        tokio::time::timeout(HANDSHAKE_TIMEOUT, open_unix(node.clone(), stream, label.clone())).await;
+                    log_accept(&node, &label, result);
+                });
+            }
+            Err(e) => {
+                tracing::warn!(node = %node.me.name, "unix accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn endpoint_of(hello: &handoff_wire::Hello) -> Endpoint {
+    Endpoint {
+        node_id: hello.node_id.clone(),
+        name: hello.name.clone(),
+        host_id: hello.host_id.clone(),
+        process_id: hello.process_id.clone(),
+        language: hello.language.clone(),
+        capabilities: hello.capabilities.clone(),
+    }
+}
+
+/// Handshakes on a fresh TCP stream, registers the peer and starts its reader.
+async fn open_tcp(node: Arc<NodeInner>, stream: TcpStream, label: String) -> Result<Peer> {
+    stream
+        .set_nodelay(true)
+        .map_err(|e| Error::io(format!("setting TCP_NODELAY for {label}"), e))?;
+    let (read_half, mut write_half) = stream.into_split();
+    let mut reader = MessageReader::new(read_half, label.clone());
+    let hello = handshake(&mut reader, &mut write_half, node.our_side(), &label)
+        .await?
+        .hello;
+    let peer = Peer::new(
+        &node,
+        endpoint_of(&hello),
+        PeerAddrs {
+            listen: hello.listen,
+            unix: hello.unix,
+        },
+        Channel::Tcp,
+        Link::Tcp {
+            writer: tokio::sync::Mutex::new(write_half),
+        },
+        false,
+    );
+    node.add_peer(peer.clone());
+    tracing::debug!(node = %node.me.name, peer = %peer.name(), locality = %peer.locality(), "tcp peer ready");
+    tokio::spawn(read_loop(node, peer.clone(), reader, None));
+    Ok(peer)
+}
+
+/// Handshakes on a Unix stream from or to a same-host node; the peer's uid must be ours.
+async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: String) -> Result<Peer> {
+    unix::check_peer_uid(&stream)?;
+    let stream = Arc::new(stream);
+    let mut reader = MessageReader::new(FdReader::new(stream.clone()), label.clone());
+    let mut writer = UnixWriter::new(stream);
+    let hello = handshake(&mut reader, &mut writer, node.our_side(), &label)
+        .await?
+        .hello;
+    if hello.host_id != node.me.host_id {
+        tracing::warn!(
+            node = %node.me.name,
+            peer = %hello.name,
+            "peer on our Unix socket claims another host id ({}); it shares our memory all the same",
+            hello.host_id
+        );
+    }
+    let link = Arc::new(ShmLink::new(writer, node.shm_threshold, node.shm_sealed));
+    let peer = Peer::new(
+        &node,
+        endpoint_of(&hello),
+        PeerAddrs {
+            listen: hello.listen,
+            unix: hello.unix,
+        },
+        Channel::Shm,
+        Link::Shm(link.clone()),
+        false,
+    );
+    node.add_peer(peer.clone());
+    tracing::debug!(node = %node.me.name, peer = %peer.name(), "shm peer ready");
+    let (release_tx, release_rx) = mpsc::unbounded_channel();
+    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(release_loop(link, release_rx, closed_rx));
+    let reading = peer.clone();
+    tokio::spawn(async move {
+        read_loop(node, reading, reader, Some(release_tx)).await;
+        drop(closed_tx);
+    });
+    Ok(peer)
+}

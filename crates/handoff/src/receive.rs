@@ -1,0 +1,375 @@
+//! Receiving: the read loop of a connection, what it does with each kind of header,
+//! and the release messages for shared-memory views.
+
+use std::sync::Arc;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use handoff_wire::framing::{inline_frame_lengths, TCP_KINDS, UNIX_KINDS};
+use handoff_wire::{Buffer, Descriptor, Header, TicketOp, WireError};
+use tokio::io::AsyncRead;
+use tokio::sync::mpsc;
+
+use crate::envelope::{Envelope, Payload};
+use crate::handshake::send_error;
+use crate::io::{FdSource, MessageReader};
+use crate::node::NodeInner;
+use crate::peer::{Link, ShmLink};
+use crate::shm::{self, RemoteView};
+use crate::tickets::client::Answer;
+use crate::tickets::holder::{TicketHandle, TicketOrigin};
+use crate::tickets::{Redeem, Ticket};
+use crate::{Error, Peer, Result};
+
+/// Sends `release` messages for the leases whose last local view was dropped.
+pub(crate) async fn release_loop(
+    link: Arc<ShmLink>,
+    mut rx: mpsc::UnboundedReceiver<u64>,
+    mut closed: tokio::sync::oneshot::Receiver<()>,
+) {
+    use handoff_wire::framing::encode_header_into;
+    loop {
+        let first = tokio::select! {
+            l = rx.recv() => match l { Some(l) => l, None => return },
+            _ = &mut closed => return,
+        };
+        let mut leases = vec![first];
+        while leases.len() < 4096 {
+            match rx.try_recv() {
+                Ok(l) => leases.push(l),
+                Err(_) => break,
+            }
+        }
+        let mut head = Vec::with_capacity(16 + leases.len() * 9);
+        encode_header_into(&Header::Release { leases }, &mut head);
+        let mut w = link.writer.lock().await;
+        if crate::io::write_all(&mut *w, &head).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Receives messages from one peer until it closes or breaks the protocol.
+pub(crate) async fn read_loop<R>(
+    node: Arc<NodeInner>,
+    peer: Peer,
+    mut reader: MessageReader<R>,
+    releases: Option<mpsc::UnboundedSender<u64>>,
+) where
+    R: AsyncRead + FdSource + Unpin,
+{
+    let mut shutdown = node.shutdown.subscribe();
+    let result = tokio::select! {
+        r = read_messages(&node, &peer, &mut reader, releases.as_ref()) => r,
+        _ = shutdown.changed() => Ok(()),
+    };
+    peer.mark_closed();
+    node.remove_peer(&peer);
+    // Requests waiting on this connection fail now (their senders drop), and every hold
+    // the peer had on our leases ends with its connection.
+    peer.0.pending.lock().expect("pending lock").clear();
+    let ended = node.leases.drop_holder(&peer.0.remote.node_id);
+    if ended > 0 {
+        tracing::info!(node = %node.me.name, peer = %peer.name(), "peer gone: its holds on {ended} ticket leases ended");
+    }
+    match result {
+        Ok(()) => tracing::debug!(node = %node.me.name, peer = %peer.name(), "connection closed"),
+        Err(Error::Refused { code, message, .. }) => {
+            tracing::warn!(node = %node.me.name, peer = %peer.name(), "peer closed the connection: {message} [{code}]")
+        }
+        Err(e) => {
+            tracing::warn!(node = %node.me.name, peer = %peer.name(), "closing connection: {e}");
+            if let Error::Wire(w) = &e {
+                match &peer.0.link {
+                    Link::Tcp { writer } => send_error(&mut *writer.lock().await, w).await,
+                    Link::Shm(link) => send_error(&mut *link.writer.lock().await, w).await,
+                    Link::Inproc { .. } => {}
+                }
+            }
+        }
+    }
+    use tokio::io::AsyncWriteExt;
+    match &peer.0.link {
+        Link::Tcp { writer } => {
+            let _ = writer.lock().await.shutdown().await;
+        }
+        Link::Shm(link) => {
+            let freed = link.release_all();
+            if freed > 0 {
+                tracing::info!(node = %node.me.name, peer = %peer.name(), "peer gone: {freed} shared-memory leases ended");
+            }
+            let _ = link.writer.lock().await.shutdown().await;
+            node.mappings.forget_idle();
+        }
+        Link::Inproc { .. } => {}
+    }
+}
+
+async fn read_messages<R>(
+    node: &Arc<NodeInner>,
+    peer: &Peer,
+    reader: &mut MessageReader<R>,
+    releases: Option<&mpsc::UnboundedSender<u64>>,
+) -> Result<()>
+where
+    R: AsyncRead + FdSource + Unpin,
+{
+    let supported: &[&str] = if releases.is_some() { UNIX_KINDS } else { TCP_KINDS };
+    let mut delivery: Option<Delivery> = None;
+    loop {
+        let Some(header_bytes) = reader.read_header(&node.limits).await? else {
+            return Ok(());
+        };
+        if let Some(problem) = reader.stream_mut().take_fd_error() {
+            return Err(WireError::BadShm(problem).into());
+        }
+        let header = Header::decode(&header_bytes, &node.limits)?;
+        match header {
+            Header::Msg {
+                type_name,
+                body,
+                frames,
+            } => {
+                node.registry.check(type_name)?;
+                let lengths = inline_frame_lengths(&frames, supported)?;
+                let shared = frames.iter().filter(|d| matches!(d, Descriptor::Shm { .. })).count();
+                let mut fds = reader
+                    .stream_mut()
+                    .take_fds(shared)
+                    .ok_or_else(|| {
+                        WireError::BadShm(format!(
+                            "the message announces {shared} shared segments, but fewer descriptors arrived"
+                        ))
+                    })?
+                    .into_iter();
+                let mut received = Vec::with_capacity(lengths.len());
+                for (desc, len) in frames.iter().zip(lengths) {
+                    let buffer = match desc {
+                        Descriptor::Shm {
+                            len,
+                            offset,
+                            size,
+                            lease,
+                            sealed,
+                        } => {
+                            let fd = fds.next().expect("counted above");
+                            let mapping = node
+                                .mappings
+                                .map(fd, *size, *sealed)
+                                .map_err(|e| WireError::BadShm(e.0))?;
+                            shm::remote_buffer(RemoteView {
+                                mapping,
+                                offset: *offset as usize,
+                                len: *len as usize,
+                                lease: *lease,
+                                release: releases.expect("shm frames only on shm links").clone(),
+                            })
+                        }
+                        Descriptor::Ticket(claim) => {
+                            let handle = Arc::new(TicketHandle {
+                                claim: claim.clone(),
+                                node: Arc::downgrade(node),
+                            });
+                            Buffer::with_origin(Bytes::new(), Arc::new(TicketOrigin(handle)))
+                        }
+                        _ => Buffer::from(reader.read_frame(len, &node.pool).await?),
+                    };
+                    received.push(buffer);
+                }
+                let stray = reader.stream_mut().pending_fds();
+                if stray > 0 && reader.buffered() == 0 {
+                    return Err(
+                        WireError::BadShm(format!("{stray} descriptors arrived that no header announced")).into(),
+                    );
+                }
+                let tickets = frames.iter().any(|d| matches!(d, Descriptor::Ticket(_)));
+                let envelope = Envelope {
+                    from: peer.clone(),
+                    type_name: type_name.to_string(),
+                    payload: Payload::Encoded {
+                        body: header_bytes.slice_ref(body),
+                        frames: received,
+                    },
+                };
+                let queued = delivery.as_ref().is_some_and(Delivery::busy);
+                if (tickets && node.redeem == Redeem::Eager) || queued {
+                    // Redeemed by a task of its own, so this loop keeps reading the owner's
+                    // answers; later messages queue behind it to keep their order.
+                    delivery
+                        .get_or_insert_with(|| Delivery::start(node.clone()))
+                        .push(envelope);
+                } else {
+                    node.deliver(envelope).await?;
+                }
+            }
+            Header::Ticket(op) => handle_ticket_op(node, peer, reader, op).await?,
+            Header::Release { leases } => match &peer.0.link {
+                Link::Shm(link) => {
+                    let ended = link.release(&leases);
+                    if ended < leases.len() {
+                        tracing::debug!(
+                            node = %node.me.name,
+                            peer = %peer.name(),
+                            "{} released leases were unknown (already ended)",
+                            leases.len() - ended
+                        );
+                    }
+                }
+                _ => return Err(WireError::Handshake("a release on a connection without shared memory".into()).into()),
+            },
+            Header::Error { code, message } => {
+                return Err(Error::Refused {
+                    peer: peer.name().to_string(),
+                    code,
+                    message,
+                })
+            }
+            other => {
+                return Err(WireError::Handshake(format!("unexpected {other:?} after the handshake")).into());
+            }
+        }
+    }
+}
+
+/// The ticket protocol on a connection: as the owner, answer pulls and forwards and take
+/// releases and renewals; as a holder, hand answers to the requests waiting for them.
+async fn handle_ticket_op<R>(
+    node: &Arc<NodeInner>,
+    peer: &Peer,
+    reader: &mut MessageReader<R>,
+    op: TicketOp,
+) -> Result<()>
+where
+    R: AsyncRead + FdSource + Unpin,
+{
+    let holder = peer.0.remote.node_id.as_str();
+    let refused = |req: u64, r: crate::tickets::owner::Refusal, what: &str| {
+        tracing::warn!(node = %node.me.name, peer = %peer.name(), "refused a {what}: {} [{}]", r.message, r.code);
+        TicketOp::Refused {
+            req,
+            code: r.code.to_string(),
+            message: r.message,
+        }
+    };
+    match op {
+        TicketOp::Pull {
+            req,
+            lease,
+            token,
+            offset,
+            len,
+        } => {
+            let (answer, bytes) = match node.leases.pull(lease, holder, &token, offset, len) {
+                Ok(slice) => (TicketOp::Pulled { req, len }, vec![slice]),
+                Err(r) => (refused(req, r, "pull"), vec![]),
+            };
+            // Written by a task: a large answer must not stop this loop from reading.
+            let peer = peer.clone();
+            tokio::spawn(async move {
+                if let Err(e) = peer.write_control(&Header::Ticket(answer), &bytes).await {
+                    tracing::debug!(peer = %peer.name(), "could not answer a pull: {e}");
+                }
+            });
+        }
+        TicketOp::Forward { req, lease, token, to } => {
+            let answer = match node.leases.forward(lease, holder, &token, &to) {
+                Ok(token) => TicketOp::Forwarded {
+                    req,
+                    token: token.to_vec(),
+                },
+                Err(r) => refused(req, r, "forward"),
+            };
+            peer.write_control(&Header::Ticket(answer), &[]).await?;
+        }
+        TicketOp::Unlease { lease, token } => {
+            if let Err(r) = node.leases.unlease(lease, holder, &token) {
+                tracing::debug!(node = %node.me.name, peer = %peer.name(), "ignored a release: {} [{}]", r.message, r.code);
+            }
+        }
+        TicketOp::Renew { lease, token } => {
+            if let Err(r) = node.leases.renew(lease, holder, &token) {
+                tracing::warn!(node = %node.me.name, peer = %peer.name(), "refused a renewal: {} [{}]", r.message, r.code);
+            }
+        }
+        TicketOp::Pulled { req, len } => {
+            let bytes = reader.read_frame(len, &node.pool).await?;
+            answer(peer, req, Ok(Answer::Bytes(bytes)));
+        }
+        TicketOp::Forwarded { req, token } => answer(peer, req, Ok(Answer::Token(token))),
+        TicketOp::Refused { req, code, message } => answer(
+            peer,
+            req,
+            Err(Error::TicketRefused {
+                owner: peer.name().to_string(),
+                lease: 0,
+                what: "request",
+                code,
+                message,
+            }),
+        ),
+    }
+    Ok(())
+}
+
+/// Completes the request `req` waiting on this connection (a late answer is dropped).
+fn answer(peer: &Peer, req: u64, result: Result<Answer>) {
+    if let Some(tx) = peer.0.pending.lock().expect("pending lock").remove(&req) {
+        let _ = tx.send(result);
+    }
+}
+
+/// Messages of one connection that wait for their tickets to be redeemed, in order.
+struct Delivery {
+    tx: mpsc::UnboundedSender<Envelope>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Delivery {
+    fn start(node: Arc<NodeInner>) -> Delivery {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Envelope>();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let count = queued.clone();
+        tokio::spawn(async move {
+            while let Some(mut envelope) = rx.recv().await {
+                redeem_all(&mut envelope).await;
+                let delivered = node.deliver(envelope).await;
+                count.fetch_sub(1, Ordering::AcqRel);
+                if delivered.is_err() {
+                    return;
+                }
+            }
+        });
+        Delivery { tx, queued }
+    }
+
+    fn busy(&self) -> bool {
+        self.queued.load(Ordering::Acquire) > 0
+    }
+
+    fn push(&self, envelope: Envelope) {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        if self.tx.send(envelope).is_err() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Pulls every ticket of an envelope; on failure the envelope carries the error instead.
+async fn redeem_all(envelope: &mut Envelope) {
+    let Payload::Encoded { frames, .. } = &mut envelope.payload else {
+        return;
+    };
+    for frame in frames.iter_mut() {
+        if let Some(ticket) = Ticket::of(frame) {
+            match ticket.redeem().await {
+                Ok(bytes) => *frame = bytes,
+                Err(e) => {
+                    tracing::warn!(from = %envelope.from.name(), "a ticket could not be redeemed: {e}");
+                    envelope.payload = Payload::Failed(e);
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Talking to owners: finding (or connecting to) the owner of a ticket, asking it to pull,
+//! forward or renew, and releasing holds in the background when handles are dropped.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use handoff_wire::{Header, TicketClaim, TicketOp};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::node::NodeInner;
+use crate::{Error, Peer, Result};
+
+/// An owner's answer to a pull or forward.
+pub(crate) enum Answer {
+    /// Pulled bytes.
+    Bytes(Bytes),
+    /// A new holder's token.
+    Token(Vec<u8>),
+}
+
+/// A request waiting for its answer on one connection.
+pub(crate) type Pending = oneshot::Sender<Result<Answer>>;
+
+fn lost(claim: &TicketClaim, owner: &str, reason: impl Into<String>) -> Error {
+    Error::OwnerLost {
+        owner: owner.to_string(),
+        lease: claim.lease,
+        len: claim.len,
+        reason: reason.into(),
+    }
+}
+
+impl NodeInner {
+    /// The connected peer with node id `id`.
+    pub(crate) fn peer_by_id(&self, id: &str) -> Option<Peer> {
+        self.peers
+            .read()
+            .expect("peers lock")
+            .get(id)
+            .filter(|p| !p.is_closed())
+            .cloned()
+    }
+
+    /// A connection to the ticket's owner: the one we have, or a new one to its address.
+    pub(crate) async fn owner_peer(self: &Arc<Self>, claim: &TicketClaim) -> Result<Peer> {
+        if let Some(p) = self.peer_by_id(&claim.owner) {
+            return Ok(p);
+        }
+        let addr = claim.addr.as_deref().ok_or_else(|| {
+            lost(
+                claim,
+                &claim.owner,
+                "not connected to the owner, and the ticket has no address",
+            )
+        })?;
+        let peer = tokio::time::timeout(self.pull_timeout, crate::connection::connect(self, addr, None))
+            .await
+            .map_err(|_| lost(claim, addr, format!("connecting took over {:?}", self.pull_timeout)))?
+            .map_err(|e| lost(claim, addr, format!("cannot connect: {e}")))?;
+        if peer.endpoint().node_id != claim.owner {
+            return Err(lost(
+                claim,
+                addr,
+                format!(
+                    "the node at {addr} is {}, not the ticket's owner",
+                    peer.endpoint().node_id
+                ),
+            ));
+        }
+        Ok(peer)
+    }
+
+    /// Sends a ticket request and waits (at most the pull timeout) for the owner's answer.
+    pub(crate) async fn ticket_request(
+        self: &Arc<Self>,
+        claim: &TicketClaim,
+        what: &'static str,
+        op: impl FnOnce(u64) -> TicketOp,
+    ) -> Result<Answer> {
+        let peer = self.owner_peer(claim).await?;
+        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        peer.0.pending.lock().expect("pending lock").insert(req, tx);
+        if let Err(e) = peer.write_control(&Header::Ticket(op(req)), &[]).await {
+            peer.0.pending.lock().expect("pending lock").remove(&req);
+            return Err(lost(claim, peer.name(), format!("sending the {what}: {e}")));
+        }
+        match tokio::time::timeout(self.pull_timeout, rx).await {
+            Ok(Ok(answer)) => answer.map_err(|e| match e {
+                Error::TicketRefused { code, message, .. } => Error::TicketRefused {
+                    owner: peer.name().to_string(),
+                    lease: claim.lease,
+                    what,
+                    code,
+                    message,
+                },
+                other => other,
+            }),
+            Ok(Err(_)) => Err(lost(claim, peer.name(), "the connection closed before it answered")),
+            Err(_) => {
+                peer.0.pending.lock().expect("pending lock").remove(&req);
+                Err(lost(
+                    claim,
+                    peer.name(),
+                    format!("no answer to the {what} within {:?}", self.pull_timeout),
+                ))
+            }
+        }
+    }
+
+    /// Pulls `len` bytes from `offset` of a ticket's buffer.
+    pub(crate) async fn pull(self: &Arc<Self>, claim: &TicketClaim, offset: u64, len: u64) -> Result<Bytes> {
+        let answer = self
+            .ticket_request(claim, "pull", |req| TicketOp::Pull {
+                req,
+                lease: claim.lease,
+                token: claim.token.clone(),
+                offset,
+                len,
+            })
+            .await?;
+        match answer {
+            Answer::Bytes(b) if b.len() as u64 == len => Ok(b),
+            Answer::Bytes(b) => Err(lost(
+                claim,
+                &claim.owner,
+                format!("asked for {len} bytes, got {}", b.len()),
+            )),
+            Answer::Token(_) => Err(lost(claim, &claim.owner, "answered a pull with a token")),
+        }
+    }
+
+    /// Registers node `to` with the owner as a holder of the claim's lease; returns `to`'s claim.
+    pub(crate) async fn forward_claim(self: &Arc<Self>, claim: &TicketClaim, to: &str) -> Result<TicketClaim> {
+        let answer = self
+            .ticket_request(claim, "forward", |req| TicketOp::Forward {
+                req,
+                lease: claim.lease,
+                token: claim.token.clone(),
+                to: to.to_string(),
+            })
+            .await?;
+        match answer {
+            Answer::Token(token) => Ok(TicketClaim { token, ..claim.clone() }),
+            Answer::Bytes(_) => Err(lost(claim, &claim.owner, "answered a forward with bytes")),
+        }
+    }
+
+    /// Queues the release of a hold whose last handle was dropped.
+    pub(crate) fn ticket_released(&self, claim: &TicketClaim) {
+        let _ = self.unlease_tx.send(claim.clone());
+    }
+}
+
+/// Sends `unlease` for dropped handles (connecting to the owner if needed, briefly).
+pub(crate) async fn unlease_loop(node: std::sync::Weak<NodeInner>, mut rx: mpsc::UnboundedReceiver<TicketClaim>) {
+    while let Some(claim) = rx.recv().await {
+        let Some(node) = node.upgrade() else { return };
+        if node.is_shut_down() {
+            return;
+        }
+        let op = TicketOp::Unlease {
+            lease: claim.lease,
+            token: claim.token.clone(),
+        };
+        let sent = match tokio::time::timeout(Duration::from_secs(5), node.owner_peer(&claim)).await {
+            Ok(Ok(peer)) => peer
+                .write_control(&Header::Ticket(op), &[])
+                .await
+                .map_err(|e| e.to_string()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timed out".into()),
+        };
+        if let Err(e) = sent {
+            tracing::debug!(node = %node.me.name, lease = claim.lease, "could not release a ticket hold ({e}); its deadline will");
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! The holder's side of tickets: handles that redeem from the owner, forward, renew, and
+//! release their hold when the last one is dropped.
+
+use std::ops::Range;
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+use handoff_wire::{Buffer, TicketClaim, TicketOp};
+
+use crate::node::NodeInner;
+use crate::{Error, Result};
+
+/// One hold on a lease at its owner; the hold is released when the last handle drops.
+pub(crate) struct TicketHandle {
+    pub(crate) claim: TicketClaim,
+    pub(crate) node: Weak<NodeInner>,
+}
+
+impl Drop for TicketHandle {
+    fn drop(&mut self) {
+        if let Some(node) = self.node.upgrade() {
+            node.ticket_released(&self.claim);
+        }
+    }
+}
+
+/// The origin of a placeholder `Buffer` that stands for a ticket not yet redeemed.
+pub(crate) struct TicketOrigin(pub(crate) Arc<TicketHandle>);
+
+/// A received ticket: a claim on bytes that another node owns.
+///
+/// Get one from a placeholder buffer with [`Ticket::of`] (on a node that redeems lazily).
+#[derive(Clone)]
+pub struct Ticket(pub(crate) Arc<TicketHandle>);
+
+impl Ticket {
+    /// The ticket behind a placeholder buffer, if it is one.
+    pub fn of(buf: &Buffer) -> Option<Ticket> {
+        buf.origin()
+            .and_then(|o| o.downcast_ref::<TicketOrigin>())
+            .map(|t| Ticket(t.0.clone()))
+    }
+
+    /// Length of the owner's buffer.
+    pub fn len(&self) -> u64 {
+        self.0.claim.len
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.claim.len == 0
+    }
+
+    /// Node id of the owner.
+    pub fn owner(&self) -> &str {
+        &self.0.claim.owner
+    }
+
+    /// The owner's lease id.
+    pub fn lease(&self) -> u64 {
+        self.0.claim.lease
+    }
+
+    fn node(&self) -> Result<Arc<NodeInner>> {
+        self.0.node.upgrade().ok_or(Error::NodeClosed)
+    }
+
+    /// Pulls the whole buffer from the owner and checks it against the ticket's digest.
+    pub async fn redeem(&self) -> Result<Buffer> {
+        let node = self.node()?;
+        let bytes = node.pull(&self.0.claim, 0, self.0.claim.len).await?;
+        if blake3::hash(&bytes).as_bytes()[..] != self.0.claim.digest[..] {
+            return Err(Error::Corrupt {
+                owner: self.0.claim.owner.clone(),
+                lease: self.0.claim.lease,
+            });
+        }
+        Ok(Buffer::from(bytes))
+    }
+
+    /// Pulls only `range` of the buffer.
+    pub async fn read(&self, range: Range<u64>) -> Result<Bytes> {
+        let node = self.node()?;
+        let len = range.end.saturating_sub(range.start);
+        node.pull(&self.0.claim, range.start, len).await
+    }
+
+    /// Extends this node's hold by the lease's ttl.
+    pub async fn renew(&self) -> Result<()> {
+        let node = self.node()?;
+        let op = TicketOp::Renew {
+            lease: self.0.claim.lease,
+            token: self.0.claim.token.clone(),
+        };
+        node.owner_peer(&self.0.claim)
+            .await?
+            .write_control(&handoff_wire::Header::Ticket(op), &[])
+            .await
+    }
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket")
+            .field("owner", &self.0.claim.owner)
+            .field("lease", &self.0.claim.lease)
+            .field("len", &self.0.claim.len)
+            .finish()
+    }
+}

@@ -1,0 +1,477 @@
+//! The owner's side of tickets: leases on buffers that holders pull from us.
+//!
+//! A lease keeps a buffer alive for its holders, each with its own token and deadline.
+//! A holder's hold ends when it releases (`unlease`), when its deadline passes without a
+//! renewal, or when its connection to us is lost; the buffer is freed when the last hold
+//! ends — never earlier. Caps on the bytes pinned (in total and per peer) give
+//! backpressure: issuing waits for room, or fails, as configured.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use handoff_wire::Buffer;
+use tokio::sync::Notify;
+
+use crate::{Error, Result};
+
+/// What a node does when a new lease would exceed its caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenFull {
+    /// Wait up to this long for leases to end, then fail.
+    Wait(Duration),
+    /// Fail at once.
+    Fail,
+}
+
+/// Limits and timing of the leases a node issues.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseConfig {
+    /// How long a hold lasts without a renewal.
+    pub ttl: Duration,
+    /// Most bytes pinned by all leases together.
+    pub max_bytes: u64,
+    /// Most bytes pinned by leases issued to one peer.
+    pub max_bytes_per_peer: u64,
+    /// What to do when a cap is reached.
+    pub when_full: WhenFull,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            ttl: Duration::from_secs(30),
+            max_bytes: 16 << 30,
+            max_bytes_per_peer: 8 << 30,
+            when_full: WhenFull::Wait(Duration::from_secs(30)),
+        }
+    }
+}
+
+/// Why the owner refuses a pull, forward, renew or release.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
+}
+
+fn refuse(code: &'static str, message: String) -> Refusal {
+    Refusal { code, message }
+}
+
+struct Hold {
+    token: [u8; 32],
+    deadline: Instant,
+}
+
+struct Lease {
+    buffer: Buffer,
+    digest: [u8; 32],
+    /// The peer the lease was first issued to (its bytes count against that peer's cap).
+    issued_to: String,
+    holders: HashMap<String, Hold>,
+    created: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    leases: HashMap<u64, Lease>,
+    next_id: u64,
+    bytes: u64,
+    bytes_by_peer: HashMap<String, u64>,
+    /// Holds that ended by deadline (for diagnostics).
+    expired: u64,
+}
+
+/// The leases a node holds as an owner, observable through [`LeaseTableStats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LeaseTableStats {
+    /// Leases alive.
+    pub count: usize,
+    /// Bytes they pin.
+    pub bytes: u64,
+    /// Holds across all leases.
+    pub holders: usize,
+    /// Age of the oldest lease in seconds (0 when none).
+    pub oldest_seconds: f64,
+    /// Holds ended by their deadline since the node started.
+    pub expired: u64,
+}
+
+/// A lease just issued: what goes into the ticket.
+#[derive(Debug)]
+pub(crate) struct Issued {
+    pub(crate) lease: u64,
+    pub(crate) token: [u8; 32],
+    pub(crate) digest: [u8; 32],
+}
+
+pub(crate) struct LeaseTable {
+    state: Mutex<State>,
+    changed: Notify,
+    pub(crate) config: LeaseConfig,
+}
+
+fn token_eq(a: &[u8; 32], b: &[u8]) -> bool {
+    b.len() == 32 && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl LeaseTable {
+    pub(crate) fn new(config: LeaseConfig) -> LeaseTable {
+        LeaseTable {
+            state: Mutex::new(State {
+                next_id: 1,
+                ..State::default()
+            }),
+            changed: Notify::new(),
+            config,
+        }
+    }
+
+    /// Leases `buffer` to the node `holder` (its node id); waits for room or fails as configured.
+    pub(crate) async fn issue(&self, buffer: &Buffer, holder: &str, holder_name: &str) -> Result<Issued> {
+        let bytes = buffer.len() as u64;
+        let digest = *blake3::hash(buffer).as_bytes();
+        let give_up = match self.config.when_full {
+            WhenFull::Wait(d) => Some(tokio::time::Instant::now() + d),
+            WhenFull::Fail => None,
+        };
+        loop {
+            let changed = self.changed.notified();
+            {
+                let mut st = self.state.lock().expect("lease lock");
+                let peer_bytes = st.bytes_by_peer.get(holder).copied().unwrap_or(0);
+                let full = if st.bytes + bytes > self.config.max_bytes {
+                    Some(format!(
+                        "{} of {} bytes are leased in total",
+                        st.bytes, self.config.max_bytes
+                    ))
+                } else if peer_bytes + bytes > self.config.max_bytes_per_peer {
+                    Some(format!(
+                        "{peer_bytes} of {} bytes are leased to it",
+                        self.config.max_bytes_per_peer
+                    ))
+                } else {
+                    None
+                };
+                match full {
+                    None => {
+                        let lease = st.next_id;
+                        st.next_id += 1;
+                        let token: [u8; 32] = rand::random();
+                        st.bytes += bytes;
+                        *st.bytes_by_peer.entry(holder.to_string()).or_default() += bytes;
+                        let hold = Hold {
+                            token,
+                            deadline: Instant::now() + self.config.ttl,
+                        };
+                        st.leases.insert(
+                            lease,
+                            Lease {
+                                buffer: buffer.clone(),
+                                digest,
+                                issued_to: holder.to_string(),
+                                holders: HashMap::from([(holder.to_string(), hold)]),
+                                created: Instant::now(),
+                            },
+                        );
+                        return Ok(Issued { lease, token, digest });
+                    }
+                    Some(reason) => {
+                        let waited_out = give_up.is_none_or(|g| tokio::time::Instant::now() >= g);
+                        if waited_out {
+                            return Err(Error::LeaseCap {
+                                peer: holder_name.to_string(),
+                                bytes,
+                                reason,
+                            });
+                        }
+                    }
+                }
+            }
+            let deadline = give_up.expect("checked above");
+            let _ = tokio::time::timeout_at(deadline, changed).await;
+        }
+    }
+
+    fn with_hold<T>(
+        &self,
+        lease: u64,
+        holder: &str,
+        token: &[u8],
+        f: impl FnOnce(&mut State, u64) -> Result<T, Refusal>,
+    ) -> Result<T, Refusal> {
+        let mut st = self.state.lock().expect("lease lock");
+        let Some(l) = st.leases.get(&lease) else {
+            return Err(refuse(
+                "unknown-lease",
+                format!("no lease {lease} (ended or never issued)"),
+            ));
+        };
+        let Some(hold) = l.holders.get(holder) else {
+            return Err(refuse(
+                "bad-token",
+                format!("node {holder} holds no share of lease {lease}"),
+            ));
+        };
+        if !token_eq(&hold.token, token) {
+            return Err(refuse(
+                "bad-token",
+                format!("wrong token for lease {lease} from node {holder}"),
+            ));
+        }
+        if hold.deadline <= Instant::now() {
+            return Err(refuse(
+                "expired",
+                format!("the hold of node {holder} on lease {lease} expired"),
+            ));
+        }
+        f(&mut st, lease)
+    }
+
+    /// Checks a pull and returns the bytes asked for (a view, no copy).
+    pub(crate) fn pull(
+        &self,
+        lease: u64,
+        holder: &str,
+        token: &[u8],
+        offset: u64,
+        len: u64,
+    ) -> Result<Buffer, Refusal> {
+        self.with_hold(lease, holder, token, |st, lease| {
+            let buf = &st.leases[&lease].buffer;
+            let end = offset.checked_add(len).filter(|e| *e <= buf.len() as u64);
+            match end {
+                Some(end) => Ok(buf.slice(offset as usize..end as usize)),
+                None => Err(refuse(
+                    "out-of-range",
+                    format!(
+                        "range {offset}+{len} is outside the {} bytes of lease {lease}",
+                        buf.len()
+                    ),
+                )),
+            }
+        })
+    }
+
+    /// Registers `to` as a holder too, with its own token; the asking holder keeps its hold.
+    pub(crate) fn forward(&self, lease: u64, holder: &str, token: &[u8], to: &str) -> Result<[u8; 32], Refusal> {
+        let ttl = self.config.ttl;
+        self.with_hold(lease, holder, token, |st, lease| {
+            let l = st.leases.get_mut(&lease).expect("checked");
+            let token: [u8; 32] = rand::random();
+            l.holders.insert(
+                to.to_string(),
+                Hold {
+                    token,
+                    deadline: Instant::now() + ttl,
+                },
+            );
+            Ok(token)
+        })
+    }
+
+    /// Extends a hold by the ttl.
+    pub(crate) fn renew(&self, lease: u64, holder: &str, token: &[u8]) -> Result<(), Refusal> {
+        let ttl = self.config.ttl;
+        self.with_hold(lease, holder, token, |st, lease| {
+            let hold = st
+                .leases
+                .get_mut(&lease)
+                .expect("checked")
+                .holders
+                .get_mut(holder)
+                .expect("checked");
+            hold.deadline = Instant::now() + ttl;
+            Ok(())
+        })
+    }
+
+    /// Ends a holder's hold (its release).
+    pub(crate) fn unlease(&self, lease: u64, holder: &str, token: &[u8]) -> Result<(), Refusal> {
+        self.with_hold(lease, holder, token, |st, lease| {
+            st.leases.get_mut(&lease).expect("checked").holders.remove(holder);
+            Ok(())
+        })
+        .map(|()| self.sweep())
+    }
+
+    /// Ends every hold of `holder` (its connection was lost).
+    pub(crate) fn drop_holder(&self, holder: &str) -> usize {
+        let n = {
+            let mut st = self.state.lock().expect("lease lock");
+            st.leases
+                .values_mut()
+                .map(|l| l.holders.remove(holder).is_some() as usize)
+                .sum()
+        };
+        self.sweep();
+        n
+    }
+
+    /// Ends holds whose deadline passed; returns how many.
+    pub(crate) fn expire(&self) -> usize {
+        let now = Instant::now();
+        let n = {
+            let mut st = self.state.lock().expect("lease lock");
+            let mut n = 0;
+            for l in st.leases.values_mut() {
+                let before = l.holders.len();
+                l.holders.retain(|_, h| h.deadline > now);
+                n += before - l.holders.len();
+            }
+            st.expired += n as u64;
+            n
+        };
+        if n > 0 {
+            self.sweep();
+        }
+        n
+    }
+
+    /// The soonest deadline of any hold.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        let st = self.state.lock().expect("lease lock");
+        st.leases
+            .values()
+            .flat_map(|l| l.holders.values().map(|h| h.deadline))
+            .min()
+    }
+
+    /// Frees leases with no holders left.
+    fn sweep(&self) {
+        let mut st = self.state.lock().expect("lease lock");
+        let done: Vec<u64> = st
+            .leases
+            .iter()
+            .filter(|(_, l)| l.holders.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        if done.is_empty() {
+            return;
+        }
+        for id in done {
+            let l = st.leases.remove(&id).expect("listed");
+            let bytes = l.buffer.len() as u64;
+            st.bytes -= bytes;
+            if let Some(b) = st.bytes_by_peer.get_mut(&l.issued_to) {
+                *b -= bytes;
+                if *b == 0 {
+                    st.bytes_by_peer.remove(&l.issued_to);
+                }
+            }
+        }
+        drop(st);
+        self.changed.notify_waiters();
+    }
+
+    /// Whether a lease is alive (its buffer still pinned).
+    pub(crate) fn is_alive(&self, lease: u64) -> bool {
+        self.state.lock().expect("lease lock").leases.contains_key(&lease)
+    }
+
+    /// The digest recorded for a lease.
+    #[allow(dead_code)]
+    pub(crate) fn digest(&self, lease: u64) -> Option<[u8; 32]> {
+        self.state
+            .lock()
+            .expect("lease lock")
+            .leases
+            .get(&lease)
+            .map(|l| l.digest)
+    }
+
+    pub(crate) fn stats(&self) -> LeaseTableStats {
+        let st = self.state.lock().expect("lease lock");
+        LeaseTableStats {
+            count: st.leases.len(),
+            bytes: st.bytes,
+            holders: st.leases.values().map(|l| l.holders.len()).sum(),
+            oldest_seconds: st
+                .leases
+                .values()
+                .map(|l| l.created.elapsed().as_secs_f64())
+                .fold(0.0, f64::max),
+            expired: st.expired,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(ttl_ms: u64, max: u64, when_full: WhenFull) -> LeaseTable {
+        LeaseTable::new(LeaseConfig {
+            ttl: Duration::from_millis(ttl_ms),
+            max_bytes: max,
+            max_bytes_per_peer: max,
+            when_full,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_lease_lives_until_its_last_holder_releases() {
+        let t = table(60_000, 1 << 20, WhenFull::Fail);
+        let buf = Buffer::from(vec![1u8; 1000]);
+        let i = t.issue(&buf, "b", "b").await.unwrap();
+        assert_eq!(t.pull(i.lease, "b", &i.token, 10, 5).unwrap(), buf.slice(10..15));
+        let c_token = t.forward(i.lease, "b", &i.token, "c").unwrap();
+        t.unlease(i.lease, "b", &i.token).unwrap();
+        assert!(t.is_alive(i.lease), "c still holds it");
+        assert_eq!(
+            t.pull(i.lease, "b", &i.token, 0, 1).unwrap_err().code,
+            "bad-token",
+            "b's hold ended"
+        );
+        assert_eq!(
+            t.pull(i.lease, "c", &i.token, 0, 1).unwrap_err().code,
+            "bad-token",
+            "b's token is not c's"
+        );
+        t.pull(i.lease, "c", &c_token, 0, 1000).unwrap();
+        assert_eq!(t.pull(i.lease, "c", &c_token, 999, 2).unwrap_err().code, "out-of-range");
+        t.unlease(i.lease, "c", &c_token).unwrap();
+        assert!(!t.is_alive(i.lease));
+        assert_eq!(
+            t.pull(i.lease, "c", &c_token, 0, 1).unwrap_err().code,
+            "unknown-lease",
+            "no replay"
+        );
+        assert_eq!(t.stats().bytes, 0);
+    }
+
+    #[tokio::test]
+    async fn deadlines_and_lost_holders_end_holds() {
+        let t = table(50, 1 << 20, WhenFull::Fail);
+        let buf = Buffer::from(vec![1u8; 10]);
+        let a = t.issue(&buf, "b", "b").await.unwrap();
+        let b = t.issue(&buf, "c", "c").await.unwrap();
+        assert_eq!(t.drop_holder("c"), 1);
+        assert!(!t.is_alive(b.lease));
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        assert_eq!(t.pull(a.lease, "b", &a.token, 0, 1).unwrap_err().code, "expired");
+        assert_eq!(t.expire(), 1);
+        assert!(!t.is_alive(a.lease));
+        assert_eq!(t.stats().expired, 1);
+    }
+
+    #[tokio::test]
+    async fn caps_wait_or_fail() {
+        let t = std::sync::Arc::new(table(60_000, 100, WhenFull::Wait(Duration::from_secs(5))));
+        let buf = Buffer::from(vec![1u8; 80]);
+        let first = t.issue(&buf, "b", "b").await.unwrap();
+        let t2 = t.clone();
+        let b2 = buf.clone();
+        let waiting = tokio::spawn(async move { t2.issue(&b2, "b", "b").await.map(|i| i.lease) });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "the second lease waits for room");
+        t.unlease(first.lease, "b", &first.token).unwrap();
+        waiting.await.unwrap().unwrap();
+
+        let failing = table(60_000, 100, WhenFull::Fail);
+        failing.issue(&buf, "b", "b").await.unwrap();
+        let err = failing.issue(&buf, "b", "b").await.unwrap_err();
+        assert!(err.to_string().contains("80 of 100 bytes"), "{err}");
+    }
+}
