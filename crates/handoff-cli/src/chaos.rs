@@ -32,7 +32,7 @@ pub struct ChaosArgs {
     #[arg(long)]
     pub json: bool,
     /// Largest buffer an iteration sends, in bytes.
-    #[arg(long, default_value_t = 16 << 20)]
+    #[arg(long, default_value_t = 32 << 20)]
     pub max_bytes: u64,
 }
 
@@ -58,8 +58,8 @@ pub struct Summary {
     pub seconds: f64,
 }
 
-const LEASE_TTL_MS: u64 = 600;
-const PULL_TIMEOUT_MS: u64 = 1500;
+const LEASE_TTL_MS: u64 = 500;
+const PULL_TIMEOUT_MS: u64 = 1000;
 
 /// SplitMix64: a small, stable, seedable generator (the same seed gives the same run).
 struct Rng(u64);
@@ -126,6 +126,66 @@ async fn spawn(name: &str, secret: &std::path::Path, extra: &[&str]) -> Result<C
     let ready = read_ready_line(&mut lines, Duration::from_secs(20)).await?;
     let listen = ready["listen"].as_str().context("listen address")?.to_string();
     Ok(Child { child, listen })
+}
+
+/// What the nodes of one iteration reported so far.
+#[derive(Default)]
+struct Tally {
+    received: Vec<String>,
+    finished: Vec<String>,
+    issued: Option<bool>,
+}
+
+impl Tally {
+    /// Takes in one message to the driver; reports of other iterations are ignored.
+    fn absorb(
+        &mut self,
+        env: handoff::Envelope,
+        i: u32,
+        fault: Fault,
+        b_name: &str,
+        owner_alive: bool,
+        summary: &mut Summary,
+    ) -> Result<()> {
+        if env.type_name() != Report::TYPE_NAME {
+            return Ok(());
+        }
+        let report: Report = env.decode()?;
+        if report.id != i as u64 {
+            return Ok(());
+        }
+        match report.outcome.as_str() {
+            "received" => self.received.push(report.node),
+            "issued" => self.issued = Some(true),
+            kind if kind.starts_with("issue-") => {
+                self.issued = Some(false);
+                *summary.errors.entry(kind.to_string()).or_default() += 1;
+            }
+            "ok" | "forwarded" | "leaked" => self.finished.push(report.node),
+            "corrupt" => {
+                self.finished.push(report.node);
+                summary.corrupt_reads += 1;
+            }
+            kind => {
+                *summary.errors.entry(kind.to_string()).or_default() += 1;
+                let refused = matches!(kind, "unknown-lease" | "expired" | "bad-token");
+                // A holder whose connection was dropped lost its hold by design; a refusal
+                // anywhere else, with the owner alive, is a hold that ended too early.
+                let explained = fault == Fault::DropConnection && report.node == b_name;
+                if refused && owner_alive && !explained {
+                    summary.premature_frees += 1;
+                    tracing::error!(
+                        "iteration {i}: premature free: {} got {kind}: {}",
+                        report.node,
+                        report.detail
+                    );
+                }
+                tracing::debug!("iteration {i}: {} reported {kind}: {}", report.node, report.detail);
+                self.finished.push(report.node);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Runs the harness and prints the summary.
@@ -221,6 +281,7 @@ async fn iteration(
     let fault = faults[rng.below(faults.len() as u64) as usize];
     let bytes = 64 * 1024 + rng.below(max_bytes.saturating_sub(64 * 1024).max(1));
     let delay = Duration::from_micros(rng.below(6_000));
+    let on_received = rng.below(2) == 0;
     *summary.faults.entry(fault.name().into()).or_default() += 1;
 
     let mut owner = spawn(&owner_name, secret, &["--connect", chaos_addr]).await?;
@@ -259,69 +320,74 @@ async fn iteration(
             leak: fault == Fault::LostRelease,
         })
         .await?;
+    // The fault comes at a random moment after the issue, or just after b received the
+    // ticket (so that it lands while b pulls).
+    let mut tally = Tally::default();
+    let delay = if on_received {
+        let until = Instant::now() + Duration::from_secs(2);
+        while !tally.received.contains(&b_name) && Instant::now() < until {
+            if let Ok(env) = chaos.recv_timeout(Duration::from_millis(100)).await {
+                tally.absorb(env, i, fault, &b_name, true, summary)?;
+            }
+        }
+        delay / 8
+    } else {
+        delay
+    };
     tokio::time::sleep(delay).await;
-    let mut owner_alive = true;
-    let mut expected: Vec<String> = vec![b_name.clone()];
-    if forward {
-        expected.push(c_name.clone());
-    }
+    let owner_alive = fault != Fault::KillOwner;
     match fault {
-        Fault::KillOwner => {
-            owner.child.kill().await?;
-            owner_alive = false;
-        }
-        Fault::KillHolder => {
-            b.child.kill().await?;
-            expected.retain(|n| *n != b_name);
-        }
-        Fault::KillThird => {
-            c.child.kill().await?;
-            expected.retain(|n| *n != c_name);
-        }
+        Fault::KillOwner => owner.child.kill().await?,
+        Fault::KillHolder => b.child.kill().await?,
+        Fault::KillThird => c.child.kill().await?,
         Fault::DropConnection => to_owner.send(Disconnect { peer: b_name.clone() }).await?,
         Fault::None | Fault::LostRelease => {}
     }
 
-    // Reports from the holders that still live, within a bounded time.
-    let deadline = Instant::now() + Duration::from_millis(PULL_TIMEOUT_MS * 2 + 2000);
-    let mut reported: Vec<String> = Vec::new();
-    while expected.iter().any(|n| !reported.contains(n)) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let env = match chaos.recv_timeout(left).await {
-            Ok(env) => env,
-            Err(_) => break,
+    // What the nodes report: the owner says whether it issued the ticket; a holder says
+    // when it received one, then how it ended. A holder that received a ticket and lives
+    // must report its outcome within a bounded time (else it hung).
+    let killed: Vec<&str> = match fault {
+        Fault::KillOwner => vec![owner_name.as_str()],
+        Fault::KillHolder => vec![b_name.as_str()],
+        Fault::KillThird => vec![c_name.as_str()],
+        _ => vec![],
+    };
+    let started = Instant::now();
+    let grace = Duration::from_millis(300);
+    let limit = Duration::from_millis(PULL_TIMEOUT_MS + 1500);
+    loop {
+        let alive = |n: &str| !killed.contains(&n);
+        // A holder that received the ticket and lives owes us its outcome.
+        let holder_busy = tally.received.iter().any(|n| !tally.finished.contains(n) && alive(n));
+        // The owner, while alive, tells whether it issued the ticket.
+        let owner_pending = tally.issued.is_none() && owner_alive;
+        // b gets the ticket if the owner issued it (certainly) or may have (killed owner: a grace).
+        let b_due = !tally.received.contains(&b_name)
+            && alive(&b_name)
+            && (tally.issued == Some(true) || (tally.issued.is_none() && started.elapsed() < grace));
+        // c gets it once b forwarded it.
+        let c_due = forward && tally.finished.contains(&b_name) && !tally.received.contains(&c_name) && alive(&c_name);
+        if !(holder_busy || owner_pending || b_due || c_due) {
+            break;
+        }
+        let Some(left) = limit.checked_sub(started.elapsed()) else {
+            break;
         };
-        if env.type_name() != Report::TYPE_NAME {
-            continue;
-        }
-        let report: Report = env.decode()?;
-        if report.id != i as u64 {
-            continue;
-        }
-        reported.push(report.node.clone());
-        match report.outcome.as_str() {
-            "ok" | "forwarded" | "leaked" => {}
-            "corrupt" => summary.corrupt_reads += 1,
-            kind => {
-                *summary.errors.entry(kind.to_string()).or_default() += 1;
-                let refused = matches!(kind, "unknown-lease" | "expired" | "bad-token");
-                // A holder whose connection was dropped lost its hold by design; a refusal
-                // anywhere else, with the owner alive, is a hold that ended too early.
-                let explained = fault == Fault::DropConnection && report.node == b_name;
-                if refused && owner_alive && !explained {
-                    summary.premature_frees += 1;
-                    tracing::error!(
-                        "iteration {i}: premature free: {} got {kind}: {}",
-                        report.node,
-                        report.detail
-                    );
-                }
-            }
+        if let Ok(env) = chaos.recv_timeout(left.min(grace)).await {
+            tally.absorb(env, i, fault, &b_name, owner_alive, summary)?;
         }
     }
-    for n in expected.iter().filter(|n| !reported.contains(n)) {
-        *summary.errors.entry("no-report".into()).or_default() += 1;
-        tracing::warn!("iteration {i}: no report from {n} (fault {})", fault.name());
+    let (received, finished) = (tally.received, tally.finished);
+    for n in received
+        .iter()
+        .filter(|n| !finished.contains(n) && !killed.contains(&n.as_str()))
+    {
+        *summary.errors.entry("hang".into()).or_default() += 1;
+        tracing::error!(
+            "iteration {i}: {n} received a ticket and never reported how it ended (fault {})",
+            fault.name()
+        );
     }
 
     // Every lease at a live owner must end: released, or by its deadline.

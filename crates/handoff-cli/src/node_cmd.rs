@@ -202,9 +202,17 @@ pub async fn serve(node: &Node) -> Result<()> {
                 let node = node.clone();
                 // Issuing may wait for lease room; do not hold up other messages.
                 tokio::spawn(async move {
-                    if let Err(e) = issue_take(&node, issue).await {
-                        tracing::warn!("issuing a ticket failed: {e:#}");
-                    }
+                    let id = issue.id;
+                    let outcome = match issue_take(&node, issue).await {
+                        Ok(()) => ("issued".to_string(), String::new()),
+                        Err(e) => {
+                            let kind = e
+                                .downcast_ref::<handoff::Error>()
+                                .map_or("no-peer".into(), protocol::error_kind);
+                            (format!("issue-{kind}"), format!("{e:#}"))
+                        }
+                    };
+                    report(&node, id, outcome).await;
                 });
                 Ok(())
             }
@@ -273,6 +281,7 @@ async fn issue_take(node: &Node, issue: Issue) -> Result<()> {
 /// Chaos, holder side: forwards, leaks, or redeems and verifies, then reports to `chaos`.
 async fn take_and_report(node: &Node, take: Take) {
     let id = take.id;
+    report(node, id, ("received".into(), String::new())).await;
     let outcome = match (&take.forward_to, Ticket::of(&take.data)) {
         (Some(next), _) => match node.peer(next) {
             Some(p) => {
@@ -285,7 +294,7 @@ async fn take_and_report(node: &Node, take: Take) {
                     Err(e) => (protocol::error_kind(&e), e.to_string()),
                 }
             }
-            None => ("other".into(), format!("no peer {next}")),
+            None => ("no-peer".into(), format!("no peer {next}")),
         },
         (None, Some(ticket)) if take.leak => {
             std::mem::forget(ticket);
@@ -301,13 +310,18 @@ async fn take_and_report(node: &Node, take: Take) {
         (None, None) => ("corrupt".into(), "bytes differ from the digest".into()),
     };
     drop(take);
+    report(node, id, outcome).await;
+}
+
+/// Tells the peer named `chaos` what happened to transfer `id`.
+async fn report(node: &Node, id: u64, (outcome, detail): (String, String)) {
     if let Some(chaos) = node.peer("chaos") {
         let _ = chaos
             .send(Report {
                 id,
                 node: node.name().to_string(),
-                outcome: outcome.0,
-                detail: outcome.1,
+                outcome,
+                detail,
             })
             .await;
     }

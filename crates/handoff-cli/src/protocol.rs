@@ -250,6 +250,7 @@ pub fn error_kind(e: &handoff::Error) -> String {
         handoff::Error::NodeClosed => "node-closed".into(),
         handoff::Error::Timeout(_) => "timeout".into(),
         handoff::Error::LeaseCap { .. } => "lease-cap".into(),
+        handoff::Error::Io { .. } => "io".into(),
         _ => "other".into(),
     }
 }

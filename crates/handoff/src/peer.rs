@@ -404,7 +404,7 @@ impl Peer {
                     // Back to its owner: send the bytes.
                     out.push(Planned::Bytes(ticket.redeem().await?));
                 } else {
-                    out.push(Planned::Ticket(node.forward_claim(claim, to).await?));
+                    out.push(Planned::Ticket(node.forward_claim(&ticket.0, to).await?));
                 }
                 continue;
             }

@@ -167,9 +167,21 @@ where
                             })
                         }
                         Descriptor::Ticket(claim) => {
+                            let owner_name = if claim.owner == peer.0.remote.node_id {
+                                Some(peer.name().to_string())
+                            } else {
+                                node.peer_by_id(&claim.owner).map(|p| p.name().to_string())
+                            };
+                            let owner_label = match (owner_name, &claim.addr) {
+                                (Some(n), Some(a)) => format!("{n} ({a})"),
+                                (Some(n), None) => n,
+                                (None, Some(a)) => format!("{} ({a})", &claim.owner[..claim.owner.len().min(12)]),
+                                (None, None) => claim.owner.clone(),
+                            };
                             let handle = Arc::new(TicketHandle {
                                 claim: claim.clone(),
                                 node: Arc::downgrade(node),
+                                owner_label,
                             });
                             Buffer::with_origin(Bytes::new(), Arc::new(TicketOrigin(handle)))
                         }

@@ -10,6 +10,7 @@ use handoff_wire::{Header, TicketClaim, TicketOp};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::node::NodeInner;
+use crate::tickets::holder::TicketHandle;
 use crate::{Error, Peer, Result};
 
 /// An owner's answer to a pull or forward.
@@ -44,7 +45,7 @@ impl NodeInner {
     }
 
     /// A connection to the ticket's owner: the one we have, or a new one to its address.
-    pub(crate) async fn owner_peer(self: &Arc<Self>, claim: &TicketClaim) -> Result<Peer> {
+    pub(crate) async fn owner_peer(self: &Arc<Self>, claim: &TicketClaim, owner: &str) -> Result<Peer> {
         if let Some(p) = self.peer_by_id(&claim.owner) {
             return Ok(p);
         }
@@ -57,12 +58,12 @@ impl NodeInner {
         })?;
         let peer = tokio::time::timeout(self.pull_timeout, crate::connection::connect(self, addr, None))
             .await
-            .map_err(|_| lost(claim, addr, format!("connecting took over {:?}", self.pull_timeout)))?
-            .map_err(|e| lost(claim, addr, format!("cannot connect: {e}")))?;
+            .map_err(|_| lost(claim, owner, format!("connecting took over {:?}", self.pull_timeout)))?
+            .map_err(|e| lost(claim, owner, format!("cannot connect: {e}")))?;
         if peer.endpoint().node_id != claim.owner {
             return Err(lost(
                 claim,
-                addr,
+                owner,
                 format!(
                     "the node at {addr} is {}, not the ticket's owner",
                     peer.endpoint().node_id
@@ -75,22 +76,23 @@ impl NodeInner {
     /// Sends a ticket request and waits (at most the pull timeout) for the owner's answer.
     pub(crate) async fn ticket_request(
         self: &Arc<Self>,
-        claim: &TicketClaim,
+        handle: &TicketHandle,
         what: &'static str,
         op: impl FnOnce(u64) -> TicketOp,
     ) -> Result<Answer> {
-        let peer = self.owner_peer(claim).await?;
+        let claim = &handle.claim;
+        let peer = self.owner_peer(claim, &handle.owner_label).await?;
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         peer.0.pending.lock().expect("pending lock").insert(req, tx);
         if let Err(e) = peer.write_control(&Header::Ticket(op(req)), &[]).await {
             peer.0.pending.lock().expect("pending lock").remove(&req);
-            return Err(lost(claim, peer.name(), format!("sending the {what}: {e}")));
+            return Err(lost(claim, &handle.owner_label, format!("sending the {what}: {e}")));
         }
         match tokio::time::timeout(self.pull_timeout, rx).await {
             Ok(Ok(answer)) => answer.map_err(|e| match e {
                 Error::TicketRefused { code, message, .. } => Error::TicketRefused {
-                    owner: peer.name().to_string(),
+                    owner: handle.owner_label.clone(),
                     lease: claim.lease,
                     what,
                     code,
@@ -98,7 +100,11 @@ impl NodeInner {
                 },
                 other => other,
             }),
-            Ok(Err(_)) => Err(lost(claim, peer.name(), "the connection closed before it answered")),
+            Ok(Err(_)) => Err(lost(
+                claim,
+                &handle.owner_label,
+                "the connection closed before it answered",
+            )),
             Err(_) => {
                 peer.0.pending.lock().expect("pending lock").remove(&req);
                 Err(lost(
@@ -111,9 +117,10 @@ impl NodeInner {
     }
 
     /// Pulls `len` bytes from `offset` of a ticket's buffer.
-    pub(crate) async fn pull(self: &Arc<Self>, claim: &TicketClaim, offset: u64, len: u64) -> Result<Bytes> {
+    pub(crate) async fn pull(self: &Arc<Self>, handle: &TicketHandle, offset: u64, len: u64) -> Result<Bytes> {
+        let claim = &handle.claim;
         let answer = self
-            .ticket_request(claim, "pull", |req| TicketOp::Pull {
+            .ticket_request(handle, "pull", |req| TicketOp::Pull {
                 req,
                 lease: claim.lease,
                 token: claim.token.clone(),
@@ -133,9 +140,10 @@ impl NodeInner {
     }
 
     /// Registers node `to` with the owner as a holder of the claim's lease; returns `to`'s claim.
-    pub(crate) async fn forward_claim(self: &Arc<Self>, claim: &TicketClaim, to: &str) -> Result<TicketClaim> {
+    pub(crate) async fn forward_claim(self: &Arc<Self>, handle: &TicketHandle, to: &str) -> Result<TicketClaim> {
+        let claim = &handle.claim;
         let answer = self
-            .ticket_request(claim, "forward", |req| TicketOp::Forward {
+            .ticket_request(handle, "forward", |req| TicketOp::Forward {
                 req,
                 lease: claim.lease,
                 token: claim.token.clone(),
@@ -144,7 +152,7 @@ impl NodeInner {
             .await?;
         match answer {
             Answer::Token(token) => Ok(TicketClaim { token, ..claim.clone() }),
-            Answer::Bytes(_) => Err(lost(claim, &claim.owner, "answered a forward with bytes")),
+            Answer::Bytes(_) => Err(lost(claim, &handle.owner_label, "answered a forward with bytes")),
         }
     }
 
@@ -165,7 +173,7 @@ pub(crate) async fn unlease_loop(node: std::sync::Weak<NodeInner>, mut rx: mpsc:
             lease: claim.lease,
             token: claim.token.clone(),
         };
-        let sent = match tokio::time::timeout(Duration::from_secs(5), node.owner_peer(&claim)).await {
+        let sent = match tokio::time::timeout(Duration::from_secs(5), node.owner_peer(&claim, &claim.owner)).await {
             Ok(Ok(peer)) => peer
                 .write_control(&Header::Ticket(op), &[])
                 .await

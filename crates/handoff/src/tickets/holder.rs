@@ -14,6 +14,8 @@ use crate::{Error, Result};
 pub(crate) struct TicketHandle {
     pub(crate) claim: TicketClaim,
     pub(crate) node: Weak<NodeInner>,
+    /// How errors name the owner: its node name (if we knew it) and address.
+    pub(crate) owner_label: String,
 }
 
 impl Drop for TicketHandle {
@@ -56,6 +58,11 @@ impl Ticket {
         &self.0.claim.owner
     }
 
+    /// The owner as errors name it: its node name if known, and its address.
+    pub fn owner_label(&self) -> &str {
+        &self.0.owner_label
+    }
+
     /// The owner's lease id.
     pub fn lease(&self) -> u64 {
         self.0.claim.lease
@@ -68,10 +75,10 @@ impl Ticket {
     /// Pulls the whole buffer from the owner and checks it against the ticket's digest.
     pub async fn redeem(&self) -> Result<Buffer> {
         let node = self.node()?;
-        let bytes = node.pull(&self.0.claim, 0, self.0.claim.len).await?;
+        let bytes = node.pull(&self.0, 0, self.0.claim.len).await?;
         if blake3::hash(&bytes).as_bytes()[..] != self.0.claim.digest[..] {
             return Err(Error::Corrupt {
-                owner: self.0.claim.owner.clone(),
+                owner: self.0.owner_label.clone(),
                 lease: self.0.claim.lease,
             });
         }
@@ -82,7 +89,7 @@ impl Ticket {
     pub async fn read(&self, range: Range<u64>) -> Result<Bytes> {
         let node = self.node()?;
         let len = range.end.saturating_sub(range.start);
-        node.pull(&self.0.claim, range.start, len).await
+        node.pull(&self.0, range.start, len).await
     }
 
     /// Extends this node's hold by the lease's ttl.
@@ -92,7 +99,7 @@ impl Ticket {
             lease: self.0.claim.lease,
             token: self.0.claim.token.clone(),
         };
-        node.owner_peer(&self.0.claim)
+        node.owner_peer(&self.0.claim, &self.0.owner_label)
             .await?
             .write_control(&handoff_wire::Header::Ticket(op), &[])
             .await
