@@ -36,7 +36,7 @@ pub struct BenchArgs {
 #[derive(Debug, Clone, Serialize)]
 pub struct Case {
     /// Case name: `inproc-msg`, `tcp-rtt`, `tcp-stream`, `shm-view`, `shm-read`, `tcp-read`,
-    /// `shm-copy-in`.
+    /// `shm-copy-in`, `ticket-pull`, `ticket-3party`.
     pub case: String,
     /// Channel measured.
     pub channel: String,
@@ -56,6 +56,7 @@ struct Plan {
     rtts: u64,
     sizes: Vec<u64>,
     shm_sizes: Vec<u64>,
+    ticket_sizes: Vec<u64>,
 }
 
 impl Plan {
@@ -67,6 +68,7 @@ impl Plan {
                 rtts: 300,
                 sizes: vec![1 << 20, 16 << 20, 64 << 20],
                 shm_sizes: vec![1 << 20, 64 << 20],
+                ticket_sizes: vec![64 << 20],
             }
         } else {
             Plan {
@@ -75,6 +77,7 @@ impl Plan {
                 rtts: 3_000,
                 sizes: vec![1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20],
                 shm_sizes: vec![1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30],
+                ticket_sizes: vec![64 << 20, 256 << 20, 1 << 30],
             }
         }
     }
@@ -144,9 +147,11 @@ pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
     let plan = Plan::new(quick);
     let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
     let shm_cases = ["shm-view", "shm-read", "tcp-read", "shm-copy-in"];
+    let ticket_cases = ["ticket-pull", "ticket-3party"];
     let total = [wanted("inproc-msg"), wanted("tcp-rtt")].iter().filter(|w| **w).count()
         + if wanted("tcp-stream") { plan.sizes.len() } else { 0 }
-        + shm_cases.iter().filter(|c| wanted(c)).count() * plan.shm_sizes.len();
+        + shm_cases.iter().filter(|c| wanted(c)).count() * plan.shm_sizes.len()
+        + ticket_cases.iter().filter(|c| wanted(c)).count() * plan.ticket_sizes.len();
     let bar = ProgressBar::new(total as u64);
     bar.set_style(ProgressStyle::with_template("{spinner} bench [{bar:30}] {pos}/{len} {msg}").expect("template"));
     let secret = hex::encode(rand::random::<[u8; 16]>());
@@ -200,8 +205,97 @@ pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
         }
         bench.stop();
     }
+    if ticket_cases.iter().any(|c| wanted(c)) {
+        let bench = TicketBench::start(&secret).await?;
+        for name in ticket_cases.into_iter().filter(|c| wanted(c)) {
+            for &size in &plan.ticket_sizes {
+                bar.set_message(format!("{name} {}", table::size(size)));
+                out.push(bench.run(name, size, plan.reps).await?);
+                bar.inc(1);
+            }
+        }
+        bench.stop();
+    }
     bar.finish_and_clear();
     Ok(out)
+}
+
+/// Three nodes on three host identities (TCP between all): `a` owns buffers and sends
+/// them by ticket, `b` holds them (redeeming lazily) and may forward them to `c`.
+struct TicketBench {
+    a: Node,
+    b: Node,
+    c: Node,
+    ab: Peer,
+    bc: Peer,
+}
+
+impl TicketBench {
+    async fn start(secret: &str) -> Result<TicketBench> {
+        let build = |name: &str| {
+            protocol::register_all(Node::builder(name).listen("127.0.0.1:0").secret(secret))
+                .host_id(format!("bench-{name}"))
+                .redeem(handoff::Redeem::Lazy)
+        };
+        let a = build("bench-ticket-a").build().await?;
+        let b = build("bench-ticket-b").build().await?;
+        let c = build("bench-ticket-c").build().await?;
+        let ab = a.connect(b.listen_addr().context("listen")?).await?;
+        let bc = b.connect(c.listen_addr().context("listen")?).await?;
+        // c pulls from a over a connection of its own, opened before the runs.
+        c.connect(a.listen_addr().context("listen")?).await?;
+        Ok(TicketBench { a, b, c, ab, bc })
+    }
+
+    fn stop(self) {
+        self.a.shutdown();
+        self.b.shutdown();
+        self.c.shutdown();
+    }
+
+    /// Median seconds to redeem a ticket (`ticket-pull`: b pulls from a; `ticket-3party`:
+    /// b forwards the ticket to c, which pulls from a), beside a raw TCP stream of the bytes.
+    async fn run(&self, name: &str, size: u64, reps: usize) -> Result<Case> {
+        let data = Buffer::from(vec![0x6bu8; size as usize]);
+        let mut raw = RawStream::start(size as usize).await?;
+        let mut ours = Vec::new();
+        let mut base = Vec::new();
+        // Redemption shares two cores between the owner's send, the holder's receive and
+        // its digest check: more runs make the median steadier.
+        let reps = if reps > 3 { reps.max(9) } else { reps };
+        for rep in 0..=reps {
+            self.ab
+                .send_by_ticket(Blob {
+                    seq: 0,
+                    data: data.clone(),
+                })
+                .await?;
+            let at_b: Blob = self.b.recv_timeout(Duration::from_secs(60)).await?.decode()?;
+            let started = Instant::now();
+            let bytes = match name {
+                "ticket-pull" => handoff::Ticket::of(&at_b.data).context("a ticket")?.redeem().await?,
+                _ => {
+                    self.bc.send(at_b.clone()).await?;
+                    let at_c: Blob = self.c.recv_timeout(Duration::from_secs(60)).await?.decode()?;
+                    handoff::Ticket::of(&at_c.data).context("a ticket")?.redeem().await?
+                }
+            };
+            let t = started.elapsed().as_secs_f64();
+            anyhow::ensure!(bytes.len() as u64 == size, "redeemed {} bytes", bytes.len());
+            drop((bytes, at_b));
+            let t_base = raw.run(&data, 1).await?;
+            if rep > 0 {
+                ours.push(t);
+                base.push(t_base);
+            }
+            // Let the releases reach the owner before the next run.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.a.ticket_leases().count > 0 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        Ok(case(name, "tcp", size, median(ours), median(base)))
+    }
 }
 
 /// Two receivers in this process: one reached over the Unix socket (shm), one pinned to

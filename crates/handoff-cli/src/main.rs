@@ -5,6 +5,7 @@ mod chaos;
 mod demo;
 mod node_cmd;
 mod protocol;
+mod stats;
 mod table;
 
 use anyhow::Result;
@@ -28,6 +29,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Inject faults into ticket transfers between real processes and check the lease invariants.
     Chaos(chaos::ChaosArgs),
+    /// Ask a running node for its leases (count, bytes, oldest), shared memory and peers.
+    Stats(stats::StatsArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -52,6 +55,7 @@ fn main() -> std::process::ExitCode {
             Command::Demo(args) => demo::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Chaos(args) => chaos::run(args).await,
+            Command::Stats(args) => stats::run(args).await,
         }
     });
     match result {

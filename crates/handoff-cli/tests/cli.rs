@@ -66,6 +66,8 @@ fn bench_quick_json_has_every_case_with_stable_keys() {
         "shm-read",
         "tcp-read",
         "shm-copy-in",
+        "ticket-pull",
+        "ticket-3party",
     ] {
         assert!(cases.iter().any(|c| c["case"] == name), "missing case {name}");
     }

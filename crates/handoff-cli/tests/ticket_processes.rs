@@ -262,3 +262,41 @@ fn a_short_chaos_run_keeps_every_invariant() {
     }
     assert!(v["errors"].is_object());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoff_stats_shows_the_leases_of_a_running_node() {
+    let secret = "tp-secret-4";
+    let (owner, addr) = start("owner-stats", secret, &["--ticket-threshold", "0"]);
+    let me = tester("holder-stats", secret, Redeem::Lazy, Duration::from_secs(30)).await;
+    let to_owner = me.connect(&addr).await.unwrap();
+    to_owner.send(SendRequest { id: 3, bytes: 1 << 20 }).await.unwrap();
+    let payload: Payload = me.recv_timeout(T).await.unwrap().decode().unwrap();
+    let stats = |addr: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_handoff"))
+            .args(["stats", "--connect", addr, "--json", "--secret-file"])
+            .arg(&owner.secret_file)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let held = stats(&addr);
+    assert_eq!(held["node"], "owner-stats");
+    // The payload's data and digest each travel as a ticket.
+    assert_eq!(held["ticket_leases"]["count"], 2, "{held}");
+    assert_eq!(held["ticket_leases"]["bytes"], (1 << 20) + 32, "{held}");
+    assert!(held["ticket_leases"]["oldest_seconds"].as_f64().unwrap() >= 0.0);
+    drop(payload);
+    let started = Instant::now();
+    loop {
+        let now = stats(&addr);
+        if now["ticket_leases"]["count"] == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "released leases stay: {now}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

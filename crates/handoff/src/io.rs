@@ -77,6 +77,17 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
 
     /// The next inline frame of `len` bytes.
     pub(crate) async fn read_frame(&mut self, len: u64, pool: &RecvPool) -> Result<Bytes> {
+        self.read_frame_hashing(len, pool, None).await
+    }
+
+    /// Like [`read_frame`](Self::read_frame); with a hasher, also feeds it every byte as it
+    /// arrives, so that checking a digest overlaps with the transfer instead of following it.
+    pub(crate) async fn read_frame_hashing(
+        &mut self,
+        len: u64,
+        pool: &RecvPool,
+        mut hasher: Option<&mut blake3::Hasher>,
+    ) -> Result<Bytes> {
         let len = usize::try_from(len).map_err(|_| WireError::FrameTooLarge {
             index: 0,
             len,
@@ -84,31 +95,44 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
         })?;
         if len < MIN_POOLED {
             self.fill(len, "frame", false).await?;
-            return Ok(self.buf.split_to(len).freeze());
+            let bytes = self.buf.split_to(len).freeze();
+            if let Some(h) = hasher {
+                h.update(&bytes);
+            }
+            return Ok(bytes);
         }
         let mut target = pool.take(len);
         let dst = target.as_mut_slice();
         let buffered = self.buf.len().min(len);
         dst[..buffered].copy_from_slice(&self.buf[..buffered]);
         self.buf.advance(buffered);
-        if buffered < len {
-            let mut filled = buffered;
-            while filled < len {
-                let n = self
-                    .stream
-                    .read(&mut dst[filled..])
-                    .await
-                    .map_err(|e| Error::io(format!("reading from {}", self.label), e))?;
-                if n == 0 {
-                    return Err(WireError::Truncated {
-                        what: "frame",
-                        needed: len as u64,
-                        available: filled as u64,
-                    }
-                    .into());
+        let mut hashed = 0;
+        let mut filled = buffered;
+        while filled < len {
+            let n = self
+                .stream
+                .read(&mut dst[filled..])
+                .await
+                .map_err(|e| Error::io(format!("reading from {}", self.label), e))?;
+            if n == 0 {
+                return Err(WireError::Truncated {
+                    what: "frame",
+                    needed: len as u64,
+                    available: filled as u64,
                 }
-                filled += n;
+                .into());
             }
+            filled += n;
+            // Hash in runs of at least 256 KiB: large updates use blake3's widest SIMD.
+            if let Some(h) = hasher.as_deref_mut() {
+                if filled - hashed >= 256 << 10 {
+                    h.update(&dst[hashed..filled]);
+                    hashed = filled;
+                }
+            }
+        }
+        if let Some(h) = hasher {
+            h.update(&dst[hashed..len]);
         }
         Ok(target.freeze())
     }

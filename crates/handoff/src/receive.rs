@@ -305,8 +305,17 @@ where
             }
         }
         TicketOp::Pulled { req, len } => {
-            let bytes = reader.read_frame(len, &node.pool).await?;
-            answer(peer, req, Ok(Answer::Bytes(bytes)));
+            let hash = peer
+                .0
+                .pending
+                .lock()
+                .expect("pending lock")
+                .get(&req)
+                .is_some_and(|p| p.hash);
+            let mut hasher = hash.then(blake3::Hasher::new);
+            let bytes = reader.read_frame_hashing(len, &node.pool, hasher.as_mut()).await?;
+            let digest = hasher.map(|h| *h.finalize().as_bytes());
+            answer(peer, req, Ok(Answer::Bytes(bytes, digest)));
         }
         TicketOp::Forwarded { req, token } => answer(peer, req, Ok(Answer::Token(token))),
         TicketOp::Refused { req, code, message } => answer(
@@ -326,8 +335,8 @@ where
 
 /// Completes the request `req` waiting on this connection (a late answer is dropped).
 fn answer(peer: &Peer, req: u64, result: Result<Answer>) {
-    if let Some(tx) = peer.0.pending.lock().expect("pending lock").remove(&req) {
-        let _ = tx.send(result);
+    if let Some(pending) = peer.0.pending.lock().expect("pending lock").remove(&req) {
+        let _ = pending.tx.send(result);
     }
 }
 

@@ -15,14 +15,18 @@ use crate::{Error, Peer, Result};
 
 /// An owner's answer to a pull or forward.
 pub(crate) enum Answer {
-    /// Pulled bytes.
-    Bytes(Bytes),
+    /// Pulled bytes (and their BLAKE3, when asked for).
+    Bytes(Bytes, Option<[u8; 32]>),
     /// A new holder's token.
     Token(Vec<u8>),
 }
 
 /// A request waiting for its answer on one connection.
-pub(crate) type Pending = oneshot::Sender<Result<Answer>>;
+pub(crate) struct Pending {
+    pub(crate) tx: oneshot::Sender<Result<Answer>>,
+    /// Hash the pulled bytes as they arrive (a whole-buffer redemption checks the digest).
+    pub(crate) hash: bool,
+}
 
 fn lost(claim: &TicketClaim, owner: &str, reason: impl Into<String>) -> Error {
     Error::OwnerLost {
@@ -78,13 +82,18 @@ impl NodeInner {
         self: &Arc<Self>,
         handle: &TicketHandle,
         what: &'static str,
+        hash: bool,
         op: impl FnOnce(u64) -> TicketOp,
     ) -> Result<Answer> {
         let claim = &handle.claim;
         let peer = self.owner_peer(claim, &handle.owner_label).await?;
         let req = self.next_req.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        peer.0.pending.lock().expect("pending lock").insert(req, tx);
+        peer.0
+            .pending
+            .lock()
+            .expect("pending lock")
+            .insert(req, Pending { tx, hash });
         if let Err(e) = peer.write_control(&Header::Ticket(op(req)), &[]).await {
             peer.0.pending.lock().expect("pending lock").remove(&req);
             return Err(lost(claim, &handle.owner_label, format!("sending the {what}: {e}")));
@@ -116,11 +125,18 @@ impl NodeInner {
         }
     }
 
-    /// Pulls `len` bytes from `offset` of a ticket's buffer.
-    pub(crate) async fn pull(self: &Arc<Self>, handle: &TicketHandle, offset: u64, len: u64) -> Result<Bytes> {
+    /// Pulls `len` bytes from `offset` of a ticket's buffer; with `hash`, also returns
+    /// their BLAKE3, computed while they arrive.
+    pub(crate) async fn pull(
+        self: &Arc<Self>,
+        handle: &TicketHandle,
+        offset: u64,
+        len: u64,
+        hash: bool,
+    ) -> Result<(Bytes, Option<[u8; 32]>)> {
         let claim = &handle.claim;
         let answer = self
-            .ticket_request(handle, "pull", |req| TicketOp::Pull {
+            .ticket_request(handle, "pull", hash, |req| TicketOp::Pull {
                 req,
                 lease: claim.lease,
                 token: claim.token.clone(),
@@ -129,8 +145,8 @@ impl NodeInner {
             })
             .await?;
         match answer {
-            Answer::Bytes(b) if b.len() as u64 == len => Ok(b),
-            Answer::Bytes(b) => Err(lost(
+            Answer::Bytes(b, digest) if b.len() as u64 == len => Ok((b, digest)),
+            Answer::Bytes(b, _) => Err(lost(
                 claim,
                 &claim.owner,
                 format!("asked for {len} bytes, got {}", b.len()),
@@ -143,7 +159,7 @@ impl NodeInner {
     pub(crate) async fn forward_claim(self: &Arc<Self>, handle: &TicketHandle, to: &str) -> Result<TicketClaim> {
         let claim = &handle.claim;
         let answer = self
-            .ticket_request(handle, "forward", |req| TicketOp::Forward {
+            .ticket_request(handle, "forward", false, |req| TicketOp::Forward {
                 req,
                 lease: claim.lease,
                 token: claim.token.clone(),
@@ -152,7 +168,7 @@ impl NodeInner {
             .await?;
         match answer {
             Answer::Token(token) => Ok(TicketClaim { token, ..claim.clone() }),
-            Answer::Bytes(_) => Err(lost(claim, &handle.owner_label, "answered a forward with bytes")),
+            Answer::Bytes(..) => Err(lost(claim, &handle.owner_label, "answered a forward with bytes")),
         }
     }
 
