@@ -175,7 +175,34 @@ fn log_accept(node: &NodeInner, label: &str, result: std::result::Result<Result<
     }
 }
 
-pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: TcpListener) {
+/// A listening socket of a node: TCP for any peer, Unix for same-host peers.
+pub(crate) enum Listening {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+enum Accepted {
+    Tcp(TcpStream, String),
+    Unix(UnixStream, String),
+}
+
+impl Listening {
+    async fn accept(&self) -> std::io::Result<Accepted> {
+        match self {
+            Listening::Tcp(l) => l
+                .accept()
+                .await
+                .map(|(s, addr)| Accepted::Tcp(s, format!("tcp://{addr}"))),
+            Listening::Unix(l) => l.accept().await.map(|(s, _)| {
+                let label = format!("unix peer (pid {:?})", s.peer_cred().ok().and_then(|c| c.pid()));
+                Accepted::Unix(s, label)
+            }),
+        }
+    }
+}
+
+/// Accepts connections until the node shuts down; each handshakes in a task of its own.
+pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: Listening) {
     let mut shutdown = node.shutdown.subscribe();
     loop {
         let accepted = tokio::select! {
@@ -183,42 +210,24 @@ pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: TcpListener) {
             _ = shutdown.changed() => return,
         };
         match accepted {
-            Ok((stream, addr)) => {
+            Ok(conn) => {
                 let node = node.clone();
                 tokio::spawn(async move {
-                    let label = format!("tcp://{addr}");
-                    let result =
-                        tokio::time::timeout(HANDSHAKE_TIMEOUT, open_tcp(node.clone(), stream, label.clone())).await;
+                    let (label, result) = match conn {
+                        Accepted::Tcp(stream, label) => {
+                            let open = open_tcp(node.clone(), stream, label.clone());
+                            (label, tokio::time::timeout(HANDSHAKE_TIMEOUT, open).await)
+                        }
+                        Accepted::Unix(stream, label) => {
+                            let open = open_unix(node.clone(), stream, label.clone());
+                            (label, tokio::time::timeout(HANDSHAKE_TIMEOUT, open).await)
+                        }
+                    };
                     log_accept(&node, &label, result);
                 });
             }
             Err(e) => {
                 tracing::warn!(node = %node.me.name, "accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-pub(crate) async fn unix_accept_loop(node: Arc<NodeInner>, listener: UnixListener) {
-    let mut shutdown = node.shutdown.subscribe();
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = shutdown.changed() => return,
-        };
-        match accepted {
-            Ok((stream, _)) => {
-                let node = node.clone();
-                tokio::spawn(async move {
-                    let label = format!("unix peer (pid {:?})", stream.peer_cred().ok().and_then(|c| c.pid()));
-                    let result =
-                        tokio::time::timeout(HANDSHAKE_TIMEOUT, open_unix(node.clone(), stream, label.clone())).await;
-                    log_accept(&node, &label, result);
-                });
-            }
-            Err(e) => {
-                tracing::warn!(node = %node.me.name, "unix accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }

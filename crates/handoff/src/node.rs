@@ -10,7 +10,7 @@ use handoff_wire::{Channel, Endpoint, Limits};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Notify};
 
-use crate::connection;
+use crate::connection::{self, Listening};
 use crate::envelope::Envelope;
 use crate::handshake::{OurSide, CAPABILITIES};
 use crate::identity;
@@ -247,10 +247,10 @@ impl NodeBuilder {
         });
         directory::register(&inner)?;
         if let Some(listener) = listener {
-            tokio::spawn(connection::accept_loop(inner.clone(), listener));
+            tokio::spawn(connection::accept_loop(inner.clone(), Listening::Tcp(listener)));
         }
         if let Some((listener, _)) = unix_listener {
-            tokio::spawn(connection::unix_accept_loop(inner.clone(), listener));
+            tokio::spawn(connection::accept_loop(inner.clone(), Listening::Unix(listener)));
         }
         tokio::spawn(tickets::client::unlease_loop(Arc::downgrade(&inner), unlease_rx));
         tokio::spawn(tickets::reap_expired(Arc::downgrade(&inner)));

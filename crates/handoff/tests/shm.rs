@@ -1,5 +1,8 @@
 //! The same-host channel: shared memory, zero copy, leases returned when released.
 
+mod common;
+use common::wait_until;
+
 use std::time::Duration;
 
 use handoff::shm::{self, segment_info};
@@ -35,14 +38,6 @@ fn filled(len: usize, seed: u8) -> Buffer {
         *x = (i as u8).wrapping_mul(31).wrapping_add(seed);
     }
     b.freeze()
-}
-
-async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + T;
-    while !f() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test]

@@ -1,6 +1,9 @@
 //! Tickets and leases between nodes over TCP: eager and lazy redemption, range reads,
 //! three-party forwarding, and the owner's lease lifetime (release, deadline, lost holder).
 
+mod common;
+use common::wait_until;
+
 use std::time::Duration;
 
 use handoff::tickets::{LeaseConfig, WhenFull};
@@ -39,14 +42,6 @@ async fn node_with(name: &str, redeem: Redeem, leases: LeaseConfig) -> Node {
         .build()
         .await
         .unwrap()
-}
-
-async fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + T;
-    while !f() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 #[tokio::test]
