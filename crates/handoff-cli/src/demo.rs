@@ -15,8 +15,9 @@ use crate::table;
 /// Options of `handoff demo`.
 ///
 /// The cluster: `alpha` and `beta` in this process, `gamma` in a child process with
-/// another host identity (remote, tcp), and `delta` in a child process with this host's
-/// identity (same host, shm).
+/// another host identity (remote, tcp), `delta` in a child process with this host's
+/// identity (same host, shm), and, when Python is available, the Python workers
+/// `py-remote` (tcp) and `py-local` (shm).
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Print the rows as a JSON array.
@@ -80,11 +81,30 @@ fn write_secret(secret: &str) -> Result<(TempDir, std::path::PathBuf)> {
     Ok((TempDir(dir), path))
 }
 
-async fn spawn_node(name: &str, host_id: &str, secret: &str, connect: &str) -> Result<Child> {
+/// What runs a child node: this executable (`handoff node`) or a Python interpreter
+/// with the Python peer installed (`python -m handoff.worker`).
+enum Runner<'a> {
+    Rust,
+    Python(&'a str),
+}
+
+async fn spawn_node(runner: Runner<'_>, name: &str, host_id: &str, secret: &str, connect: &str) -> Result<Child> {
     let (dir, secret_path) = write_secret(secret)?;
-    let exe = std::env::current_exe().context("finding the handoff executable")?;
-    let mut child = tokio::process::Command::new(exe)
-        .args(["node", "--name", name, "--host-id", host_id, "--listen", "127.0.0.1:0"])
+    let mut command = match runner {
+        Runner::Rust => {
+            let mut c =
+                tokio::process::Command::new(std::env::current_exe().context("finding the handoff executable")?);
+            c.arg("node");
+            c
+        }
+        Runner::Python(python) => {
+            let mut c = tokio::process::Command::new(python);
+            c.args(["-m", "handoff.worker"]);
+            c
+        }
+    };
+    let mut child = command
+        .args(["--name", name, "--host-id", host_id, "--listen", "127.0.0.1:0"])
         .arg("--secret-file")
         .arg(&secret_path)
         .args(["--connect", connect])
@@ -92,7 +112,7 @@ async fn spawn_node(name: &str, host_id: &str, secret: &str, connect: &str) -> R
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .context("starting the child node")?;
+        .with_context(|| format!("starting the child node {name}"))?;
     let stdout = child.stdout.take().context("child stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     read_ready_line(&mut lines, WAIT).await?;
@@ -172,6 +192,31 @@ async fn receive_from_remote(dst: &Node, peer: &Peer, id: u64, bytes: u64) -> Re
     })
 }
 
+/// The Python interpreter that has the Python peer installed: `$HANDOFF_PYTHON` (set by
+/// `scripts/demo`), else `.venv/bin/python`, else `python3`, if it can import `handoff`.
+fn python() -> Result<String, String> {
+    let candidates: Vec<String> = std::env::var("HANDOFF_PYTHON")
+        .ok()
+        .into_iter()
+        .chain([".venv/bin/python".to_string(), "python3".to_string()])
+        .collect();
+    for candidate in &candidates {
+        let ok = std::process::Command::new(candidate)
+            .args(["-c", "import handoff.worker"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ok {
+            return Ok(candidate.clone());
+        }
+    }
+    Err(format!(
+        "none of {} can import the Python peer (run ./scripts/demo, which installs it)",
+        candidates.join(", ")
+    ))
+}
+
 /// Waits until the peer `name` is connected on `channel` (a same-host peer first arrives
 /// over TCP and then switches to its Unix socket).
 async fn wait_for_channel(node: &Node, name: &str, channel: Channel) -> Result<Peer> {
@@ -244,10 +289,11 @@ pub async fn run_rows(bytes: u64) -> Result<Vec<Row>> {
     alpha.connect(&beta.inproc_addr()).await?;
     let remote_host = format!("{}-gamma", alpha.endpoint().host_id);
     let listen = alpha.listen_addr().context("alpha listens")?.to_string();
-    let mut child = spawn_node("gamma", &remote_host, &secret, &listen).await?;
+    let mut children = vec![spawn_node(Runner::Rust, "gamma", &remote_host, &secret, &listen).await?];
     let gamma = alpha.wait_for_peer("gamma", WAIT).await?;
     // Same host identity: delta reaches alpha over TCP, then switches to alpha's Unix socket.
-    let mut sibling = spawn_node("delta", &alpha.endpoint().host_id, &secret, &listen).await?;
+    let host = alpha.endpoint().host_id.clone();
+    children.push(spawn_node(Runner::Rust, "delta", &host, &secret, &listen).await?);
     let delta = wait_for_channel(&alpha, "delta", Channel::Shm).await?;
 
     let mut rows = Vec::new();
@@ -258,7 +304,23 @@ pub async fn run_rows(bytes: u64) -> Result<Vec<Row>> {
     rows.push(send_to_remote(&alpha, &delta, 5, bytes).await?);
     rows.push(receive_from_remote(&alpha, &delta, 6, bytes).await?);
 
-    for c in [&mut child, &mut sibling] {
+    // Python workers, one on another host identity (tcp) and one on ours (shm).
+    match python() {
+        Ok(python) => {
+            let remote = format!("{host}-py");
+            children.push(spawn_node(Runner::Python(&python), "py-remote", &remote, &secret, &listen).await?);
+            let py_remote = alpha.wait_for_peer("py-remote", WAIT).await?;
+            children.push(spawn_node(Runner::Python(&python), "py-local", &host, &secret, &listen).await?);
+            let py_local = wait_for_channel(&alpha, "py-local", Channel::Shm).await?;
+            rows.push(send_to_remote(&alpha, &py_remote, 7, bytes).await?);
+            rows.push(receive_from_remote(&alpha, &py_remote, 8, bytes).await?);
+            rows.push(send_to_remote(&alpha, &py_local, 9, bytes).await?);
+            rows.push(receive_from_remote(&alpha, &py_local, 10, bytes).await?);
+        }
+        Err(why) => eprintln!("note: the Python worker is skipped: {why}"),
+    }
+
+    for c in &mut children {
         let _ = c.child.start_kill();
         let _ = c.child.wait().await;
     }
