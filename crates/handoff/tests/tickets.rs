@@ -274,3 +274,37 @@ async fn lease_caps_fail_or_wait_as_configured() {
     drop(first);
     second.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_holder_that_renews_keeps_its_hold_past_the_ttl() {
+    let a = node_with(
+        "renew-a",
+        Redeem::Eager,
+        LeaseConfig {
+            ttl: Duration::from_millis(300),
+            ..LeaseConfig::default()
+        },
+    )
+    .await;
+    let b = node("renew-b", Redeem::Lazy).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    let sent = data(10_000);
+    peer.send_by_ticket(Blob {
+        name: "r".into(),
+        data: sent.clone(),
+    })
+    .await
+    .unwrap();
+    let blob: Blob = b.recv_timeout(T).await.unwrap().decode().unwrap();
+    let ticket = Ticket::of(&blob.data).unwrap();
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        ticket.renew().await.unwrap();
+    }
+    // 750 ms after issue, over twice the ttl: still held.
+    assert_eq!(a.ticket_leases().count, 1);
+    assert_eq!(ticket.redeem().await.unwrap(), sent);
+    // No more renewals: the deadline ends it even though the handle lives.
+    wait_until("the hold expires without renewals", || a.ticket_leases().count == 0).await;
+    drop(ticket);
+}
