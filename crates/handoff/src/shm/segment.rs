@@ -214,18 +214,11 @@ pub(crate) fn sealed_copy(data: &[u8]) -> std::io::Result<SealedSegment> {
         &fd,
         SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
     )?;
-    let inode = inode_of(fd.as_fd())?;
-    Ok(SealedSegment {
-        fd,
-        size: data.len(),
-        inode,
-    })
+    Ok(SealedSegment { fd, size: data.len() })
 }
 
 /// A sealed, unpooled segment; freed when its last holder drops it.
 pub(crate) struct SealedSegment {
     pub(crate) fd: OwnedFd,
     pub(crate) size: usize,
-    #[allow(dead_code)]
-    pub(crate) inode: (u64, u64),
 }

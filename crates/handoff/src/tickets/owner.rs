@@ -66,7 +66,6 @@ struct Hold {
 
 struct Lease {
     buffer: Buffer,
-    digest: [u8; 32],
     /// The peer the lease was first issued to (its bytes count against that peer's cap).
     issued_to: String,
     holders: HashMap<String, Hold>,
@@ -169,7 +168,6 @@ impl LeaseTable {
                             lease,
                             Lease {
                                 buffer: buffer.clone(),
-                                digest,
                                 issued_to: holder.to_string(),
                                 holders: HashMap::from([(holder.to_string(), hold)]),
                                 created: Instant::now(),
@@ -368,17 +366,6 @@ impl LeaseTable {
     /// Whether a lease is alive (its buffer still pinned).
     pub(crate) fn is_alive(&self, lease: u64) -> bool {
         self.state.lock().expect("lease lock").leases.contains_key(&lease)
-    }
-
-    /// The digest recorded for a lease.
-    #[allow(dead_code)]
-    pub(crate) fn digest(&self, lease: u64) -> Option<[u8; 32]> {
-        self.state
-            .lock()
-            .expect("lease lock")
-            .leases
-            .get(&lease)
-            .map(|l| l.digest)
     }
 
     pub(crate) fn stats(&self) -> LeaseTableStats {
