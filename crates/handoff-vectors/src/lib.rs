@@ -786,8 +786,9 @@ pub fn write_all(dir: &Path) -> std::io::Result<usize> {
 }
 
 /// Converts a decoded msgpack value into the JSON view the vectors use:
-/// binary as `{"$bin": hex}`, a frame reference as `{"$frame": index}`.
-pub fn json_view(value: &rmpv::Value, frame_count: usize) -> Result<Json, WireError> {
+/// binary as `{"$bin": hex}`, a frame reference as `{"$frame": index}` (checked against
+/// `frame_count`; with `None`, as in a header, extensions are shown as `{"$ext", "data"}`).
+pub fn json_view(value: &rmpv::Value, frame_count: Option<usize>) -> Result<Json, WireError> {
     use rmpv::Value as V;
     Ok(match value {
         V::Nil => Json::Null,
@@ -815,17 +816,14 @@ pub fn json_view(value: &rmpv::Value, frame_count: usize) -> Result<Json, WireEr
             }
             Json::Object(m)
         }
-        V::Ext(1, payload) => {
+        V::Ext(1, payload) if let Some(count) = frame_count => {
             let idx: [u8; 4] = payload.as_slice().try_into().map_err(|_| WireError::BadBody {
                 type_name: "?".into(),
                 reason: format!("frame reference payload must be 4 bytes, got {}", payload.len()),
             })?;
             let index = u32::from_be_bytes(idx) as u64;
-            if index as usize >= frame_count {
-                return Err(WireError::BadFrameRef {
-                    index,
-                    count: frame_count,
-                });
+            if index as usize >= count {
+                return Err(WireError::BadFrameRef { index, count });
             }
             json!({"$frame": index})
         }
@@ -855,7 +853,8 @@ pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
     let header_end = 4 + u32::from_be_bytes(v.bytes[..4].try_into().expect("4 bytes")) as usize;
     let header_value = rmpv::decode::read_value(&mut &v.bytes[4..header_end])
         .map_err(|e| WireError::MalformedHeader(e.to_string()))?;
-    let mut header_json = json_view(&header_value, 0)?;
+    // Frame references mean nothing in a header: an ext there is shown as it is.
+    let mut header_json = json_view(&header_value, None)?;
     // Keys a receiver ignores are not part of what the message decodes to.
     if let Json::Object(map) = &mut header_json {
         map.retain(|k, _| !k.starts_with("x-"));
@@ -869,7 +868,7 @@ pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
             reason: e.to_string(),
         })?;
         // Frame references index all frames, inline or not.
-        let view = json_view(&value, frames.len())?;
+        let view = json_view(&value, Some(frames.len()))?;
         if v.description.get("body").is_some() {
             out["body"] = view;
         }

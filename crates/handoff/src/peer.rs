@@ -396,12 +396,14 @@ impl Peer {
     async fn plan(&self, frames: Vec<Buffer>, by_ticket: bool) -> Result<Vec<Planned>> {
         let node = self.0.local.upgrade().ok_or(Error::NodeClosed)?;
         let to = &self.0.remote.node_id;
+        // A peer that did not announce `ticket` gets bytes, never tickets.
+        let takes_tickets = self.0.remote.has_capability("ticket");
         let mut out = Vec::with_capacity(frames.len());
         for frame in frames {
             if let Some(ticket) = Ticket::of(&frame) {
                 let claim = &ticket.0.claim;
-                if &claim.owner == to {
-                    // Back to its owner: send the bytes.
+                if &claim.owner == to || !takes_tickets {
+                    // Back to its owner, or to a peer without tickets: send the bytes.
                     out.push(Planned::Bytes(ticket.redeem().await?));
                 } else {
                     out.push(Planned::Ticket(node.forward_claim(&ticket.0, to).await?));
@@ -410,7 +412,7 @@ impl Peer {
             }
             let wanted = by_ticket
                 || (self.channel() == Channel::Tcp && node.ticket_threshold.is_some_and(|t| frame.len() >= t));
-            if wanted && !frame.is_empty() {
+            if wanted && takes_tickets && !frame.is_empty() {
                 let issued = node.leases.issue(&frame, to, self.name()).await?;
                 out.push(Planned::Ticket(TicketClaim {
                     len: frame.len() as u64,

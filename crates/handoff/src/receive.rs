@@ -69,9 +69,13 @@ pub(crate) async fn read_loop<R>(
     // Requests waiting on this connection fail now (their senders drop), and every hold
     // the peer had on our leases ends with its connection.
     peer.0.pending.lock().expect("pending lock").clear();
-    let ended = node.leases.drop_holder(&peer.0.remote.node_id);
-    if ended > 0 {
-        tracing::info!(node = %node.me.name, peer = %peer.name(), "peer gone: its holds on {ended} ticket leases ended");
+    // A node may hold a second connection to us (the switch from TCP to its Unix socket):
+    // its holds end with the last one.
+    if node.peer_by_id(&peer.0.remote.node_id).is_none() {
+        let ended = node.leases.drop_holder(&peer.0.remote.node_id);
+        if ended > 0 {
+            tracing::info!(node = %node.me.name, peer = %peer.name(), "peer gone: its holds on {ended} ticket leases ended");
+        }
     }
     match result {
         Ok(()) => tracing::debug!(node = %node.me.name, peer = %peer.name(), "connection closed"),
