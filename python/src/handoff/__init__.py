@@ -1,0 +1,55 @@
+"""handoff for Python: the wire format of spec/WIRE.md (v1) and an asyncio node.
+
+Modules, one job each:
+
+- :mod:`handoff.wire` — sans-IO: preamble, framing, headers, descriptors, limits, auth proof.
+- :mod:`handoff.codec` — bodies: Python values ↔ msgpack with out-of-band frames.
+- :mod:`handoff.transport` — a connection's socket: buffered reads, frames, SCM_RIGHTS.
+- :mod:`handoff.handshake` — preambles, hellos, proofs, ready.
+- :mod:`handoff.shm` — memfd segments to send, read-only mappings of received ones.
+- :mod:`handoff.tickets` — the owner's leases and the holder's :class:`Ticket`.
+- :mod:`handoff.peer`, :mod:`handoff.node`, :mod:`handoff.envelope` — the runtime.
+- :mod:`handoff.worker` — ``python -m handoff.worker``: the demo protocol of Appendix A.
+"""
+
+from .codec import Bin, Buffer, as_numpy
+from .envelope import Envelope, ReceivedFrame
+from .errors import (
+    AuthenticationError,
+    HandoffError,
+    OwnerLost,
+    PeerClosed,
+    PeerRefused,
+    TicketCorrupt,
+    TicketFailure,
+    TicketRefused,
+)
+from .node import Node
+from .peer import Peer
+from .shm import SharedFrame, ShmBuffer
+from .tickets import Ticket
+from .wire import WireError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Node",
+    "Peer",
+    "Envelope",
+    "ReceivedFrame",
+    "Buffer",
+    "Bin",
+    "ShmBuffer",
+    "SharedFrame",
+    "Ticket",
+    "as_numpy",
+    "WireError",
+    "HandoffError",
+    "AuthenticationError",
+    "PeerRefused",
+    "PeerClosed",
+    "TicketFailure",
+    "TicketRefused",
+    "OwnerLost",
+    "TicketCorrupt",
+]

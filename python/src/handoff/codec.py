@@ -1,0 +1,216 @@
+"""Message bodies (spec §8): Python values to msgpack plus out-of-band frames, and back.
+
+Encoding walks a value (dicts, lists, tuples, str, int, float, bool, None, bytes-like
+objects, numpy arrays) and replaces every *buffer* by a frame reference (msgpack ext
+type 1, a 4-byte big-endian frame index), collecting the buffer as a frame; the
+frames then travel beside the body (inline, as shared memory or as tickets). What is
+a buffer: a :class:`Buffer`, a numpy array, and any other bytes-like object of at least
+``frame_threshold`` bytes (smaller ones are written into the body as msgpack bin).
+
+Decoding turns frame references back into the received frames (``memoryview``s over
+the bytes that were read, or over a shared-memory mapping: no copy), and maps into
+dicts.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from typing import Any, Callable, Optional, Sequence
+
+import msgpack
+
+from .msgpack_read import DepthError, Ext, MsgpackError, unpack_one
+from .wire import MAX_BODY_DEPTH, WireError, packer
+
+__all__ = [
+    "EXT_FRAME_REF",
+    "DEFAULT_FRAME_THRESHOLD",
+    "Buffer",
+    "Bin",
+    "EncodedBody",
+    "encode_body",
+    "decode_body",
+    "as_bytes_view",
+    "as_numpy",
+]
+
+#: The msgpack extension type of a frame reference (§8.2).
+EXT_FRAME_REF = 1
+
+#: Bytes-like values at least this large go out of band as frames; smaller ones as bin.
+DEFAULT_FRAME_THRESHOLD = 1024
+
+_INDEX = struct.Struct(">I")
+
+
+class Buffer:
+    """Marks a bytes-like object (bytes, bytearray, memoryview, mmap, numpy array …) to
+    travel as a frame whatever its size, like the Rust reference's ``Buffer``."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: Any):
+        self.data = data
+
+    def __len__(self) -> int:
+        return as_bytes_view(self.data).nbytes
+
+    def __repr__(self) -> str:
+        return f"Buffer({len(self)} bytes)"
+
+
+def _numpy():
+    try:
+        import numpy
+
+        return numpy
+    except ImportError:  # pragma: no cover - numpy is optional
+        return None
+
+
+def _is_ndarray(value: Any) -> bool:
+    # No import: if numpy is not loaded yet, nothing can be one of its arrays.
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(value, np.ndarray)
+
+
+def as_bytes_view(value: Any) -> memoryview:
+    """A flat, byte-typed memoryview of a bytes-like value (a C-contiguous copy for strided numpy arrays)."""
+    if isinstance(value, Buffer):
+        value = value.data
+    if _is_ndarray(value) and not value.flags.c_contiguous:
+        value = sys.modules["numpy"].ascontiguousarray(value)
+    view = value if isinstance(value, memoryview) else memoryview(value)
+    if view.format != "B" or view.ndim != 1:
+        if not view.c_contiguous:
+            view = memoryview(view.tobytes())
+        view = view.cast("B")
+    return view
+
+
+class Bin(bytes):
+    """Bytes that always go in the body as msgpack bin, whatever their size (a field that
+    the type's schema declares ``bin``, such as ``handoff.bench.Ping.data``)."""
+
+    __slots__ = ()
+
+
+class EncodedBody:
+    """A value encoded for the wire: the msgpack body and its frames (flat byte views)."""
+
+    __slots__ = ("body", "frames", "sources")
+
+    def __init__(self, body: bytes, frames: list, sources: list):
+        self.body = body
+        #: One flat ``memoryview`` per frame, in frame-index order.
+        self.frames = frames
+        #: The objects the frames came from (a ``ShmBuffer``, a lazy ticket …), same order.
+        self.sources = sources
+
+
+def encode_body(
+    value: Any,
+    frame_threshold: int = DEFAULT_FRAME_THRESHOLD,
+    is_frame: Optional[Callable[[Any], bool]] = None,
+) -> EncodedBody:
+    """Encodes ``value``: buffers become frames (depth-first, in serialization order).
+
+    ``is_frame(obj)`` may claim other objects (the node's shared buffers and tickets) as
+    frames; their view is taken with ``as_bytes_view`` unless they are not bytes-like.
+    """
+    frames: list = []
+    sources: list = []
+
+    def frame(obj: Any, source: Any) -> msgpack.ExtType:
+        index = len(frames)
+        try:
+            frames.append(as_bytes_view(obj))
+        except TypeError:
+            frames.append(None)  # not bytes-like (a ticket placeholder): the node plans it
+        sources.append(source)
+        return msgpack.ExtType(EXT_FRAME_REF, _INDEX.pack(index))
+
+    def walk(v: Any, depth: int) -> Any:
+        if depth > MAX_BODY_DEPTH:
+            raise ValueError(f"value nests deeper than {MAX_BODY_DEPTH} levels")
+        if v is None or isinstance(v, (bool, int, float, str)):
+            if type(v) is int and not (-(1 << 63) <= v < (1 << 64)):
+                raise OverflowError(f"integer {v} does not fit msgpack (i64 or u64)")
+            return v
+        if isinstance(v, dict):
+            return {walk(k, depth + 1): walk(x, depth + 1) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [walk(x, depth + 1) for x in v]
+        if is_frame is not None and is_frame(v):
+            return frame(v, v)
+        if isinstance(v, Buffer):
+            return frame(v.data, v.data)
+        if isinstance(v, Bin):
+            return bytes(v)
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            view = as_bytes_view(v)
+            if view.nbytes >= frame_threshold:
+                return frame(view, v)
+            return bytes(view) if not isinstance(v, bytes) else v
+        if _is_ndarray(v):
+            return frame(v, v)
+        np = sys.modules.get("numpy")
+        if np is not None and isinstance(v, np.generic):
+            return v.item()
+        if isinstance(v, msgpack.ExtType):
+            return v
+        try:
+            view = memoryview(v)
+        except TypeError:
+            raise TypeError(f"cannot encode a {type(v).__name__} in a handoff body") from None
+        return walk(view, depth)
+
+    tree = walk(value, 1)
+    body = packer().pack(tree)
+    return EncodedBody(body, frames, sources)
+
+
+def decode_body(body: Any, frames: Sequence[Any], type_name: str = "?") -> Any:
+    """Decodes a body; each frame reference becomes ``frames[index]`` (the object itself).
+
+    Raises ``WireError`` ``bad-body`` (not msgpack, nesting deeper than 127, a frame
+    reference whose payload is not 4 bytes) or ``bad-frame-ref`` (an index the message
+    does not have), at the first problem in document order. Other ext types are
+    returned as ``handoff.msgpack_read.Ext``, and a str that is not UTF-8 as
+    ``handoff.msgpack_read.BadStr`` (bytes), as the reference's generic reader keeps it.
+    """
+    count = len(frames)
+
+    def hook(code: int, payload: bytes) -> Any:
+        if code != EXT_FRAME_REF:
+            return Ext(code, payload)
+        if len(payload) != 4:
+            raise WireError(
+                "bad-body",
+                f"cannot decode body of type {type_name!r}: "
+                f"frame reference payload must be 4 bytes, got {len(payload)}",
+            )
+        (index,) = _INDEX.unpack(payload)
+        if index >= count:
+            raise WireError("bad-frame-ref", f"body refers to frame {index}, but the message has {count} frames")
+        return frames[index]
+
+    try:
+        value, _ = unpack_one(body, max_depth=MAX_BODY_DEPTH, ext_hook=hook, lenient_str=True)
+    except DepthError as e:
+        raise WireError("bad-body", f"cannot decode body of type {type_name!r}: {e}") from None
+    except MsgpackError as e:
+        raise WireError("bad-body", f"cannot decode body of type {type_name!r}: {e}") from None
+    return value
+
+
+def as_numpy(view: Any, dtype: Any = "uint8", shape: Any = None):
+    """A numpy array over a received frame, without copying (read-only for shared memory)."""
+    np = _numpy()
+    if np is None:  # pragma: no cover
+        raise RuntimeError("numpy is not installed (pip install 'handoff[numpy]')")
+    array = np.frombuffer(view, dtype=dtype)
+    if shape is not None:
+        array = array.reshape(shape)
+    return array

@@ -1,0 +1,72 @@
+"""Errors of the runtime (the wire format's own is ``handoff.wire.WireError``)."""
+
+from __future__ import annotations
+
+from .wire import WireError
+
+__all__ = [
+    "HandoffError",
+    "WireError",
+    "AuthenticationError",
+    "PeerRefused",
+    "PeerClosed",
+    "TicketFailure",
+    "TicketRefused",
+    "OwnerLost",
+    "TicketCorrupt",
+]
+
+
+class HandoffError(Exception):
+    """Base class of the runtime's errors."""
+
+
+class AuthenticationError(HandoffError):
+    """The handshake failed on the cluster secret (``auth-failed``), on our side or the peer's."""
+
+    code = "auth-failed"
+
+
+class PeerRefused(HandoffError):
+    """The peer sent ``error`` and closed the connection."""
+
+    def __init__(self, peer: str, code: str, message: str):
+        super().__init__(f"{peer} refused: {message} [{code}]")
+        self.peer, self.code, self.message = peer, code, message
+
+
+class PeerClosed(HandoffError):
+    """The connection to the peer is closed."""
+
+
+class TicketFailure(HandoffError):
+    """A ticket could not be redeemed; names the owner and the lease (spec §7.6)."""
+
+    def __init__(self, owner: str, lease: int, message: str):
+        super().__init__(message)
+        self.owner, self.lease = owner, lease
+
+
+class TicketRefused(TicketFailure):
+    """The owner answered ``ticket-error`` (``unknown-lease``, ``bad-token``, ``expired``, ``out-of-range``)."""
+
+    def __init__(self, owner: str, lease: int, what: str, code: str, message: str):
+        super().__init__(owner, lease, f"the owner {owner} refused the {what} of lease {lease}: {message} [{code}]")
+        self.code, self.what = code, what
+
+
+class OwnerLost(TicketFailure):
+    """The owner could not be reached, closed the connection, or did not answer in time."""
+
+    def __init__(self, owner: str, lease: int, length: int, reason: str):
+        super().__init__(owner, lease, f"ticket for lease {lease} ({length} bytes) is lost: owner {owner}: {reason}")
+        self.reason = reason
+
+
+class TicketCorrupt(TicketFailure):
+    """The pulled bytes do not match the ticket's BLAKE3 digest."""
+
+    def __init__(self, owner: str, lease: int):
+        super().__init__(
+            owner, lease, f"the bytes of lease {lease} pulled from {owner} do not match the ticket's digest"
+        )

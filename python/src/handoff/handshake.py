@@ -1,0 +1,141 @@
+"""The connection handshake (spec §5.1): preambles, hellos, proofs of the secret, ready.
+
+Symmetric: each side sends before it waits on the previous read, so it cannot deadlock.
+On any failure the peer is told why (an ``error`` message, best effort) unless it was
+the peer that sent an ``error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from dataclasses import dataclass
+from typing import Optional
+
+from . import wire
+from .errors import AuthenticationError, PeerClosed, PeerRefused
+from .transport import Transport
+
+__all__ = ["OurSide", "handshake", "send_error", "IMPLEMENTATION"]
+
+IMPLEMENTATION = "handoff-py/0.1.0"
+
+
+@dataclass
+class OurSide:
+    node_id: str
+    name: str
+    host_id: str
+    process_id: str
+    caps: list
+    secret: bytes
+    limits: wire.Limits
+    listen: Optional[str] = None
+    unix: Optional[str] = None
+
+
+async def send_error(transport: Transport, code: str, message: str) -> None:
+    """Sends an ``error`` message, best effort (a second at most), before the connection closes."""
+    data = wire.encode_message(wire.Error(code, message))
+    try:
+        await asyncio.wait_for(transport.send([data]), 1.0)
+    except Exception:
+        pass
+
+
+async def _fail(transport: Transport, err: wire.WireError) -> None:
+    await send_error(transport, err.code, err.message)
+    if err.code == "auth-failed":
+        raise AuthenticationError(
+            f"authentication failed with {transport.label}: the peer's proof does not match our cluster secret "
+            "(wrong secret?)"
+        ) from err
+    raise err
+
+
+async def _read(transport: Transport, limits: wire.Limits, step: str):
+    try:
+        data = await transport.read_header(limits)
+    except wire.WireError as e:
+        await _fail(transport, e)
+    if data is None:
+        raise PeerClosed(f"{transport.label} closed the connection during the handshake (waiting for {step})")
+    try:
+        return data, wire.decode_header(data, limits)
+    except wire.WireError as e:
+        await _fail(transport, e)
+
+
+async def _expect(transport: Transport, header, step: str) -> None:
+    if isinstance(header, wire.Error):
+        if header.code == "auth-failed":
+            raise AuthenticationError(
+                f"authentication failed: {transport.label} refused our proof: {header.msg} [auth-failed] "
+                "(do both sides use the same cluster secret?)"
+            )
+        raise PeerRefused(transport.label, header.code, header.msg)
+    await _fail(
+        transport, wire.WireError("handshake", f"handshake failed: expected {step}, got a {header.kind!r} header")
+    )
+
+
+async def handshake(transport: Transport, ours: OurSide) -> tuple[wire.Hello, bytes]:
+    """Runs the handshake; returns the peer's hello and its exact header bytes."""
+    await transport.send([wire.OUR_PREAMBLE.encode()])
+    try:
+        peer_preamble = wire.Preamble.decode(await transport.read_preamble())
+        version = wire.OUR_PREAMBLE.negotiate(peer_preamble)
+    except wire.WireError as e:
+        await _fail(transport, e)
+
+    nonce = secrets.token_bytes(32)
+    hello = wire.Hello(
+        node=ours.node_id,
+        name=ours.name,
+        host=ours.host_id,
+        pid=os.getpid(),
+        proc=ours.process_id,
+        lang="python",
+        impl=IMPLEMENTATION,
+        v=version,
+        caps=list(ours.caps),
+        nonce=nonce,
+        listen=ours.listen,
+        unix=ours.unix,
+    )
+    own_hello = wire.encode_header(hello)
+    await transport.send([wire.frame_header(own_hello)])
+
+    peer_hello_bytes, peer_hello = await _read(transport, ours.limits, "hello")
+    if not isinstance(peer_hello, wire.Hello):
+        await _expect(transport, peer_hello, "hello")
+    if peer_hello.nonce == nonce:
+        await _fail(
+            transport,
+            wire.WireError("handshake", "handshake failed: the peer echoed our own nonce (a reflected handshake)"),
+        )
+    if peer_hello.v != version:
+        await _fail(
+            transport,
+            wire.WireError(
+                "handshake",
+                f"handshake failed: peer's hello says version {peer_hello.v}, the preambles chose {version}",
+            ),
+        )
+
+    mac = wire.proof(ours.secret, own_hello, peer_hello_bytes)
+    await transport.send([wire.encode_message(wire.Auth(mac))])
+    _, peer_auth = await _read(transport, ours.limits, "auth")
+    if not isinstance(peer_auth, wire.Auth):
+        await _expect(transport, peer_auth, "auth")
+    try:
+        wire.verify(ours.secret, peer_auth.mac, peer_hello_bytes, own_hello)
+    except wire.WireError as e:
+        await _fail(transport, e)
+
+    await transport.send([wire.encode_message(wire.Ready())])
+    _, ready = await _read(transport, ours.limits, "ready")
+    if not isinstance(ready, wire.Ready):
+        await _expect(transport, ready, "ready")
+    return peer_hello, peer_hello_bytes

@@ -1,0 +1,414 @@
+"""A connected node (:class:`Peer`): how messages reach it, and the read loop of its connection."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import mmap
+import os
+import weakref
+from typing import TYPE_CHECKING, Any, Optional
+
+from . import wire
+from .codec import encode_body
+from .envelope import Envelope, ReceivedFrame
+from .errors import HandoffError, PeerClosed, PeerRefused
+from .handshake import send_error
+from .shm import SharedFrame, map_received, sealed_copy, segment_info
+from .tickets import Refusal, Ticket
+from .transport import MAX_FDS_PER_READ, Transport
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .node import Node
+
+__all__ = ["Peer"]
+
+log = logging.getLogger("handoff")
+
+#: Frames at least this large are read into an anonymous mapping (no zero-fill pass).
+_MMAP_FRAME = 1 << 20
+
+
+def _alloc(n: int) -> memoryview:
+    if n >= _MMAP_FRAME:
+        return memoryview(mmap.mmap(-1, n))
+    return memoryview(bytearray(n))
+
+
+def _shm_released(peer_ref: "weakref.ref[Peer]", lease: int) -> None:
+    """Called when the last view of a received shared frame is gone (any thread)."""
+    peer = peer_ref()
+    if peer is None or peer.closed:
+        return
+    try:
+        peer.node.loop.call_soon_threadsafe(peer._queue_release, lease)
+    except RuntimeError:
+        pass  # the event loop is closed
+
+
+class Peer:
+    """A connected node. Get one from :meth:`Node.connect`, :meth:`Node.peer` or ``envelope.sender``."""
+
+    def __init__(self, node: "Node", transport: Transport, hello: wire.Hello, channel: str):
+        self.node = node
+        self.transport = transport
+        self.hello = hello
+        #: ``tcp`` or ``shm`` (a Unix socket).
+        self.channel = channel
+        self.closed = False
+        self.pending: dict = {}  # req -> (future, what)
+        self._leases: dict = {}  # shm lease -> SharedFrame kept for the peer
+        self._next_lease = 1
+        self._releases: list = []
+        self._release_task: Optional[asyncio.Task] = None
+        self._deliveries: Optional[asyncio.Queue] = None
+        self._delivery_task: Optional[asyncio.Task] = None
+        self._queued = 0
+        self._tasks: set = set()
+        self.reader: Optional[asyncio.Task] = None
+        self.done = asyncio.Event()
+
+    # ------------------------------------------------------------------ who
+
+    @property
+    def name(self) -> str:
+        return self.hello.name
+
+    @property
+    def node_id(self) -> str:
+        return self.hello.node
+
+    @property
+    def host_id(self) -> str:
+        return self.hello.host
+
+    @property
+    def lang(self) -> str:
+        return self.hello.lang
+
+    @property
+    def caps(self) -> list:
+        return list(self.hello.caps)
+
+    @property
+    def listen_addr(self) -> Optional[str]:
+        return self.hello.listen
+
+    @property
+    def unix_addr(self) -> Optional[str]:
+        return self.hello.unix
+
+    @property
+    def locality(self) -> str:
+        """``remote``, ``same-host`` or ``same-process`` (spec §1)."""
+        if self.hello.host != self.node.host_id:
+            return "remote"
+        return "same-process" if self.hello.proc == self.node.process_id else "same-host"
+
+    def __repr__(self) -> str:
+        return f"Peer({self.name}, {self.locality}, {self.channel})"
+
+    # ------------------------------------------------------------------ sending
+
+    def shm_leases(self) -> dict:
+        """Shared-memory leases this node holds for the peer: ``{count, bytes}``."""
+        return {"count": len(self._leases), "bytes": sum(sf.size for sf in self._leases.values())}
+
+    def _ticket_wanted(self, n: int, by_ticket: bool) -> bool:
+        if n == 0:
+            return False
+        if by_ticket:
+            if "ticket" not in self.hello.caps:
+                raise HandoffError(f"{self.name} does not accept tickets (it did not announce 'ticket')")
+            return True
+        t = self.node.ticket_threshold
+        return self.channel == "tcp" and t is not None and n >= t and "ticket" in self.hello.caps
+
+    async def send(self, type_name: str, body: Any, *, by_ticket: bool = False) -> None:
+        """Sends a message of type ``type_name`` whose body is ``body`` (usually a dict).
+
+        Buffers in the body (see :mod:`handoff.codec`) travel as frames: over a Unix
+        socket those of at least the node's ``shm_threshold`` as shared memory, over TCP
+        inline or, with ``by_ticket`` or the node's ``ticket_threshold``, as tickets.
+        """
+        if self.closed:
+            raise PeerClosed(f"the connection to {self.name} is closed")
+        enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame)
+        descs: list = []
+        inline: list = []
+        fds: list = []
+        for view, source in zip(enc.frames, enc.sources):
+            if isinstance(source, Ticket):
+                if source.desc.owner == self.node_id:
+                    view = await source.redeem()  # back to its owner: send the bytes
+                else:
+                    descs.append(await self.node._forward(source, self.node_id))
+                    continue
+            elif isinstance(source, SharedFrame):
+                view = source.view
+            n = view.nbytes
+            if self._ticket_wanted(n, by_ticket):
+                lease, token, dg = self.node.leases.issue(view, self.node_id)
+                descs.append(
+                    wire.TicketDesc(
+                        n=n,
+                        owner=self.node.node_id,
+                        addr=self.node.listen_addr,
+                        lease=lease,
+                        token=token,
+                        digest=dg,
+                        ttl=int(self.node.leases.ttl * 1000),
+                    )
+                )
+                continue
+            shared = None
+            if self.channel == "shm" and len(fds) < MAX_FDS_PER_READ and n > 0:
+                if isinstance(source, SharedFrame):
+                    shared = SharedFrame(source.dup_fd(), source.size, source.sealed)
+                elif n >= self.node.shm_threshold:
+                    shared = sealed_copy(view)
+            if shared is not None:
+                lease = self._next_lease
+                self._next_lease += 1
+                self._leases[lease] = shared  # before sending: the release may come back at once
+                descs.append(wire.Shm(n=n, off=0, size=shared.size, lease=lease, sealed=shared.sealed))
+                fds.append(shared.fd)
+                continue
+            descs.append(wire.Inline(n))
+            inline.append(view)
+        head = wire.frame_header(wire.encode_header(wire.Msg(type_name, enc.body, descs)))
+        try:
+            await self.transport.send([head] + inline, fds)
+        except PeerClosed:
+            self.closed = True
+            raise
+
+    async def _send_control(self, header, payload: Any = None) -> None:
+        chunks = [wire.frame_header(wire.encode_header(header))]
+        if payload is not None and len(payload):
+            chunks.append(payload)
+        await self.transport.send(chunks)
+
+    def _end_leases(self, leases) -> int:
+        ended = 0
+        for lease in leases:
+            sf = self._leases.pop(lease, None)
+            if sf is not None:
+                sf.close()
+                ended += 1
+        return ended
+
+    # ------------------------------------------------------------------ releasing received shm frames
+
+    def _queue_release(self, lease: int) -> None:
+        if self.closed:
+            return
+        self._releases.append(lease)
+        if self._release_task is None or self._release_task.done():
+            self._release_task = self.node.loop.create_task(self._flush_releases())
+
+    async def _flush_releases(self) -> None:
+        await asyncio.sleep(0)  # gather the leases dropped together into one message
+        while self._releases and not self.closed:
+            leases, self._releases = self._releases[:4096], self._releases[4096:]
+            try:
+                await self._send_control(wire.Release(leases))
+            except PeerClosed:
+                return
+
+    # ------------------------------------------------------------------ closing
+
+    async def close(self) -> None:
+        """Closes the connection (the peer sees it end); waits for its reader to finish."""
+        self.closed = True
+        self.transport.shutdown()
+        if self.reader is not None and self.reader is not asyncio.current_task():
+            try:
+                await asyncio.wait_for(asyncio.shield(self.done.wait()), 5)
+            except asyncio.TimeoutError:
+                self.reader.cancel()
+
+    # ------------------------------------------------------------------ receiving
+
+    def _spawn(self, coro) -> None:
+        task = self.node.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def read_loop(self) -> None:
+        """Reads messages until the connection ends or the peer breaks the protocol."""
+        t = self.transport
+        limits = self.node.limits
+        try:
+            while True:
+                data = await t.read_header(limits)
+                if data is None:
+                    break
+                problem = t.take_fd_error()
+                if problem:
+                    raise wire.WireError("bad-shm", f"bad shared-memory descriptor: {problem}")
+                h = wire.decode_header(data, limits)
+                if isinstance(h, wire.Msg):
+                    await self._on_msg(h)
+                elif isinstance(h, wire.Pulled):
+                    await self._on_pulled(h)
+                elif isinstance(h, (wire.Pull, wire.Forward, wire.Unlease, wire.Renew)):
+                    self._on_owner_op(h)
+                elif isinstance(h, wire.Forwarded):
+                    self._answer(h.req, ("token", h.token))
+                elif isinstance(h, wire.TicketError):
+                    self._answer(h.req, ("refused", h.code, h.msg))
+                elif isinstance(h, wire.Release):
+                    if not t.unix:
+                        raise wire.WireError(
+                            "handshake", "handshake failed: a release on a connection without shared memory"
+                        )
+                    self._end_leases(h.leases)
+                elif isinstance(h, wire.Error):
+                    raise PeerRefused(self.name, h.code, h.msg)
+                else:
+                    raise wire.WireError("handshake", f"handshake failed: unexpected {h.kind!r} after the handshake")
+        except wire.WireError as e:
+            log.warning("%s: closing connection to %s: %s", self.node.name, self.name, e)
+            await send_error(t, e.code, e.message)
+        except PeerRefused as e:
+            log.warning("%s: peer %s closed the connection: %s [%s]", self.node.name, self.name, e.message, e.code)
+        except PeerClosed as e:
+            if not self.closed:
+                log.debug("%s: connection to %s lost: %s", self.node.name, self.name, e)
+        except asyncio.CancelledError:
+            pass
+        except Exception:  # a bug here must not take the node down
+            log.exception("%s: error on the connection to %s", self.node.name, self.name)
+        finally:
+            await self._cleanup()
+
+    async def _cleanup(self) -> None:
+        self.closed = True
+        await self.transport.aclose()
+        self.node._remove_peer(self)
+        pending, self.pending = self.pending, {}
+        for fut, _what in pending.values():
+            if not fut.done():
+                fut.set_result(("lost", "the connection closed before it answered"))
+        # The peer's holds end with its connection to us, unless another one replaced it
+        # (a same-host peer that switches from TCP to our Unix socket closes the TCP one
+        # right after its new handshake: give that a moment to register).
+        self.node._holder_disconnected(self.node_id, self.name)
+        self._end_leases(list(self._leases))
+        self._releases.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._deliveries is not None:
+            self._deliveries.put_nowait(None)
+        self.done.set()
+
+    async def _on_msg(self, h: wire.Msg) -> None:
+        t = self.transport
+        self.node._check_type(h.t)
+        wire.check_carried(h.f, wire.carried_kinds(unix=t.unix, ticket=True))
+        shared = sum(1 for d in h.f if isinstance(d, wire.Shm))
+        fds = t.take_fds(shared)
+        if fds is None:
+            raise wire.WireError(
+                "bad-shm",
+                f"bad shared-memory descriptor: the message announces {shared} shared segments, "
+                "but fewer descriptors arrived",
+            )
+        frames = []
+        try:
+            me = weakref.ref(self)
+            for d in h.f:
+                if isinstance(d, wire.Shm):
+                    mapping, info = map_received(fds.pop(0), d.size, d.sealed)
+                    fin = weakref.finalize(mapping, _shm_released, me, d.lease)
+                    fin.atexit = False
+                    view = memoryview(mapping)[d.off : d.off + d.n]
+                    frames.append(ReceivedFrame("shm", view, d.lease, segment_info(info, d.off)))
+                elif isinstance(d, wire.Inline):
+                    view = _alloc(d.n)
+                    await t.read_into(view)
+                    frames.append(ReceivedFrame("inline", view))
+                elif isinstance(d, wire.TicketDesc):
+                    frames.append(ReceivedFrame("ticket", Ticket(self.node, d, self.node._owner_label(d)), d.lease))
+        finally:
+            for fd in fds:
+                os.close(fd)
+        if t.fds and t.buffered == 0:
+            raise wire.WireError(
+                "bad-shm", f"bad shared-memory descriptor: {len(t.fds)} descriptors arrived that no header announced"
+            )
+        env = Envelope(self, h.t, h.b, frames)
+        if (env.has_tickets and self.node.redeem == "eager") or self._queued:
+            self._queue_delivery(env)
+        else:
+            await self.node._deliver(env)
+
+    def _queue_delivery(self, env: Envelope) -> None:
+        if self._deliveries is None:
+            self._deliveries = asyncio.Queue()
+            self._delivery_task = self.node.loop.create_task(self._delivery_loop())
+            self._tasks.add(self._delivery_task)
+        self._queued += 1
+        self._deliveries.put_nowait(env)
+
+    async def _delivery_loop(self) -> None:
+        """Delivers queued messages in order, redeeming their tickets first (eager redemption)."""
+        while True:
+            env = await self._deliveries.get()
+            if env is None:
+                return
+            try:
+                if self.node.redeem == "eager":
+                    await self.node._redeem_all(env)
+                await self.node._deliver(env)
+            finally:
+                self._queued -= 1
+
+    async def _on_pulled(self, h: wire.Pulled) -> None:
+        view = _alloc(h.n)
+        await self.transport.read_into(view, "pulled bytes")
+        self._answer(h.req, ("bytes", view))
+
+    def _answer(self, req: int, result: tuple) -> None:
+        entry = self.pending.pop(req, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_result(result)
+
+    def _on_owner_op(self, h) -> None:
+        leases = self.node.leases
+        holder = self.node_id
+        if isinstance(h, wire.Pull):
+            try:
+                view = leases.pull(h.lease, holder, h.token, h.off, h.n)
+                answer, payload = wire.Pulled(h.req, h.n), view
+            except Refusal as r:
+                log.warning("%s: refused a pull from %s: %s [%s]", self.node.name, self.name, r.message, r.code)
+                answer, payload = wire.TicketError(h.req, r.code, r.message), None
+            self._spawn(self._answer_quietly(answer, payload))
+        elif isinstance(h, wire.Forward):
+            try:
+                answer = wire.Forwarded(h.req, leases.forward(h.lease, holder, h.token, h.to))
+            except Refusal as r:
+                answer = wire.TicketError(h.req, r.code, r.message)
+            self._spawn(self._answer_quietly(answer, None))
+        elif isinstance(h, wire.Unlease):
+            try:
+                leases.unlease(h.lease, holder, h.token)
+            except Refusal as r:
+                log.debug("%s: ignored an unlease from %s: %s [%s]", self.node.name, self.name, r.message, r.code)
+        elif isinstance(h, wire.Renew):
+            try:
+                leases.renew(h.lease, holder, h.token)
+            except Refusal as r:
+                log.warning("%s: refused a renewal from %s: %s [%s]", self.node.name, self.name, r.message, r.code)
+
+    async def _answer_quietly(self, header, payload) -> None:
+        try:
+            await self._send_control(header, payload)
+        except PeerClosed as e:
+            log.debug("%s: could not answer %s: %s", self.node.name, self.name, e)
+
+
+def _is_node_frame(obj: Any) -> bool:
+    return isinstance(obj, (SharedFrame, Ticket))

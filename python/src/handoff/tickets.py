@@ -1,0 +1,218 @@
+"""Tickets (spec §7.5–§7.9): the owner's leases, and the holder's handle on a ticket.
+
+Owner side: :class:`LeaseTable` keeps each buffer sent as a ticket under a lease with
+one hold per holder node (a token and a deadline), answers ``pull`` and ``forward``
+and takes ``unlease`` and ``renew``, checking them in the order of §7.7.
+
+Holder side: :class:`Ticket` is a received ticket; it pulls ranges or the whole buffer
+from the owner (checking the BLAKE3 digest of a whole redemption), renews, forwards,
+and sends ``unlease`` when it is released or garbage-collected.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import blake3
+
+from . import wire
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .node import Node
+
+__all__ = ["LeaseTable", "Refusal", "Ticket", "digest"]
+
+
+def digest(data: Any) -> bytes:
+    """BLAKE3 (32 bytes) of a bytes-like object, multi-threaded for large inputs."""
+    view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
+    threads = blake3.blake3.AUTO if len(view) >= (1 << 20) else 1
+    return blake3.blake3(view, max_threads=threads).digest()
+
+
+# --------------------------------------------------------------------------- owner side
+
+
+@dataclass
+class Refusal(Exception):
+    code: str
+    message: str
+
+
+@dataclass
+class _Hold:
+    token: bytes
+    deadline: float
+
+
+@dataclass
+class _Lease:
+    view: memoryview
+    issued_to: str
+    ttl: float
+    created: float
+    holds: dict = field(default_factory=dict)
+
+
+class LeaseTable:
+    """The leases a node keeps as the owner of the tickets it sent."""
+
+    def __init__(self, ttl: float = 30.0):
+        self.ttl = ttl
+        self._leases: dict[int, _Lease] = {}
+        self._next = 1
+        self.expired = 0
+
+    def issue(self, view: memoryview, to_node: str) -> tuple[int, bytes, bytes]:
+        """A new lease on ``view`` with one hold for ``to_node``; returns (lease, token, digest)."""
+        lease = self._next
+        self._next += 1
+        token = secrets.token_bytes(32)
+        now = time.monotonic()
+        entry = _Lease(view=view, issued_to=to_node, ttl=self.ttl, created=now)
+        entry.holds[to_node] = _Hold(token, now + self.ttl)
+        self._leases[lease] = entry
+        return lease, token, digest(view)
+
+    def _check(self, lease: int, holder: str, token: bytes) -> tuple[_Lease, _Hold]:
+        entry = self._leases.get(lease)
+        if entry is None:
+            raise Refusal("unknown-lease", f"no lease {lease}: it ended or was never issued")
+        hold = entry.holds.get(holder)
+        if hold is None or not hmac.compare_digest(hold.token, bytes(token)):
+            raise Refusal("bad-token", f"node {holder} holds no share of lease {lease} under this token")
+        if time.monotonic() > hold.deadline:
+            self._end_hold(lease, holder, expired=True)
+            raise Refusal("expired", f"the hold of node {holder} on lease {lease} expired")
+        return entry, hold
+
+    def pull(self, lease: int, holder: str, token: bytes, off: int, n: int) -> memoryview:
+        entry, _ = self._check(lease, holder, token)
+        if off + n > len(entry.view):
+            raise Refusal(
+                "out-of-range", f"bytes {off}..{off + n} are outside lease {lease} of {len(entry.view)} bytes"
+            )
+        return entry.view[off : off + n]
+
+    def forward(self, lease: int, holder: str, token: bytes, to: str) -> bytes:
+        entry, _ = self._check(lease, holder, token)
+        new = secrets.token_bytes(32)
+        entry.holds[to] = _Hold(new, time.monotonic() + entry.ttl)
+        return new
+
+    def unlease(self, lease: int, holder: str, token: bytes) -> None:
+        self._check(lease, holder, token)
+        self._end_hold(lease, holder)
+
+    def renew(self, lease: int, holder: str, token: bytes) -> None:
+        entry, hold = self._check(lease, holder, token)
+        hold.deadline = time.monotonic() + entry.ttl
+
+    def _end_hold(self, lease: int, holder: str, expired: bool = False) -> None:
+        entry = self._leases.get(lease)
+        if entry is None or entry.holds.pop(holder, None) is None:
+            return
+        if expired:
+            self.expired += 1
+        if not entry.holds:
+            del self._leases[lease]
+
+    def drop_holder(self, holder: str) -> int:
+        """Ends every hold of ``holder`` (its connection was lost); returns how many."""
+        ended = 0
+        for lease in [lease for lease, e in self._leases.items() if holder in e.holds]:
+            self._end_hold(lease, holder)
+            ended += 1
+        return ended
+
+    def expire(self) -> int:
+        now = time.monotonic()
+        late = [(lease, h) for lease, e in self._leases.items() for h, hold in e.holds.items() if hold.deadline < now]
+        for lease, holder in late:
+            self._end_hold(lease, holder, expired=True)
+        return len(late)
+
+    def is_alive(self, lease: int) -> bool:
+        return lease in self._leases
+
+    def stats(self) -> dict:
+        now = time.monotonic()
+        return {
+            "count": len(self._leases),
+            "bytes": sum(len(e.view) for e in self._leases.values()),
+            "holders": sum(len(e.holds) for e in self._leases.values()),
+            "oldest_seconds": max((now - e.created for e in self._leases.values()), default=0.0),
+            "expired": self.expired,
+        }
+
+
+# --------------------------------------------------------------------------- holder side
+
+
+def _send_unlease(node_ref: "weakref.ref[Node]", desc: wire.TicketDesc, label: str) -> None:
+    node = node_ref()
+    if node is not None:
+        node._ticket_released(desc, label)
+
+
+class Ticket:
+    """A received ticket (lazy redemption): a claim on ``len(ticket)`` bytes that its owner keeps.
+
+    ``await ticket.read(off, n)`` pulls a range, ``await ticket.redeem()`` pulls everything
+    and checks the digest; the hold ends (``unlease``) on :meth:`release`, or when the
+    ticket is garbage-collected.
+    """
+
+    def __init__(self, node: "Node", desc: wire.TicketDesc, owner_label: str):
+        self.desc = desc
+        self.owner_label = owner_label
+        self._node = weakref.ref(node)
+        self._finalizer = weakref.finalize(self, _send_unlease, self._node, desc, owner_label)
+        self._finalizer.atexit = False
+
+    @property
+    def owner(self) -> str:
+        return self.desc.owner
+
+    @property
+    def lease(self) -> int:
+        return self.desc.lease
+
+    def __len__(self) -> int:
+        return self.desc.n
+
+    def _node_or_fail(self) -> "Node":
+        node = self._node()
+        if node is None:
+            from .errors import PeerClosed
+
+            raise PeerClosed("the node that received this ticket is closed")
+        return node
+
+    async def read(self, off: int, n: int) -> memoryview:
+        """Pulls bytes ``off .. off + n`` (not checked against the digest, which covers the whole buffer)."""
+        return await self._node_or_fail()._pull(self, off, n, whole=False)
+
+    async def redeem(self) -> memoryview:
+        """Pulls the whole buffer and checks its BLAKE3 digest (``TicketCorrupt`` if it differs)."""
+        return await self._node_or_fail()._pull(self, 0, self.desc.n, whole=True)
+
+    async def renew(self) -> None:
+        """Extends this node's hold by the lease's ttl."""
+        await self._node_or_fail()._renew(self)
+
+    def release(self) -> None:
+        """Ends this node's hold now (``unlease``); the ticket cannot be used afterwards."""
+        self._finalizer()
+
+    @property
+    def released(self) -> bool:
+        return not self._finalizer.alive
+
+    def __repr__(self) -> str:
+        return f"Ticket({self.desc.n} bytes, owner {self.owner_label}, lease {self.desc.lease})"

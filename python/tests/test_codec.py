@@ -1,0 +1,153 @@
+"""Bodies: canonical msgpack (spec §2), buffers as frames (§8.2), decoding limits and errors."""
+
+from __future__ import annotations
+
+import mmap
+
+import msgpack
+import numpy as np
+import pytest
+from handoff import wire
+from handoff.codec import Buffer, as_bytes_view, as_numpy, decode_body, encode_body
+from handoff.msgpack_read import BadStr, Ext
+
+
+@pytest.mark.parametrize(
+    "value, hexed",
+    [
+        (0, "00"),
+        (127, "7f"),
+        (128, "cc80"),
+        (255, "ccff"),
+        (256, "cd0100"),
+        (65535, "cdffff"),
+        (65536, "ce00010000"),
+        (2**32, "cf0000000100000000"),
+        (2**64 - 1, "cfffffffffffffffff"),
+        (-1, "ff"),
+        (-32, "e0"),
+        (-33, "d0df"),
+        (-128, "d080"),
+        (-129, "d1ff7f"),
+        (-(2**31), "d280000000"),
+        (-(2**31) - 1, "d3ffffffff7fffffff"),
+        ("", "a0"),
+        ("x" * 31, "bf" + "78" * 31),
+        ("x" * 32, "d920" + "78" * 32),
+        ("x" * 256, "da0100" + "78" * 256),
+        (b"", "c400"),
+        (b"\x01" * 3, "c403010101"),
+        (1.5, "cb3ff8000000000000"),
+        (None, "c0"),
+        (True, "c3"),
+        (False, "c2"),
+        ([], "90"),
+        ([1] * 16, "dc0010" + "01" * 16),
+        ({}, "80"),
+        ({"b": 1, "a": 2}, "82a16201a16102"),
+    ],
+)
+def test_canonical_encodings(value, hexed):
+    enc = encode_body(value)
+    assert enc.body.hex() == hexed and enc.frames == []
+
+
+def test_map_of_16_entries_is_map16():
+    enc = encode_body({str(i): i for i in range(16)})
+    assert enc.body[:3] == b"\xde\x00\x10"
+
+
+def test_buffers_become_frames_in_serialization_order():
+    big = bytes(range(256)) * 8  # 2048 bytes: at least the frame threshold
+    small = b"tiny"
+    arr = np.arange(10, dtype=np.float64)
+    enc = encode_body({"a": Buffer(b"xy"), "b": [big, small], "c": arr, "d": Buffer(memoryview(b"z"))})
+    assert [f.nbytes for f in enc.frames] == [2, 2048, 80, 1]
+    body = msgpack.unpackb(enc.body, raw=False)
+    assert body["a"] == msgpack.ExtType(1, b"\x00\x00\x00\x00")
+    assert body["b"] == [msgpack.ExtType(1, b"\x00\x00\x00\x01"), small]
+    assert body["c"] == msgpack.ExtType(1, b"\x00\x00\x00\x02")
+    assert body["d"] == msgpack.ExtType(1, b"\x00\x00\x00\x03")
+    assert b"\xd6\x01\x00\x00\x00\x02" in enc.body  # fixext 4, type 1, u32 BE
+    # A frame is a view of the caller's memory, not a copy.
+    assert np.shares_memory(np.frombuffer(enc.frames[2], dtype=np.uint8), arr)
+
+
+def test_frame_threshold_is_configurable():
+    assert len(encode_body({"x": b"abcd"}, frame_threshold=4).frames) == 1
+    assert len(encode_body({"x": b"abcd"}, frame_threshold=5).frames) == 0
+
+
+def test_strided_numpy_arrays_are_copied_contiguously():
+    arr = np.arange(20, dtype=np.int32)[::2]
+    enc = encode_body(Buffer(arr))
+    assert bytes(enc.frames[0]) == arr.tobytes()
+
+
+def test_as_bytes_view_flattens():
+    v = as_bytes_view(np.zeros((3, 4), dtype=np.float32))
+    assert v.format == "B" and v.ndim == 1 and v.nbytes == 48
+
+
+def test_unencodable_values_are_refused():
+    with pytest.raises(TypeError):
+        encode_body({"x": object()})
+    with pytest.raises(OverflowError):
+        encode_body(2**64)
+
+
+def test_decode_resolves_frame_refs_to_the_frames_themselves():
+    frames = [memoryview(b"abc"), memoryview(bytearray(b"def"))]
+    body = msgpack.packb({"x": msgpack.ExtType(1, b"\x00\x00\x00\x01"), "y": [msgpack.ExtType(1, bytes(4))]})
+    out = decode_body(body, frames)
+    assert out["x"] is frames[1] and out["y"][0] is frames[0]
+
+
+def test_decode_errors():
+    ref = lambda payload: msgpack.packb([msgpack.ExtType(1, payload)])  # noqa: E731
+    with pytest.raises(wire.WireError) as e:
+        decode_body(ref(b"\x00\x00"), [b"x"])
+    assert e.value.code == "bad-body"
+    with pytest.raises(wire.WireError) as e:
+        decode_body(ref(b"\x00\x00\x00\x01"), [b"x"])
+    assert e.value.code == "bad-frame-ref"
+    with pytest.raises(wire.WireError) as e:
+        decode_body(b"\xc1", [])
+    assert e.value.code == "bad-body"
+    with pytest.raises(wire.WireError) as e:
+        decode_body(b"\x92\x01", [])  # truncated
+    assert e.value.code == "bad-body"
+    # Other ext types and non-UTF-8 strings are kept, as the reference's generic reader does.
+    assert decode_body(msgpack.packb(msgpack.ExtType(5, b"ab")), []) == Ext(5, b"ab")
+    assert decode_body(b"\xa2\xff\xfe", []) == BadStr(b"\xff\xfe")
+
+
+def _nested(depth: int) -> bytes:
+    return b"\x91" * (depth - 1) + b"\x90"
+
+
+def test_body_nesting_limit_is_127_levels():
+    assert decode_body(_nested(127), []) is not None
+    with pytest.raises(wire.WireError) as e:
+        decode_body(_nested(128), [])
+    assert e.value.code == "bad-body"
+    # An ext value counts one level too.
+    assert decode_body(b"\x91" * 126 + b"\xd4\x05\x00", []) is not None
+    with pytest.raises(wire.WireError):
+        decode_body(b"\x91" * 127 + b"\xd4\x05\x00", [])
+
+
+def test_huge_announced_containers_do_not_allocate():
+    with pytest.raises(wire.WireError) as e:
+        decode_body(b"\xdd\xff\xff\xff\xff", [])
+    assert e.value.code == "bad-body"
+
+
+def test_as_numpy_is_zero_copy():
+    m = mmap.mmap(-1, 4096)
+    view = memoryview(m)[1024:2048]
+    arr = as_numpy(view, dtype=np.uint32)
+    assert arr.shape == (256,)
+    view[0:4] = b"\x01\x00\x00\x00"
+    assert arr[0] == 1
+    assert as_numpy(memoryview(bytes(16)), shape=(4, 4)).shape == (4, 4)

@@ -1,0 +1,354 @@
+"""The Python node against itself and against peers that misbehave on purpose."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import mmap
+import os
+import socket
+
+import numpy as np
+import pytest
+from handoff import (
+    AuthenticationError,
+    Buffer,
+    HandoffError,
+    Node,
+    OwnerLost,
+    ShmBuffer,
+    Ticket,
+    TicketCorrupt,
+    TicketRefused,
+    WireError,
+    as_numpy,
+    wire,
+)
+from handoff.shm import sealed_copy
+from helpers import RawPeer, eventually
+
+MIB = 1 << 20
+
+
+def nodes(*names, **kw):
+    return [Node(n, secret=b"s3cret", listen="127.0.0.1:0", **kw) for n in names]
+
+
+async def test_channels_by_host_id():
+    async with (
+        Node("a", secret="k", listen="127.0.0.1:0") as a,
+        Node("b", secret="k", listen="127.0.0.1:0") as b,
+        Node("c", secret="k", host_id="elsewhere") as c,
+    ):
+        assert (await a.connect(b.listen_addr)).channel == "shm"
+        peer = await b.wait_for_peer("a", channel="shm")
+        assert peer.locality == "same-process" and peer.lang == "python"
+        # A later connection from the same node replaces the earlier one.
+        assert (await a.connect(b.listen_addr, channel="tcp")).channel == "tcp"
+        assert (await b.wait_for_peer("a", channel="tcp")).locality == "same-process"
+        remote = await c.connect(b.listen_addr)
+        assert (remote.channel, remote.locality) == ("tcp", "remote")
+        with pytest.raises(Exception, match="another host"):
+            await c.connect(b.listen_addr, channel="shm")
+        direct = await c.connect(b.unix_addr)  # a unix:// address, whatever the host id says
+        assert direct.channel == "shm"
+
+
+async def test_shm_frames_are_zero_copy_and_released():
+    a, b = nodes("a", "b")
+    async with a, b:
+        peer = await a.connect(b.listen_addr)
+        arr = np.arange(MIB, dtype=np.float32)  # 4 MiB
+        await peer.send("t.Array", {"x": arr, "small": Buffer(b"abc"), "seq": 1})
+        env = await b.recv(5)
+        x = env.body["x"]
+        assert isinstance(x.obj, mmap.mmap) and x.readonly
+        assert [f.kind for f in env.frames] == ["shm", "inline"]
+        assert env.segment_of(x)["sealed"] is True
+        got = as_numpy(x, dtype=np.float32)
+        assert np.array_equal(got, arr)
+        assert a.shm_leases() == {"count": 1, "bytes": 4 * MIB}
+        # A numpy view keeps the frame (and the lease) alive after the envelope is released.
+        env.release()
+        await asyncio.sleep(0.05)
+        assert a.shm_leases()["count"] == 1
+        del got, x, env
+        gc.collect()
+        assert await eventually(lambda: a.shm_leases()["count"] == 0)
+
+
+async def test_shm_buffer_is_sent_without_a_copy():
+    a, b = nodes("a", "b")
+    async with a, b:
+        peer = await a.connect(b.listen_addr)
+        buf = ShmBuffer(MIB)
+        buf.view[:5] = b"hello"
+        frozen = buf.freeze()
+        await peer.send("t.Blob", {"data": frozen})
+        with await b.recv(5) as env:
+            seg = env.segment_of(env.body["data"])
+            assert (seg["device"], seg["inode"]) == frozen.inode()
+            assert bytes(env.body["data"][:5]) == b"hello"
+        assert await eventually(lambda: a.shm_leases()["count"] == 0)
+
+
+async def test_small_buffers_and_tcp_go_inline():
+    a, b = nodes("a", "b")
+    async with a, b:
+        shm = await a.connect(b.listen_addr)
+        tcp = await a.connect(b.listen_addr, channel="tcp")
+        await shm.send("t.X", {"d": os.urandom(60 * 1024)})  # under the 64 KiB threshold
+        await tcp.send("t.X", {"d": os.urandom(MIB), "frozen": sealed_copy(b"abc" * 1000)})
+        e1, e2 = await b.recv(5), await b.recv(5)
+        assert [f.kind for f in e1.frames] == ["inline"]
+        assert [f.kind for f in e2.frames] == ["inline", "inline"]
+        assert bytes(e2.body["frozen"]) == b"abc" * 1000
+
+
+async def test_wrong_secret_between_python_nodes(caplog):
+    async with Node("a", secret="one", listen="127.0.0.1:0") as a, Node("b", secret="two") as b:
+        with pytest.raises(AuthenticationError, match="secret"):
+            await b.connect(a.listen_addr)
+        assert await eventually(lambda: "refused connection" in caplog.text and "authentication failed" in caplog.text)
+        assert a.peers == [] and b.peers == []
+
+
+async def test_reflected_hello_is_refused():
+    async with Node("a", secret="k", listen="127.0.0.1:0") as a:
+
+        def reflect():
+            raw = RawPeer(a.listen_addr)
+            raw.send(wire.OUR_PREAMBLE.encode())
+            raw.read_exact(16)
+            hello_raw, hello = raw.read_header()
+            raw.send(wire.frame_header(hello_raw))  # the node's own hello, nonce and all
+            return raw.expect_error()
+
+        err = await asyncio.to_thread(reflect)
+        assert err.code == "handshake" and "nonce" in err.msg
+
+
+async def test_bad_preamble_gets_an_error_and_the_node_keeps_serving():
+    async with Node("a", secret="k", listen="127.0.0.1:0") as a, Node("b", secret="k", host_id="x") as b:
+
+        def http():
+            raw = RawPeer(a.listen_addr)
+            raw.send(b"GET / HTTP/1.1\r\n\r\n")
+            raw.read_exact(16)
+            return raw.expect_error()
+
+        assert (await asyncio.to_thread(http)).code == "bad-magic"
+        peer = await b.connect(a.listen_addr)
+        await peer.send("t.Ping", {"n": 1})
+        assert (await a.recv(5)).body == {"n": 1}
+
+
+@pytest.mark.parametrize(
+    "data, code",
+    [
+        (b"\x7f\xff\xff\xff", "header-too-large"),
+        (b"\x00\x00\x00\x00", "malformed-header"),
+        (wire.encode_message(wire.Release([1])), "handshake"),  # no release on TCP
+        (wire.encode_message(wire.Hello("n", "a", "h", 1, "p", "l", "i", 1, [], bytes(32))), "handshake"),
+        (wire.encode_message(wire.Msg("t.Unknown", b"\x80", [])), "unknown-type"),
+        (wire.encode_message(wire.Msg("t.Known", b"\x80", [wire.Shm(1, 0, 1, 1)])), "unsupported-descriptor"),
+        (wire.encode_message(wire.Msg("t.Known", b"\x80", [wire.Inline(10)])) + b"abc", "truncated"),
+    ],
+)
+async def test_bad_input_closes_that_connection_only(data, code):
+    async with (
+        Node("a", secret="k", listen="127.0.0.1:0", types=["t.Known"]) as a,
+        Node("b", secret="k", host_id="x") as b,
+    ):
+        good = await b.connect(a.listen_addr)
+
+        def misbehave():
+            raw = RawPeer(a.listen_addr)
+            raw.handshake(b"k")
+            raw.send(data)
+            if code == "truncated":
+                raw.sock.shutdown(socket.SHUT_WR)
+            return raw.expect_error()
+
+        err = await asyncio.to_thread(misbehave)
+        assert err.code == code
+        await good.send("t.Known", {"still": "served"})
+        assert (await a.recv(5)).body == {"still": "served"}
+
+
+async def test_bad_body_reaches_the_application_and_the_connection_stays():
+    async with Node("a", secret="k", listen="127.0.0.1:0") as a:
+
+        def send():
+            raw = RawPeer(a.listen_addr)
+            raw.handshake(b"k")
+            body = b"\x91\xd6\x01\x00\x00\x00\x03"  # refers to frame 3 of 1
+            raw.send(wire.encode_message(wire.Msg("t.X", body, [wire.Inline(1)]), [b"z"]))
+            raw.send(wire.encode_message(wire.Msg("t.X", b"\x01", [])))
+            return raw
+
+        raw = await asyncio.to_thread(send)
+        env = await a.recv(5)
+        with pytest.raises(WireError) as e:
+            _ = env.body
+        assert e.value.code == "bad-frame-ref"
+        assert (await a.recv(5)).body == 1
+        raw.close()
+
+
+def _memfd(size: int, seal: bool = False) -> int:
+    fd = os.memfd_create("test", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    return fd
+
+
+@pytest.mark.parametrize("case", ["missing", "size", "seals", "stray"])
+async def test_bad_shm(case):
+    async with Node("a", secret="k", listen="127.0.0.1:0") as a:
+
+        def misbehave():
+            raw = RawPeer(a.unix_addr)
+            raw.handshake(b"k", host=a.host_id)
+            if case == "missing":
+                raw.send(wire.encode_message(wire.Msg("t", b"\x80", [wire.Shm(4096, 0, 4096, 1)])))
+            elif case == "size":
+                fd = _memfd(8192)
+                raw.send(wire.encode_message(wire.Msg("t", b"\x80", [wire.Shm(4096, 0, 4096, 1)])), [fd])
+            elif case == "seals":
+                fd = _memfd(4096)
+                raw.send(wire.encode_message(wire.Msg("t", b"\x80", [wire.Shm(4096, 0, 4096, 1, sealed=True)])), [fd])
+            else:
+                fd = _memfd(4096)
+                raw.send(wire.encode_message(wire.Msg("t", b"\x80", [])), [fd])
+            return raw.expect_error()
+
+        err = await asyncio.to_thread(misbehave)
+        assert err.code == "bad-shm", err
+
+
+async def test_raw_shm_frame_is_received_and_released():
+    async with Node("a", secret="k", listen="127.0.0.1:0") as a:
+        fd = _memfd(8192)
+        os.pwrite(fd, b"window!", 4096)
+
+        def send():
+            raw = RawPeer(a.unix_addr)
+            raw.handshake(b"k", host=a.host_id)
+            raw.send(
+                wire.encode_message(wire.Msg("t", b"\xd6\x01\x00\x00\x00\x00", [wire.Shm(7, 4096, 8192, 42)])), [fd]
+            )
+            return raw
+
+        raw = await asyncio.to_thread(send)
+        env = await a.recv(5)
+        assert bytes(env.body) == b"window!" and env.frames[0].lease == 42
+        env.release()
+        del env
+        _, release = await asyncio.to_thread(raw.read_header)
+        assert release == wire.Release([42])
+        raw.close()
+
+
+# ---------------------------------------------------------------- tickets between Python nodes
+
+
+async def test_tickets_eager_and_lazy():
+    a, b = nodes("a", "b")
+    lazy = Node("lazy", secret=b"s3cret", redeem="lazy")
+    async with a, b, lazy:
+        data = os.urandom(3 * MIB)
+        peer = await b.connect(a.listen_addr, channel="tcp")
+        await a.wait_for_peer("b")
+        await a.peer("b").send("t.X", {"data": data}, by_ticket=True)
+        with await b.recv(5) as env:
+            assert env.frames[0].kind == "ticket" and bytes(env.body["data"]) == data
+        assert await eventually(lambda: a.ticket_leases()["count"] == 0)
+
+        lp = await lazy.connect(a.listen_addr, channel="tcp")
+        await a.wait_for_peer("lazy")
+        await a.peer("lazy").send("t.X", {"data": data}, by_ticket=True)
+        env = await lazy.recv(5)
+        ticket = env.body["data"]
+        assert isinstance(ticket, Ticket) and ticket.owner == a.node_id
+        assert bytes(await ticket.read(100, 10)) == data[100:110]
+        with pytest.raises(TicketRefused) as e:
+            await ticket.read(len(data) - 1, 2)
+        assert e.value.code == "out-of-range" and e.value.lease == ticket.lease and "a" in str(e.value)
+        assert bytes(await ticket.redeem()) == data
+        await ticket.renew()
+        ticket.release()
+        assert await eventually(lambda: a.ticket_leases()["count"] == 0)
+        # A released ticket cannot be used; a replayed token after its lease ended is refused.
+        with pytest.raises(HandoffError, match="released"):
+            await ticket.read(0, 1)
+        fresh = Ticket(lazy, ticket.desc, "a")
+        with pytest.raises(TicketRefused) as e:
+            await fresh.read(0, 1)
+        assert e.value.code == "unknown-lease"
+        del peer, lp
+
+
+async def test_ticket_hold_expires():
+    a = Node("owner", secret=b"s", listen="127.0.0.1:0", lease_ttl=0.2)
+    b = Node("holder", secret=b"s", redeem="lazy")
+    async with a, b:
+        await b.connect(a.listen_addr, channel="tcp")
+        await (await a.wait_for_peer("holder")).send("t.X", {"d": Buffer(b"x" * 100)}, by_ticket=True)
+        ticket = (await b.recv(5)).body["d"]
+        await asyncio.sleep(0.6)
+        with pytest.raises(TicketRefused) as e:
+            await ticket.redeem()
+        assert e.value.code in ("expired", "unknown-lease")
+        assert a.ticket_leases()["expired"] == 1
+
+
+async def test_forwarding_a_ticket_to_a_third_node():
+    a, b, c = nodes("a", "b", "c", redeem="lazy")
+    async with a, b, c:
+        await b.connect(a.listen_addr, channel="tcp")
+        to_c = await b.connect(c.listen_addr, channel="tcp")
+        data = os.urandom(MIB)
+        await (await a.wait_for_peer("b")).send("t.X", {"d": data}, by_ticket=True)
+        ticket = (await b.recv(5)).body["d"]
+        await to_c.send("t.Y", {"d": ticket})  # b asks a to add c as a holder, then sends c the ticket
+        assert a.ticket_leases()["holders"] == 2
+        ticket.release()
+        got = (await c.recv(5)).body["d"]
+        assert isinstance(got, Ticket) and got.owner == a.node_id and got.desc.token != ticket.desc.token
+        assert bytes(await got.redeem()) == data  # c connects to a's address by itself
+        got.release()
+        assert await eventually(lambda: a.ticket_leases()["count"] == 0)
+
+
+async def test_corrupt_and_lost_tickets():
+    a = Node("owner", secret=b"s", listen="127.0.0.1:0")
+    b = Node("holder", secret=b"s", redeem="lazy")
+    async with b:
+        await a.start()
+        await b.connect(a.listen_addr, channel="tcp")
+        await (await a.wait_for_peer("holder")).send("t.X", {"d": Buffer(b"y" * 4096)}, by_ticket=True)
+        ticket = (await b.recv(5)).body["d"]
+        bad = Ticket(b, wire.TicketDesc(**{**ticket.desc.__dict__, "digest": bytes(32)}), "owner")
+        with pytest.raises(TicketCorrupt) as e:
+            await bad.redeem()
+        assert e.value.lease == ticket.lease and "owner" in str(e.value)
+        await a.close()
+        with pytest.raises(OwnerLost) as e:
+            await ticket.redeem()
+        assert e.value.lease == ticket.lease and "owner" in str(e.value)
+
+
+async def test_eager_failure_is_reported_in_place_of_the_body():
+    a = Node("owner", secret=b"s", listen="127.0.0.1:0", lease_ttl=0.1)
+    async with a:
+        # A holder that waits too long: its hold expired before the pull.
+        b = Node("slow", secret=b"s")
+        async with b:
+            await b.connect(a.listen_addr, channel="tcp")
+            peer = await a.wait_for_peer("slow")
+            a.leases.ttl = 0.0
+            await peer.send("t.X", {"d": Buffer(b"z" * 10)}, by_ticket=True)
+            env = await b.recv(5)
+            with pytest.raises(TicketRefused) as e:
+                _ = env.body
+            assert e.value.code in ("expired", "unknown-lease") and "owner" in str(e.value)

@@ -1,0 +1,224 @@
+"""The sans-IO wire format beyond the vectors: limits, order of checks, type rules, encoders."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import pytest
+from handoff import wire
+
+
+def message(header: dict | bytes, tail: bytes = b"") -> bytes:
+    raw = header if isinstance(header, bytes) else msgpack.packb(header, use_bin_type=True)
+    return struct.pack(">I", len(raw)) + raw + tail
+
+
+def code_of(data: bytes, limits=wire.DEFAULT_LIMITS, carried=wire.TCP_KINDS) -> str:
+    try:
+        wire.decode_message(data, limits, carried)
+    except wire.WireError as e:
+        return e.code
+    return "ok"
+
+
+def msg(frames, **extra) -> dict:
+    return {"k": "msg", "t": "x", "b": b"\x80", "f": frames, **extra}
+
+
+def test_length_prefix_checks():
+    lim = wire.Limits(max_header_bytes=100)
+    assert code_of(b"\x00\x00") == "truncated"
+    assert code_of(struct.pack(">I", 101), lim) == "header-too-large"
+    assert code_of(struct.pack(">I", 0)) == "malformed-header"
+    assert code_of(struct.pack(">I", 100) + b"\x80", lim) == "truncated"
+    assert wire.header_length(struct.pack(">I", 100), lim) == 100  # inclusive
+
+
+def test_frame_and_message_limits_are_inclusive():
+    lim = wire.Limits(max_frame_bytes=10, max_message_bytes=15, max_frames=2)
+    assert code_of(message(msg([{"k": "inline", "n": 10}]), b"x" * 10), lim) == "ok"
+    assert code_of(message(msg([{"k": "inline", "n": 11}])), lim) == "frame-too-large"
+    assert code_of(message(msg([{"k": "inline", "n": 10}, {"k": "inline", "n": 5}]), b"x" * 15), lim) == "ok"
+    assert code_of(message(msg([{"k": "inline", "n": 10}, {"k": "inline", "n": 6}])), lim) == "message-too-large"
+    assert code_of(message(msg([{"k": "inline", "n": 1}] * 3)), lim) == "too-many-frames"
+    # A ticket's length counts too, although its bytes are not in the stream.
+    t = {"k": "ticket", "n": 11, "owner": "o", "lease": 1, "token": bytes(32), "digest": bytes(32), "ttl": 1}
+    assert code_of(message(msg([t])), lim) == "frame-too-large"
+    # The bytes of a pulled: per frame, then per message.
+    assert code_of(message({"k": "pulled", "req": 1, "n": 11}), lim) == "frame-too-large"
+    lim2 = wire.Limits(max_frame_bytes=10, max_message_bytes=5)
+    assert code_of(message({"k": "pulled", "req": 1, "n": 6}), lim2) == "message-too-large"
+
+
+def test_order_of_checks():
+    # The header structure (every descriptor's known keys typed) comes before the frame count...
+    frames = [{"k": "inline", "n": 1}] * 1025
+    assert code_of(message(msg(frames))) == "too-many-frames"
+    assert code_of(message(msg(frames[:-1] + [{"k": "inline", "n": "x"}]))) == "malformed-header"
+    # ...which comes before each descriptor's kind.
+    assert code_of(message(msg([{"k": "pigeon"}] * 1025))) == "too-many-frames"
+    # A descriptor's kind, then its n, then its size.
+    assert code_of(message(msg([{"k": "pigeon"}]))) == "unknown-descriptor"
+    assert code_of(message(msg([{"n": 1}]))) == "malformed-header"
+    assert code_of(message(msg([{"k": "inline"}]))) == "malformed-header"
+    assert code_of(message(msg([{"k": "inline", "n": 1}, {"k": "pigeon"}]))) == "unknown-descriptor"
+    # Header checks before the descriptor kinds against the connection.
+    assert code_of(message(msg([{"k": "tag", "key": "x"}, {"k": "pigeon"}]))) == "unknown-descriptor"
+    assert code_of(message(msg([{"k": "tag", "key": "x"}]))) == "unsupported-descriptor"
+    assert code_of(message(msg([{"k": "tag"}]))) == "malformed-header"
+    # The kind before the kind's fields; t before b.
+    assert code_of(message({"k": "nope", "t": 1})) == "malformed-header"  # t typed whatever the kind
+    assert code_of(message({"k": "nope"})) == "unknown-kind"
+    assert code_of(message({"k": "msg"})) == "malformed-header"
+
+
+def test_descriptor_kinds_per_connection():
+    shm = {"k": "shm", "n": 4, "off": 0, "size": 4, "lease": 1, "sealed": True}
+    ticket = {"k": "ticket", "n": 4, "owner": "o", "lease": 1, "token": bytes(32), "digest": bytes(32), "ttl": 1}
+    assert code_of(message(msg([shm]))) == "unsupported-descriptor"
+    assert code_of(message(msg([shm])), carried=wire.UNIX_KINDS) == "ok"
+    assert code_of(message(msg([ticket]))) == "ok"
+    assert (
+        code_of(message(msg([ticket])), carried=wire.carried_kinds(unix=True, ticket=False)) == "unsupported-descriptor"
+    )
+
+
+def test_type_rules():
+    # Known keys are typed whatever the kind; nil counts as absent; unknown keys are ignored.
+    assert code_of(message({"k": "ready", "pid": "x"})) == "malformed-header"
+    assert code_of(message({"k": "ready", "pid": 2**32})) == "malformed-header"
+    assert code_of(message({"k": "ready", "v": 2**16})) == "malformed-header"
+    assert code_of(message({"k": "ready", "req": -1})) == "malformed-header"
+    assert code_of(message({"k": "ready", "caps": ["a", 1]})) == "malformed-header"
+    assert code_of(message({"k": "ready", "t": None, "x-anything": {"deep": [1, 2]}})) == "ok"
+    assert code_of(message({"k": "ready", "nonce": "not bin"})) == "malformed-header"
+    assert code_of(message({"k": "ready", "node": b"bin, not str"})) == "malformed-header"
+    assert code_of(message(msg(None))) == "ok"
+    assert code_of(message(msg([{"k": "inline", "n": 0, "sealed": 1}]))) == "malformed-header"
+    assert code_of(message(msg([{"k": "inline", "n": 0, "x": 1}]))) == "ok"
+    assert code_of(message(msg([5]))) == "malformed-header"
+    assert code_of(message(b"\x92\xa1k\xa5ready")) == "malformed-header"  # an array, not a map
+
+
+def test_duplicate_keys_are_malformed():
+    dup = b"\x82\xa1k\xa5ready\xa1k\xa5ready"
+    assert code_of(message(dup)) == "malformed-header"
+    dup_desc = msgpack.packb({"k": "msg", "t": "x", "b": b"\x80"})[1:]
+    dup_desc = b"\x84" + dup_desc + b"\xa1f\x91\x82\xa1n\x00\xa1n\x00"
+    assert code_of(message(dup_desc)) == "malformed-header"
+
+
+def test_header_nesting_limit_is_15_levels():
+    def nested(levels):  # the header map is level 1
+        v = 1
+        for _ in range(levels - 1):
+            v = [v]
+        return {"k": "ready", "x-deep": v}
+
+    assert code_of(message(nested(15))) == "ok"
+    assert code_of(message(nested(16))) == "malformed-header"
+
+
+def test_shm_window_and_fields():
+    base = {"k": "shm", "n": 4096, "off": 8192, "size": 12288, "lease": 1}
+    assert code_of(message(msg([base])), carried=wire.UNIX_KINDS) == "ok"
+    assert code_of(message(msg([{**base, "off": 8193}])), carried=wire.UNIX_KINDS) == "malformed-header"
+    big = {**base, "off": 2**64 - 1, "size": 2**64 - 1}  # no overflow
+    assert code_of(message(msg([big])), carried=wire.UNIX_KINDS) == "malformed-header"
+    h = wire.decode_header(msgpack.packb(msg([base]), use_bin_type=True))
+    assert h.f[0].sealed is False  # absent sealed reads as false
+
+
+def test_handshake_fields():
+    nonce_short = {"k": "hello", "nonce": bytes(31)}
+    assert code_of(message(nonce_short)) == "malformed-header"
+    assert code_of(message({"k": "auth", "mac": bytes(31)})) == "malformed-header"
+    assert code_of(message({"k": "release", "leases": [1, -1]})) == "malformed-header"
+    assert code_of(message({"k": "forwarded", "req": 1, "token": bytes(33)})) == "malformed-header"
+
+
+def test_preamble():
+    assert wire.Preamble.decode(wire.OUR_PREAMBLE.encode()) == wire.Preamble(1, 1, 0)
+    for lo, hi in ((0, 1), (3, 2)):
+        with pytest.raises(wire.WireError) as e:
+            wire.Preamble.decode(wire.Preamble(lo, hi).encode())
+        assert e.value.code == "handshake"
+    # Flags are ignored.
+    assert wire.Preamble.decode(b"HANDOFF\x00\x00\x01\x00\x02\xff\xff\xff\xff").negotiate(wire.OUR_PREAMBLE) == 1
+
+
+def test_encoders_omit_absent_optional_keys_and_always_write_f():
+    assert wire.encode_header(wire.Msg("x", b"", [])) == b"\x84\xa1k\xa3msg\xa1t\xa1x\xa1b\xc4\x00\xa1f\x90"
+    t = wire.TicketDesc(n=1, owner="o", lease=2, token=bytes(32), digest=bytes(32), ttl=3)
+    assert "addr" not in msgpack.unpackb(wire.encode_header(wire.Msg("x", b"", [t])))["f"][0]
+    h = wire.Hello("n", "a", "h", 1, "p", "python", "i", 1, ["inline"], bytes(32))
+    assert set(msgpack.unpackb(wire.encode_header(h))) == {
+        "k",
+        "node",
+        "name",
+        "host",
+        "pid",
+        "proc",
+        "lang",
+        "impl",
+        "v",
+        "caps",
+        "nonce",
+    }
+
+
+def test_round_trip_every_kind():
+    token = bytes(range(32))
+    headers = [
+        wire.Hello("n", "a", "h", 1, "p", "python", "i", 1, ["inline", "shm"], token, "tcp://x:1", "unix:///s"),
+        wire.Auth(token),
+        wire.Ready(),
+        wire.Msg("t", b"\x80", [wire.Inline(3), wire.Tag("key")]),
+        wire.Error("auth-failed", "no"),
+        wire.Release([1, 2**64 - 1]),
+        wire.Pull(1, 2, token, 3, 4),
+        wire.Pulled(1, 0),
+        wire.Forward(1, 2, token, "to"),
+        wire.Forwarded(1, token),
+        wire.TicketError(1, "expired", "late"),
+        wire.Unlease(1, token),
+        wire.Renew(1, token),
+    ]
+    for h in headers:
+        assert wire.decode_header(wire.encode_header(h)) == h
+
+
+def test_mutated_vectors_raise_only_wire_errors():
+    """Any bytes decode or fail with a WireError code of §11 (a cheap fuzz over the vectors)."""
+    import random
+    from pathlib import Path
+
+    from handoff.codec import decode_body
+
+    rng = random.Random(7)
+    vectors = [p.read_bytes() for p in (Path(__file__).resolve().parents[2] / "spec" / "vectors").glob("msg-*.bin")]
+    vectors += [p.read_bytes() for p in (Path(__file__).resolve().parents[2] / "spec" / "vectors").glob("ticket-*.bin")]
+    codes = set()
+    for _ in range(3000):
+        b = bytearray(rng.choice(vectors))
+        for _ in range(rng.randrange(1, 4)):
+            op = rng.randrange(3)
+            if op == 0 and len(b) > 4:
+                b[rng.randrange(4, len(b))] = rng.randrange(256)
+            elif op == 1 and b:
+                del b[rng.randrange(len(b)) :]
+            else:
+                b.insert(rng.randrange(len(b) + 1), rng.randrange(256))
+        try:
+            m = wire.decode_message(bytes(b), carried=wire.UNIX_KINDS)
+            if isinstance(m.header, wire.Msg):
+                decode_body(m.header.b, [b""] * len(m.header.f))
+            codes.add("ok")
+        except wire.WireError as e:
+            codes.add(e.code)
+    assert "ok" in codes and "malformed-header" in codes and "truncated" in codes
+    assert codes <= {
+        "ok", "truncated", "header-too-large", "too-many-frames", "frame-too-large", "message-too-large",
+        "malformed-header", "unknown-kind", "unknown-descriptor", "unsupported-descriptor", "bad-frame-ref", "bad-body",
+    }  # fmt: skip
