@@ -15,7 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use crate::protocol::{self, Blob, Ping};
+use crate::protocol::{self, Blob, Payload, Ping, SendRequest};
 use crate::table;
 
 /// Options of `handoff bench`.
@@ -220,13 +220,14 @@ pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
     Ok(out)
 }
 
-/// Three nodes on three host identities (TCP between all): `a` owns buffers and sends
-/// them by ticket, `b` holds them (redeeming lazily) and may forward them to `c`.
+/// The owner runs in a child process (`handoff node`, its own host identity) and sends its
+/// payloads by ticket; `b` and `c` run here, redeem lazily, and `b` may forward to `c`.
 struct TicketBench {
-    a: Node,
+    owner: tokio::process::Child,
+    _secret_dir: crate::demo::TempDir,
     b: Node,
     c: Node,
-    ab: Peer,
+    to_owner: Peer,
     bc: Peer,
 }
 
@@ -237,46 +238,63 @@ impl TicketBench {
                 .host_id(format!("bench-{name}"))
                 .redeem(handoff::Redeem::Lazy)
         };
-        let a = build("bench-ticket-a").build().await?;
         let b = build("bench-ticket-b").build().await?;
         let c = build("bench-ticket-c").build().await?;
-        let ab = a.connect(b.listen_addr().context("listen")?).await?;
         let bc = b.connect(c.listen_addr().context("listen")?).await?;
-        // c pulls from a over a connection of its own, opened before the runs.
-        c.connect(a.listen_addr().context("listen")?).await?;
-        Ok(TicketBench { a, b, c, ab, bc })
+        let (secret_dir, secret_file) = crate::demo::write_secret(secret)?;
+        let mut owner = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["node", "--name", "bench-ticket-owner", "--host-id", "bench-owner"])
+            .args(["--ticket-threshold", "65536", "--secret-file"])
+            .arg(&secret_file)
+            .args(["--connect", b.listen_addr().context("listen")?])
+            .stdout(std::process::Stdio::piped())
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting the owner process")?;
+        let stdout = owner.stdout.take().context("owner stdout")?;
+        let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+        crate::node_cmd::read_ready_line(&mut lines, Duration::from_secs(30)).await?;
+        let to_owner = b.wait_for_peer("bench-ticket-owner", Duration::from_secs(30)).await?;
+        Ok(TicketBench {
+            owner,
+            _secret_dir: secret_dir,
+            b,
+            c,
+            to_owner,
+            bc,
+        })
     }
 
-    fn stop(self) {
-        self.a.shutdown();
+    fn stop(mut self) {
+        let _ = self.owner.start_kill();
         self.b.shutdown();
         self.c.shutdown();
     }
 
-    /// Median seconds to redeem a ticket (`ticket-pull`: b pulls from a; `ticket-3party`:
-    /// b forwards the ticket to c, which pulls from a), beside a raw TCP stream of the bytes.
+    /// Median seconds to redeem a ticket (`ticket-pull`: b pulls from the owner;
+    /// `ticket-3party`: b forwards the ticket to c, which pulls from the owner), beside a
+    /// raw TCP stream of the same bytes.
     async fn run(&self, name: &str, size: u64, reps: usize) -> Result<Case> {
         let data = Buffer::from(vec![0x6bu8; size as usize]);
         let mut raw = RawStream::start(size as usize).await?;
         let mut ours = Vec::new();
         let mut base = Vec::new();
-        // Redemption shares two cores between the owner's send, the holder's receive and
-        // its digest check: more runs make the median steadier.
-        let reps = if reps > 3 { reps.max(9) } else { reps };
         for rep in 0..=reps {
-            self.ab
-                .send_by_ticket(Blob {
-                    seq: 0,
-                    data: data.clone(),
+            // The owner makes the payload and its digest (not timed), and sends it by ticket.
+            self.to_owner
+                .send(SendRequest {
+                    id: rep as u64,
+                    bytes: size,
                 })
                 .await?;
-            let at_b: Blob = self.b.recv_timeout(Duration::from_secs(60)).await?.decode()?;
+            let at_b: Payload = self.b.recv_timeout(Duration::from_secs(120)).await?.decode()?;
             let started = Instant::now();
             let bytes = match name {
                 "ticket-pull" => handoff::Ticket::of(&at_b.data).context("a ticket")?.redeem().await?,
                 _ => {
                     self.bc.send(at_b.clone()).await?;
-                    let at_c: Blob = self.c.recv_timeout(Duration::from_secs(60)).await?.decode()?;
+                    let at_c: Payload = self.c.recv_timeout(Duration::from_secs(60)).await?.decode()?;
                     handoff::Ticket::of(&at_c.data).context("a ticket")?.redeem().await?
                 }
             };
@@ -287,11 +305,6 @@ impl TicketBench {
             if rep > 0 {
                 ours.push(t);
                 base.push(t_base);
-            }
-            // Let the releases reach the owner before the next run.
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while self.a.ticket_leases().count > 0 && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(1)).await;
             }
         }
         Ok(case(name, "tcp", size, median(ours), median(base)))

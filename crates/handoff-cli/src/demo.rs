@@ -55,7 +55,8 @@ struct Child {
     _dir: TempDir,
 }
 
-struct TempDir(std::path::PathBuf);
+/// A private temporary folder, removed when dropped.
+pub(crate) struct TempDir(std::path::PathBuf);
 
 impl Drop for TempDir {
     fn drop(&mut self) {
@@ -63,7 +64,8 @@ impl Drop for TempDir {
     }
 }
 
-fn write_secret(secret: &str) -> Result<(TempDir, std::path::PathBuf)> {
+/// Writes the cluster secret into a fresh private folder (0700, file 0600) for a child node.
+pub(crate) fn write_secret(secret: &str) -> Result<(TempDir, std::path::PathBuf)> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let dir = std::env::temp_dir().join(format!("handoff-demo-{}-{}", std::process::id(), rand::random::<u32>()));
     std::fs::DirBuilder::new()
