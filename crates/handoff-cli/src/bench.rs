@@ -36,7 +36,7 @@ pub struct BenchArgs {
 #[derive(Debug, Clone, Serialize)]
 pub struct Case {
     /// Case name: `inproc-msg`, `tcp-rtt`, `tcp-stream`, `shm-view`, `shm-read`, `tcp-read`,
-    /// `shm-copy-in`, `ticket-pull`, `ticket-3party`.
+    /// `shm-copy-in`, `ticket-pull`, `ticket-3party`, `blob-hit`, `blob-cold`.
     pub case: String,
     /// Channel measured.
     pub channel: String,
@@ -57,6 +57,7 @@ struct Plan {
     sizes: Vec<u64>,
     shm_sizes: Vec<u64>,
     ticket_sizes: Vec<u64>,
+    blob_sizes: Vec<u64>,
 }
 
 impl Plan {
@@ -69,6 +70,7 @@ impl Plan {
                 sizes: vec![1 << 20, 16 << 20, 64 << 20],
                 shm_sizes: vec![1 << 20, 64 << 20],
                 ticket_sizes: vec![64 << 20],
+                blob_sizes: vec![64 << 20],
             }
         } else {
             Plan {
@@ -78,6 +80,7 @@ impl Plan {
                 sizes: vec![1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20],
                 shm_sizes: vec![1 << 20, 16 << 20, 64 << 20, 256 << 20, 1 << 30],
                 ticket_sizes: vec![64 << 20, 256 << 20, 1 << 30],
+                blob_sizes: vec![64 << 20, 256 << 20],
             }
         }
     }
@@ -148,10 +151,12 @@ pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
     let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
     let shm_cases = ["shm-view", "shm-read", "tcp-read", "shm-copy-in"];
     let ticket_cases = ["ticket-pull", "ticket-3party"];
+    let blob_cases = ["blob-hit", "blob-cold"];
     let total = [wanted("inproc-msg"), wanted("tcp-rtt")].iter().filter(|w| **w).count()
         + if wanted("tcp-stream") { plan.sizes.len() } else { 0 }
         + shm_cases.iter().filter(|c| wanted(c)).count() * plan.shm_sizes.len()
-        + ticket_cases.iter().filter(|c| wanted(c)).count() * plan.ticket_sizes.len();
+        + ticket_cases.iter().filter(|c| wanted(c)).count() * plan.ticket_sizes.len()
+        + blob_cases.iter().filter(|c| wanted(c)).count() * plan.blob_sizes.len();
     let bar = ProgressBar::new(total as u64);
     bar.set_style(ProgressStyle::with_template("{spinner} bench [{bar:30}] {pos}/{len} {msg}").expect("template"));
     let secret = hex::encode(rand::random::<[u8; 16]>());
@@ -215,6 +220,25 @@ pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
             }
         }
         bench.stop();
+    }
+    for name in blob_cases.into_iter().filter(|c| wanted(c)) {
+        for &size in &plan.blob_sizes {
+            bar.set_message(format!("{name} {}", table::size(size)));
+            let measured = match name {
+                // A cached blob read, against a plain read of the same file.
+                "blob-hit" => handoff_data::bench::blob_hit(size as usize).await.map(|t| (t, "file")),
+                // A first fetch from a local S3-compatible server (moto) into an empty cache,
+                // against a plain object_store GET of the same object.
+                _ => handoff_data::bench::blob_cold(size as usize).await.map(|t| (t, "s3")),
+            };
+            match measured {
+                Ok(((ours, baseline), channel)) => out.push(case(name, channel, size, ours, baseline)),
+                Err(e) => {
+                    bar.suspend(|| eprintln!("note: {name} skipped: {e:#}"));
+                }
+            }
+            bar.inc(1);
+        }
     }
     bar.finish_and_clear();
     Ok(out)

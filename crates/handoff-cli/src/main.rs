@@ -31,6 +31,8 @@ enum Command {
     Chaos(chaos::ChaosArgs),
     /// Ask a running node for its leases (count, bytes, oldest), shared memory and peers.
     Stats(stats::StatsArgs),
+    /// Datasets of a catalog (Data.toml): list, fetch into the cache, verify, evict.
+    Data(handoff_data::data_cli::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -56,6 +58,7 @@ fn main() -> std::process::ExitCode {
             Command::Bench(args) => bench::run(args).await,
             Command::Chaos(args) => chaos::run(args).await,
             Command::Stats(args) => stats::run(args).await,
+            Command::Data(args) => handoff_data::data_cli::run(args).await,
         }
     });
     match result {

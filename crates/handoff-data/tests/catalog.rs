@@ -1,0 +1,212 @@
+//! Catalogs: a DataSets.jl Data.toml loads unchanged; bad catalogs fail naming the file and the dataset; local
+//! trees refuse paths that escape them.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::TempDir;
+use handoff_data::{Cache, CacheConfig, Catalog, DataKind, Error, StorageConfig};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/julia/Data.toml")
+}
+
+fn cache(dir: &TempDir) -> std::sync::Arc<Cache> {
+    Cache::open(CacheConfig::new(dir.path().join("cache"))).unwrap()
+}
+
+#[tokio::test]
+async fn datasets_jl_catalog_loads_unchanged() {
+    let tmp = TempDir::new("julia");
+    let catalog = Catalog::load(fixture(), cache(&tmp)).unwrap();
+    let names: Vec<_> = catalog.datasets().iter().map(|d| d.name().to_string()).collect();
+    assert_eq!(names, ["a_text_file", "some_namespace/a_text_file", "a_tree_example"]);
+    let ds = catalog.dataset("a_text_file").unwrap();
+    assert_eq!(ds.uuid(), "b498f769-a7f6-4f67-8d74-40b770398f26");
+    assert_eq!(ds.description(), Some("A text file containing the standard greeting"));
+    assert_eq!(ds.kind(), DataKind::Blob);
+    let dir = fixture().parent().unwrap().to_path_buf();
+    assert_eq!(
+        ds.storage(),
+        &StorageConfig::FileSystem {
+            path: dir.join("data/file.txt")
+        },
+        "@__DIR__ expanded"
+    );
+    assert_eq!(
+        ds.storage_table().get("driver").and_then(|v| v.as_str()),
+        Some("FileSystem")
+    );
+    // Lookup by uuid (any case) finds the same dataset.
+    assert_eq!(
+        catalog.dataset("B498F769-A7F6-4F67-8D74-40B770398F27").unwrap().name(),
+        "some_namespace/a_text_file"
+    );
+
+    let blob = catalog.blob("a_text_file").unwrap();
+    assert_eq!(&blob.read_all().await.unwrap()[..], b"Hello world!\n");
+    assert_eq!(blob.last_origin(), Some(handoff_data::Origin::ReadInPlace));
+    assert_eq!(&blob.read_range(6..11).await.unwrap()[..], b"world");
+    assert_eq!(
+        blob.local_path().await.unwrap().path(),
+        dir.join("data/file.txt"),
+        "read in place, not copied"
+    );
+    let tree = catalog.tree("a_tree_example").unwrap();
+    let files: Vec<_> = tree.walk().await.unwrap().into_iter().map(|e| e.path).collect();
+    assert_eq!(files, ["1.csv", "2.csv"]);
+    assert!(tree
+        .blob("1.csv")
+        .unwrap()
+        .read_all()
+        .await
+        .unwrap()
+        .starts_with(b"Name,Age"));
+    assert_eq!(
+        catalog.cache().usage(),
+        0,
+        "FileSystem datasets are not copied into the cache"
+    );
+
+    let err = catalog.blob("a_tree_example").unwrap_err();
+    assert!(matches!(err, Error::WrongType { .. }), "{err}");
+    let err = catalog.dataset("nope").unwrap_err().to_string();
+    assert!(
+        err.contains("nope") && err.contains("a_text_file") && err.contains("Data.toml"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn local_trees_refuse_escapes() {
+    let tmp = TempDir::new("escape");
+    let tree_dir = tmp.path().join("tree");
+    std::fs::create_dir_all(tree_dir.join("sub")).unwrap();
+    std::fs::write(tree_dir.join("sub/in.txt"), b"inside").unwrap();
+    std::fs::write(tmp.path().join("secret.txt"), b"outside").unwrap();
+    std::os::unix::fs::symlink(tmp.path(), tree_dir.join("out")).unwrap();
+    std::os::unix::fs::symlink(tmp.path().join("secret.txt"), tree_dir.join("sub/leak.txt")).unwrap();
+    std::os::unix::fs::symlink(tree_dir.join("sub/in.txt"), tree_dir.join("alias.txt")).unwrap();
+    let text = "data_config_version = 1\n[[datasets]]\nname = \"t\"\nuuid = \"12345678-1234-4234-8234-123456789abc\"\n\
+                [datasets.storage]\ndriver = \"FileSystem\"\ntype = \"BlobTree\"\npath = \"@__DIR__/tree\"\n";
+    let catalog = Catalog::parse(text, tmp.path().join("Data.toml"), cache(&tmp)).unwrap();
+    let tree = catalog.tree("t").unwrap();
+    assert_eq!(
+        &tree.blob("alias.txt").unwrap().read_all().await.unwrap()[..],
+        b"inside",
+        "symlink inside the tree"
+    );
+    for bad in [
+        "out/secret.txt",
+        "out",
+        "sub/leak.txt",
+        "../secret.txt",
+        "/etc/passwd",
+        "sub/../../secret.txt",
+    ] {
+        let err = tree.blob(bad).unwrap_err();
+        assert!(matches!(err, Error::BadPath { .. }), "{bad}: {err}");
+        assert!(err.to_string().contains(bad), "{err}");
+    }
+    assert!(tree.join("out").is_err());
+    assert!(tree
+        .join("sub")
+        .unwrap()
+        .blob("leak.txt")
+        .unwrap_err()
+        .to_string()
+        .contains("symlink"));
+    let listed: Vec<_> = tree.walk().await.unwrap().into_iter().map(|e| e.path).collect();
+    assert_eq!(
+        listed,
+        ["alias.txt", "sub/in.txt"],
+        "symlinks out of the tree are not listed"
+    );
+}
+
+fn parse_err(body: &str) -> String {
+    let tmp = TempDir::new("bad");
+    let file = tmp.path().join("Bad.toml");
+    let text = format!("data_config_version = 1\n{body}");
+    match Catalog::parse(&text, &file, cache(&tmp)) {
+        Ok(_) => panic!("expected an error for:\n{body}"),
+        Err(e) => {
+            let msg = e.to_string();
+            assert!(msg.contains("Bad.toml"), "names the file: {msg}");
+            msg
+        }
+    }
+}
+
+const OK_STORAGE: &str = "[datasets.storage]\ndriver = \"FileSystem\"\ntype = \"Blob\"\npath = \"x\"\n";
+
+#[test]
+fn bad_catalogs_name_file_and_dataset() {
+    let m = parse_err(
+        "[[datasets]]\nname = \"weird\"\nuuid = \"12345678-1234-4234-8234-123456789abc\"\n\
+         [datasets.storage]\ndriver = \"Ftp\"\ntype = \"Blob\"\n",
+    );
+    assert!(
+        m.contains("weird") && m.contains("unknown storage driver") && m.contains("Ftp"),
+        "{m}"
+    );
+
+    let m = parse_err(&format!("[[datasets]]\nname = \"no_uuid\"\n{OK_STORAGE}"));
+    assert!(m.contains("no_uuid") && m.contains("uuid is missing"), "{m}");
+
+    let m = parse_err("[[datasets]]\nname = \"no_storage\"\nuuid = \"12345678-1234-4234-8234-123456789abc\"\n");
+    assert!(m.contains("no_storage") && m.contains("storage is missing"), "{m}");
+
+    let m = parse_err(
+        "[[datasets]]\nname = \"no_path\"\nuuid = \"12345678-1234-4234-8234-123456789abc\"\n\
+         [datasets.storage]\ndriver = \"FileSystem\"\ntype = \"Blob\"\n",
+    );
+    assert!(m.contains("no_path") && m.contains("storage.path is missing"), "{m}");
+
+    let m = parse_err(
+        "[[datasets]]\nname = \"bad_type\"\nuuid = \"12345678-1234-4234-8234-123456789abc\"\n\
+         [datasets.storage]\ndriver = \"FileSystem\"\ntype = \"Table\"\npath = \"x\"\n",
+    );
+    assert!(m.contains("bad_type") && m.contains("\"Blob\" or \"BlobTree\""), "{m}");
+
+    let twice = |a: &str, ua: &str, b: &str, ub: &str| {
+        format!("[[datasets]]\nname = \"{a}\"\nuuid = \"{ua}\"\n{OK_STORAGE}\n[[datasets]]\nname = \"{b}\"\nuuid = \"{ub}\"\n{OK_STORAGE}")
+    };
+    let u1 = "12345678-1234-4234-8234-123456789abc";
+    let u2 = "12345678-1234-4234-8234-123456789abd";
+    let m = parse_err(&twice("same", u1, "same", u2));
+    assert!(m.contains("both have name same"), "{m}");
+    let m = parse_err(&twice("one", u1, "two", u1));
+    assert!(m.contains("one") && m.contains("two") && m.contains(u1), "{m}");
+
+    let m = parse_err(
+        "[[datasets]]\nname = \"s3opt\"\nuuid = \"12345678-1234-4234-8234-123456789abc\"\n\
+         [datasets.storage]\ndriver = \"ObjectStore\"\ntype = \"Blob\"\nurl = \"s3://b/k\"\n\
+         [datasets.storage.options]\nendpiont = \"http://x\"\n",
+    );
+    assert!(m.contains("s3opt") && m.contains("endpiont"), "{m}");
+
+    let m = parse_err(
+        "[[datasets]]\nname = \"ftp\"\nuuid = \"12345678-1234-4234-8234-123456789abc\"\n\
+         [datasets.storage]\ndriver = \"ObjectStore\"\ntype = \"Blob\"\nurl = \"ftp://host/k\"\n",
+    );
+    assert!(m.contains("ftp") && m.contains("unsupported url scheme"), "{m}");
+
+    let tmp = TempDir::new("ver");
+    let err = Catalog::parse("data_config_version = 2\n", tmp.path().join("V.toml"), cache(&tmp)).unwrap_err();
+    assert!(
+        err.to_string().contains("V.toml") && err.to_string().contains("version"),
+        "{err}"
+    );
+    let err = Catalog::parse(
+        "data_config_version = 1\n[[datasets]\n",
+        tmp.path().join("T.toml"),
+        cache(&tmp),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("T.toml") && err.to_string().contains("TOML"),
+        "{err}"
+    );
+}
