@@ -409,13 +409,14 @@ impl Blob {
         self.inner.cache.read_range(&req, range).await
     }
 
-    /// Opens the object as an async reader (the object is cached whole first, and stays pinned while reading).
-    pub async fn reader(&self) -> Result<BlobReader> {
-        let (file, pin, path) = match self.place() {
+    /// The whole object as an open file: the dataset's own file for local datasets, else
+    /// the cached copy (fetched first if needed), pinned while the returned guard lives.
+    async fn open_whole(&self) -> Result<(std::fs::File, Option<CachedFile>, std::path::PathBuf)> {
+        match self.place() {
             Place::Local(path) => {
                 self.set_origin(Origin::ReadInPlace);
                 let f = std::fs::File::open(&path).map_err(|e| local_error(&self.inner.dataset, &path, e))?;
-                (f, None, path)
+                Ok((f, None, path))
             }
             Place::Store { .. } => {
                 let f = self.fetch(None).await?.expect("store blobs are cached");
@@ -424,9 +425,14 @@ impl Blob {
                     .try_clone()
                     .map_err(|e| Error::io("cannot open cache file", f.path(), e))?;
                 let path = f.path().to_path_buf();
-                (dup, Some(f), path)
+                Ok((dup, Some(f), path))
             }
-        };
+        }
+    }
+
+    /// Opens the object as an async reader (the object is cached whole first, and stays pinned while reading).
+    pub async fn reader(&self) -> Result<BlobReader> {
+        let (file, pin, path) = self.open_whole().await?;
         Ok(BlobReader {
             file: tokio::fs::File::from_std(file),
             path,
@@ -462,22 +468,7 @@ impl Blob {
     }
 
     async fn map(&self, populate: bool) -> Result<BlobMap> {
-        let (file, pin, path) = match self.place() {
-            Place::Local(path) => {
-                self.set_origin(Origin::ReadInPlace);
-                let f = std::fs::File::open(&path).map_err(|e| local_error(&self.inner.dataset, &path, e))?;
-                (f, None, path)
-            }
-            Place::Store { .. } => {
-                let f = self.fetch(None).await?.expect("store blobs are cached");
-                let dup = f
-                    .file()
-                    .try_clone()
-                    .map_err(|e| Error::io("cannot open cache file", f.path(), e))?;
-                let path = f.path().to_path_buf();
-                (dup, Some(f), path)
-            }
-        };
+        let (file, pin, path) = self.open_whole().await?;
         // SAFETY: cache files are read-only and replaced only by rename, never written in place; FileSystem
         // datasets are the user's files, which the caller promises not to truncate while mapped (as with any mmap).
         let mut options = memmap2::MmapOptions::new();
