@@ -53,6 +53,18 @@ pub struct Source {
 static MEMORY_INSTANCE: AtomicU64 = AtomicU64::new(0);
 
 impl Source {
+    /// A source behind an object store that has no local files.
+    fn remote(identity: String, store: Arc<dyn ObjectStore>, root: StorePath) -> Source {
+        Source {
+            identity,
+            backend: Backend::Store {
+                store,
+                root,
+                local_root: None,
+            },
+        }
+    }
+
     /// Opens the storage a catalog entry describes. The error is a message; the catalog adds file and dataset.
     pub(crate) fn open(
         config: &StorageConfig,
@@ -153,14 +165,7 @@ fn open_url(
                 Some(e) => format!("s3://{bucket}/{url_path}?endpoint={e}"),
                 None => format!("s3://{bucket}/{url_path}"),
             };
-            Ok(Source {
-                identity,
-                backend: Backend::Store {
-                    store: Arc::new(store),
-                    root,
-                    local_root: None,
-                },
-            })
+            Ok(Source::remote(identity, Arc::new(store), root))
         }
         "http" | "https" => {
             use object_store::http::HttpBuilder;
@@ -176,14 +181,7 @@ fn open_url(
             }
             let store = b.build().map_err(|e| e.to_string())?;
             let identity = format!("{origin}/{url_path}");
-            Ok(Source {
-                identity,
-                backend: Backend::Store {
-                    store: Arc::new(store),
-                    root,
-                    local_root: None,
-                },
-            })
+            Ok(Source::remote(identity, Arc::new(store), root))
         }
         "file" => {
             let local = parsed
@@ -227,14 +225,7 @@ fn open_url(
             }
             let store = b.build().map_err(|e| e.to_string())?;
             let identity = format!("gs://{}/{url_path}", parsed.host_str().unwrap_or_default());
-            Ok(Source {
-                identity,
-                backend: Backend::Store {
-                    store: Arc::new(store),
-                    root,
-                    local_root: None,
-                },
-            })
+            Ok(Source::remote(identity, Arc::new(store), root))
         }
         #[cfg(feature = "azure")]
         "az" | "azure" | "abfs" | "abfss" | "adl" => {
@@ -250,14 +241,7 @@ fn open_url(
                 parsed.scheme(),
                 parsed.host_str().unwrap_or_default()
             );
-            Ok(Source {
-                identity,
-                backend: Backend::Store {
-                    store: Arc::new(store),
-                    root,
-                    local_root: None,
-                },
-            })
+            Ok(Source::remote(identity, Arc::new(store), root))
         }
         other => Err(format!(
             "unsupported url scheme {other:?}; use s3://, http(s)://, file://, memory://{EXTRA_SCHEMES} \
