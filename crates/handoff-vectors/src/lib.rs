@@ -147,6 +147,7 @@ fn ticket_fixture() -> TicketClaim {
         token: beta_token(),
         digest: hex::decode(TICKET_DIGEST).expect("hex"),
         ttl_ms: 30_000,
+        lazy: false,
     }
 }
 

@@ -87,23 +87,24 @@ pub fn decode<T: DeserializeOwned>(
                 reason: format!("nesting deeper than {} levels", MAX_BODY_DEPTH - 1),
             });
         }
+        let _ = crate::resource::Resources::take_failure();
         let previous = DECODING.with(|d| d.borrow_mut().replace(state));
         let mut de = rmp_serde::Deserializer::from_read_ref(body);
         de.set_max_depth(MAX_BODY_DEPTH);
         let result = T::deserialize(&mut de);
         let state = DECODING.with(|d| std::mem::replace(&mut *d.borrow_mut(), previous));
-        match result {
-            Ok(v) => Ok(v),
-            Err(e) => match state.and_then(|s| s.bad_ref) {
-                Some(index) => Err(WireError::BadFrameRef {
-                    index,
-                    count: frames.len(),
-                }),
-                None => Err(WireError::BadBody {
-                    type_name: type_name.to_string(),
-                    reason: e.to_string(),
-                }),
-            },
+        let unbound = crate::resource::Resources::take_failure();
+        match (result, state.and_then(|s| s.bad_ref), unbound) {
+            (Ok(v), _, _) => Ok(v),
+            (Err(_), Some(index), _) => Err(WireError::BadFrameRef {
+                index,
+                count: frames.len(),
+            }),
+            (Err(_), None, Some(failure)) => Err(WireError::UnknownResource(failure)),
+            (Err(e), None, None) => Err(WireError::BadBody {
+                type_name: type_name.to_string(),
+                reason: e.to_string(),
+            }),
         }
     };
     match route {

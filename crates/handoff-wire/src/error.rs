@@ -103,6 +103,9 @@ pub enum WireError {
         /// Frames in the message.
         count: usize,
     },
+    /// The body refers to a resource key the receiving node cannot bind.
+    #[error("{0}")]
+    UnknownResource(#[from] crate::resource::ResourceError),
     /// The body could not be decoded into the requested type.
     #[error("cannot decode body of type {type_name:?}: {reason}")]
     BadBody {
@@ -147,6 +150,7 @@ impl WireError {
             WireError::UnknownDescriptor { .. } => "unknown-descriptor",
             WireError::UnsupportedDescriptor { .. } => "unsupported-descriptor",
             WireError::BadFrameRef { .. } => "bad-frame-ref",
+            WireError::UnknownResource(_) => "unknown-resource",
             WireError::BadBody { .. } => "bad-body",
             WireError::BadShm(_) => "bad-shm",
             WireError::UnknownType { .. } => "unknown-type",

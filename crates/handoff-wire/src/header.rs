@@ -88,6 +88,9 @@ pub struct TicketClaim {
     pub digest: Vec<u8>,
     /// Milliseconds the hold lasts unless renewed.
     pub ttl_ms: u64,
+    /// The sender asks the receiver to pull only on use, never on receipt: the ticket is a
+    /// fallback the receiver may not need (wire key `lazy`, sent only when true).
+    pub lazy: bool,
 }
 
 /// Messages of the ticket protocol between a holder and the owner.
@@ -259,6 +262,7 @@ struct RawDescriptor<'a> {
     #[serde(default, with = "serde_bytes")]
     digest: Option<Vec<u8>>,
     ttl: Option<u64>,
+    lazy: Option<bool>,
 }
 
 #[derive(Serialize)]
@@ -291,6 +295,8 @@ struct OutTicket<'a> {
     #[serde(with = "serde_bytes")]
     digest: &'a [u8],
     ttl: u64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    lazy: bool,
 }
 
 #[derive(Deserialize)]
@@ -727,6 +733,7 @@ fn out_descriptor(d: &Descriptor) -> OutAny<'_> {
             token: &t.token,
             digest: &t.digest,
             ttl: t.ttl_ms,
+            lazy: t.lazy,
         });
     }
     let plain = OutDescriptor {
@@ -814,6 +821,7 @@ fn decode_descriptor(index: usize, d: RawDescriptor<'_>) -> Result<Descriptor, W
                 token: bytes32(d.token.clone(), "token")?,
                 digest: bytes32(d.digest.clone(), "digest")?,
                 ttl_ms: d.ttl.ok_or_else(|| need("ttl"))?,
+                lazy: d.lazy.unwrap_or(false),
             }))
         }
         "tag" => Ok(Descriptor::Tag {

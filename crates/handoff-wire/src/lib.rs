@@ -21,6 +21,7 @@ pub mod framing;
 pub mod header;
 mod limits;
 pub mod preamble;
+pub mod resource;
 pub mod route;
 
 pub use buffer::Buffer;
@@ -30,4 +31,5 @@ pub use framing::{decode_message, DecodedMessage};
 pub use header::{Descriptor, Header, Hello, TicketClaim, TicketOp};
 pub use limits::Limits;
 pub use preamble::{Preamble, MAX_VERSION, MIN_VERSION};
+pub use resource::{Resource, ResourceError, ResourceKey, Resources, EXT_RESOURCE_KEY};
 pub use route::{Channel, Endpoint, Locality, Route};

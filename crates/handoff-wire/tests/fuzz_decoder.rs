@@ -311,6 +311,7 @@ fn ticket_claim() -> impl Strategy<Value = TicketClaim> {
             token,
             digest,
             ttl_ms,
+            lazy: false,
         })
 }
 
@@ -2042,6 +2043,7 @@ fn claim_fixture() -> TicketClaim {
         lease: 9,
         token: vec![0xab; 32],
         digest: vec![0xcd; 32],
+        lazy: false,
         ttl_ms: 30_000,
     }
 }

@@ -4,7 +4,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_wire::{Buffer, Channel, Route};
+use handoff_wire::{Buffer, Channel, Resources, Route};
 
 use crate::message::TypeRegistry;
 use crate::{Error, Message, Peer, Result};
@@ -76,12 +76,12 @@ impl Envelope {
                 got: format!("{} (a different Rust type registered under that name)", self.type_name),
             }),
             Payload::Failed(e) => Err(e),
-            Payload::Encoded { body, frames } => Ok(handoff_wire::decode::<T>(
-                T::TYPE_NAME,
-                &body,
-                &frames,
-                Some(self.from.inbound_route()),
-            )?),
+            Payload::Encoded { body, frames } => {
+                let route = self.from.inbound_route();
+                Ok(with_resources(&self.from, || {
+                    handoff_wire::decode::<T>(T::TYPE_NAME, &body, &frames, Some(route))
+                })?)
+            }
         }
     }
 
@@ -94,8 +94,19 @@ impl Envelope {
         match self.payload {
             Payload::Value(v) => Ok(v),
             Payload::Failed(e) => Err(e),
-            Payload::Encoded { body, frames } => Ok(decoder(&body, &frames, self.from.inbound_route())?),
+            Payload::Encoded { body, frames } => Ok(with_resources(&self.from, || {
+                decoder(&body, &frames, self.from.inbound_route())
+            })?),
         }
+    }
+}
+
+/// Runs `f` with the receiving node's resources current (the node `from` is a peer of), so
+/// resource keys in the body bind to that node's objects.
+fn with_resources<R>(from: &Peer, f: impl FnOnce() -> R) -> R {
+    match from.0.local.upgrade() {
+        Some(node) => Resources::with(&node.resources, f),
+        None => f(),
     }
 }
 

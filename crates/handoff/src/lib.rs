@@ -43,7 +43,10 @@ mod unix;
 
 pub use envelope::Envelope;
 pub use error::{Error, Result};
-pub use handoff_wire::{Buffer, Channel, Endpoint, Limits, Locality, Route, WireError};
+pub use handoff_wire::resource::Resolver;
+pub use handoff_wire::{
+    Buffer, Channel, Endpoint, Limits, Locality, Resource, ResourceError, Resources, Route, WireError,
+};
 pub use message::{Message, TypeRegistry};
 pub use node::{Node, NodeBuilder};
 pub use peer::{LeaseStats, Peer};

@@ -6,7 +6,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
-use handoff_wire::{Channel, Endpoint, Limits};
+use handoff_wire::{Channel, Endpoint, Limits, Resources};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Notify};
 
@@ -244,6 +244,7 @@ impl NodeBuilder {
             pull_timeout: self.pull_timeout,
             next_req: AtomicU64::new(1),
             unlease_tx,
+            resources: Arc::new(Resources::new(self.name.clone())),
         });
         directory::register(&inner)?;
         if let Some(listener) = listener {
@@ -305,6 +306,8 @@ pub(crate) struct NodeInner {
     /// Ids of ticket requests we send.
     pub(crate) next_req: AtomicU64,
     pub(crate) unlease_tx: mpsc::UnboundedSender<handoff_wire::TicketClaim>,
+    /// Local objects that values refer to by key (bound while decoding).
+    pub(crate) resources: Arc<Resources>,
 }
 
 impl NodeInner {
@@ -465,6 +468,14 @@ impl Node {
     /// The address in-process peers connect to: `inproc://NAME`.
     pub fn inproc_addr(&self) -> String {
         format!("inproc://{}", self.inner.me.name)
+    }
+
+    /// This node's resources: local objects (a storage driver, a cache, a catalog) that
+    /// values refer to by key. A [`Resource`](handoff_wire::Resource) or a data handle
+    /// received by this node binds to the object registered here under its key, or opened
+    /// by a resolver added here.
+    pub fn resources(&self) -> &Arc<Resources> {
+        &self.inner.resources
     }
 
     /// The types this node accepts.

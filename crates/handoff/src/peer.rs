@@ -14,7 +14,7 @@ use crate::envelope::{Envelope, Payload};
 use crate::node::NodeInner;
 use crate::shm::{self, Held};
 use crate::tickets::client::Pending;
-use crate::tickets::Ticket;
+use crate::tickets::{OnDemand, Ticket};
 use crate::unix::UnixWriter;
 use crate::{Error, Message, Result};
 
@@ -410,7 +410,9 @@ impl Peer {
                 }
                 continue;
             }
+            let lazy = OnDemand::marks(&frame);
             let wanted = by_ticket
+                || lazy
                 || (self.channel() == Channel::Tcp && node.ticket_threshold.is_some_and(|t| frame.len() >= t));
             if wanted && takes_tickets && !frame.is_empty() {
                 let issued = node.leases.issue(&frame, to, self.name()).await?;
@@ -422,6 +424,7 @@ impl Peer {
                     token: issued.token.to_vec(),
                     digest: issued.digest.to_vec(),
                     ttl_ms: node.leases.config.ttl.as_millis() as u64,
+                    lazy,
                 }));
             } else {
                 out.push(Planned::Bytes(frame));

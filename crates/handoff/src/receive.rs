@@ -199,7 +199,8 @@ where
                         WireError::BadShm(format!("{stray} descriptors arrived that no header announced")).into(),
                     );
                 }
-                let tickets = frames.iter().any(|d| matches!(d, Descriptor::Ticket(_)));
+                // Lazy tickets (fallbacks the sender may not need) wait for use even here.
+                let tickets = frames.iter().any(|d| matches!(d, Descriptor::Ticket(c) if !c.lazy));
                 let envelope = Envelope {
                     from: peer.clone(),
                     type_name: type_name.to_string(),
@@ -386,7 +387,7 @@ async fn redeem_all(envelope: &mut Envelope) {
         return;
     };
     for frame in frames.iter_mut() {
-        if let Some(ticket) = Ticket::of(frame) {
+        if let Some(ticket) = Ticket::of(frame).filter(|t| !t.is_on_demand()) {
             match ticket.redeem().await {
                 Ok(bytes) => *frame = bytes,
                 Err(e) => {

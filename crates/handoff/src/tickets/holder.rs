@@ -68,6 +68,12 @@ impl Ticket {
         self.0.claim.lease
     }
 
+    /// Whether the sender asked for this ticket to be pulled only on use (a fallback,
+    /// see [`on_demand`](crate::tickets::on_demand)); such tickets are never redeemed on receipt.
+    pub fn is_on_demand(&self) -> bool {
+        self.0.claim.lazy
+    }
+
     fn node(&self) -> Result<Arc<NodeInner>> {
         self.0.node.upgrade().ok_or(Error::NodeClosed)
     }

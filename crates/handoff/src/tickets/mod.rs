@@ -6,6 +6,8 @@ pub(crate) mod client;
 pub(crate) mod holder;
 pub(crate) mod owner;
 
+use handoff_wire::Buffer;
+
 pub use holder::Ticket;
 pub use owner::{LeaseConfig, LeaseTableStats, WhenFull};
 
@@ -31,6 +33,26 @@ pub(crate) async fn reap_expired(node: std::sync::Weak<crate::node::NodeInner>) 
                 )
         };
         tokio::time::sleep(wait).await;
+    }
+}
+
+/// Marks `buffer` to travel only as an on-demand ticket: to a peer that takes tickets it is
+/// sent as a claim flagged `lazy`, which the receiver pulls only when the bytes are used, even
+/// on a node that redeems eagerly. For a fallback the receiver may never need — the bytes of
+/// a data handle the receiver normally fetches from storage itself. A peer without tickets
+/// gets the bytes.
+pub fn on_demand(buffer: Buffer) -> Buffer {
+    let bytes = buffer.into_bytes();
+    Buffer::with_origin(bytes, std::sync::Arc::new(OnDemand))
+}
+
+/// The origin of a buffer marked by [`on_demand`].
+pub(crate) struct OnDemand;
+
+impl OnDemand {
+    /// Whether `buffer` was marked by [`on_demand`].
+    pub(crate) fn marks(buffer: &Buffer) -> bool {
+        buffer.origin().is_some_and(|o| o.is::<OnDemand>())
     }
 }
 
