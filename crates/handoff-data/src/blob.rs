@@ -51,6 +51,22 @@ pub enum Origin {
     /// Found in the cache by the digest in the tag it was opened from; storage was not asked at all (a node on
     /// the same host sharing the cache directory had fetched it).
     CacheByDigest,
+    /// Pulled from the node that sent the handle, through a ticket (the "RemoteBlob" fallback): this node could
+    /// not open the dataset or its storage failed.
+    Sender,
+}
+
+impl Origin {
+    /// The name used in CLI output and JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Origin::ReadInPlace => "read-in-place",
+            Origin::Storage => "storage",
+            Origin::Cache => "cache",
+            Origin::CacheByDigest => "shared-cache",
+            Origin::Sender => "remote-blob",
+        }
+    }
 }
 
 impl std::fmt::Debug for Blob {
@@ -134,6 +150,29 @@ impl Blob {
             self.meta().await?;
         }
         Ok(self.tag())
+    }
+
+    /// The whole object's bytes if they are on this node right now, without I/O beyond mapping a file: a
+    /// FileSystem dataset's file, or the cached copy of a store object whose digest this handle knows. With the
+    /// BLAKE3 digest when known. Used to offer the bytes as a fallback when the handle is sent.
+    pub(crate) fn local_bytes_now(&self) -> Option<(Bytes, Option<[u8; 32]>)> {
+        let (file, pin, digest) = match self.place() {
+            Place::Local(path) => (std::fs::File::open(path).ok()?, None, None),
+            Place::Store { .. } => {
+                let digest = self.known_digest()?;
+                let cached = self.inner.cache.open_digest(&digest).ok()??;
+                let file = cached.file().try_clone().ok()?;
+                let mut raw = [0u8; 32];
+                hex::decode_to_slice(&digest, &mut raw).ok()?;
+                (file, Some(cached), Some(raw))
+            }
+        };
+        if file.metadata().ok()?.len() == 0 {
+            return Some((Bytes::new(), digest));
+        }
+        // SAFETY: as in `map`: cache files are replaced only by rename, never written in place.
+        let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+        Some((Bytes::from_owner(BlobMap { map, _pin: pin }), digest))
     }
 
     /// Where the bytes came from on the last whole-object access of this handle (or a clone), if any.

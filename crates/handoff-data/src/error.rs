@@ -192,6 +192,24 @@ pub enum Error {
         /// The receiver's catalog file.
         file: PathBuf,
     },
+    /// A received data handle can neither be read here nor from its sender.
+    #[error("{what}: this node cannot read it ({reason}) and the sender sent no fallback")]
+    Unbound {
+        /// The dataset (and path).
+        what: String,
+        /// Why this node cannot read it.
+        reason: String,
+    },
+    /// Pulling a data handle's bytes from its sender (the RemoteBlob fallback) failed.
+    #[error("{what}: pulling the bytes from the sender failed ({reason}): {source}")]
+    Fallback {
+        /// The dataset (and path).
+        what: String,
+        /// Why the sender was asked.
+        reason: String,
+        /// The ticket error.
+        source: Box<handoff::Error>,
+    },
     /// A file system operation on the cache or a local dataset failed.
     #[error("{action} {path}: {source}")]
     Io {

@@ -410,12 +410,14 @@ impl Peer {
                 }
                 continue;
             }
-            let lazy = OnDemand::marks(&frame);
+            let on_demand = OnDemand::of(&frame);
+            let lazy = on_demand.is_some();
             let wanted = by_ticket
                 || lazy
                 || (self.channel() == Channel::Tcp && node.ticket_threshold.is_some_and(|t| frame.len() >= t));
             if wanted && takes_tickets && !frame.is_empty() {
-                let issued = node.leases.issue(&frame, to, self.name()).await?;
+                let known_digest = on_demand.and_then(|o| o.digest);
+                let issued = node.leases.issue(&frame, known_digest, to, self.name()).await?;
                 out.push(Planned::Ticket(TicketClaim {
                     len: frame.len() as u64,
                     owner: node.me.node_id.clone(),

@@ -92,6 +92,12 @@ impl Ticket {
         Ok(Buffer::from(bytes))
     }
 
+    /// A placeholder buffer for this ticket: put it in a value sent to another node and the
+    /// ticket is forwarded (the owner registers that node first), not redeemed.
+    pub fn placeholder(&self) -> Buffer {
+        Buffer::with_origin(Bytes::new(), Arc::new(TicketOrigin(self.0.clone())))
+    }
+
     /// Pulls only `range` of the buffer.
     pub async fn read(&self, range: Range<u64>) -> Result<Bytes> {
         let node = self.node()?;

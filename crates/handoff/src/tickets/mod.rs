@@ -41,18 +41,25 @@ pub(crate) async fn reap_expired(node: std::sync::Weak<crate::node::NodeInner>) 
 /// on a node that redeems eagerly. For a fallback the receiver may never need — the bytes of
 /// a data handle the receiver normally fetches from storage itself. A peer without tickets
 /// gets the bytes.
-pub fn on_demand(buffer: Buffer) -> Buffer {
+///
+/// `digest`, if given, must be the BLAKE3 hash of the bytes (a content-addressed cache knows
+/// it): the owner then does not hash the buffer each time it issues a ticket for it. A wrong
+/// digest makes every redemption fail its check.
+pub fn on_demand(buffer: Buffer, digest: Option<[u8; 32]>) -> Buffer {
     let bytes = buffer.into_bytes();
-    Buffer::with_origin(bytes, std::sync::Arc::new(OnDemand))
+    Buffer::with_origin(bytes, std::sync::Arc::new(OnDemand { digest }))
 }
 
 /// The origin of a buffer marked by [`on_demand`].
-pub(crate) struct OnDemand;
+pub(crate) struct OnDemand {
+    /// The bytes' BLAKE3 hash, if the caller knew it.
+    pub(crate) digest: Option<[u8; 32]>,
+}
 
 impl OnDemand {
-    /// Whether `buffer` was marked by [`on_demand`].
-    pub(crate) fn marks(buffer: &Buffer) -> bool {
-        buffer.origin().is_some_and(|o| o.is::<OnDemand>())
+    /// The mark on `buffer`, if [`on_demand`] made it.
+    pub(crate) fn of(buffer: &Buffer) -> Option<&OnDemand> {
+        buffer.origin().and_then(|o| o.downcast_ref::<OnDemand>())
     }
 }
 

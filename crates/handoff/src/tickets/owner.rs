@@ -80,6 +80,9 @@ struct State {
     bytes_by_peer: HashMap<String, u64>,
     /// Holds that ended by deadline (for diagnostics).
     expired: u64,
+    /// Pulls answered, and the bytes they carried.
+    pulls: u64,
+    bytes_pulled: u64,
 }
 
 /// The leases a node holds as an owner, observable through [`LeaseTableStats`].
@@ -95,6 +98,12 @@ pub struct LeaseTableStats {
     pub oldest_seconds: f64,
     /// Holds ended by their deadline since the node started.
     pub expired: u64,
+    /// Pulls answered since the node started.
+    #[serde(default)]
+    pub pulls: u64,
+    /// Bytes those pulls carried.
+    #[serde(default)]
+    pub bytes_pulled: u64,
 }
 
 /// A lease just issued: what goes into the ticket.
@@ -128,9 +137,15 @@ impl LeaseTable {
     }
 
     /// Leases `buffer` to the node `holder` (its node id); waits for room or fails as configured.
-    pub(crate) async fn issue(&self, buffer: &Buffer, holder: &str, holder_name: &str) -> Result<Issued> {
+    pub(crate) async fn issue(
+        &self,
+        buffer: &Buffer,
+        known_digest: Option<[u8; 32]>,
+        holder: &str,
+        holder_name: &str,
+    ) -> Result<Issued> {
         let bytes = buffer.len() as u64;
-        let digest = *blake3::hash(buffer).as_bytes();
+        let digest = known_digest.unwrap_or_else(|| *blake3::hash(buffer).as_bytes());
         let give_up = match self.config.when_full {
             WhenFull::Wait(d) => Some(tokio::time::Instant::now() + d),
             WhenFull::Fail => None,
@@ -240,7 +255,12 @@ impl LeaseTable {
             let buf = &st.leases[&lease].buffer;
             let end = offset.checked_add(len).filter(|e| *e <= buf.len() as u64);
             match end {
-                Some(end) => Ok(buf.slice(offset as usize..end as usize)),
+                Some(end) => {
+                    let slice = buf.slice(offset as usize..end as usize);
+                    st.pulls += 1;
+                    st.bytes_pulled += len;
+                    Ok(slice)
+                }
                 None => Err(refuse(
                     "out-of-range",
                     format!(
@@ -380,6 +400,8 @@ impl LeaseTable {
                 .map(|l| l.created.elapsed().as_secs_f64())
                 .fold(0.0, f64::max),
             expired: st.expired,
+            pulls: st.pulls,
+            bytes_pulled: st.bytes_pulled,
         }
     }
 }
@@ -401,7 +423,7 @@ mod tests {
     async fn a_lease_lives_until_its_last_holder_releases() {
         let t = table(60_000, 1 << 20, WhenFull::Fail);
         let buf = Buffer::from(vec![1u8; 1000]);
-        let i = t.issue(&buf, "b", "b").await.unwrap();
+        let i = t.issue(&buf, None, "b", "b").await.unwrap();
         assert_eq!(t.pull(i.lease, "b", &i.token, 10, 5).unwrap(), buf.slice(10..15));
         let c_token = t.forward(i.lease, "b", &i.token, "c").unwrap();
         t.unlease(i.lease, "b", &i.token).unwrap();
@@ -432,8 +454,8 @@ mod tests {
     async fn deadlines_and_lost_holders_end_holds() {
         let t = table(50, 1 << 20, WhenFull::Fail);
         let buf = Buffer::from(vec![1u8; 10]);
-        let a = t.issue(&buf, "b", "b").await.unwrap();
-        let b = t.issue(&buf, "c", "c").await.unwrap();
+        let a = t.issue(&buf, None, "b", "b").await.unwrap();
+        let b = t.issue(&buf, None, "c", "c").await.unwrap();
         assert_eq!(t.drop_holder("c"), 1);
         assert!(!t.is_alive(b.lease));
         tokio::time::sleep(Duration::from_millis(80)).await;
@@ -447,18 +469,18 @@ mod tests {
     async fn caps_wait_or_fail() {
         let t = std::sync::Arc::new(table(60_000, 100, WhenFull::Wait(Duration::from_secs(5))));
         let buf = Buffer::from(vec![1u8; 80]);
-        let first = t.issue(&buf, "b", "b").await.unwrap();
+        let first = t.issue(&buf, None, "b", "b").await.unwrap();
         let t2 = t.clone();
         let b2 = buf.clone();
-        let waiting = tokio::spawn(async move { t2.issue(&b2, "b", "b").await.map(|i| i.lease) });
+        let waiting = tokio::spawn(async move { t2.issue(&b2, None, "b", "b").await.map(|i| i.lease) });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "the second lease waits for room");
         t.unlease(first.lease, "b", &first.token).unwrap();
         waiting.await.unwrap().unwrap();
 
         let failing = table(60_000, 100, WhenFull::Fail);
-        failing.issue(&buf, "b", "b").await.unwrap();
-        let err = failing.issue(&buf, "b", "b").await.unwrap_err();
+        failing.issue(&buf, None, "b", "b").await.unwrap();
+        let err = failing.issue(&buf, None, "b", "b").await.unwrap_err();
         assert!(err.to_string().contains("80 of 100 bytes"), "{err}");
     }
 }
