@@ -45,6 +45,16 @@ pub struct Row {
     pub seconds: f64,
     /// Whether the receiver's digest of the bytes matched the sender's.
     pub verified: bool,
+    /// Data-handle rows: the dataset sent as a handle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+    /// Data-handle rows: where the receiver's bytes came from (`storage`, `shared-cache`,
+    /// `remote-blob`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Data-handle rows: GET requests the storage server saw during the row.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage_gets: Option<u64>,
 }
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -58,21 +68,35 @@ struct Child {
 /// A private temporary folder, removed when dropped.
 pub(crate) struct TempDir(std::path::PathBuf);
 
+impl TempDir {
+    /// The folder.
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
-/// Writes the cluster secret into a fresh private folder (0700, file 0600) for a child node.
-pub(crate) fn write_secret(secret: &str) -> Result<(TempDir, std::path::PathBuf)> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+/// A fresh private folder (0700) under the system's temporary folder.
+pub(crate) fn private_dir() -> Result<TempDir> {
+    use std::os::unix::fs::DirBuilderExt;
     let dir = std::env::temp_dir().join(format!("handoff-demo-{}-{}", std::process::id(), rand::random::<u32>()));
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&dir)
         .with_context(|| format!("creating {}", dir.display()))?;
-    let path = dir.join("secret");
+    Ok(TempDir(dir))
+}
+
+/// Writes the cluster secret into a fresh private folder (0700, file 0600) for a child node.
+pub(crate) fn write_secret(secret: &str) -> Result<(TempDir, std::path::PathBuf)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = private_dir()?;
+    let path = dir.path().join("secret");
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -80,7 +104,7 @@ pub(crate) fn write_secret(secret: &str) -> Result<(TempDir, std::path::PathBuf)
         .open(&path)
         .with_context(|| format!("creating {}", path.display()))?;
     std::io::Write::write_all(&mut f, secret.as_bytes())?;
-    Ok((TempDir(dir), path))
+    Ok((dir, path))
 }
 
 /// What runs a child node: this executable (`handoff node`) or a Python interpreter
@@ -90,7 +114,14 @@ enum Runner<'a> {
     Python(&'a str),
 }
 
-async fn spawn_node(runner: Runner<'_>, name: &str, host_id: &str, secret: &str, connect: &str) -> Result<Child> {
+async fn spawn_node(
+    runner: Runner<'_>,
+    name: &str,
+    host_id: &str,
+    secret: &str,
+    connect: &str,
+    extra: &[String],
+) -> Result<Child> {
     let (dir, secret_path) = write_secret(secret)?;
     let mut command = match runner {
         Runner::Rust => {
@@ -110,6 +141,7 @@ async fn spawn_node(runner: Runner<'_>, name: &str, host_id: &str, secret: &str,
         .arg("--secret-file")
         .arg(&secret_path)
         .args(["--connect", connect])
+        .args(extra)
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
         .kill_on_drop(true)
@@ -130,6 +162,9 @@ fn row(from: &Peer, to_name: &str, bytes: u64, seconds: f64, verified: bool, sen
         bytes,
         seconds,
         verified,
+        data: None,
+        path: None,
+        storage_gets: None,
     }
 }
 
@@ -191,6 +226,9 @@ async fn receive_from_remote(dst: &Node, peer: &Peer, id: u64, bytes: u64) -> Re
         bytes,
         seconds: (elapsed - p.prepare_seconds).max(0.0),
         verified: verified && p.id == id && p.data.len() as u64 == bytes,
+        data: None,
+        path: None,
+        storage_gets: None,
     })
 }
 
@@ -253,6 +291,12 @@ pub async fn run(args: DemoArgs) -> Result<()> {
                     table::duration(r.seconds),
                     table::throughput(r.bytes, r.seconds),
                     if r.verified { "yes".into() } else { "NO".into() },
+                    match (&r.data, &r.path, r.storage_gets) {
+                        (Some(d), Some(p), Some(g)) => {
+                            format!("{d} via {p} ({g} storage GET{})", if g == 1 { "" } else { "s" })
+                        }
+                        _ => "value".into(),
+                    },
                 ]
             })
             .collect();
@@ -267,7 +311,8 @@ pub async fn run(args: DemoArgs) -> Result<()> {
                     "bytes",
                     "time",
                     "throughput",
-                    "verified"
+                    "verified",
+                    "sent as"
                 ],
                 &cells
             )
@@ -291,11 +336,15 @@ pub async fn run_rows(bytes: u64) -> Result<Vec<Row>> {
     alpha.connect(&beta.inproc_addr()).await?;
     let remote_host = format!("{}-gamma", alpha.endpoint().host_id);
     let listen = alpha.listen_addr().context("alpha listens")?.to_string();
-    let mut children = vec![spawn_node(Runner::Rust, "gamma", &remote_host, &secret, &listen).await?];
+    // Storage and catalogs for the data-handle rows: gamma has its own cache, delta shares alpha's.
+    let data = crate::demo_data::setup(&alpha, bytes).await?;
+    let gamma_args = data.child_args(&data.gamma_cache);
+    let mut children = vec![spawn_node(Runner::Rust, "gamma", &remote_host, &secret, &listen, &gamma_args).await?];
     let gamma = alpha.wait_for_peer("gamma", WAIT).await?;
     // Same host identity: delta reaches alpha over TCP, then switches to alpha's Unix socket.
     let host = alpha.endpoint().host_id.clone();
-    children.push(spawn_node(Runner::Rust, "delta", &host, &secret, &listen).await?);
+    let delta_args = data.child_args(&data.alpha_cache);
+    children.push(spawn_node(Runner::Rust, "delta", &host, &secret, &listen, &delta_args).await?);
     let delta = wait_for_channel(&alpha, "delta", Channel::Shm).await?;
 
     let mut rows = Vec::new();
@@ -305,14 +354,15 @@ pub async fn run_rows(bytes: u64) -> Result<Vec<Row>> {
     rows.push(receive_from_remote(&alpha, &gamma, 4, bytes).await?);
     rows.push(send_to_remote(&alpha, &delta, 5, bytes).await?);
     rows.push(receive_from_remote(&alpha, &delta, 6, bytes).await?);
+    rows.extend(data.rows(&alpha, &gamma, &delta).await?);
 
     // Python workers, one on another host identity (tcp) and one on ours (shm).
     match python() {
         Ok(python) => {
             let remote = format!("{host}-py");
-            children.push(spawn_node(Runner::Python(&python), "py-remote", &remote, &secret, &listen).await?);
+            children.push(spawn_node(Runner::Python(&python), "py-remote", &remote, &secret, &listen, &[]).await?);
             let py_remote = alpha.wait_for_peer("py-remote", WAIT).await?;
-            children.push(spawn_node(Runner::Python(&python), "py-local", &host, &secret, &listen).await?);
+            children.push(spawn_node(Runner::Python(&python), "py-local", &host, &secret, &listen, &[]).await?);
             let py_local = wait_for_channel(&alpha, "py-local", Channel::Shm).await?;
             rows.push(send_to_remote(&alpha, &py_remote, 7, bytes).await?);
             rows.push(receive_from_remote(&alpha, &py_remote, 8, bytes).await?);

@@ -3,6 +3,7 @@
 mod bench;
 mod chaos;
 mod demo;
+mod demo_data;
 mod node_cmd;
 mod protocol;
 mod stats;

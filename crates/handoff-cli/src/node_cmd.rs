@@ -12,8 +12,8 @@ use handoff::tickets::LeaseConfig;
 use handoff::{Buffer, Peer, Redeem, Ticket};
 
 use crate::protocol::{
-    self, Blob, Disconnect, Forward, Held, Hold, Issue, Payload, Ping, Receipt, Release, Report, SendRequest, Stats,
-    StatsRequest, Take,
+    self, Blob, BlobWork, Disconnect, Forward, Held, Hold, Issue, Payload, Ping, Receipt, Release, Report, SendRequest,
+    Stats, StatsRequest, Take,
 };
 
 /// Options of `handoff node`.
@@ -46,6 +46,12 @@ pub struct NodeArgs {
     /// How long a pull may wait for the owner, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub pull_timeout_ms: u64,
+    /// A DataSets.jl `Data.toml` catalog: data handles this node receives bind to it.
+    #[arg(long)]
+    pub catalog: Option<PathBuf>,
+    /// The cache folder for the catalog's datasets (nodes on one host may share one).
+    #[arg(long, requires = "catalog")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// `--redeem` values.
@@ -88,6 +94,15 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         builder = builder.secret(read_secret(f)?);
     }
     let node = builder.build().await.context("starting the node")?;
+    if let Some(file) = &args.catalog {
+        let dir = args
+            .cache_dir
+            .clone()
+            .unwrap_or_else(handoff_data::CacheConfig::default_dir);
+        let cache = handoff_data::Cache::open(handoff_data::CacheConfig::new(dir))?;
+        let catalog = handoff_data::Catalog::load(file, cache)?;
+        std::sync::Arc::new(catalog).serve(node.resources());
+    }
     for addr in &args.connect {
         let peer = node
             .connect(addr)
@@ -138,6 +153,23 @@ pub async fn serve(node: &Node) -> Result<()> {
                 from.send(payload).await
             }
             Ping::TYPE_NAME => from.send(env.decode::<Ping>()?).await,
+            BlobWork::TYPE_NAME => {
+                // Read on a task of its own: a download must not hold up other messages.
+                // A handle this node can neither bind nor pull fails to decode: say so, keep serving.
+                match env.decode::<BlobWork>() {
+                    Ok(work) => {
+                        let from = from.clone();
+                        tokio::spawn(async move {
+                            let receipt = protocol::read_blob_work(work).await;
+                            if let Err(e) = from.send(receipt).await {
+                                tracing::warn!("cannot send a blob receipt: {e}");
+                            }
+                        });
+                        Ok(())
+                    }
+                    Err(e) => from.send(protocol::BlobReceipt::failed(0, e.to_string())).await,
+                }
+            }
             Blob::TYPE_NAME => {
                 let blob: Blob = env.decode()?;
                 from.send(Ping {

@@ -215,6 +215,75 @@ impl Message for Disconnect {
     const TYPE_NAME: &'static str = "handoff.chaos.Disconnect";
 }
 
+/// Demo: read this data handle and report which path its bytes took.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct BlobWork {
+    /// Transfer id, echoed in the receipt.
+    pub id: u64,
+    /// The handle: bound to the receiver's catalog, or pulled from the sender.
+    pub blob: handoff_data::BlobHandle,
+    /// BLAKE3 of the blob's content, 32 bytes, to verify what was read.
+    #[serde(with = "serde_bytes_compat")]
+    pub digest: Vec<u8>,
+}
+impl Message for BlobWork {
+    const TYPE_NAME: &'static str = "handoff.demo.BlobWork";
+}
+
+/// The answer to a [`BlobWork`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BlobReceipt {
+    /// The work's id.
+    pub id: u64,
+    /// Bytes read, or 0 if the read failed.
+    pub bytes: u64,
+    /// Whether the bytes matched the digest.
+    pub verified: bool,
+    /// Where the bytes came from: `storage`, `cache`, `shared-cache`, `read-in-place` or
+    /// `remote-blob` (pulled from the sender); `failed` if the read failed.
+    pub path: String,
+    /// Why the bytes came from the sender, or why the read failed.
+    pub detail: Option<String>,
+    /// Seconds the read took at the receiver.
+    pub read_seconds: f64,
+}
+impl Message for BlobReceipt {
+    const TYPE_NAME: &'static str = "handoff.demo.BlobReceipt";
+}
+
+/// Reads a [`BlobWork`]'s handle and checks the digest.
+pub async fn read_blob_work(work: BlobWork) -> BlobReceipt {
+    let started = std::time::Instant::now();
+    match work.blob.read_all().await {
+        Ok(bytes) => BlobReceipt {
+            id: work.id,
+            bytes: bytes.len() as u64,
+            verified: digest(&bytes) == work.digest,
+            path: work.blob.last_origin().map_or("unknown", |o| o.as_str()).to_string(),
+            detail: work.blob.fallback_reason(),
+            read_seconds: started.elapsed().as_secs_f64(),
+        },
+        Err(e) => BlobReceipt {
+            read_seconds: started.elapsed().as_secs_f64(),
+            ..BlobReceipt::failed(work.id, e.to_string())
+        },
+    }
+}
+
+impl BlobReceipt {
+    /// A receipt for work that could not be read (or not even decoded: id 0).
+    pub fn failed(id: u64, why: String) -> BlobReceipt {
+        BlobReceipt {
+            id,
+            bytes: 0,
+            verified: false,
+            path: "failed".into(),
+            detail: Some(why),
+            read_seconds: 0.0,
+        }
+    }
+}
+
 /// Registers every CLI message type.
 pub fn register_all(builder: NodeBuilder) -> NodeBuilder {
     builder
@@ -233,6 +302,8 @@ pub fn register_all(builder: NodeBuilder) -> NodeBuilder {
         .register::<StatsRequest>()
         .register::<Stats>()
         .register::<Disconnect>()
+        .register::<BlobWork>()
+        .register::<BlobReceipt>()
 }
 
 /// BLAKE3 of `data`.

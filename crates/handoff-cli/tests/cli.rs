@@ -52,6 +52,33 @@ fn demo_json_rows_cover_inproc_tcp_and_shm_and_are_verified() {
     // Both directions between processes.
     assert!(rows.iter().any(|r| r["channel"] == "tcp" && r["from"] == "gamma"));
     assert!(rows.iter().any(|r| r["channel"] == "tcp" && r["to"] == "gamma"));
+
+    // Data handles: each receiver took the path its place allows, counted at the storage server.
+    let data_row = |data: &str, to: &str| {
+        rows.iter()
+            .find(|r| r["data"] == data && r["to"] == to)
+            .unwrap_or_else(|| panic!("no row sending {data} to {to}: {rows:?}"))
+    };
+    let remote = data_row("demo-blob", "gamma");
+    assert_eq!(
+        (&remote["path"], &remote["storage_gets"], &remote["locality"]),
+        (&Value::from("storage"), &Value::from(1), &Value::from("remote")),
+        "a remote node fetches from storage itself: {remote}"
+    );
+    let local = data_row("demo-blob", "delta");
+    assert_eq!(
+        (&local["path"], &local["storage_gets"], &local["channel"]),
+        (&Value::from("shared-cache"), &Value::from(0), &Value::from("shm")),
+        "a same-host node sharing the cache does not download again: {local}"
+    );
+    let fallback = data_row("alpha-notes", "gamma");
+    assert_eq!(
+        (&fallback["path"], &fallback["storage_gets"]),
+        (&Value::from("remote-blob"), &Value::from(0)),
+        "a dataset the receiver's catalog lacks comes from the sender: {fallback}"
+    );
+    // Plain rows keep their keys only.
+    assert!(rows.iter().filter(|r| r["data"].is_null()).all(|r| r.get("path").is_none()));
 }
 
 #[test]
