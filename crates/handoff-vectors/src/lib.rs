@@ -13,7 +13,10 @@ use std::path::{Path, PathBuf};
 
 use handoff_wire::framing::encode_header_into;
 use handoff_wire::framing::{TCP_KINDS, UNIX_KINDS};
-use handoff_wire::{auth, Buffer, Descriptor, Header, Hello, Limits, Preamble, TicketClaim, TicketOp, WireError};
+use handoff_wire::{
+    auth, Buffer, Descriptor, Header, Hello, Limits, Preamble, ResourceKey, TicketClaim, TicketOp, WireError,
+    EXT_RESOURCE_KEY,
+};
 use serde::Serialize;
 use serde_json::{json, Value as Json};
 
@@ -178,6 +181,57 @@ struct Sample {
     seq: u32,
     data: Buffer,
     meta: Buffer,
+}
+
+/// The body of the `msg-resource-key` vector: a query that names two of the receiver's
+/// resources by key (as `Resource<T>` fields serialize).
+#[derive(Serialize)]
+struct Query {
+    sql: String,
+    pool: ResourceKey,
+    cache: ResourceKey,
+}
+
+/// The dataset of the data-handle vectors (a `Blob` dataset holding [`ticket_buffer`]).
+pub const BLOB_DATASET: &str = "4a0d2e7c-5b1f-4c3e-9d8a-6f2b1c0e9a71";
+
+/// The dataset of the data-handle vector without a fallback (a `BlobTree` dataset).
+pub const TREE_DATASET: &str = "b7e3c1d2-8a4f-4e6b-a1c9-3d5f7e9b0c24";
+
+/// A data handle's tag as `handoff-data`'s `BlobTag` writes it (WIRE.md §8.5): optional keys
+/// omitted when unknown, `path` always written.
+#[derive(Serialize)]
+struct Tag {
+    dataset: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'static str>,
+    path: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    size: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    digest: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    version: Option<&'static str>,
+}
+
+/// A data handle as `handoff-data`'s `Blob` and `BlobHandle` write it (WIRE.md §8.5).
+#[derive(Serialize)]
+struct Handle {
+    catalog: ResourceKey,
+    tag: Tag,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallback: Option<Buffer>,
+}
+
+/// The body of the data-handle vectors: a work item whose input is a data handle.
+#[derive(Serialize)]
+struct Work {
+    input: Handle,
+}
+
+/// Beta's token for lease 43, the data handle's fallback: bytes 128..=159.
+fn fallback_token() -> Vec<u8> {
+    (128u8..160).collect()
 }
 
 /// Every vector, in a stable order.
@@ -424,6 +478,152 @@ pub fn all() -> Vec<Vector> {
             "body": {"data": {"$frame": 0}, "meta": {"$frame": 1}},
         }),
     });
+    let lazy = TicketClaim {
+        lazy: true,
+        ..ticket.clone()
+    };
+    let lazy_msg = Header::Msg {
+        type_name: "demo.Sample",
+        body: &[
+            0x82, 0xa4, b'd', b'a', b't', b'a', 0xd6, 0x01, 0, 0, 0, 0, 0xa4, b'm', b'e', b't', b'a', 0xd6, 0x01, 0, 0,
+            0, 1,
+        ],
+        frames: vec![Descriptor::Ticket(lazy.clone()), Descriptor::Inline { len: 3 }],
+    };
+    v.push(Vector {
+        name: "msg-ticket-lazy",
+        bytes: message(&lazy_msg, &[b"abc"]),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "The ticket of msg-ticket marked lazy: the sender asks beta to pull the bytes only when they are used, never on receipt, even if beta redeems other tickets eagerly (a fallback it may never need). `lazy` is written only when true, after `ttl`.",
+            "header": {"k": "msg", "t": "demo.Sample",
+                       "b": {"$bin": "82a464617461d60100000000a46d657461d60100000001"},
+                       "f": [{"k": "ticket", "n": 1048576, "owner": lazy.owner, "addr": lazy.addr,
+                              "lease": 42, "token": bin_json(&lazy.token), "digest": {"$bin": TICKET_DIGEST},
+                              "ttl": 30000, "lazy": true},
+                             {"k": "inline", "n": 3}]},
+            "frames": [{"$bin": "616263"}],
+            "body": {"data": {"$frame": 0}, "meta": {"$frame": 1}},
+        }),
+    });
+
+    // Resource keys: values that refer to the receiver's own objects (msgpack ext type 2).
+    let query = Query {
+        sql: "select 1".into(),
+        pool: ResourceKey("db".into()),
+        cache: ResourceKey("cache:reports".into()),
+    };
+    let enc = handoff_wire::encode(&query, None).expect("encode");
+    assert!(enc.frames.is_empty());
+    v.push(Vector {
+        name: "msg-resource-key",
+        bytes: message(
+            &Header::Msg {
+                type_name: "demo.Query",
+                body: &enc.body,
+                frames: vec![],
+            },
+            &[],
+        ),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "A body that refers to two of the receiver's local resources by key: msgpack ext type 2 whose payload is the key in UTF-8 (`db`, 2 bytes, as fixext 2; `cache:reports`, 13 bytes, as ext 8). The receiver binds each key in its own registry; one it cannot bind is `unknown-resource`, which needs the receiver's registry and so is not a vector.",
+            "header": {"k": "msg", "t": "demo.Query", "b": {"$bin": hex::encode(&enc.body)}, "f": []},
+            "frames": [],
+            "body": {"sql": "select 1", "pool": {"$resource": "db"}, "cache": {"$resource": "cache:reports"}},
+        }),
+    });
+
+    // Data handles (WIRE.md §8.5): a Blob travels as its dataset key, its tag and, when the
+    // sender has the bytes, a lazy ticket for them.
+    let catalog_key = format!("dataset:{BLOB_DATASET}");
+    let handle = Work {
+        input: Handle {
+            catalog: ResourceKey(catalog_key.clone()),
+            tag: Tag {
+                dataset: BLOB_DATASET,
+                name: Some("big"),
+                path: "",
+                size: Some(1 << 20),
+                digest: Some(TICKET_DIGEST),
+                version: Some("etag-5d41402a"),
+            },
+            fallback: Some(Buffer::from(ticket_buffer())),
+        },
+    };
+    let enc = handoff_wire::encode(&handle, None).expect("encode");
+    assert_eq!(enc.frames.len(), 1);
+    let fallback = TicketClaim {
+        lease: 43,
+        token: fallback_token(),
+        lazy: true,
+        ..ticket.clone()
+    };
+    v.push(Vector {
+        name: "msg-blob-handle",
+        bytes: message(
+            &Header::Msg {
+                type_name: "demo.Work",
+                body: &enc.body,
+                frames: vec![Descriptor::Ticket(fallback.clone())],
+            },
+            &[],
+        ),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "A data handle (WIRE.md §8.5): alpha sends beta a work item whose input is the Blob dataset `big`. `catalog` is the resource key dataset:<uuid>, which beta binds to its own catalog to read the object from its storage or cache; `tag` says which object (uuid, name, path '' for a Blob dataset, size, BLAKE3 digest in hex, storage version); `fallback` is frame 0, alpha's copy of the bytes as a lazy ticket (lease 43) that beta pulls only if it cannot read the object itself.",
+            "header": {"k": "msg", "t": "demo.Work", "b": {"$bin": hex::encode(&enc.body)},
+                       "f": [{"k": "ticket", "n": 1048576, "owner": fallback.owner, "addr": fallback.addr,
+                              "lease": 43, "token": bin_json(&fallback.token), "digest": {"$bin": TICKET_DIGEST},
+                              "ttl": 30000, "lazy": true}]},
+            "frames": [],
+            "body": {"input": {
+                "catalog": {"$resource": catalog_key},
+                "tag": {"dataset": BLOB_DATASET, "name": "big", "path": "", "size": 1048576,
+                        "digest": TICKET_DIGEST, "version": "etag-5d41402a"},
+                "fallback": {"$frame": 0},
+            }},
+        }),
+    });
+    let tree_key = format!("dataset:{TREE_DATASET}");
+    let bare = Work {
+        input: Handle {
+            catalog: ResourceKey(tree_key.clone()),
+            tag: Tag {
+                dataset: TREE_DATASET,
+                name: Some("images"),
+                path: "cats/1.png",
+                size: None,
+                digest: None,
+                version: None,
+            },
+            fallback: None,
+        },
+    };
+    let enc = handoff_wire::encode(&bare, None).expect("encode");
+    assert!(enc.frames.is_empty());
+    v.push(Vector {
+        name: "msg-blob-handle-no-fallback",
+        bytes: message(
+            &Header::Msg {
+                type_name: "demo.Work",
+                body: &enc.body,
+                frames: vec![],
+            },
+            &[],
+        ),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "A data handle for the file cats/1.png of the BlobTree dataset `images`, from a sender that had not read it (no size, digest or version known, and no bytes to offer): the receiver must read it from its own storage, or fail naming the dataset.",
+            "header": {"k": "msg", "t": "demo.Work", "b": {"$bin": hex::encode(&enc.body)}, "f": []},
+            "frames": [],
+            "body": {"input": {
+                "catalog": {"$resource": tree_key},
+                "tag": {"dataset": TREE_DATASET, "name": "images", "path": "cats/1.png"},
+            }},
+        }),
+    });
+
     v.push(ticket_vector(
         "ticket-pull",
         TicketOp::Pull {
@@ -758,6 +958,39 @@ pub fn all() -> Vec<Vector> {
         "bad-body",
         "A frame reference whose payload is 2 bytes instead of 4.",
     ));
+    let bad_key_body = msgpack(&map(vec![(
+        "pool",
+        rmpv::Value::Ext(EXT_RESOURCE_KEY, vec![0x64, 0xff, 0x62]),
+    )]));
+    v.push(invalid(
+        "msg-resource-key-not-utf8",
+        "message",
+        raw_message(
+            &msgpack(&map(vec![
+                ("k", s("msg")),
+                ("t", s("x")),
+                ("b", rmpv::Value::Binary(bad_key_body)),
+                ("f", rmpv::Value::Array(vec![])),
+            ])),
+            &[],
+        ),
+        "bad-body",
+        "A resource key (ext type 2) whose payload is not UTF-8.",
+    ));
+    let lazy_not_bool = {
+        let mut d = ticket_desc("", 32);
+        if let rmpv::Value::Map(entries) = &mut d {
+            entries.push((s("lazy"), 1.into()));
+        }
+        d
+    };
+    v.push(invalid(
+        "msg-ticket-lazy-not-bool",
+        "message",
+        raw_message(&msg_with(vec![lazy_not_bool]), &[]),
+        "malformed-header",
+        "A ticket whose `lazy` is the integer 1: `lazy` is a bool, type-checked like every known descriptor key.",
+    ));
     v
 }
 
@@ -788,7 +1021,8 @@ pub fn write_all(dir: &Path) -> std::io::Result<usize> {
 
 /// Converts a decoded msgpack value into the JSON view the vectors use:
 /// binary as `{"$bin": hex}`, a frame reference as `{"$frame": index}` (checked against
-/// `frame_count`; with `None`, as in a header, extensions are shown as `{"$ext", "data"}`).
+/// `frame_count`), a resource key as `{"$resource": key}` (checked to be UTF-8); with `None`,
+/// as in a header, extensions are shown as `{"$ext", "data"}`.
 pub fn json_view(value: &rmpv::Value, frame_count: Option<usize>) -> Result<Json, WireError> {
     use rmpv::Value as V;
     Ok(match value {
@@ -827,6 +1061,13 @@ pub fn json_view(value: &rmpv::Value, frame_count: Option<usize>) -> Result<Json
                 return Err(WireError::BadFrameRef { index, count });
             }
             json!({"$frame": index})
+        }
+        V::Ext(EXT_RESOURCE_KEY, payload) if frame_count.is_some() => {
+            let key = std::str::from_utf8(payload).map_err(|_| WireError::BadBody {
+                type_name: "?".into(),
+                reason: format!("a resource key that is not UTF-8: {}", hex::encode(payload)),
+            })?;
+            json!({"$resource": key})
         }
         V::Ext(t, payload) => json!({"$ext": t, "data": hex::encode(payload)}),
     })
