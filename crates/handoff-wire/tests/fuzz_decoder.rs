@@ -6,18 +6,23 @@
 //! (`decode_message_on(.., UNIX_KINDS)`: inline, shm and tickets). Valid messages,
 //! the ticket protocol's headers among them, round-trip, their prefixes are
 //! `truncated`, and the codec moves [`Buffer`]s out of band and back without copying them.
+//! Tickets marked `lazy` round-trip and leave unmarked tickets' bytes as they were; resource
+//! keys (msgpack ext type 2) bind to the receiver's registry or fail with `unknown-resource`,
+//! and no extension type of any payload makes the codec panic.
 //!
 //! The case count is modest so the file runs in a few seconds in debug mode; set
 //! `PROPTEST_CASES` to fuzz longer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use handoff_wire::framing::{self, decode_message_on, LEN_PREFIX};
 use handoff_wire::preamble::{MAGIC, PREAMBLE_LEN};
+use handoff_wire::resource::{AnyResource, Resolver};
 use handoff_wire::{
-    decode_message, Buffer, Descriptor, Header, Hello, Limits, Preamble, TicketClaim, TicketOp, WireError,
-    EXT_FRAME_REF,
+    decode_message, Buffer, Descriptor, Header, Hello, Limits, Preamble, Resource, ResourceError, ResourceKey,
+    Resources, TicketClaim, TicketOp, WireError, EXT_FRAME_REF, EXT_RESOURCE_KEY,
 };
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -38,6 +43,7 @@ const CODES: &[&str] = &[
     "unsupported-descriptor",
     "bad-frame-ref",
     "bad-body",
+    "unknown-resource",
     "bad-shm",
     "unknown-type",
     "handshake",
@@ -292,7 +298,8 @@ fn number() -> impl Strategy<Value = u64> {
     prop_oneof![0u64..1000, any::<u64>()]
 }
 
-/// A ticket with arbitrary fields (its token and digest are 32 bytes, as they must be).
+/// A ticket with arbitrary fields (its token and digest are 32 bytes, as they must be), lazy
+/// or not.
 fn ticket_claim() -> impl Strategy<Value = TicketClaim> {
     (
         number(),
@@ -302,8 +309,9 @@ fn ticket_claim() -> impl Strategy<Value = TicketClaim> {
         token(),
         token(),
         number(),
+        any::<bool>(),
     )
-        .prop_map(|(len, owner, addr, lease, token, digest, ttl_ms)| TicketClaim {
+        .prop_map(|(len, owner, addr, lease, token, digest, ttl_ms, lazy)| TicketClaim {
             len,
             owner,
             addr,
@@ -311,7 +319,7 @@ fn ticket_claim() -> impl Strategy<Value = TicketClaim> {
             token,
             digest,
             ttl_ms,
-            lazy: false,
+            lazy,
         })
 }
 
@@ -457,7 +465,15 @@ fn mp_leaf() -> impl Strategy<Value = Mp> {
         (any::<i8>(), vec(any::<u8>(), 0..6)).prop_map(|(t, d)| Mp::Ext(t, d)),
         (0u32..6).prop_map(frame_ref),
         any::<u32>().prop_map(frame_ref),
+        prop_oneof![Just("db"), Just("cache"), Just("dataset:x"), Just("")].prop_map(resource_key),
+        text().prop_map(|k| resource_key(&k)),
+        vec(any::<u8>(), 0..8).prop_map(|d| Mp::Ext(EXT_RESOURCE_KEY, d)),
     ]
+}
+
+/// A resource key as the codec writes it: ext type [`EXT_RESOURCE_KEY`], the key in UTF-8.
+fn resource_key(k: &str) -> Mp {
+    Mp::Ext(EXT_RESOURCE_KEY, k.as_bytes().to_vec())
 }
 
 fn mp_strategy() -> impl Strategy<Value = Mp> {
@@ -530,18 +546,19 @@ fn descriptor_mp() -> impl Strategy<Value = Mp> {
             proptest::option::weighted(0.95, small(1000)),
             proptest::option::weighted(0.9, sealed),
         ),
-        // owner, addr, token, digest, ttl: mostly present in `ticket` descriptors.
+        // owner, addr, token, digest, ttl, lazy: mostly present in `ticket` descriptors.
         (
             proptest::option::weighted(0.95, text_or_not.clone()),
             proptest::option::of(text_or_not),
             proptest::option::weighted(0.95, bytes32.clone()),
             proptest::option::weighted(0.95, bytes32),
             proptest::option::weighted(0.95, small(60_000)),
+            proptest::option::of(prop_oneof![12 => any::<bool>().prop_map(Mp::Bool), 1 => mp_leaf()]),
         ),
         any::<u8>(),
     )
         .prop_map(|(k, n, tag_key, (off, size, lease, sealed), ticket, elsewhere)| {
-            let (owner, addr, token, digest, ttl) = ticket;
+            let (owner, addr, token, digest, ttl, lazy) = ticket;
             let ticket_keys = k == Some("ticket") || elsewhere % 16 == 0;
             let shm_keys = k == Some("shm") || elsewhere < 25;
             let mut entries = Vec::new();
@@ -575,6 +592,7 @@ fn descriptor_mp() -> impl Strategy<Value = Mp> {
                     ("token", token),
                     ("digest", digest),
                     ("ttl", ttl),
+                    ("lazy", lazy),
                 ] {
                     if let Some(v) = value {
                         entries.push((key(name), v));
@@ -1488,7 +1506,11 @@ fn check_body(body: &[u8], frames: &[Bytes]) {
         match handoff_wire::decode::<T>("t", body, &as_buffers(frames), None) {
             Ok(v) => Some(v),
             Err(e) => {
-                assert!(matches!(e.code(), "bad-body" | "bad-frame-ref"), "unexpected error {e}");
+                assert!(
+                    matches!(e.code(), "bad-body" | "bad-frame-ref" | "unknown-resource"),
+                    "unexpected error {e}"
+                );
+                let _ = e.to_string();
                 None
             }
         }
@@ -1505,7 +1527,27 @@ fn check_body(body: &[u8], frames: &[Bytes]) {
     check::<(u64, String, Buffer)>(body, frames);
     check::<serde_json::Value>(body, frames);
     check::<Vec<serde_json::Value>>(body, frames);
+    // Resource keys, without a registry and with one that holds some keys.
+    check::<ResourceKey>(body, frames);
+    check::<Vec<ResourceKey>>(body, frames);
+    check::<Resource<Thing>>(body, frames);
+    check::<BTreeMap<String, Resource<Thing>>>(body, frames);
+    let registry = Arc::new(Resources::new("fuzz"));
+    registry.insert("db", Arc::new(Thing(1)));
+    registry.insert("", Arc::new(Thing(2)));
+    registry.insert("dataset:x", Arc::new(String::from("not a thing")));
+    Resources::with(&registry, || {
+        check::<Resource<Thing>>(body, frames);
+        check::<Vec<Resource<Thing>>>(body, frames);
+        check::<(Resource<Thing>, Buffer)>(body, frames);
+        check::<Option<Resource<Thing>>>(body, frames);
+        check::<BTreeMap<String, Resource<Thing>>>(body, frames);
+    });
 }
+
+/// A resource the tests register: it cannot travel, only its key does.
+#[derive(Debug, PartialEq, Eq)]
+struct Thing(u64);
 
 // ---------------------------------------------------------------------------
 // Fixed regression cases
@@ -2419,4 +2461,395 @@ fn pulled_limits() {
         &mut max,
     );
     assert_eq!(decode_message(&max, &Limits::DEFAULT).unwrap_err().code(), "truncated");
+}
+
+// ---------------------------------------------------------------------------
+// Lazy tickets and resource keys
+// ---------------------------------------------------------------------------
+
+/// The map an encoder writes for `claim`: the keys of WIRE.md §7 in order, `addr` only when
+/// there is one, `lazy` only when true, last.
+fn claim_map(claim: &TicketClaim) -> Mp {
+    let mut fields = vec![("n", Mp::UInt(claim.len)), ("owner", key(&claim.owner))];
+    if let Some(addr) = &claim.addr {
+        fields.push(("addr", key(addr)));
+    }
+    fields.extend([
+        ("lease", Mp::UInt(claim.lease)),
+        ("token", Mp::Bin(claim.token.clone())),
+        ("digest", Mp::Bin(claim.digest.clone())),
+        ("ttl", Mp::UInt(claim.ttl_ms)),
+    ]);
+    if claim.lazy {
+        fields.push(("lazy", Mp::Bool(true)));
+    }
+    ticket_map(&fields)
+}
+
+/// The `msg` header holding `descs` as the codec's encoder writes it.
+fn msg_header_mp(descs: Vec<Mp>) -> Vec<u8> {
+    mp_to_vec(&Mp::Map(vec![
+        (key("k"), key("msg")),
+        (key("t"), key("x")),
+        (key("b"), Mp::Bin(vec![0x80])),
+        (key("f"), Mp::Arr(descs)),
+    ]))
+}
+
+/// A value holding resources of the tests' type, as a user's message would.
+#[derive(Debug, Serialize, Deserialize)]
+struct Uses {
+    name: String,
+    first: Resource<Thing>,
+    more: Vec<Resource<Thing>>,
+    data: Buffer,
+}
+
+/// Keys the registry strategies use: short ones (fixext sizes among them) and any text.
+fn key_strategy() -> impl Strategy<Value = String> {
+    prop_oneof![
+        Just(String::new()),
+        "[a-z]{1,2}",
+        "[a-z]{4}",
+        "[a-z]{8}",
+        "[a-z]{16}",
+        "[a-z:/._-]{0,40}",
+        text(),
+        "\\PC{0,300}",
+    ]
+}
+
+/// Opens `pool:NAME` keys on demand; `pool:broken` fails.
+struct Pools;
+
+impl Resolver for Pools {
+    fn resolve(&self, key: &str) -> Option<Result<AnyResource, String>> {
+        let name = key.strip_prefix("pool:")?;
+        if name == "broken" {
+            return Some(Err("the pool refused".into()));
+        }
+        Some(Ok(Arc::new(Thing(name.len() as u64))))
+    }
+    fn keys(&self) -> Vec<String> {
+        vec!["pool:*".into()]
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// A ticket round-trips with its `lazy` flag; its encoding is the map of WIRE.md §7 with
+    /// `lazy: true` last, or with no `lazy` key at all: a ticket that is not lazy encodes
+    /// byte for byte as before the key existed.
+    #[test]
+    fn lazy_ticket_round_trips(claim in ticket_claim(), inline in vec(any::<u8>(), 0..8)) {
+        let header = Header::Msg {
+            type_name: "x",
+            body: &[0x80],
+            frames: vec![Descriptor::Ticket(claim.clone()), Descriptor::Inline { len: inline.len() as u64 }],
+        };
+        let encoded = header.encode();
+        let inline_mp = Mp::Map(vec![(key("k"), key("inline")), (key("n"), Mp::UInt(inline.len() as u64))]);
+        prop_assert_eq!(&encoded, &msg_header_mp(vec![claim_map(&claim), inline_mp.clone()]));
+        let decoded = Header::decode(&encoded, &UNLIMITED).unwrap();
+        prop_assert_eq!(&decoded, &header);
+        prop_assert_eq!(decoded.encode(), encoded.clone());
+
+        // Not lazy: exactly the bytes of the same ticket without the flag, which has no `lazy`.
+        let plain = TicketClaim { lazy: false, ..claim.clone() };
+        let plain_header = Header::Msg {
+            type_name: "x",
+            body: &[0x80],
+            frames: vec![Descriptor::Ticket(plain.clone()), Descriptor::Inline { len: inline.len() as u64 }],
+        };
+        let plain_bytes = plain_header.encode();
+        prop_assert!(!plain_bytes.windows(5).any(|w| w == b"\xa4lazy"));
+        if !claim.lazy {
+            prop_assert_eq!(&plain_bytes, &encoded);
+        } else {
+            // The lazy encoding is the plain one with `a4 "lazy" c3` appended to the ticket map
+            // (whose entry count grows by one).
+            prop_assert_eq!(encoded.len(), plain_bytes.len() + 6);
+        }
+        // An explicit `lazy: false`, or nil, decodes as not lazy and re-encodes without the key.
+        for explicit in [Mp::Bool(false), Mp::Nil] {
+            let Mp::Map(mut entries) = claim_map(&plain) else { unreachable!() };
+            entries.push((key("lazy"), explicit));
+            let bytes = msg_header_mp(vec![Mp::Map(entries), inline_mp.clone()]);
+            let got = Header::decode(&bytes, &UNLIMITED).unwrap();
+            prop_assert_eq!(&got, &plain_header);
+            prop_assert_eq!(got.encode(), plain_bytes.clone());
+        }
+        // The whole message, on TCP and on a Unix socket.
+        let mut wire = Vec::new();
+        framing::encode_header_into(&header, &mut wire);
+        wire.extend_from_slice(&inline);
+        for supported in [TCP, SHM] {
+            let m = decode_message_on(&wire, &UNLIMITED, supported).unwrap();
+            prop_assert_eq!(&m.header, &header);
+            prop_assert_eq!(m.frames, vec![&inline[..]]);
+        }
+    }
+
+    /// `lazy` is type-checked in every descriptor, whatever its kind: anything but a bool
+    /// (or nil) is `malformed-header`.
+    #[test]
+    fn lazy_must_be_a_bool(value in mp_leaf(), kind in prop_oneof![Just("ticket"), Just("inline")]) {
+        let mut d = match kind {
+            "ticket" => claim_map(&claim_fixture()),
+            _ => Mp::Map(vec![(key("k"), key("inline")), (key("n"), Mp::UInt(0))]),
+        };
+        if let Mp::Map(entries) = &mut d {
+            entries.push((key("lazy"), value.clone()));
+        }
+        let input = msg_with_descriptors(vec![d]);
+        let result = decode_message(&input, &Limits::DEFAULT);
+        match value {
+            Mp::Bool(b) => {
+                let m = result.unwrap();
+                let Header::Msg { frames, .. } = m.header else { panic!("a msg") };
+                if let Descriptor::Ticket(c) = &frames[0] {
+                    prop_assert_eq!(c.lazy, b);
+                }
+            }
+            Mp::Nil => prop_assert!(result.is_ok()),
+            _ => prop_assert_eq!(result.unwrap_err().code(), "malformed-header"),
+        }
+    }
+
+    /// A resource key round-trips through the codec as msgpack ext type 2 (the smallest ext
+    /// encoding of its UTF-8 bytes) and binds, on receipt, to the receiver's own object.
+    #[test]
+    fn resource_key_round_trips(
+        keys in proptest::collection::btree_set(key_strategy(), 1..5),
+        picks in vec(any::<prop::sample::Index>(), 0..4),
+        name in text(),
+        data in vec(any::<u8>(), 0..16),
+    ) {
+        let keys: Vec<String> = keys.into_iter().collect();
+        let pick = |i: &prop::sample::Index| keys[i.index(keys.len())].clone();
+        let sender_side = Arc::new(Thing(u64::MAX));
+        let value = Uses {
+            name: name.clone(),
+            first: Resource::new(keys[0].clone(), sender_side.clone()),
+            more: picks.iter().map(|i| Resource::new(pick(i), sender_side.clone())).collect(),
+            data: Buffer::from(data.clone()),
+        };
+        let encoded = handoff_wire::encode(&value, None).unwrap();
+        prop_assert_eq!(encoded.frames.len(), 1);
+        // The body is what a generic msgpack writer makes of ext type 2 with the key's bytes.
+        let expected = Mp::Map(vec![
+            (key("name"), key(&name)),
+            (key("first"), resource_key(&keys[0])),
+            (key("more"), Mp::Arr(picks.iter().map(|i| resource_key(&pick(i))).collect())),
+            (key("data"), frame_ref(0)),
+        ]);
+        prop_assert_eq!(&encoded.body, &mp_to_vec(&expected));
+
+        // Bound to the receiver's objects, never to a copy of the sender's.
+        let receiver = Arc::new(Resources::new("receiver"));
+        let theirs: Vec<Arc<Thing>> = (0..keys.len()).map(|i| Arc::new(Thing(i as u64))).collect();
+        for (k, t) in keys.iter().zip(&theirs) {
+            receiver.insert(k.clone(), t.clone());
+        }
+        let got: Uses = Resources::with(&receiver, || handoff_wire::decode("t", &encoded.body, &encoded.frames, None)).unwrap();
+        prop_assert_eq!(&got.name, &name);
+        prop_assert_eq!(got.first.key(), keys[0].as_str());
+        prop_assert!(Arc::ptr_eq(got.first.value(), &theirs[0]));
+        prop_assert_eq!(got.more.len(), picks.len());
+        for (r, i) in got.more.iter().zip(&picks) {
+            let at = i.index(keys.len());
+            prop_assert_eq!(r.key(), keys[at].as_str());
+            prop_assert!(Arc::ptr_eq(r.value(), &theirs[at]));
+        }
+        prop_assert_eq!(&got.data[..], &data[..]);
+
+        // Unbound, a key is just its name.
+        let bare: Vec<ResourceKey> = handoff_wire::decode(
+            "t",
+            &mp_to_vec(&Mp::Arr(keys.iter().map(|k| resource_key(k)).collect())),
+            &[],
+            None,
+        ).unwrap();
+        prop_assert_eq!(bare, keys.iter().map(|k| ResourceKey(k.clone())).collect::<Vec<_>>());
+        // And the registry is no longer current once the decode is over.
+        prop_assert!(Resources::current().is_none());
+    }
+
+    /// A key the receiver does not have is `unknown-resource`, naming the key, the node and
+    /// every key the node has (registered or announced by a resolver), sorted.
+    #[test]
+    fn unknown_keys_name_the_key_and_the_keys_the_node_has(
+        have in proptest::collection::btree_set(key_strategy(), 0..5),
+        wanted in key_strategy(),
+        node in "[a-z]{1,8}",
+    ) {
+        prop_assume!(!have.contains(&wanted) && !wanted.starts_with("pool:"));
+        let registry = Arc::new(Resources::new(node.clone()));
+        for k in &have {
+            registry.insert(k.clone(), Arc::new(Thing(0)));
+        }
+        registry.add_resolver(Arc::new(Pools));
+        let body = mp_to_vec(&Mp::Arr(vec![resource_key(&wanted)]));
+        let err = Resources::with(&registry, || {
+            handoff_wire::decode::<Vec<Resource<Thing>>>("t", &body, &[], None)
+        }).unwrap_err();
+        prop_assert_eq!(err.code(), "unknown-resource");
+        let mut available: BTreeSet<String> = have.clone();
+        available.insert("pool:*".into());
+        let expected = ResourceError::Unknown {
+            key: wanted.clone(),
+            node: node.clone(),
+            available: available.into_iter().collect(),
+        };
+        prop_assert_eq!(&err, &WireError::UnknownResource(expected));
+        let text = err.to_string();
+        prop_assert!(text.contains(&format!("{wanted:?}")) && text.contains(&format!("{node:?}")), "{}", text);
+        prop_assert!(text.contains("pool:*"), "{}", text);
+
+        // Outside any node there is no registry: the same error, saying so.
+        let err = handoff_wire::decode::<Vec<Resource<Thing>>>("t", &body, &[], None).unwrap_err();
+        let outside = matches!(&err, WireError::UnknownResource(ResourceError::Unknown { key, .. }) if key == &wanted);
+        prop_assert!(outside, "{:?}", err);
+    }
+
+    /// A resource key whose payload is not UTF-8 is `bad-body` saying so, wherever a resource
+    /// or a key is expected; a UTF-8 payload binds or is unknown.
+    #[test]
+    fn resource_key_payload_must_be_utf8(payload in vec(any::<u8>(), 0..24)) {
+        let body = mp_to_vec(&Mp::Map(vec![(key("k"), Mp::Ext(EXT_RESOURCE_KEY, payload.clone()))]));
+        let registry = Arc::new(Resources::new("beta"));
+        registry.insert("db", Arc::new(Thing(1)));
+        let as_resource = Resources::with(&registry, || {
+            handoff_wire::decode::<BTreeMap<String, Resource<Thing>>>("t", &body, &[], None)
+        });
+        let as_key = handoff_wire::decode::<BTreeMap<String, ResourceKey>>("t", &body, &[], None);
+        match std::str::from_utf8(&payload) {
+            Err(_) => {
+                for err in [as_resource.unwrap_err(), as_key.unwrap_err()] {
+                    prop_assert_eq!(err.code(), "bad-body");
+                    prop_assert!(err.to_string().contains("not UTF-8"), "{}", err);
+                }
+            }
+            Ok(k) => {
+                prop_assert_eq!(&as_key.unwrap()["k"], &ResourceKey(k.to_string()));
+                match as_resource {
+                    Ok(m) => prop_assert_eq!(k, "db", "bound {:?}", m),
+                    Err(e) => {
+                        prop_assert_ne!(k, "db");
+                        prop_assert_eq!(e.code(), "unknown-resource");
+                    }
+                }
+            }
+        }
+    }
+
+    /// No extension type, with any payload, anywhere, makes the codec panic: where a
+    /// resource is expected, only type 2 is one (others are `bad-body`); where a buffer is
+    /// expected, only type 1 is one.
+    #[test]
+    fn arbitrary_ext_types_never_panic(
+        tag in any::<i8>(),
+        payload in vec(any::<u8>(), 0..40),
+        value in mp_strategy(),
+        frames in vec(vec(any::<u8>(), 0..8), 0..3),
+    ) {
+        let frames: Vec<Bytes> = frames.into_iter().map(Bytes::from).collect();
+        let ext = Mp::Ext(tag, payload.clone());
+        for body in [
+            mp_to_vec(&ext),
+            mp_to_vec(&Mp::Arr(vec![ext.clone(), value.clone()])),
+            mp_to_vec(&Mp::Map(vec![(key("first"), ext.clone()), (key("data"), ext.clone())])),
+            mp_to_vec(&Mp::Map(vec![(ext.clone(), value.clone())])),
+        ] {
+            check_body(&body, &frames);
+        }
+        let registry = Arc::new(Resources::new("beta"));
+        registry.insert(String::from_utf8_lossy(&payload).into_owned(), Arc::new(Thing(7)));
+        let as_resource = Resources::with(&registry, || {
+            handoff_wire::decode::<Resource<Thing>>("t", &mp_to_vec(&ext), &[], None)
+        });
+        let as_key = handoff_wire::decode::<ResourceKey>("t", &mp_to_vec(&ext), &[], None);
+        let as_buffer = handoff_wire::decode::<Buffer>("t", &mp_to_vec(&ext), &as_buffers(&frames), None);
+        if tag != EXT_RESOURCE_KEY {
+            prop_assert_eq!(as_resource.unwrap_err().code(), "bad-body");
+            prop_assert_eq!(as_key.unwrap_err().code(), "bad-body");
+        } else if std::str::from_utf8(&payload).is_ok() {
+            prop_assert!(Arc::ptr_eq(as_resource.unwrap().value(), &registry.get::<Thing>(&String::from_utf8_lossy(&payload)).unwrap()));
+            let k = as_key.unwrap();
+            prop_assert_eq!(k.0.as_bytes(), &payload[..]);
+        }
+        if tag != EXT_FRAME_REF {
+            prop_assert_eq!(as_buffer.unwrap_err().code(), "bad-body");
+        }
+    }
+}
+
+/// A key of another type, a resolver that opens keys on demand, and one that fails: each as
+/// the reference reports it.
+#[test]
+fn resource_binding_cases() {
+    let registry = Arc::new(Resources::new("beta"));
+    registry.insert("db", Arc::new(String::from("not a thing")));
+    registry.add_resolver(Arc::new(Pools));
+    let decode = |k: &str| {
+        Resources::with(&registry, || {
+            handoff_wire::decode::<Resource<Thing>>("t", &mp_to_vec(&resource_key(k)), &[], None)
+        })
+    };
+    let got = decode("pool:reports").unwrap();
+    assert_eq!(got.value().as_ref(), &Thing(7));
+    assert!(matches!(
+        decode("db").unwrap_err(),
+        WireError::UnknownResource(ResourceError::WrongType { ref key, ref node, .. }) if key == "db" && node == "beta"
+    ));
+    let err = decode("pool:broken").unwrap_err();
+    assert_eq!(err.code(), "unknown-resource");
+    assert_eq!(
+        err.to_string(),
+        "resource \"pool:broken\" on node \"beta\" could not be opened: the pool refused"
+    );
+    let err = decode("nope").unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "no resource \"nope\" on node \"beta\" (it has: db, pool:*)"
+    );
+    // A bad frame reference next to an unknown key is reported as what it is, in document order.
+    let body = mp_to_vec(&Mp::Arr(vec![frame_ref(5), resource_key("nope")]));
+    let err = Resources::with(&registry, || {
+        handoff_wire::decode::<(Buffer, Resource<Thing>)>("t", &body, &[], None)
+    })
+    .unwrap_err();
+    assert_eq!(err.code(), "bad-frame-ref");
+    let body = mp_to_vec(&Mp::Arr(vec![resource_key("nope"), frame_ref(5)]));
+    let err = Resources::with(&registry, || {
+        handoff_wire::decode::<(Resource<Thing>, Buffer)>("t", &body, &[], None)
+    })
+    .unwrap_err();
+    assert_eq!(err.code(), "unknown-resource");
+    // A failure is not carried over to the next decode on the thread.
+    let ok: ResourceKey = handoff_wire::decode("t", &mp_to_vec(&resource_key("db")), &[], None).unwrap();
+    assert_eq!(ok, ResourceKey("db".into()));
+    let plain = handoff_wire::decode::<Buffer>("t", &mp_to_vec(&Mp::Bin(vec![1])), &[], None);
+    assert_eq!(&plain.unwrap()[..], &[1]);
+}
+
+/// The canonical ext encodings of resource keys: fixext for 1, 2, 4, 8 and 16 bytes, else
+/// ext8 (an empty key too), ext16, ext32.
+#[test]
+fn resource_keys_are_canonical() {
+    let encode = |k: &str| handoff_wire::encode(&ResourceKey(k.into()), None).unwrap().body;
+    assert_eq!(encode("db"), [0xd5, 0x02, b'd', b'b']);
+    assert_eq!(encode("x"), [0xd4, 0x02, b'x']);
+    assert_eq!(encode("abcd")[..2], [0xd6, 0x02]);
+    assert_eq!(encode("abcdefgh")[..2], [0xd7, 0x02]);
+    assert_eq!(encode(&"k".repeat(16))[..2], [0xd8, 0x02]);
+    assert_eq!(encode(""), [0xc7, 0x00, 0x02]);
+    assert_eq!(encode("abc"), [0xc7, 0x03, 0x02, b'a', b'b', b'c']);
+    assert_eq!(encode("cache:reports")[..3], [0xc7, 0x0d, 0x02]);
+    assert_eq!(encode(&"k".repeat(256))[..4], [0xc8, 0x01, 0x00, 0x02]);
+    assert_eq!(encode(&"k".repeat(70_000))[..6], [0xc9, 0x00, 0x01, 0x11, 0x70, 0x02]);
+    // A Resource writes exactly its key.
+    let r = Resource::new("db", Arc::new(Thing(1)));
+    assert_eq!(handoff_wire::encode(&r, None).unwrap().body, encode("db"));
 }
