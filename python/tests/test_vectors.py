@@ -10,6 +10,7 @@ import pytest
 from handoff import wire
 from handoff.codec import Buffer, decode_body, encode_body
 from handoff.msgpack_read import Ext, Pairs
+from handoff.resources import ResourceKey
 
 VECTORS = Path(__file__).resolve().parents[2] / "spec" / "vectors"
 
@@ -43,6 +44,8 @@ def json_view(value):
         return {"$bin": value.hex()}
     if isinstance(value, FrameRef):
         return {"$frame": value.index}
+    if isinstance(value, ResourceKey):
+        return {"$resource": value.key}
     if isinstance(value, Ext):
         return {"$ext": value.code, "data": value.data.hex()}
     return value
@@ -146,6 +149,7 @@ def descriptor_from(j):
             token=_bin(j["token"]),
             digest=_bin(j["digest"]),
             ttl=j["ttl"],
+            lazy=j.get("lazy", False),
         )
     raise AssertionError(j)
 
@@ -191,6 +195,10 @@ ENCODED_FROM_FIELDS = [
     "msg-no-frames",
     "msg-shm-frame",
     "msg-ticket",
+    "msg-ticket-lazy",
+    "msg-resource-key",
+    "msg-blob-handle",
+    "msg-blob-handle-no-fallback",
     "ticket-pull",
     "ticket-pulled",
     "ticket-forward",

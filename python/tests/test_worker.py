@@ -66,7 +66,15 @@ async def test_worker_serves_the_demo_protocol(spawn_py_worker):
         await peer.send("handoff.admin.StatsRequest", {})
         stats = (await expect(node, "handoff.admin.Stats")).body
         assert stats["node"] == "py-demo" and ["client", "tcp"] in stats["peers"]
-        assert set(stats["ticket_leases"]) == {"count", "bytes", "holders", "oldest_seconds", "expired"}
+        assert set(stats["ticket_leases"]) == {
+            "count",
+            "bytes",
+            "holders",
+            "oldest_seconds",
+            "expired",
+            "pulls",
+            "bytes_pulled",
+        }
 
 
 async def test_worker_sends_shared_memory_to_a_same_host_asker(spawn_py_worker):
@@ -96,3 +104,40 @@ async def test_worker_refuses_unknown_types(spawn_py_worker):
         await peer.send("not.a.Type", {})
         await peer.done.wait()  # the worker sent `error` and closed
     assert "unknown type name" in await worker.wait_stderr("unknown type name")
+
+
+async def test_worker_reads_data_handles(spawn_py_worker, tmp_path):
+    from handoff import BlobHandle, BlobTag, OnDemand
+
+    data = os.urandom(MIB)
+    (tmp_path / "mine.bin").write_bytes(data)
+    mine, other = "11111111-1111-4111-8111-111111111111", "22222222-2222-4222-8222-222222222222"
+    worker = await spawn_py_worker(
+        "py-data", "--host-id", "worker-host", "--dataset", f"{mine}={tmp_path / 'mine.bin'}"
+    )
+    async with Node("client", secret=SECRET, host_id="client-host", listen="127.0.0.1:0") as node:
+        peer = await node.connect(worker.listen)
+        # A dataset the worker has: read in place, nothing pulled from us.
+        await peer.send(
+            "handoff.demo.BlobWork", {"id": 1, "blob": BlobHandle.from_bytes(data, mine), "digest": digest(data)}
+        )
+        r = (await expect(node, "handoff.demo.BlobReceipt")).body
+        assert (r["id"], r["bytes"], r["verified"], r["path"], r["detail"]) == (1, MIB, True, "read-in-place", None)
+        assert node.leases.pulls == 0
+        # One it does not have: pulled from us through the lazy fallback.
+        await peer.send(
+            "handoff.demo.BlobWork", {"id": 2, "blob": BlobHandle.from_bytes(data, other), "digest": digest(data)}
+        )
+        r = (await expect(node, "handoff.demo.BlobReceipt")).body
+        assert (r["id"], r["verified"], r["path"]) == (2, True, "remote-blob")
+        assert f"dataset:{other}" in r["detail"] and node.leases.pulls == 1
+        assert await eventually(lambda: node.ticket_leases()["count"] == 0)
+        # Neither: a failed receipt, and the worker keeps serving.
+        await peer.send(
+            "handoff.demo.BlobWork", {"id": 3, "blob": BlobHandle(BlobTag(other, name="x")), "digest": bytes(32)}
+        )
+        r = (await expect(node, "handoff.demo.BlobReceipt")).body
+        assert (r["id"], r["path"]) == (0, "failed") and "no fallback" in r["detail"]
+        await peer.send("handoff.demo.Hold", {"id": 4, "data": OnDemand(b"lazy" * 1000)})
+        assert (await expect(node, "handoff.demo.Held")).body["id"] == 4
+        assert node.leases.pulls == 1, "the worker (eager) did not pull the lazy ticket on receipt"

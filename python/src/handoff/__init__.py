@@ -4,6 +4,8 @@ Modules, one job each:
 
 - :mod:`handoff.wire` — sans-IO: preamble, framing, headers, descriptors, limits, auth proof.
 - :mod:`handoff.codec` — bodies: Python values ↔ msgpack with out-of-band frames.
+- :mod:`handoff.resources` — resource keys and the node's registry of local objects.
+- :mod:`handoff.data` — data handles: tags bound to local sources, or pulled from the sender.
 - :mod:`handoff.transport` — a connection's socket: buffered reads, frames, SCM_RIGHTS.
 - :mod:`handoff.handshake` — preambles, hellos, proofs, ready.
 - :mod:`handoff.shm` — memfd segments to send, read-only mappings of received ones.
@@ -12,7 +14,8 @@ Modules, one job each:
 - :mod:`handoff.worker` — ``python -m handoff.worker``: the demo protocol of Appendix A.
 """
 
-from .codec import Bin, Buffer, as_numpy
+from .codec import Bin, Buffer, OnDemand, as_numpy
+from .data import BlobError, BlobHandle, BlobTag, FileDataset, dataset_key
 from .envelope import Envelope, ReceivedFrame
 from .errors import (
     AuthenticationError,
@@ -26,6 +29,7 @@ from .errors import (
 )
 from .node import Node
 from .peer import Peer
+from .resources import Resource, ResourceError, ResourceKey, Resources
 from .shm import SharedFrame, ShmBuffer
 from .tickets import Ticket
 from .wire import WireError
@@ -39,6 +43,16 @@ __all__ = [
     "ReceivedFrame",
     "Buffer",
     "Bin",
+    "OnDemand",
+    "Resources",
+    "Resource",
+    "ResourceKey",
+    "ResourceError",
+    "BlobHandle",
+    "BlobTag",
+    "BlobError",
+    "FileDataset",
+    "dataset_key",
     "ShmBuffer",
     "SharedFrame",
     "Ticket",

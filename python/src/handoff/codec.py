@@ -6,10 +6,16 @@ type 1, a 4-byte big-endian frame index), collecting the buffer as a frame; the
 frames then travel beside the body (inline, as shared memory or as tickets). What is
 a buffer: a :class:`Buffer`, a numpy array, and any other bytes-like object of at least
 ``frame_threshold`` bytes (smaller ones are written into the body as msgpack bin).
+An :class:`OnDemand` buffer goes to a peer that takes tickets as a ``lazy`` ticket
+(§7.5). A :class:`~handoff.resources.Resource` or
+:class:`~handoff.resources.ResourceKey` becomes a resource key (msgpack ext type 2, the
+key in UTF-8, §8.3), and a :class:`~handoff.data.BlobHandle` a data handle (§8.5).
 
 Decoding turns frame references back into the received frames (``memoryview``s over
 the bytes that were read, or over a shared-memory mapping: no copy), and maps into
-dicts.
+dicts. Given the receiving node's :class:`~handoff.resources.Resources`, it binds
+every resource key to that node's object, and turns data handles into
+:class:`~handoff.data.BlobHandle` objects.
 """
 
 from __future__ import annotations
@@ -21,12 +27,15 @@ from typing import Any, Callable, Optional, Sequence
 import msgpack
 
 from .msgpack_read import DepthError, Ext, MsgpackError, unpack_one
+from .resources import EXT_RESOURCE_KEY, Resource, ResourceKey, Resources
 from .wire import MAX_BODY_DEPTH, WireError, packer
 
 __all__ = [
     "EXT_FRAME_REF",
+    "EXT_RESOURCE_KEY",
     "DEFAULT_FRAME_THRESHOLD",
     "Buffer",
+    "OnDemand",
     "Bin",
     "EncodedBody",
     "encode_body",
@@ -58,6 +67,27 @@ class Buffer:
 
     def __repr__(self) -> str:
         return f"Buffer({len(self)} bytes)"
+
+
+class OnDemand(Buffer):
+    """Marks a bytes-like object to travel only as an on-demand ticket (like the reference's
+    ``tickets::on_demand``): to a peer that takes tickets it is sent as a ticket flagged
+    ``lazy``, which the receiver pulls only when the bytes are used, even if it redeems
+    other tickets eagerly — for a fallback the receiver may never need, such as the bytes
+    behind a data handle. A peer without tickets gets the bytes.
+
+    ``digest``, if given, is the BLAKE3 hash of the bytes (32 bytes), so the owner does not
+    hash them again when it issues the ticket.
+    """
+
+    __slots__ = ("digest",)
+
+    def __init__(self, data: Any, digest: Optional[bytes] = None):
+        super().__init__(data)
+        self.digest = digest
+
+    def __repr__(self) -> str:
+        return f"OnDemand({len(self)} bytes)"
 
 
 def _numpy():
@@ -142,8 +172,12 @@ def encode_body(
             return {walk(k, depth + 1): walk(x, depth + 1) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
             return [walk(x, depth + 1) for x in v]
+        if isinstance(v, (Resource, ResourceKey)):
+            return msgpack.ExtType(EXT_RESOURCE_KEY, v.encode())
         if is_frame is not None and is_frame(v):
             return frame(v, v)
+        if isinstance(v, OnDemand):
+            return frame(v.data, v)
         if isinstance(v, Buffer):
             return frame(v.data, v.data)
         if isinstance(v, Bin):
@@ -160,6 +194,9 @@ def encode_body(
             return v.item()
         if isinstance(v, msgpack.ExtType):
             return v
+        to_wire = getattr(v, "__handoff_wire__", None)
+        if to_wire is not None:  # a data handle or its tag: encoded as the map it travels as
+            return walk(to_wire(), depth)
         try:
             view = memoryview(v)
         except TypeError:
@@ -171,18 +208,37 @@ def encode_body(
     return EncodedBody(body, frames, sources)
 
 
-def decode_body(body: Any, frames: Sequence[Any], type_name: str = "?") -> Any:
+def decode_body(body: Any, frames: Sequence[Any], type_name: str = "?", resources: Optional[Resources] = None) -> Any:
     """Decodes a body; each frame reference becomes ``frames[index]`` (the object itself).
 
     Raises ``WireError`` ``bad-body`` (not msgpack, nesting deeper than 127, a frame
-    reference whose payload is not 4 bytes) or ``bad-frame-ref`` (an index the message
-    does not have), at the first problem in document order. Other ext types are
-    returned as ``handoff.msgpack_read.Ext``, and a str that is not UTF-8 as
-    ``handoff.msgpack_read.BadStr`` (bytes), as the reference's generic reader keeps it.
+    reference whose payload is not 4 bytes, a resource key that is not UTF-8) or
+    ``bad-frame-ref`` (an index the message does not have), at the first problem in
+    document order. Other ext types are returned as ``handoff.msgpack_read.Ext``, and a
+    str that is not UTF-8 as ``handoff.msgpack_read.BadStr`` (bytes), as the reference's
+    generic reader keeps it.
+
+    Resource keys (ext type 2) become :class:`~handoff.resources.ResourceKey`. With the
+    receiving node's ``resources``, each is then bound to that node's object
+    (:class:`~handoff.resources.Resource`; ``unknown-resource`` if it cannot be), except in
+    a data handle (a map with a resource key ``catalog`` and a map ``tag``), which becomes a
+    :class:`~handoff.data.BlobHandle` that falls back on the sender's bytes (§8.5).
     """
     count = len(frames)
+    keys_seen = False
 
     def hook(code: int, payload: bytes) -> Any:
+        nonlocal keys_seen
+        if code == EXT_RESOURCE_KEY:
+            try:
+                key = payload.decode("utf-8")
+            except UnicodeDecodeError:
+                raise WireError(
+                    "bad-body",
+                    f"cannot decode body of type {type_name!r}: a resource key that is not UTF-8 ({payload.hex()})",
+                ) from None
+            keys_seen = True
+            return ResourceKey(key)
         if code != EXT_FRAME_REF:
             return Ext(code, payload)
         if len(payload) != 4:
@@ -202,7 +258,28 @@ def decode_body(body: Any, frames: Sequence[Any], type_name: str = "?") -> Any:
         raise WireError("bad-body", f"cannot decode body of type {type_name!r}: {e}") from None
     except MsgpackError as e:
         raise WireError("bad-body", f"cannot decode body of type {type_name!r}: {e}") from None
+    if keys_seen and resources is not None:
+        value = bind_resources(value, resources)
     return value
+
+
+def bind_resources(value: Any, resources: Resources) -> Any:
+    """Binds the resource keys in a decoded body to ``resources`` (in document order), and
+    turns data handles into :class:`~handoff.data.BlobHandle`; see :func:`decode_body`."""
+    from .data import BlobHandle, is_handle_map
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, ResourceKey):
+            return resources.bind(v.key)
+        if isinstance(v, dict):
+            if is_handle_map(v):
+                return BlobHandle.from_wire(v, resources)
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        return v
+
+    return walk(value)
 
 
 def as_numpy(view: Any, dtype: Any = "uint8", shape: Any = None):

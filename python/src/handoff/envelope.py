@@ -68,8 +68,10 @@ class Envelope:
 
         if self._decoded:
             return
+        node = getattr(self.sender, "node", None)
+        resources = getattr(node, "resources", None)
         try:
-            self._body = decode_body(self._body_bytes, [f.view for f in self.frames], self.type_name)
+            self._body = decode_body(self._body_bytes, [f.view for f in self.frames], self.type_name, resources)
         except Exception as e:
             self.error = e
             raise
@@ -79,6 +81,11 @@ class Envelope:
     @property
     def has_tickets(self) -> bool:
         return any(f.kind == "ticket" for f in self.frames)
+
+    @property
+    def has_eager_tickets(self) -> bool:
+        """Whether a ticket not marked ``lazy`` is still unredeemed (eager redemption pulls those, §7.6)."""
+        return any(isinstance(f.view, Ticket) and not f.view.desc.lazy for f in self.frames)
 
     def segment_of(self, view: Any) -> Optional[dict]:
         """The shared segment behind a buffer of the body (``None`` if it did not come as shm)."""
@@ -91,7 +98,8 @@ class Envelope:
         """Drops the envelope's views of its frames (and ends the holds of lazy tickets).
 
         Views the application made from them (slices, numpy arrays) stay valid; a shared
-        frame's lease is released when the last of them is gone.
+        frame's lease is released when the last of them is gone. A ticket that a data handle
+        of the body took over (its fallback) stays with the handle.
         """
         for f in self.frames:
             v = f.view
@@ -100,7 +108,7 @@ class Envelope:
                     v.release()
                 except BufferError:
                     pass  # something still exports it (a numpy array): it keeps the frame
-            elif isinstance(v, Ticket):
+            elif isinstance(v, Ticket) and not v.adopted:
                 v.release()
             f.view = None
         self.frames = []

@@ -23,6 +23,7 @@ from .envelope import Envelope
 from .errors import HandoffError, OwnerLost, PeerClosed, TicketCorrupt, TicketRefused
 from .handshake import OurSide, handshake
 from .peer import Peer
+from .resources import Resources
 from .tickets import LeaseTable, Ticket, digest
 from .transport import Transport
 
@@ -63,7 +64,8 @@ class Node:
     ``shm`` (accept same-host peers on a Unix socket and use shared memory; default on),
     ``shm_threshold`` (64 KiB), ``frame_threshold`` (bytes-like values from this size go
     out of band), ``ticket_threshold`` (send buffers this large to TCP peers as tickets;
-    default never), ``redeem`` (``"eager"`` or ``"lazy"``), ``pull_timeout`` and
+    default never), ``redeem`` (``"eager"`` or ``"lazy"``; tickets the sender marked
+    ``lazy`` are never redeemed on receipt), ``pull_timeout`` and
     ``lease_ttl`` (seconds), ``types`` (accepted type names; ``None`` accepts any).
     """
 
@@ -104,6 +106,8 @@ class Node:
         self.limits = limits
         self.types = set(types) if types is not None else None
         self.leases = LeaseTable(lease_ttl)
+        #: This node's local resources: resource keys in received bodies bind to them (§8.3).
+        self.resources = Resources(name)
         self.listen_addr: Optional[str] = None
         self.unix_path: Optional[Path] = None
         self._inbox_capacity = inbox_capacity
@@ -517,6 +521,7 @@ class Node:
             token=result[1],
             digest=desc.digest,
             ttl=desc.ttl,
+            lazy=desc.lazy,
         )
 
     def _ticket_released(self, desc: wire.TicketDesc, label: str) -> None:
@@ -536,9 +541,11 @@ class Node:
         p._spawn(p._answer_quietly(wire.Unlease(desc.lease, desc.token), None))
 
     async def _redeem_all(self, env: Envelope) -> None:
-        """Eager redemption: pulls every ticket of the message, then ends each hold (§7.6)."""
+        """Eager redemption: pulls every ticket of the message, then ends each hold (§7.6).
+
+        Tickets the sender marked ``lazy`` are left for the application to pull on use."""
         for f in env.frames:
-            if f.kind != "ticket" or not isinstance(f.view, Ticket):
+            if f.kind != "ticket" or not isinstance(f.view, Ticket) or f.view.desc.lazy:
                 continue
             ticket = f.view
             try:

@@ -10,7 +10,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import wire
-from .codec import encode_body
+from .codec import OnDemand, encode_body
 from .envelope import Envelope, ReceivedFrame
 from .errors import HandoffError, PeerClosed, PeerRefused
 from .handshake import send_error
@@ -129,7 +129,9 @@ class Peer:
 
         Buffers in the body (see :mod:`handoff.codec`) travel as frames: over a Unix
         socket those of at least the node's ``shm_threshold`` as shared memory, over TCP
-        inline or, with ``by_ticket`` or the node's ``ticket_threshold``, as tickets.
+        inline or, with ``by_ticket`` or the node's ``ticket_threshold``, as tickets. An
+        :class:`~handoff.codec.OnDemand` buffer goes as a ``lazy`` ticket to a peer that
+        takes tickets, on any channel.
         """
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
@@ -147,8 +149,10 @@ class Peer:
             elif isinstance(source, SharedFrame):
                 view = source.view
             n = view.nbytes
-            if self._ticket_wanted(n, by_ticket):
-                lease, token, dg = self.node.leases.issue(view, self.node_id)
+            lazy = isinstance(source, OnDemand) and n > 0 and "ticket" in self.hello.caps
+            if lazy or self._ticket_wanted(n, by_ticket):
+                known = source.digest if lazy else None
+                lease, token, dg = self.node.leases.issue(view, self.node_id, known)
                 descs.append(
                     wire.TicketDesc(
                         n=n,
@@ -158,6 +162,7 @@ class Peer:
                         token=token,
                         digest=dg,
                         ttl=int(self.node.leases.ttl * 1000),
+                        lazy=lazy,
                     )
                 )
                 continue
@@ -339,7 +344,7 @@ class Peer:
                 "bad-shm", f"bad shared-memory descriptor: {len(t.fds)} descriptors arrived that no header announced"
             )
         env = Envelope(self, h.t, h.b, frames)
-        if (env.has_tickets and self.node.redeem == "eager") or self._queued:
+        if (env.has_eager_tickets and self.node.redeem == "eager") or self._queued:
             self._queue_delivery(env)
         else:
             await self.node._deliver(env)

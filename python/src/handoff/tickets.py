@@ -67,9 +67,14 @@ class LeaseTable:
         self._leases: dict[int, _Lease] = {}
         self._next = 1
         self.expired = 0
+        #: Pulls answered and the bytes they carried, since the node started.
+        self.pulls = 0
+        self.bytes_pulled = 0
 
-    def issue(self, view: memoryview, to_node: str) -> tuple[int, bytes, bytes]:
-        """A new lease on ``view`` with one hold for ``to_node``; returns (lease, token, digest)."""
+    def issue(self, view: memoryview, to_node: str, known_digest: Any = None) -> tuple[int, bytes, bytes]:
+        """A new lease on ``view`` with one hold for ``to_node``; returns (lease, token, digest).
+
+        ``known_digest``, if given, is the BLAKE3 of ``view`` (not computed again)."""
         lease = self._next
         self._next += 1
         token = secrets.token_bytes(32)
@@ -77,7 +82,7 @@ class LeaseTable:
         entry = _Lease(view=view, issued_to=to_node, ttl=self.ttl, created=now)
         entry.holds[to_node] = _Hold(token, now + self.ttl)
         self._leases[lease] = entry
-        return lease, token, digest(view)
+        return lease, token, bytes(known_digest) if known_digest is not None else digest(view)
 
     def _check(self, lease: int, holder: str, token: bytes) -> tuple[_Lease, _Hold]:
         entry = self._leases.get(lease)
@@ -97,6 +102,8 @@ class LeaseTable:
             raise Refusal(
                 "out-of-range", f"bytes {off}..{off + n} are outside lease {lease} of {len(entry.view)} bytes"
             )
+        self.pulls += 1
+        self.bytes_pulled += n
         return entry.view[off : off + n]
 
     def forward(self, lease: int, holder: str, token: bytes, to: str) -> bytes:
@@ -148,6 +155,8 @@ class LeaseTable:
             "holders": sum(len(e.holds) for e in self._leases.values()),
             "oldest_seconds": max((now - e.created for e in self._leases.values()), default=0.0),
             "expired": self.expired,
+            "pulls": self.pulls,
+            "bytes_pulled": self.bytes_pulled,
         }
 
 
@@ -171,6 +180,8 @@ class Ticket:
     def __init__(self, node: "Node", desc: wire.TicketDesc, owner_label: str):
         self.desc = desc
         self.owner_label = owner_label
+        #: Taken over by a data handle (its fallback): the envelope's release leaves it alone.
+        self.adopted = False
         self._node = weakref.ref(node)
         self._finalizer = weakref.finalize(self, _send_unlease, self._node, desc, owner_label)
         self._finalizer.atexit = False
@@ -182,6 +193,11 @@ class Ticket:
     @property
     def lease(self) -> int:
         return self.desc.lease
+
+    @property
+    def lazy(self) -> bool:
+        """Whether the sender asked for it to be pulled only on use (it is not redeemed on receipt)."""
+        return self.desc.lazy
 
     def __len__(self) -> int:
         return self.desc.n

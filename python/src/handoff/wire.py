@@ -167,6 +167,8 @@ class TicketDesc:
     digest: bytes
     ttl: int
     addr: Optional[str] = None
+    #: The sender asks the receiver to pull only on use, never on receipt (§7.5); written only when true.
+    lazy: bool = False
     kind: ClassVar[str] = "ticket"
 
     def to_map(self) -> dict:
@@ -174,6 +176,8 @@ class TicketDesc:
         if self.addr is not None:
             m["addr"] = self.addr
         m.update(lease=self.lease, token=bytes(self.token), digest=bytes(self.digest), ttl=self.ttl)
+        if self.lazy:
+            m["lazy"] = True
         return m
 
 
@@ -457,6 +461,7 @@ DESCRIPTOR_KEYS: dict = {
     "token": _BIN,
     "digest": _BIN,
     "ttl": _U64,
+    "lazy": _BOOL,
 }
 
 
@@ -571,7 +576,16 @@ def _descriptor(index: int, d: dict) -> Descriptor:
     ttl = d.get("ttl")
     if ttl is None:
         raise _malformed(f"{where} lacks field 'ttl'")
-    return TicketDesc(n=n, owner=owner, lease=lease, token=token, digest=digest, ttl=ttl, addr=d.get("addr"))
+    return TicketDesc(
+        n=n,
+        owner=owner,
+        lease=lease,
+        token=token,
+        digest=digest,
+        ttl=ttl,
+        addr=d.get("addr"),
+        lazy=d.get("lazy", False),
+    )
 
 
 def _check_size(index: int, n: int, total: int, limits: Limits) -> int:

@@ -9,9 +9,11 @@ printed once its ``--connect`` connections are up (same-host ones switched to sh
 It answers ``handoff.demo.Payload`` (verifies the BLAKE3 digest, answers ``Receipt``),
 ``handoff.demo.SendRequest`` (answers a ``Payload``; ``data`` in shared memory when the
 asker is reached over shm), ``handoff.bench.Ping`` (echo), ``handoff.bench.Blob``,
-``handoff.demo.Hold`` / ``Release`` / ``Forward`` (answers ``Held``) and
-``handoff.admin.StatsRequest`` (answers ``Stats``). Logs go to standard error
-(``HANDOFF_LOG=info|debug|warn``, default warn).
+``handoff.demo.Hold`` / ``Release`` / ``Forward`` (answers ``Held``),
+``handoff.demo.BlobWork`` (reads the data handle — from a local file given with
+``--dataset UUID=PATH``, else from the sender — and answers ``BlobReceipt`` with the path
+the bytes took) and ``handoff.admin.StatsRequest`` (answers ``Stats``). Logs go to
+standard error (``HANDOFF_LOG=info|debug|warn``, default warn).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any, Optional
 import blake3
 
 from .codec import Bin, Buffer
+from .data import BlobHandle, FileDataset, dataset_key
 from .envelope import Envelope
 from .node import Node
 from .peer import Peer
@@ -50,9 +53,26 @@ FORWARD = "handoff.demo.Forward"
 STATS_REQUEST = "handoff.admin.StatsRequest"
 STATS = "handoff.admin.Stats"
 REPORT = "handoff.chaos.Report"
+BLOB_WORK = "handoff.demo.BlobWork"
+BLOB_RECEIPT = "handoff.demo.BlobReceipt"
 
 #: The types this worker accepts (others are refused with ``unknown-type``).
-TYPES = (PAYLOAD, RECEIPT, SEND_REQUEST, PING, BLOB, HOLD, HELD, RELEASE, FORWARD, STATS_REQUEST, STATS, REPORT)
+TYPES = (
+    PAYLOAD,
+    RECEIPT,
+    SEND_REQUEST,
+    PING,
+    BLOB,
+    HOLD,
+    HELD,
+    RELEASE,
+    FORWARD,
+    STATS_REQUEST,
+    STATS,
+    REPORT,
+    BLOB_WORK,
+    BLOB_RECEIPT,
+)
 
 
 def read_secret(path: str) -> bytes:
@@ -87,11 +107,64 @@ def make_payload(id_: int, size: int, shared: bool) -> dict:
     return {"id": id_, "digest": Buffer(dg), "data": Buffer(data), "prepare_seconds": time.perf_counter() - started}
 
 
+def blob_receipt(id_: int, path: str, detail: Optional[str], bytes_: int = 0, verified: bool = False, seconds=0.0):
+    """A ``handoff.demo.BlobReceipt`` (spec Appendix A): ``path`` an origin of §8.5, or ``failed``."""
+    return {
+        "id": id_,
+        "bytes": bytes_,
+        "verified": verified,
+        "path": path,
+        "detail": detail,
+        "read_seconds": seconds,
+    }
+
+
+async def read_blob_work(work: dict) -> dict:
+    """Reads a ``BlobWork``'s handle and checks the digest (as the reference's ``read_blob_work``)."""
+    started = time.perf_counter()
+    handle = work["blob"]
+    if not isinstance(handle, BlobHandle):
+        return blob_receipt(work["id"], "failed", "the blob field is not a data handle")
+    try:
+        data = await handle.read_all()
+    except Exception as e:
+        return blob_receipt(work["id"], "failed", str(e), seconds=time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    verified = digest(data) == bytes(work["digest"])
+    return blob_receipt(
+        work["id"], handle.last_origin or "unknown", handle.fallback_reason, len(data), verified, seconds
+    )
+
+
 class Worker:
     def __init__(self, node: Node):
         self.node = node
         self.held: dict = {}  # id -> Envelope keeping the bytes
         self.forwarded: dict = {}  # id -> asker Peer
+        self.tasks: set = set()
+
+    async def blob_work(self, sender: Peer, env: Envelope) -> None:
+        # Read on a task of its own: a download must not hold up other messages. A handle this
+        # node can neither bind nor pull fails to decode: say so, keep serving.
+        try:
+            work = env.body
+        except Exception as e:
+            await sender.send(BLOB_RECEIPT, blob_receipt(0, "failed", str(e)))
+            return
+
+        async def read() -> None:
+            receipt = await read_blob_work(work)
+            try:
+                await sender.send(BLOB_RECEIPT, receipt)
+            except Exception as e:
+                log.warning("cannot send a blob receipt to %s: %s", sender.name, e)
+            finally:
+                if isinstance(work["blob"], BlobHandle):
+                    work["blob"].release()  # the sender can free its bytes now
+
+        task = asyncio.ensure_future(read())
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
 
     async def serve(self) -> None:
         while True:
@@ -161,6 +234,8 @@ class Worker:
             asker = self.forwarded.pop(b["id"], None)
             if asker is not None:
                 await asker.send(HELD, b)
+        elif t == BLOB_WORK:
+            await self.blob_work(sender, env)
         elif t == STATS_REQUEST:
             await sender.send(STATS, self.node.stats())
         else:
@@ -186,7 +261,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lease-ttl-ms", type=int, default=30_000, help="how long a ticket hold lasts without renewal")
     p.add_argument("--pull-timeout-ms", type=int, default=30_000, help="how long a pull may wait for the owner")
     p.add_argument("--no-shm", action="store_true", help="no Unix socket, no shared memory")
-    return p.parse_args(argv)
+    p.add_argument(
+        "--dataset",
+        action="append",
+        default=[],
+        metavar="UUID=PATH",
+        help="a dataset this node reads itself: data handles for UUID bind to the file or directory PATH (repeatable)",
+    )
+    args = p.parse_args(argv)
+    for d in args.dataset:
+        if "=" not in d:
+            p.error(f"--dataset wants UUID=PATH, got {d!r}")
+    return args
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -203,6 +289,9 @@ async def run(args: argparse.Namespace) -> None:
         lease_ttl=args.lease_ttl_ms / 1000,
         pull_timeout=args.pull_timeout_ms / 1000,
     )
+    for d in args.dataset:
+        uuid, path = d.split("=", 1)
+        node.resources.insert(dataset_key(uuid), FileDataset(path))
     await node.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
