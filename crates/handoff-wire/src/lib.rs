@@ -23,6 +23,7 @@ mod limits;
 pub mod preamble;
 pub mod resource;
 pub mod route;
+mod scope;
 
 pub use buffer::Buffer;
 pub use codec::{decode, encode, EncodeError, EncodedBody, EXT_FRAME_REF};

@@ -202,16 +202,7 @@ impl Resources {
     /// Runs `f` with `resources` current, restoring the previous registry afterwards (also
     /// when `f` panics).
     pub fn with<R>(resources: &Arc<Resources>, f: impl FnOnce() -> R) -> R {
-        struct Restore(Option<Arc<Resources>>);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                let previous = self.0.take();
-                CURRENT.with(|c| *c.borrow_mut() = previous);
-            }
-        }
-        let previous = CURRENT.with(|c| c.borrow_mut().replace(resources.clone()));
-        let _restore = Restore(previous);
-        f()
+        crate::scope::with_current(&CURRENT, resources, f)
     }
 
     /// Binds `key` in the current registry, for `Deserialize` implementations: the error is

@@ -132,15 +132,6 @@ impl Route {
     /// Runs `f` with `route` as the current route, restoring the previous one afterwards
     /// (also when `f` panics).
     pub fn with<R>(route: &Arc<Route>, f: impl FnOnce() -> R) -> R {
-        struct Restore(Option<Arc<Route>>);
-        impl Drop for Restore {
-            fn drop(&mut self) {
-                let previous = self.0.take();
-                CURRENT.with(|c| *c.borrow_mut() = previous);
-            }
-        }
-        let previous = CURRENT.with(|c| c.borrow_mut().replace(route.clone()));
-        let _restore = Restore(previous);
-        f()
+        crate::scope::with_current(&CURRENT, route, f)
     }
 }
