@@ -18,6 +18,9 @@ use tokio::sync::mpsc;
 use crate::protocol::{self, Blob, Payload, Ping, SendRequest};
 use crate::table;
 
+#[path = "bench_peers.rs"]
+mod peers;
+
 /// Options of `handoff bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
@@ -30,13 +33,21 @@ pub struct BenchArgs {
     /// Run only the cases whose name contains this text.
     #[arg(long)]
     pub only: Option<String>,
+    /// Sizes to measure the size-dependent cases at, comma-separated (`1K,64K,16M,1G`:
+    /// powers of 1024); ticket cases only at sizes of 64 KiB and up (the owner's ticket
+    /// threshold). Default: the built-in lists.
+    #[arg(long, value_delimiter = ',', value_parser = peers::parse_size)]
+    pub sizes: Option<Vec<u64>>,
+    /// Measured repetitions per case, after one warm-up (default 7, 3 with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reps: Option<u64>,
 }
 
 /// One result row (keys are a public interface: keep them stable).
 #[derive(Debug, Clone, Serialize)]
 pub struct Case {
-    /// Case name: `inproc-msg`, `tcp-rtt`, `tcp-stream`, `shm-view`, `shm-read`, `tcp-read`,
-    /// `shm-copy-in`, `ticket-pull`, `ticket-3party`, `blob-hit`, `blob-cold`.
+    /// Case name: `inproc-msg`, `tcp-rtt`, `shm-rtt`, `tcp-stream`, `shm-view`, `shm-read`,
+    /// `tcp-read`, `shm-copy-in`, `ticket-pull`, `ticket-3party`, `blob-hit`, `blob-cold`.
     pub case: String,
     /// Channel measured.
     pub channel: String,
@@ -48,6 +59,13 @@ pub struct Case {
     pub baseline: f64,
     /// `baseline / ours`: 1.0 is as fast as the baseline, higher is better.
     pub efficiency: f64,
+    /// Seconds per operation of each measured repetition through handoff (`ours` is their
+    /// median); absent for cases that report only a median.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ours_runs: Vec<f64>,
+    /// Seconds per operation of each repetition of the baseline (`baseline` is their median).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub baseline_runs: Vec<f64>,
 }
 
 struct Plan {
@@ -61,7 +79,21 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(quick: bool) -> Plan {
+    fn new(quick: bool, sizes: Option<&[u64]>, reps: Option<u64>) -> Plan {
+        let mut plan = Plan::default_for(quick);
+        if let Some(sizes) = sizes {
+            plan.sizes = sizes.to_vec();
+            plan.shm_sizes = sizes.to_vec();
+            plan.ticket_sizes = sizes.iter().copied().filter(|&s| s >= 64 << 10).collect();
+            plan.blob_sizes = sizes.to_vec();
+        }
+        if let Some(reps) = reps {
+            plan.reps = reps as usize;
+        }
+        plan
+    }
+
+    fn default_for(quick: bool) -> Plan {
         if quick {
             Plan {
                 reps: 3,
@@ -99,12 +131,24 @@ fn case(name: &str, channel: &str, bytes: u64, ours: f64, baseline: f64) -> Case
         ours,
         baseline,
         efficiency: if ours > 0.0 { baseline / ours } else { 0.0 },
+        ours_runs: Vec::new(),
+        baseline_runs: Vec::new(),
+    }
+}
+
+/// A case from every measured repetition: the medians, and the runs kept beside them.
+fn case_runs(name: &str, channel: &str, bytes: u64, ours: Vec<f64>, baseline: Vec<f64>) -> Case {
+    Case {
+        ours_runs: ours.clone(),
+        baseline_runs: baseline.clone(),
+        ..case(name, channel, bytes, median(ours), median(baseline))
     }
 }
 
 /// Runs the benchmark and prints the table or JSON.
 pub async fn run(args: BenchArgs) -> Result<()> {
-    let cases = run_cases(args.quick, args.only.as_deref()).await?;
+    let plan = Plan::new(args.quick, args.sizes.as_deref(), args.reps);
+    let cases = run_cases(plan, args.only.as_deref()).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&cases)?);
     } else {
@@ -146,13 +190,15 @@ pub async fn run(args: BenchArgs) -> Result<()> {
 }
 
 /// Measures every case (or those matching `only`).
-pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
-    let plan = Plan::new(quick);
+async fn run_cases(plan: Plan, only: Option<&str>) -> Result<Vec<Case>> {
     let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
     let shm_cases = ["shm-view", "shm-read", "tcp-read", "shm-copy-in"];
     let ticket_cases = ["ticket-pull", "ticket-3party"];
     let blob_cases = ["blob-hit", "blob-cold"];
-    let total = [wanted("inproc-msg"), wanted("tcp-rtt")].iter().filter(|w| **w).count()
+    let total = [wanted("inproc-msg"), wanted("tcp-rtt"), wanted("shm-rtt")]
+        .iter()
+        .filter(|w| **w)
+        .count()
         + if wanted("tcp-stream") { plan.sizes.len() } else { 0 }
         + shm_cases.iter().filter(|c| wanted(c)).count() * plan.shm_sizes.len()
         + ticket_cases.iter().filter(|c| wanted(c)).count() * plan.ticket_sizes.len()
@@ -198,6 +244,11 @@ pub async fn run_cases(quick: bool, only: Option<&str>) -> Result<Vec<Case>> {
         server.shutdown();
         client.shutdown();
         let _ = server_task.await;
+    }
+    if wanted("shm-rtt") {
+        bar.set_message("shm-rtt");
+        out.push(peers::shm_rtt(&plan, &secret).await?);
+        bar.inc(1);
     }
     if shm_cases.iter().any(|c| wanted(c)) {
         let bench = ShmBench::start(&secret).await?;
@@ -331,7 +382,7 @@ impl TicketBench {
                 base.push(t_base);
             }
         }
-        Ok(case(name, "tcp", size, median(ours), median(base)))
+        Ok(case_runs(name, "tcp", size, ours, base))
     }
 }
 
@@ -416,7 +467,7 @@ impl ShmBench {
             }
         }
         let channel = if name.starts_with("tcp") { "tcp" } else { "shm" };
-        Ok(case(name, channel, size, median(ours), memcpy_seconds(len, reps)))
+        Ok(case_runs(name, channel, size, ours, memcpy_runs(len, reps)))
     }
 
     /// Seconds from send until the receiver holds the decoded value (and, if `read`,
@@ -450,8 +501,8 @@ fn read_every_byte(data: &[u8]) -> u64 {
     sum
 }
 
-/// Median seconds of a plain memcpy of `len` bytes between two warm buffers.
-fn memcpy_seconds(len: usize, reps: usize) -> f64 {
+/// Seconds of each of several plain memcpys of `len` bytes between two warm buffers.
+fn memcpy_runs(len: usize, reps: usize) -> Vec<f64> {
     let src = vec![0x5au8; len];
     let mut dst = vec![0u8; len];
     dst.copy_from_slice(&src);
@@ -462,7 +513,7 @@ fn memcpy_seconds(len: usize, reps: usize) -> f64 {
         black_box(&dst);
         times.push(started.elapsed().as_secs_f64());
     }
-    median(times)
+    times
 }
 
 fn small_ping(seq: u64) -> Ping {
@@ -507,7 +558,7 @@ async fn inproc_msg(plan: &Plan, secret: &str) -> Result<Case> {
     }
     a.shutdown();
     b.shutdown();
-    Ok(case("inproc-msg", "inproc", 100, median(ours), median(base)))
+    Ok(case_runs("inproc-msg", "inproc", 100, ours, base))
 }
 
 /// A small message there and back over TCP, against a raw TCP ping-pong of the same bytes.
@@ -538,7 +589,7 @@ async fn tcp_rtt(plan: &Plan, client: &Node, peer: &Peer) -> Result<Case> {
             base.push(t_base);
         }
     }
-    Ok(case("tcp-rtt", "tcp", 100, median(ours), median(base)))
+    Ok(case_runs("tcp-rtt", "tcp", 100, ours, base))
 }
 
 /// A raw TCP connection whose far end echoes fixed-size records.
@@ -592,7 +643,7 @@ async fn tcp_stream(plan: &Plan, client: &Node, peer: &Peer, size: u64) -> Resul
             base.push(t_base);
         }
     }
-    Ok(case("tcp-stream", "tcp", size, median(ours), median(base)))
+    Ok(case_runs("tcp-stream", "tcp", size, ours, base))
 }
 
 /// The raw baseline: a TCP stream whose receiver reads each record into one reused
