@@ -368,6 +368,8 @@ pub async fn run_rows(bytes: u64) -> Result<Vec<Row>> {
             rows.push(receive_from_remote(&alpha, &py_remote, 8, bytes).await?);
             rows.push(send_to_remote(&alpha, &py_local, 9, bytes).await?);
             rows.push(receive_from_remote(&alpha, &py_local, 10, bytes).await?);
+            // The Python worker has no catalog: a handle comes to it through the fallback.
+            rows.push(data.send(&alpha, &py_remote, 104, "demo-blob").await?);
         }
         Err(why) => eprintln!("note: the Python worker is skipped: {why}"),
     }

@@ -105,7 +105,7 @@ impl DataSetup {
     }
 
     /// Sends dataset `name` from alpha to `peer` as a handle; the peer reads it and reports the path it took.
-    async fn send(&self, alpha: &Node, peer: &Peer, id: u64, name: &str) -> Result<Row> {
+    pub(crate) async fn send(&self, alpha: &Node, peer: &Peer, id: u64, name: &str) -> Result<Row> {
         let (_, digest, bytes) = self
             .digests
             .iter()

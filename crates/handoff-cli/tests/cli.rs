@@ -77,8 +77,14 @@ fn demo_json_rows_cover_inproc_tcp_and_shm_and_are_verified() {
         (&Value::from("remote-blob"), &Value::from(0)),
         "a dataset the receiver's catalog lacks comes from the sender: {fallback}"
     );
+    if let Some(py) = rows.iter().find(|r| r["data"] == "demo-blob" && r["to"] == "py-remote") {
+        assert_eq!(py["path"], "remote-blob", "the Python worker has no catalog: {py}");
+    }
     // Plain rows keep their keys only.
-    assert!(rows.iter().filter(|r| r["data"].is_null()).all(|r| r.get("path").is_none()));
+    assert!(rows
+        .iter()
+        .filter(|r| r["data"].is_null())
+        .all(|r| r.get("path").is_none()));
 }
 
 #[test]
