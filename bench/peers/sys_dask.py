@@ -1,0 +1,200 @@
+"""Dask distributed: a LocalCluster of two worker processes with one thread each.
+
+Transfer: an array made by a task on worker A (not timed; random bytes that do not
+compress, and compression is off) is consumed by a task on worker B, which fetches it
+from A over Dask's comm (TCP: Dask has no shared-memory path between workers). The
+time of ``client.submit(task, x, workers=[B]).result()`` minus that of the same task on
+A (where ``x`` already is) is the transfer; the consumer's own time to read the bytes,
+measured inside the task on B, is added back, so that ``full`` means "until the
+consumer has read every byte" as for the other systems. A fresh array for each run.
+
+Round trips: a Dask comm between the two workers (``distributed.comm.connect`` on A to
+a ``distributed.comm.listen`` echo on B, msgpack messages carrying 100 bytes), and, for
+scale, a task round trip from the client (client → scheduler → worker B → client).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
+os.environ["DASK_DISTRIBUTED__COMM__COMPRESSION"] = "None"
+
+from common import (  # noqa: E402
+    RTT_BYTES,
+    common_args,
+    log,
+    parse_common,
+    pattern,
+    read_full,
+    read_sample,
+    round_trips,
+    row,
+    versions,
+    write_result,
+)
+
+
+def make(n: int, seed: int):
+    return pattern(n, seed)
+
+
+def consume(a, how: str):
+    t = time.perf_counter()
+    v = read_sample(a) if how == "sample" else read_full(a)
+    return v, time.perf_counter() - t
+
+
+def noop(i):
+    return i
+
+
+async def start_echo(dask_worker=None):
+    from distributed.comm import listen
+
+    async def handle(comm):
+        try:
+            while True:
+                await comm.write(await comm.read())
+        except Exception:
+            pass
+
+    listener = listen("tcp://127.0.0.1:0", handle)
+    await listener.start()
+    dask_worker._bench_echo = listener  # keep it alive
+    return listener.contact_address
+
+
+async def ping(addr: str, reps: int, dask_worker=None):
+    from distributed.comm import connect
+
+    from common import round_trips_async
+
+    comm = await connect(addr)
+    msg = {"op": "ping", "data": os.urandom(RTT_BYTES)}
+
+    async def one():
+        await comm.write(msg)
+        await comm.read()
+
+    try:
+        return await round_trips_async(one, reps)
+    finally:
+        await comm.close()
+
+
+def main() -> int:
+    args = common_args(__doc__.split("\n")[0]).parse_args()
+    sizes, reps = parse_common(args)
+    import dask
+    from distributed import Client, LocalCluster, wait
+
+    dask.config.set({"distributed.comm.compression": None})
+    result = {
+        "system": "dask",
+        "versions": versions(["dask", "distributed", "numpy", "cloudpickle", "msgpack", "tornado", "lz4"]),
+        "transfers": [],
+        "rtt": [],
+        "notes": [],
+        "errors": [],
+    }
+    started = time.perf_counter()
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, memory_limit=0)
+    client = Client(cluster)
+    try:
+        a_addr, b_addr = sorted(client.scheduler_info()["workers"])
+        result["notes"].append(
+            f"LocalCluster(n_workers=2, threads_per_worker=1, processes=True) up in "
+            f"{time.perf_counter() - started:.1f} s; workers {a_addr}, {b_addr}; compression "
+            f"{client.run(lambda: dask.config.get('distributed.comm.compression'), workers=[b_addr])[b_addr]!r}"
+        )
+
+        def timed(fut) -> tuple:
+            t = time.perf_counter()
+            value = fut.result()
+            return time.perf_counter() - t, value
+
+        seed = 0
+        for n in sizes:
+            log(f"dask {n}")
+            runs = {"sample": [], "full": []}
+            raw = {"sample": [], "full": []}
+            for rep in range(reps(n) + 1):
+                for how in ("sample", "full"):
+                    seed += 1
+                    x = client.submit(make, n, seed, workers=[a_addr], pure=False)
+                    wait(x)
+                    t_b, (_, read_b) = timed(
+                        client.submit(consume, x, how, workers=[b_addr], allow_other_workers=False, pure=False)
+                    )
+                    t_a, _ = timed(client.submit(consume, x, how, workers=[a_addr], pure=False))
+                    del x
+                    if rep:
+                        runs[how].append(t_b - t_a + read_b)
+                        raw[how].append({"on_b": t_b, "on_a": t_a, "read_on_b": read_b})
+            for how in ("sample", "full"):
+                x = row(
+                    "Dask",
+                    "dask",
+                    "same-host",
+                    how,
+                    n,
+                    runs[how],
+                    "task on worker B consuming an array made on worker A (fetched over Dask's TCP comm), "
+                    "minus the same task on A, plus B's time reading "
+                    + ("64 bytes" if how == "sample" else "every byte"),
+                )
+                x["parts"] = raw[how]
+                result["transfers"].append(x)
+                # Dask has no same-host shortcut: between hosts it is the same TCP transfer.
+                remote = dict(x, route="remote")
+                remote["how"] = x["how"] + " (the same measurement as same-host: Dask workers always talk TCP)"
+                result["transfers"].append(remote)
+
+        log("dask comm round trips")
+        echo = client.run(start_echo, workers=[b_addr])[b_addr]
+        runs, batch = client.run(ping, echo, args.rtt_reps, workers=[a_addr])[a_addr]
+        result["rtt"].append(
+            row(
+                "Dask comm (worker↔worker)",
+                "dask",
+                "same-host",
+                None,
+                None,
+                runs,
+                "distributed.comm.connect from worker A to a distributed.comm.listen echo on worker B "
+                f"(TCP), a msgpack message with 100 bytes there and back ({batch} per repetition)",
+            )
+        )
+        i = 0
+
+        def task_rt():
+            nonlocal i
+            i += 1
+            client.submit(noop, i, workers=[b_addr], pure=False).result()
+
+        runs, batch = round_trips(task_rt, args.rtt_reps)
+        result["rtt"].append(
+            row(
+                "Dask task (client→worker→client)",
+                "dask",
+                "same-host",
+                None,
+                None,
+                runs,
+                f"client.submit(noop, i, workers=[B]).result(): client → scheduler → worker → client "
+                f"({batch} per repetition)",
+            )
+        )
+    finally:
+        client.close()
+        cluster.close()
+    write_result(args.out, result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

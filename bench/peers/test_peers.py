@@ -1,0 +1,115 @@
+"""The smoke version of bench/peers: tiny sizes, handoff and the raw limits only (no Dask,
+no Ray), so that the harness, the handoff bench options it uses and the report cannot rot.
+
+Run by ./scripts/test (``pytest bench/peers``) with ``HANDOFF_BIN`` set to the debug binary.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+
+import report  # noqa: E402
+
+SIZES = [1 << 10, 64 << 10, 1 << 20]
+
+
+def handoff_bin() -> str:
+    if os.environ.get("HANDOFF_BIN"):
+        return os.environ["HANDOFF_BIN"]
+    for profile in ("debug", "release"):
+        p = REPO / "target" / profile / "handoff"
+        if p.exists():
+            return str(p)
+    pytest.skip("no handoff binary: build it (cargo build -p handoff-cli) or set HANDOFF_BIN")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> tuple:
+    out = tmp_path_factory.mktemp("peers")
+    env = dict(os.environ, HANDOFF_BIN=handoff_bin(), HANDOFF_PEERS_PYTHON=sys.executable)
+    proc = subprocess.run(
+        [str(HERE / "run"), "--smoke", "--out", str(out)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads((out / "peers.json").read_text())
+
+
+def test_every_handoff_and_raw_series_is_measured_at_every_size(smoke):
+    _, data = smoke
+    assert data["errors"] == []
+    assert data["meta"]["sizes"] == SIZES
+    seen = {(r["series"], r.get("read"), r["route"], r["bytes"]) for r in data["transfers"]}
+    expected = [
+        ("raw memcpy", "copy", "same-host"),
+        ("raw Unix socket", "copy", "same-host"),
+        ("raw TCP", "copy", "remote"),
+        ("handoff Rust shm zero-copy", "none", "same-host"),
+        ("handoff Rust shm zero-copy", "full", "same-host"),
+        ("handoff Rust shm copy-in", "none", "same-host"),
+        ("handoff Rust tcp", "full", "remote"),
+        ("handoff Python←Rust shm", "full", "same-host"),
+        ("handoff Python←Python shm", "sample", "same-host"),
+        ("handoff Python←Rust tcp", "full", "remote"),
+        ("handoff Python←Python tcp", "full", "remote"),
+    ]
+    for series, read, route in expected:
+        for n in SIZES:
+            assert (series, read, route, n) in seen, (series, read, route, n)
+    # Tickets only from the owner's ticket threshold (64 KiB) up.
+    for series in ("handoff Rust ticket pull", "handoff Rust ticket 3rd party", "handoff Python←Rust ticket"):
+        assert {r["bytes"] for r in data["transfers"] if r["series"] == series} == {64 << 10, 1 << 20}
+    for r in data["transfers"]:
+        assert len(r["runs"]) == 2 and r["min"] <= r["median"] <= r["max"], r
+        assert r["median"] > 0, r
+    # Over shm the Python peer really got shared memory, over tcp it did not.
+    frames = {r["series"]: set(r["frames"]) for r in data["transfers"] if r["bytes"] == 1 << 20 and "frames" in r}
+    assert "shm" in frames["handoff Python←Rust shm"] and "shm" in frames["handoff Python←Python shm"]
+    assert "shm" not in frames["handoff Python←Rust tcp"]
+    assert "ticket" in frames["handoff Python←Rust ticket"]
+
+
+def test_round_trips_of_handoff_and_raw_sockets(smoke):
+    _, data = smoke
+    names = {r["series"] for r in data["rtt"]}
+    for name in (
+        "raw Unix socket",
+        "raw TCP",
+        "handoff Rust shm",
+        "handoff Rust tcp",
+        "handoff Python↔Rust shm",
+        "handoff Python↔Python tcp",
+    ):
+        assert name in names, name
+    assert all(0 < r["median"] < 0.1 for r in data["rtt"])
+
+
+def test_the_report_has_its_tables_and_updates_only_its_part_of_the_doc(smoke, tmp_path):
+    out, data = smoke
+    md = (out / "peers.md").read_text()
+    for heading in ("Largest size, same host", "Largest size, remote", "100-byte round trip", "Every size, remote"):
+        assert heading in md
+    assert "1 MiB" in md and "raw Unix socket" in md
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(f"# Benchmarks\n\nintro\n\n{report.BEGIN}\nSTALE-PART\n{report.END}\n\nclosing note\n")
+    report.write_all(data, tmp_path, doc)
+    text = doc.read_text()
+    assert text.startswith("# Benchmarks\n\nintro\n\n") and text.endswith("\n\nclosing note\n")
+    assert "STALE-PART" not in text and "Largest size, same host" in text
+
+
+def test_plots_are_written_when_matplotlib_is_there(smoke, tmp_path):
+    pytest.importorskip("matplotlib")
+    _, data = smoke
+    report.write_all(data, tmp_path, None)
+    for name in ("peers-same-host-full.png", "peers-same-host-view.png", "peers-remote.png", "peers-rtt.png"):
+        assert (tmp_path / name).stat().st_size > 10_000, name
