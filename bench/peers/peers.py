@@ -165,8 +165,9 @@ def main(argv=None) -> int:
         "meta": {
             "started": started.isoformat(timespec="seconds"),
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "command": "bench/peers/run "
-            + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
+            "command": " ".join(
+                ["bench/peers/run"] + [shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])]
+            ),
             "git": git.stdout.strip(),
             "machine": machine(),
             "sizes": sizes,

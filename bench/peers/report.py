@@ -129,7 +129,7 @@ def run_section(data: dict) -> str:
         f"- **Machine**: {mach.get('cpu', '?')}, {mach.get('cpus', '?')} vCPUs, {mach.get('memory_gib', '?')} GiB "
         f"memory, {mach.get('os', '?')} ({mach.get('platform', '?')}); Python {mach.get('python', '?')}; "
         f"{mach.get('rustc') or 'rustc ?'}",
-        f"- **Command**: `{m['command']}` (git `{m.get('git', '?')}`)",
+        f"- **Command**: `{m['command'].strip()}` (git `{m.get('git', '?')}`)",
     ]
     reps = m.get("reps", {})
     groups: dict = {}
@@ -330,7 +330,7 @@ def plot_all(data: dict, out: Path) -> list:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib.ticker import FuncFormatter
+        from matplotlib.ticker import FuncFormatter, NullLocator
     except ImportError:
         return []
     files = []
@@ -375,10 +375,13 @@ def plot_all(data: dict, out: Path) -> list:
                 alpha=0.12,
                 linewidth=0,
             )
+        sizes = sorted({r["bytes"] for r in rows})
         for ax in (ax_t, ax_g):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
+            ax.set_xticks(sizes)
             ax.xaxis.set_major_formatter(size_fmt)
+            ax.xaxis.set_minor_locator(NullLocator())
             ax.set_xlabel("object size (bytes, log scale)")
             ax.grid(True, which="major", alpha=0.3)
             ax.tick_params(axis="x", labelrotation=45)

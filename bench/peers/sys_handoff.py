@@ -301,6 +301,15 @@ async def python_rows(binary: Path, sizes: list, reps, rtt_reps: int, result: di
         tmp.cleanup()
 
 
+def python_peer_source() -> str:
+    """Where ``import handoff`` finds the Python peer (the checkout's python/src, or another)."""
+    try:
+        import handoff
+    except ImportError as e:
+        return f"not importable: {e}"
+    return str(Path(handoff.__file__).resolve().parents[1])
+
+
 def main() -> int:
     p = common_args(__doc__.split("\n")[0])
     p.add_argument("--skip-rust", action="store_true", help="only the Python peer")
@@ -311,18 +320,16 @@ def main() -> int:
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout.strip()
     # The source the binary was built from: its checkout (target/<profile>/handoff), else this one.
     src = binary.resolve().parents[2] if binary.resolve().parent.parent.name == "target" else REPO
-    git = (
-        subprocess.run(
-            ["git", "-C", str(src), "describe", "--always", "--dirty"], capture_output=True, text=True
-        ).stdout.strip()
-        or f"not a git checkout: {src}"
-    )
-    git = os.environ.get("HANDOFF_BIN_SOURCE", git)  # where a binary built elsewhere came from
+    described = subprocess.run(
+        ["git", "-C", str(src), "describe", "--always", "--dirty"], capture_output=True, text=True
+    ).stdout.strip()
+    source = f"git {described}" if described else f"built in {src}, not a git checkout"
+    source = os.environ.get("HANDOFF_BIN_SOURCE", source)  # where a binary built elsewhere came from
     result = {
         "system": "handoff",
         "versions": {
-            "handoff (Rust)": f"{version} (git {git})",
-            "handoff (Python peer)": versions(["handoff"])["handoff"],
+            "handoff (Rust)": f"{version} ({source})",
+            "handoff (Python peer)": f"{versions(['handoff'])['handoff']} (from {python_peer_source()})",
             **versions(["msgpack", "blake3"]),
         },
         "transfers": [],
