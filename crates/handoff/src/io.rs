@@ -13,6 +13,11 @@ use crate::{Error, Result};
 
 const READ_CHUNK: usize = 64 * 1024;
 
+/// Frames at least this large are hashed on a helper thread while they arrive.
+const HASH_BEHIND_MIN: usize = 8 << 20;
+/// Bytes handed to the helper thread at a time.
+const HASH_BEHIND_STEP: usize = 1 << 20;
+
 /// Reads preambles, headers and frames from a stream through a small read buffer;
 /// large frames are read straight into pooled buffers, with no copy in between.
 pub(crate) struct MessageReader<R> {
@@ -102,16 +107,30 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
             return Ok(bytes);
         }
         let mut target = pool.take(len);
-        let dst = target.as_mut_slice();
+        // Kept as an address so the future stays `Send`; turned into slices as needed.
+        let base_addr = target.as_mut_slice().as_mut_ptr() as usize;
+        let base = || base_addr as *mut u8;
         let buffered = self.buf.len().min(len);
-        dst[..buffered].copy_from_slice(&self.buf[..buffered]);
+        // SAFETY: `base` points at `len` bytes that `target` owns and keeps in place until it
+        // is frozen below; each slice made from it covers bytes no other live slice does.
+        unsafe { std::slice::from_raw_parts_mut(base(), buffered) }.copy_from_slice(&self.buf[..buffered]);
         self.buf.advance(buffered);
+        // Large frames are hashed on a helper thread, behind the reads.
+        // SAFETY: only ranges already read are pushed, never written again; `behind` is
+        // finished or dropped (which waits for the thread) before `target` is.
+        let behind = match hasher.is_some() && len >= HASH_BEHIND_MIN {
+            true => Some(unsafe { crate::hashing::HashBehind::start(base()) }).filter(|b| b.is_running()),
+            false => None,
+        };
+        let step = if behind.is_some() { HASH_BEHIND_STEP } else { 256 << 10 };
         let mut hashed = 0;
         let mut filled = buffered;
         while filled < len {
+            // SAFETY: `filled..len` has not been read yet, and no other slice covers it.
+            let free = unsafe { std::slice::from_raw_parts_mut(base().add(filled), len - filled) };
             let n = self
                 .stream
-                .read(&mut dst[filled..])
+                .read(free)
                 .await
                 .map_err(|e| Error::io(format!("reading from {}", self.label), e))?;
             if n == 0 {
@@ -123,16 +142,27 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
                 .into());
             }
             filled += n;
-            // Hash in runs of at least 256 KiB: large updates use blake3's widest SIMD.
-            if let Some(h) = hasher.as_deref_mut() {
-                if filled - hashed >= 256 << 10 {
-                    h.update(&dst[hashed..filled]);
-                    hashed = filled;
+            // Hash in runs of at least `step`: large updates use blake3's widest SIMD.
+            if filled - hashed >= step {
+                if let Some(b) = &behind {
+                    b.push(hashed, filled);
+                } else if let Some(h) = hasher.as_deref_mut() {
+                    // SAFETY: `hashed..filled` was read and is not written again.
+                    h.update(unsafe { std::slice::from_raw_parts(base().add(hashed), filled - hashed) });
                 }
+                hashed = filled;
             }
         }
         if let Some(h) = hasher {
-            h.update(&dst[hashed..len]);
+            if let Some(b) = behind {
+                b.push(hashed, len);
+                if let Some(done) = b.finish().await {
+                    *h = done;
+                }
+            } else {
+                // SAFETY: as above.
+                h.update(unsafe { std::slice::from_raw_parts(base().add(hashed), len - hashed) });
+            }
         }
         Ok(target.freeze())
     }

@@ -30,6 +30,7 @@ mod connection;
 mod envelope;
 mod error;
 mod handshake;
+mod hashing;
 pub mod identity;
 mod io;
 mod message;

@@ -61,6 +61,25 @@ async fn eager_redemption_delivers_the_bytes_and_ends_the_lease() {
     wait_until("the holder's release ends the lease", || a.ticket_leases().count == 0).await;
 }
 
+/// Frames of 8 MiB and more are hashed on a helper thread while they arrive: the bytes and
+/// the digest check must come out the same, over several pulls in a row.
+#[tokio::test]
+async fn large_pulls_hashed_behind_the_reads_deliver_exact_bytes() {
+    let a = node("large-a", Redeem::Eager).await;
+    let b = node("large-b", Redeem::Eager).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    for (i, len) in [(8 << 20) + 1, 12 << 20, (8 << 20) - 1].into_iter().enumerate() {
+        let sent = Blob {
+            name: format!("large-{i}"),
+            data: data(len),
+        };
+        peer.send_by_ticket(sent.clone()).await.unwrap();
+        let got: Blob = b.recv_timeout(T).await.unwrap().decode().unwrap();
+        assert_eq!(got, sent, "pull {i} of {len} bytes");
+    }
+    wait_until("every lease ends", || a.ticket_leases().count == 0).await;
+}
+
 #[tokio::test]
 async fn lazy_redemption_pulls_on_first_use_and_ranges_pull_only_the_range() {
     let a = node("lazy-a", Redeem::Eager).await;
