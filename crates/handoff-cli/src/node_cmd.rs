@@ -12,8 +12,8 @@ use handoff::tickets::LeaseConfig;
 use handoff::{Buffer, Peer, Redeem, Ticket};
 
 use crate::protocol::{
-    self, Blob, BlobWork, Disconnect, Forward, Held, Hold, Issue, Payload, Ping, Receipt, Release, Report, SendRequest,
-    Stats, StatsRequest, Take,
+    self, Blob, BlobWork, Disconnect, Forward, Held, Hold, Issue, Payload, Ping, RawSend, Receipt, Release, Report,
+    SendRequest, Stats, StatsRequest, Take,
 };
 
 /// Options of `handoff node`.
@@ -153,6 +153,15 @@ pub async fn serve(node: &Node) -> Result<()> {
                 from.send(payload).await
             }
             Ping::TYPE_NAME => from.send(env.decode::<Ping>()?).await,
+            RawSend::TYPE_NAME => {
+                let req: RawSend = env.decode()?;
+                tokio::spawn(async move {
+                    if let Err(e) = protocol::raw_send(req).await {
+                        tracing::warn!("raw stream for the bench failed: {e}");
+                    }
+                });
+                Ok(())
+            }
             BlobWork::TYPE_NAME => {
                 // Read on a task of its own: a download must not hold up other messages.
                 // A handle this node can neither bind nor pull fails to decode: say so, keep serving.

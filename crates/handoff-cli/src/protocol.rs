@@ -284,6 +284,30 @@ impl BlobReceipt {
     }
 }
 
+/// Bench: connect to `addr` and write `bytes` bytes on a plain TCP stream (no handoff
+/// protocol), so the raw baseline runs between the same two processes as the case it
+/// measures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RawSend {
+    /// `HOST:PORT` to connect to.
+    pub addr: String,
+    /// Bytes to write, then close.
+    pub bytes: u64,
+}
+impl Message for RawSend {
+    const TYPE_NAME: &'static str = "handoff.bench.RawSend";
+}
+
+/// Answers a [`RawSend`]: prepares the bytes first (not part of the stream), then connects and writes them.
+pub async fn raw_send(req: RawSend) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let data = vec![0x6bu8; req.bytes as usize];
+    let mut stream = tokio::net::TcpStream::connect(&req.addr).await?;
+    stream.set_nodelay(true)?;
+    stream.write_all(&data).await?;
+    stream.shutdown().await
+}
+
 /// Registers every CLI message type.
 pub fn register_all(builder: NodeBuilder) -> NodeBuilder {
     builder
@@ -304,6 +328,7 @@ pub fn register_all(builder: NodeBuilder) -> NodeBuilder {
         .register::<Disconnect>()
         .register::<BlobWork>()
         .register::<BlobReceipt>()
+        .register::<RawSend>()
 }
 
 /// BLAKE3 of `data`.
