@@ -372,9 +372,14 @@ impl<'de> Deserialize<'de> for BlobHandle {
                 Some(ticket),
                 Some(format!("this node cannot open the dataset: {why}")),
             )),
-            (Err(why), None) => Err(D::Error::custom(format!(
-                "{why}; and the sender sent no fallback (it had not fetched the object, or this node takes no tickets)"
-            ))),
+            (Err(why), None) => {
+                // An unbound key with nothing to fall back on is `unknown-resource`, as for a
+                // strict `Blob`: binding again records the failure for the codec.
+                let _ = Resources::bind::<Catalog>(key);
+                Err(D::Error::custom(format!(
+                    "{why}; and the sender sent no fallback (it had not fetched the object, or this node takes no tickets)"
+                )))
+            }
         }
     }
 }

@@ -212,8 +212,12 @@ async fn without_a_catalog_or_a_fallback_the_decode_fails_clearly() {
     let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
     peer.send(Work { input: blob.into() }).await.unwrap();
     let err = b.recv().await.unwrap().decode::<Work>().err().unwrap();
+    assert!(
+        matches!(&err, handoff::Error::Wire(WireError::UnknownResource(_))),
+        "{err:?}"
+    );
     let text = err.to_string();
-    assert!(text.contains("no fallback") && text.contains("dataset:2222"), "{text}");
+    assert!(text.contains("dataset:2222") && text.contains("no resources"), "{text}");
     assert_eq!(env.storage_gets(), 0);
 }
 
