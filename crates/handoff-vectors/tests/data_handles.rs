@@ -147,12 +147,13 @@ fn a_node_without_the_dataset_is_told_which_key_it_lacks() {
     );
     assert!(matches!(err, WireError::UnknownResource(_)));
     // A lenient handle needs the fallback to be a ticket; the placeholder frame is not one,
-    // so it has nothing to fall back on and says so.
+    // so it has nothing to fall back on: unknown-resource too (spec §8.5, rule 3).
     let err = Resources::with(&resources, || {
         handoff_wire::decode::<Lenient>("demo.Work", &body, &frames, None)
     })
     .err()
     .unwrap();
+    assert_eq!(err.code(), "unknown-resource", "{err}");
     let text = err.to_string();
-    assert!(text.contains(&key) && text.contains("no fallback"), "{text}");
+    assert!(text.contains(&key) && text.contains("db"), "{text}");
 }
