@@ -49,10 +49,11 @@ async def test_rust_without_the_dataset_pulls_from_the_python_sender(spawn_rust)
         assert node.leases.pulls >= 1 and node.leases.bytes_pulled == 3 * MIB
         assert await eventually(lambda: node.ticket_leases()["count"] == 0, timeout=10)
 
-        # A handle the Rust node can neither bind nor pull: a failed receipt naming the dataset.
+        # A handle the Rust node can neither bind nor pull: a failed receipt naming the key it
+        # lacks (unknown-resource, spec §8.5 rule 3).
         await peer.send("handoff.demo.BlobWork", {"id": 2, "blob": BlobHandle(BlobTag(BIG)), "digest": bytes(32)})
         r = (await expect(node, "handoff.demo.BlobReceipt")).body
-        assert r["path"] == "failed" and f"dataset:{BIG}" in r["detail"] and "no fallback" in r["detail"], r
+        assert r["path"] == "failed" and f"dataset:{BIG}" in r["detail"] and "no resource" in r["detail"], r
 
 
 async def test_rust_with_the_dataset_reads_its_own_copy_and_never_pulls(spawn_rust, tmp_path):
