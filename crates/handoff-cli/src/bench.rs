@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use handoff::{Buffer, Node, Peer};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -589,6 +589,19 @@ async fn inproc_msg(plan: &Plan, secret: &str) -> Result<Case> {
 /// A small message there and back over TCP, against a raw TCP ping-pong of the same bytes.
 async fn tcp_rtt(plan: &Plan, client: &Node, peer: &Peer) -> Result<Case> {
     let (mut raw_client, _echo) = raw_echo_pair(108).await?;
+    let (ours, base) = rtt_runs(plan, client, peer, &mut raw_client).await?;
+    Ok(case_runs("tcp-rtt", "tcp", 100, ours, base))
+}
+
+/// Seconds per round trip, one per repetition after a warm-up: `plan.rtts` small pings sent
+/// to `peer` and echoed back to `client`, then as many 108-byte ping-pongs on `raw` (whose
+/// other end echoes).
+async fn rtt_runs<S: AsyncRead + AsyncWrite + Unpin>(
+    plan: &Plan,
+    client: &Node,
+    peer: &Peer,
+    raw: &mut S,
+) -> Result<(Vec<f64>, Vec<f64>)> {
     let n = plan.rtts;
     let mut ours = Vec::new();
     let mut base = Vec::new();
@@ -605,8 +618,8 @@ async fn tcp_rtt(plan: &Plan, client: &Node, peer: &Peer) -> Result<Case> {
         let started = Instant::now();
         for i in 0..n {
             buf[..8].copy_from_slice(&i.to_le_bytes());
-            raw_client.write_all(&buf).await?;
-            raw_client.read_exact(&mut buf).await?;
+            raw.write_all(&buf).await?;
+            raw.read_exact(&mut buf).await?;
         }
         let t_base = started.elapsed().as_secs_f64() / n as f64;
         if rep > 0 {
@@ -614,7 +627,7 @@ async fn tcp_rtt(plan: &Plan, client: &Node, peer: &Peer) -> Result<Case> {
             base.push(t_base);
         }
     }
-    Ok(case_runs("tcp-rtt", "tcp", 100, ours, base))
+    Ok((ours, base))
 }
 
 /// A raw TCP connection whose far end echoes fixed-size records.

@@ -2,15 +2,13 @@
 //! `--sizes` parsing and the `shm-rtt` case (a small message there and back over the
 //! Unix socket of the shm channel, against a raw Unix socket ping-pong).
 
-use std::time::{Duration, Instant};
-
 use anyhow::{Context, Result};
 use handoff::Node;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use super::{case_runs, small_ping, Case, Plan};
-use crate::protocol::{self, Ping};
+use super::{case_runs, Case, Plan};
+use crate::protocol;
 
 /// Parses a size such as `1024`, `64K`, `64KiB`, `16M` or `1G` (powers of 1024).
 pub fn parse_size(text: &str) -> Result<u64, String> {
@@ -67,31 +65,7 @@ pub async fn shm_rtt(plan: &Plan, secret: &str) -> Result<Case> {
         }
     });
 
-    let n = plan.rtts;
-    let mut ours = Vec::new();
-    let mut base = Vec::new();
-    let mut buf = [0u8; 108];
-    for rep in 0..=plan.reps {
-        let started = Instant::now();
-        for i in 0..n {
-            peer.send(small_ping(i)).await?;
-            let p: Ping = client.recv_timeout(Duration::from_secs(30)).await?.decode()?;
-            anyhow::ensure!(p.seq == i, "echo out of order");
-        }
-        let t_ours = started.elapsed().as_secs_f64() / n as f64;
-
-        let started = Instant::now();
-        for i in 0..n {
-            buf[..8].copy_from_slice(&i.to_le_bytes());
-            raw.write_all(&buf).await?;
-            raw.read_exact(&mut buf).await?;
-        }
-        let t_base = started.elapsed().as_secs_f64() / n as f64;
-        if rep > 0 {
-            ours.push(t_ours);
-            base.push(t_base);
-        }
-    }
+    let (ours, base) = super::rtt_runs(plan, &client, &peer, &mut raw).await?;
     drop(raw);
     let _ = echo.await;
     server.shutdown();
