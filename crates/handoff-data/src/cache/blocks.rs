@@ -10,7 +10,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::GetOptions;
 
 use super::entry::{read_json, BlockMeta};
-use super::fill::storage_error;
+use super::fill::{storage_error, wrong_length};
 use super::layout::write_atomic;
 use super::{blocking, bump, lock, Cache, Request};
 use crate::error::{Error, Result};
@@ -99,15 +99,11 @@ impl Cache {
         let data = res.bytes().await.map_err(|e| storage_error(req, identity, e))?;
         bump(&self.counters.bytes_fetched, data.len() as u64);
         if data.len() as u64 != end - start {
-            return Err(Error::Storage {
-                dataset: req.dataset.to_string(),
-                path: req.location.to_string(),
-                store: identity.to_string(),
-                source: Box::new(object_store::Error::Generic {
-                    store: "handoff-data",
-                    source: format!("asked for bytes {start}..{end}, received {} bytes", data.len()).into(),
-                }),
-            });
+            return Err(wrong_length(
+                req,
+                identity,
+                format!("asked for bytes {start}..{end}, received {} bytes", data.len()),
+            ));
         }
         let meta = BlockMeta {
             identity: req.key.identity.clone(),

@@ -15,6 +15,18 @@ use super::layout::write_atomic;
 use super::{blocking, bump, Cache, Request};
 use crate::error::{Error, Result};
 
+/// Storage answered with another number of bytes than asked for or announced.
+pub(crate) fn wrong_length(req: &Request<'_>, identity: &str, message: String) -> Error {
+    storage_error(
+        req,
+        identity,
+        object_store::Error::Generic {
+            store: "handoff-data",
+            source: message.into(),
+        },
+    )
+}
+
 pub(crate) fn storage_error(req: &Request<'_>, identity: &str, e: object_store::Error) -> Error {
     match e {
         object_store::Error::NotFound { .. } => Error::NotFound {
@@ -121,19 +133,14 @@ impl Cache {
         let digest = hash.to_hex().to_string();
         if n != req.meta.size {
             cleanup(&tmp);
-            return Err(Error::Storage {
-                dataset: req.dataset.to_string(),
-                path: req.location.to_string(),
-                store: identity.to_string(),
-                source: Box::new(object_store::Error::Generic {
-                    store: "handoff-data",
-                    source: format!(
-                        "received {n} bytes but the object has {} (changed while reading?)",
-                        req.meta.size
-                    )
-                    .into(),
-                }),
-            });
+            return Err(wrong_length(
+                req,
+                identity,
+                format!(
+                    "received {n} bytes but the object has {} (changed while reading?)",
+                    req.meta.size
+                ),
+            ));
         }
         if let Some(expected) = req.expected_digest {
             if expected != digest {
