@@ -28,6 +28,9 @@ impl SegmentData {
     fn create(id: u64, size: usize) -> std::io::Result<SegmentData> {
         let fd = rustix::fs::memfd_create("handoff-segment", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
         rustix::fs::ftruncate(&fd, size as u64)?;
+        // Receivers refuse segments that could shrink under their mapping (spec §7.2): a
+        // pooled segment keeps its size for life, so it loses nothing and stays writable.
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW)?;
         let inode = inode_of(fd.as_fd())?;
         let file = File::from(fd);
         // SAFETY: the memfd is ours and sized above; the mapping lives as long as `file`.
