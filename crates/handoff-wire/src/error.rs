@@ -132,6 +132,13 @@ pub enum WireError {
     /// The peer's proof of the cluster secret did not verify.
     #[error("authentication failed: {0}")]
     AuthFailed(String),
+    /// The handshake did not complete in time, or the peer stopped sending in the middle
+    /// of a message for longer than the receiver allows.
+    #[error("timed out: {0}")]
+    Timeout(String),
+    /// The receiver runs as many connections or handshakes as it allows; try again later.
+    #[error("overloaded: {0}")]
+    Overloaded(String),
 }
 
 impl WireError {
@@ -156,6 +163,8 @@ impl WireError {
             WireError::UnknownType { .. } => "unknown-type",
             WireError::Handshake(_) => "handshake",
             WireError::AuthFailed(_) => "auth-failed",
+            WireError::Timeout(_) => "timeout",
+            WireError::Overloaded(_) => "overloaded",
         }
     }
 }

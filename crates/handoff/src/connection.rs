@@ -1,17 +1,17 @@
-//! Setting up connections: connecting (inproc, unix, tcp with the switch to shm),
-//! accepting, and the handshake-then-register step both share.
+//! Setting up connections: connecting (inproc, unix, tcp with the switch to shm), and
+//! the handshake-then-register step that connecting and accepting share.
 
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
-use handoff_wire::{Channel, Endpoint, Locality, WireError};
-use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio::sync::mpsc;
+use handoff_wire::{Channel, Endpoint, Hello, Locality, WireError};
+use tokio::net::{TcpStream, UnixStream};
+use tokio::sync::{mpsc, oneshot};
 
-use crate::handshake::handshake;
+use crate::handshake::{handshake, OurSide};
 use crate::io::MessageReader;
-use crate::node::{directory, strip_scheme, NodeInner, HANDSHAKE_TIMEOUT};
-use crate::peer::{Link, PeerAddrs, PeerInner, ShmLink};
+use crate::link::{Link, ShmLink};
+use crate::node::{directory, strip_scheme, NodeInner};
+use crate::peer::{PeerAddrs, PeerInner};
 use crate::receive::{read_loop, release_loop};
 use crate::unix::{self, FdReader, UnixWriter};
 use crate::{Error, Peer, Result};
@@ -28,11 +28,17 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
         return connect_unix(node, path).await;
     }
     let target = strip_scheme(addr, "tcp://");
-    let stream = TcpStream::connect(target)
+    let stream = tokio::time::timeout(node.bounds.handshake_timeout, TcpStream::connect(target))
         .await
+        .map_err(|_| {
+            Error::Timeout(format!(
+                "connecting to {addr} took over {:?}",
+                node.bounds.handshake_timeout
+            ))
+        })?
         .map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
     let label = addr.to_string();
-    let peer = with_timeout(addr, open_tcp(node.clone(), stream, label)).await?;
+    let peer = open_tcp(node.clone(), stream, label, None).await?;
     if channel == Some(Channel::Tcp) {
         return Ok(peer);
     }
@@ -79,7 +85,7 @@ async fn connect_unix(node: &Arc<NodeInner>, path: &str) -> Result<Peer> {
         .await
         .map_err(|e| Error::io(format!("connecting to unix://{path}"), e))?;
     let label = format!("unix://{path}");
-    with_timeout(&label.clone(), open_unix(node.clone(), stream, label)).await
+    open_unix(node.clone(), stream, label, None).await
 }
 
 fn connect_inproc(node: &Arc<NodeInner>, name: &str) -> Result<Peer> {
@@ -140,101 +146,13 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn with_timeout<F: std::future::Future<Output = Result<Peer>>>(what: &str, f: F) -> Result<Peer> {
-    tokio::time::timeout(HANDSHAKE_TIMEOUT, f)
-        .await
-        .map_err(|_| Error::Timeout(format!("handshake with {what} took over {HANDSHAKE_TIMEOUT:?}")))?
-}
-
 /// Closes our side of a connection (the peer sees the end of the stream and closes too).
 pub(crate) async fn close(peer: &Peer) {
-    use tokio::io::AsyncWriteExt;
     peer.mark_closed();
-    match &peer.0.link {
-        Link::Tcp { writer } => {
-            let _ = writer.lock().await.shutdown().await;
-        }
-        Link::Shm(link) => {
-            let _ = link.writer.lock().await.shutdown().await;
-        }
-        Link::Inproc { .. } => {}
-    }
+    peer.0.shutdown_writing().await;
 }
 
-fn log_accept(node: &NodeInner, label: &str, result: std::result::Result<Result<Peer>, tokio::time::error::Elapsed>) {
-    match result {
-        Ok(Ok(peer)) => tracing::info!(
-            node = %node.me.name,
-            peer = %peer.name(),
-            locality = %peer.locality(),
-            channel = %peer.channel(),
-            "accepted peer"
-        ),
-        Ok(Err(e)) => tracing::warn!(node = %node.me.name, from = %label, "refused connection: {e}"),
-        Err(_) => tracing::warn!(node = %node.me.name, from = %label, "refused connection: handshake timed out"),
-    }
-}
-
-/// A listening socket of a node: TCP for any peer, Unix for same-host peers.
-pub(crate) enum Listening {
-    Tcp(TcpListener),
-    Unix(UnixListener),
-}
-
-enum Accepted {
-    Tcp(TcpStream, String),
-    Unix(UnixStream, String),
-}
-
-impl Listening {
-    async fn accept(&self) -> std::io::Result<Accepted> {
-        match self {
-            Listening::Tcp(l) => l
-                .accept()
-                .await
-                .map(|(s, addr)| Accepted::Tcp(s, format!("tcp://{addr}"))),
-            Listening::Unix(l) => l.accept().await.map(|(s, _)| {
-                let label = format!("unix peer (pid {:?})", s.peer_cred().ok().and_then(|c| c.pid()));
-                Accepted::Unix(s, label)
-            }),
-        }
-    }
-}
-
-/// Accepts connections until the node shuts down; each handshakes in a task of its own.
-pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: Listening) {
-    let mut shutdown = node.shutdown.subscribe();
-    loop {
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = shutdown.changed() => return,
-        };
-        match accepted {
-            Ok(conn) => {
-                let node = node.clone();
-                tokio::spawn(async move {
-                    let (label, result) = match conn {
-                        Accepted::Tcp(stream, label) => {
-                            let open = open_tcp(node.clone(), stream, label.clone());
-                            (label, tokio::time::timeout(HANDSHAKE_TIMEOUT, open).await)
-                        }
-                        Accepted::Unix(stream, label) => {
-                            let open = open_unix(node.clone(), stream, label.clone());
-                            (label, tokio::time::timeout(HANDSHAKE_TIMEOUT, open).await)
-                        }
-                    };
-                    log_accept(&node, &label, result);
-                });
-            }
-            Err(e) => {
-                tracing::warn!(node = %node.me.name, "accept failed: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
-
-fn endpoint_of(hello: &handoff_wire::Hello) -> Endpoint {
+fn endpoint_of(hello: &Hello) -> Endpoint {
     Endpoint {
         node_id: hello.node_id.clone(),
         name: hello.name.clone(),
@@ -245,16 +163,61 @@ fn endpoint_of(hello: &handoff_wire::Hello) -> Endpoint {
     }
 }
 
+/// Step 6 of the handshake (spec §5.1): a node id names one node in one process. Another
+/// process that presents the id of a connected node is refused; the same node opening a
+/// second connection (the switch to a Unix socket, a reconnection) is welcome.
+fn admit(node: &NodeInner, hello: &Hello) -> std::result::Result<(), WireError> {
+    match node.peer_by_id(&hello.node_id) {
+        Some(existing) if existing.endpoint().process_id != hello.process_id => Err(WireError::Handshake(format!(
+            "node id {} is already connected as {:?} from another process ({}); node ids must be unique",
+            hello.node_id,
+            existing.name(),
+            existing.endpoint().process_id
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Runs the handshake on a fresh connection's reader and writer; `evicted` fires when the
+/// node needs this handshake's place for a newer one (accepted connections only).
+async fn run_handshake<R, W>(
+    node: &Arc<NodeInner>,
+    reader: &mut MessageReader<R>,
+    writer: &mut W,
+    label: &str,
+    evicted: Option<oneshot::Receiver<()>>,
+) -> Result<Hello>
+where
+    R: tokio::io::AsyncRead + crate::io::FdSource + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    let check = |hello: &Hello| admit(node, hello);
+    let ours = OurSide {
+        me: &node.me,
+        listen: node.listen_addr.clone(),
+        unix: node.unix_addr(),
+        secret: &node.secret,
+        limits: &node.limits,
+        deadline: tokio::time::Instant::now() + node.bounds.handshake_timeout,
+        write_timeout: node.bounds.write_timeout,
+        admit: &check,
+    };
+    Ok(handshake(reader, writer, ours, label, evicted).await?.hello)
+}
+
 /// Handshakes on a fresh TCP stream, registers the peer and starts its reader.
-async fn open_tcp(node: Arc<NodeInner>, stream: TcpStream, label: String) -> Result<Peer> {
+pub(crate) async fn open_tcp(
+    node: Arc<NodeInner>,
+    stream: TcpStream,
+    label: String,
+    evicted: Option<oneshot::Receiver<()>>,
+) -> Result<Peer> {
     stream
         .set_nodelay(true)
         .map_err(|e| Error::io(format!("setting TCP_NODELAY for {label}"), e))?;
     let (read_half, mut write_half) = stream.into_split();
-    let mut reader = MessageReader::new(read_half, label.clone());
-    let hello = handshake(&mut reader, &mut write_half, node.our_side(), &label)
-        .await?
-        .hello;
+    let mut reader = MessageReader::new(read_half, label.clone(), node.bounds.progress_timeout);
+    let hello = run_handshake(&node, &mut reader, &mut write_half, &label, evicted).await?;
     let peer = Peer::new(
         &node,
         endpoint_of(&hello),
@@ -275,14 +238,21 @@ async fn open_tcp(node: Arc<NodeInner>, stream: TcpStream, label: String) -> Res
 }
 
 /// Handshakes on a Unix stream from or to a same-host node; the peer's uid must be ours.
-async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: String) -> Result<Peer> {
+pub(crate) async fn open_unix(
+    node: Arc<NodeInner>,
+    stream: UnixStream,
+    label: String,
+    evicted: Option<oneshot::Receiver<()>>,
+) -> Result<Peer> {
     unix::check_peer_uid(&stream)?;
     let stream = Arc::new(stream);
-    let mut reader = MessageReader::new(FdReader::new(stream.clone()), label.clone());
+    let mut reader = MessageReader::new(
+        FdReader::new(stream.clone()),
+        label.clone(),
+        node.bounds.progress_timeout,
+    );
     let mut writer = UnixWriter::new(stream);
-    let hello = handshake(&mut reader, &mut writer, node.our_side(), &label)
-        .await?
-        .hello;
+    let hello = run_handshake(&node, &mut reader, &mut writer, &label, evicted).await?;
     if hello.host_id != node.me.host_id {
         tracing::warn!(
             node = %node.me.name,
@@ -291,7 +261,7 @@ async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: String) -> R
             hello.host_id
         );
     }
-    let link = Arc::new(ShmLink::new(writer, node.shm_threshold, node.shm_sealed));
+    let link = Arc::new(ShmLink::new(writer, &node));
     let peer = Peer::new(
         &node,
         endpoint_of(&hello),
@@ -307,7 +277,7 @@ async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: String) -> R
     tracing::debug!(node = %node.me.name, peer = %peer.name(), "shm peer ready");
     let (release_tx, release_rx) = mpsc::unbounded_channel();
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(release_loop(link, release_rx, closed_rx));
+    tokio::spawn(release_loop(link, release_rx, closed_rx, node.bounds.write_timeout));
     let reading = peer.clone();
     tokio::spawn(async move {
         read_loop(node, reading, reader, Some(release_tx)).await;

@@ -24,6 +24,9 @@ pub struct Envelope {
     pub(crate) from: Peer,
     pub(crate) type_name: String,
     pub(crate) payload: Payload,
+    /// The room this message takes in the node's receive budget, until the application
+    /// takes it from the inbox (`Node::recv` drops it).
+    pub(crate) permit: Option<crate::budget::Permit>,
 }
 
 impl Envelope {

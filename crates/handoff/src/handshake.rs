@@ -1,34 +1,68 @@
 //! The connection handshake over a stream: preambles, hellos, proofs of the secret, ready.
 //!
 //! Both sides run the same steps (the protocol is symmetric), each writing before it
-//! reads, so neither waits on the other.
+//! reads, so neither waits on the other. Until the handshake completes a side accepts
+//! little (spec §5.1): headers of at most 64 KiB, no file descriptors, a bounded time,
+//! and it can be told to give up its place to a newer connection.
+
+use std::time::Duration;
 
 use handoff_wire::framing::encode_header_into;
 use handoff_wire::{auth, Endpoint, Header, Hello, Limits, Preamble, WireError};
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::oneshot;
 
-use crate::io::{write_all, MessageReader};
+use crate::io::{write_all, FdSource, MessageReader};
 use crate::{Error, Result};
 
 /// Capabilities of this implementation in protocol version 1 (`shm` only where the node
 /// has a Unix socket for same-host peers).
 pub(crate) const CAPABILITIES: &[&str] = &["inline", "shm", "ticket"];
 
+/// The longest an `error` may take to write before we close anyway.
+const ERROR_WRITE_LIMIT: Duration = Duration::from_secs(1);
+/// What we read and drop after sending an `error`, before closing (spec §11.3).
+pub(crate) const DRAIN_BYTES: usize = 1 << 20;
+/// How long we wait for that.
+pub(crate) const DRAIN_TIME: Duration = Duration::from_secs(1);
+
 /// What we know about the peer once the handshake succeeded.
 pub(crate) struct Handshaken {
     pub(crate) hello: Hello,
 }
 
-async fn send_header<W: AsyncWrite + Unpin>(w: &mut W, header: &Header<'_>, label: &str) -> Result<Vec<u8>> {
-    let mut out = Vec::with_capacity(128);
-    encode_header_into(header, &mut out);
-    write_all(w, &out)
-        .await
-        .map_err(|e| Error::io(format!("handshake with {label}"), e))?;
-    Ok(out.split_off(4))
+/// Checks a peer's authenticated hello before we send `ready` (node-id uniqueness, §5.1).
+pub(crate) type Admit<'a> = &'a (dyn Fn(&Hello) -> std::result::Result<(), WireError> + Send + Sync);
+
+/// What we say about ourselves in a handshake, and what we check the peer against.
+pub(crate) struct OurSide<'a> {
+    pub(crate) me: &'a Endpoint,
+    pub(crate) listen: Option<String>,
+    pub(crate) unix: Option<String>,
+    pub(crate) secret: &'a [u8],
+    /// The limits of an established connection; the handshake applies the smaller
+    /// handshake header limit on top (spec §9).
+    pub(crate) limits: &'a Limits,
+    /// When the handshake must be complete.
+    pub(crate) deadline: tokio::time::Instant,
+    /// How long a write may make no progress.
+    pub(crate) write_timeout: Duration,
+    /// The node-id check of step 6.
+    pub(crate) admit: Admit<'a>,
 }
 
-/// Sends an `error` header to the peer, best effort, before we close.
+/// Header bytes a side accepts before the handshake completes (spec §9).
+pub(crate) const HANDSHAKE_HEADER_BYTES: u32 = 64 * 1024;
+
+/// The limits that apply until the connection is established.
+pub(crate) fn handshake_limits(limits: &Limits) -> Limits {
+    Limits {
+        max_header_bytes: limits.max_header_bytes.min(HANDSHAKE_HEADER_BYTES),
+        ..*limits
+    }
+}
+
+/// Sends an `error` header to the peer, best effort and bounded in time, before we close.
 pub(crate) async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, err: &WireError) {
     let mut out = Vec::new();
     encode_header_into(
@@ -38,34 +72,54 @@ pub(crate) async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, err: &WireError
         },
         &mut out,
     );
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(1), write_all(w, &out)).await;
+    let _ = write_all(w, &out, ERROR_WRITE_LIMIT).await;
 }
 
-async fn read_header<R: AsyncRead + Unpin>(
-    r: &mut MessageReader<R>,
-    limits: &Limits,
-    label: &str,
-    step: &str,
-) -> Result<bytes::Bytes> {
-    r.read_header(limits)
-        .await?
-        .ok_or_else(|| Error::PeerClosed(format!("{label} (during the handshake, waiting for {step})")))
+/// Refuses a connection: the error, our sending side shut down first (so the error is
+/// delivered and not reset away), what the peer still sends read and dropped for a moment
+/// when it may still be talking, then the error returned (the caller drops the socket).
+async fn fail<R, W>(reader: &mut MessageReader<R>, writer: &mut W, err: WireError) -> Error
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    send_error(writer, &err).await;
+    let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, writer.shutdown()).await;
+    // A silent or evicted peer has nothing to drain; waiting for it would only hold the slot.
+    if !matches!(err, WireError::Timeout(_) | WireError::Overloaded(_)) {
+        reader.drain(DRAIN_BYTES, DRAIN_TIME).await;
+    }
+    err.into()
 }
 
-/// The error for a header that is not the expected handshake step; unless the peer
-/// itself reported an error, the peer is told why we close.
-async fn refused<W: AsyncWrite + Unpin>(writer: &mut W, label: &str, header: Header<'_>, step: &str) -> Error {
-    match header {
-        Header::Error { code, message } => Error::Refused {
-            peer: label.to_string(),
-            code,
-            message,
-        },
-        other => {
-            let e = WireError::Handshake(format!("expected {step}, got a {:?} header", kind_of(&other)));
-            send_error(writer, &e).await;
-            e.into()
+/// Why a handshake step stopped: a result, or an outside reason to give up.
+enum Stop<T> {
+    Done(Result<T>),
+    TimedOut,
+    Evicted,
+}
+
+/// Runs one step of the handshake within the deadline, unless evicted first.
+async fn step<T>(
+    deadline: tokio::time::Instant,
+    evicted: &mut Option<oneshot::Receiver<()>>,
+    fut: impl std::future::Future<Output = Result<T>>,
+) -> Stop<T> {
+    let evict = async {
+        match evicted.as_mut() {
+            Some(rx) => {
+                // A dropped sender (the slot was released) is not an eviction.
+                if rx.await.is_err() {
+                    std::future::pending::<()>().await
+                }
+            }
+            None => std::future::pending().await,
         }
+    };
+    tokio::select! {
+        r = fut => Stop::Done(r),
+        _ = tokio::time::sleep_until(deadline) => Stop::TimedOut,
+        _ = evict => Stop::Evicted,
     }
 }
 
@@ -81,13 +135,106 @@ fn kind_of(h: &Header<'_>) -> &'static str {
     }
 }
 
-/// What we say about ourselves in a handshake, and what we check the peer against.
-pub(crate) struct OurSide<'a> {
-    pub(crate) me: &'a Endpoint,
-    pub(crate) listen: Option<String>,
-    pub(crate) unix: Option<String>,
-    pub(crate) secret: &'a [u8],
-    pub(crate) limits: &'a Limits,
+/// The handshake of one connection: reader, writer, and what bounds it.
+struct Conversation<'r, 'w, 'e, R, W> {
+    reader: &'r mut MessageReader<R>,
+    writer: &'w mut W,
+    label: &'r str,
+    limits: Limits,
+    deadline: tokio::time::Instant,
+    write_timeout: Duration,
+    evicted: &'e mut Option<oneshot::Receiver<()>>,
+}
+
+impl<R, W> Conversation<'_, '_, '_, R, W>
+where
+    R: AsyncRead + FdSource + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    async fn refuse<T>(&mut self, err: WireError) -> Result<T> {
+        Err(fail(self.reader, self.writer, err).await)
+    }
+
+    /// Turns a stopped step into its result, refusing the connection on a timeout or an eviction.
+    async fn settle<T>(&mut self, stop: Stop<T>) -> Result<T> {
+        match stop {
+            Stop::Done(r) => r,
+            Stop::TimedOut => {
+                let e = WireError::Timeout(format!("the handshake with {} did not complete in time", self.label));
+                self.refuse(e).await
+            }
+            Stop::Evicted => {
+                let e =
+                    WireError::Overloaded("too many handshakes in progress; this one was the oldest, try again".into());
+                self.refuse(e).await
+            }
+        }
+    }
+
+    async fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        let write = write_all(self.writer, bytes, self.write_timeout);
+        let stop = step(self.deadline, self.evicted, async {
+            write
+                .await
+                .map_err(|e| Error::io(format!("handshake with {}", self.label), e))
+        })
+        .await;
+        self.settle(stop).await
+    }
+
+    /// Writes a header and returns its bytes without the length prefix.
+    async fn send(&mut self, header: &Header<'_>) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(128);
+        encode_header_into(header, &mut out);
+        self.write(&out).await?;
+        Ok(out.split_off(4))
+    }
+
+    /// Reads the peer's next header (its exact bytes and the decoded header) for `what`.
+    async fn read(&mut self, what: &str) -> Result<bytes::Bytes> {
+        let limits = self.limits;
+        let read = self.reader.read_header(&limits);
+        let stop = step(self.deadline, self.evicted, read).await;
+        let header = match self.settle(stop).await {
+            Ok(Some(h)) => h,
+            Ok(None) => {
+                return Err(Error::PeerClosed(format!(
+                    "{} (during the handshake, waiting for {what})",
+                    self.label
+                )))
+            }
+            Err(Error::Wire(e)) => return self.refuse(e).await,
+            Err(other) => return Err(other),
+        };
+        let fds = self.reader.stream_mut();
+        if fds.take_fd_error().is_some() || fds.pending_fds() > 0 {
+            let e = WireError::BadShm("file descriptors arrived before the handshake completed".into());
+            return self.refuse(e).await;
+        }
+        Ok(header)
+    }
+
+    /// Decodes a header that must be `what`; anything else refuses the connection (unless
+    /// the peer itself reported an error, which we do not answer).
+    async fn expect<'h>(&mut self, bytes: &'h [u8], what: &str) -> Result<Header<'h>> {
+        let header = match Header::decode(bytes, &self.limits) {
+            Ok(h) => h,
+            Err(e) => return self.refuse(e).await,
+        };
+        let wanted = kind_of(&header) == what;
+        match header {
+            h if wanted => Ok(h),
+            Header::Error { code, message } => Err(Error::Refused {
+                peer: self.label.to_string(),
+                code,
+                message,
+            }),
+            other => {
+                let e = WireError::Handshake(format!("expected {what}, got a {:?} header", kind_of(&other)));
+                self.refuse(e).await
+            }
+        }
+    }
 }
 
 /// Runs the handshake; on any failure the peer is told why (when possible) and an error returned.
@@ -96,9 +243,10 @@ pub(crate) async fn handshake<R, W>(
     writer: &mut W,
     ours: OurSide<'_>,
     label: &str,
+    mut evicted: Option<oneshot::Receiver<()>>,
 ) -> Result<Handshaken>
 where
-    R: AsyncRead + Unpin,
+    R: AsyncRead + FdSource + Unpin,
     W: AsyncWrite + Unpin,
 {
     let OurSide {
@@ -107,17 +255,28 @@ where
         unix,
         secret,
         limits,
+        deadline,
+        write_timeout,
+        admit,
     } = ours;
-    write_all(writer, &Preamble::OURS.encode())
-        .await
-        .map_err(|e| Error::io(format!("handshake with {label}"), e))?;
-    let peer_preamble = Preamble::decode(&reader.read_preamble().await?);
-    let version = match peer_preamble.and_then(|p| Preamble::OURS.negotiate(&p)) {
+    let mut talk = Conversation {
+        reader,
+        writer,
+        label,
+        limits: handshake_limits(limits),
+        deadline,
+        write_timeout,
+        evicted: &mut evicted,
+    };
+    talk.write(&Preamble::OURS.encode()).await?;
+    let preamble = {
+        let read = talk.reader.read_preamble();
+        let stop = step(deadline, talk.evicted, read).await;
+        talk.settle(stop).await?
+    };
+    let version = match Preamble::decode(&preamble).and_then(|p| Preamble::OURS.negotiate(&p)) {
         Ok(v) => v,
-        Err(e) => {
-            send_error(writer, &e).await;
-            return Err(e.into());
-        }
+        Err(e) => return talk.refuse(e).await,
     };
 
     let nonce: [u8; 32] = rand::random();
@@ -135,55 +294,54 @@ where
         listen,
         unix,
     };
-    let own_hello = send_header(writer, &Header::Hello(hello), label).await?;
-    let peer_hello_bytes = read_header(reader, limits, label, "hello").await?;
-    let peer_hello = match Header::decode(&peer_hello_bytes, limits) {
-        Ok(Header::Hello(h)) => h,
-        Ok(other) => return Err(refused(writer, label, other, "hello").await),
-        Err(e) => {
-            send_error(writer, &e).await;
-            return Err(e.into());
-        }
+    let own_hello = talk.send(&Header::Hello(hello)).await?;
+    let peer_hello_bytes = talk.read("hello").await?;
+    let Header::Hello(peer_hello) = talk.expect(&peer_hello_bytes, "hello").await? else {
+        unreachable!("expect checked the kind")
     };
     if peer_hello.nonce == nonce {
         let e = WireError::Handshake("the peer echoed our own nonce (a reflected handshake)".into());
-        send_error(writer, &e).await;
-        return Err(e.into());
+        return talk.refuse(e).await;
     }
     if peer_hello.version != version {
         let e = WireError::Handshake(format!(
             "peer's hello says version {}, the preambles chose {version}",
             peer_hello.version
         ));
-        send_error(writer, &e).await;
-        return Err(e.into());
+        return talk.refuse(e).await;
+    }
+    if !peer_hello.capabilities.iter().any(|c| c == "inline") {
+        let e = WireError::Handshake(format!(
+            "the peer's hello lacks the capability \"inline\" that every v1 node announces (it has: {})",
+            peer_hello.capabilities.join(", ")
+        ));
+        return talk.refuse(e).await;
     }
 
     let proof = auth::proof(secret, &own_hello, &peer_hello_bytes);
-    send_header(writer, &Header::Auth { mac: proof.to_vec() }, label).await?;
-    let peer_auth = read_header(reader, limits, label, "auth").await?;
-    match Header::decode(&peer_auth, limits) {
-        Ok(Header::Auth { mac }) => {
-            if let Err(e) = auth::verify(secret, &mac, &peer_hello_bytes, &own_hello) {
-                send_error(writer, &e).await;
-                return Err(e.into());
-            }
-        }
-        Ok(other) => return Err(refused(writer, label, other, "auth").await),
-        Err(e) => {
-            send_error(writer, &e).await;
-            return Err(e.into());
-        }
+    talk.send(&Header::Auth { mac: proof.to_vec() }).await?;
+    let peer_auth = talk.read("auth").await?;
+    let Header::Auth { mac } = talk.expect(&peer_auth, "auth").await? else {
+        unreachable!("expect checked the kind")
+    };
+    if let Err(e) = auth::verify(secret, &mac, &peer_hello_bytes, &own_hello) {
+        return talk.refuse(e).await;
+    }
+    if let Err(e) = admit(&peer_hello) {
+        return talk.refuse(e).await;
     }
 
-    send_header(writer, &Header::Ready, label).await?;
-    let ready = read_header(reader, limits, label, "ready").await?;
-    match Header::decode(&ready, limits) {
-        Ok(Header::Ready) => Ok(Handshaken { hello: peer_hello }),
-        Ok(other) => Err(refused(writer, label, other, "ready").await),
-        Err(e) => {
-            send_error(writer, &e).await;
-            Err(e.into())
-        }
-    }
+    talk.send(&Header::Ready).await?;
+    let ready = talk.read("ready").await?;
+    talk.expect(&ready, "ready").await?;
+    talk.reader.established();
+    Ok(Handshaken { hello: peer_hello })
+}
+
+/// Refuses a connection the node cannot take at all (too many connections): our preamble
+/// and `error {code: "overloaded"}` (readable by every version, spec §12), then close.
+pub(crate) async fn refuse_overloaded<W: AsyncWrite + Unpin>(writer: &mut W, why: String) {
+    let _ = write_all(writer, &Preamble::OURS.encode(), ERROR_WRITE_LIMIT).await;
+    send_error(writer, &WireError::Overloaded(why)).await;
+    let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, writer.shutdown()).await;
 }

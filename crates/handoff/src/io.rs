@@ -1,6 +1,7 @@
 //! Reading and writing the wire format on a byte stream (the I/O around `handoff-wire`).
 
 use std::io::IoSlice;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use handoff_wire::framing::{header_len, LEN_PREFIX};
@@ -20,34 +21,75 @@ const HASH_BEHIND_STEP: usize = 1 << 20;
 
 /// Reads preambles, headers and frames from a stream through a small read buffer;
 /// large frames are read straight into pooled buffers, with no copy in between.
+///
+/// Once the first byte of a message has arrived, every later read of that message must
+/// make progress within the progress timeout (spec §9.1), so a peer that stalls in the
+/// middle of a message cannot hold what it announced for as long as it likes. Between
+/// messages a connection may stay idle.
 pub(crate) struct MessageReader<R> {
     stream: R,
     buf: BytesMut,
     label: String,
+    /// During the handshake the read buffer grows only as needed (a connection that has
+    /// not proven anything costs a few bytes, not a read-ahead buffer).
+    handshaking: bool,
+    progress_timeout: Duration,
 }
 
 impl<R: AsyncRead + Unpin> MessageReader<R> {
-    pub(crate) fn new(stream: R, label: String) -> Self {
+    pub(crate) fn new(stream: R, label: String, progress_timeout: Duration) -> Self {
         MessageReader {
             stream,
-            buf: BytesMut::with_capacity(READ_CHUNK),
+            buf: BytesMut::new(),
             label,
+            handshaking: true,
+            progress_timeout,
         }
+    }
+
+    /// The handshake is over: read ahead in chunks from now on.
+    pub(crate) fn established(&mut self) {
+        self.handshaking = false;
+    }
+
+    /// One read from the stream into the buffer; inside a message it must make progress
+    /// within the progress timeout.
+    async fn read_more(&mut self, what: &'static str, inside: bool) -> Result<usize> {
+        let read = self.stream.read_buf(&mut self.buf);
+        let n = if inside {
+            tokio::time::timeout(self.progress_timeout, read)
+                .await
+                .map_err(|_| self.stalled(what))?
+        } else {
+            read.await
+        };
+        n.map_err(|e| Error::io(format!("reading from {}", self.label), e))
+    }
+
+    fn stalled(&self, what: &str) -> Error {
+        WireError::Timeout(format!(
+            "{} sent nothing for {:?} in the middle of a message (waiting for its {what})",
+            self.label, self.progress_timeout
+        ))
+        .into()
     }
 
     /// Reads until at least `n` bytes are buffered. Returns `false` if the stream
     /// ended cleanly before any byte of this item arrived.
     async fn fill(&mut self, n: usize, what: &'static str, at_boundary: bool) -> Result<bool> {
         while self.buf.len() < n {
-            if self.buf.capacity() - self.buf.len() < READ_CHUNK.min(n - self.buf.len()) {
-                self.buf.reserve(READ_CHUNK.max(n - self.buf.len()));
+            let missing = n - self.buf.len();
+            if self.buf.capacity() - self.buf.len() < missing.min(READ_CHUNK) {
+                let want = if self.handshaking {
+                    missing
+                } else {
+                    missing.max(READ_CHUNK)
+                };
+                self.buf.reserve(want);
             }
-            let read = self
-                .stream
-                .read_buf(&mut self.buf)
-                .await
-                .map_err(|e| Error::io(format!("reading from {}", self.label), e))?;
-            if read == 0 {
+            // Waiting for the first byte of a message is idling, not a stall.
+            let inside = !(at_boundary && self.buf.is_empty());
+            if self.read_more(what, inside).await? == 0 {
                 if at_boundary && self.buf.is_empty() {
                     return Ok(false);
                 }
@@ -68,16 +110,72 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
         Ok(self.buf.split_to(PREAMBLE_LEN).freeze())
     }
 
-    /// The next header's bytes (without the length prefix), or `None` at a clean end of stream.
-    pub(crate) async fn read_header(&mut self, limits: &Limits) -> Result<Option<Bytes>> {
+    /// The length of the next header, checked against `limits`, without consuming it;
+    /// `None` at a clean end of stream. Lets the caller make room for a large header
+    /// before reading it.
+    pub(crate) async fn next_header_len(&mut self, limits: &Limits) -> Result<Option<usize>> {
         if !self.fill(LEN_PREFIX, "header length", true).await? {
             return Ok(None);
         }
         let prefix = [self.buf[0], self.buf[1], self.buf[2], self.buf[3]];
-        let len = header_len(prefix, limits)?;
+        Ok(Some(header_len(prefix, limits)?))
+    }
+
+    /// The header whose length [`next_header_len`](Self::next_header_len) returned.
+    pub(crate) async fn read_header_of(&mut self, len: usize) -> Result<Bytes> {
         self.fill(LEN_PREFIX + len, "header", false).await?;
         self.buf.advance(LEN_PREFIX);
-        Ok(Some(self.buf.split_to(len).freeze()))
+        Ok(self.buf.split_to(len).freeze())
+    }
+
+    /// The next header's bytes (without the length prefix), or `None` at a clean end of stream.
+    pub(crate) async fn read_header(&mut self, limits: &Limits) -> Result<Option<Bytes>> {
+        match self.next_header_len(limits).await? {
+            Some(len) => self.read_header_of(len).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads and drops the next `len` bytes (a `pulled` nobody waits for), through the
+    /// small read buffer: nothing of that size is allocated.
+    pub(crate) async fn discard(&mut self, len: u64) -> Result<()> {
+        let mut left = len;
+        loop {
+            let have = (self.buf.len() as u64).min(left);
+            self.buf.advance(have as usize);
+            left -= have;
+            if left == 0 {
+                return Ok(());
+            }
+            if self.buf.capacity() < READ_CHUNK {
+                self.buf.reserve(READ_CHUNK);
+            }
+            if self.read_more("discarded bytes", true).await? == 0 {
+                return Err(WireError::Truncated {
+                    what: "pulled bytes",
+                    needed: len,
+                    available: len - left,
+                }
+                .into());
+            }
+        }
+    }
+
+    /// After an error was sent: reads and drops what still arrives until the peer closes,
+    /// `max_bytes` were read or `max_time` passed, so that closing the socket does not
+    /// reset the connection while the peer's data is unread (which can destroy the error
+    /// in flight, spec §11.3).
+    pub(crate) async fn drain(&mut self, max_bytes: usize, max_time: Duration) {
+        self.buf.clear();
+        let deadline = tokio::time::Instant::now() + max_time;
+        let mut read = 0;
+        let mut scratch = [0u8; 8192];
+        while read < max_bytes {
+            match tokio::time::timeout_at(deadline, self.stream.read(&mut scratch)).await {
+                Ok(Ok(n)) if n > 0 => read += n,
+                _ => return,
+            }
+        }
     }
 
     /// The next inline frame of `len` bytes.
@@ -128,10 +226,9 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
         while filled < len {
             // SAFETY: `filled..len` has not been read yet, and no other slice covers it.
             let free = unsafe { std::slice::from_raw_parts_mut(base().add(filled), len - filled) };
-            let n = self
-                .stream
-                .read(free)
+            let n = tokio::time::timeout(self.progress_timeout, self.stream.read(free))
                 .await
+                .map_err(|_| self.stalled("frame"))?
                 .map_err(|e| Error::io(format!("reading from {}", self.label), e))?;
             if n == 0 {
                 return Err(WireError::Truncated {
@@ -214,11 +311,14 @@ impl FdSource for crate::unix::FdReader {
     }
 }
 
-/// Writes every byte of `head` and `frames` with vectored writes straight from their memory.
+/// Writes every byte of `head` and `frames` with vectored writes straight from their
+/// memory. Each write must make progress within `stall` (a peer that reads nothing cannot
+/// hold the writer forever): past it the write fails with `TimedOut`.
 pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     stream: &mut W,
     head: &[u8],
     frames: &[Buffer],
+    stall: Duration,
 ) -> std::io::Result<()> {
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(1 + frames.len());
     if !head.is_empty() {
@@ -227,7 +327,9 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     slices.extend(frames.iter().filter(|f| !f.is_empty()).map(|f| IoSlice::new(f)));
     let mut rest: &mut [IoSlice<'_>] = &mut slices;
     while !rest.is_empty() {
-        let n = stream.write_vectored(rest).await?;
+        let n = tokio::time::timeout(stall, stream.write_vectored(rest))
+            .await
+            .map_err(|_| stalled_write(stall))??;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());
         }
@@ -236,7 +338,29 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// Writes a preamble or a whole small message.
-pub(crate) async fn write_all<W: AsyncWrite + Unpin>(stream: &mut W, bytes: &[u8]) -> std::io::Result<()> {
-    stream.write_all(bytes).await
+/// Writes a preamble or a whole small message, each write within `stall` as above.
+pub(crate) async fn write_all<W: AsyncWrite + Unpin>(
+    stream: &mut W,
+    bytes: &[u8],
+    stall: Duration,
+) -> std::io::Result<()> {
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let n = tokio::time::timeout(stall, stream.write(rest))
+            .await
+            .map_err(|_| stalled_write(stall))??;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        rest = &rest[n..];
+    }
+    Ok(())
+}
+
+/// The error of a write that made no progress for `stall`.
+pub(crate) fn stalled_write(stall: Duration) -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("the peer read nothing for {stall:?}"),
+    )
 }

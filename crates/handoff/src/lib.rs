@@ -26,6 +26,9 @@
 
 #![warn(missing_docs)]
 
+mod accept;
+mod bounds;
+mod budget;
 mod connection;
 mod envelope;
 mod error;
@@ -33,6 +36,8 @@ mod handshake;
 mod hashing;
 pub mod identity;
 mod io;
+mod link;
+pub mod log_limit;
 mod message;
 mod node;
 mod peer;
@@ -42,15 +47,18 @@ pub mod shm;
 pub mod tickets;
 mod unix;
 
+pub use bounds::Bounds;
 pub use envelope::Envelope;
 pub use error::{Error, Result};
 pub use handoff_wire::resource::Resolver;
 pub use handoff_wire::{
     Buffer, Channel, Endpoint, Limits, Locality, Resource, ResourceError, Resources, Route, WireError,
 };
+pub use link::LeaseStats;
+pub use log_limit::LogLimiter;
 pub use message::{Message, TypeRegistry};
 pub use node::{Node, NodeBuilder};
-pub use peer::{LeaseStats, Peer};
+pub use peer::Peer;
 pub use shm::SharedBufMut;
 pub use tickets::{Redeem, Ticket};
 

@@ -2,20 +2,24 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
 use handoff_wire::{Channel, Endpoint, Limits, Resources};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
-use crate::connection::{self, Listening};
+use crate::accept::{self, Handshakes, Listening};
+use crate::bounds::Bounds;
+use crate::budget::Budget;
+use crate::connection;
 use crate::envelope::Envelope;
-use crate::handshake::{OurSide, CAPABILITIES};
+use crate::handshake::CAPABILITIES;
 use crate::identity;
+use crate::link::{LeaseStats, Link};
+use crate::log_limit::LogLimiter;
 use crate::message::TypeRegistry;
-use crate::peer::{LeaseStats, Link};
 use crate::pool::RecvPool;
 use crate::shm::MappingCache;
 use crate::tickets::owner::LeaseTable;
@@ -25,9 +29,6 @@ use crate::{Error, Message, Peer, Result};
 
 /// Default size from which buffers to a same-host peer travel as shared memory.
 pub const DEFAULT_SHM_THRESHOLD: usize = 64 * 1024;
-
-/// How long a handshake may take before the connection is dropped.
-pub(crate) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Settings for a [`Node`]; start with [`Node::builder`].
 #[derive(Debug, Clone)]
@@ -39,7 +40,7 @@ pub struct NodeBuilder {
     registry: TypeRegistry,
     limits: Limits,
     force_encode_inproc: bool,
-    inbox_capacity: usize,
+    bounds: Bounds,
     pool_idle_bytes: usize,
     shm: bool,
     shm_threshold: usize,
@@ -127,9 +128,17 @@ impl NodeBuilder {
         self
     }
 
-    /// Messages that may wait in the inbox before senders wait (backpressure).
+    /// Messages that one peer may have waiting in the inbox before the node stops reading
+    /// from it (backpressure); sets [`Bounds::max_buffered_messages_per_peer`].
     pub fn inbox_capacity(mut self, capacity: usize) -> Self {
-        self.inbox_capacity = capacity.max(1);
+        self.bounds.max_buffered_messages_per_peer = capacity.max(1);
+        self
+    }
+
+    /// The bounds on what peers can make this node hold (spec §9.1): handshakes and
+    /// connections, timeouts, buffered bytes per peer and in total, leases.
+    pub fn bounds(mut self, bounds: Bounds) -> Self {
+        self.bounds = bounds;
         self
     }
 
@@ -217,7 +226,10 @@ impl NodeBuilder {
             language: "rust".into(),
             capabilities,
         };
-        let (inbox_tx, inbox_rx) = mpsc::channel(self.inbox_capacity);
+        // The inbox is bounded by the receive budget (bytes and messages per peer, bytes in
+        // total), which every envelope in it holds a share of.
+        let (inbox_tx, inbox_rx) = mpsc::unbounded_channel();
+        let bounds = self.bounds;
         let (shutdown_tx, _) = watch::channel(false);
         let (unlease_tx, unlease_rx) = mpsc::unbounded_channel();
         let force_env = std::env::var("HANDOFF_FORCE_ENCODE").is_ok_and(|v| v == "1");
@@ -232,13 +244,23 @@ impl NodeBuilder {
             shm_threshold: self.shm_threshold.max(1),
             shm_sealed: self.shm_sealed,
             mappings: MappingCache::new(4 << 30),
+            budget: Budget::new(
+                bounds.max_buffered_bytes,
+                bounds.max_buffered_bytes_per_peer,
+                bounds.max_buffered_messages_per_peer,
+            ),
+            handshakes: Handshakes::new(bounds.max_handshakes),
+            connections: AtomicUsize::new(0),
+            ticket_dials: Arc::new(Semaphore::new(bounds.max_ticket_dials.max(1))),
+            accept_log: LogLimiter::new(bounds.warnings_per_period, bounds.warning_period),
+            bounds,
             peers: RwLock::new(HashMap::new()),
             peers_changed: Notify::new(),
             inbox_tx,
             inbox_rx: tokio::sync::Mutex::new(inbox_rx),
             pool: RecvPool::new(self.pool_idle_bytes),
             shutdown: shutdown_tx,
-            leases: LeaseTable::new(self.lease_config),
+            leases: LeaseTable::new(self.lease_config, self.bounds.max_holders_per_lease),
             ticket_threshold: self.ticket_threshold,
             redeem: self.redeem,
             pull_timeout: self.pull_timeout,
@@ -248,10 +270,10 @@ impl NodeBuilder {
         });
         directory::register(&inner)?;
         if let Some(listener) = listener {
-            tokio::spawn(connection::accept_loop(inner.clone(), Listening::Tcp(listener)));
+            tokio::spawn(accept::accept_loop(inner.clone(), Listening::Tcp(listener)));
         }
         if let Some((listener, _)) = unix_listener {
-            tokio::spawn(connection::accept_loop(inner.clone(), Listening::Unix(listener)));
+            tokio::spawn(accept::accept_loop(inner.clone(), Listening::Unix(listener)));
         }
         tokio::spawn(tickets::client::unlease_loop(Arc::downgrade(&inner), unlease_rx));
         tokio::spawn(tickets::reap_expired(Arc::downgrade(&inner)));
@@ -294,8 +316,20 @@ pub(crate) struct NodeInner {
     pub(crate) mappings: MappingCache,
     pub(crate) peers: RwLock<HashMap<String, Peer>>,
     pub(crate) peers_changed: Notify,
-    pub(crate) inbox_tx: mpsc::Sender<Envelope>,
-    pub(crate) inbox_rx: tokio::sync::Mutex<mpsc::Receiver<Envelope>>,
+    pub(crate) inbox_tx: mpsc::UnboundedSender<Envelope>,
+    pub(crate) inbox_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Envelope>>,
+    /// What peers can make this node hold (spec §9.1).
+    pub(crate) bounds: Bounds,
+    /// Bytes and messages received and not yet taken by the application.
+    pub(crate) budget: Arc<Budget>,
+    /// Handshakes in progress on accepted connections.
+    pub(crate) handshakes: Arc<Handshakes>,
+    /// Established connections (their read loops).
+    pub(crate) connections: AtomicUsize,
+    /// Connections being opened to reach owners of received tickets.
+    pub(crate) ticket_dials: Arc<Semaphore>,
+    /// Warnings about refused connections, at most so many per period.
+    pub(crate) accept_log: LogLimiter,
     pub(crate) pool: RecvPool,
     pub(crate) shutdown: watch::Sender<bool>,
     /// Leases on buffers we sent as tickets.
@@ -311,9 +345,20 @@ pub(crate) struct NodeInner {
 }
 
 impl NodeInner {
-    /// Puts an envelope into the inbox, waiting while it is full.
+    /// Puts an envelope into the inbox (its permit in the receive budget bounds it).
     pub(crate) async fn deliver(&self, envelope: Envelope) -> Result<()> {
-        self.inbox_tx.send(envelope).await.map_err(|_| Error::NodeClosed)
+        self.inbox_tx.send(envelope).map_err(|_| Error::NodeClosed)
+    }
+
+    /// Established connections now.
+    pub(crate) fn connections(&self) -> usize {
+        self.connections.load(Ordering::Acquire)
+    }
+
+    /// Counts an established connection until the guard is dropped.
+    pub(crate) fn connection_guard(self: &Arc<Self>) -> ConnectionGuard {
+        self.connections.fetch_add(1, Ordering::AcqRel);
+        ConnectionGuard(self.clone())
     }
 
     pub(crate) fn is_shut_down(&self) -> bool {
@@ -364,18 +409,17 @@ impl NodeInner {
         directory::unregister(&self.me.name, self);
     }
 
-    pub(crate) fn our_side(&self) -> OurSide<'_> {
-        OurSide {
-            me: &self.me,
-            listen: self.listen_addr.clone(),
-            unix: self.unix_addr(),
-            secret: &self.secret,
-            limits: &self.limits,
-        }
-    }
-
     pub(crate) fn unix_addr(&self) -> Option<String> {
         self.unix_path.as_ref().map(|p| format!("unix://{}", p.display()))
+    }
+}
+
+/// One established connection, counted against [`Bounds::max_connections`].
+pub(crate) struct ConnectionGuard(Arc<NodeInner>);
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -407,7 +451,7 @@ impl Node {
             registry: TypeRegistry::new(),
             limits: Limits::default(),
             force_encode_inproc: false,
-            inbox_capacity: 1024,
+            bounds: Bounds::DEFAULT,
             pool_idle_bytes: 1 << 30,
             shm: true,
             shm_threshold: DEFAULT_SHM_THRESHOLD,
@@ -463,6 +507,28 @@ impl Node {
     /// Bytes of peers' segments mapped into this process.
     pub fn mapped_bytes(&self) -> usize {
         self.inner.mappings.mapped_bytes()
+    }
+
+    /// Bytes of received messages this node holds for all peers now: read, and not yet
+    /// taken with [`recv`](Self::recv) (bounded by [`Bounds::max_buffered_bytes`]).
+    pub fn buffered_bytes(&self) -> u64 {
+        self.inner.budget.used()
+    }
+
+    /// Handshakes in progress on accepted connections now (bounded by
+    /// [`Bounds::max_handshakes`]).
+    pub fn handshakes_in_progress(&self) -> usize {
+        self.inner.handshakes.count()
+    }
+
+    /// Established connections now (bounded by [`Bounds::max_connections`] for accepted ones).
+    pub fn connection_count(&self) -> usize {
+        self.inner.connections()
+    }
+
+    /// The bounds this node keeps on what peers can make it hold.
+    pub fn bounds(&self) -> &Bounds {
+        &self.inner.bounds
     }
 
     /// The address in-process peers connect to: `inproc://NAME`.
@@ -566,11 +632,14 @@ impl Node {
             return Err(Error::NodeClosed);
         }
         let mut rx = self.inner.inbox_rx.lock().await;
-        tokio::select! {
+        let mut envelope = tokio::select! {
             biased;
-            env = rx.recv() => env.ok_or(Error::NodeClosed),
-            _ = shutdown.changed() => Err(Error::NodeClosed),
-        }
+            env = rx.recv() => env.ok_or(Error::NodeClosed)?,
+            _ = shutdown.changed() => return Err(Error::NodeClosed),
+        };
+        // Taken by the application: it no longer counts against the sender's budget.
+        envelope.permit = None;
+        Ok(envelope)
     }
 
     /// The next received message, or a timeout error.

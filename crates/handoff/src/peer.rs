@@ -1,176 +1,23 @@
 //! [`Peer`]: a connected node, and how messages reach it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, Weak};
+use std::time::Duration;
 
 use bytes::Bytes;
 use handoff_wire::framing::encode_header_into;
 use handoff_wire::{Buffer, Channel, Descriptor, Endpoint, Header, Locality, Route, TicketClaim};
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::sync::Mutex;
+use tokio::sync::Semaphore;
 
+use crate::budget::Account;
 use crate::envelope::{Envelope, Payload};
+use crate::link::{LeaseStats, Link, Planned};
+use crate::log_limit::LogLimiter;
 use crate::node::NodeInner;
-use crate::shm::{self, Held};
 use crate::tickets::client::Pending;
 use crate::tickets::{OnDemand, Ticket};
-use crate::unix::UnixWriter;
 use crate::{Error, Message, Result};
-
-/// How messages reach a peer.
-pub(crate) enum Link {
-    /// A node in this process: envelopes go straight into its inbox.
-    Inproc {
-        target: Weak<NodeInner>,
-        /// The target's `Peer` for us, set once both sides exist (the sender of replies).
-        reverse: OnceLock<Weak<PeerInner>>,
-    },
-    /// A TCP connection; the reader task owns the read half.
-    Tcp { writer: Mutex<OwnedWriteHalf> },
-    /// A Unix socket to a same-host node; large buffers go as shared memory.
-    Shm(Arc<ShmLink>),
-}
-
-/// The sending state of a same-host connection.
-pub(crate) struct ShmLink {
-    pub(crate) writer: Mutex<UnixWriter>,
-    /// What we keep alive for the peer until it releases each lease.
-    leases: StdMutex<HashMap<u64, Held>>,
-    next_lease: AtomicU64,
-    /// Buffers at least this large go through shared memory.
-    threshold: usize,
-    /// Send only sealed segments (fresh memfd, sealed against change).
-    sealed: bool,
-}
-
-/// Leases a node holds for a peer: buffers kept alive until the peer releases them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct LeaseStats {
-    /// Leases outstanding.
-    pub count: usize,
-    /// Bytes they keep alive.
-    pub bytes: usize,
-}
-
-impl ShmLink {
-    pub(crate) fn new(writer: UnixWriter, threshold: usize, sealed: bool) -> ShmLink {
-        ShmLink {
-            writer: Mutex::new(writer),
-            leases: StdMutex::default(),
-            next_lease: AtomicU64::new(1),
-            threshold,
-            sealed,
-        }
-    }
-
-    /// Ends the leases the peer released.
-    pub(crate) fn release(&self, leases: &[u64]) -> usize {
-        let mut held = self.leases.lock().expect("leases lock");
-        leases.iter().filter(|l| held.remove(l).is_some()).count()
-    }
-
-    /// Ends every lease (the peer is gone).
-    pub(crate) fn release_all(&self) -> usize {
-        let mut held = self.leases.lock().expect("leases lock");
-        let n = held.len();
-        held.clear();
-        n
-    }
-
-    pub(crate) fn stats(&self) -> LeaseStats {
-        let held = self.leases.lock().expect("leases lock");
-        LeaseStats {
-            count: held.len(),
-            bytes: held.values().map(Held::bytes).sum(),
-        }
-    }
-
-    /// Plans each frame (shared segment or inline), registers the leases, and writes the message.
-    async fn send(&self, type_name: &str, body: &[u8], frames: Vec<Planned>, label: &str) -> Result<()> {
-        let mut descriptors = Vec::with_capacity(frames.len());
-        let mut inline = Vec::new();
-        // Local handles on what the fds belong to, so they stay open while we send.
-        let mut passing: Vec<Held> = Vec::new();
-        for planned in frames {
-            let frame = match planned {
-                Planned::Ticket(claim) => {
-                    descriptors.push(Descriptor::Ticket(claim));
-                    continue;
-                }
-                Planned::Bytes(frame) => frame,
-            };
-            // One read takes at most MAX_FDS_PER_READ descriptors: frames past that go inline.
-            let room = passing.len() < crate::unix::MAX_FDS_PER_READ;
-            let origin_ok = room && shm::origin_of(&frame).is_some_and(|o| !self.sealed || o.sealed());
-            let shared = if !room {
-                None
-            } else if origin_ok {
-                Some(Held::Buffer(frame.clone()))
-            } else if frame.len() >= self.threshold && !frame.is_empty() {
-                Some(if self.sealed {
-                    Held::Sealed(Arc::new(
-                        shm::sealed_copy(&frame).map_err(|e| Error::io("copying into a sealed segment", e))?,
-                    ))
-                } else {
-                    Held::Buffer(shm::copy_in(&frame).map_err(|e| Error::io("copying into shared memory", e))?)
-                })
-            } else {
-                None
-            };
-            match shared {
-                Some(held) => {
-                    let lease = self.next_lease.fetch_add(1, Ordering::Relaxed);
-                    let (offset, size, sealed) = match &held {
-                        Held::Buffer(b) => {
-                            let o = shm::origin_of(b).expect("a shared buffer has its origin");
-                            (
-                                o.offset_of(b).expect("a view lies in its segment"),
-                                o.size(),
-                                o.sealed(),
-                            )
-                        }
-                        Held::Sealed(s) => (0, s.size, true),
-                    };
-                    descriptors.push(Descriptor::Shm {
-                        len: held.bytes() as u64,
-                        offset: offset as u64,
-                        size: size as u64,
-                        lease,
-                        sealed,
-                    });
-                    // Registered before sending: the release may come back at once.
-                    self.leases
-                        .lock()
-                        .expect("leases lock")
-                        .insert(lease, held.clone_handle());
-                    passing.push(held);
-                }
-                None => {
-                    descriptors.push(Descriptor::Inline {
-                        len: frame.len() as u64,
-                    });
-                    inline.push(frame);
-                }
-            }
-        }
-        let header = Header::Msg {
-            type_name,
-            body,
-            frames: descriptors,
-        };
-        let mut head = Vec::with_capacity(body.len() + 64);
-        encode_header_into(&header, &mut head);
-        let fds: Vec<_> = passing.iter().map(Held::fd).collect();
-        let mut w = self.writer.lock().await;
-        w.send_with_fds(&head, &fds)
-            .await
-            .map_err(|e| Error::io(format!("sending {type_name} to {label}"), e))?;
-        crate::io::write_all_vectored(&mut *w, &[], &inline)
-            .await
-            .map_err(|e| Error::io(format!("sending {type_name} to {label}"), e))
-    }
-}
 
 pub(crate) struct PeerInner {
     pub(crate) remote: Endpoint,
@@ -186,12 +33,33 @@ pub(crate) struct PeerInner {
     pub(crate) local: Weak<NodeInner>,
     /// Ticket requests sent on this connection, waiting for the owner's answer.
     pub(crate) pending: StdMutex<HashMap<u64, Pending>>,
+    /// This peer's share of the node's receive budget.
+    pub(crate) account: Arc<Account>,
+    /// Warnings about this peer, at most so many per period.
+    pub(crate) log: LogLimiter,
+    /// `pulled` answers being written to this peer (spec §9.1).
+    pub(crate) pull_answers: Arc<Semaphore>,
+    /// How long a write to this peer may make no progress.
+    pub(crate) write_timeout: Duration,
 }
 
-/// A frame after the ticket policy: its bytes, or a ticket for them.
-pub(crate) enum Planned {
-    Bytes(Buffer),
-    Ticket(TicketClaim),
+impl PeerInner {
+    /// Writes a control header (and its inline bytes) on this connection.
+    pub(crate) async fn write_control(&self, header: &Header<'_>, frames: &[Buffer]) -> Result<()> {
+        let mut head = Vec::with_capacity(96);
+        encode_header_into(header, &mut head);
+        self.link.write(&head, frames, self.write_timeout).await.map_err(|e| {
+            self.closed.store(true, Ordering::Release);
+            Error::io(format!("writing to {}", self.remote.name), e)
+        })
+    }
+
+    /// Shuts our sending direction down: the peer sees the end of the stream.
+    pub(crate) async fn shutdown_writing(&self) {
+        self.link
+            .shutdown_writing(self.write_timeout.min(Duration::from_secs(1)))
+            .await;
+    }
 }
 
 /// A connected node: send it messages, ask how it is reached.
@@ -242,6 +110,10 @@ impl Peer {
             force_encode,
             local: Arc::downgrade(node),
             pending: StdMutex::default(),
+            account: Arc::default(),
+            log: LogLimiter::new(node.bounds.warnings_per_period, node.bounds.warning_period),
+            pull_answers: Arc::new(Semaphore::new(node.bounds.max_pull_answers.max(1))),
+            write_timeout: node.bounds.write_timeout,
         }))
     }
 
@@ -293,6 +165,12 @@ impl Peer {
         self.0.closed.store(true, Ordering::Release);
     }
 
+    /// Bytes of this peer's messages the node holds now: read, and not yet taken by the
+    /// application (bounded by [`Bounds::max_buffered_bytes_per_peer`](crate::Bounds)).
+    pub fn buffered_bytes(&self) -> u64 {
+        self.0.account.bytes()
+    }
+
     /// Shared-memory leases this node holds for the peer (zero on other channels).
     pub fn leases(&self) -> LeaseStats {
         match &self.0.link {
@@ -333,15 +211,22 @@ impl Peer {
                 } else {
                     Payload::Value(Box::new(value))
                 };
+                // In-process values count against the receiver's budget like any message
+                // (their overhead only: the value is the sender's memory, moved).
+                let permit = target
+                    .budget
+                    .acquire(&reverse.account, crate::bounds::MESSAGE_OVERHEAD, 1)
+                    .await;
                 target
                     .deliver(Envelope {
                         from: Peer(reverse),
                         type_name: T::TYPE_NAME.to_string(),
                         payload,
+                        permit: Some(permit),
                     })
                     .await
             }
-            Link::Tcp { writer } => {
+            Link::Tcp { .. } => {
                 let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
                 let planned = self.plan(encoded.frames, by_ticket).await?;
                 let mut descriptors = Vec::with_capacity(planned.len());
@@ -362,8 +247,9 @@ impl Peer {
                 };
                 let mut head = Vec::with_capacity(encoded.body.len() + 64);
                 encode_header_into(&header, &mut head);
-                let mut w = writer.lock().await;
-                crate::io::write_all_vectored(&mut *w, &head, &inline)
+                self.0
+                    .link
+                    .write(&head, &inline, self.0.write_timeout)
                     .await
                     .map_err(|e| {
                         self.mark_closed();
@@ -437,31 +323,7 @@ impl Peer {
 
     /// Writes a control header (and its inline bytes) on this connection.
     pub(crate) async fn write_control(&self, header: &Header<'_>, frames: &[Buffer]) -> Result<()> {
-        let mut head = Vec::with_capacity(96);
-        encode_header_into(header, &mut head);
-        let result = match &self.0.link {
-            Link::Tcp { writer } => crate::io::write_all_vectored(&mut *writer.lock().await, &head, frames).await,
-            Link::Shm(link) => crate::io::write_all_vectored(&mut *link.writer.lock().await, &head, frames).await,
-            Link::Inproc { .. } => return Err(Error::Config("no wire protocol between in-process nodes".into())),
-        };
-        result.map_err(|e| Error::io(format!("writing to {}", self.name()), e))
-    }
-}
-
-impl Held {
-    fn clone_handle(&self) -> Held {
-        match self {
-            Held::Buffer(b) => Held::Buffer(b.clone()),
-            Held::Sealed(s) => Held::Sealed(s.clone()),
-        }
-    }
-
-    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        use std::os::fd::AsFd;
-        match self {
-            Held::Buffer(b) => shm::origin_of(b).expect("a shared buffer has its origin").fd(),
-            Held::Sealed(s) => s.fd.as_fd(),
-        }
+        self.0.write_control(header, frames).await
     }
 }
 

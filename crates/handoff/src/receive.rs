@@ -1,9 +1,13 @@
 //! Receiving: the read loop of a connection, what it does with each kind of header,
 //! and the release messages for shared-memory views.
-
-use std::sync::Arc;
+//!
+//! Everything a peer can make the loop hold is bounded (spec §9.1): a message's bytes take
+//! room in the node's receive budget before they are read (the loop stops reading this
+//! connection while there is none), `pulled` answers being written take one of a few
+//! places, and a `pulled` nobody asked for is read into a small buffer and dropped.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use handoff_wire::framing::{inline_frame_lengths, TCP_KINDS, UNIX_KINDS};
@@ -11,11 +15,14 @@ use handoff_wire::{Buffer, Descriptor, Header, TicketOp, WireError};
 use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
 
+use crate::bounds::{MESSAGE_OVERHEAD, SMALL_HEADER};
+use crate::budget::Permit;
 use crate::envelope::{Envelope, Payload};
-use crate::handshake::send_error;
+use crate::handshake::{DRAIN_BYTES, DRAIN_TIME};
 use crate::io::{FdSource, MessageReader};
+use crate::limited_warn;
+use crate::link::{Link, ShmLink};
 use crate::node::NodeInner;
-use crate::peer::{Link, ShmLink};
 use crate::shm::{self, RemoteView};
 use crate::tickets::client::Answer;
 use crate::tickets::holder::{TicketHandle, TicketOrigin};
@@ -27,6 +34,7 @@ pub(crate) async fn release_loop(
     link: Arc<ShmLink>,
     mut rx: mpsc::UnboundedReceiver<u64>,
     mut closed: tokio::sync::oneshot::Receiver<()>,
+    write_timeout: std::time::Duration,
 ) {
     use handoff_wire::framing::encode_header_into;
     loop {
@@ -44,7 +52,7 @@ pub(crate) async fn release_loop(
         let mut head = Vec::with_capacity(16 + leases.len() * 9);
         encode_header_into(&Header::Release { leases }, &mut head);
         let mut w = link.writer.lock().await;
-        if crate::io::write_all(&mut *w, &head).await.is_err() {
+        if crate::io::write_all(&mut *w, &head, write_timeout).await.is_err() {
             return;
         }
     }
@@ -59,6 +67,7 @@ pub(crate) async fn read_loop<R>(
 ) where
     R: AsyncRead + FdSource + Unpin,
 {
+    let _counted = node.connection_guard();
     let mut shutdown = node.shutdown.subscribe();
     let result = tokio::select! {
         r = read_messages(&node, &peer, &mut reader, releases.as_ref()) => r,
@@ -78,36 +87,41 @@ pub(crate) async fn read_loop<R>(
         }
     }
     match result {
-        Ok(()) => tracing::debug!(node = %node.me.name, peer = %peer.name(), "connection closed"),
+        Ok(()) => {
+            tracing::debug!(node = %node.me.name, peer = %peer.name(), "connection closed");
+            peer.0.shutdown_writing().await;
+        }
         Err(Error::Refused { code, message, .. }) => {
-            tracing::warn!(node = %node.me.name, peer = %peer.name(), "peer closed the connection: {message} [{code}]")
+            limited_warn!(peer.0.log, node = %node.me.name, peer = %peer.name(), "peer closed the connection: {message} [{code}]");
+            peer.0.shutdown_writing().await;
+        }
+        Err(Error::Wire(w)) => {
+            limited_warn!(peer.0.log, node = %node.me.name, peer = %peer.name(), "closing connection: {w}");
+            // The error first, our sending side shut, and what the peer still sends read
+            // and dropped for a moment, so the error is not reset away (spec §11.3).
+            peer.0.link.send_error_and_shutdown(&w, DRAIN_TIME).await;
+            if !matches!(w, WireError::Timeout(_)) {
+                reader.drain(DRAIN_BYTES, DRAIN_TIME).await;
+            }
         }
         Err(e) => {
-            tracing::warn!(node = %node.me.name, peer = %peer.name(), "closing connection: {e}");
-            if let Error::Wire(w) = &e {
-                match &peer.0.link {
-                    Link::Tcp { writer } => send_error(&mut *writer.lock().await, w).await,
-                    Link::Shm(link) => send_error(&mut *link.writer.lock().await, w).await,
-                    Link::Inproc { .. } => {}
-                }
-            }
+            limited_warn!(peer.0.log, node = %node.me.name, peer = %peer.name(), "closing connection: {e}");
+            peer.0.shutdown_writing().await;
         }
     }
-    use tokio::io::AsyncWriteExt;
-    match &peer.0.link {
-        Link::Tcp { writer } => {
-            let _ = writer.lock().await.shutdown().await;
+    if let Link::Shm(link) = &peer.0.link {
+        let freed = link.release_all();
+        if freed > 0 {
+            tracing::info!(node = %node.me.name, peer = %peer.name(), "peer gone: {freed} shared-memory leases ended");
         }
-        Link::Shm(link) => {
-            let freed = link.release_all();
-            if freed > 0 {
-                tracing::info!(node = %node.me.name, peer = %peer.name(), "peer gone: {freed} shared-memory leases ended");
-            }
-            let _ = link.writer.lock().await.shutdown().await;
-            node.mappings.forget_idle();
-        }
-        Link::Inproc { .. } => {}
+        node.mappings.forget_idle();
     }
+}
+
+/// Takes room in the receive budget for `bytes` of this peer's, waiting (and so not
+/// reading the connection) until there is some.
+async fn room(node: &Arc<NodeInner>, peer: &Peer, bytes: u64) -> Permit {
+    node.budget.acquire(&peer.0.account, bytes, 0).await
 }
 
 async fn read_messages<R>(
@@ -122,9 +136,15 @@ where
     let supported: &[&str] = if releases.is_some() { UNIX_KINDS } else { TCP_KINDS };
     let mut delivery: Option<Delivery> = None;
     loop {
-        let Some(header_bytes) = reader.read_header(&node.limits).await? else {
+        let Some(len) = reader.next_header_len(&node.limits).await? else {
             return Ok(());
         };
+        // A large header takes room before it is read: the connection waits, not the node.
+        let mut permit = match len as u64 > SMALL_HEADER {
+            true => Some(room(node, peer, len as u64).await),
+            false => None,
+        };
+        let header_bytes = reader.read_header_of(len).await?;
         if let Some(problem) = reader.stream_mut().take_fd_error() {
             return Err(WireError::BadShm(problem).into());
         }
@@ -137,62 +157,23 @@ where
             } => {
                 node.registry.check(type_name)?;
                 let lengths = inline_frame_lengths(&frames, supported)?;
-                let shared = frames.iter().filter(|d| matches!(d, Descriptor::Shm { .. })).count();
-                let mut fds = reader
-                    .stream_mut()
-                    .take_fds(shared)
-                    .ok_or_else(|| {
-                        WireError::BadShm(format!(
-                            "the message announces {shared} shared segments, but fewer descriptors arrived"
-                        ))
-                    })?
-                    .into_iter();
-                let mut received = Vec::with_capacity(lengths.len());
-                for (desc, len) in frames.iter().zip(lengths) {
-                    let buffer = match desc {
-                        Descriptor::Shm {
-                            len,
-                            offset,
-                            size,
-                            lease,
-                            sealed,
-                        } => {
-                            let fd = fds.next().expect("counted above");
-                            let mapping = node
-                                .mappings
-                                .map(fd, *size, *sealed)
-                                .map_err(|e| WireError::BadShm(e.0))?;
-                            shm::remote_buffer(RemoteView {
-                                mapping,
-                                offset: *offset as usize,
-                                len: *len as usize,
-                                lease: *lease,
-                                release: releases.expect("shm frames only on shm links").clone(),
-                            })
-                        }
-                        Descriptor::Ticket(claim) => {
-                            let owner_name = if claim.owner == peer.0.remote.node_id {
-                                Some(peer.name().to_string())
-                            } else {
-                                node.peer_by_id(&claim.owner).map(|p| p.name().to_string())
-                            };
-                            let owner_label = match (owner_name, &claim.addr) {
-                                (Some(n), Some(a)) => format!("{n} ({a})"),
-                                (Some(n), None) => n,
-                                (None, Some(a)) => format!("{} ({a})", &claim.owner[..claim.owner.len().min(12)]),
-                                (None, None) => claim.owner.clone(),
-                            };
-                            let handle = Arc::new(TicketHandle {
-                                claim: claim.clone(),
-                                node: Arc::downgrade(node),
-                                owner_label,
-                            });
-                            Buffer::with_origin(Bytes::new(), Arc::new(TicketOrigin(handle)))
-                        }
-                        _ => Buffer::from(reader.read_frame(len, &node.pool).await?),
-                    };
-                    received.push(buffer);
-                }
+                // The whole message takes room before any frame is read or mapped.
+                let frame_bytes: u64 = frames
+                    .iter()
+                    .filter(|d| !matches!(d, Descriptor::Ticket(_)))
+                    .map(Descriptor::len)
+                    .sum();
+                let message_permit = match permit.take() {
+                    Some(mut p) => {
+                        p.expand(frame_bytes + MESSAGE_OVERHEAD, 1).await;
+                        p
+                    }
+                    None => {
+                        let charge = frame_bytes + MESSAGE_OVERHEAD + len as u64;
+                        node.budget.acquire(&peer.0.account, charge, 1).await
+                    }
+                };
+                let received = read_frames(node, peer, reader, &frames, lengths, releases).await?;
                 let stray = reader.stream_mut().pending_fds();
                 if stray > 0 && reader.buffered() == 0 {
                     return Err(
@@ -208,11 +189,13 @@ where
                         body: header_bytes.slice_ref(body),
                         frames: received,
                     },
+                    permit: Some(message_permit),
                 };
                 let queued = delivery.as_ref().is_some_and(Delivery::busy);
                 if (tickets && node.redeem == Redeem::Eager) || queued {
                     // Redeemed by a task of its own, so this loop keeps reading the owner's
-                    // answers; later messages queue behind it to keep their order.
+                    // answers; later messages queue behind it to keep their order. The queue
+                    // is bounded by the budget: each envelope in it holds its room.
                     delivery
                         .get_or_insert_with(|| Delivery::start(node.clone()))
                         .push(envelope);
@@ -249,6 +232,77 @@ where
     }
 }
 
+/// Reads (or maps, or takes the ticket of) each frame of a message whose room is taken.
+async fn read_frames<R>(
+    node: &Arc<NodeInner>,
+    peer: &Peer,
+    reader: &mut MessageReader<R>,
+    frames: &[Descriptor],
+    lengths: Vec<u64>,
+    releases: Option<&mpsc::UnboundedSender<u64>>,
+) -> Result<Vec<Buffer>>
+where
+    R: AsyncRead + FdSource + Unpin,
+{
+    let shared = frames.iter().filter(|d| matches!(d, Descriptor::Shm { .. })).count();
+    let mut fds = reader
+        .stream_mut()
+        .take_fds(shared)
+        .ok_or_else(|| {
+            WireError::BadShm(format!(
+                "the message announces {shared} shared segments, but fewer descriptors arrived"
+            ))
+        })?
+        .into_iter();
+    let mut received = Vec::with_capacity(lengths.len());
+    for (desc, len) in frames.iter().zip(lengths) {
+        let buffer = match desc {
+            Descriptor::Shm {
+                len,
+                offset,
+                size,
+                lease,
+                sealed,
+            } => {
+                let fd = fds.next().expect("counted above");
+                let (mapping, at) = node
+                    .mappings
+                    .map(fd, *size, *sealed, *offset, *len)
+                    .map_err(|e| WireError::BadShm(e.0))?;
+                shm::remote_buffer(RemoteView {
+                    mapping,
+                    offset: at,
+                    len: *len as usize,
+                    lease: *lease,
+                    release: releases.expect("shm frames only on shm links").clone(),
+                })
+            }
+            Descriptor::Ticket(claim) => {
+                let owner_name = if claim.owner == peer.0.remote.node_id {
+                    Some(peer.name().to_string())
+                } else {
+                    node.peer_by_id(&claim.owner).map(|p| p.name().to_string())
+                };
+                let owner_label = match (owner_name, &claim.addr) {
+                    (Some(n), Some(a)) => format!("{n} ({a})"),
+                    (Some(n), None) => n,
+                    (None, Some(a)) => format!("{} ({a})", &claim.owner[..claim.owner.len().min(12)]),
+                    (None, None) => claim.owner.clone(),
+                };
+                let handle = Arc::new(TicketHandle {
+                    claim: claim.clone(),
+                    node: Arc::downgrade(node),
+                    owner_label,
+                });
+                Buffer::with_origin(Bytes::new(), Arc::new(TicketOrigin(handle)))
+            }
+            _ => Buffer::from(reader.read_frame(len, &node.pool).await?),
+        };
+        received.push(buffer);
+    }
+    Ok(received)
+}
+
 /// The ticket protocol on a connection: as the owner, answer pulls and forwards and take
 /// releases and renewals; as a holder, hand answers to the requests waiting for them.
 async fn handle_ticket_op<R>(
@@ -262,7 +316,7 @@ where
 {
     let holder = peer.0.remote.node_id.as_str();
     let refused = |req: u64, r: crate::tickets::owner::Refusal, what: &str| {
-        tracing::warn!(node = %node.me.name, peer = %peer.name(), "refused a {what}: {} [{}]", r.message, r.code);
+        limited_warn!(peer.0.log, node = %node.me.name, peer = %peer.name(), "refused a {what}: {} [{}]", r.message, r.code);
         TicketOp::Refused {
             req,
             code: r.code.to_string(),
@@ -276,21 +330,35 @@ where
             token,
             offset,
             len,
-        } => {
-            let (answer, bytes) = match node.leases.pull(lease, holder, &token, offset, len) {
-                Ok(slice) => (TicketOp::Pulled { req, len }, vec![slice]),
-                Err(r) => (refused(req, r, "pull"), vec![]),
-            };
-            // Written by a task: a large answer must not stop this loop from reading.
-            let peer = peer.clone();
-            tokio::spawn(async move {
-                if let Err(e) = peer.write_control(&Header::Ticket(answer), &bytes).await {
-                    tracing::debug!(peer = %peer.name(), "could not answer a pull: {e}");
-                }
-            });
-        }
+        } => match node.leases.pull(lease, holder, &token, offset, len) {
+            Ok(slice) => {
+                // Written by a task: a large answer must not stop this loop from reading.
+                // Only so many at once: past that, this loop waits, and so reads no more
+                // requests from this peer until its answers drain.
+                let place = peer
+                    .0
+                    .pull_answers
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("the semaphore is never closed");
+                let peer = peer.clone();
+                tokio::spawn(async move {
+                    let answer = Header::Ticket(TicketOp::Pulled { req, len });
+                    if let Err(e) = peer.write_control(&answer, &[slice]).await {
+                        tracing::debug!(peer = %peer.name(), "could not answer a pull: {e}");
+                    }
+                    drop(place);
+                });
+            }
+            // A refusal is small: answered in place, no task per refusal.
+            Err(r) => {
+                peer.write_control(&Header::Ticket(refused(req, r, "pull")), &[])
+                    .await?
+            }
+        },
         TicketOp::Forward { req, lease, token, to } => {
-            let answer = match node.leases.forward(lease, holder, &token, &to) {
+            let answer = match node.leases.forward(lease, holder, &token, &to, &node.me.node_id) {
                 Ok(token) => TicketOp::Forwarded {
                     req,
                     token: token.to_vec(),
@@ -306,21 +374,36 @@ where
         }
         TicketOp::Renew { lease, token } => {
             if let Err(r) = node.leases.renew(lease, holder, &token) {
-                tracing::warn!(node = %node.me.name, peer = %peer.name(), "refused a renewal: {} [{}]", r.message, r.code);
+                limited_warn!(peer.0.log, node = %node.me.name, peer = %peer.name(), "refused a renewal: {} [{}]", r.message, r.code);
             }
         }
         TicketOp::Pulled { req, len } => {
-            let hash = peer
+            let waiting = peer
                 .0
                 .pending
                 .lock()
                 .expect("pending lock")
                 .get(&req)
-                .is_some_and(|p| p.hash);
-            let mut hasher = hash.then(blake3::Hasher::new);
-            let bytes = reader.read_frame_hashing(len, &node.pool, hasher.as_mut()).await?;
-            let digest = hasher.map(|h| *h.finalize().as_bytes());
-            answer(peer, req, Ok(Answer::Bytes(bytes, digest)));
+                .map(|p| (p.len, p.hash));
+            match waiting {
+                Some((Some(asked), hash)) if asked == len => {
+                    let mut hasher = hash.then(blake3::Hasher::new);
+                    let bytes = reader.read_frame_hashing(len, &node.pool, hasher.as_mut()).await?;
+                    let digest = hasher.map(|h| *h.finalize().as_bytes());
+                    answer(peer, req, Ok(Answer::Bytes(bytes, digest)));
+                }
+                Some((asked, _)) => {
+                    // Not what we asked for: read past it without allocating it.
+                    reader.discard(len).await?;
+                    let why = match asked {
+                        Some(asked) => format!("answered {len} bytes to a pull of {asked}"),
+                        None => format!("answered a forward with {len} bytes"),
+                    };
+                    answer(peer, req, Ok(Answer::Mismatch(why)));
+                }
+                // Late (we gave up) or never asked: read past it and drop it (spec §6.7).
+                None => reader.discard(len).await?,
+            }
         }
         TicketOp::Forwarded { req, token } => answer(peer, req, Ok(Answer::Token(token))),
         TicketOp::Refused { req, code, message } => answer(
@@ -382,6 +465,8 @@ impl Delivery {
 }
 
 /// Pulls every ticket of an envelope; on failure the envelope carries the error instead.
+/// The pulled bytes count against the sender's budget with the rest of the message (they
+/// are bounded by our own requests, so they never wait for room).
 async fn redeem_all(envelope: &mut Envelope) {
     let Payload::Encoded { frames, .. } = &mut envelope.payload else {
         return;
@@ -389,9 +474,14 @@ async fn redeem_all(envelope: &mut Envelope) {
     for frame in frames.iter_mut() {
         if let Some(ticket) = Ticket::of(frame).filter(|t| !t.is_on_demand()) {
             match ticket.redeem().await {
-                Ok(bytes) => *frame = bytes,
+                Ok(bytes) => {
+                    if let Some(p) = envelope.permit.as_mut() {
+                        p.grow(bytes.len() as u64);
+                    }
+                    *frame = bytes;
+                }
                 Err(e) => {
-                    tracing::warn!(from = %envelope.from.name(), "a ticket could not be redeemed: {e}");
+                    limited_warn!(envelope.from.0.log, from = %envelope.from.name(), "a ticket could not be redeemed: {e}");
                     envelope.payload = Payload::Failed(e);
                     return;
                 }

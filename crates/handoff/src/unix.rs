@@ -20,8 +20,8 @@ use crate::{Error, Result};
 
 /// Most descriptors accepted with one read; more is a protocol error.
 pub(crate) const MAX_FDS_PER_READ: usize = 64;
-/// Most descriptors waiting to be claimed by message headers.
-pub(crate) const MAX_PENDING_FDS: usize = 1024;
+/// Most descriptors waiting, unclaimed, on one connection (spec §7.2: two messages' worth).
+pub(crate) const MAX_PENDING_FDS: usize = 2 * MAX_FDS_PER_READ;
 
 /// The read side: an `AsyncRead` that also collects the descriptors that arrive.
 pub(crate) struct FdReader {
@@ -74,6 +74,9 @@ impl FdReader {
                 "over {MAX_PENDING_FDS} descriptors arrived that no header claimed"
             ));
         }
+        // The connection fails at the next header; meanwhile the extra descriptors are
+        // closed at once, so a peer cannot use up this process's descriptors.
+        self.fds.truncate(MAX_PENDING_FDS);
         Ok(msg.bytes)
     }
 }
@@ -108,12 +111,25 @@ impl UnixWriter {
         UnixWriter { stream }
     }
 
-    /// Writes `head` with `fds` attached to its first byte, then the rest of `head`.
-    pub(crate) async fn send_with_fds(&mut self, head: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+    /// The socket (to shut it down when a write stalls).
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+
+    /// Writes `head` with `fds` attached to its first byte, then the rest of `head`; each
+    /// write must make progress within `stall`.
+    pub(crate) async fn send_with_fds(
+        &mut self,
+        head: &[u8],
+        fds: &[BorrowedFd<'_>],
+        stall: std::time::Duration,
+    ) -> std::io::Result<()> {
         let mut sent = 0;
         if !fds.is_empty() {
             loop {
-                self.stream.writable().await?;
+                tokio::time::timeout(stall, self.stream.writable())
+                    .await
+                    .map_err(|_| crate::io::stalled_write(stall))??;
                 let attempt = self.stream.try_io(Interest::WRITABLE, || {
                     let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
                     let mut control = SendAncillaryBuffer::new(&mut space);
@@ -138,7 +154,7 @@ impl UnixWriter {
                 }
             }
         }
-        tokio::io::AsyncWriteExt::write_all(self, &head[sent..]).await
+        crate::io::write_all(self, &head[sent..], stall).await
     }
 }
 

@@ -91,12 +91,23 @@ fn send_with_fds(s: &UnixStream, bytes: &[u8], fds: &[OwnedFd]) {
     assert_eq!(n, bytes.len());
 }
 
-fn memfd(size: u64, sealed: bool) -> OwnedFd {
+/// A memfd of `size` bytes with no seals at all (it could shrink under a receiver).
+fn bare_memfd(size: u64) -> OwnedFd {
     let fd = rustix::fs::memfd_create("test", MemfdFlags::ALLOW_SEALING).unwrap();
     rustix::fs::ftruncate(&fd, size).unwrap();
-    if sealed {
-        rustix::fs::fcntl_add_seals(&fd, SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW).unwrap();
-    }
+    fd
+}
+
+/// A segment as a conforming sender passes it: sealed against shrinking and growing, and
+/// with `sealed` against writes too (spec §7.4).
+fn memfd(size: u64, sealed: bool) -> OwnedFd {
+    let fd = bare_memfd(size);
+    let seals = if sealed {
+        SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW
+    } else {
+        SealFlags::SHRINK | SealFlags::GROW
+    };
+    rustix::fs::fcntl_add_seals(&fd, seals).unwrap();
     fd
 }
 
@@ -208,4 +219,30 @@ async fn a_sealed_claim_on_an_unsealed_segment() {
     assert_eq!(got.data.len(), 4096);
     assert!(handoff::shm::segment_info(&got.data).unwrap().sealed);
     drop(client);
+}
+
+#[tokio::test]
+async fn a_segment_that_could_shrink_under_the_mapping() {
+    let node = server("shm-shrinkable").await;
+    let reply = expect_refusal(&node, shm_msg(8192, false), vec![bare_memfd(8192)]).await;
+    assert!(
+        reply.starts_with("bad-shm") && reply.contains("not sealed against shrinking"),
+        "{reply}"
+    );
+    still_serves(&node, "after-shrinkable").await;
+}
+
+#[tokio::test]
+async fn a_regular_file_passed_as_a_segment() {
+    let node = server("shm-regular-file").await;
+    let path = std::env::temp_dir().join(format!("handoff-bad-shm-{}", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    file.set_len(8192).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let reply = expect_refusal(&node, shm_msg(8192, false), vec![OwnedFd::from(file)]).await;
+    assert!(
+        reply.starts_with("bad-shm") && reply.contains("not a sealable shared-memory file"),
+        "{reply}"
+    );
+    still_serves(&node, "after-regular-file").await;
 }

@@ -1,6 +1,10 @@
 //! The receiving side of shared memory: read-only mappings of peers' segments, kept
 //! per segment (by device and inode) so that a reused segment is not mapped — and
 //! faulted in — again.
+//!
+//! A received segment must be sealed against shrinking (spec §7.2), so no read of a
+//! mapping can fault. A small window of a much larger segment is mapped alone (its pages
+//! only), so that a peer cannot make this process map terabytes of sparse segments.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -13,12 +17,16 @@ use rustix::fs::SealFlags;
 
 use super::segment::inode_of;
 
-/// A peer's segment mapped read-only into this process.
+/// A peer's segment, or the part of it around a window, mapped read-only into this process.
 pub(crate) struct Mapping {
     file: File,
     map: Mmap,
     inode: (u64, u64),
     sealed: bool,
+    /// Size of the whole segment.
+    segment_size: u64,
+    /// Where the mapping starts in the segment.
+    file_offset: u64,
 }
 
 impl Mapping {
@@ -26,12 +34,24 @@ impl Mapping {
         self.file.as_fd()
     }
 
+    /// The first mapped byte (byte `file_offset` of the segment).
     pub(crate) fn base(&self) -> *const u8 {
         self.map.as_ptr()
     }
 
-    pub(crate) fn size(&self) -> usize {
+    /// Bytes mapped.
+    pub(crate) fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// Size of the whole segment.
+    pub(crate) fn segment_size(&self) -> usize {
+        self.segment_size as usize
+    }
+
+    /// Where the mapping starts in the segment.
+    pub(crate) fn file_offset(&self) -> usize {
+        self.file_offset as usize
     }
 
     pub(crate) fn inode(&self) -> (u64, u64) {
@@ -40,6 +60,10 @@ impl Mapping {
 
     pub(crate) fn sealed(&self) -> bool {
         self.sealed
+    }
+
+    fn covers(&self, offset: u64, len: u64) -> bool {
+        offset >= self.file_offset && offset + len <= self.file_offset + self.map.len() as u64
     }
 }
 
@@ -54,12 +78,33 @@ struct Entry {
 
 /// Mappings of received segments, reused while the segment lives.
 pub(crate) struct MappingCache {
-    entries: Mutex<HashMap<(u64, u64), Entry>>,
+    entries: Mutex<HashMap<(u64, u64), Vec<Entry>>>,
     tick: AtomicU64,
     max_idle_bytes: usize,
 }
 
-const SEALS_REQUIRED: SealFlags = SealFlags::WRITE.union(SealFlags::SHRINK).union(SealFlags::GROW);
+/// Every received segment must carry this seal (spec §7.2 rule 1).
+const SEAL_NEEDED: SealFlags = SealFlags::SHRINK;
+/// A segment said to be sealed must carry these (rule 2).
+const SEALS_FOR_SEALED: SealFlags = SealFlags::WRITE.union(SealFlags::SHRINK).union(SealFlags::GROW);
+/// A window this much smaller than its segment is mapped alone.
+const WHOLE_SEGMENT_SLACK: u64 = 1 << 20;
+
+fn page_size() -> u64 {
+    rustix::param::page_size() as u64
+}
+
+/// The part of a segment of `size` bytes to map for the window `offset .. offset + len`:
+/// the whole segment unless it is much larger than the window (spec §7.2 step 4).
+fn span(size: u64, offset: u64, len: u64) -> (u64, u64) {
+    if size <= 2 * len + WHOLE_SEGMENT_SLACK {
+        return (0, size);
+    }
+    let page = page_size();
+    let start = offset / page * page;
+    let end = (offset + len).div_ceil(page) * page;
+    (start, end.min(size).max(start + 1) - start)
+}
 
 impl MappingCache {
     pub(crate) fn new(max_idle_bytes: usize) -> MappingCache {
@@ -70,9 +115,34 @@ impl MappingCache {
         }
     }
 
-    /// Maps the segment behind `fd` (or reuses the mapping we have), checking that its
-    /// size is the one the descriptor announced and, if it claims to be sealed, its seals.
-    pub(crate) fn map(&self, fd: OwnedFd, size: u64, sealed: bool) -> Result<Arc<Mapping>, MapError> {
+    /// Maps the window `offset .. offset + len` of the segment behind `fd` (or reuses a
+    /// mapping that covers it), after the checks of spec §7.2: seals, then size. Returns
+    /// the mapping and where the window starts in it.
+    pub(crate) fn map(
+        &self,
+        fd: OwnedFd,
+        size: u64,
+        sealed: bool,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Arc<Mapping>, usize), MapError> {
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| {
+            MapError(format!(
+                "the received descriptor is not a sealable shared-memory file (F_GET_SEALS: {e}); \
+                 segments must be memfds sealed against shrinking"
+            ))
+        })?;
+        if !seals.contains(SEAL_NEEDED) {
+            return Err(MapError(format!(
+                "the received segment is not sealed against shrinking (its seals are {seals:?}); \
+                 a sender must add F_SEAL_SHRINK before passing a segment"
+            )));
+        }
+        if sealed && !seals.contains(SEALS_FOR_SEALED) {
+            return Err(MapError(format!(
+                "the descriptor claims a sealed segment, but its seals are {seals:?}"
+            )));
+        }
         let st = rustix::fs::fstat(&fd).map_err(|e| MapError(format!("cannot stat the received descriptor: {e}")))?;
         if st.st_size as u64 != size {
             return Err(MapError(format!(
@@ -80,76 +150,107 @@ impl MappingCache {
                 st.st_size
             )));
         }
-        if sealed {
-            let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| MapError(format!("cannot read seals: {e}")))?;
-            if !seals.contains(SEALS_REQUIRED) {
-                return Err(MapError(format!(
-                    "the descriptor claims a sealed segment, but its seals are {seals:?}"
-                )));
-            }
+        if size == 0 {
+            return Err(MapError("an empty shared segment".into()));
         }
         let inode = inode_of(fd.as_fd()).map_err(|e| MapError(e.to_string()))?;
         let tick = self.tick.fetch_add(1, Ordering::Relaxed);
         let mut entries = self.entries.lock().expect("mapping cache lock");
-        if let Some(entry) = entries.get_mut(&inode) {
-            if entry.mapping.size() as u64 == size && (entry.mapping.sealed || !sealed) {
+        if let Some(list) = entries.get_mut(&inode) {
+            let reuse = list.iter_mut().find(|e| {
+                e.mapping.segment_size == size && (e.mapping.sealed || !sealed) && e.mapping.covers(offset, len)
+            });
+            if let Some(entry) = reuse {
                 entry.last_used = tick;
-                return Ok(entry.mapping.clone());
+                let at = (offset - entry.mapping.file_offset) as usize;
+                return Ok((entry.mapping.clone(), at));
             }
         }
-        if size == 0 {
-            return Err(MapError("an empty shared segment".into()));
-        }
+        let (start, map_len) = span(size, offset, len);
         let file = File::from(fd);
-        // SAFETY: read-only shared mapping of a memfd whose size we checked. A peer that
-        // shrinks an unsealed segment could make reads fault; peers are authenticated and
-        // of the same user, and sealed mode rules it out.
-        let map = unsafe { MmapOptions::new().len(size as usize).map(&file) }
+        // SAFETY: a read-only shared mapping of a file sealed against shrinking, within the
+        // size we checked: no part of it can disappear while it is mapped.
+        let map = unsafe { MmapOptions::new().offset(start).len(map_len as usize).map(&file) }
             .map_err(|e| MapError(format!("cannot map the received segment: {e}")))?;
         let mapping = Arc::new(Mapping {
             file,
             map,
             inode,
             sealed,
+            segment_size: size,
+            file_offset: start,
         });
-        entries.insert(
-            inode,
-            Entry {
-                mapping: mapping.clone(),
-                last_used: tick,
-            },
-        );
+        entries.entry(inode).or_default().push(Entry {
+            mapping: mapping.clone(),
+            last_used: tick,
+        });
         evict(&mut entries, self.max_idle_bytes);
-        Ok(mapping)
+        Ok((mapping, (offset - start) as usize))
     }
 
     /// Drops every mapping no view uses (when the peers that sent them are gone).
     pub(crate) fn forget_idle(&self) {
         let mut entries = self.entries.lock().expect("mapping cache lock");
-        entries.retain(|_, e| Arc::strong_count(&e.mapping) > 1);
+        for list in entries.values_mut() {
+            list.retain(|e| Arc::strong_count(&e.mapping) > 1);
+        }
+        entries.retain(|_, list| !list.is_empty());
     }
 
     /// Bytes mapped now.
     pub(crate) fn mapped_bytes(&self) -> usize {
         let entries = self.entries.lock().expect("mapping cache lock");
-        entries.values().map(|e| e.mapping.size()).sum()
+        entries.values().flatten().map(|e| e.mapping.len()).sum()
     }
 }
 
 /// Evicts least recently used mappings that no view holds, down to `max_idle_bytes` idle.
-fn evict(entries: &mut HashMap<(u64, u64), Entry>, max_idle_bytes: usize) {
-    let mut idle: Vec<((u64, u64), u64, usize)> = entries
+fn evict(entries: &mut HashMap<(u64, u64), Vec<Entry>>, max_idle_bytes: usize) {
+    let mut idle: Vec<((u64, u64), u64, usize, u64)> = entries
         .iter()
-        .filter(|(_, e)| Arc::strong_count(&e.mapping) == 1)
-        .map(|(k, e)| (*k, e.last_used, e.mapping.size()))
+        .flat_map(|(k, list)| {
+            list.iter()
+                .filter(|e| Arc::strong_count(&e.mapping) == 1)
+                .map(move |e| (*k, e.last_used, e.mapping.len(), e.mapping.file_offset))
+        })
         .collect();
     let mut idle_bytes: usize = idle.iter().map(|i| i.2).sum();
     idle.sort_by_key(|i| i.1);
-    for (key, _, size) in idle {
+    for (key, _, len, file_offset) in idle {
         if idle_bytes <= max_idle_bytes {
             break;
         }
-        entries.remove(&key);
-        idle_bytes -= size;
+        if let Some(list) = entries.get_mut(&key) {
+            list.retain(|e| {
+                !(Arc::strong_count(&e.mapping) == 1 && e.mapping.file_offset == file_offset && e.mapping.len() == len)
+            });
+            if list.is_empty() {
+                entries.remove(&key);
+            }
+        }
+        idle_bytes -= len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_small_window_of_a_huge_segment_maps_its_pages_only() {
+        let page = page_size();
+        assert_eq!(span(1 << 20, 0, 1 << 20), (0, 1 << 20), "a frame filling its segment");
+        assert_eq!(
+            span(128 << 10, 10, 64 << 10),
+            (0, 128 << 10),
+            "a pooled segment, twice the frame"
+        );
+        assert_eq!(
+            span(1 << 40, 5 * page + 3, 1),
+            (5 * page, page),
+            "one byte of a terabyte"
+        );
+        let (start, len) = span(1 << 40, page - 1, 2);
+        assert_eq!((start, len), (0, 2 * page), "a window across a page boundary");
     }
 }

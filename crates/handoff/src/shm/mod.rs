@@ -32,17 +32,27 @@ impl ShmOrigin {
         }
     }
 
-    fn base(&self) -> *const u8 {
+    /// The first byte mapped here, and where it lies in the segment.
+    fn base(&self) -> (*const u8, usize) {
         match self {
-            ShmOrigin::Local(s) => s.base(),
-            ShmOrigin::Remote(m) => m.base(),
+            ShmOrigin::Local(s) => (s.base(), 0),
+            ShmOrigin::Remote(m) => (m.base(), m.file_offset()),
         }
     }
 
+    /// Bytes of the segment mapped here (a received window may be mapped alone).
+    fn mapped_len(&self) -> usize {
+        match self {
+            ShmOrigin::Local(s) => s.size(),
+            ShmOrigin::Remote(m) => m.len(),
+        }
+    }
+
+    /// Size of the whole segment.
     pub(crate) fn size(&self) -> usize {
         match self {
             ShmOrigin::Local(s) => s.size(),
-            ShmOrigin::Remote(m) => m.size(),
+            ShmOrigin::Remote(m) => m.segment_size(),
         }
     }
 
@@ -60,11 +70,12 @@ impl ShmOrigin {
         }
     }
 
-    /// Offset of `buf`'s bytes in the segment, if they lie inside it.
+    /// Offset of `buf`'s bytes in the segment, if they lie inside what is mapped here.
     pub(crate) fn offset_of(&self, buf: &[u8]) -> Option<usize> {
-        let base = self.base() as usize;
+        let (base, file_offset) = self.base();
+        let base = base as usize;
         let start = buf.as_ptr() as usize;
-        (start >= base && start + buf.len() <= base + self.size()).then(|| start - base)
+        (start >= base && start + buf.len() <= base + self.mapped_len()).then(|| start - base + file_offset)
     }
 }
 
@@ -192,7 +203,7 @@ pub(crate) struct RemoteView {
 
 impl AsRef<[u8]> for RemoteView {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: offset + len was checked against the mapping's size when received.
+        // SAFETY: the window lies inside the mapping (checked when it was received).
         unsafe { std::slice::from_raw_parts(self.mapping.base().add(self.offset), self.len) }
     }
 }

@@ -62,6 +62,9 @@ fn refuse(code: &'static str, message: String) -> Refusal {
 struct Hold {
     token: [u8; 32],
     deadline: Instant,
+    /// Ended by its deadline: kept (with its token) while the lease lives, so that a late
+    /// holder is told `expired` rather than `bad-token` (spec §7.7). Keeps nothing alive.
+    expired: bool,
 }
 
 struct Lease {
@@ -118,6 +121,19 @@ pub(crate) struct LeaseTable {
     state: Mutex<State>,
     changed: Notify,
     pub(crate) config: LeaseConfig,
+    /// Most live holds on one lease (spec §9.1).
+    max_holders: usize,
+}
+
+/// Whether `id` has the form of a node id: 32 lower-case hex characters (spec §5.2).
+fn is_node_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl Lease {
+    fn live_holds(&self) -> usize {
+        self.holders.values().filter(|h| !h.expired).count()
+    }
 }
 
 fn token_eq(a: &[u8; 32], b: &[u8]) -> bool {
@@ -125,7 +141,7 @@ fn token_eq(a: &[u8; 32], b: &[u8]) -> bool {
 }
 
 impl LeaseTable {
-    pub(crate) fn new(config: LeaseConfig) -> LeaseTable {
+    pub(crate) fn new(config: LeaseConfig, max_holders: usize) -> LeaseTable {
         LeaseTable {
             state: Mutex::new(State {
                 next_id: 1,
@@ -133,6 +149,7 @@ impl LeaseTable {
             }),
             changed: Notify::new(),
             config,
+            max_holders: max_holders.max(1),
         }
     }
 
@@ -178,6 +195,7 @@ impl LeaseTable {
                         let hold = Hold {
                             token,
                             deadline: Instant::now() + self.config.ttl,
+                            expired: false,
                         };
                         st.leases.insert(
                             lease,
@@ -233,7 +251,7 @@ impl LeaseTable {
                 format!("wrong token for lease {lease} from node {holder}"),
             ));
         }
-        if hold.deadline <= Instant::now() {
+        if hold.expired || hold.deadline <= Instant::now() {
             return Err(refuse(
                 "expired",
                 format!("the hold of node {holder} on lease {lease} expired"),
@@ -273,16 +291,40 @@ impl LeaseTable {
     }
 
     /// Registers `to` as a holder too, with its own token; the asking holder keeps its hold.
-    pub(crate) fn forward(&self, lease: u64, holder: &str, token: &[u8], to: &str) -> Result<[u8; 32], Refusal> {
+    /// `owner` is our own node id: a lease cannot be forwarded to its owner.
+    pub(crate) fn forward(
+        &self,
+        lease: u64,
+        holder: &str,
+        token: &[u8],
+        to: &str,
+        owner: &str,
+    ) -> Result<[u8; 32], Refusal> {
         let ttl = self.config.ttl;
+        let max_holders = self.max_holders;
         self.with_hold(lease, holder, token, |st, lease| {
+            if !is_node_id(to) || to == owner {
+                let shown: String = to.chars().take(64).collect();
+                return Err(refuse(
+                    "bad-holder",
+                    format!("{shown:?} is not a node id of 32 lower-case hex characters other than the owner's"),
+                ));
+            }
             let l = st.leases.get_mut(&lease).expect("checked");
+            let already = l.holders.get(to).is_some_and(|h| !h.expired);
+            if !already && l.live_holds() >= max_holders {
+                return Err(refuse(
+                    "too-many-holders",
+                    format!("lease {lease} has {max_holders} holders, as many as this owner allows"),
+                ));
+            }
             let token: [u8; 32] = rand::random();
             l.holders.insert(
                 to.to_string(),
                 Hold {
                     token,
                     deadline: Instant::now() + ttl,
+                    expired: false,
                 },
             );
             Ok(token)
@@ -327,16 +369,18 @@ impl LeaseTable {
         n
     }
 
-    /// Ends holds whose deadline passed; returns how many.
+    /// Ends holds whose deadline passed (remembering them while their lease lives);
+    /// returns how many.
     pub(crate) fn expire(&self) -> usize {
         let now = Instant::now();
         let n = {
             let mut st = self.state.lock().expect("lease lock");
             let mut n = 0;
             for l in st.leases.values_mut() {
-                let before = l.holders.len();
-                l.holders.retain(|_, h| h.deadline > now);
-                n += before - l.holders.len();
+                for h in l.holders.values_mut().filter(|h| !h.expired && h.deadline <= now) {
+                    h.expired = true;
+                    n += 1;
+                }
             }
             st.expired += n as u64;
             n
@@ -352,7 +396,7 @@ impl LeaseTable {
         let st = self.state.lock().expect("lease lock");
         st.leases
             .values()
-            .flat_map(|l| l.holders.values().map(|h| h.deadline))
+            .flat_map(|l| l.holders.values().filter(|h| !h.expired).map(|h| h.deadline))
             .min()
     }
 
@@ -362,7 +406,7 @@ impl LeaseTable {
         let done: Vec<u64> = st
             .leases
             .iter()
-            .filter(|(_, l)| l.holders.is_empty())
+            .filter(|(_, l)| l.live_holds() == 0)
             .map(|(k, _)| *k)
             .collect();
         if done.is_empty() {
@@ -393,7 +437,7 @@ impl LeaseTable {
         LeaseTableStats {
             count: st.leases.len(),
             bytes: st.bytes,
-            holders: st.leases.values().map(|l| l.holders.len()).sum(),
+            holders: st.leases.values().map(Lease::live_holds).sum(),
             oldest_seconds: st
                 .leases
                 .values()
@@ -410,40 +454,47 @@ impl LeaseTable {
 mod tests {
     use super::*;
 
+    const OWNER: &str = "0000000000000000000000000000000a";
+    const B: &str = "0000000000000000000000000000000b";
+    const C: &str = "0000000000000000000000000000000c";
+
     fn table(ttl_ms: u64, max: u64, when_full: WhenFull) -> LeaseTable {
-        LeaseTable::new(LeaseConfig {
-            ttl: Duration::from_millis(ttl_ms),
-            max_bytes: max,
-            max_bytes_per_peer: max,
-            when_full,
-        })
+        LeaseTable::new(
+            LeaseConfig {
+                ttl: Duration::from_millis(ttl_ms),
+                max_bytes: max,
+                max_bytes_per_peer: max,
+                when_full,
+            },
+            3,
+        )
     }
 
     #[tokio::test]
     async fn a_lease_lives_until_its_last_holder_releases() {
         let t = table(60_000, 1 << 20, WhenFull::Fail);
         let buf = Buffer::from(vec![1u8; 1000]);
-        let i = t.issue(&buf, None, "b", "b").await.unwrap();
-        assert_eq!(t.pull(i.lease, "b", &i.token, 10, 5).unwrap(), buf.slice(10..15));
-        let c_token = t.forward(i.lease, "b", &i.token, "c").unwrap();
-        t.unlease(i.lease, "b", &i.token).unwrap();
+        let i = t.issue(&buf, None, B, B).await.unwrap();
+        assert_eq!(t.pull(i.lease, B, &i.token, 10, 5).unwrap(), buf.slice(10..15));
+        let c_token = t.forward(i.lease, B, &i.token, C, OWNER).unwrap();
+        t.unlease(i.lease, B, &i.token).unwrap();
         assert!(t.is_alive(i.lease), "c still holds it");
         assert_eq!(
-            t.pull(i.lease, "b", &i.token, 0, 1).unwrap_err().code,
+            t.pull(i.lease, B, &i.token, 0, 1).unwrap_err().code,
             "bad-token",
             "b's hold ended"
         );
         assert_eq!(
-            t.pull(i.lease, "c", &i.token, 0, 1).unwrap_err().code,
+            t.pull(i.lease, C, &i.token, 0, 1).unwrap_err().code,
             "bad-token",
             "b's token is not c's"
         );
-        t.pull(i.lease, "c", &c_token, 0, 1000).unwrap();
-        assert_eq!(t.pull(i.lease, "c", &c_token, 999, 2).unwrap_err().code, "out-of-range");
-        t.unlease(i.lease, "c", &c_token).unwrap();
+        t.pull(i.lease, C, &c_token, 0, 1000).unwrap();
+        assert_eq!(t.pull(i.lease, C, &c_token, 999, 2).unwrap_err().code, "out-of-range");
+        t.unlease(i.lease, C, &c_token).unwrap();
         assert!(!t.is_alive(i.lease));
         assert_eq!(
-            t.pull(i.lease, "c", &c_token, 0, 1).unwrap_err().code,
+            t.pull(i.lease, C, &c_token, 0, 1).unwrap_err().code,
             "unknown-lease",
             "no replay"
         );
@@ -454,12 +505,12 @@ mod tests {
     async fn deadlines_and_lost_holders_end_holds() {
         let t = table(50, 1 << 20, WhenFull::Fail);
         let buf = Buffer::from(vec![1u8; 10]);
-        let a = t.issue(&buf, None, "b", "b").await.unwrap();
-        let b = t.issue(&buf, None, "c", "c").await.unwrap();
-        assert_eq!(t.drop_holder("c"), 1);
+        let a = t.issue(&buf, None, B, B).await.unwrap();
+        let b = t.issue(&buf, None, C, C).await.unwrap();
+        assert_eq!(t.drop_holder(C), 1);
         assert!(!t.is_alive(b.lease));
         tokio::time::sleep(Duration::from_millis(80)).await;
-        assert_eq!(t.pull(a.lease, "b", &a.token, 0, 1).unwrap_err().code, "expired");
+        assert_eq!(t.pull(a.lease, B, &a.token, 0, 1).unwrap_err().code, "expired");
         assert_eq!(t.expire(), 1);
         assert!(!t.is_alive(a.lease));
         assert_eq!(t.stats().expired, 1);
@@ -469,18 +520,60 @@ mod tests {
     async fn caps_wait_or_fail() {
         let t = std::sync::Arc::new(table(60_000, 100, WhenFull::Wait(Duration::from_secs(5))));
         let buf = Buffer::from(vec![1u8; 80]);
-        let first = t.issue(&buf, None, "b", "b").await.unwrap();
+        let first = t.issue(&buf, None, B, B).await.unwrap();
         let t2 = t.clone();
         let b2 = buf.clone();
-        let waiting = tokio::spawn(async move { t2.issue(&b2, None, "b", "b").await.map(|i| i.lease) });
+        let waiting = tokio::spawn(async move { t2.issue(&b2, None, B, B).await.map(|i| i.lease) });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "the second lease waits for room");
-        t.unlease(first.lease, "b", &first.token).unwrap();
+        t.unlease(first.lease, B, &first.token).unwrap();
         waiting.await.unwrap().unwrap();
 
         let failing = table(60_000, 100, WhenFull::Fail);
-        failing.issue(&buf, None, "b", "b").await.unwrap();
-        let err = failing.issue(&buf, None, "b", "b").await.unwrap_err();
+        failing.issue(&buf, None, B, B).await.unwrap();
+        let err = failing.issue(&buf, None, B, B).await.unwrap_err();
         assert!(err.to_string().contains("80 of 100 bytes"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn forwards_name_real_nodes_and_holders_are_capped() {
+        let t = table(60_000, 1 << 20, WhenFull::Fail);
+        let buf = Buffer::from(vec![1u8; 10]);
+        let i = t.issue(&buf, None, B, B).await.unwrap();
+        let code = |to: &str| t.forward(i.lease, B, &i.token, to, OWNER).unwrap_err().code;
+        assert_eq!(code("not-a-node"), "bad-holder");
+        assert_eq!(code(&"A".repeat(32)), "bad-holder", "upper case is not a node id");
+        assert_eq!(code(OWNER), "bad-holder", "not to the owner itself");
+        t.forward(i.lease, B, &i.token, C, OWNER).unwrap();
+        let d = "0000000000000000000000000000000d";
+        t.forward(i.lease, B, &i.token, d, OWNER).unwrap();
+        assert_eq!(
+            code("0000000000000000000000000000000e"),
+            "too-many-holders",
+            "three live holds"
+        );
+        t.forward(i.lease, B, &i.token, C, OWNER)
+            .expect("re-forwarding to a holder is not refused");
+    }
+
+    #[tokio::test]
+    async fn a_late_holder_learns_its_hold_expired_while_the_lease_lives() {
+        let t = table(40, 1 << 20, WhenFull::Fail);
+        let buf = Buffer::from(vec![1u8; 10]);
+        let i = t.issue(&buf, None, B, B).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let c = t.forward(i.lease, B, &i.token, C, OWNER).unwrap();
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert_eq!(t.expire(), 1, "b's deadline passed, c's not yet");
+        assert!(t.is_alive(i.lease), "c keeps it alive");
+        assert_eq!(t.pull(i.lease, B, &i.token, 0, 1).unwrap_err().code, "expired");
+        assert_eq!(
+            t.pull(i.lease, B, &c, 0, 1).unwrap_err().code,
+            "bad-token",
+            "b with c's token"
+        );
+        t.unlease(i.lease, C, &c).unwrap();
+        assert!(!t.is_alive(i.lease), "an expired hold keeps nothing alive");
+        assert_eq!(t.pull(i.lease, B, &i.token, 0, 1).unwrap_err().code, "unknown-lease");
     }
 }

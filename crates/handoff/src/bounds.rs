@@ -1,0 +1,88 @@
+//! [`Bounds`]: what all of a peer's messages, connections and requests together can make a
+//! node hold (spec §9.1), so that one peer — buggy, slow or hostile — slows or breaks only
+//! its own connections.
+
+use std::time::Duration;
+
+/// The bounds a node keeps on what its peers can make it hold (spec `WIRE.md` §9.1).
+///
+/// The defaults are the reference's, shared with the Python peer. Every field can be
+/// changed with [`NodeBuilder::bounds`](crate::NodeBuilder::bounds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// Handshakes in progress at once, over all listeners (default 256). When a new
+    /// connection arrives at the bound, the oldest handshake is closed (`overloaded`).
+    pub max_handshakes: usize,
+    /// Established connections at once (default 1024). A connection accepted beyond it is
+    /// refused with `overloaded` right after the preambles.
+    pub max_connections: usize,
+    /// Time a handshake may take from the connection's start (default 10 s): `timeout`.
+    pub handshake_timeout: Duration,
+    /// Silence allowed inside a message, after its first byte and before its last
+    /// (default 30 s): `timeout`. An idle connection between messages has no limit.
+    pub progress_timeout: Duration,
+    /// Time a write may make no progress (the peer reads nothing, default 30 s); the
+    /// connection is then closed and only that peer's sends fail.
+    pub write_timeout: Duration,
+    /// Bytes of received messages one peer can have buffered, read but not yet taken by
+    /// the application with `Node::recv` (default 1 GiB). Past it the node stops reading
+    /// that connection; a message that does not fit is admitted alone.
+    pub max_buffered_bytes_per_peer: u64,
+    /// The same for all peers together (default 4 GiB).
+    pub max_buffered_bytes: u64,
+    /// Messages one peer can have buffered (default 1024), whatever their size.
+    pub max_buffered_messages_per_peer: usize,
+    /// `pulled` answers being written to one connection at once (default 64); past it the
+    /// node stops reading that connection until one is written.
+    pub max_pull_answers: usize,
+    /// Holds one ticket lease can have (default 64): a `forward` past it is refused with
+    /// `too-many-holders`.
+    pub max_holders_per_lease: usize,
+    /// Bytes of shared-memory leases held for one peer (default 8 GiB).
+    pub max_shm_lease_bytes_per_peer: u64,
+    /// Shared-memory leases held for one peer (default 65 536).
+    pub max_shm_leases_per_peer: usize,
+    /// Connections opened at once to reach the owners of received tickets (default 16).
+    pub max_ticket_dials: usize,
+    /// Warnings logged about one peer per [`warning_period`](Self::warning_period)
+    /// (default 10); the rest are counted and reported once per period.
+    pub warnings_per_period: u32,
+    /// See [`warnings_per_period`](Self::warnings_per_period) (default 10 s).
+    pub warning_period: Duration,
+}
+
+impl Bounds {
+    /// The reference defaults of spec §9.1.
+    pub const DEFAULT: Bounds = Bounds {
+        max_handshakes: 256,
+        max_connections: 1024,
+        handshake_timeout: Duration::from_secs(10),
+        progress_timeout: Duration::from_secs(30),
+        write_timeout: Duration::from_secs(30),
+        max_buffered_bytes_per_peer: 1 << 30,
+        max_buffered_bytes: 4 << 30,
+        max_buffered_messages_per_peer: 1024,
+        max_pull_answers: 64,
+        max_holders_per_lease: 64,
+        max_shm_lease_bytes_per_peer: 8 << 30,
+        max_shm_leases_per_peer: 65_536,
+        max_ticket_dials: 16,
+        warnings_per_period: 10,
+        warning_period: Duration::from_secs(10),
+    };
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds::DEFAULT
+    }
+}
+
+/// Bytes every buffered message is charged besides its wire bytes: the envelope, its
+/// frames' bookkeeping and the queue entry, so that a flood of empty messages is bounded
+/// by the byte budget too.
+pub(crate) const MESSAGE_OVERHEAD: u64 = 512;
+
+/// Headers up to this size are read without asking the budget first (a connection holds
+/// at most one at a time, so they are bounded by the connection count).
+pub(crate) const SMALL_HEADER: u64 = 64 * 1024;

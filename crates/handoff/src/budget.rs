@@ -1,0 +1,238 @@
+//! The receive budget: bytes (and messages) that peers' messages occupy from the moment a
+//! connection starts reading them until the application takes them with `Node::recv`.
+//!
+//! A connection asks for room before it reads a message's frames (and before it reads a
+//! large header); while there is none it waits, and so stops reading its socket: the
+//! peer's sends back up, and only that peer slows down. A message that does not fit is
+//! admitted alone — when nothing else of that peer (for the per-peer bound), or nothing at
+//! all (for the total), is buffered — so that a message up to the message limit always
+//! gets through and nothing deadlocks on a single large message.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+/// The node-wide side of the budget.
+pub(crate) struct Budget {
+    max_total: u64,
+    max_per_peer: u64,
+    max_messages_per_peer: usize,
+    used: Mutex<u64>,
+    freed: Notify,
+}
+
+/// One peer's share of the budget.
+#[derive(Default)]
+pub(crate) struct Account {
+    bytes: AtomicU64,
+    messages: AtomicUsize,
+}
+
+impl Account {
+    /// Bytes this peer has buffered now.
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes.load(Ordering::Acquire)
+    }
+}
+
+/// Room taken from the budget; given back when dropped.
+pub(crate) struct Permit {
+    budget: Arc<Budget>,
+    account: Arc<Account>,
+    bytes: u64,
+    messages: usize,
+}
+
+impl Budget {
+    pub(crate) fn new(max_total: u64, max_per_peer: u64, max_messages_per_peer: usize) -> Arc<Budget> {
+        Arc::new(Budget {
+            max_total,
+            max_per_peer,
+            max_messages_per_peer: max_messages_per_peer.max(1),
+            used: Mutex::new(0),
+            freed: Notify::new(),
+        })
+    }
+
+    /// Bytes buffered for all peers now.
+    pub(crate) fn used(&self) -> u64 {
+        *self.used.lock().expect("budget lock")
+    }
+
+    /// Takes room for `bytes` and `messages` in `account`, waiting until there is some.
+    /// Cancel-safe: dropping the future takes nothing.
+    pub(crate) async fn acquire(self: &Arc<Self>, account: &Arc<Account>, bytes: u64, messages: usize) -> Permit {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(p) = self.try_acquire(account, bytes, messages) {
+                return p;
+            }
+            freed.await;
+        }
+    }
+
+    /// Takes room now, or `None` if the bounds do not allow it yet.
+    pub(crate) fn try_acquire(self: &Arc<Self>, account: &Arc<Account>, bytes: u64, messages: usize) -> Option<Permit> {
+        let mut used = self.used.lock().expect("budget lock");
+        let peer_bytes = account.bytes.load(Ordering::Acquire);
+        let peer_messages = account.messages.load(Ordering::Acquire);
+        let peer_empty = peer_bytes == 0 && peer_messages == 0;
+        let peer_fits = peer_bytes.saturating_add(bytes) <= self.max_per_peer
+            && peer_messages + messages <= self.max_messages_per_peer;
+        let total_fits = used.saturating_add(bytes) <= self.max_total;
+        if !(peer_fits || peer_empty) || !(total_fits || *used == 0) {
+            return None;
+        }
+        *used += bytes;
+        account.bytes.fetch_add(bytes, Ordering::AcqRel);
+        account.messages.fetch_add(messages, Ordering::AcqRel);
+        Some(Permit {
+            budget: self.clone(),
+            account: account.clone(),
+            bytes,
+            messages,
+        })
+    }
+
+    fn give_back(&self, account: &Account, bytes: u64, messages: usize) {
+        {
+            let mut used = self.used.lock().expect("budget lock");
+            *used -= bytes;
+            account.bytes.fetch_sub(bytes, Ordering::AcqRel);
+            account.messages.fetch_sub(messages, Ordering::AcqRel);
+        }
+        self.freed.notify_waiters();
+    }
+}
+
+impl Permit {
+    /// Takes room for `bytes` and `messages` more, waiting until there is some; counts as
+    /// alone when this permit is all its peer (or the node) has buffered, so a message whose
+    /// large header already holds room is never stuck behind itself.
+    pub(crate) async fn expand(&mut self, bytes: u64, messages: usize) {
+        let budget = self.budget.clone();
+        loop {
+            let freed = budget.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.try_expand(bytes, messages) {
+                return;
+            }
+            freed.await;
+        }
+    }
+
+    fn try_expand(&mut self, bytes: u64, messages: usize) -> bool {
+        let budget = &self.budget;
+        let mut used = budget.used.lock().expect("budget lock");
+        let peer_bytes = self.account.bytes.load(Ordering::Acquire);
+        let peer_messages = self.account.messages.load(Ordering::Acquire);
+        let peer_alone = peer_bytes == self.bytes && peer_messages == self.messages;
+        let peer_fits = peer_bytes.saturating_add(bytes) <= budget.max_per_peer
+            && peer_messages + messages <= budget.max_messages_per_peer;
+        let total_alone = *used == self.bytes;
+        let total_fits = used.saturating_add(bytes) <= budget.max_total;
+        if !(peer_fits || peer_alone) || !(total_fits || total_alone) {
+            return false;
+        }
+        *used += bytes;
+        self.account.bytes.fetch_add(bytes, Ordering::AcqRel);
+        self.account.messages.fetch_add(messages, Ordering::AcqRel);
+        self.bytes += bytes;
+        self.messages += messages;
+        true
+    }
+
+    /// Charges `bytes` more to this permit without waiting (bytes the node asked for
+    /// itself, such as a redeemed ticket: they are bounded by its own requests).
+    pub(crate) fn grow(&mut self, bytes: u64) {
+        *self.budget.used.lock().expect("budget lock") += bytes;
+        self.account.bytes.fetch_add(bytes, Ordering::AcqRel);
+        self.bytes += bytes;
+    }
+
+    /// Bytes this permit holds.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.budget.give_back(&self.account, self.bytes, self.messages);
+    }
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Permit").field("bytes", &self.bytes).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_peer_waits_for_room_and_a_large_message_goes_alone() {
+        let budget = Budget::new(1000, 400, 10);
+        let a = Arc::new(Account::default());
+        let b = Arc::new(Account::default());
+        let first = budget.acquire(&a, 300, 1).await;
+        assert!(budget.try_acquire(&a, 200, 1).is_none(), "over a's share");
+        let other = budget.try_acquire(&b, 400, 1).expect("b has its own share");
+        // A message larger than a peer's share is admitted once that peer has nothing buffered.
+        assert!(budget.try_acquire(&a, 900, 1).is_none());
+        let waiting = {
+            let budget = budget.clone();
+            let a = a.clone();
+            tokio::spawn(async move { budget.acquire(&a, 500, 1).await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished());
+        drop(first);
+        let big = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("admitted alone once a's buffer is empty")
+            .unwrap();
+        assert_eq!(big.bytes(), 500);
+        assert_eq!(budget.used(), 900);
+        drop((big, other));
+        assert_eq!(budget.used(), 0);
+        assert_eq!(a.bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn message_counts_and_growth() {
+        let budget = Budget::new(1 << 30, 1 << 30, 2);
+        let a = Arc::new(Account::default());
+        let _one = budget.acquire(&a, 10, 1).await;
+        let mut two = budget.acquire(&a, 10, 1).await;
+        assert!(budget.try_acquire(&a, 10, 1).is_none(), "two messages per peer");
+        two.grow(1000);
+        assert_eq!(a.bytes(), 1020);
+        drop(two);
+        assert_eq!(a.bytes(), 10);
+    }
+
+    #[tokio::test]
+    async fn a_permit_expands_alone_past_the_share() {
+        let budget = Budget::new(1000, 100, 10);
+        let a = Arc::new(Account::default());
+        let mut header = budget.acquire(&a, 80, 0).await;
+        tokio::time::timeout(Duration::from_secs(1), header.expand(500, 1))
+            .await
+            .expect("the only thing a has buffered: admitted alone");
+        assert_eq!(a.bytes(), 580);
+        let b = Arc::new(Account::default());
+        let mut other = budget.acquire(&b, 50, 0).await;
+        assert!(!other.try_expand(900, 1), "over the total while a holds room");
+        drop(header);
+        assert!(other.try_expand(900, 1), "alone in the node now");
+    }
+}

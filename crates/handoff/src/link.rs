@@ -1,0 +1,367 @@
+//! [`Link`]: how bytes reach a peer — in-process, a TCP stream, or a Unix socket that also
+//! passes shared-memory segments — and writing to it within the write timeout.
+//!
+//! A write that makes no progress for the write timeout (the peer reads nothing) fails,
+//! and the connection is shut down in both directions, so that its reader ends too and
+//! only that peer's sends fail (spec §9.1).
+
+use std::collections::HashMap;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
+use std::time::Duration;
+
+use handoff_wire::framing::encode_header_into;
+use handoff_wire::{Buffer, Descriptor, Header, TicketClaim};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::{Mutex, Notify};
+
+use crate::node::NodeInner;
+use crate::shm::{self, Held};
+use crate::tickets::WhenFull;
+use crate::unix::UnixWriter;
+use crate::{Error, Result};
+
+/// How messages reach a peer.
+pub(crate) enum Link {
+    /// A node in this process: envelopes go straight into its inbox.
+    Inproc {
+        target: Weak<NodeInner>,
+        /// The target's `Peer` for us, set once both sides exist (the sender of replies).
+        reverse: OnceLock<Weak<crate::peer::PeerInner>>,
+    },
+    /// A TCP connection; the reader task owns the read half.
+    Tcp { writer: Mutex<OwnedWriteHalf> },
+    /// A Unix socket to a same-host node; large buffers go as shared memory.
+    Shm(Arc<ShmLink>),
+}
+
+/// Shuts a socket down in both directions: pending and later reads and writes on it end
+/// at once (a stalled write, the connection's reader), whoever holds it.
+fn abort_socket(fd: BorrowedFd<'_>) {
+    let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Both);
+}
+
+/// A frame after the ticket policy: its bytes, or a ticket for them.
+pub(crate) enum Planned {
+    Bytes(Buffer),
+    Ticket(TicketClaim),
+}
+
+impl Link {
+    /// Writes `head` then `frames` (a whole message without shared segments), within the
+    /// write timeout; a stall shuts the connection down.
+    pub(crate) async fn write(&self, head: &[u8], frames: &[Buffer], stall: Duration) -> std::io::Result<()> {
+        match self {
+            Link::Tcp { writer } => {
+                let mut w = writer.lock().await;
+                let r = crate::io::write_all_vectored(&mut *w, head, frames, stall).await;
+                if r.is_err() {
+                    abort_socket(w.as_ref().as_fd());
+                }
+                r
+            }
+            Link::Shm(link) => {
+                let mut w = link.writer.lock().await;
+                let r = crate::io::write_all_vectored(&mut *w, head, frames, stall).await;
+                if r.is_err() {
+                    abort_socket(w.fd());
+                }
+                r
+            }
+            Link::Inproc { .. } => Err(std::io::Error::other("no wire protocol between in-process nodes")),
+        }
+    }
+
+    /// Sends an `error` (best effort, within `limit` to get the writer at all), then shuts
+    /// our sending direction down, so the peer reads the error before the end of the stream.
+    pub(crate) async fn send_error_and_shutdown(&self, err: &handoff_wire::WireError, limit: Duration) {
+        match self {
+            Link::Tcp { writer } => {
+                if let Ok(mut w) = tokio::time::timeout(limit, writer.lock()).await {
+                    crate::handshake::send_error(&mut *w, err).await;
+                    let _ = tokio::time::timeout(limit, w.shutdown()).await;
+                }
+            }
+            Link::Shm(link) => {
+                if let Ok(mut w) = tokio::time::timeout(limit, link.writer.lock()).await {
+                    crate::handshake::send_error(&mut *w, err).await;
+                    let _ = tokio::time::timeout(limit, w.shutdown()).await;
+                }
+            }
+            Link::Inproc { .. } => {}
+        }
+    }
+
+    /// Shuts our sending direction down (the peer sees the end of the stream), within `limit`.
+    pub(crate) async fn shutdown_writing(&self, limit: Duration) {
+        match self {
+            Link::Tcp { writer } => {
+                if let Ok(mut w) = tokio::time::timeout(limit, writer.lock()).await {
+                    let _ = tokio::time::timeout(limit, w.shutdown()).await;
+                }
+            }
+            Link::Shm(link) => {
+                if let Ok(mut w) = tokio::time::timeout(limit, link.writer.lock()).await {
+                    let _ = tokio::time::timeout(limit, w.shutdown()).await;
+                }
+            }
+            Link::Inproc { .. } => {}
+        }
+    }
+}
+
+/// Leases a node holds for a peer: buffers kept alive until the peer releases them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LeaseStats {
+    /// Leases outstanding.
+    pub count: usize,
+    /// Bytes they keep alive.
+    pub bytes: usize,
+}
+
+#[derive(Default)]
+struct LeaseBook {
+    held: HashMap<u64, Held>,
+    bytes: u64,
+}
+
+/// The sending state of a same-host connection.
+pub(crate) struct ShmLink {
+    pub(crate) writer: Mutex<UnixWriter>,
+    /// What we keep alive for the peer until it releases each lease.
+    leases: StdMutex<LeaseBook>,
+    /// Signalled when the peer releases leases (a send waiting for room wakes up).
+    released: Notify,
+    next_lease: AtomicU64,
+    /// Buffers at least this large go through shared memory.
+    threshold: usize,
+    /// Send only sealed segments (fresh memfd, sealed against change).
+    sealed: bool,
+    /// Most bytes and leases held for this peer (spec §7.4, §9.1).
+    max_bytes: u64,
+    max_leases: usize,
+    /// What a send does when the peer holds that much already.
+    when_full: WhenFull,
+    write_timeout: Duration,
+}
+
+impl ShmLink {
+    pub(crate) fn new(writer: UnixWriter, node: &NodeInner) -> ShmLink {
+        ShmLink {
+            writer: Mutex::new(writer),
+            leases: StdMutex::default(),
+            released: Notify::new(),
+            next_lease: AtomicU64::new(1),
+            threshold: node.shm_threshold,
+            sealed: node.shm_sealed,
+            max_bytes: node.bounds.max_shm_lease_bytes_per_peer,
+            max_leases: node.bounds.max_shm_leases_per_peer,
+            when_full: node.leases.config.when_full,
+            write_timeout: node.bounds.write_timeout,
+        }
+    }
+
+    /// Ends the leases the peer released.
+    pub(crate) fn release(&self, leases: &[u64]) -> usize {
+        let ended = {
+            let mut book = self.leases.lock().expect("leases lock");
+            let mut ended = 0;
+            for l in leases {
+                if let Some(h) = book.held.remove(l) {
+                    book.bytes -= h.bytes() as u64;
+                    ended += 1;
+                }
+            }
+            ended
+        };
+        if ended > 0 {
+            self.released.notify_waiters();
+        }
+        ended
+    }
+
+    /// Ends every lease (the peer is gone).
+    pub(crate) fn release_all(&self) -> usize {
+        let n = {
+            let mut book = self.leases.lock().expect("leases lock");
+            let n = book.held.len();
+            book.held.clear();
+            book.bytes = 0;
+            n
+        };
+        self.released.notify_waiters();
+        n
+    }
+
+    pub(crate) fn stats(&self) -> LeaseStats {
+        let book = self.leases.lock().expect("leases lock");
+        LeaseStats {
+            count: book.held.len(),
+            bytes: book.bytes as usize,
+        }
+    }
+
+    /// Registers a lease on `held` for the peer, waiting (as configured) while the peer
+    /// holds as much as it may; a send never ends a live lease to make room.
+    async fn lease(&self, held: &Held, peer: &str) -> Result<u64> {
+        let bytes = held.bytes() as u64;
+        let give_up = match self.when_full {
+            WhenFull::Wait(d) => Some(tokio::time::Instant::now() + d),
+            WhenFull::Fail => None,
+        };
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            {
+                let mut book = self.leases.lock().expect("leases lock");
+                let room =
+                    book.held.is_empty() || (book.bytes + bytes <= self.max_bytes && book.held.len() < self.max_leases);
+                if room {
+                    let lease = self.next_lease.fetch_add(1, Ordering::Relaxed);
+                    book.bytes += bytes;
+                    book.held.insert(lease, held.clone_handle());
+                    return Ok(lease);
+                }
+                if give_up.is_none_or(|g| tokio::time::Instant::now() >= g) {
+                    return Err(Error::LeaseCap {
+                        peer: peer.to_string(),
+                        bytes,
+                        reason: format!(
+                            "{} bytes in {} shared-memory leases are held for it (at most {} bytes and {} leases), \
+                             and it released none in time",
+                            book.bytes,
+                            book.held.len(),
+                            self.max_bytes,
+                            self.max_leases
+                        ),
+                    });
+                }
+            }
+            let _ = tokio::time::timeout_at(give_up.expect("checked above"), released).await;
+        }
+    }
+
+    /// Plans each frame (shared segment or inline), registers the leases, and writes the message.
+    pub(crate) async fn send(&self, type_name: &str, body: &[u8], frames: Vec<Planned>, label: &str) -> Result<()> {
+        let mut descriptors = Vec::with_capacity(frames.len());
+        let mut inline = Vec::new();
+        // Local handles on what the fds belong to, so they stay open while we send.
+        let mut passing: Vec<Held> = Vec::new();
+        let mut leased: Vec<u64> = Vec::new();
+        let result = self
+            .plan_frames(frames, &mut descriptors, &mut inline, &mut passing, &mut leased, label)
+            .await;
+        if let Err(e) = result {
+            // Nothing was sent: the leases taken for this message end here.
+            self.release(&leased);
+            return Err(e);
+        }
+        let header = Header::Msg {
+            type_name,
+            body,
+            frames: descriptors,
+        };
+        let mut head = Vec::with_capacity(body.len() + 64);
+        encode_header_into(&header, &mut head);
+        let fds: Vec<_> = passing.iter().map(Held::fd).collect();
+        let mut w = self.writer.lock().await;
+        let sent = match w.send_with_fds(&head, &fds, self.write_timeout).await {
+            Ok(()) => crate::io::write_all_vectored(&mut *w, &[], &inline, self.write_timeout).await,
+            Err(e) => Err(e),
+        };
+        if sent.is_err() {
+            abort_socket(w.fd());
+        }
+        sent.map_err(|e| Error::io(format!("sending {type_name} to {label}"), e))
+    }
+
+    async fn plan_frames(
+        &self,
+        frames: Vec<Planned>,
+        descriptors: &mut Vec<Descriptor>,
+        inline: &mut Vec<Buffer>,
+        passing: &mut Vec<Held>,
+        leased: &mut Vec<u64>,
+        label: &str,
+    ) -> Result<()> {
+        for planned in frames {
+            let frame = match planned {
+                Planned::Ticket(claim) => {
+                    descriptors.push(Descriptor::Ticket(claim));
+                    continue;
+                }
+                Planned::Bytes(frame) => frame,
+            };
+            // One read takes at most MAX_FDS_PER_READ descriptors: frames past that go inline.
+            let room = passing.len() < crate::unix::MAX_FDS_PER_READ;
+            let origin_ok = room && shm::origin_of(&frame).is_some_and(|o| !self.sealed || o.sealed());
+            let shared = if !room {
+                None
+            } else if origin_ok {
+                Some(Held::Buffer(frame.clone()))
+            } else if frame.len() >= self.threshold && !frame.is_empty() {
+                Some(if self.sealed {
+                    Held::Sealed(Arc::new(
+                        shm::sealed_copy(&frame).map_err(|e| Error::io("copying into a sealed segment", e))?,
+                    ))
+                } else {
+                    Held::Buffer(shm::copy_in(&frame).map_err(|e| Error::io("copying into shared memory", e))?)
+                })
+            } else {
+                None
+            };
+            match shared {
+                Some(held) => {
+                    let (offset, size, sealed) = match &held {
+                        Held::Buffer(b) => {
+                            let o = shm::origin_of(b).expect("a shared buffer has its origin");
+                            (
+                                o.offset_of(b).expect("a view lies in its segment"),
+                                o.size(),
+                                o.sealed(),
+                            )
+                        }
+                        Held::Sealed(s) => (0, s.size, true),
+                    };
+                    // Registered before sending: the release may come back at once.
+                    let lease = self.lease(&held, label).await?;
+                    leased.push(lease);
+                    descriptors.push(Descriptor::Shm {
+                        len: held.bytes() as u64,
+                        offset: offset as u64,
+                        size: size as u64,
+                        lease,
+                        sealed,
+                    });
+                    passing.push(held);
+                }
+                None => {
+                    descriptors.push(Descriptor::Inline {
+                        len: frame.len() as u64,
+                    });
+                    inline.push(frame);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Held {
+    fn clone_handle(&self) -> Held {
+        match self {
+            Held::Buffer(b) => Held::Buffer(b.clone()),
+            Held::Sealed(s) => Held::Sealed(s.clone()),
+        }
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        match self {
+            Held::Buffer(b) => shm::origin_of(b).expect("a shared buffer has its origin").fd(),
+            Held::Sealed(s) => s.fd.as_fd(),
+        }
+    }
+}
