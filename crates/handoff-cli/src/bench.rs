@@ -234,7 +234,7 @@ async fn run_cases(plan: Plan, only: Option<&str>) -> Result<Vec<Case>> {
             .build()
             .await?;
         let serving = server.clone();
-        let server_task = tokio::spawn(async move { crate::node_cmd::serve(&serving).await });
+        let server_task = tokio::spawn(async move { crate::serve::serve(&serving).await });
         let peer = client.connect(server.listen_addr().context("listen address")?).await?;
         if wanted("tcp-rtt") {
             bar.set_message("tcp-rtt");

@@ -41,7 +41,7 @@ pub async fn shm_rtt(plan: &Plan, secret: &str) -> Result<Case> {
     let server = build("bench-rtt-server").build().await?;
     let client = build("bench-rtt-client").build().await?;
     let serving = server.clone();
-    let server_task = tokio::spawn(async move { crate::node_cmd::serve(&serving).await });
+    let server_task = tokio::spawn(async move { crate::serve::serve(&serving).await });
     let peer = client
         .connect_with(
             server.listen_addr().context("listen address")?,

@@ -6,6 +6,7 @@ mod demo;
 mod demo_data;
 mod node_cmd;
 mod protocol;
+mod serve;
 mod stats;
 mod table;
 
@@ -23,7 +24,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run one node that serves the demo and bench protocol until killed.
-    Node(node_cmd::NodeArgs),
+    Node(Box<node_cmd::NodeArgs>),
     /// Start a small cluster on this machine and move a large buffer along every route.
     Demo(demo::DemoArgs),
     /// Measure each channel against a raw baseline in the same run.
@@ -54,7 +55,7 @@ fn main() -> std::process::ExitCode {
     };
     let result: Result<()> = runtime.block_on(async {
         match cli.command {
-            Command::Node(args) => node_cmd::run(args).await,
+            Command::Node(args) => node_cmd::run(*args).await,
             Command::Demo(args) => demo::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Chaos(args) => chaos::run(args).await,

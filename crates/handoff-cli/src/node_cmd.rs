@@ -4,17 +4,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use handoff::{Message as _, Node};
-
-use std::collections::HashMap;
-
 use handoff::tickets::LeaseConfig;
-use handoff::{Buffer, Peer, Redeem, Ticket};
+use handoff::{Bounds, Node, Redeem};
 
-use crate::protocol::{
-    self, Blob, BlobWork, Disconnect, Forward, Held, Hold, Issue, Payload, Ping, RawSend, Receipt, Release, Report,
-    SendRequest, Stats, StatsRequest, Take,
-};
+use crate::protocol::{self, Stats};
+use crate::serve::{serve_with, ServeBounds};
 
 /// Options of `handoff node`.
 #[derive(Debug, clap::Args)]
@@ -52,6 +46,75 @@ pub struct NodeArgs {
     /// The cache folder for the catalog's datasets (nodes on one host may share one).
     #[arg(long, requires = "catalog")]
     pub cache_dir: Option<PathBuf>,
+    /// What peers can make this node hold (spec WIRE.md §9.1 and Appendix A).
+    #[command(flatten)]
+    pub bounds: BoundsArgs,
+}
+
+/// The bounds of `handoff node`; the defaults are the reference's (spec §9.1, Appendix A).
+#[derive(Debug, Clone, clap::Args)]
+pub struct BoundsArgs {
+    /// Bytes of one peer's received messages held until served (the node stops reading
+    /// that peer past it).
+    #[arg(long, default_value_t = Bounds::DEFAULT.max_buffered_bytes_per_peer)]
+    pub max_buffered_bytes_per_peer: u64,
+    /// Bytes of all peers' received messages held until served.
+    #[arg(long, default_value_t = Bounds::DEFAULT.max_buffered_bytes)]
+    pub max_buffered_bytes: u64,
+    /// Messages of one peer held until served.
+    #[arg(long, default_value_t = Bounds::DEFAULT.max_buffered_messages_per_peer)]
+    pub max_buffered_messages_per_peer: usize,
+    /// Handshakes in progress at once (the oldest gives way to a new one).
+    #[arg(long, default_value_t = Bounds::DEFAULT.max_handshakes)]
+    pub max_handshakes: usize,
+    /// Established connections at once.
+    #[arg(long, default_value_t = Bounds::DEFAULT.max_connections)]
+    pub max_connections: usize,
+    /// Time a handshake may take, in milliseconds.
+    #[arg(long, default_value_t = Bounds::DEFAULT.handshake_timeout.as_millis() as u64)]
+    pub handshake_timeout_ms: u64,
+    /// Silence allowed inside a message, in milliseconds.
+    #[arg(long, default_value_t = Bounds::DEFAULT.progress_timeout.as_millis() as u64)]
+    pub progress_timeout_ms: u64,
+    /// Time a write to a peer may make no progress, in milliseconds.
+    #[arg(long, default_value_t = Bounds::DEFAULT.write_timeout.as_millis() as u64)]
+    pub write_timeout_ms: u64,
+    /// Largest `bytes` a SendRequest, RawSend or chaos.Issue may ask for.
+    #[arg(long, default_value_t = ServeBounds::default().max_request_bytes)]
+    pub max_request_bytes: u64,
+    /// Holds kept for one peer (handoff.demo.Hold).
+    #[arg(long, default_value_t = ServeBounds::default().max_held)]
+    pub max_held: usize,
+    /// Bytes held for one peer.
+    #[arg(long, default_value_t = ServeBounds::default().max_held_bytes)]
+    pub max_held_bytes: u64,
+}
+
+impl BoundsArgs {
+    /// The runtime's bounds.
+    pub fn runtime(&self) -> Bounds {
+        Bounds {
+            max_buffered_bytes_per_peer: self.max_buffered_bytes_per_peer,
+            max_buffered_bytes: self.max_buffered_bytes,
+            max_buffered_messages_per_peer: self.max_buffered_messages_per_peer,
+            max_handshakes: self.max_handshakes,
+            max_connections: self.max_connections,
+            handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
+            progress_timeout: Duration::from_millis(self.progress_timeout_ms),
+            write_timeout: Duration::from_millis(self.write_timeout_ms),
+            ..Bounds::DEFAULT
+        }
+    }
+
+    /// The serve loop's bounds.
+    pub fn serve(&self) -> ServeBounds {
+        ServeBounds {
+            max_request_bytes: self.max_request_bytes,
+            max_held: self.max_held,
+            max_held_bytes: self.max_held_bytes,
+            ..ServeBounds::default()
+        }
+    }
 }
 
 /// `--redeem` values.
@@ -86,7 +149,8 @@ pub async fn run(args: NodeArgs) -> Result<()> {
             ttl: Duration::from_millis(args.lease_ttl_ms),
             ..LeaseConfig::default()
         })
-        .pull_timeout(Duration::from_millis(args.pull_timeout_ms));
+        .pull_timeout(Duration::from_millis(args.pull_timeout_ms))
+        .bounds(args.bounds.runtime());
     if let Some(h) = &args.host_id {
         builder = builder.host_id(h);
     }
@@ -121,157 +185,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
             "pid": std::process::id(),
         })
     );
-    serve(&node).await
-}
-
-/// Answers demo and bench messages until the node shuts down.
-pub async fn serve(node: &Node) -> Result<()> {
-    let mut held: HashMap<u64, Buffer> = HashMap::new();
-    let mut forwarded: HashMap<u64, Peer> = HashMap::new();
-    loop {
-        let env = match node.recv().await {
-            Ok(env) => env,
-            Err(handoff::Error::NodeClosed) => return Ok(()),
-            Err(e) => return Err(e.into()),
-        };
-        let from = env.from().clone();
-        let result = match env.type_name() {
-            Payload::TYPE_NAME => {
-                let p: Payload = env.decode()?;
-                let (verified, verify_seconds) = protocol::verify(&p);
-                from.send(Receipt {
-                    id: p.id,
-                    bytes: p.data.len() as u64,
-                    verified,
-                    verify_seconds,
-                })
-                .await
-            }
-            SendRequest::TYPE_NAME => {
-                let req: SendRequest = env.decode()?;
-                let payload = protocol::make_payload(req.id, req.bytes as usize);
-                from.send(payload).await
-            }
-            Ping::TYPE_NAME => from.send(env.decode::<Ping>()?).await,
-            RawSend::TYPE_NAME => {
-                let req: RawSend = env.decode()?;
-                tokio::spawn(async move {
-                    if let Err(e) = protocol::raw_send(req).await {
-                        tracing::warn!("raw stream for the bench failed: {e}");
-                    }
-                });
-                Ok(())
-            }
-            BlobWork::TYPE_NAME => {
-                // Read on a task of its own: a download must not hold up other messages.
-                // A handle this node can neither bind nor pull fails to decode: say so, keep serving.
-                match env.decode::<BlobWork>() {
-                    Ok(work) => {
-                        let from = from.clone();
-                        tokio::spawn(async move {
-                            let receipt = protocol::read_blob_work(work).await;
-                            if let Err(e) = from.send(receipt).await {
-                                tracing::warn!("cannot send a blob receipt: {e}");
-                            }
-                        });
-                        Ok(())
-                    }
-                    Err(e) => from.send(protocol::BlobReceipt::failed(0, e.to_string())).await,
-                }
-            }
-            Blob::TYPE_NAME => {
-                let blob: Blob = env.decode()?;
-                from.send(Ping {
-                    seq: blob.seq,
-                    data: Vec::new(),
-                })
-                .await
-            }
-            Hold::TYPE_NAME => {
-                let h: Hold = env.decode()?;
-                let answer = Held {
-                    id: h.id,
-                    holder: node.name().to_string(),
-                    bytes: h.data.len() as u64,
-                    segment: handoff::shm::segment_info(&h.data),
-                };
-                held.insert(h.id, h.data);
-                from.send(answer).await
-            }
-            Release::TYPE_NAME => {
-                let r: Release = env.decode()?;
-                let dropped = held.remove(&r.id);
-                from.send(Held {
-                    id: r.id,
-                    holder: node.name().to_string(),
-                    bytes: dropped.map_or(0, |d| d.len() as u64),
-                    segment: None,
-                })
-                .await
-            }
-            Forward::TYPE_NAME => {
-                let f: Forward = env.decode()?;
-                match node.peer(&f.to) {
-                    Some(next) => {
-                        forwarded.insert(f.id, from.clone());
-                        next.send(Hold { id: f.id, data: f.data }).await
-                    }
-                    None => {
-                        tracing::warn!(to = %f.to, "cannot forward: no such peer");
-                        Ok(())
-                    }
-                }
-            }
-            Held::TYPE_NAME => {
-                let h: Held = env.decode()?;
-                match forwarded.remove(&h.id) {
-                    Some(asker) => asker.send(h).await,
-                    None => Ok(()),
-                }
-            }
-            StatsRequest::TYPE_NAME => {
-                env.decode::<StatsRequest>()?;
-                from.send(stats(node)).await
-            }
-            Disconnect::TYPE_NAME => {
-                let d: Disconnect = env.decode()?;
-                node.disconnect(&d.peer).await;
-                Ok(())
-            }
-            Issue::TYPE_NAME => {
-                let issue: Issue = env.decode()?;
-                let node = node.clone();
-                // Issuing may wait for lease room; do not hold up other messages.
-                tokio::spawn(async move {
-                    let id = issue.id;
-                    let outcome = match issue_take(&node, issue).await {
-                        Ok(()) => ("issued".to_string(), String::new()),
-                        Err(e) => {
-                            let kind = e
-                                .downcast_ref::<handoff::Error>()
-                                .map_or("no-peer".into(), protocol::error_kind);
-                            (format!("issue-{kind}"), format!("{e:#}"))
-                        }
-                    };
-                    report(&node, id, outcome).await;
-                });
-                Ok(())
-            }
-            Take::TYPE_NAME => {
-                let take: Take = env.decode()?;
-                let node = node.clone();
-                tokio::spawn(async move { take_and_report(&node, take).await });
-                Ok(())
-            }
-            other => {
-                tracing::warn!(type_name = other, from = %from.name(), "no handler for this type");
-                Ok(())
-            }
-        };
-        if let Err(e) = result {
-            tracing::warn!(peer = %from.name(), "reply failed: {e}");
-        }
-    }
+    serve_with(&node, args.bounds.serve()).await
 }
 
 /// Waits up to `timeout` for a line on `lines` that parses as the ready event.
@@ -300,70 +214,5 @@ pub fn stats(node: &Node) -> Stats {
             .iter()
             .map(|p| (p.name().to_string(), p.channel().to_string()))
             .collect(),
-    }
-}
-
-/// Chaos, owner side: makes the buffer and sends it by ticket.
-async fn issue_take(node: &Node, issue: Issue) -> Result<()> {
-    let mut data = vec![0u8; issue.bytes as usize];
-    protocol::fill_pattern(&mut data, issue.id);
-    let take = Take {
-        id: issue.id,
-        digest: protocol::digest(&data),
-        data: Buffer::from(data),
-        forward_to: issue.forward_to,
-        leak: issue.leak,
-    };
-    let peer = node.peer(&issue.to).with_context(|| format!("no peer {}", issue.to))?;
-    peer.send_by_ticket(take).await?;
-    Ok(())
-}
-
-/// Chaos, holder side: forwards, leaks, or redeems and verifies, then reports to `chaos`.
-async fn take_and_report(node: &Node, take: Take) {
-    let id = take.id;
-    report(node, id, ("received".into(), String::new())).await;
-    let outcome = match (&take.forward_to, Ticket::of(&take.data)) {
-        (Some(next), _) => match node.peer(next) {
-            Some(p) => {
-                let forwarded = Take {
-                    forward_to: None,
-                    ..take.clone()
-                };
-                match p.send(forwarded).await {
-                    Ok(()) => ("forwarded".to_string(), String::new()),
-                    Err(e) => (protocol::error_kind(&e), e.to_string()),
-                }
-            }
-            None => ("no-peer".into(), format!("no peer {next}")),
-        },
-        (None, Some(ticket)) if take.leak => {
-            std::mem::forget(ticket);
-            ("leaked".into(), String::new())
-        }
-        (None, Some(ticket)) => match ticket.redeem().await {
-            Ok(bytes) if protocol::digest(&bytes) == take.digest => ("ok".into(), String::new()),
-            Ok(_) => ("corrupt".into(), "bytes differ from the digest".into()),
-            // The runtime checks the ticket's digest too.
-            Err(e) => (protocol::error_kind(&e), e.to_string()),
-        },
-        (None, None) if protocol::digest(&take.data) == take.digest => ("ok".into(), String::new()),
-        (None, None) => ("corrupt".into(), "bytes differ from the digest".into()),
-    };
-    drop(take);
-    report(node, id, outcome).await;
-}
-
-/// Tells the peer named `chaos` what happened to transfer `id`.
-async fn report(node: &Node, id: u64, (outcome, detail): (String, String)) {
-    if let Some(chaos) = node.peer("chaos") {
-        let _ = chaos
-            .send(Report {
-                id,
-                node: node.name().to_string(),
-                outcome,
-                detail,
-            })
-            .await;
     }
 }

@@ -301,7 +301,8 @@ impl Message for RawSend {
 /// Answers a [`RawSend`]: prepares the bytes first (not part of the stream), then connects and writes them.
 pub async fn raw_send(req: RawSend) -> std::io::Result<()> {
     use tokio::io::AsyncWriteExt;
-    let data = vec![0x6bu8; req.bytes as usize];
+    let mut data = try_alloc(req.bytes)?;
+    data.fill(0x6b);
     let mut stream = tokio::net::TcpStream::connect(&req.addr).await?;
     stream.set_nodelay(true)?;
     stream.write_all(&data).await?;
@@ -363,28 +364,49 @@ pub fn fill_pattern(data: &mut [u8], seed: u64) {
     }
 }
 
+/// A zeroed heap buffer of `len` bytes, or an error if the memory cannot be had: a size
+/// that came from a peer must never abort the process on allocation.
+pub fn try_alloc(len: u64) -> std::io::Result<Vec<u8>> {
+    let too_big = || std::io::Error::new(std::io::ErrorKind::OutOfMemory, format!("cannot allocate {len} bytes"));
+    let len = usize::try_from(len).map_err(|_| too_big())?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| too_big())?;
+    v.resize(len, 0);
+    Ok(v)
+}
+
 /// Builds a payload of `len` bytes with its digest, written in place into shared memory
 /// (so a same-host peer gets it with no copy; other channels send it from there).
+/// Panics if the memory cannot be had; [`try_make_payload`] reports it instead.
 pub fn make_payload(id: u64, len: usize) -> Payload {
+    try_make_payload(id, len as u64).expect("memory for the payload")
+}
+
+/// [`make_payload`], failing with an error when the memory cannot be had.
+pub fn try_make_payload(id: u64, len: u64) -> std::io::Result<Payload> {
     let started = std::time::Instant::now();
-    let data = match SharedBufMut::new(len) {
-        Ok(mut shared) if len >= handoff::shm::MIN_SEGMENT => {
+    let shared = match usize::try_from(len) {
+        Ok(n) if n >= handoff::shm::MIN_SEGMENT => SharedBufMut::new(n).ok(),
+        _ => None,
+    };
+    let data = match shared {
+        Some(mut shared) => {
             fill_pattern(&mut shared, id);
             shared.freeze()
         }
-        _ => {
-            let mut heap = vec![0u8; len];
+        None => {
+            let mut heap = try_alloc(len)?;
             fill_pattern(&mut heap, id);
             Buffer::from(heap)
         }
     };
     let digest = blake3::hash(&data);
-    Payload {
+    Ok(Payload {
         id,
         digest: Buffer::copy_from_slice(digest.as_bytes()),
         data,
         prepare_seconds: started.elapsed().as_secs_f64(),
-    }
+    })
 }
 
 /// Checks a payload's digest; returns whether it matched and how long it took.

@@ -21,8 +21,10 @@ pub struct Bounds {
     /// Silence allowed inside a message, after its first byte and before its last
     /// (default 30 s): `timeout`. An idle connection between messages has no limit.
     pub progress_timeout: Duration,
-    /// Time a write may make no progress (the peer reads nothing, default 30 s); the
-    /// connection is then closed and only that peer's sends fail.
+    /// Time a write may make no progress (the peer reads nothing, default 120 s); the
+    /// connection is then closed and only that peer's sends fail. Long on purpose: a
+    /// receiver whose application is busy stops reading too (its receive budget is full),
+    /// and that is backpressure, not a dead peer.
     pub write_timeout: Duration,
     /// Bytes of received messages one peer can have buffered, read but not yet taken by
     /// the application with `Node::recv` (default 1 GiB). Past it the node stops reading
@@ -58,7 +60,7 @@ impl Bounds {
         max_connections: 1024,
         handshake_timeout: Duration::from_secs(10),
         progress_timeout: Duration::from_secs(30),
-        write_timeout: Duration::from_secs(30),
+        write_timeout: Duration::from_secs(120),
         max_buffered_bytes_per_peer: 1 << 30,
         max_buffered_bytes: 4 << 30,
         max_buffered_messages_per_peer: 1024,
@@ -81,7 +83,7 @@ impl Default for Bounds {
 /// Bytes every buffered message is charged besides its wire bytes: the envelope, its
 /// frames' bookkeeping and the queue entry, so that a flood of empty messages is bounded
 /// by the byte budget too.
-pub(crate) const MESSAGE_OVERHEAD: u64 = 512;
+pub(crate) const MESSAGE_OVERHEAD: u64 = 1024;
 
 /// Headers up to this size are read without asking the budget first (a connection holds
 /// at most one at a time, so they are bounded by the connection count).

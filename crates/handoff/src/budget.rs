@@ -67,22 +67,39 @@ impl Budget {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if let Some(p) = self.try_acquire(account, bytes, messages) {
+            if let Some(p) = self.try_acquire(account, bytes, messages, 0) {
                 return p;
             }
             freed.await;
         }
     }
 
-    /// Takes room now, or `None` if the bounds do not allow it yet.
-    pub(crate) fn try_acquire(self: &Arc<Self>, account: &Arc<Account>, bytes: u64, messages: usize) -> Option<Permit> {
+    /// Resolves when some room was given back (enable it before checking, as `acquire` does).
+    pub(crate) fn freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.freed.notified()
+    }
+
+    /// The bound on one peer's bytes.
+    pub(crate) fn max_per_peer(&self) -> u64 {
+        self.max_per_peer
+    }
+
+    /// Takes room now, or `None` if the bounds — each raised by `slack` bytes — do not
+    /// allow it yet.
+    pub(crate) fn try_acquire(
+        self: &Arc<Self>,
+        account: &Arc<Account>,
+        bytes: u64,
+        messages: usize,
+        slack: u64,
+    ) -> Option<Permit> {
         let mut used = self.used.lock().expect("budget lock");
         let peer_bytes = account.bytes.load(Ordering::Acquire);
         let peer_messages = account.messages.load(Ordering::Acquire);
         let peer_empty = peer_bytes == 0 && peer_messages == 0;
-        let peer_fits = peer_bytes.saturating_add(bytes) <= self.max_per_peer
+        let peer_fits = peer_bytes.saturating_add(bytes) <= self.max_per_peer.saturating_add(slack)
             && peer_messages + messages <= self.max_messages_per_peer;
-        let total_fits = used.saturating_add(bytes) <= self.max_total;
+        let total_fits = used.saturating_add(bytes) <= self.max_total.saturating_add(slack);
         if !(peer_fits || peer_empty) || !(total_fits || *used == 0) {
             return None;
         }
@@ -112,29 +129,31 @@ impl Permit {
     /// Takes room for `bytes` and `messages` more, waiting until there is some; counts as
     /// alone when this permit is all its peer (or the node) has buffered, so a message whose
     /// large header already holds room is never stuck behind itself.
+    #[cfg(test)]
     pub(crate) async fn expand(&mut self, bytes: u64, messages: usize) {
         let budget = self.budget.clone();
         loop {
             let freed = budget.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if self.try_expand(bytes, messages) {
+            if self.try_expand(bytes, messages, 0) {
                 return;
             }
             freed.await;
         }
     }
 
-    fn try_expand(&mut self, bytes: u64, messages: usize) -> bool {
+    /// Like [`Budget::try_acquire`], for more room in this permit.
+    pub(crate) fn try_expand(&mut self, bytes: u64, messages: usize, slack: u64) -> bool {
         let budget = &self.budget;
         let mut used = budget.used.lock().expect("budget lock");
         let peer_bytes = self.account.bytes.load(Ordering::Acquire);
         let peer_messages = self.account.messages.load(Ordering::Acquire);
         let peer_alone = peer_bytes == self.bytes && peer_messages == self.messages;
-        let peer_fits = peer_bytes.saturating_add(bytes) <= budget.max_per_peer
+        let peer_fits = peer_bytes.saturating_add(bytes) <= budget.max_per_peer.saturating_add(slack)
             && peer_messages + messages <= budget.max_messages_per_peer;
         let total_alone = *used == self.bytes;
-        let total_fits = used.saturating_add(bytes) <= budget.max_total;
+        let total_fits = used.saturating_add(bytes) <= budget.max_total.saturating_add(slack);
         if !(peer_fits || peer_alone) || !(total_fits || total_alone) {
             return false;
         }
@@ -184,10 +203,10 @@ mod tests {
         let a = Arc::new(Account::default());
         let b = Arc::new(Account::default());
         let first = budget.acquire(&a, 300, 1).await;
-        assert!(budget.try_acquire(&a, 200, 1).is_none(), "over a's share");
-        let other = budget.try_acquire(&b, 400, 1).expect("b has its own share");
+        assert!(budget.try_acquire(&a, 200, 1, 0).is_none(), "over a's share");
+        let other = budget.try_acquire(&b, 400, 1, 0).expect("b has its own share");
         // A message larger than a peer's share is admitted once that peer has nothing buffered.
-        assert!(budget.try_acquire(&a, 900, 1).is_none());
+        assert!(budget.try_acquire(&a, 900, 1, 0).is_none());
         let waiting = {
             let budget = budget.clone();
             let a = a.clone();
@@ -213,7 +232,7 @@ mod tests {
         let a = Arc::new(Account::default());
         let _one = budget.acquire(&a, 10, 1).await;
         let mut two = budget.acquire(&a, 10, 1).await;
-        assert!(budget.try_acquire(&a, 10, 1).is_none(), "two messages per peer");
+        assert!(budget.try_acquire(&a, 10, 1, 0).is_none(), "two messages per peer");
         two.grow(1000);
         assert_eq!(a.bytes(), 1020);
         drop(two);
@@ -231,8 +250,8 @@ mod tests {
         assert_eq!(a.bytes(), 580);
         let b = Arc::new(Account::default());
         let mut other = budget.acquire(&b, 50, 0).await;
-        assert!(!other.try_expand(900, 1), "over the total while a holds room");
+        assert!(!other.try_expand(900, 1, 0), "over the total while a holds room");
         drop(header);
-        assert!(other.try_expand(900, 1), "alone in the node now");
+        assert!(other.try_expand(900, 1, 0), "alone in the node now");
     }
 }

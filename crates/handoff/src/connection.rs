@@ -167,6 +167,12 @@ fn endpoint_of(hello: &Hello) -> Endpoint {
 /// process that presents the id of a connected node is refused; the same node opening a
 /// second connection (the switch to a Unix socket, a reconnection) is welcome.
 fn admit(node: &NodeInner, hello: &Hello) -> std::result::Result<(), WireError> {
+    if hello.node_id == node.me.node_id {
+        return Err(WireError::Handshake(format!(
+            "the peer presents this node's own id {} (a connection to itself, or a copied id)",
+            hello.node_id
+        )));
+    }
     match node.peer_by_id(&hello.node_id) {
         Some(existing) if existing.endpoint().process_id != hello.process_id => Err(WireError::Handshake(format!(
             "node id {} is already connected as {:?} from another process ({}); node ids must be unique",

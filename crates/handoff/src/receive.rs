@@ -118,10 +118,47 @@ pub(crate) async fn read_loop<R>(
     }
 }
 
-/// Takes room in the receive budget for `bytes` of this peer's, waiting (and so not
-/// reading the connection) until there is some.
-async fn room(node: &Arc<NodeInner>, peer: &Peer, bytes: u64) -> Permit {
-    node.budget.acquire(&peer.0.account, bytes, 0).await
+/// How often a connection waiting for room looks again whether its own ticket requests
+/// are outstanding (they change without the budget being told).
+const ROOM_RECHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Takes room in the receive budget for `bytes` (and `messages`) of this peer's — more
+/// room for `permit`, if given — waiting, and so not reading the connection, until there
+/// is some.
+///
+/// While this node waits for answers to its own ticket requests on this connection (an
+/// eager redemption), those answers may lie behind the message that waits: the bounds are
+/// then raised by one per-peer bound (spec §9.1), so the stream moves on and the answers
+/// arrive. A peer can thus hold at most twice its bound, and only while we asked it for
+/// something.
+async fn room(
+    node: &Arc<NodeInner>,
+    peer: &Peer,
+    permit: Option<&mut Permit>,
+    bytes: u64,
+    messages: usize,
+) -> Option<Permit> {
+    let mut permit = permit;
+    loop {
+        let freed = node.budget.freed();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        let asking = !peer.0.pending.lock().expect("pending lock").is_empty();
+        let slack = if asking { node.budget.max_per_peer() } else { 0 };
+        match permit.as_deref_mut() {
+            Some(p) => {
+                if p.try_expand(bytes, messages, slack) {
+                    return None;
+                }
+            }
+            None => {
+                if let Some(p) = node.budget.try_acquire(&peer.0.account, bytes, messages, slack) {
+                    return Some(p);
+                }
+            }
+        }
+        let _ = tokio::time::timeout(ROOM_RECHECK, freed).await;
+    }
 }
 
 async fn read_messages<R>(
@@ -141,7 +178,7 @@ where
         };
         // A large header takes room before it is read: the connection waits, not the node.
         let mut permit = match len as u64 > SMALL_HEADER {
-            true => Some(room(node, peer, len as u64).await),
+            true => room(node, peer, None, len as u64, 0).await,
             false => None,
         };
         let header_bytes = reader.read_header_of(len).await?;
@@ -165,12 +202,12 @@ where
                     .sum();
                 let message_permit = match permit.take() {
                     Some(mut p) => {
-                        p.expand(frame_bytes + MESSAGE_OVERHEAD, 1).await;
+                        room(node, peer, Some(&mut p), frame_bytes + MESSAGE_OVERHEAD, 1).await;
                         p
                     }
                     None => {
                         let charge = frame_bytes + MESSAGE_OVERHEAD + len as u64;
-                        node.budget.acquire(&peer.0.account, charge, 1).await
+                        room(node, peer, None, charge, 1).await.expect("a new permit")
                     }
                 };
                 let received = read_frames(node, peer, reader, &frames, lengths, releases).await?;

@@ -136,6 +136,25 @@ impl Lease {
     }
 }
 
+/// Keeps at most `max` expired holds of a lease in memory (the oldest are forgotten; their
+/// late holders then see `bad-token`), so remembering them is bounded too.
+fn forget_oldest_expired(lease: &mut Lease, max: usize) {
+    let expired = lease.holders.values().filter(|h| h.expired).count();
+    if expired <= max {
+        return;
+    }
+    let mut by_age: Vec<(Instant, String)> = lease
+        .holders
+        .iter()
+        .filter(|(_, h)| h.expired)
+        .map(|(id, h)| (h.deadline, id.clone()))
+        .collect();
+    by_age.sort();
+    for (_, id) in by_age.into_iter().take(expired - max) {
+        lease.holders.remove(&id);
+    }
+}
+
 fn token_eq(a: &[u8; 32], b: &[u8]) -> bool {
     b.len() == 32 && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -381,6 +400,7 @@ impl LeaseTable {
                     h.expired = true;
                     n += 1;
                 }
+                forget_oldest_expired(l, self.max_holders);
             }
             st.expired += n as u64;
             n
