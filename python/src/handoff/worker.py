@@ -323,6 +323,9 @@ class Worker:
             except Exception as e:  # a body that does not decode, a bug: log it and keep serving
                 self.warn(env.sender, "%s from %s: %s", env.type_name, env.sender.name, e)
                 env.release()
+            # Let the answer queues drain between messages: a peer that pipelines requests
+            # and reads its answers must not see its queue fill up.
+            await asyncio.sleep(0)
 
     def send_request(self, sender: Peer, b: dict) -> None:
         n = b["bytes"]
