@@ -104,6 +104,7 @@ class RawPeer:
         if isinstance(ready, wire.Error):
             raise PeerError(ready)
         assert isinstance(ready, wire.Ready), ready
+        self.handshake_peer = peer
         return peer
 
     def read_message(self):
