@@ -51,6 +51,9 @@ MIB = 1 << 20
 GIB = 1 << 30
 
 
+_MAY_BE_ZERO = frozenset({"message_overhead", "drain_seconds", "drain_bytes"})
+
+
 @dataclass(frozen=True)
 class Bounds:
     """The bounds of a node (spec §9.1); see the module's table. Times are in seconds."""
@@ -81,7 +84,7 @@ class Bounds:
 
     def __post_init__(self) -> None:
         for name, value in self.__dict__.items():
-            if value is None or value < 0 or (value == 0 and name not in ("message_overhead",)):
+            if value is None or value < 0 or (value == 0 and name not in _MAY_BE_ZERO):
                 raise ValueError(f"Bounds.{name} must be positive, got {value!r}")
 
 
