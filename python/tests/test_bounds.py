@@ -281,6 +281,26 @@ async def test_buffered_bytes_stop_reading_until_the_application_takes_messages(
         assert len(env.body["d"]) == 8 * MIB and a.buffered()["total"] == 0
 
 
+async def test_a_pulled_answer_is_never_stuck_behind_messages_waiting_for_room():
+    """The owner sends a ticket, then more than the holder's per-peer bound: the holder's
+    eager redemption waits for a `pulled` that comes behind those messages on the same
+    connection; its reader may go over the bound while it waits, so nothing is stuck."""
+    bounds = Bounds(max_buffered_bytes_per_peer=4 * MIB, max_buffered_bytes=64 * MIB)
+    async with node("owner") as a, Node("holder", secret=SECRET, host_id="x", bounds=bounds, pull_timeout=5) as b:
+        await b.connect(a.listen_addr, channel="tcp")
+        to_b = await a.wait_for_peer("holder")
+        data = os.urandom(MIB)
+        await to_b.send("t.X", {"i": 0, "d": Buffer(data)}, by_ticket=True)
+        for i in range(1, 7):
+            await to_b.send("t.X", {"i": i, "d": Buffer(b"x" * MIB)})
+        started = time.monotonic()
+        env = await b.recv(10)
+        assert env.body["i"] == 0 and bytes(env.body["d"]) == data
+        assert time.monotonic() - started < 3, "the redemption waited for its pull to time out"
+        for i in range(1, 7):
+            assert (await b.recv(10)).body["i"] == i
+
+
 async def test_pulled_answers_nobody_asked_for_are_dropped_not_allocated():
     async with node("a") as a:
 

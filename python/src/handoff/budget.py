@@ -17,7 +17,7 @@ a message that waits for room held by the message that waits for the ``pulled``.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .bounds import Bounds
 from .errors import PeerClosed
@@ -42,9 +42,12 @@ class Budget:
         total_ok = self.total + n <= limit or self.total == own
         return peer_ok and total_ok
 
-    async def admit(self, account: Any, n: int, own: int = 0, over: bool = False) -> None:
-        """Charges ``n`` bytes to ``account``, waiting for room first (see the module)."""
-        while not self.fits(account, n, own, over):
+    async def admit(self, account: Any, n: int, own: int = 0, over: Callable[[], bool] = bool) -> None:
+        """Charges ``n`` bytes to ``account``, waiting for room first (see the module).
+
+        ``over()`` says whether the account may go over the bounds now (it has requests
+        of this node outstanding); it is asked again each time room may have appeared."""
+        while not self.fits(account, n, own, over()):
             if account.closed:
                 raise PeerClosed(f"the connection to {account.name} is closed")
             if self._room is None:

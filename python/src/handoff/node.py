@@ -664,6 +664,7 @@ class Node:
         self._next_req += 1
         fut = self.loop.create_future()
         peer.pending[req] = (fut, what, expect)
+        self._budget.wake()  # its reader, if it waits for room, may now go over the bounds
         try:
             await peer._send_control(make(req))
         except PeerClosed as e:

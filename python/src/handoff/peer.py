@@ -379,7 +379,7 @@ class Peer:
                 if n is None:
                     break
                 # The header counts against the buffered bounds from the start of its read.
-                await budget.admit(self, n + overhead, 0, bool(self.pending))
+                await budget.admit(self, n + overhead, 0, self._waits_for_answers)
                 self._charge = n + overhead
                 try:
                     data = await t.read_header_body(n)
@@ -468,6 +468,10 @@ class Peer:
             self._deliveries.put_nowait(None)
         self.done.set()
 
+    def _waits_for_answers(self) -> bool:
+        """Whether this node waits for answers from the peer (then its reader may go over the bounds)."""
+        return bool(self.pending)
+
     def _charge_of(self, h: wire.Msg) -> int:
         """Bytes a message buffers beyond its header: inline frames, shm windows, and the
         tickets redeemed on receipt (§9.1)."""
@@ -488,7 +492,7 @@ class Peer:
         wire.check_carried(h.f, wire.carried_kinds(unix=t.unix, ticket=True))
         more = self._charge_of(h)
         if more:
-            await self.node._budget.admit(self, more, self._charge, bool(self.pending))
+            await self.node._budget.admit(self, more, self._charge, self._waits_for_answers)
             self._charge += more
         shared = sum(1 for d in h.f if isinstance(d, wire.Shm))
         fds = t.take_fds(shared)
