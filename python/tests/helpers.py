@@ -28,6 +28,15 @@ async def eventually(check, timeout: float = 5.0, interval: float = 0.05):
 # ---------------------------------------------------------------- a raw peer, for misbehaving on purpose
 
 
+class PeerError(Exception):
+    """The peer sent ``error``."""
+
+    def __init__(self, header):
+        super().__init__(f"{header.msg} [{header.code}]")
+        self.header = header
+        self.code = header.code
+
+
 class RawPeer:
     """A blocking socket that speaks the wire format by hand (run it in a thread)."""
 
@@ -61,13 +70,16 @@ class RawPeer:
         else:
             self.sock.sendall(data)
 
-    def hello(self, name="raw", host="raw-host", nonce=None, caps=("inline", "shm", "ticket")) -> bytes:
+    def hello(
+        self, name="raw", host="raw-host", nonce=None, caps=("inline", "shm", "ticket"), node=None, proc=None
+    ) -> bytes:
+        self.node_id = node or secrets.token_hex(16)
         h = wire.Hello(
-            node=secrets.token_hex(16),
+            node=self.node_id,
             name=name,
             host=host,
             pid=os.getpid(),
-            proc=secrets.token_hex(16),
+            proc=proc or secrets.token_hex(16),
             lang="python",
             impl="raw/0",
             v=1,
@@ -77,7 +89,7 @@ class RawPeer:
         return wire.encode_header(h)
 
     def handshake(self, secret: bytes, **hello_args):
-        """The whole handshake; returns the peer's hello."""
+        """The whole handshake; returns the peer's hello (``error`` raises ``PeerError``)."""
         self.send(wire.OUR_PREAMBLE.encode())
         wire.Preamble.decode(self.read_exact(16))
         own = self.hello(**hello_args)
@@ -89,8 +101,21 @@ class RawPeer:
         wire.verify(secret, auth.mac, peer_raw, own)
         self.send(wire.encode_message(wire.Ready()))
         _, ready = self.read_header()
+        if isinstance(ready, wire.Error):
+            raise PeerError(ready)
         assert isinstance(ready, wire.Ready), ready
+        self.handshake_peer = peer
         return peer
+
+    def read_message(self):
+        """The next header and, for a ``msg`` or ``pulled``, the bytes of its inline frames."""
+        _, h = self.read_header()
+        frames = []
+        if isinstance(h, wire.Msg):
+            frames = [self.read_exact(d.n) for d in h.f if isinstance(d, wire.Inline)]
+        elif isinstance(h, wire.Pulled):
+            frames = [self.read_exact(h.n)]
+        return h, frames
 
     def expect_error(self):
         """Reads until an `error` header (skipping others); returns it; then expects the end of the stream."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import gc
 import mmap
 import os
@@ -196,9 +197,12 @@ async def test_bad_body_reaches_the_application_and_the_connection_stays():
         raw.close()
 
 
-def _memfd(size: int, seal: bool = False) -> int:
+def _memfd(size: int, fixed: bool = True) -> int:
+    """A memfd of ``size`` bytes, sealed against shrinking and growing unless ``fixed`` is false."""
     fd = os.memfd_create("test", os.MFD_ALLOW_SEALING)
     os.ftruncate(fd, size)
+    if fixed:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
     return fd
 
 

@@ -11,14 +11,19 @@ Modules, one job each:
 - :mod:`handoff.shm` — memfd segments to send, read-only mappings of received ones.
 - :mod:`handoff.tickets` — the owner's leases and the holder's :class:`Ticket`.
 - :mod:`handoff.peer`, :mod:`handoff.node`, :mod:`handoff.envelope` — the runtime.
+- :mod:`handoff.bounds` — what peers can make a node hold (spec §9.1), in one place;
+  :mod:`handoff.budget` (buffered bytes, backpressure) and :mod:`handoff.throttle`
+  (rate-limited warnings) enforce two of them.
 - :mod:`handoff.worker` — ``python -m handoff.worker``: the demo protocol of Appendix A.
 """
 
+from .bounds import Bounds
 from .codec import Bin, Buffer, OnDemand, as_numpy
 from .data import BlobError, BlobHandle, BlobTag, FileDataset, dataset_key
 from .envelope import Envelope, ReceivedFrame
 from .errors import (
     AuthenticationError,
+    CapReached,
     HandoffError,
     OwnerLost,
     PeerClosed,
@@ -38,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Node",
+    "Bounds",
     "Peer",
     "Envelope",
     "ReceivedFrame",
@@ -66,4 +72,5 @@ __all__ = [
     "TicketRefused",
     "OwnerLost",
     "TicketCorrupt",
+    "CapReached",
 ]

@@ -52,6 +52,9 @@ class Envelope:
         self._body_bytes = body
         self._body: Any = None
         self._decoded = False
+        #: Bytes the message is charged against the node's buffered bounds until the
+        #: application takes it (§9.1).
+        self.charge = 0
 
     @property
     def body(self) -> Any:

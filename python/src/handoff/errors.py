@@ -14,6 +14,7 @@ __all__ = [
     "TicketRefused",
     "OwnerLost",
     "TicketCorrupt",
+    "CapReached",
 ]
 
 
@@ -70,3 +71,9 @@ class TicketCorrupt(TicketFailure):
         super().__init__(
             owner, lease, f"the bytes of lease {lease} pulled from {owner} do not match the ticket's digest"
         )
+
+
+class CapReached(HandoffError):
+    """A send waited for room under one of the node's caps (leases pinned for a peer,
+    spec §7.4, §7.9, §9.1) and none appeared in time; says which cap, how much is
+    pinned and for whom."""

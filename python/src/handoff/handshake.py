@@ -3,6 +3,12 @@
 Symmetric: each side sends before it waits on the previous read, so it cannot deadlock.
 On any failure the peer is told why (an ``error`` message, best effort) unless it was
 the peer that sent an ``error``.
+
+Before the handshake completes a side accepts little (§5.1): headers of at most the
+handshake header limit (64 KiB, ``OurSide.limits``), no file descriptors (``bad-shm``),
+a hello whose ``caps`` include ``inline``; the node may refuse the connection after the
+preambles (``overloaded``, ``OurSide.admit``) and refuses, in step 6, a node id that is
+already connected from another process (``OurSide.check_peer``).
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import asyncio
 import os
 import secrets
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from . import wire
 from .errors import AuthenticationError, PeerClosed, PeerRefused
@@ -33,11 +39,16 @@ class OurSide:
     limits: wire.Limits
     listen: Optional[str] = None
     unix: Optional[str] = None
+    #: Called after the preambles: ``(code, message)`` refuses the connection, ``None`` admits it.
+    admit: Optional[Callable[[], Optional[tuple]]] = None
+    #: Called in step 6 with the peer's verified hello: a message refuses it (``handshake``).
+    check_peer: Optional[Callable[[wire.Hello], Optional[str]]] = None
 
 
 async def send_error(transport: Transport, code: str, message: str) -> None:
     """Sends an ``error`` message, best effort (a second at most), before the connection closes."""
     data = wire.encode_message(wire.Error(code, message))
+    transport.error_sent = True
     try:
         await asyncio.wait_for(transport.send([data]), 1.0)
     except Exception:
@@ -54,6 +65,16 @@ async def _fail(transport: Transport, err: wire.WireError) -> None:
     raise err
 
 
+async def _check_fds(transport: Transport) -> None:
+    """File descriptors that came with handshake bytes are ``bad-shm`` (§5.1)."""
+    problem = transport.take_fd_error()
+    if problem is None and transport.fds_arrived_by(transport.consumed):
+        problem = "file descriptors arrived before the connection was established"
+    if problem is not None:
+        transport.close_fds()
+        await _fail(transport, wire.WireError("bad-shm", f"bad shared-memory descriptor: {problem}"))
+
+
 async def _read(transport: Transport, limits: wire.Limits, step: str):
     try:
         data = await transport.read_header(limits)
@@ -61,6 +82,7 @@ async def _read(transport: Transport, limits: wire.Limits, step: str):
         await _fail(transport, e)
     if data is None:
         raise PeerClosed(f"{transport.label} closed the connection during the handshake (waiting for {step})")
+    await _check_fds(transport)
     try:
         return data, wire.decode_header(data, limits)
     except wire.WireError as e:
@@ -88,6 +110,11 @@ async def handshake(transport: Transport, ours: OurSide) -> tuple[wire.Hello, by
         version = wire.OUR_PREAMBLE.negotiate(peer_preamble)
     except wire.WireError as e:
         await _fail(transport, e)
+    await _check_fds(transport)
+    if ours.admit is not None:
+        refusal = ours.admit()
+        if refusal is not None:
+            await _fail(transport, wire.WireError(*refusal))
 
     nonce = secrets.token_bytes(32)
     hello = wire.Hello(
@@ -123,6 +150,15 @@ async def handshake(transport: Transport, ours: OurSide) -> tuple[wire.Hello, by
                 f"handshake failed: peer's hello says version {peer_hello.v}, the preambles chose {version}",
             ),
         )
+    if "inline" not in peer_hello.caps:
+        await _fail(
+            transport,
+            wire.WireError(
+                "handshake",
+                f"handshake failed: the peer's hello announces capabilities {peer_hello.caps!r} without 'inline', "
+                "which every v1 node announces",
+            ),
+        )
 
     mac = wire.proof(ours.secret, own_hello, peer_hello_bytes)
     await transport.send([wire.encode_message(wire.Auth(mac))])
@@ -133,6 +169,10 @@ async def handshake(transport: Transport, ours: OurSide) -> tuple[wire.Hello, by
         wire.verify(ours.secret, peer_auth.mac, peer_hello_bytes, own_hello)
     except wire.WireError as e:
         await _fail(transport, e)
+    if ours.check_peer is not None:
+        reason = ours.check_peer(peer_hello)
+        if reason is not None:
+            await _fail(transport, wire.WireError("handshake", f"handshake failed: {reason}"))
 
     await transport.send([wire.encode_message(wire.Ready())])
     _, ready = await _read(transport, ours.limits, "ready")

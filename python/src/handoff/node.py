@@ -9,6 +9,10 @@ issues and redeems tickets (§7.5–§7.9).
 from __future__ import annotations
 
 import asyncio
+import collections
+import dataclasses
+import errno
+import ipaddress
 import logging
 import os
 import re
@@ -19,11 +23,14 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from . import identity, wire
+from .bounds import DEFAULT_BOUNDS, Bounds
+from .budget import Budget
 from .envelope import Envelope
 from .errors import HandoffError, OwnerLost, PeerClosed, TicketCorrupt, TicketRefused
-from .handshake import OurSide, handshake
+from .handshake import OurSide, handshake, send_error
 from .peer import Peer
 from .resources import Resources
+from .throttle import WarningThrottle
 from .tickets import LeaseTable, Ticket, digest
 from .transport import Transport
 
@@ -33,7 +40,21 @@ log = logging.getLogger("handoff")
 
 #: Buffers at least this large go to same-host peers as shared memory (as in the reference).
 DEFAULT_SHM_THRESHOLD = 64 * 1024
-HANDSHAKE_TIMEOUT = 10.0
+#: The default time to complete a handshake (``Bounds.handshake_timeout``).
+HANDSHAKE_TIMEOUT = DEFAULT_BOUNDS.handshake_timeout
+_LISTEN_BACKLOG = 1024
+_LOCAL_HOSTS = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+class _Handshaking:
+    """An accepted connection whose handshake is in progress (for the cap on them, §9.1)."""
+
+    __slots__ = ("transport", "task", "evicted")
+
+    def __init__(self, transport: Transport, task: Optional[asyncio.Task]):
+        self.transport = transport
+        self.task = task
+        self.evicted = False
 
 
 def _split_host_port(addr: str) -> tuple[str, int]:
@@ -66,7 +87,11 @@ class Node:
     out of band), ``ticket_threshold`` (send buffers this large to TCP peers as tickets;
     default never), ``redeem`` (``"eager"`` or ``"lazy"``; tickets the sender marked
     ``lazy`` are never redeemed on receipt), ``pull_timeout`` and
-    ``lease_ttl`` (seconds), ``types`` (accepted type names; ``None`` accepts any).
+    ``lease_ttl`` (seconds), ``types`` (accepted type names; ``None`` accepts any),
+    ``limits`` (per message, :class:`handoff.wire.Limits`, §9) and ``bounds`` (across
+    messages and connections, :class:`handoff.bounds.Bounds`, §9.1: handshakes and
+    connections at once, timeouts, buffered bytes, leases …), ``inbox_capacity``
+    (messages delivered and not yet taken with :meth:`recv`, all peers together).
     """
 
     def __init__(
@@ -86,6 +111,7 @@ class Node:
         limits: wire.Limits = wire.DEFAULT_LIMITS,
         types: Optional[Iterable[str]] = None,
         inbox_capacity: int = 1024,
+        bounds: Bounds = DEFAULT_BOUNDS,
     ):
         if not name:
             raise ValueError("a node needs a name")
@@ -104,8 +130,25 @@ class Node:
         self.redeem = redeem
         self.pull_timeout = pull_timeout
         self.limits = limits
+        self.bounds = bounds
+        #: What a header may be before a connection is established (§5.1, §9: 64 KiB).
+        self.handshake_limits = dataclasses.replace(
+            limits, max_header_bytes=min(limits.max_header_bytes, bounds.handshake_header_bytes)
+        )
         self.types = set(types) if types is not None else None
-        self.leases = LeaseTable(lease_ttl)
+        self.leases = LeaseTable(
+            lease_ttl,
+            max_bytes=bounds.max_ticket_bytes,
+            max_bytes_per_peer=bounds.max_ticket_bytes_per_peer,
+            max_holders=bounds.max_holders_per_lease,
+            wait=bounds.lease_wait,
+        )
+        self._budget = Budget(bounds)
+        self._throttle = WarningThrottle(log, bounds.warnings_per_period, bounds.warning_period)
+        self._handshaking: "collections.OrderedDict[int, _Handshaking]" = collections.OrderedDict()
+        self._claims: dict = {}  # node id -> process id, between step 6 of a handshake and registering
+        self._dial_slots = asyncio.Semaphore(bounds.max_owner_dials)
+        self._dialing: dict = {}  # (owner, addr) -> task connecting to it
         #: This node's local resources: resource keys in received bodies bind to them (§8.3).
         self.resources = Resources(name)
         self.listen_addr: Optional[str] = None
@@ -142,7 +185,7 @@ class Node:
             lsock = socket.socket(family, socket.SOCK_STREAM)
             lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             lsock.bind(sockaddr)
-            lsock.listen(128)
+            lsock.listen(_LISTEN_BACKLOG)
             lsock.setblocking(False)
             bound = lsock.getsockname()
             self.listen_addr = (
@@ -159,7 +202,7 @@ class Node:
             usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             usock.bind(str(path))
             os.chmod(path, 0o600)
-            usock.listen(128)
+            usock.listen(_LISTEN_BACKLOG)
             usock.setblocking(False)
             self.unix_path = path
             self._listeners.append(usock)
@@ -265,7 +308,7 @@ class Node:
         if not self._closed:
             self._spawn(self._notify_peers())
 
-    def _our_side(self) -> OurSide:
+    def _our_side(self, transport: Optional[Transport] = None) -> OurSide:
         return OurSide(
             node_id=self.node_id,
             name=self.name,
@@ -273,22 +316,105 @@ class Node:
             process_id=self.process_id,
             caps=self.caps,
             secret=self.secret,
-            limits=self.limits,
+            limits=self.handshake_limits,
             listen=self.listen_addr,
             unix=self.unix_addr,
+            admit=self._admit_connection,
+            check_peer=(lambda hello: self._check_node_id(hello, transport)) if transport is not None else None,
         )
 
-    async def _open(self, sock: socket.socket, label: str) -> Peer:
+    def _admit_connection(self) -> Optional[tuple]:
+        """After the preambles: room for one more established connection? (§9.1)"""
+        if len(self._all_peers) >= self.bounds.max_connections:
+            return (
+                "overloaded",
+                f"node {self.name} has {len(self._all_peers)} connections, the most it allows; try again later",
+            )
+        return None
+
+    def _check_node_id(self, hello: wire.Hello, transport: Transport) -> Optional[str]:
+        """Step 6 of the handshake (§5.1): a node id names one node in one process.
+
+        A node id connected (or passing step 6 on another connection) from another
+        process is refused; the same process may open a second connection."""
+        if hello.node == self.node_id:
+            return f"the peer claims this node's own node id {hello.node}"
+        other = self.peer_by_id(hello.node)
+        claim = self._claims.get(hello.node)
+        proc = other.hello.proc if other is not None else claim[0] if claim is not None else None
+        if proc is not None and proc != hello.proc:
+            return (
+                f"node id {hello.node} is already connected from another process (proc {proc}, this hello says "
+                f"{hello.proc}): two processes claim one node id (a copied configuration? a forked process?)"
+            )
+        if claim is None or claim[0] != hello.proc:
+            claim = self._claims[hello.node] = [hello.proc, 0]
+        claim[1] += 1
+        transport.claimed = hello.node
+        return None
+
+    def _unclaim(self, transport: Transport) -> None:
+        node = getattr(transport, "claimed", None)
+        if node is None:
+            return
+        transport.claimed = None
+        claim = self._claims.get(node)
+        if claim is not None:
+            claim[1] -= 1
+            if claim[1] <= 0:
+                del self._claims[node]
+
+    def _begin_handshake(self, transport: Transport) -> _Handshaking:
+        """Registers an accepted connection's handshake, closing the oldest beyond the cap (§9.1)."""
+        while len(self._handshaking) >= self.bounds.max_handshakes:
+            _, oldest = self._handshaking.popitem(last=False)
+            oldest.evicted = True
+            if oldest.task is not None:
+                oldest.task.cancel()
+        entry = _Handshaking(transport, asyncio.current_task())
+        self._handshaking[id(entry)] = entry
+        return entry
+
+    def _warn_about(self, source: str, fmt: str, *args) -> None:
+        self._throttle.warn(source, "%s: " + fmt, self.name, *args)
+
+    async def _open(self, sock: socket.socket, label: str, accepted: bool = False) -> Peer:
         """Handshakes on a fresh connection, registers the peer and starts its reader."""
-        transport = Transport(sock, label)
+        transport = Transport(sock, label, self.bounds)
+        entry = self._begin_handshake(transport) if accepted else None
+        timeout = self.bounds.handshake_timeout
         try:
-            hello, _ = await asyncio.wait_for(handshake(transport, self._our_side()), HANDSHAKE_TIMEOUT)
-        except asyncio.TimeoutError:
-            await transport.aclose()
-            raise HandoffError(f"handshake with {label} took over {HANDSHAKE_TIMEOUT}s") from None
-        except BaseException:
-            await transport.aclose()
-            raise
+            try:
+                hello, _ = await asyncio.wait_for(handshake(transport, self._our_side(transport)), timeout)
+            except asyncio.TimeoutError:
+                msg = f"the handshake did not complete within {timeout:g} s"
+                await send_error(transport, "timeout", f"timed out: {msg}")
+                await transport.aclose(drain=self.bounds.drain_seconds)
+                raise HandoffError(f"handshake with {label}: {msg}") from None
+            except asyncio.CancelledError:
+                if entry is None or not entry.evicted:
+                    await transport.aclose()
+                    raise
+                # Closed to make room for a newer handshake: say so without waiting for anything.
+                transport.try_send_now(
+                    wire.encode_message(
+                        wire.Error(
+                            "overloaded",
+                            f"node {self.name} runs {self.bounds.max_handshakes} handshakes at once, "
+                            "the most it allows, and closed the oldest; try again later",
+                        )
+                    )
+                )
+                await transport.aclose(drain=0)
+                raise HandoffError(f"handshake with {label}: closed to make room for newer ones") from None
+            except BaseException:
+                await transport.aclose(drain=self.bounds.drain_seconds if transport.error_sent else None)
+                raise
+        finally:
+            if entry is not None:
+                self._handshaking.pop(id(entry), None)
+            if transport.closed:
+                self._unclaim(transport)
         channel = "shm" if transport.unix else "tcp"
         if transport.unix and hello.host != self.host_id:
             log.warning(
@@ -299,6 +425,7 @@ class Node:
             )
         peer = Peer(self, transport, hello, channel)
         self._add_peer(peer)
+        self._unclaim(transport)  # the established connection speaks for the node id now
         peer.reader = self.loop.create_task(peer.read_loop())
         return peer
 
@@ -382,8 +509,9 @@ class Node:
             except OSError as e:
                 if self._closed:
                     return
-                log.warning("%s: accept failed: %s", self.name, e)
-                await asyncio.sleep(0.05)
+                self._warn_about("accept", "accept failed: %s", e)
+                # Out of descriptors: wait for connections to close instead of spinning.
+                await asyncio.sleep(0.1 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS) else 0.01)
                 continue
             if unix:
                 label = "unix peer"
@@ -391,18 +519,19 @@ class Node:
                 label = (
                     f"tcp://[{addr[0]}]:{addr[1]}" if conn.family == socket.AF_INET6 else f"tcp://{addr[0]}:{addr[1]}"
                 )
-            self._spawn(self._accepted(conn, label, unix))
+            source = "unix peers" if unix else f"connections from {addr[0]}"
+            self._spawn(self._accepted(conn, label, unix, source))
 
-    async def _accepted(self, conn: socket.socket, label: str, unix: bool) -> None:
+    async def _accepted(self, conn: socket.socket, label: str, unix: bool, source: str) -> None:
         try:
             if unix:
                 _check_peer_uid(conn)
-            peer = await self._open(conn, label)
+            peer = await self._open(conn, label, accepted=True)
             log.info("%s: accepted peer %s (%s, %s)", self.name, peer.name, peer.locality, peer.channel)
         except asyncio.CancelledError:
             conn.close()
         except Exception as e:
-            log.warning("%s: refused connection from %s: %s", self.name, label, e)
+            self._warn_about(source, "refused connection from %s: %s", label, e)
             try:
                 conn.close()
             except OSError:
@@ -414,14 +543,31 @@ class Node:
         try:
             env.decode()
         except Exception as e:  # the application sees it when it asks for the body
-            log.warning("%s: %s from %s: %s", self.name, env.type_name, env.sender.name, e)
-        await self._inbox.put(env)
+            self._warn_about(f"peer {env.sender.name}", "%s from %s: %s", env.type_name, env.sender.name, e)
+        try:
+            await self._inbox.put(env)
+        except BaseException:
+            self._budget.release_env(env)
+            raise
 
     async def recv(self, timeout: Optional[float] = None) -> Envelope:
-        """The next received message (``asyncio.TimeoutError`` after ``timeout`` seconds)."""
+        """The next received message (``asyncio.TimeoutError`` after ``timeout`` seconds).
+
+        Taking it gives its bytes back to the node's buffered bounds (§9.1): a peer whose
+        connection stopped being read for lack of room is read again."""
         if timeout is None:
-            return await self._inbox.get()
-        return await asyncio.wait_for(self._inbox.get(), timeout)
+            env = await self._inbox.get()
+        else:
+            env = await asyncio.wait_for(self._inbox.get(), timeout)
+        self._budget.release_env(env)
+        return env
+
+    def buffered(self) -> dict:
+        """Bytes buffered for the application, in total and per peer (§9.1)."""
+        return {
+            "total": self._budget.total,
+            "peers": {p.name: p.buffered for p in self._all_peers if p.buffered},
+        }
 
     # ------------------------------------------------------------------ tickets (holder side)
 
@@ -431,43 +577,94 @@ class Node:
             return f"{p.name} ({desc.addr})" if desc.addr else p.name
         return f"{desc.owner[:12]} ({desc.addr})" if desc.addr else desc.owner
 
+    def _is_own_address(self, host: str, port: int) -> bool:
+        """Whether ``host:port`` is this node's own listen address (or plainly reaches it)."""
+        if self.listen_addr is None:
+            return False
+        own_host, own_port = _split_host_port(_strip(self.listen_addr, "tcp://"))
+        if port != own_port:
+            return False
+        if host == own_host:
+            return True
+
+        def local(h: str) -> bool:
+            if h.lower() in _LOCAL_HOSTS:
+                return True
+            try:
+                ip = ipaddress.ip_address(h)
+            except ValueError:
+                return False
+            return ip.is_loopback or ip.is_unspecified
+
+        # A node that listens on a loopback or every address is reached by any local one.
+        return local(own_host) and local(host)
+
+    def _dial_refusal(self, desc: wire.TicketDesc) -> Optional[str]:
+        """Why a holder must not dial this ticket's ``addr`` (§9.1), or ``None``."""
+        if desc.owner == self.node_id:
+            return "the ticket names this node itself as its owner; a node does not dial itself"
+        if not desc.addr:
+            return "not connected to the owner, and the ticket has no address"
+        if not desc.addr.startswith("tcp://"):
+            return f"its address {desc.addr!r} is not a tcp:// address"
+        try:
+            host, port = _split_host_port(_strip(desc.addr, "tcp://"))
+        except ValueError:
+            return f"its address {desc.addr!r} is not a tcp://HOST:PORT address"
+        if self._is_own_address(host, port):
+            return f"its address {desc.addr} is this node's own listen address; a node does not dial itself"
+        return None
+
+    async def _dial_owner(self, desc: wire.TicketDesc) -> Peer:
+        # At most ``max_owner_dials`` at once (§9.1); the wait counts in the caller's timeout.
+        async with self._dial_slots:
+            # Pinned to TCP: pulled bytes travel inline on any channel, and switching to the
+            # owner's Unix socket would close the TCP connection, which owners may take as
+            # the loss of this node's hold (the reference does, §7.7).
+            p = await asyncio.wait_for(self.connect(desc.addr, channel="tcp"), self.pull_timeout)
+        if p.node_id != desc.owner:
+            await p.close()
+            raise HandoffError(f"the node at {desc.addr} is {p.node_id}, not the ticket's owner")
+        return p
+
     async def _owner_peer(self, ticket: Ticket) -> Peer:
         desc = ticket.desc
         p = self.peer_by_id(desc.owner)
         if p is not None:
             return p
-        if not desc.addr:
-            raise OwnerLost(
-                ticket.owner_label, desc.lease, desc.n, "not connected to the owner, and the ticket has no address"
-            )
+        why = self._dial_refusal(desc)
+        if why is not None:
+            raise OwnerLost(ticket.owner_label, desc.lease, desc.n, why)
+        key = (desc.owner, desc.addr)
+        task = self._dialing.get(key)
+        if task is None:  # one dial per owner and address, whoever waits for it
+            task = self._dialing[key] = self._spawn(self._dial_owner(desc))
+            task.add_done_callback(lambda t, key=key: (self._dialing.pop(key, None), t.cancelled() or t.exception()))
         try:
-            # Pinned to TCP: pulled bytes travel inline on any channel, and switching to the
-            # owner's Unix socket would close the TCP connection, which owners may take as
-            # the loss of this node's hold (the reference does, §7.7).
-            p = await asyncio.wait_for(self.connect(desc.addr, channel="tcp"), self.pull_timeout)
+            return await asyncio.wait_for(asyncio.shield(task), self.pull_timeout)
         except asyncio.TimeoutError:
             raise OwnerLost(
                 ticket.owner_label, desc.lease, desc.n, f"connecting took over {self.pull_timeout}s"
             ) from None
+        except asyncio.CancelledError:
+            if task.cancelled() and not self._closed:
+                raise OwnerLost(
+                    ticket.owner_label, desc.lease, desc.n, "the connection attempt was cancelled"
+                ) from None
+            raise
+        except OwnerLost:
+            raise
         except Exception as e:
             raise OwnerLost(ticket.owner_label, desc.lease, desc.n, f"cannot connect: {e}") from None
-        if p.node_id != desc.owner:
-            await p.close()
-            raise OwnerLost(
-                ticket.owner_label,
-                desc.lease,
-                desc.n,
-                f"the node at {desc.addr} is {p.node_id}, not the ticket's owner",
-            )
-        return p
 
-    async def _request(self, ticket: Ticket, what: str, make) -> tuple:
+    async def _request(self, ticket: Ticket, what: str, make, expect: Optional[int] = None) -> tuple:
         desc = ticket.desc
         peer = await self._owner_peer(ticket)
         req = self._next_req
         self._next_req += 1
         fut = self.loop.create_future()
-        peer.pending[req] = (fut, what)
+        peer.pending[req] = (fut, what, expect)
+        self._budget.wake()  # its reader, if it waits for room, may now go over the bounds
         try:
             await peer._send_control(make(req))
         except PeerClosed as e:
@@ -490,7 +687,7 @@ class Node:
         if ticket.released:
             raise HandoffError(f"the ticket for lease {ticket.lease} was released")
         desc = ticket.desc
-        result = await self._request(ticket, "pull", lambda req: wire.Pull(req, desc.lease, desc.token, off, n))
+        result = await self._request(ticket, "pull", lambda req: wire.Pull(req, desc.lease, desc.token, off, n), n)
         if result[0] != "bytes":
             raise OwnerLost(ticket.owner_label, desc.lease, desc.n, "answered a pull with a token")
         view = result[1]
@@ -538,7 +735,7 @@ class Node:
                 "%s: not connected to the owner of lease %d; its deadline will end the hold", self.name, desc.lease
             )
             return
-        p._spawn(p._answer_quietly(wire.Unlease(desc.lease, desc.token), None))
+        p._queue_control(wire.Unlease(desc.lease, desc.token))
 
     async def _redeem_all(self, env: Envelope) -> None:
         """Eager redemption: pulls every ticket of the message, then ends each hold (§7.6).
@@ -576,6 +773,7 @@ class Node:
             n = self.leases.expire()
             if n:
                 log.info("%s: %d ticket holds ended by their deadline", self.name, n)
+            self._throttle.flush()
 
     # ------------------------------------------------------------------ observing
 

@@ -1,18 +1,28 @@
-"""A connected node (:class:`Peer`): how messages reach it, and the read loop of its connection."""
+"""A connected node (:class:`Peer`): how messages reach it, and the read loop of its connection.
+
+What one peer can make this node hold is bounded (spec §9.1, :mod:`handoff.bounds`):
+the read loop admits each message against the node's buffered-bytes budget before it
+reads or maps its frames, and stops reading while there is no room; ticket answers
+go out through one writer per connection (no task per request), and the loop stops
+reading while too many of them wait; shared-memory leases kept for the peer are
+capped; warnings about the peer are rate-limited.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import mmap
 import os
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
 
 from . import wire
 from .codec import OnDemand, encode_body
 from .envelope import Envelope, ReceivedFrame
-from .errors import HandoffError, PeerClosed, PeerRefused
+from .errors import CapReached, HandoffError, PeerClosed, PeerRefused
 from .handshake import send_error
 from .shm import SharedFrame, map_received, sealed_copy, segment_info
 from .tickets import Refusal, Ticket
@@ -56,14 +66,24 @@ class Peer:
         #: ``tcp`` or ``shm`` (a Unix socket).
         self.channel = channel
         self.closed = False
-        self.pending: dict = {}  # req -> (future, what)
+        self.pending: dict = {}  # req -> (future, what, bytes expected for a pull or None)
         self._leases: dict = {}  # shm lease -> SharedFrame kept for the peer
+        self._leased_bytes = 0
+        self._leases_changed: Optional[asyncio.Event] = None
         self._next_lease = 1
         self._releases: list = []
         self._release_task: Optional[asyncio.Task] = None
         self._deliveries: Optional[asyncio.Queue] = None
         self._delivery_task: Optional[asyncio.Task] = None
         self._queued = 0
+        #: Bytes of this peer's messages buffered and not yet taken by the application (§9.1).
+        self.buffered = 0
+        self._charge = 0  # of the message being read
+        # Ticket answers and other control headers waiting for the writer (one task).
+        self._control: collections.deque = collections.deque()
+        self._control_task: Optional[asyncio.Task] = None
+        self._control_room: Optional[asyncio.Event] = None
+        self._pulls_queued = 0
         self._tasks: set = set()
         self.reader: Optional[asyncio.Task] = None
         self.done = asyncio.Event()
@@ -112,7 +132,42 @@ class Peer:
 
     def shm_leases(self) -> dict:
         """Shared-memory leases this node holds for the peer: ``{count, bytes}``."""
-        return {"count": len(self._leases), "bytes": sum(sf.size for sf in self._leases.values())}
+        return {"count": len(self._leases), "bytes": self._leased_bytes}
+
+    def _shm_full(self, size: int) -> Optional[str]:
+        b = self.node.bounds
+        if len(self._leases) + 1 > b.max_shm_leases_per_peer:
+            return f"{len(self._leases)} shared-memory leases (the most allowed: {b.max_shm_leases_per_peer})"
+        if self._leased_bytes + size > b.max_shm_bytes_per_peer:
+            return f"{self._leased_bytes} of {b.max_shm_bytes_per_peer} bytes in shared-memory leases"
+        return None
+
+    async def _shm_room(self, size: int) -> None:
+        """Waits until one more lease of ``size`` bytes fits the caps for this peer (§7.4),
+        at most the bounds' ``lease_wait``; then fails the send with ``CapReached``."""
+        reason = self._shm_full(size)
+        if reason is None:
+            return
+        wait = self.node.bounds.lease_wait
+        deadline = time.monotonic() + wait
+        while reason is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or self.closed:
+                raise CapReached(
+                    f"cannot send {size} bytes to {self.name} in shared memory: it holds {reason}; "
+                    f"waited {wait:g} s for it to release some (it must send `release` for frames it dropped)"
+                )
+            if self._leases_changed is None:
+                self._leases_changed = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._leases_changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+            reason = self._shm_full(size)
+
+    def _keep_lease(self, lease: int, shared: SharedFrame) -> None:
+        self._leases[lease] = shared
+        self._leased_bytes += shared.size
 
     def _ticket_wanted(self, n: int, by_ticket: bool) -> bool:
         if n == 0:
@@ -139,48 +194,61 @@ class Peer:
         descs: list = []
         inline: list = []
         fds: list = []
-        for view, source in zip(enc.frames, enc.sources):
-            if isinstance(source, Ticket):
-                if source.desc.owner == self.node_id:
-                    view = await source.redeem()  # back to its owner: send the bytes
-                else:
-                    descs.append(await self.node._forward(source, self.node_id))
-                    continue
-            elif isinstance(source, SharedFrame):
-                view = source.view
-            n = view.nbytes
-            lazy = isinstance(source, OnDemand) and n > 0 and "ticket" in self.hello.caps
-            if lazy or self._ticket_wanted(n, by_ticket):
-                known = source.digest if lazy else None
-                lease, token, dg = self.node.leases.issue(view, self.node_id, known)
-                descs.append(
-                    wire.TicketDesc(
-                        n=n,
-                        owner=self.node.node_id,
-                        addr=self.node.listen_addr,
-                        lease=lease,
-                        token=token,
-                        digest=dg,
-                        ttl=int(self.node.leases.ttl * 1000),
-                        lazy=lazy,
+        new_shm: list = []
+        new_tickets: list = []
+        try:
+            for view, source in zip(enc.frames, enc.sources):
+                if isinstance(source, Ticket):
+                    if source.desc.owner == self.node_id:
+                        view = await source.redeem()  # back to its owner: send the bytes
+                    else:
+                        descs.append(await self.node._forward(source, self.node_id))
+                        continue
+                elif isinstance(source, SharedFrame):
+                    view = source.view
+                n = view.nbytes
+                lazy = isinstance(source, OnDemand) and n > 0 and "ticket" in self.hello.caps
+                if lazy or self._ticket_wanted(n, by_ticket):
+                    known = source.digest if lazy else None
+                    lease, token, dg = await self.node.leases.issue(view, self.node_id, known, self.name)
+                    new_tickets.append(lease)
+                    descs.append(
+                        wire.TicketDesc(
+                            n=n,
+                            owner=self.node.node_id,
+                            addr=self.node.listen_addr,
+                            lease=lease,
+                            token=token,
+                            digest=dg,
+                            ttl=int(self.node.leases.ttl * 1000),
+                            lazy=lazy,
+                        )
                     )
-                )
-                continue
-            shared = None
-            if self.channel == "shm" and len(fds) < MAX_FDS_PER_READ and n > 0:
-                if isinstance(source, SharedFrame):
-                    shared = SharedFrame(source.dup_fd(), source.size, source.sealed)
-                elif n >= self.node.shm_threshold:
-                    shared = sealed_copy(view)
-            if shared is not None:
-                lease = self._next_lease
-                self._next_lease += 1
-                self._leases[lease] = shared  # before sending: the release may come back at once
-                descs.append(wire.Shm(n=n, off=0, size=shared.size, lease=lease, sealed=shared.sealed))
-                fds.append(shared.fd)
-                continue
-            descs.append(wire.Inline(n))
-            inline.append(view)
+                    continue
+                shared = None
+                if self.channel == "shm" and len(fds) < MAX_FDS_PER_READ and n > 0:
+                    if isinstance(source, SharedFrame):
+                        await self._shm_room(source.size)
+                        shared = SharedFrame(source.dup_fd(), source.size, source.sealed)
+                    elif n >= self.node.shm_threshold:
+                        await self._shm_room(n)
+                        shared = sealed_copy(view)
+                if shared is not None:
+                    lease = self._next_lease
+                    self._next_lease += 1
+                    self._keep_lease(lease, shared)  # before sending: the release may come back at once
+                    new_shm.append(lease)
+                    descs.append(wire.Shm(n=n, off=0, size=shared.size, lease=lease, sealed=shared.sealed))
+                    fds.append(shared.fd)
+                    continue
+                descs.append(wire.Inline(n))
+                inline.append(view)
+        except BaseException:
+            # Nothing left: what this message had leased for the peer was never promised to it.
+            self._end_leases(new_shm)
+            for lease in new_tickets:
+                self.node.leases.withdraw(lease)
+            raise
         head = wire.frame_header(wire.encode_header(wire.Msg(type_name, enc.body, descs)))
         try:
             await self.transport.send([head] + inline, fds)
@@ -199,9 +267,61 @@ class Peer:
         for lease in leases:
             sf = self._leases.pop(lease, None)
             if sf is not None:
+                self._leased_bytes -= sf.size
                 sf.close()
                 ended += 1
+        if ended and self._leases_changed is not None:
+            self._leases_changed.set()
+            self._leases_changed = None
         return ended
+
+    # ------------------------------------------------------------------ ticket answers and other control headers
+
+    def _queue_control(self, header, payload: Any = None) -> None:
+        """Queues a header (and a ``pulled``'s bytes) for the connection's one control writer."""
+        if self.closed:
+            return
+        if isinstance(header, wire.Pulled):
+            self._pulls_queued += 1
+        self._control.append((header, payload))
+        if self._control_task is None:
+            self._control_task = self.node.loop.create_task(self._write_control())
+
+    def _control_full(self) -> bool:
+        b = self.node.bounds
+        return self._pulls_queued >= b.max_pulls_in_flight or len(self._control) >= b.max_control_queued
+
+    async def _control_has_room(self) -> None:
+        """Stops reading (the caller waits) while too many answers wait to be written (§9.1)."""
+        while self._control_full() and not self.closed:
+            if self._control_room is None:
+                self._control_room = asyncio.Event()
+            await self._control_room.wait()
+
+    async def _write_control(self) -> None:
+        try:
+            while self._control and not self.closed:
+                header, payload = self._control[0]
+                try:
+                    await self._send_control(header, payload)
+                except PeerClosed as e:
+                    log.debug("%s: could not answer %s: %s", self.node.name, self.name, e)
+                    self._control.clear()
+                    self._pulls_queued = 0
+                    return
+                finally:
+                    if self._control and self._control[0][0] is header:
+                        self._control.popleft()
+                        if isinstance(header, wire.Pulled):
+                            self._pulls_queued -= 1
+                    if self._control_room is not None and not self._control_full():
+                        self._control_room.set()
+                        self._control_room = None
+        finally:
+            self._control_task = None
+            if self._control_room is not None:
+                self._control_room.set()
+                self._control_room = None
 
     # ------------------------------------------------------------------ releasing received shm frames
 
@@ -227,6 +347,9 @@ class Peer:
         """Closes the connection (the peer sees it end); waits for its reader to finish."""
         self.closed = True
         self.transport.shutdown()
+        self.node._budget.wake()  # a reader waiting for room sees the close
+        if self._control_room is not None:
+            self._control_room.set()
         if self.reader is not None and self.reader is not asyncio.current_task():
             try:
                 await asyncio.wait_for(asyncio.shield(self.done.wait()), 5)
@@ -240,44 +363,68 @@ class Peer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _warn(self, fmt: str, *args: Any) -> None:
+        """A warning about this peer, rate-limited per peer (§9.1)."""
+        self.node._throttle.warn(f"peer {self.name}", "%s: " + fmt, self.node.name, *args)
+
     async def read_loop(self) -> None:
         """Reads messages until the connection ends or the peer breaks the protocol."""
         t = self.transport
         limits = self.node.limits
+        budget = self.node._budget
+        overhead = self.node.bounds.message_overhead
         try:
             while True:
-                data = await t.read_header(limits)
-                if data is None:
+                n = await t.read_length(limits)
+                if n is None:
                     break
-                problem = t.take_fd_error()
-                if problem:
-                    raise wire.WireError("bad-shm", f"bad shared-memory descriptor: {problem}")
-                h = wire.decode_header(data, limits)
-                if isinstance(h, wire.Msg):
-                    await self._on_msg(h)
-                elif isinstance(h, wire.Pulled):
-                    await self._on_pulled(h)
-                elif isinstance(h, (wire.Pull, wire.Forward, wire.Unlease, wire.Renew)):
-                    self._on_owner_op(h)
-                elif isinstance(h, wire.Forwarded):
-                    self._answer(h.req, ("token", h.token))
-                elif isinstance(h, wire.TicketError):
-                    self._answer(h.req, ("refused", h.code, h.msg))
-                elif isinstance(h, wire.Release):
-                    if not t.unix:
+                # The header counts against the buffered bounds from the start of its read.
+                await budget.admit(self, n + overhead, 0, self._waits_for_answers)
+                self._charge = n + overhead
+                try:
+                    data = await t.read_header_body(n)
+                    problem = t.take_fd_error()
+                    if problem:
+                        raise wire.WireError("bad-shm", f"bad shared-memory descriptor: {problem}")
+                    h = wire.decode_header(data, limits)
+                    del data
+                    if isinstance(h, wire.Msg):
+                        await self._on_msg(h)
+                    elif isinstance(h, wire.Pulled):
+                        budget.release(self, self._charge)
+                        self._charge = 0
+                        await self._on_pulled(h)
+                    elif isinstance(h, (wire.Pull, wire.Forward, wire.Unlease, wire.Renew)):
+                        self._on_owner_op(h)
+                        if self._control_full():
+                            budget.release(self, self._charge)
+                            self._charge = 0
+                            await self._control_has_room()
+                    elif isinstance(h, wire.Forwarded):
+                        self._answer(h.req, ("token", h.token))
+                    elif isinstance(h, wire.TicketError):
+                        self._answer(h.req, ("refused", h.code, h.msg))
+                    elif isinstance(h, wire.Release):
+                        if not t.unix:
+                            raise wire.WireError(
+                                "handshake", "handshake failed: a release on a connection without shared memory"
+                            )
+                        self._end_leases(h.leases)
+                    elif isinstance(h, wire.Error):
+                        raise PeerRefused(self.name, h.code, h.msg)
+                    else:
                         raise wire.WireError(
-                            "handshake", "handshake failed: a release on a connection without shared memory"
+                            "handshake", f"handshake failed: unexpected {h.kind!r} after the handshake"
                         )
-                    self._end_leases(h.leases)
-                elif isinstance(h, wire.Error):
-                    raise PeerRefused(self.name, h.code, h.msg)
-                else:
-                    raise wire.WireError("handshake", f"handshake failed: unexpected {h.kind!r} after the handshake")
+                finally:
+                    if self._charge:
+                        budget.release(self, self._charge)
+                        self._charge = 0
         except wire.WireError as e:
-            log.warning("%s: closing connection to %s: %s", self.node.name, self.name, e)
+            self._warn("closing connection to %s: %s", self.name, e)
             await send_error(t, e.code, e.message)
         except PeerRefused as e:
-            log.warning("%s: peer %s closed the connection: %s [%s]", self.node.name, self.name, e.message, e.code)
+            self._warn("peer %s closed the connection: %s [%s]", self.name, e.message, e.code)
         except PeerClosed as e:
             if not self.closed:
                 log.debug("%s: connection to %s lost: %s", self.node.name, self.name, e)
@@ -290,10 +437,11 @@ class Peer:
 
     async def _cleanup(self) -> None:
         self.closed = True
-        await self.transport.aclose()
+        drain = self.node.bounds.drain_seconds if self.transport.error_sent else None
+        await self.transport.aclose(drain=drain)
         self.node._remove_peer(self)
         pending, self.pending = self.pending, {}
-        for fut, _what in pending.values():
+        for fut, _what, _n in pending.values():
             if not fut.done():
                 fut.set_result(("lost", "the connection closed before it answered"))
         # The peer's holds end with its connection to us, unless another one replaced it
@@ -302,16 +450,50 @@ class Peer:
         self.node._holder_disconnected(self.node_id, self.name)
         self._end_leases(list(self._leases))
         self._releases.clear()
+        self._control.clear()
+        self._pulls_queued = 0
+        if self._control_room is not None:
+            self._control_room.set()
         for task in list(self._tasks):
             task.cancel()
+        if self._control_task is not None:
+            self._control_task.cancel()
         if self._deliveries is not None:
+            # Messages that waited for their tickets are dropped with the connection:
+            # give their buffered bytes back.
+            while not self._deliveries.empty():
+                env = self._deliveries.get_nowait()
+                if env is not None:
+                    self.node._budget.release_env(env)
             self._deliveries.put_nowait(None)
         self.done.set()
 
+    def _waits_for_answers(self) -> bool:
+        """Whether this node waits for answers from the peer (then its reader may go over the bounds)."""
+        return bool(self.pending)
+
+    def _charge_of(self, h: wire.Msg) -> int:
+        """Bytes a message buffers beyond its header: inline frames, shm windows, and the
+        tickets redeemed on receipt (§9.1)."""
+        eager = self.node.redeem == "eager"
+        total = 0
+        for d in h.f:
+            if isinstance(d, (wire.Inline, wire.Shm)):
+                total += d.n
+            elif isinstance(d, wire.TicketDesc) and eager and not d.lazy:
+                total += d.n
+        return total
+
     async def _on_msg(self, h: wire.Msg) -> None:
+        """Admits a message's frames against the buffered bounds, reads or maps them, and
+        delivers it (the envelope then carries the message's charge, ``self._charge``)."""
         t = self.transport
         self.node._check_type(h.t)
         wire.check_carried(h.f, wire.carried_kinds(unix=t.unix, ticket=True))
+        more = self._charge_of(h)
+        if more:
+            await self.node._budget.admit(self, more, self._charge, self._waits_for_answers)
+            self._charge += more
         shared = sum(1 for d in h.f if isinstance(d, wire.Shm))
         fds = t.take_fds(shared)
         if fds is None:
@@ -325,10 +507,14 @@ class Peer:
             me = weakref.ref(self)
             for d in h.f:
                 if isinstance(d, wire.Shm):
-                    mapping, info = map_received(fds.pop(0), d.size, d.sealed)
-                    fin = weakref.finalize(mapping, _shm_released, me, d.lease)
-                    fin.atexit = False
-                    view = memoryview(mapping)[d.off : d.off + d.n]
+                    mapping, start, info = map_received(fds.pop(0), d.size, d.sealed, d.off, d.n)
+                    if mapping is None:  # an empty window: nothing to map, nothing to keep
+                        view = memoryview(b"")
+                        self._queue_release(d.lease)
+                    else:
+                        fin = weakref.finalize(mapping, _shm_released, me, d.lease)
+                        fin.atexit = False
+                        view = memoryview(mapping)[start : start + d.n]
                     frames.append(ReceivedFrame("shm", view, d.lease, segment_info(info, d.off)))
                 elif isinstance(d, wire.Inline):
                     view = _alloc(d.n)
@@ -344,6 +530,7 @@ class Peer:
                 "bad-shm", f"bad shared-memory descriptor: {len(t.fds)} descriptors arrived that no header announced"
             )
         env = Envelope(self, h.t, h.b, frames)
+        env.charge, self._charge = self._charge, 0
         if (env.has_eager_tickets and self.node.redeem == "eager") or self._queued:
             self._queue_delivery(env)
         else:
@@ -355,7 +542,7 @@ class Peer:
             self._delivery_task = self.node.loop.create_task(self._delivery_loop())
             self._tasks.add(self._delivery_task)
         self._queued += 1
-        self._deliveries.put_nowait(env)
+        self._deliveries.put_nowait(env)  # bounded by the buffered bytes each message is charged
 
     async def _delivery_loop(self) -> None:
         """Delivers queued messages in order, redeeming their tickets first (eager redemption)."""
@@ -363,14 +550,31 @@ class Peer:
             env = await self._deliveries.get()
             if env is None:
                 return
+            delivered = False
             try:
                 if self.node.redeem == "eager":
                     await self.node._redeem_all(env)
                 await self.node._deliver(env)
+                delivered = True
             finally:
                 self._queued -= 1
+                if not delivered:
+                    self.node._budget.release_env(env)
 
     async def _on_pulled(self, h: wire.Pulled) -> None:
+        entry = self.pending.get(h.req)
+        if entry is None or entry[2] != h.n or entry[0].done():
+            # Not asked for (or no longer), or not the length asked for: read it through a
+            # scratch buffer and drop it, never allocating its announced size (§9.1).
+            self._warn(
+                "dropping a pulled answer of %d bytes from %s for request %d that %s",
+                h.n,
+                self.name,
+                h.req,
+                "this node does not wait for" if entry is None or entry[0].done() else f"asked for {entry[2]} bytes",
+            )
+            await self.transport.skip(h.n, "pulled bytes")
+            return
         view = _alloc(h.n)
         await self.transport.read_into(view, "pulled bytes")
         self._answer(h.req, ("bytes", view))
@@ -386,17 +590,17 @@ class Peer:
         if isinstance(h, wire.Pull):
             try:
                 view = leases.pull(h.lease, holder, h.token, h.off, h.n)
-                answer, payload = wire.Pulled(h.req, h.n), view
+                self._queue_control(wire.Pulled(h.req, h.n), view)
             except Refusal as r:
-                log.warning("%s: refused a pull from %s: %s [%s]", self.node.name, self.name, r.message, r.code)
-                answer, payload = wire.TicketError(h.req, r.code, r.message), None
-            self._spawn(self._answer_quietly(answer, payload))
+                self._warn("refused a pull from %s: %s [%s]", self.name, r.message, r.code)
+                self._queue_control(wire.TicketError(h.req, r.code, r.message))
         elif isinstance(h, wire.Forward):
             try:
-                answer = wire.Forwarded(h.req, leases.forward(h.lease, holder, h.token, h.to))
+                token = leases.forward(h.lease, holder, h.token, h.to, self.node.node_id)
+                self._queue_control(wire.Forwarded(h.req, token))
             except Refusal as r:
-                answer = wire.TicketError(h.req, r.code, r.message)
-            self._spawn(self._answer_quietly(answer, None))
+                self._warn("refused a forward from %s: %s [%s]", self.name, r.message, r.code)
+                self._queue_control(wire.TicketError(h.req, r.code, r.message))
         elif isinstance(h, wire.Unlease):
             try:
                 leases.unlease(h.lease, holder, h.token)
@@ -406,13 +610,7 @@ class Peer:
             try:
                 leases.renew(h.lease, holder, h.token)
             except Refusal as r:
-                log.warning("%s: refused a renewal from %s: %s [%s]", self.node.name, self.name, r.message, r.code)
-
-    async def _answer_quietly(self, header, payload) -> None:
-        try:
-            await self._send_control(header, payload)
-        except PeerClosed as e:
-            log.debug("%s: could not answer %s: %s", self.node.name, self.name, e)
+                self._warn("ignored a renewal from %s: %s [%s]", self.name, r.message, r.code)
 
 
 def _is_node_frame(obj: Any) -> bool:

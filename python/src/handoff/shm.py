@@ -3,10 +3,14 @@
 Sending: a buffer of at least the threshold is copied into a fresh memfd that is then
 sealed (``F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``: the reference's
 "sealed mode", §7.4), or a :class:`ShmBuffer` that the application filled in place is
-sent as it is, with no copy at all.
+sent as it is, with no copy at all (sealed against shrinking and growing at least:
+every segment a node passes is, §7.4).
 
-Receiving: each ``shm`` frame's descriptor is checked (size, seals) and mapped
-read-only and shared; the frame is a ``memoryview`` of that mapping (no byte copied).
+Receiving: each ``shm`` frame's descriptor is checked — seals first (``F_SEAL_SHRINK``
+always, so that the segment can never be cut short under the mapping and a read can
+never fault; the write and grow seals too if it claims ``sealed``), then its size —
+and mapped read-only and shared; the frame is a ``memoryview`` of that mapping (no
+byte copied). A small window of a large segment maps only the pages that hold it.
 Each frame gets a mapping of its own, so that the mapping's lifetime is the frame's:
 when the last view of it is gone, the mapping is freed and the frame's lease released.
 """
@@ -20,7 +24,7 @@ from typing import Any, Optional
 
 from .wire import WireError
 
-__all__ = ["ShmBuffer", "SharedFrame", "sealed_copy", "map_received", "segment_info", "SEALS_REQUIRED"]
+__all__ = ["ShmBuffer", "SharedFrame", "sealed_copy", "map_received", "segment_info", "SEALS_REQUIRED", "SEALS_FIXED"]
 
 F_SEAL_SEAL = getattr(fcntl, "F_SEAL_SEAL", 0x0001)
 F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
@@ -31,6 +35,12 @@ F_GET_SEALS = getattr(fcntl, "F_GET_SEALS", 1034)
 #: What a segment announced as ``sealed`` must carry (§7.2).
 SEALS_REQUIRED = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW
 SEALS_ALL = SEALS_REQUIRED | F_SEAL_SEAL
+#: What every segment carries at least (§7.2 rule 1 needs the first), and what an unsealed
+#: segment of a fixed size is given before it is passed (§7.4).
+SEALS_FIXED = F_SEAL_SHRINK | F_SEAL_GROW
+#: A segment this much larger than its window (beyond twice the window) is mapped only
+#: around the window (the reference's rule, §7.2 step 4).
+_WHOLE_SEGMENT_SLACK = 1 << 20
 
 
 def _memfd(size: int, name: str = "handoff-segment") -> int:
@@ -105,12 +115,15 @@ class ShmBuffer:
         self.view = memoryview(self._map)
 
     def freeze(self, seal: bool = True) -> SharedFrame:
-        """Ends writing; with ``seal`` the segment is sealed against any change (§7.4)."""
+        """Ends writing; with ``seal`` the segment is sealed against any change (§7.4).
+
+        Without ``seal`` it stays writable (by whoever maps it), but is sealed against
+        shrinking and growing all the same: receivers refuse any segment that could
+        shrink under their mapping (§7.2)."""
         self.view.release()
         self._map.close()
         fd, self.fd = self.fd, -1
-        if seal:
-            fcntl.fcntl(fd, F_ADD_SEALS, SEALS_ALL)
+        fcntl.fcntl(fd, F_ADD_SEALS, SEALS_ALL if seal else SEALS_FIXED)
         return SharedFrame(fd, self.size, seal)
 
     def __len__(self) -> int:
@@ -133,38 +146,57 @@ def sealed_copy(data: Any) -> SharedFrame:
     return SharedFrame(fd, n, True)
 
 
-def map_received(fd: int, size: int, sealed: bool) -> tuple[mmap.mmap, dict]:
-    """Checks a received segment against its descriptor and maps it read-only (§7.2).
+def _bad(message: str) -> WireError:
+    return WireError("bad-shm", f"bad shared-memory descriptor: {message}")
 
-    Closes ``fd`` in every case. Raises ``bad-shm`` if the size differs from ``size`` or a
-    segment said to be sealed lacks a seal. Returns the mapping and its segment info.
+
+def map_received(fd: int, size: int, sealed: bool, off: int = 0, n: Optional[int] = None):
+    """Checks a received segment against its descriptor and maps its window read-only (§7.2).
+
+    Closes ``fd`` in every case. In order: the seals (``F_SEAL_SHRINK`` required — a file
+    that has no seals, such as a regular file or a pipe, is refused; with ``sealed``
+    also ``F_SEAL_WRITE`` and ``F_SEAL_GROW``), then the size (must equal ``size``);
+    any failure is ``bad-shm``. The whole segment is mapped when ``size <= 2 * n + 1 MiB``,
+    else only the pages around the window ``off .. off + n``.
+
+    Returns ``(mapping, start, info)``: the window is ``mapping[start : start + n]``;
+    ``mapping`` is ``None`` for an empty window (nothing to map).
     """
+    if n is None:
+        n = size - off
     try:
+        try:
+            seals = fcntl.fcntl(fd, F_GET_SEALS)
+        except OSError as e:
+            raise _bad(
+                f"the received file descriptor is not a shared-memory segment that supports seals "
+                f"(a memfd), so it could shrink under the mapping: {e.strerror or e}"
+            ) from None
+        if not seals & F_SEAL_SHRINK:
+            raise _bad(
+                f"the segment is not sealed against shrinking (its seals are {seals:#x}); every segment "
+                "must carry F_SEAL_SHRINK before it is passed"
+            )
+        if sealed and seals & SEALS_REQUIRED != SEALS_REQUIRED:
+            raise _bad(f"the descriptor claims a sealed segment, but its seals are {seals:#x}")
         st = os.fstat(fd)
         if st.st_size != size:
-            raise WireError(
-                "bad-shm",
-                f"bad shared-memory descriptor: the descriptor says the segment has {size} bytes, "
-                f"the received file has {st.st_size}",
-            )
-        if sealed:
-            seals = fcntl.fcntl(fd, F_GET_SEALS)
-            if seals & SEALS_REQUIRED != SEALS_REQUIRED:
-                raise WireError(
-                    "bad-shm",
-                    "bad shared-memory descriptor: the descriptor claims a sealed segment, "
-                    f"but its seals are {seals:#x}",
-                )
-        if size == 0:
-            raise WireError("bad-shm", "bad shared-memory descriptor: an empty shared segment")
-        try:
-            mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        except (OSError, ValueError) as e:
-            raise WireError("bad-shm", f"bad shared-memory descriptor: cannot map the received segment: {e}") from None
+            raise _bad(f"the descriptor says the segment has {size} bytes, the received file has {st.st_size}")
         info = {"device": st.st_dev, "inode": st.st_ino, "size": size, "sealed": sealed}
-        return mapping, info
+        if n == 0:
+            return None, 0, info
+        if size <= 2 * n + _WHOLE_SEGMENT_SLACK:
+            start, length = 0, size
+        else:
+            start = off - off % mmap.ALLOCATIONGRANULARITY
+            length = off + n - start
+        try:
+            mapping = mmap.mmap(fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=start)
+        except (OSError, ValueError, OverflowError) as e:
+            raise _bad(f"cannot map the received segment: {e}") from None
+        return mapping, off - start, info
     except OSError as e:
-        raise WireError("bad-shm", f"bad shared-memory descriptor: cannot check the received segment: {e}") from None
+        raise _bad(f"cannot check the received segment: {e}") from None
     finally:
         os.close(fd)
 

@@ -11,16 +11,20 @@ and sends ``unlease`` when it is released or garbage-collected.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import hmac
+import re
 import secrets
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import blake3
 
 from . import wire
+from .errors import CapReached
 
 if TYPE_CHECKING:  # pragma: no cover
     from .node import Node
@@ -36,6 +40,8 @@ def digest(data: Any) -> bytes:
 
 
 # --------------------------------------------------------------------------- owner side
+
+_NODE_ID = re.compile(r"[0-9a-f]{32}")
 
 
 @dataclass
@@ -57,24 +63,81 @@ class _Lease:
     ttl: float
     created: float
     holds: dict = field(default_factory=dict)
+    #: Holds that ended by their deadline while the lease lives: holder -> token (§7.7).
+    expired: "collections.OrderedDict" = field(default_factory=collections.OrderedDict)
 
 
 class LeaseTable:
-    """The leases a node keeps as the owner of the tickets it sent."""
+    """The leases a node keeps as the owner of the tickets it sent.
 
-    def __init__(self, ttl: float = 30.0):
+    Bounded (spec §7.7, §7.9, §9.1): at most ``max_bytes`` pinned by all leases and
+    ``max_bytes_per_peer`` by those first issued to one peer — a new lease that would
+    exceed either waits up to ``wait`` seconds for leases to end, then fails with
+    :class:`~handoff.errors.CapReached` (live holds are never ended to make room) —
+    and at most ``max_holders`` live holds per lease (``too-many-holders``). Holds that
+    ended by their deadline are remembered with their tokens while their lease lives
+    (at most ``max_holders`` per lease, the oldest forgotten first), so that a late
+    holder learns ``expired`` rather than ``bad-token``.
+    """
+
+    def __init__(
+        self,
+        ttl: float = 30.0,
+        *,
+        max_bytes: int = 16 << 30,
+        max_bytes_per_peer: int = 8 << 30,
+        max_holders: int = 64,
+        wait: float = 30.0,
+    ):
         self.ttl = ttl
+        self.max_bytes = max_bytes
+        self.max_bytes_per_peer = max_bytes_per_peer
+        self.max_holders = max_holders
+        self.wait = wait
         self._leases: dict[int, _Lease] = {}
         self._next = 1
+        self.bytes = 0
+        self._bytes_by_peer: dict[str, int] = {}
+        self._changed: Optional[asyncio.Event] = None
         self.expired = 0
         #: Pulls answered and the bytes they carried, since the node started.
         self.pulls = 0
         self.bytes_pulled = 0
 
-    def issue(self, view: memoryview, to_node: str, known_digest: Any = None) -> tuple[int, bytes, bytes]:
+    def _full(self, to_node: str, n: int) -> Optional[str]:
+        if self.bytes + n > self.max_bytes:
+            return f"{self.bytes} of {self.max_bytes} bytes are leased in total"
+        peer = self._bytes_by_peer.get(to_node, 0)
+        if peer + n > self.max_bytes_per_peer:
+            return f"{peer} of {self.max_bytes_per_peer} bytes are leased to it"
+        return None
+
+    async def issue(
+        self, view: memoryview, to_node: str, known_digest: Any = None, to_name: Optional[str] = None
+    ) -> tuple[int, bytes, bytes]:
         """A new lease on ``view`` with one hold for ``to_node``; returns (lease, token, digest).
 
-        ``known_digest``, if given, is the BLAKE3 of ``view`` (not computed again)."""
+        ``known_digest``, if given, is the BLAKE3 of ``view`` (not computed again). Waits
+        for room under the caps, at most ``wait`` seconds, then raises ``CapReached``."""
+        n = len(view)
+        reason = self._full(to_node, n)
+        if reason is not None:
+            deadline = time.monotonic() + self.wait
+            while reason is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CapReached(
+                        f"cannot send {n} bytes to {to_name or to_node} as a ticket: {reason} "
+                        f"(waited {self.wait:g} s for its holders to release leases)"
+                    )
+                if self._changed is None:
+                    self._changed = asyncio.Event()
+                try:
+                    await asyncio.wait_for(self._changed.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+                reason = self._full(to_node, n)
+        dg = bytes(known_digest) if known_digest is not None else digest(view)
         lease = self._next
         self._next += 1
         token = secrets.token_bytes(32)
@@ -82,14 +145,23 @@ class LeaseTable:
         entry = _Lease(view=view, issued_to=to_node, ttl=self.ttl, created=now)
         entry.holds[to_node] = _Hold(token, now + self.ttl)
         self._leases[lease] = entry
-        return lease, token, bytes(known_digest) if known_digest is not None else digest(view)
+        self.bytes += n
+        self._bytes_by_peer[to_node] = self._bytes_by_peer.get(to_node, 0) + n
+        return lease, token, dg
 
     def _check(self, lease: int, holder: str, token: bytes) -> tuple[_Lease, _Hold]:
+        """The checks of §7.7, in order: ``unknown-lease``, ``bad-token``, ``expired``."""
         entry = self._leases.get(lease)
         if entry is None:
             raise Refusal("unknown-lease", f"no lease {lease}: it ended or was never issued")
+        token = bytes(token)
         hold = entry.holds.get(holder)
-        if hold is None or not hmac.compare_digest(hold.token, bytes(token)):
+        if hold is None:
+            old = entry.expired.get(holder)
+            if old is not None and hmac.compare_digest(old, token):
+                raise Refusal("expired", f"the hold of node {holder} on lease {lease} expired")
+            raise Refusal("bad-token", f"node {holder} holds no share of lease {lease} under this token")
+        if not hmac.compare_digest(hold.token, token):
             raise Refusal("bad-token", f"node {holder} holds no share of lease {lease} under this token")
         if time.monotonic() > hold.deadline:
             self._end_hold(lease, holder, expired=True)
@@ -106,10 +178,21 @@ class LeaseTable:
         self.bytes_pulled += n
         return entry.view[off : off + n]
 
-    def forward(self, lease: int, holder: str, token: bytes, to: str) -> bytes:
+    def forward(self, lease: int, holder: str, token: bytes, to: str, owner: str = "") -> bytes:
+        """Adds node ``to`` as a holder (``bad-holder``: not a node id, or the owner's own;
+        ``too-many-holders``: the lease has ``max_holders`` live holds and ``to`` is not one)."""
         entry, _ = self._check(lease, holder, token)
+        if not isinstance(to, str) or not _NODE_ID.fullmatch(to):
+            raise Refusal("bad-holder", f"{to!r} is not a node id (32 lower-case hex characters)")
+        if to == owner:
+            raise Refusal("bad-holder", f"{to} is the owner of lease {lease}, not a holder")
+        if to not in entry.holds and len(entry.holds) >= self.max_holders:
+            raise Refusal(
+                "too-many-holders", f"lease {lease} already has {len(entry.holds)} holders, the most it allows"
+            )
         new = secrets.token_bytes(32)
         entry.holds[to] = _Hold(new, time.monotonic() + entry.ttl)
+        entry.expired.pop(to, None)
         return new
 
     def unlease(self, lease: int, holder: str, token: bytes) -> None:
@@ -122,12 +205,36 @@ class LeaseTable:
 
     def _end_hold(self, lease: int, holder: str, expired: bool = False) -> None:
         entry = self._leases.get(lease)
-        if entry is None or entry.holds.pop(holder, None) is None:
+        if entry is None:
+            return
+        hold = entry.holds.pop(holder, None)
+        if hold is None:
             return
         if expired:
             self.expired += 1
         if not entry.holds:
             del self._leases[lease]
+            n = len(entry.view)
+            self.bytes -= n
+            left = self._bytes_by_peer.get(entry.issued_to, 0) - n
+            if left > 0:
+                self._bytes_by_peer[entry.issued_to] = left
+            else:
+                self._bytes_by_peer.pop(entry.issued_to, None)
+            if self._changed is not None:
+                self._changed.set()
+                self._changed = None
+        elif expired:
+            entry.expired[holder] = hold.token
+            while len(entry.expired) > self.max_holders:
+                entry.expired.popitem(last=False)
+
+    def withdraw(self, lease: int) -> None:
+        """Ends a lease whose ticket was never sent (its message failed before it left)."""
+        entry = self._leases.get(lease)
+        if entry is not None:
+            for holder in list(entry.holds):
+                self._end_hold(lease, holder)
 
     def drop_holder(self, holder: str) -> int:
         """Ends every hold of ``holder`` (its connection was lost); returns how many."""
@@ -151,7 +258,7 @@ class LeaseTable:
         now = time.monotonic()
         return {
             "count": len(self._leases),
-            "bytes": sum(len(e.view) for e in self._leases.values()),
+            "bytes": self.bytes,
             "holders": sum(len(e.holds) for e in self._leases.values()),
             "oldest_seconds": max((now - e.created for e in self._leases.values()), default=0.0),
             "expired": self.expired,

@@ -14,29 +14,58 @@ asker is reached over shm), ``handoff.bench.Ping`` (echo), ``handoff.bench.Blob`
 ``--dataset UUID=PATH``, else from the sender — and answers ``BlobReceipt`` with the path
 the bytes took) and ``handoff.admin.StatsRequest`` (answers ``Stats``). Logs go to
 standard error (``HANDOFF_LOG=info|debug|warn``, default warn).
+
+No peer can take it down (spec §9.1, Appendix A). What one peer's requests can make it
+do is bounded, each bound a flag (``--help`` lists them with their defaults):
+
+- the node's bounds (:class:`handoff.bounds.Bounds`): ``--max-buffered-bytes-per-peer``
+  (1 GiB) and ``--max-buffered-bytes`` (4 GiB) of messages read and not yet handled,
+  beyond which it stops reading; ``--max-handshakes`` (256), ``--max-connections``
+  (1024), ``--handshake-timeout`` (10 s), ``--progress-timeout`` (30 s of silence inside
+  a message), ``--write-timeout`` (30 s without progress writing to a peer),
+  ``--lease-wait`` (30 s), ``--max-shm-bytes-per-peer`` (8 GiB),
+  ``--max-shm-leases-per-peer`` (65 536), ``--max-ticket-bytes`` (16 GiB),
+  ``--max-ticket-bytes-per-peer`` (8 GiB);
+- the demo protocol's (:class:`WorkerBounds`): ``--max-request-bytes`` (1 GiB per
+  ``SendRequest``; larger ones get a warning and no answer), ``--max-preparing-bytes``
+  (2 GiB of payloads prepared or being sent at once), ``--max-held`` (1024) and
+  ``--max-held-bytes`` (4 GiB) kept by ``Hold`` for one peer (beyond: ``Held`` of 0
+  bytes, not kept), ``--max-relays`` (1024 ``Forward`` relays waiting), and
+  ``--answer-queue`` (64): answers to each peer go out in order through a queue of
+  their own, so a peer that does not read fills only its own queue, whose further
+  answers are dropped with a warning until it drains.
+
+A body that does not decode, or any request that fails, is logged (at most 10
+warnings per peer per 10 s, then a count) and the worker keeps serving. ``--delay``
+makes it wait before handling each message, as a slow application would (for tests).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 import blake3
 
+from .bounds import Bounds
 from .codec import Bin, Buffer
 from .data import BlobHandle, FileDataset, dataset_key
 from .envelope import Envelope
 from .node import Node
 from .peer import Peer
 from .shm import ShmBuffer
+from .throttle import WarningThrottle
 from .tickets import digest
 
 log = logging.getLogger("handoff.worker")
@@ -136,45 +165,242 @@ async def read_blob_work(work: dict) -> dict:
     )
 
 
-class Worker:
-    def __init__(self, node: Node):
-        self.node = node
-        self.held: dict = {}  # id -> Envelope keeping the bytes
-        self.forwarded: dict = {}  # id -> asker Peer
-        self.tasks: set = set()
+@dataclass(frozen=True)
+class WorkerBounds:
+    """What requests of the demo protocol can make the worker do (spec Appendix A)."""
 
-    async def blob_work(self, sender: Peer, env: Envelope) -> None:
-        # Read on a task of its own: a download must not hold up other messages. A handle this
-        # node can neither bind nor pull fails to decode: say so, keep serving.
-        try:
-            work = env.body
-        except Exception as e:
-            await sender.send(BLOB_RECEIPT, blob_receipt(0, "failed", str(e)))
-            return
+    #: Most bytes one ``SendRequest`` may ask for (larger: refused with a warning, no answer).
+    max_request_bytes: int = 1 << 30
+    #: Most bytes of payloads being prepared or sent at once, all peers together.
+    max_preparing_bytes: int = 2 << 30
+    #: Most holds (``Hold``) kept for one peer, and the bytes they keep.
+    max_held: int = 1024
+    max_held_bytes: int = 4 << 30
+    #: Most ``Forward`` relays waiting for their ``Held`` answer.
+    max_relays: int = 1024
+    #: Most answers queued for one peer, and the bytes they keep (one alone may be larger).
+    answer_queue: int = 64
+    answer_queue_bytes: int = 1 << 30
+    #: Seconds to wait before handling each message: a slow application, for tests.
+    delay: float = 0.0
 
-        async def read() -> None:
-            receipt = await read_blob_work(work)
+
+class _Credit:
+    """Bytes of payloads being prepared or sent at once (one request alone may be larger)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self._room = asyncio.Condition()
+
+    async def acquire(self, n: int) -> None:
+        async with self._room:
+            await self._room.wait_for(lambda: self.used == 0 or self.used + n <= self.limit)
+            self.used += n
+
+    async def release(self, n: int) -> None:
+        async with self._room:
+            self.used -= n
+            self._room.notify_all()
+
+
+class _Releasing:
+    """Releases several things at once (an envelope and the data handle taken from it)."""
+
+    def __init__(self, *things: Any):
+        self.things = [t for t in things if hasattr(t, "release")]
+
+    def release(self) -> None:
+        for t in self.things:
+            t.release()
+
+
+class Session:
+    """What the worker keeps for one connected peer: its queue of answers (sent in order
+    by one task, so that a peer that reads nothing fills only its own queue) and its holds."""
+
+    def __init__(self, worker: "Worker", peer: Peer):
+        self.worker = worker
+        self.peer = peer
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.queued_bytes = 0
+        self.held: set = set()  # ids of the worker's holds that this peer asked for
+        self.held_bytes = 0
+        self.task = asyncio.ensure_future(self._run())
+
+    def put(self, what: str, job, nbytes: int = 0, keep: Any = None) -> bool:
+        """Queues ``job`` (a coroutine function that sends one answer); drops it, with a
+        warning, when the peer's queue is full. ``keep`` (anything with ``release()``: the
+        envelope whose bytes the answer uses) is released when the job is done or dropped."""
+        b = self.worker.bounds
+        full = self.queue.qsize() >= b.answer_queue or (
+            self.queue.qsize() and self.queued_bytes + nbytes > b.answer_queue_bytes
+        )
+        if full or self.peer.closed:
+            self.worker.warn(
+                self.peer,
+                "dropping the answer to %s from %s: %s",
+                what,
+                self.peer.name,
+                "its connection is closed"
+                if self.peer.closed
+                else f"{self.queue.qsize()} answers ({self.queued_bytes} bytes) wait for it to read",
+            )
+            if keep is not None:
+                keep.release()
+            return False
+        self.queued_bytes += nbytes
+        self.queue.put_nowait((what, job, nbytes, keep))
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            what, job, nbytes, keep = await self.queue.get()
             try:
-                await sender.send(BLOB_RECEIPT, receipt)
+                await job()
+            except asyncio.CancelledError:
+                raise
             except Exception as e:
-                log.warning("cannot send a blob receipt to %s: %s", sender.name, e)
+                self.worker.warn(self.peer, "cannot answer %s from %s: %s", what, self.peer.name, e)
             finally:
-                if isinstance(work["blob"], BlobHandle):
-                    work["blob"].release()  # the sender can free its bytes now
+                self.queued_bytes -= nbytes
+                if keep is not None:
+                    keep.release()
 
-        task = asyncio.ensure_future(read())
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+    def close(self) -> None:
+        self.task.cancel()
+        while not self.queue.empty():
+            _, _, _, keep = self.queue.get_nowait()
+            if keep is not None:
+                keep.release()
+        for id_ in list(self.held):
+            self.worker.drop_hold(id_)
+
+
+class Worker:
+    def __init__(self, node: Node, bounds: WorkerBounds = WorkerBounds()):
+        self.node = node
+        self.bounds = bounds
+        self.sessions: dict = {}  # Peer -> Session
+        #: id -> (Envelope keeping the bytes, bytes, Session of the peer that asked). Any
+        #: peer may release an id; each hold counts against the peer that asked for it.
+        self.held: dict = {}
+        self.forwarded: dict = {}  # id -> (asker Peer, Peer asked to hold)
+        self.preparing = _Credit(bounds.max_preparing_bytes)
+        self._throttle = WarningThrottle(
+            log, node.bounds.warnings_per_period, node.bounds.warning_period, prefix=f"{node.name}: "
+        )
+
+    def warn(self, peer: Peer, fmt: str, *args: Any) -> None:
+        self._throttle.warn(f"peer {peer.name}", fmt, *args)
+
+    def session(self, peer: Peer) -> Session:
+        s = self.sessions.get(peer)
+        if s is None:
+            s = self.sessions[peer] = Session(self, peer)
+            asyncio.ensure_future(peer.done.wait()).add_done_callback(lambda _: self._gone(peer))
+        return s
+
+    def _gone(self, peer: Peer) -> None:
+        """A peer's connection closed: its queue, holds and relays go with it."""
+        s = self.sessions.pop(peer, None)
+        if s is not None:
+            s.close()
+        for id_, (asker, nxt) in list(self.forwarded.items()):
+            if asker is peer or nxt is peer:
+                del self.forwarded[id_]
+
+    def answer(self, peer: Peer, what: str, type_name: str, body: Any, nbytes: int = 0, keep=None) -> None:
+        self.session(peer).put(what, lambda: peer.send(type_name, body), nbytes, keep)
 
     async def serve(self) -> None:
         while True:
             env = await self.node.recv()
+            if self.bounds.delay:
+                await asyncio.sleep(self.bounds.delay)
             try:
-                await self.handle(env)
-            except Exception as e:
-                log.warning("%s from %s: %s", env.type_name, env.sender.name, e)
+                self.handle(env)
+            except Exception as e:  # a body that does not decode, a bug: log it and keep serving
+                self.warn(env.sender, "%s from %s: %s", env.type_name, env.sender.name, e)
+                env.release()
+            # Let the answer queues drain between messages: a peer that pipelines requests
+            # and reads its answers must not see its queue fill up.
+            await asyncio.sleep(0)
 
-    async def handle(self, env: Envelope) -> None:
+    def send_request(self, sender: Peer, b: dict) -> None:
+        n = b["bytes"]
+        if type(n) is not int or n < 0:
+            raise ValueError(f"bytes must be a non-negative integer, got {n!r}")
+        limit = self.bounds.max_request_bytes
+        if n > limit:
+            self.warn(
+                sender,
+                "refusing SendRequest %s from %s: %d bytes asked, the most is %d (--max-request-bytes)",
+                b["id"],
+                sender.name,
+                n,
+                limit,
+            )
+            return
+        id_, shared = b["id"], sender.channel == "shm"
+
+        async def prepare_and_send() -> None:
+            await self.preparing.acquire(n)
+            try:
+                if n >= (1 << 20):
+                    payload = await asyncio.to_thread(make_payload, id_, n, shared)
+                else:
+                    payload = make_payload(id_, n, shared)
+                await sender.send(PAYLOAD, payload)
+            finally:
+                await self.preparing.release(n)
+
+        self.session(sender).put(SEND_REQUEST, prepare_and_send)
+
+    def drop_hold(self, id_: Any) -> int:
+        """Drops the hold under ``id_``; returns the bytes it kept."""
+        entry = self.held.pop(id_, None)
+        if entry is None:
+            return 0
+        env, n, s = entry
+        s.held.discard(id_)
+        s.held_bytes -= n
+        env.release()
+        return n
+
+    def hold(self, sender: Peer, env: Envelope) -> None:
+        b = env.body
+        data = b["data"]
+        n = len(data)
+        self.drop_hold(b["id"])
+        s = self.session(sender)
+        keep = len(s.held) < self.bounds.max_held and s.held_bytes + n <= self.bounds.max_held_bytes
+        answer = {
+            "id": b["id"],
+            "holder": self.node.name,
+            "bytes": n if keep else 0,
+            "segment": env.segment_of(data) if keep else None,
+        }
+        del b, data
+        if keep:
+            self.held[answer["id"]] = (env, n, s)
+            s.held.add(answer["id"])
+            s.held_bytes += n
+        else:
+            self.warn(
+                sender,
+                "not keeping Hold %s from %s: it has %d holds of %d bytes (the most: %d, %d bytes)",
+                answer["id"],
+                sender.name,
+                len(s.held),
+                s.held_bytes,
+                self.bounds.max_held,
+                self.bounds.max_held_bytes,
+            )
+            env.release()
+        self.answer(sender, HOLD, HELD, answer)
+
+    def handle(self, env: Envelope) -> None:
         t, sender = env.type_name, env.sender
         if t == PAYLOAD:
             with env:
@@ -184,60 +410,69 @@ class Worker:
                 seconds = time.perf_counter() - started
                 receipt = {"id": b["id"], "bytes": len(b["data"]), "verified": verified, "verify_seconds": seconds}
                 del b
-            await sender.send(RECEIPT, receipt)
+            self.answer(sender, PAYLOAD, RECEIPT, receipt)
         elif t == SEND_REQUEST:
             b = env.body
             env.release()
-            payload = make_payload(b["id"], b["bytes"], shared=sender.channel == "shm")
-            await sender.send(PAYLOAD, payload)
+            self.send_request(sender, b)
         elif t == PING:
             b = env.body
-            await sender.send(PING, {"seq": b["seq"], "data": Bin(b["data"])})
-            env.release()
+            data = b["data"]
+            self.answer(sender, PING, PING, {"seq": b["seq"], "data": Bin(data)}, len(data), keep=env)
         elif t == BLOB:
             seq = env.body["seq"]
             env.release()
-            await sender.send(PING, {"seq": seq, "data": Bin()})
+            self.answer(sender, BLOB, PING, {"seq": seq, "data": Bin()})
         elif t == HOLD:
-            b = env.body
-            data = b["data"]
-            answer = {
-                "id": b["id"],
-                "holder": self.node.name,
-                "bytes": len(data),
-                "segment": env.segment_of(data),
-            }
-            old = self.held.pop(b["id"], None)
-            if old is not None:
-                old.release()
-            self.held[b["id"]] = env
-            del b, data
-            await sender.send(HELD, answer)
+            self.hold(sender, env)
         elif t == RELEASE:
             rid = env.body["id"]
-            dropped = self.held.pop(rid, None)
-            size = len(dropped.body["data"]) if dropped is not None else 0
-            if dropped is not None:
-                dropped.release()
-            await sender.send(HELD, {"id": rid, "holder": self.node.name, "bytes": size, "segment": None})
+            env.release()
+            size = self.drop_hold(rid)
+            self.answer(sender, RELEASE, HELD, {"id": rid, "holder": self.node.name, "bytes": size, "segment": None})
         elif t == FORWARD:
             b = env.body
             nxt: Optional[Peer] = self.node.peer(b["to"])
             if nxt is None:
-                log.warning("cannot forward %s: no peer named %r", b["id"], b["to"])
+                self.warn(sender, "cannot forward %s for %s: no peer named %r", b["id"], sender.name, b["to"])
+                env.release()
                 return
-            self.forwarded[b["id"]] = sender
-            await nxt.send(HOLD, {"id": b["id"], "data": Buffer(b["data"])})
-            env.release()
+            if len(self.forwarded) >= self.bounds.max_relays and b["id"] not in self.forwarded:
+                self.warn(
+                    sender,
+                    "refusing Forward %s from %s: %d relays wait for their answer, the most allowed",
+                    b["id"],
+                    sender.name,
+                    len(self.forwarded),
+                )
+                env.release()
+                return
+            self.forwarded[b["id"]] = (sender, nxt)
+            data = b["data"]
+            self.session(nxt).put(
+                FORWARD, lambda: nxt.send(HOLD, {"id": b["id"], "data": Buffer(data)}), len(data), keep=env
+            )
         elif t == HELD:
             b = env.body
-            asker = self.forwarded.pop(b["id"], None)
-            if asker is not None:
-                await asker.send(HELD, b)
+            relay = self.forwarded.pop(b["id"], None)
+            if relay is not None:
+                self.answer(relay[0], HELD, HELD, b)
         elif t == BLOB_WORK:
-            await self.blob_work(sender, env)
+            try:
+                work = env.body
+            except Exception as e:  # a handle this node can neither bind nor pull: say so
+                self.answer(sender, BLOB_WORK, BLOB_RECEIPT, blob_receipt(0, "failed", str(e)))
+                return
+
+            async def read() -> None:
+                # A download holds up only this peer's answers, never other peers'.
+                receipt = await read_blob_work(work)
+                await sender.send(BLOB_RECEIPT, receipt)
+
+            # Released when the read is done (or dropped): the sender can free its bytes then.
+            self.session(sender).put(BLOB_WORK, read, keep=_Releasing(env, work.get("blob")))
         elif t == STATS_REQUEST:
-            await sender.send(STATS, self.node.stats())
+            self.answer(sender, STATS_REQUEST, STATS, self.node.stats())
         else:
             log.info("%s from %s: nothing to do", t, sender.name)
 
@@ -268,14 +503,168 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="UUID=PATH",
         help="a dataset this node reads itself: data handles for UUID bind to the file or directory PATH (repeatable)",
     )
+    g = p.add_argument_group(
+        "bounds",
+        "What peers can make this node hold (spec §9.1 and Appendix A; the defaults are the reference's). "
+        "Sizes take a suffix: 64KiB, 8MiB, 1GiB (or K, M, G); times are in seconds.",
+    )
+    d, w = Bounds(), WorkerBounds()
+
+    def bound(flag: str, kind, default, meta: str, text: str) -> None:
+        shown = human_size(default) if kind is parse_size else f"{default:g}" if kind is float else default
+        g.add_argument(flag, type=kind, default=default, metavar=meta, help=f"{text} (default {shown})")
+
+    bound(
+        "--max-request-bytes",
+        parse_size,
+        w.max_request_bytes,
+        "SIZE",
+        "most bytes one SendRequest may ask for; a larger one gets a warning and no answer",
+    )
+    bound(
+        "--max-preparing-bytes",
+        parse_size,
+        w.max_preparing_bytes,
+        "SIZE",
+        "most bytes of SendRequest payloads being prepared or sent at once, all peers together",
+    )
+    bound("--max-held", int, w.max_held, "N", "most Hold items kept for one peer; beyond, Held says 0 bytes")
+    bound("--max-held-bytes", parse_size, w.max_held_bytes, "SIZE", "most bytes kept by Hold for one peer")
+    bound("--max-relays", int, w.max_relays, "N", "most Forward relays waiting for their Held answer")
+    bound(
+        "--answer-queue",
+        int,
+        w.answer_queue,
+        "N",
+        "most answers queued for one peer; further ones are dropped with a warning until it reads",
+    )
+    bound(
+        "--max-buffered-bytes-per-peer",
+        parse_size,
+        d.max_buffered_bytes_per_peer,
+        "SIZE",
+        "bytes of one peer's messages read and not yet handled; then the node stops reading that peer",
+    )
+    bound("--max-buffered-bytes", parse_size, d.max_buffered_bytes, "SIZE", "the same, all peers together")
+    bound("--max-handshakes", int, d.max_handshakes, "N", "handshakes in progress at once; the oldest makes room")
+    bound("--max-connections", int, d.max_connections, "N", "established connections")
+    bound("--handshake-timeout", float, d.handshake_timeout, "SECONDS", "time to complete a handshake")
+    bound("--progress-timeout", float, d.progress_timeout, "SECONDS", "silence allowed in the middle of a message")
+    bound(
+        "--write-timeout",
+        float,
+        d.write_timeout,
+        "SECONDS",
+        "a write to a peer that reads nothing fails after this, and its connection closes",
+    )
+    bound(
+        "--lease-wait",
+        float,
+        d.lease_wait,
+        "SECONDS",
+        "how long a send waits for a peer to release shared memory or tickets before it fails",
+    )
+    bound(
+        "--max-shm-bytes-per-peer",
+        parse_size,
+        d.max_shm_bytes_per_peer,
+        "SIZE",
+        "bytes of shared memory leased to one peer",
+    )
+    bound("--max-shm-leases-per-peer", int, d.max_shm_leases_per_peer, "N", "shared-memory leases held for one peer")
+    bound("--max-ticket-bytes", parse_size, d.max_ticket_bytes, "SIZE", "bytes pinned by ticket leases, in total")
+    bound(
+        "--max-ticket-bytes-per-peer",
+        parse_size,
+        d.max_ticket_bytes_per_peer,
+        "SIZE",
+        "bytes pinned by ticket leases issued to one peer",
+    )
+    bound(
+        "--delay", float, 0.0, "SECONDS", "wait this long before handling each message: a slow application, for tests"
+    )
     args = p.parse_args(argv)
-    for d in args.dataset:
-        if "=" not in d:
-            p.error(f"--dataset wants UUID=PATH, got {d!r}")
+    for ds in args.dataset:
+        if "=" not in ds:
+            p.error(f"--dataset wants UUID=PATH, got {ds!r}")
+    try:
+        args.bounds = node_bounds(args)
+        args.worker_bounds = worker_bounds(args)
+    except ValueError as e:
+        p.error(str(e))
     return args
 
 
+_SIZE = re.compile(r"(\d+)\s*([KMGT]?)(i?B)?", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``4096``, ``64KiB``, ``8M``, ``1GiB`` → bytes (powers of 1024)."""
+    m = _SIZE.fullmatch(text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4096, 64KiB, 8MiB, 1GiB)")
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
+
+
+def human_size(n: int) -> str:
+    """``1073741824`` → ``1GiB`` (exact multiples only)."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def node_bounds(args: argparse.Namespace) -> Bounds:
+    """The node's bounds (:class:`handoff.bounds.Bounds`) from the command line."""
+    return dataclasses.replace(
+        Bounds(),
+        max_buffered_bytes_per_peer=args.max_buffered_bytes_per_peer,
+        max_buffered_bytes=args.max_buffered_bytes,
+        max_handshakes=args.max_handshakes,
+        max_connections=args.max_connections,
+        handshake_timeout=args.handshake_timeout,
+        progress_timeout=args.progress_timeout,
+        write_timeout=args.write_timeout,
+        lease_wait=args.lease_wait,
+        max_shm_bytes_per_peer=args.max_shm_bytes_per_peer,
+        max_shm_leases_per_peer=args.max_shm_leases_per_peer,
+        max_ticket_bytes=args.max_ticket_bytes,
+        max_ticket_bytes_per_peer=args.max_ticket_bytes_per_peer,
+    )
+
+
+def worker_bounds(args: argparse.Namespace) -> WorkerBounds:
+    """The demo protocol's bounds (:class:`WorkerBounds`) from the command line."""
+    w = WorkerBounds(
+        max_request_bytes=args.max_request_bytes,
+        max_preparing_bytes=args.max_preparing_bytes,
+        max_held=args.max_held,
+        max_held_bytes=args.max_held_bytes,
+        max_relays=args.max_relays,
+        answer_queue=args.answer_queue,
+        delay=args.delay,
+    )
+    for name, value in dataclasses.asdict(w).items():
+        if value < 0 or (value == 0 and name not in ("delay", "max_held", "max_held_bytes", "max_relays")):
+            raise ValueError(f"--{name.replace('_', '-')} must be positive")
+    return w
+
+
+def _raise_fd_limit() -> None:
+    """Up to the hard limit: every connection and handshake the bounds allow needs a descriptor."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = 65536 if hard == resource.RLIM_INFINITY else hard
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 async def run(args: argparse.Namespace) -> None:
+    _raise_fd_limit()
     secret = read_secret(args.secret_file) if args.secret_file else b""
     node = Node(
         args.name,
@@ -288,6 +677,7 @@ async def run(args: argparse.Namespace) -> None:
         ticket_threshold=args.ticket_threshold,
         lease_ttl=args.lease_ttl_ms / 1000,
         pull_timeout=args.pull_timeout_ms / 1000,
+        bounds=args.bounds,
     )
     for d in args.dataset:
         uuid, path = d.split("=", 1)
@@ -313,7 +703,7 @@ async def run(args: argparse.Namespace) -> None:
             ),
             flush=True,
         )
-        serving = asyncio.ensure_future(Worker(node).serve())
+        serving = asyncio.ensure_future(Worker(node, args.worker_bounds).serve())
         stopping = asyncio.ensure_future(stop.wait())
         await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
         for f in (serving, stopping):

@@ -1,0 +1,75 @@
+"""The buffered-bytes budget of a node (spec §9.1): per peer and in total, with backpressure.
+
+Every message a connection reads is charged, from the start of its header's read until
+the application takes its envelope (:meth:`handoff.node.Node.recv`): header, inline
+frames, ``shm`` windows, the tickets redeemed on receipt, and a fixed overhead per
+message. A reader that finds no room waits — it stops reading its connection — until
+the application takes messages. A message is admitted when it fits, or alone: when
+nothing else of its peer is buffered (for the total: nothing at all), so that a message
+up to the message limit always gets through.
+
+While a connection has requests of this node outstanding (pulls, forwards), its reader
+may go over the bounds — up to twice the per-peer bound for that peer and one per-peer
+bound over the total — so that a ``pulled`` this node waits for is never stuck behind
+a message that waits for room held by the message that waits for the ``pulled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Optional
+
+from .bounds import Bounds
+from .errors import PeerClosed
+
+__all__ = ["Budget"]
+
+
+class Budget:
+    def __init__(self, bounds: Bounds):
+        self.per_peer = bounds.max_buffered_bytes_per_peer
+        self.limit = bounds.max_buffered_bytes
+        #: Bytes buffered for all peers together.
+        self.total = 0
+        self._room: Optional[asyncio.Event] = None
+
+    def fits(self, account: Any, n: int, own: int = 0, over: bool = False) -> bool:
+        """Whether ``n`` more bytes for ``account`` (a peer, with ``buffered``) are admitted now;
+        ``own`` bytes of the same message are charged already."""
+        per_peer = self.per_peer * 2 if over else self.per_peer
+        limit = self.limit + self.per_peer if over else self.limit
+        peer_ok = account.buffered + n <= per_peer or account.buffered == own
+        total_ok = self.total + n <= limit or self.total == own
+        return peer_ok and total_ok
+
+    async def admit(self, account: Any, n: int, own: int = 0, over: Callable[[], bool] = bool) -> None:
+        """Charges ``n`` bytes to ``account``, waiting for room first (see the module).
+
+        ``over()`` says whether the account may go over the bounds now (it has requests
+        of this node outstanding); it is asked again each time room may have appeared."""
+        while not self.fits(account, n, own, over()):
+            if account.closed:
+                raise PeerClosed(f"the connection to {account.name} is closed")
+            if self._room is None:
+                self._room = asyncio.Event()
+            await self._room.wait()
+        account.buffered += n
+        self.total += n
+
+    def release(self, account: Any, n: int) -> None:
+        account.buffered -= n
+        self.total -= n
+        self.wake()
+
+    def release_env(self, env: Any) -> None:
+        """Gives back what a delivered (or dropped) envelope was charged."""
+        charge = getattr(env, "charge", 0)
+        if charge:
+            env.charge = 0
+            self.release(env.sender, charge)
+
+    def wake(self) -> None:
+        """Lets every waiting reader check again (room appeared, or a connection closed)."""
+        if self._room is not None:
+            self._room.set()
+            self._room = None

@@ -1,0 +1,462 @@
+"""The bounds of a node (spec §5.1, §7.2–§7.9, §9.1, §11.3) in one process: each one
+reached on purpose by a raw peer or a second node, and the node still serving others."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import secrets
+import struct
+import time
+
+import pytest
+from handoff import Buffer, HandoffError, Node, OwnerLost, Ticket, wire
+from handoff.bounds import Bounds
+from handoff.errors import CapReached
+from handoff.shm import map_received
+from handoff.tickets import LeaseTable, Refusal
+from helpers import PeerError, RawPeer
+
+MIB = 1 << 20
+SECRET = b"k"
+
+
+def node(name: str, **kw) -> Node:
+    return Node(name, secret=SECRET, listen="127.0.0.1:0", **kw)
+
+
+def memfd(size: int, seals: int = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW) -> int:
+    fd = os.memfd_create("test", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+async def still_served(a: Node, b: Node) -> None:
+    """``b`` (connected to ``a``) still gets a message through to ``a``."""
+    peer = await b.connect(a.listen_addr, channel="tcp")
+    await peer.send("t.Ping", {"ok": 1})
+    env = await a.recv(5)
+    assert env.body == {"ok": 1}
+
+
+# ---------------------------------------------------------------- receiving segments (§7.2)
+
+
+def test_segments_must_be_sealed_against_shrinking(tmp_path):
+    with pytest.raises(wire.WireError) as e:
+        map_received(memfd(4096, seals=0), 4096, False)
+    assert e.value.code == "bad-shm" and "F_SEAL_SHRINK" in e.value.message
+    regular = tmp_path / "file"
+    regular.write_bytes(b"x" * 4096)
+    with pytest.raises(wire.WireError) as e:
+        map_received(os.open(regular, os.O_RDONLY), 4096, False)
+    assert e.value.code == "bad-shm" and "seals" in e.value.message
+    # Seals are checked before the size: a wrong size of an unsealed file is about its seals.
+    with pytest.raises(wire.WireError) as e:
+        map_received(memfd(100, seals=0), 4096, False)
+    assert "F_SEAL_SHRINK" in e.value.message
+    mapping, start, info = map_received(memfd(4096), 4096, False, 10, 5)
+    assert (len(mapping), start, info["size"]) == (4096, 10, 4096)
+
+
+def test_a_small_window_of_a_huge_segment_maps_only_its_pages():
+    size = 1 << 40  # sparse: costs nothing until touched
+    fd = memfd(size)
+    os.pwrite(fd, b"hi", (1 << 39) + 5)
+    mapping, start, _ = map_received(fd, size, False, (1 << 39) + 5, 2)
+    assert len(mapping) < 2 * mmap_granularity() and mapping[start : start + 2] == b"hi"
+    # Close to the whole segment: mapped whole.
+    mapping, start, _ = map_received(memfd(3 * MIB), 3 * MIB, False, 4096, MIB)
+    assert (len(mapping), start) == (3 * MIB, 4096)
+
+
+def mmap_granularity() -> int:
+    import mmap
+
+    return mmap.ALLOCATIONGRANULARITY
+
+
+@pytest.mark.parametrize("case", ["unsealed", "regular-file"])
+async def test_unsealed_or_regular_file_segments_are_refused(case, tmp_path):
+    async with node("a") as a, Node("b", secret=SECRET, host_id="x") as b:
+
+        def misbehave():
+            raw = RawPeer(a.unix_addr)
+            raw.handshake(SECRET, host=a.host_id)
+            if case == "unsealed":
+                fd = memfd(4096, seals=0)
+            else:
+                (tmp_path / "f").write_bytes(b"x" * 4096)
+                fd = os.open(tmp_path / "f", os.O_RDWR)
+            raw.send(
+                wire.encode_message(wire.Msg("t", b"\xd6\x01\x00\x00\x00\x00", [wire.Shm(4096, 0, 4096, 1)])), [fd]
+            )
+            os.ftruncate(fd, 0)  # would fault a reader that mapped it
+            return raw.expect_error()
+
+        err = await asyncio.to_thread(misbehave)
+        assert err.code == "bad-shm"
+        await still_served(a, b)
+
+
+# ---------------------------------------------------------------- before the handshake (§5.1)
+
+
+def raw_preambles(addr: str) -> RawPeer:
+    raw = RawPeer(addr)
+    raw.send(wire.OUR_PREAMBLE.encode())
+    raw.read_exact(16)
+    return raw
+
+
+async def test_handshake_headers_are_limited_to_64_kib():
+    async with node("a") as a:
+
+        def big_prefix():
+            raw = raw_preambles(a.listen_addr)
+            raw.read_header()  # its hello
+            raw.send(struct.pack(">I", 65537))
+            return raw.expect_error()
+
+        def big_hello():
+            raw = raw_preambles(a.listen_addr)
+            raw.read_header()
+            h = wire.encode_header(
+                wire.Hello("n" * 32, "x" * 70000, "h", 1, "p" * 32, "py", "i", 1, ["inline"], bytes(32))
+            )
+            raw.send(wire.frame_header(h))
+            return raw.expect_error()
+
+        assert (await asyncio.to_thread(big_prefix)).code == "header-too-large"
+        err = await asyncio.to_thread(big_hello)
+        assert err.code == "header-too-large" and "65536" in err.msg
+
+
+async def test_hello_without_inline_is_refused():
+    async with node("a") as a:
+
+        def hello():
+            raw = raw_preambles(a.listen_addr)
+            raw.read_header()
+            raw.send(wire.frame_header(raw.hello(caps=["shm"])))
+            return raw.expect_error()  # instead of its auth
+
+        err = await asyncio.to_thread(hello)
+        assert err.code == "handshake" and "inline" in err.msg
+
+
+async def test_descriptors_before_the_handshake_are_refused():
+    async with node("a") as a:
+
+        def pass_fds():
+            raw = RawPeer(a.unix_addr)
+            raw.send(wire.OUR_PREAMBLE.encode(), [memfd(4096) for _ in range(3)])
+            raw.read_exact(16)
+            return raw.expect_error()
+
+        err = await asyncio.to_thread(pass_fds)
+        assert err.code == "bad-shm" and "before the connection was established" in err.msg
+
+
+async def test_handshake_timeout_sends_timeout():
+    async with node("a", bounds=Bounds(handshake_timeout=0.3)) as a:
+
+        def silent():
+            raw = raw_preambles(a.listen_addr)
+            started = time.monotonic()
+            err = raw.expect_error()
+            return err, time.monotonic() - started
+
+        err, took = await asyncio.to_thread(silent)
+        assert err.code == "timeout" and took < 3
+
+
+async def test_oldest_handshake_makes_room_and_connections_are_capped():
+    async with (
+        node("a", bounds=Bounds(max_handshakes=4, max_connections=2)) as a,
+        Node("b", secret=SECRET, host_id="x") as b,
+        Node("c", secret=SECRET, host_id="y") as c,
+        Node("d", secret=SECRET, host_id="z") as d,
+    ):
+
+        def crowd():
+            raws = [raw_preambles(a.listen_addr) for _ in range(6)]  # each stops after the preambles
+            errs = []
+            for r in raws[:2]:
+                errs.append(r.expect_error().code)
+            return raws, errs
+
+        raws, errs = await asyncio.to_thread(crowd)
+        assert errs == ["overloaded", "overloaded"]
+        await b.connect(a.listen_addr, channel="tcp")  # the oldest gives way again
+        await c.connect(a.listen_addr, channel="tcp")
+        with pytest.raises(Exception, match="overloaded"):
+            await d.connect(a.listen_addr, channel="tcp")
+        for r in raws:
+            r.close()
+
+
+async def test_node_ids_are_unique_per_process():
+    async with node("a") as a:
+
+        def clash():
+            node_id, proc = secrets.token_hex(16), secrets.token_hex(16)
+            first = RawPeer(a.listen_addr)
+            first.handshake(SECRET, node=node_id, proc=proc)
+            other = RawPeer(a.listen_addr)
+            with pytest.raises(PeerError) as e:
+                other.handshake(SECRET, node=node_id)  # another process
+            same = RawPeer(a.listen_addr)
+            same.handshake(SECRET, node=node_id, proc=proc)  # the same one: a second connection
+            first.send(wire.encode_message(wire.Msg("t.X", b"\x01", [])))
+            return e.value, first, same
+
+        err, first, same = await asyncio.to_thread(clash)
+        assert err.code == "handshake" and "another process" in err.header.msg
+        assert (await a.recv(5)).body == 1, "the established connection carries on"
+        first.close()
+        same.close()
+
+
+# ---------------------------------------------------------------- time inside messages, slow readers (§9.1)
+
+
+async def test_silence_inside_a_message_times_out():
+    async with node("a", bounds=Bounds(progress_timeout=0.3)) as a, Node("b", secret=SECRET, host_id="x") as b:
+
+        def stall():
+            raw = RawPeer(a.listen_addr)
+            raw.handshake(SECRET)
+            raw.send(wire.encode_message(wire.Msg("t", b"\x80", [wire.Inline(1000)]))[:-1] + b"")
+            raw.send(b"\x00" * 10)  # 10 of its 1000 bytes, then nothing
+            return raw.expect_error()
+
+        err = await asyncio.to_thread(stall)
+        assert err.code == "timeout" and "in the middle of a message" in err.msg
+        await still_served(a, b)
+
+
+async def test_a_peer_that_reads_nothing_fails_only_its_own_sends():
+    async with node("a", bounds=Bounds(write_timeout=0.5)) as a, Node("b", secret=SECRET, host_id="x") as b:
+        raw = await asyncio.to_thread(lambda: (r := RawPeer(a.listen_addr), r.handshake(SECRET))[0])
+        deaf = await a.wait_for_peer("raw")
+        sent = 0
+        started = time.monotonic()
+        with pytest.raises(HandoffError, match="no progress"):
+            while True:
+                await deaf.send("t.X", {"d": Buffer(b"x" * MIB)})
+                sent += 1
+        assert time.monotonic() - started < 10 and sent < 64
+        await still_served(a, b)
+        raw.close()
+
+
+# ---------------------------------------------------------------- buffered bytes and backpressure (§9.1)
+
+
+async def test_buffered_bytes_stop_reading_until_the_application_takes_messages():
+    bounds = Bounds(max_buffered_bytes_per_peer=4 * MIB, max_buffered_bytes=6 * MIB)
+    async with node("a", bounds=bounds) as a, Node("b", secret=SECRET, host_id="x") as b:
+        peer = await b.connect(a.listen_addr, channel="tcp")
+
+        async def flood():
+            for i in range(40):
+                await peer.send("t.X", {"i": i, "d": Buffer(b"x" * MIB)})
+
+        sending = asyncio.ensure_future(flood())
+        await asyncio.sleep(0.5)
+        assert a.buffered()["total"] <= 4 * MIB + 64 * 1024
+        assert not sending.done(), "the sender is held back by TCP once the node stops reading"
+        # A message larger than the whole budget still gets through, alone.
+        for i in range(40):
+            env = await a.recv(10)
+            assert env.body["i"] == i
+            env.release()
+        await sending
+        await peer.send("t.X", {"i": 99, "d": Buffer(b"y" * (8 * MIB))})
+        env = await a.recv(10)
+        assert len(env.body["d"]) == 8 * MIB and a.buffered()["total"] == 0
+
+
+async def test_a_pulled_answer_is_never_stuck_behind_messages_waiting_for_room():
+    """The owner sends a ticket, then more than the holder's per-peer bound: the holder's
+    eager redemption waits for a `pulled` that comes behind those messages on the same
+    connection; its reader may go over the bound while it waits, so nothing is stuck."""
+    bounds = Bounds(max_buffered_bytes_per_peer=4 * MIB, max_buffered_bytes=64 * MIB)
+    async with node("owner") as a, Node("holder", secret=SECRET, host_id="x", bounds=bounds, pull_timeout=5) as b:
+        await b.connect(a.listen_addr, channel="tcp")
+        to_b = await a.wait_for_peer("holder")
+        data = os.urandom(MIB)
+        await to_b.send("t.X", {"i": 0, "d": Buffer(data)}, by_ticket=True)
+        for i in range(1, 7):
+            await to_b.send("t.X", {"i": i, "d": Buffer(b"x" * MIB)})
+        started = time.monotonic()
+        env = await b.recv(10)
+        assert env.body["i"] == 0 and bytes(env.body["d"]) == data
+        assert time.monotonic() - started < 3, "the redemption waited for its pull to time out"
+        for i in range(1, 7):
+            assert (await b.recv(10)).body["i"] == i
+
+
+async def test_pulled_answers_nobody_asked_for_are_dropped_not_allocated():
+    async with node("a") as a:
+
+        def stray():
+            raw = RawPeer(a.listen_addr)
+            raw.handshake(SECRET)
+            raw.send(wire.encode_message(wire.Pulled(7, 3 * MIB)) + b"z" * (3 * MIB))
+            raw.send(wire.encode_message(wire.Msg("t.X", b"\x01", [])))
+            return raw
+
+        raw = await asyncio.to_thread(stray)
+        assert (await a.recv(5)).body == 1, "the connection stays, in step"
+        raw.close()
+
+
+# ---------------------------------------------------------------- tickets (§7.7, §7.9)
+
+
+async def test_lease_caps_wait_then_fail():
+    t = LeaseTable(60, max_bytes=1000, max_bytes_per_peer=80, wait=0.3)
+    view = memoryview(b"x" * 60)
+    lease, token, _ = await t.issue(view, "b" * 32)
+    started = time.monotonic()
+    with pytest.raises(CapReached, match="60 of 80 bytes are leased to it"):
+        await t.issue(view, "b" * 32, to_name="bee")
+    assert 0.25 < time.monotonic() - started < 2
+    waiting = asyncio.ensure_future(t.issue(view, "b" * 32))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    t.unlease(lease, "b" * 32, token)
+    await waiting
+    assert t.stats()["bytes"] == 60
+
+
+async def test_forward_checks_the_new_holder_and_caps_holders():
+    owner, holder = "a" * 32, "b" * 32
+    t = LeaseTable(60, max_holders=3)
+    lease, token, _ = await t.issue(memoryview(b"x" * 10), holder)
+    for bad in ("not-a-node", "A" * 32, owner):
+        with pytest.raises(Refusal) as e:
+            t.forward(lease, holder, token, bad, owner)
+        assert e.value.code == "bad-holder"
+    t.forward(lease, holder, token, "c" * 32, owner)
+    t.forward(lease, holder, token, "d" * 32, owner)
+    with pytest.raises(Refusal) as e:
+        t.forward(lease, holder, token, "e" * 32, owner)
+    assert e.value.code == "too-many-holders"
+    t.forward(lease, holder, token, "d" * 32, owner)  # an existing holder is not counted twice
+    # Order of checks: a bad token comes first.
+    with pytest.raises(Refusal) as e:
+        t.forward(lease, holder, bytes(32), "nope", owner)
+    assert e.value.code == "bad-token"
+
+
+async def test_late_holders_see_expired_while_the_lease_lives():
+    t = LeaseTable(0.05)
+    view = memoryview(b"x" * 10)
+    lease, token, _ = await t.issue(view, "b" * 32)
+    other = t.forward(lease, "b" * 32, token, "c" * 32)
+    t._leases[lease].ttl = 60
+    await asyncio.sleep(0.03)
+    t.renew(lease, "c" * 32, other)  # c renews in time (its deadline is now 60 s away), b does not
+    await asyncio.sleep(0.03)
+    assert t.expire() == 1
+    with pytest.raises(Refusal) as e:
+        t.pull(lease, "b" * 32, token, 0, 1)
+    assert e.value.code == "expired"
+    with pytest.raises(Refusal) as e:
+        t.pull(lease, "b" * 32, bytes(32), 0, 1)
+    assert e.value.code == "bad-token"
+    t.unlease(lease, "c" * 32, other)
+    with pytest.raises(Refusal) as e:
+        t.pull(lease, "b" * 32, token, 0, 1)
+    assert e.value.code == "unknown-lease"
+
+
+async def test_refused_pulls_are_answered_in_order_and_logged_sparingly(caplog):
+    async with node("a") as a:
+
+        def flood():
+            raw = RawPeer(a.listen_addr)
+            raw.handshake(SECRET)
+            raw.send(b"".join(wire.encode_message(wire.Pull(i, 12345, bytes(32), 0, 1)) for i in range(500)))
+            return [raw.read_header()[1] for _ in range(500)], raw
+
+        answers, raw = await asyncio.to_thread(flood)
+        assert [h.req for h in answers] == list(range(500))
+        assert {h.code for h in answers} == {"unknown-lease"}
+        assert caplog.text.count("refused a pull") <= 10
+        assert len(a.peer("raw")._tasks) <= 1
+        raw.close()
+
+
+async def test_holders_dial_no_address_of_their_own():
+    async with node("a", redeem="lazy") as a:
+        raw_desc = dict(n=10, lease=1, token=bytes(32), digest=bytes(32), ttl=1000)
+        cases = {
+            "own address": wire.TicketDesc(owner=secrets.token_hex(16), addr=a.listen_addr, **raw_desc),
+            "loopback alias": wire.TicketDesc(
+                owner=secrets.token_hex(16), addr=a.listen_addr.replace("127.0.0.1", "localhost"), **raw_desc
+            ),
+            "itself as owner": wire.TicketDesc(owner=a.node_id, addr="tcp://10.255.255.1:1", **raw_desc),
+            "not tcp": wire.TicketDesc(owner=secrets.token_hex(16), addr="unix:///tmp/x.sock", **raw_desc),
+        }
+        for what, desc in cases.items():
+            started = time.monotonic()
+            with pytest.raises(OwnerLost) as e:
+                await Ticket(a, desc, "x").read(0, 1)
+            assert time.monotonic() - started < 1, what
+            assert "lease 1" in str(e.value), what
+        assert a.peers == []
+
+
+async def test_shm_leases_for_a_peer_that_never_releases_are_capped():
+    bounds = Bounds(max_shm_leases_per_peer=3, lease_wait=0.3)
+    async with node("a", bounds=bounds) as a:
+
+        def hoarder():
+            raw = RawPeer(a.unix_addr)
+            raw.handshake(SECRET, host=a.host_id)
+            return raw
+
+        raw = await asyncio.to_thread(hoarder)
+        peer = await a.wait_for_peer("raw")
+        for i in range(3):
+            await peer.send("t.X", {"d": Buffer(b"x" * (128 * 1024))})
+        with pytest.raises(CapReached, match="3 shared-memory leases"):
+            await peer.send("t.X", {"d": Buffer(b"x" * (128 * 1024))})
+        assert a.shm_leases()["count"] == 3
+        raw.close()
+
+
+async def test_warnings_about_one_peer_are_rate_limited(caplog):
+    import logging
+
+    from handoff.throttle import WarningThrottle
+
+    t = WarningThrottle(logging.getLogger("handoff.test"), limit=3, period=0.2)
+    for i in range(100):
+        t.warn("p", "bad thing %d", i)
+    t.warn("q", "other peer")
+    await asyncio.sleep(0.25)
+    t.flush()
+    assert caplog.text.count("bad thing") == 3 and "other peer" in caplog.text
+    assert "97 more warnings about p" in caplog.text
+
+
+async def test_errors_are_followed_by_an_orderly_close():
+    """After an `error` the node shuts down its side first, so the peer reads the error
+    even when it had sent more that the node never read (no reset)."""
+    async with node("a") as a:
+
+        def garbage():
+            raw = RawPeer(a.listen_addr)
+            raw.handshake(SECRET)
+            raw.send(b"\x00\x00\x00\x00" + os.urandom(200_000))  # zero-length header, then noise
+            return raw.expect_error()
+
+        assert (await asyncio.to_thread(garbage)).code == "malformed-header"
