@@ -14,13 +14,13 @@ its command line (``--max-buffered-bytes-per-peer`` …).
 | time to complete a handshake | ``handshake_timeout`` | 10 s | ``error {code: "timeout"}`` |
 | header bytes before the handshake completes | ``handshake_header_bytes`` | 64 KiB | ``header-too-large`` |
 | silence inside a message | ``progress_timeout`` | 30 s | ``error {code: "timeout"}`` |
-| a write that makes no progress | ``write_timeout`` | 30 s | the connection closes; only its sends fail |
+| a write that makes no progress | ``write_timeout`` | 120 s | the connection closes; only its sends fail (long on purpose: a busy receiver's backpressure is not a dead peer) |
 | bytes buffered for one peer | ``max_buffered_bytes_per_peer`` | 1 GiB | stop reading that connection |
 | bytes buffered for all peers | ``max_buffered_bytes`` | 4 GiB | stop reading, across connections |
 | descriptors waiting on one Unix connection | ``max_pending_fds`` | 128 | ``bad-shm`` |
 | ``pulled`` answers being written to one connection | ``max_pulls_in_flight`` | 64 | stop reading that connection |
 | other ticket answers queued for one connection | ``max_control_queued`` | 1024 | stop reading that connection |
-| holds on one ticket lease | ``max_holders_per_lease`` | 64 | ``ticket-error`` ``too-many-holders`` |
+| holds on one ticket lease | ``max_holders_per_lease`` | 64 live, 64 remembered as expired | ``ticket-error`` ``too-many-holders``; the oldest expired are forgotten |
 | bytes pinned by ticket leases | ``max_ticket_bytes`` / ``max_ticket_bytes_per_peer`` | 16 GiB / 8 GiB | the send waits ``lease_wait`` (30 s), then fails |
 | shared-memory leases held for one peer | ``max_shm_bytes_per_peer`` / ``max_shm_leases_per_peer`` | 8 GiB / 65 536 | the send waits ``lease_wait``, then fails |
 | dials to reach owners of tickets, at once | ``max_owner_dials`` | 16 | the next waits, within its pull timeout |
@@ -63,7 +63,7 @@ class Bounds:
     handshake_timeout: float = 10.0
     handshake_header_bytes: int = 64 * KIB
     progress_timeout: float = 30.0
-    write_timeout: float = 30.0
+    write_timeout: float = 120.0
     max_buffered_bytes_per_peer: int = 1 * GIB
     max_buffered_bytes: int = 4 * GIB
     message_overhead: int = 1 * KIB

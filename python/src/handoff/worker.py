@@ -22,7 +22,7 @@ do is bounded, each bound a flag (``--help`` lists them with their defaults):
   (1 GiB) and ``--max-buffered-bytes`` (4 GiB) of messages read and not yet handled,
   beyond which it stops reading; ``--max-handshakes`` (256), ``--max-connections``
   (1024), ``--handshake-timeout`` (10 s), ``--progress-timeout`` (30 s of silence inside
-  a message), ``--write-timeout`` (30 s without progress writing to a peer),
+  a message), ``--write-timeout`` (120 s without progress writing to a peer),
   ``--lease-wait`` (30 s), ``--max-shm-bytes-per-peer`` (8 GiB),
   ``--max-shm-leases-per-peer`` (65 536), ``--max-ticket-bytes`` (16 GiB),
   ``--max-ticket-bytes-per-peer`` (8 GiB);
