@@ -35,6 +35,7 @@ mod error;
 mod handshake;
 mod hashing;
 pub mod identity;
+mod inbox;
 mod io;
 mod link;
 pub mod log_limit;

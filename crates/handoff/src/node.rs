@@ -10,6 +10,8 @@ use handoff_wire::{Channel, Endpoint, Limits, Resources};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
+use crate::inbox::Inbox;
+
 use crate::accept::{self, Handshakes, Listening};
 use crate::bounds::Bounds;
 use crate::budget::Budget;
@@ -226,9 +228,6 @@ impl NodeBuilder {
             language: "rust".into(),
             capabilities,
         };
-        // The inbox is bounded by the receive budget (bytes and messages per peer, bytes in
-        // total), which every envelope in it holds a share of.
-        let (inbox_tx, inbox_rx) = mpsc::unbounded_channel();
         let bounds = self.bounds;
         let (shutdown_tx, _) = watch::channel(false);
         let (unlease_tx, unlease_rx) = mpsc::unbounded_channel();
@@ -256,8 +255,7 @@ impl NodeBuilder {
             bounds,
             peers: RwLock::new(HashMap::new()),
             peers_changed: Notify::new(),
-            inbox_tx,
-            inbox_rx: tokio::sync::Mutex::new(inbox_rx),
+            inbox: Inbox::default(),
             pool: RecvPool::new(self.pool_idle_bytes),
             shutdown: shutdown_tx,
             leases: LeaseTable::new(self.lease_config, self.bounds.max_holders_per_lease),
@@ -316,8 +314,10 @@ pub(crate) struct NodeInner {
     pub(crate) mappings: MappingCache,
     pub(crate) peers: RwLock<HashMap<String, Peer>>,
     pub(crate) peers_changed: Notify,
-    pub(crate) inbox_tx: mpsc::UnboundedSender<Envelope>,
-    pub(crate) inbox_rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Envelope>>,
+    /// Messages waiting for the application, taken one connection at a time; bounded by
+    /// the receive budget (bytes and messages per peer, bytes in total), which every
+    /// envelope in it holds a share of.
+    pub(crate) inbox: Inbox,
     /// What peers can make this node hold (spec §9.1).
     pub(crate) bounds: Bounds,
     /// Bytes and messages received and not yet taken by the application.
@@ -347,7 +347,11 @@ pub(crate) struct NodeInner {
 impl NodeInner {
     /// Puts an envelope into the inbox (its permit in the receive budget bounds it).
     pub(crate) async fn deliver(&self, envelope: Envelope) -> Result<()> {
-        self.inbox_tx.send(envelope).map_err(|_| Error::NodeClosed)
+        if self.is_shut_down() {
+            return Err(Error::NodeClosed);
+        }
+        self.inbox.push(envelope);
+        Ok(())
     }
 
     /// Established connections now.
@@ -390,6 +394,7 @@ impl NodeInner {
 
     pub(crate) fn shutdown(&self) {
         self.shutdown.send_replace(true);
+        self.inbox.clear();
         let peers: Vec<Peer> = self
             .peers
             .write()
@@ -631,10 +636,9 @@ impl Node {
         if *shutdown.borrow() {
             return Err(Error::NodeClosed);
         }
-        let mut rx = self.inner.inbox_rx.lock().await;
         let mut envelope = tokio::select! {
             biased;
-            env = rx.recv() => env.ok_or(Error::NodeClosed)?,
+            env = self.inner.inbox.pop() => env,
             _ = shutdown.changed() => return Err(Error::NodeClosed),
         };
         // Taken by the application: it no longer counts against the sender's budget.

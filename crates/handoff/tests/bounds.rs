@@ -1,0 +1,124 @@
+//! The bounds of a node (spec §9.1) seen from a peer: one that floods waits for room
+//! instead of growing the receiver, and another peer's messages are not stuck behind it.
+
+use std::time::Duration;
+
+use handoff::{Bounds, Buffer, Channel, Message, Node};
+use serde::{Deserialize, Serialize};
+
+const SECRET: &str = "bounds-secret";
+const T: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Chunk {
+    from: String,
+    seq: u64,
+    data: Buffer,
+}
+impl Message for Chunk {
+    const TYPE_NAME: &'static str = "test.Chunk";
+}
+
+async fn node(name: &str, bounds: Bounds) -> Node {
+    Node::builder(name)
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .register::<Chunk>()
+        .bounds(bounds)
+        .build()
+        .await
+        .unwrap()
+}
+
+fn chunk(from: &str, seq: u64, len: usize) -> Chunk {
+    Chunk {
+        from: from.into(),
+        seq,
+        data: Buffer::from(vec![seq as u8; len]),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_peer_waits_for_room_and_does_not_delay_another_peer() {
+    let per_peer = 4 << 20;
+    let receiver = node(
+        "bounded-receiver",
+        Bounds {
+            max_buffered_bytes_per_peer: per_peer,
+            max_buffered_bytes: 16 << 20,
+            ..Bounds::DEFAULT
+        },
+    )
+    .await;
+    let flooder = node("flooder", Bounds::DEFAULT).await;
+    let quiet = node("quiet", Bounds::DEFAULT).await;
+    let addr = receiver.listen_addr().unwrap().to_string();
+    let to_receiver = flooder.connect_with(&addr, Some(Channel::Tcp)).await.unwrap();
+    let from_quiet = quiet.connect_with(&addr, Some(Channel::Tcp)).await.unwrap();
+
+    // 64 MiB in 1 MiB messages, while the application takes nothing.
+    let sending = tokio::spawn(async move {
+        for seq in 0..64 {
+            to_receiver.send(chunk("flooder", seq, 1 << 20)).await.unwrap();
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !sending.is_finished(),
+        "the flooder waits: the receiver stopped reading it"
+    );
+    let held = receiver.buffered_bytes();
+    assert!(
+        held <= per_peer + (1 << 20),
+        "the receiver holds {held} bytes of the flooder's, over its bound of {per_peer}"
+    );
+
+    // The quiet peer's message is served in its turn, not after the flood.
+    from_quiet.send(chunk("quiet", 0, 100)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut position = None;
+    for i in 0..4 {
+        let got: Chunk = receiver.recv_timeout(T).await.unwrap().decode().unwrap();
+        if got.from == "quiet" {
+            position = Some(i);
+            break;
+        }
+    }
+    assert!(
+        position.is_some(),
+        "the quiet peer's message came within its first turns"
+    );
+
+    // The flood completes once the application takes its messages, in order.
+    let mut next = 0;
+    while next < 64 {
+        let got: Chunk = receiver.recv_timeout(T).await.unwrap().decode().unwrap();
+        if got.from == "flooder" {
+            assert!(got.seq >= next, "a peer's messages stay in order");
+            next = got.seq + 1;
+        }
+    }
+    tokio::time::timeout(T, sending).await.unwrap().unwrap();
+    assert_eq!(receiver.buffered_bytes(), 0, "everything taken, nothing held");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_larger_than_the_bound_still_gets_through_alone() {
+    let receiver = node(
+        "small-budget",
+        Bounds {
+            max_buffered_bytes_per_peer: 1 << 20,
+            max_buffered_bytes: 1 << 20,
+            ..Bounds::DEFAULT
+        },
+    )
+    .await;
+    let sender = node("big-sender", Bounds::DEFAULT).await;
+    let peer = sender
+        .connect_with(receiver.listen_addr().unwrap(), Some(Channel::Tcp))
+        .await
+        .unwrap();
+    peer.send(chunk("big-sender", 1, 8 << 20)).await.unwrap();
+    let got: Chunk = receiver.recv_timeout(T).await.unwrap().decode().unwrap();
+    assert_eq!(got.data.len(), 8 << 20);
+}
