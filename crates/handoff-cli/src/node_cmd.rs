@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use handoff::tickets::LeaseConfig;
+use handoff::tickets::{LeaseConfig, WhenFull};
 use handoff::{Bounds, Node, Redeem};
 
 use crate::protocol::{self, Stats};
@@ -51,15 +51,34 @@ pub struct NodeArgs {
     pub bounds: BoundsArgs,
 }
 
+/// A size from the command line: bytes, or with a suffix (`64KiB`, `8MiB`, `1GiB`, or
+/// `K`, `M`, `G`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size (bytes, or e.g. 64KiB, 8MiB, 1GiB)"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        other => return Err(format!("unknown size unit {other:?} in {s:?} (use KiB, MiB, GiB or TiB)")),
+    };
+    n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?} is too large"))
+}
+
 /// The bounds of `handoff node`; the defaults are the reference's (spec §9.1, Appendix A).
+/// Sizes take a suffix: `64KiB`, `8MiB`, `1GiB`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BoundsArgs {
     /// Bytes of one peer's received messages held until served (the node stops reading
     /// that peer past it).
-    #[arg(long, default_value_t = Bounds::DEFAULT.max_buffered_bytes_per_peer)]
+    #[arg(long, value_parser = parse_size, default_value_t = Bounds::DEFAULT.max_buffered_bytes_per_peer)]
     pub max_buffered_bytes_per_peer: u64,
     /// Bytes of all peers' received messages held until served.
-    #[arg(long, default_value_t = Bounds::DEFAULT.max_buffered_bytes)]
+    #[arg(long, value_parser = parse_size, default_value_t = Bounds::DEFAULT.max_buffered_bytes)]
     pub max_buffered_bytes: u64,
     /// Messages of one peer held until served.
     #[arg(long, default_value_t = Bounds::DEFAULT.max_buffered_messages_per_peer)]
@@ -79,15 +98,28 @@ pub struct BoundsArgs {
     /// Time a write to a peer may make no progress, in milliseconds.
     #[arg(long, default_value_t = Bounds::DEFAULT.write_timeout.as_millis() as u64)]
     pub write_timeout_ms: u64,
+    /// Bytes of shared-memory leases held for one peer that does not release them.
+    #[arg(long, value_parser = parse_size, default_value_t = Bounds::DEFAULT.max_shm_lease_bytes_per_peer)]
+    pub max_shm_bytes_per_peer: u64,
+    /// How long a send waits for a peer to release shared memory or tickets before it
+    /// fails, in milliseconds.
+    #[arg(long, default_value_t = 30_000)]
+    pub lease_wait_ms: u64,
     /// Largest `bytes` a SendRequest, RawSend or chaos.Issue may ask for.
-    #[arg(long, default_value_t = ServeBounds::default().max_request_bytes)]
+    #[arg(long, value_parser = parse_size, default_value_t = ServeBounds::default().max_request_bytes)]
     pub max_request_bytes: u64,
     /// Holds kept for one peer (handoff.demo.Hold).
     #[arg(long, default_value_t = ServeBounds::default().max_held)]
     pub max_held: usize,
     /// Bytes held for one peer.
-    #[arg(long, default_value_t = ServeBounds::default().max_held_bytes)]
+    #[arg(long, value_parser = parse_size, default_value_t = ServeBounds::default().max_held_bytes)]
     pub max_held_bytes: u64,
+    /// Answers queued for one peer; further ones are dropped with a warning until it reads.
+    #[arg(long, default_value_t = ServeBounds::default().queue_depth)]
+    pub answer_queue: usize,
+    /// Bytes of received data waiting in one peer's answer queue.
+    #[arg(long, value_parser = parse_size, default_value_t = ServeBounds::default().queue_bytes)]
+    pub answer_queue_bytes: u64,
 }
 
 impl BoundsArgs {
@@ -102,6 +134,7 @@ impl BoundsArgs {
             handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
             progress_timeout: Duration::from_millis(self.progress_timeout_ms),
             write_timeout: Duration::from_millis(self.write_timeout_ms),
+            max_shm_lease_bytes_per_peer: self.max_shm_bytes_per_peer,
             ..Bounds::DEFAULT
         }
     }
@@ -112,6 +145,8 @@ impl BoundsArgs {
             max_request_bytes: self.max_request_bytes,
             max_held: self.max_held,
             max_held_bytes: self.max_held_bytes,
+            queue_depth: self.answer_queue,
+            queue_bytes: self.answer_queue_bytes,
             ..ServeBounds::default()
         }
     }
@@ -147,6 +182,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         .ticket_threshold(args.ticket_threshold)
         .leases(LeaseConfig {
             ttl: Duration::from_millis(args.lease_ttl_ms),
+            when_full: WhenFull::Wait(Duration::from_millis(args.bounds.lease_wait_ms)),
             ..LeaseConfig::default()
         })
         .pull_timeout(Duration::from_millis(args.pull_timeout_ms))
@@ -214,5 +250,21 @@ pub fn stats(node: &Node) -> Stats {
             .iter()
             .map(|p| (p.name().to_string(), p.channel().to_string()))
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_take_suffixes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64KiB"), Ok(64 << 10));
+        assert_eq!(parse_size("8M"), Ok(8 << 20));
+        assert_eq!(parse_size("1GiB"), Ok(1 << 30));
+        assert!(parse_size("1.5G").is_err());
+        assert!(parse_size("12 parsecs").unwrap_err().contains("unknown size unit"));
+        assert!(parse_size("99999999999TiB").unwrap_err().contains("too large"));
     }
 }
