@@ -34,6 +34,11 @@ pub struct Bounds {
     pub max_buffered_bytes: u64,
     /// Messages one peer can have buffered (default 1024), whatever their size.
     pub max_buffered_messages_per_peer: usize,
+    /// Bytes any peer may have buffered whatever all peers hold together (default 1 MiB),
+    /// so that small messages are never stuck behind another peer's large one: the total
+    /// can exceed [`max_buffered_bytes`](Self::max_buffered_bytes) by at most this much
+    /// per connection.
+    pub min_buffered_bytes_per_peer: u64,
     /// `pulled` answers being written to one connection at once (default 64); past it the
     /// node stops reading that connection until one is written.
     pub max_pull_answers: usize,
@@ -64,6 +69,7 @@ impl Bounds {
         max_buffered_bytes_per_peer: 1 << 30,
         max_buffered_bytes: 4 << 30,
         max_buffered_messages_per_peer: 1024,
+        min_buffered_bytes_per_peer: 1 << 20,
         max_pull_answers: 64,
         max_holders_per_lease: 64,
         max_shm_lease_bytes_per_peer: 8 << 30,

@@ -17,6 +17,8 @@ use tokio::sync::Notify;
 pub(crate) struct Budget {
     max_total: u64,
     max_per_peer: u64,
+    /// What any peer may hold whatever the others hold (its guaranteed share).
+    min_per_peer: u64,
     max_messages_per_peer: usize,
     used: Mutex<u64>,
     freed: Notify,
@@ -45,10 +47,16 @@ pub(crate) struct Permit {
 }
 
 impl Budget {
-    pub(crate) fn new(max_total: u64, max_per_peer: u64, max_messages_per_peer: usize) -> Arc<Budget> {
+    pub(crate) fn new(
+        max_total: u64,
+        max_per_peer: u64,
+        min_per_peer: u64,
+        max_messages_per_peer: usize,
+    ) -> Arc<Budget> {
         Arc::new(Budget {
             max_total,
             max_per_peer,
+            min_per_peer: min_per_peer.min(max_per_peer),
             max_messages_per_peer: max_messages_per_peer.max(1),
             used: Mutex::new(0),
             freed: Notify::new(),
@@ -100,7 +108,9 @@ impl Budget {
         let peer_fits = peer_bytes.saturating_add(bytes) <= self.max_per_peer.saturating_add(slack)
             && peer_messages + messages <= self.max_messages_per_peer;
         let total_fits = used.saturating_add(bytes) <= self.max_total.saturating_add(slack);
-        if !(peer_fits || peer_empty) || !(total_fits || *used == 0) {
+        let within_share = peer_bytes.saturating_add(bytes) <= self.min_per_peer
+            && peer_messages + messages <= self.max_messages_per_peer;
+        if !within_share && (!(peer_fits || peer_empty) || !(total_fits || *used == 0)) {
             return None;
         }
         *used += bytes;
@@ -154,7 +164,9 @@ impl Permit {
             && peer_messages + messages <= budget.max_messages_per_peer;
         let total_alone = *used == self.bytes;
         let total_fits = used.saturating_add(bytes) <= budget.max_total.saturating_add(slack);
-        if !(peer_fits || peer_alone) || !(total_fits || total_alone) {
+        let within_share = peer_bytes.saturating_add(bytes) <= budget.min_per_peer
+            && peer_messages + messages <= budget.max_messages_per_peer;
+        if !within_share && (!(peer_fits || peer_alone) || !(total_fits || total_alone)) {
             return false;
         }
         *used += bytes;
@@ -174,7 +186,6 @@ impl Permit {
     }
 
     /// Bytes this permit holds.
-    #[cfg(test)]
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
@@ -199,7 +210,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_peer_waits_for_room_and_a_large_message_goes_alone() {
-        let budget = Budget::new(1000, 400, 10);
+        let budget = Budget::new(1000, 400, 0, 10);
         let a = Arc::new(Account::default());
         let b = Arc::new(Account::default());
         let first = budget.acquire(&a, 300, 1).await;
@@ -228,7 +239,7 @@ mod tests {
 
     #[tokio::test]
     async fn message_counts_and_growth() {
-        let budget = Budget::new(1 << 30, 1 << 30, 2);
+        let budget = Budget::new(1 << 30, 1 << 30, 0, 2);
         let a = Arc::new(Account::default());
         let _one = budget.acquire(&a, 10, 1).await;
         let mut two = budget.acquire(&a, 10, 1).await;
@@ -241,7 +252,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_permit_expands_alone_past_the_share() {
-        let budget = Budget::new(1000, 100, 10);
+        let budget = Budget::new(1000, 100, 0, 10);
         let a = Arc::new(Account::default());
         let mut header = budget.acquire(&a, 80, 0).await;
         tokio::time::timeout(Duration::from_secs(1), header.expand(500, 1))
@@ -253,5 +264,23 @@ mod tests {
         assert!(!other.try_expand(900, 1, 0), "over the total while a holds room");
         drop(header);
         assert!(other.try_expand(900, 1, 0), "alone in the node now");
+    }
+
+    #[tokio::test]
+    async fn a_small_message_is_never_stuck_behind_another_peers_large_one() {
+        let budget = Budget::new(100, 50, 10, 10);
+        let big = Arc::new(Account::default());
+        let small = Arc::new(Account::default());
+        let _alone = budget.try_acquire(&big, 10_000, 1, 0).expect("admitted alone");
+        assert!(
+            budget.try_acquire(&small, 20, 1, 0).is_none(),
+            "over its guaranteed share"
+        );
+        let a = budget
+            .try_acquire(&small, 6, 1, 0)
+            .expect("within its guaranteed share");
+        let b = budget.try_acquire(&small, 4, 1, 0).expect("still within it");
+        assert!(budget.try_acquire(&small, 1, 1, 0).is_none(), "the share is used up");
+        drop((a, b));
     }
 }

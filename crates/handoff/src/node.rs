@@ -246,6 +246,7 @@ impl NodeBuilder {
             budget: Budget::new(
                 bounds.max_buffered_bytes,
                 bounds.max_buffered_bytes_per_peer,
+                bounds.min_buffered_bytes_per_peer,
                 bounds.max_buffered_messages_per_peer,
             ),
             handshakes: Handshakes::new(bounds.max_handshakes),
