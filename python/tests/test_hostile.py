@@ -44,10 +44,10 @@ VICTIM = {
     "--max-preparing-bytes": "16MiB",
     "--max-held": "64",
     "--max-held-bytes": "16MiB",
-    "--handshake-timeout": "2",
-    "--progress-timeout": "2",
-    "--write-timeout": "1",
-    "--lease-wait": "0.3",
+    "--handshake-timeout-ms": "2000",
+    "--progress-timeout-ms": "2000",
+    "--write-timeout-ms": "1000",
+    "--lease-wait-ms": "300",
     "--max-shm-leases-per-peer": "16",
     "--max-shm-bytes-per-peer": "32MiB",
     "--lease-ttl-ms": "5000",
@@ -243,8 +243,8 @@ async def test_bodies_that_do_not_decode(victim):
 @pytest.mark.parametrize("case", ["unsealed-then-truncated", "regular-file", "sealed-claim-without-seals"])
 async def test_segments_that_could_fault_the_reader(victim, case, tmp_path):
     # The victim maps a frame as soon as it reads the message and reads its bytes when it
-    # handles it, half a second later (--delay): the attacker cuts the file short in between.
-    v = await victim(delay="0.5")
+    # handles it, half a second later (--delay-ms): the attacker cuts the file short in between.
+    v = await victim(delay_ms="500")
     unix = await v.unix_addr()
 
     def attack():
@@ -363,7 +363,7 @@ async def test_oversized_headers_before_the_handshake(victim):
 
 
 async def test_many_large_messages_while_the_application_is_slow(victim):
-    v = await victim(delay="0.05")  # handles 20 messages a second
+    v = await victim(delay_ms="50")  # handles 20 messages a second
     n_messages = 200
 
     def attack():

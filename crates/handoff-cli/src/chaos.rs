@@ -34,6 +34,21 @@ pub struct ChaosArgs {
     /// Largest buffer an iteration sends, in bytes.
     #[arg(long, default_value_t = 32 << 20)]
     pub max_bytes: u64,
+    /// Instead of ticket faults, run the hostile-peer suite: attacks (one per class of
+    /// issue 11) on a real victim node with small bounds, checking that it lives, stays
+    /// within its memory bounds and keeps serving a legitimate peer.
+    #[arg(long)]
+    pub hostile: bool,
+    /// With --hostile: run only this attack (repeatable; default: all).
+    #[arg(long = "attack", requires = "hostile")]
+    pub attacks: Vec<String>,
+    /// With --hostile: the victim's implementation.
+    #[arg(long, value_enum, default_value_t = crate::hostile::victim::Kind::Rust, requires = "hostile")]
+    pub victim: crate::hostile::victim::Kind,
+    /// With --hostile and a Python victim: the interpreter that has the Python peer
+    /// (default: $HANDOFF_PYTHON, else .venv/bin/python).
+    #[arg(long, requires = "hostile")]
+    pub python: Option<std::path::PathBuf>,
 }
 
 /// The result (keys are a public interface: keep them stable).
@@ -190,6 +205,14 @@ impl Tally {
 
 /// Runs the harness and prints the summary.
 pub async fn run(args: ChaosArgs) -> Result<()> {
+    if args.hostile {
+        let python = args
+            .python
+            .clone()
+            .or_else(|| std::env::var_os("HANDOFF_PYTHON").map(Into::into))
+            .unwrap_or_else(|| ".venv/bin/python".into());
+        return crate::hostile::run(args.victim, python, &args.attacks, args.json).await;
+    }
     let seed = args.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

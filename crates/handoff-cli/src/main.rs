@@ -4,6 +4,7 @@ mod bench;
 mod chaos;
 mod demo;
 mod demo_data;
+mod hostile;
 mod node_cmd;
 mod protocol;
 mod serve;

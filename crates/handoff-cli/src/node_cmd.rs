@@ -57,14 +57,20 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(digits);
-    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a size (bytes, or e.g. 64KiB, 8MiB, 1GiB)"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (bytes, or e.g. 64KiB, 8MiB, 1GiB)"))?;
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kib" => 10,
         "m" | "mib" => 20,
         "g" | "gib" => 30,
         "t" | "tib" => 40,
-        other => return Err(format!("unknown size unit {other:?} in {s:?} (use KiB, MiB, GiB or TiB)")),
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?} in {s:?} (use KiB, MiB, GiB or TiB)"
+            ))
+        }
     };
     n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?} is too large"))
 }
@@ -80,6 +86,10 @@ pub struct BoundsArgs {
     /// Bytes of all peers' received messages held until served.
     #[arg(long, value_parser = parse_size, default_value_t = Bounds::DEFAULT.max_buffered_bytes)]
     pub max_buffered_bytes: u64,
+    /// Bytes any peer may buffer whatever all peers hold together (its guaranteed share,
+    /// so that small messages are never stuck behind another peer's large one).
+    #[arg(long, value_parser = parse_size, default_value_t = Bounds::DEFAULT.min_buffered_bytes_per_peer)]
+    pub min_buffered_bytes_per_peer: u64,
     /// Messages of one peer held until served.
     #[arg(long, default_value_t = Bounds::DEFAULT.max_buffered_messages_per_peer)]
     pub max_buffered_messages_per_peer: usize,
@@ -120,6 +130,10 @@ pub struct BoundsArgs {
     /// Bytes of received data waiting in one peer's answer queue.
     #[arg(long, value_parser = parse_size, default_value_t = ServeBounds::default().queue_bytes)]
     pub answer_queue_bytes: u64,
+    /// Wait this long before handling each message: a slow application, for tests of
+    /// backpressure (milliseconds).
+    #[arg(long, default_value_t = 0)]
+    pub delay_ms: u64,
 }
 
 impl BoundsArgs {
@@ -129,6 +143,7 @@ impl BoundsArgs {
             max_buffered_bytes_per_peer: self.max_buffered_bytes_per_peer,
             max_buffered_bytes: self.max_buffered_bytes,
             max_buffered_messages_per_peer: self.max_buffered_messages_per_peer,
+            min_buffered_bytes_per_peer: self.min_buffered_bytes_per_peer,
             max_handshakes: self.max_handshakes,
             max_connections: self.max_connections,
             handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
@@ -147,6 +162,7 @@ impl BoundsArgs {
             max_held_bytes: self.max_held_bytes,
             queue_depth: self.answer_queue,
             queue_bytes: self.answer_queue_bytes,
+            delay: Duration::from_millis(self.delay_ms),
             ..ServeBounds::default()
         }
     }

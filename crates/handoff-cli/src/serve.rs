@@ -42,6 +42,8 @@ pub struct ServeBounds {
     pub queue_bytes: u64,
     /// Tasks running at once for chaos transfers and data handles (default 64).
     pub max_tasks: usize,
+    /// A pause before each message is handled: a slow application, for tests (default 0).
+    pub delay: std::time::Duration,
 }
 
 impl Default for ServeBounds {
@@ -55,6 +57,7 @@ impl Default for ServeBounds {
             queue_depth: 64,
             queue_bytes: 1 << 30,
             max_tasks: 64,
+            delay: std::time::Duration::ZERO,
         }
     }
 }
@@ -219,6 +222,9 @@ pub async fn serve_with(node: &Node, bounds: ServeBounds) -> Result<()> {
         };
         let from = env.from().clone();
         let type_name = env.type_name().to_string();
+        if !bounds.delay.is_zero() {
+            tokio::time::sleep(bounds.delay).await;
+        }
         // A message that cannot be handled is that peer's problem: say so, keep serving.
         if let Err(e) = server.handle(env).await {
             limited_warn!(server.log, peer = %from.name(), type_name = %type_name, "cannot serve a request: {e:#}");

@@ -6,7 +6,9 @@ frames, ``shm`` windows, the tickets redeemed on receipt, and a fixed overhead p
 message. A reader that finds no room waits — it stops reading its connection — until
 the application takes messages. A message is admitted when it fits, or alone: when
 nothing else of its peer is buffered (for the total: nothing at all), so that a message
-up to the message limit always gets through.
+up to the message limit always gets through. A message that keeps its peer within its
+guaranteed share (``min_buffered_bytes_per_peer``, 1 MiB) is admitted even when the total
+is reached, so that another peer's large (or slowly trickling) message delays no one.
 
 While a connection has requests of this node outstanding (pulls, forwards), its reader
 may go over the bounds — up to twice the per-peer bound for that peer and one per-peer
@@ -29,6 +31,8 @@ class Budget:
     def __init__(self, bounds: Bounds):
         self.per_peer = bounds.max_buffered_bytes_per_peer
         self.limit = bounds.max_buffered_bytes
+        #: What any peer may hold whatever all peers hold together (its guaranteed share).
+        self.share = min(bounds.min_buffered_bytes_per_peer, bounds.max_buffered_bytes_per_peer)
         #: Bytes buffered for all peers together.
         self.total = 0
         self._room: Optional[asyncio.Event] = None
@@ -36,6 +40,8 @@ class Budget:
     def fits(self, account: Any, n: int, own: int = 0, over: bool = False) -> bool:
         """Whether ``n`` more bytes for ``account`` (a peer, with ``buffered``) are admitted now;
         ``own`` bytes of the same message are charged already."""
+        if account.buffered + n <= self.share:
+            return True  # small messages are never stuck behind another peer's large one
         per_peer = self.per_peer * 2 if over else self.per_peer
         limit = self.limit + self.per_peer if over else self.limit
         peer_ok = account.buffered + n <= per_peer or account.buffered == own

@@ -506,12 +506,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     g = p.add_argument_group(
         "bounds",
         "What peers can make this node hold (spec §9.1 and Appendix A; the defaults are the reference's). "
-        "Sizes take a suffix: 64KiB, 8MiB, 1GiB (or K, M, G); times are in seconds.",
+        "Sizes take a suffix: 64KiB, 8MiB, 1GiB (or K, M, G); times are in milliseconds, as for handoff node.",
     )
     d, w = Bounds(), WorkerBounds()
 
     def bound(flag: str, kind, default, meta: str, text: str) -> None:
-        shown = human_size(default) if kind is parse_size else f"{default:g}" if kind is float else default
+        if kind is parse_ms:
+            shown = f"{round(default * 1000)}"
+        else:
+            shown = human_size(default) if kind is parse_size else f"{default:g}" if kind is float else default
         g.add_argument(flag, type=kind, default=default, metavar=meta, help=f"{text} (default {shown})")
 
     bound(
@@ -548,20 +551,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     bound("--max-buffered-bytes", parse_size, d.max_buffered_bytes, "SIZE", "the same, all peers together")
     bound("--max-handshakes", int, d.max_handshakes, "N", "handshakes in progress at once; the oldest makes room")
     bound("--max-connections", int, d.max_connections, "N", "established connections")
-    bound("--handshake-timeout", float, d.handshake_timeout, "SECONDS", "time to complete a handshake")
-    bound("--progress-timeout", float, d.progress_timeout, "SECONDS", "silence allowed in the middle of a message")
     bound(
-        "--write-timeout",
-        float,
+        "--min-buffered-bytes-per-peer",
+        parse_size,
+        d.min_buffered_bytes_per_peer,
+        "SIZE",
+        "bytes any peer may buffer whatever all peers hold together (its guaranteed share)",
+    )
+    bound("--handshake-timeout-ms", parse_ms, d.handshake_timeout, "MS", "time to complete a handshake")
+    bound("--progress-timeout-ms", parse_ms, d.progress_timeout, "MS", "silence allowed in the middle of a message")
+    bound(
+        "--write-timeout-ms",
+        parse_ms,
         d.write_timeout,
-        "SECONDS",
+        "MS",
         "a write to a peer that reads nothing fails after this, and its connection closes",
     )
     bound(
-        "--lease-wait",
-        float,
+        "--lease-wait-ms",
+        parse_ms,
         d.lease_wait,
-        "SECONDS",
+        "MS",
         "how long a send waits for a peer to release shared memory or tickets before it fails",
     )
     bound(
@@ -581,7 +591,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "bytes pinned by ticket leases issued to one peer",
     )
     bound(
-        "--delay", float, 0.0, "SECONDS", "wait this long before handling each message: a slow application, for tests"
+        "--answer-queue-bytes",
+        parse_size,
+        w.answer_queue_bytes,
+        "SIZE",
+        "bytes of received data waiting in one peer's answer queue",
+    )
+    bound(
+        "--delay-ms", parse_ms, 0.0, "MS", "wait this long before handling each message: a slow application, for tests"
     )
     args = p.parse_args(argv)
     for ds in args.dataset:
@@ -606,6 +623,17 @@ def parse_size(text: str) -> int:
     return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
 
 
+def parse_ms(text: str) -> float:
+    """Milliseconds on the command line → seconds."""
+    try:
+        ms = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+    if ms < 0:
+        raise argparse.ArgumentTypeError(f"milliseconds cannot be negative: {text!r}")
+    return ms / 1000
+
+
 def human_size(n: int) -> str:
     """``1073741824`` → ``1GiB`` (exact multiples only)."""
     for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
@@ -622,10 +650,11 @@ def node_bounds(args: argparse.Namespace) -> Bounds:
         max_buffered_bytes=args.max_buffered_bytes,
         max_handshakes=args.max_handshakes,
         max_connections=args.max_connections,
-        handshake_timeout=args.handshake_timeout,
-        progress_timeout=args.progress_timeout,
-        write_timeout=args.write_timeout,
-        lease_wait=args.lease_wait,
+        min_buffered_bytes_per_peer=args.min_buffered_bytes_per_peer,
+        handshake_timeout=args.handshake_timeout_ms,
+        progress_timeout=args.progress_timeout_ms,
+        write_timeout=args.write_timeout_ms,
+        lease_wait=args.lease_wait_ms,
         max_shm_bytes_per_peer=args.max_shm_bytes_per_peer,
         max_shm_leases_per_peer=args.max_shm_leases_per_peer,
         max_ticket_bytes=args.max_ticket_bytes,
@@ -642,7 +671,8 @@ def worker_bounds(args: argparse.Namespace) -> WorkerBounds:
         max_held_bytes=args.max_held_bytes,
         max_relays=args.max_relays,
         answer_queue=args.answer_queue,
-        delay=args.delay,
+        answer_queue_bytes=args.answer_queue_bytes,
+        delay=args.delay_ms,
     )
     for name, value in dataclasses.asdict(w).items():
         if value < 0 or (value == 0 and name not in ("delay", "max_held", "max_held_bytes", "max_relays")):

@@ -1,0 +1,270 @@
+//! A peer that speaks the wire format by hand: it handshakes correctly (or not), then sends
+//! whatever an attack needs, byte for byte, with file descriptors on a Unix socket.
+
+use std::io::IoSlice;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use handoff::wire::framing::encode_header_into;
+use handoff::wire::{auth, Header, Hello, Limits, Preamble};
+use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+
+/// How long an attacker waits for an answer it expects.
+pub const ANSWER_TIME: Duration = Duration::from_secs(10);
+
+/// The stream of a raw peer: TCP, or a Unix socket that can pass descriptors (or the
+/// writing half of a TCP stream whose reading half another task owns).
+pub enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+    TcpWrite(tokio::net::tcp::OwnedWriteHalf),
+}
+
+/// A raw connection to the victim.
+pub struct Raw {
+    pub stream: Stream,
+    /// The victim's hello, once handshaken.
+    pub hello: Option<Hello>,
+}
+
+/// Who a raw peer says it is.
+#[derive(Clone)]
+pub struct Identity {
+    pub node_id: String,
+    pub process_id: String,
+    pub name: String,
+}
+
+impl Identity {
+    /// A fresh identity named `name` (random node and process ids).
+    pub fn fresh(name: &str) -> Identity {
+        Identity {
+            node_id: handoff::identity::random_id(),
+            process_id: handoff::identity::random_id(),
+            name: name.to_string(),
+        }
+    }
+
+    /// The hello this identity sends.
+    pub fn hello(&self) -> Hello {
+        Hello {
+            node_id: self.node_id.clone(),
+            name: self.name.clone(),
+            host_id: "hostile-host".into(),
+            pid: std::process::id(),
+            process_id: self.process_id.clone(),
+            language: "hostile".into(),
+            implementation: "handoff-hostile/0".into(),
+            version: 1,
+            capabilities: vec!["inline".into(), "shm".into(), "ticket".into()],
+            nonce: rand::random::<[u8; 32]>().to_vec(),
+            listen: None,
+            unix: None,
+        }
+    }
+}
+
+/// The bytes of a header with its length prefix.
+pub fn framed(h: &Header<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_header_into(h, &mut out);
+    out
+}
+
+/// The bytes of a header given as raw msgpack, with its length prefix.
+pub fn framed_raw(msgpack: &[u8]) -> Vec<u8> {
+    let mut out = (msgpack.len() as u32).to_be_bytes().to_vec();
+    out.extend_from_slice(msgpack);
+    out
+}
+
+impl Raw {
+    /// Opens a TCP connection (no handshake yet).
+    pub async fn tcp(addr: &str) -> Result<Raw> {
+        let s = TcpStream::connect(addr.trim_start_matches("tcp://"))
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        s.set_nodelay(true)?;
+        Ok(Raw {
+            stream: Stream::Tcp(s),
+            hello: None,
+        })
+    }
+
+    /// Opens a Unix connection (no handshake yet).
+    pub async fn unix(path: &str) -> Result<Raw> {
+        let s = UnixStream::connect(path.trim_start_matches("unix://"))
+            .await
+            .with_context(|| format!("connecting to {path}"))?;
+        Ok(Raw {
+            stream: Stream::Unix(s),
+            hello: None,
+        })
+    }
+
+    /// Opens a TCP connection and handshakes as `who` with `secret`.
+    pub async fn tcp_handshaken(addr: &str, who: &Identity, secret: &[u8]) -> Result<Raw> {
+        let mut raw = Raw::tcp(addr).await?;
+        raw.handshake(who, secret).await?;
+        Ok(raw)
+    }
+
+    /// Opens a Unix connection and handshakes as `who` with `secret`.
+    pub async fn unix_handshaken(path: &str, who: &Identity, secret: &[u8]) -> Result<Raw> {
+        let mut raw = Raw::unix(path).await?;
+        raw.handshake(who, secret).await?;
+        Ok(raw)
+    }
+
+    /// The victim's node id.
+    pub fn victim_id(&self) -> &str {
+        self.hello.as_ref().map_or("", |h| h.node_id.as_str())
+    }
+
+    /// A correct handshake; fails with the victim's error if it refuses.
+    pub async fn handshake(&mut self, who: &Identity, secret: &[u8]) -> Result<()> {
+        self.write(&Preamble::OURS.encode()).await?;
+        let own = framed(&Header::Hello(who.hello()));
+        self.write(&own).await?;
+        let mut pre = [0u8; 16];
+        self.read_exact(&mut pre).await?;
+        let peer_hello = self.read_header_bytes().await?;
+        let hello = match Header::decode(&peer_hello, &Limits::default())? {
+            Header::Hello(h) => h,
+            Header::Error { code, message } => bail!("refused: {message} [{code}]"),
+            other => bail!("expected a hello, got {other:?}"),
+        };
+        let proof = auth::proof(secret, &own[4..], &peer_hello);
+        self.write(&framed(&Header::Auth { mac: proof.to_vec() })).await?;
+        self.expect_kind("auth").await?;
+        self.write(&framed(&Header::Ready)).await?;
+        self.expect_kind("ready").await?;
+        self.hello = Some(hello);
+        Ok(())
+    }
+
+    async fn expect_kind(&mut self, kind: &str) -> Result<()> {
+        let h = self.read_header_bytes().await?;
+        match Header::decode(&h, &Limits::default())? {
+            Header::Error { code, message } => bail!("refused: {message} [{code}]"),
+            Header::Auth { .. } if kind == "auth" => Ok(()),
+            Header::Ready if kind == "ready" => Ok(()),
+            other => bail!("expected {kind}, got {other:?}"),
+        }
+    }
+
+    /// Writes bytes.
+    pub async fn write(&mut self, bytes: &[u8]) -> Result<()> {
+        match &mut self.stream {
+            Stream::Tcp(s) => s.write_all(bytes).await?,
+            Stream::Unix(s) => s.write_all(bytes).await?,
+            Stream::TcpWrite(s) => s.write_all(bytes).await?,
+        }
+        Ok(())
+    }
+
+    /// Writes `bytes` with `fds` attached to the first byte (Unix only).
+    pub async fn write_with_fds(&mut self, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> Result<()> {
+        let Stream::Unix(s) = &mut self.stream else {
+            bail!("descriptors travel only on a Unix socket")
+        };
+        let sent;
+        loop {
+            s.writable().await?;
+            let r = s.try_io(tokio::io::Interest::WRITABLE, || {
+                let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(fds.len().max(1)))];
+                let mut control = SendAncillaryBuffer::new(&mut space);
+                if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
+                    return Err(std::io::Error::other("too many descriptors"));
+                }
+                rustix::net::sendmsg(s.as_fd(), &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)
+                    .map_err(std::io::Error::from)
+            });
+            match r {
+                Ok(n) => {
+                    sent = n;
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        s.write_all(&bytes[sent..]).await?;
+        Ok(())
+    }
+
+    async fn read_exact(&mut self, buf: &mut [u8]) -> Result<()> {
+        let read = async {
+            match &mut self.stream {
+                Stream::Tcp(s) => s.read_exact(buf).await.map(|_| ()),
+                Stream::Unix(s) => s.read_exact(buf).await.map(|_| ()),
+                Stream::TcpWrite(_) => Err(std::io::Error::other("this half only writes")),
+            }
+        };
+        tokio::time::timeout(ANSWER_TIME, read)
+            .await
+            .context("no answer in time")?
+            .context("the victim closed the connection")
+    }
+
+    /// The next header's bytes (without the prefix).
+    pub async fn read_header_bytes(&mut self) -> Result<Vec<u8>> {
+        let mut len = [0u8; 4];
+        self.read_exact(&mut len).await?;
+        let n = u32::from_be_bytes(len) as usize;
+        anyhow::ensure!(n <= 16 << 20, "the victim announced a header of {n} bytes");
+        let mut h = vec![0u8; n];
+        self.read_exact(&mut h).await?;
+        Ok(h)
+    }
+
+    /// Reads `n` bytes and drops them (the bytes after a `pulled` or inline frames).
+    pub async fn skip(&mut self, n: u64) -> Result<()> {
+        let mut left = n;
+        let mut buf = vec![0u8; 64 << 10];
+        while left > 0 {
+            let take = left.min(buf.len() as u64) as usize;
+            self.read_exact(&mut buf[..take]).await?;
+            left -= take as u64;
+        }
+        Ok(())
+    }
+
+    /// Reads until the victim sends an `error`, closes, or `limit` passes; returns the
+    /// error's code and message, if one came. Skips the frames of messages in between.
+    pub async fn error_before_close(&mut self, limit: Duration) -> Option<(String, String)> {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let h = tokio::time::timeout_at(deadline, self.read_header_bytes())
+                .await
+                .ok()?
+                .ok()?;
+            match Header::decode(&h, &Limits::default()).ok()? {
+                Header::Error { code, message } => return Some((code, message)),
+                Header::Msg { frames, .. } => {
+                    let inline: u64 = frames.iter().map(|d| d.inline_len()).sum();
+                    self.skip(inline).await.ok()?;
+                }
+                Header::Ticket(handoff::wire::TicketOp::Pulled { len, .. }) => self.skip(len).await.ok()?,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A memfd of `size` bytes (sparse), with `seals`.
+pub fn memfd(size: u64, seals: rustix::fs::SealFlags) -> Result<std::os::fd::OwnedFd> {
+    let fd = rustix::fs::memfd_create(
+        "handoff-hostile",
+        rustix::fs::MemfdFlags::CLOEXEC | rustix::fs::MemfdFlags::ALLOW_SEALING,
+    )?;
+    rustix::fs::ftruncate(&fd, size)?;
+    if !seals.is_empty() {
+        rustix::fs::fcntl_add_seals(&fd, seals)?;
+    }
+    Ok(fd)
+}
