@@ -20,6 +20,7 @@ mod error;
 pub mod framing;
 pub mod header;
 mod limits;
+mod msgpack;
 pub mod preamble;
 pub mod resource;
 pub mod route;
