@@ -2,7 +2,8 @@
 //! memory each decode allocates at its peak (a counting global allocator).
 //!
 //! ```text
-//! cargo run --release -p handoff-wire --example header_decode
+//! cargo run --release -p handoff-wire --example header_decode            # both
+//! cargo run --release -p handoff-wire --example header_decode typical    # or hostile
 //! ```
 //!
 //! The hostile headers are the ones of issue 11: a `ready` whose ignored key holds an array of
@@ -105,6 +106,27 @@ fn hostile(kind: &str, key: &str) -> Vec<u8> {
 }
 
 fn main() {
+    let which = std::env::args().nth(1).unwrap_or_default();
+    if which == "repeat" {
+        // A fixed amount of work, to count instructions with `valgrind --tool=callgrind`.
+        for (_, header) in typical_headers() {
+            let bytes = header.encode();
+            for _ in 0..100_000 {
+                black_box(Header::decode(black_box(&bytes), &Limits::DEFAULT).expect("a valid header"));
+            }
+        }
+        return;
+    }
+    if which != "hostile" {
+        typical();
+    }
+    if which != "typical" {
+        hostile_headers();
+    }
+}
+
+/// Headers as applications send them, named after the vectors they resemble.
+fn typical_headers() -> Vec<(&'static str, Header<'static>)> {
     let ticket = TicketClaim {
         len: 1 << 20,
         owner: "0123456789abcdef0123456789abcdef".into(),
@@ -115,10 +137,11 @@ fn main() {
         ttl_ms: 30_000,
         lazy: false,
     };
-    let body: &[u8] = &[
-        0x82, 0xa4, b'd', b'a', b't', b'a', 0xd6, 0x01, 0, 0, 0, 0, 0xa4, b'm', b'e', b't', b'a', 0xd6, 0x01, 0, 0, 0, 1,
+    let body: &'static [u8] = &[
+        0x82, 0xa4, b'd', b'a', b't', b'a', 0xd6, 0x01, 0, 0, 0, 0, 0xa4, b'm', b'e', b't', b'a', 0xd6, 0x01, 0, 0, 0,
+        1,
     ];
-    let typical = [
+    vec![
         (
             "msg, no frames (msg-no-frames)",
             Header::Msg {
@@ -143,15 +166,23 @@ fn main() {
                 frames: vec![Descriptor::Ticket(ticket), Descriptor::Inline { len: 3 }],
             },
         ),
-    ];
+    ]
+}
+
+fn typical() {
     println!("typical headers (Header::decode, default limits):");
-    for (what, header) in &typical {
+    for (what, header) in &typical_headers() {
         let bytes = header.encode();
         let ns = per_decode(&bytes);
         let (_, _, peak) = once(|| Header::decode(&bytes, &Limits::DEFAULT));
-        println!("  {what}: {} header bytes, {ns:.0} ns per decode, {peak} bytes allocated", bytes.len());
+        println!(
+            "  {what}: {} header bytes, {ns:.0} ns per decode, {peak} bytes allocated",
+            bytes.len()
+        );
     }
+}
 
+fn hostile_headers() {
     println!("hostile headers of 16 MiB (16 777 216 bytes):");
     for (what, kind, key) in [
         ("ready, ignored key x = [{} x 16.8 M]", "ready", "x"),
