@@ -21,6 +21,8 @@ mod decode;
 mod encode;
 mod scan;
 mod schema;
+#[cfg(test)]
+mod tests;
 
 /// Nesting limit of a header (`spec/WIRE.md` §9): each msgpack array, map and ext value is
 /// one level, the header map itself level 1, values of ignored keys included. Deeper →
