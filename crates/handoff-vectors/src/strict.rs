@@ -214,13 +214,14 @@ pub(crate) fn vectors() -> Vec<Vector> {
         raw_message(&ready_and(0).nil().done(), &[]),
         "A ready header followed, within the header length, by one more byte (c0, nil): the map must fill the header exactly.",
     ));
+    // As many elements as a header has known keys (26), k, t, b, f first, as a decoder that
+    // reads structs by position would expect them.
+    let mut positional = Raw::new().array16(26).key("msg").key("x").bin8(&[0x80]).fixarray(0);
+    positional.0.resize(positional.0.len() + 22, 0xc0);
     v.push(bad(
         "strict-array-header",
-        raw_message(
-            &Raw::new().fixarray(4).key("msg").key("x").bin8(&[0x80]).fixarray(0).done(),
-            &[],
-        ),
-        "The array [\"msg\", \"x\", bin 80, []] where the header map belongs. A decoder that reads structs by position would take it for a msg; a header is a map.",
+        raw_message(&positional.done(), &[]),
+        "A 26-element array [\"msg\", \"x\", bin 80, [], then 22 nils] where the header map belongs: one element per key a v1 header may hold, k, t, b and f first, so that a decoder reading structs by position takes it for a msg. A header is a map, whatever its length.",
     ));
     v.push(bad(
         "strict-never-used-marker",
