@@ -283,7 +283,7 @@ impl<'a> Reader<'a> {
     /// Reads an integer in `0..2^bits` (`bits` at most 64), in any msgpack integer encoding
     /// (signed formats included); a negative value, a larger one, or any other type fails.
     pub fn read_uint(&mut self, bits: u8) -> Result<u64> {
-        let max = u64::MAX >> (64 - bits.min(64));
+        let max = if bits >= 64 { u64::MAX } else { (1 << bits) - 1 };
         let at = self.pos;
         let m = self.marker()?;
         let signed = |v: i64| if v < 0 { Err(Problem::Negative) } else { Ok(v as u64) };
