@@ -2871,6 +2871,11 @@ impl Choices {
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
+    /// Heads or tails.
+    fn coin(&mut self) -> bool {
+        self.next() & 1 == 0
+    }
+
     /// One of `options`.
     fn pick<T: Copy>(&mut self, options: &[T]) -> T {
         options[(self.next() % options.len() as u64) as usize]
@@ -3008,7 +3013,7 @@ fn write_noncanonical(v: &Mp, c: &mut Choices, out: &mut Vec<u8>) {
             out.extend_from_slice(&f.to_bits().to_be_bytes());
         }
         Mp::Str(s) => {
-            if s.len() < 32 && c.next() % 2 == 0 {
+            if s.len() < 32 && c.coin() {
                 out.push(0xa0 | s.len() as u8);
             } else {
                 sized(out, [0xd9, 0xda, 0xdb], s.len(), c);
@@ -3022,14 +3027,14 @@ fn write_noncanonical(v: &Mp, c: &mut Choices, out: &mut Vec<u8>) {
         Mp::Ext(t, data) => {
             let fixed = [1, 2, 4, 8, 16].iter().position(|n| *n == data.len());
             match fixed {
-                Some(k) if c.next() % 2 == 0 => out.push(0xd4 + k as u8),
+                Some(k) if c.coin() => out.push(0xd4 + k as u8),
                 _ => sized(out, [0xc7, 0xc8, 0xc9], data.len(), c),
             }
             out.push(*t as u8);
             out.extend_from_slice(data);
         }
         Mp::Arr(items) => {
-            if items.len() < 16 && c.next() % 2 == 0 {
+            if items.len() < 16 && c.coin() {
                 out.push(0x90 | items.len() as u8);
             } else {
                 let w = if items.len() < 1 << 16 { c.pick(&[2, 4]) } else { 4 };
@@ -3041,7 +3046,7 @@ fn write_noncanonical(v: &Mp, c: &mut Choices, out: &mut Vec<u8>) {
             }
         }
         Mp::Map(entries) => {
-            if entries.len() < 16 && c.next() % 2 == 0 {
+            if entries.len() < 16 && c.coin() {
                 out.push(0x80 | entries.len() as u8);
             } else {
                 let w = if entries.len() < 1 << 16 { c.pick(&[2, 4]) } else { 4 };
