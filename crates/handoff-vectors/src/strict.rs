@@ -383,6 +383,21 @@ pub(crate) fn vectors() -> Vec<Vector> {
         "A ready header with \"v\": 65536. v is a u16 (in hello), so 2^16 is out of its range, whatever the kind.",
     ));
 
+    v.push(bad(
+        "strict-nil-in-array",
+        raw_message(&ready_and(1).key("leases").fixarray(2).fixint(7).nil().done(), &[]),
+        "A ready header with \"leases\": [7, nil]: nil counts as absent for a key, but as an element of an array it is a value of the wrong type (leases is a [u64]).",
+    ));
+    v.push(Vector {
+        name: "strict-ignored-str-not-utf8",
+        bytes: raw_message(&ready_and(1).key("x-later").bytes(&[0xa2, 0xff, 0xfe]).done(), &[]),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "A ready header whose ignored key x-later holds a str of the bytes ff fe, which are not UTF-8: the values of ignored keys are checked only for being valid msgpack, not their UTF-8.",
+            "header": {"k": "ready"}, "frames": [],
+        }),
+    });
+
     // Rule 4: no key twice.
     v.push(bad(
         "strict-duplicate-key",
@@ -439,6 +454,11 @@ pub(crate) fn vectors() -> Vec<Vector> {
         "strict-short-nonce",
         raw_message(&hello_and(&(0u8..31).collect::<Vec<_>>()), &[]),
         "The hello of the hello vector (without listen) whose nonce is 31 bytes: exactly 32 are due.",
+    ));
+    v.push(bad(
+        "strict-length-other-kind",
+        raw_message(&ready_and(1).key("token").bin8(&[0x40; 31]).done(), &[]),
+        "A ready header with a 31-byte token: a length is part of a key's type, checked whatever the kind, though a ready has no token of its own.",
     ));
     v.push(bad(
         "strict-long-mac",

@@ -296,6 +296,24 @@ fn rule_3_known_keys_are_typed_whatever_the_kind() {
 }
 
 #[test]
+fn rule_3_known_keys_are_known_per_map() {
+    // A descriptor key in the header map, a header key in a descriptor: unknown there.
+    assert_eq!(
+        decode(&ready_with(&[("sealed", s("yes")), ("digest", u(1))])),
+        Ok(Header::Ready)
+    );
+    let d = map(&[("k", s("inline")), ("n", u(0)), ("pid", s("x")), ("caps", u(1))]);
+    assert!(decode(&msg_with(&[d])).is_ok());
+    // Nil in an array is a wrong type, not an absent element.
+    assert_eq!(code(&ready_with(&[("caps", arr(&[NIL.to_vec()]))])), "malformed-header");
+    assert_eq!(
+        code(&ready_with(&[("leases", arr(&[u(7), NIL.to_vec()]))])),
+        "malformed-header"
+    );
+    assert_eq!(code(&msg_with(&[NIL.to_vec()])), "malformed-header");
+}
+
+#[test]
 fn rule_3_nil_is_absent() {
     assert_eq!(
         decode(&ready_with(&[("pid", NIL.to_vec()), ("f", NIL.to_vec())])),
