@@ -20,6 +20,8 @@ use handoff_wire::{
 use serde::Serialize;
 use serde_json::{json, Value as Json};
 
+mod strict;
+
 /// One test vector.
 #[derive(Debug, Clone)]
 pub struct Vector {
@@ -153,6 +155,12 @@ fn ticket_fixture() -> TicketClaim {
         lazy: false,
     }
 }
+
+/// The body of the `demo.Sample` vectors with a ticket or an shm frame:
+/// `{"data": frame 0, "meta": frame 1}`.
+const TWO_FRAME_REFS: &[u8] = &[
+    0x82, 0xa4, b'd', b'a', b't', b'a', 0xd6, 0x01, 0, 0, 0, 0, 0xa4, b'm', b'e', b't', b'a', 0xd6, 0x01, 0, 0, 0, 1,
+];
 
 fn bin_json(bytes: &[u8]) -> Json {
     json!({"$bin": hex::encode(bytes)})
@@ -413,10 +421,7 @@ pub fn all() -> Vec<Vector> {
 
     let shm_msg = Header::Msg {
         type_name: "demo.Sample",
-        body: &[
-            0x82, 0xa4, b'd', b'a', b't', b'a', 0xd6, 0x01, 0, 0, 0, 0, 0xa4, b'm', b'e', b't', b'a', 0xd6, 0x01, 0, 0,
-            0, 1,
-        ],
+        body: TWO_FRAME_REFS,
         frames: vec![
             Descriptor::Shm {
                 len: 1 << 20,
@@ -456,10 +461,7 @@ pub fn all() -> Vec<Vector> {
     let ticket = ticket_fixture();
     let ticket_msg = Header::Msg {
         type_name: "demo.Sample",
-        body: &[
-            0x82, 0xa4, b'd', b'a', b't', b'a', 0xd6, 0x01, 0, 0, 0, 0, 0xa4, b'm', b'e', b't', b'a', 0xd6, 0x01, 0, 0,
-            0, 1,
-        ],
+        body: TWO_FRAME_REFS,
         frames: vec![Descriptor::Ticket(ticket.clone()), Descriptor::Inline { len: 3 }],
     };
     v.push(Vector {
@@ -484,10 +486,7 @@ pub fn all() -> Vec<Vector> {
     };
     let lazy_msg = Header::Msg {
         type_name: "demo.Sample",
-        body: &[
-            0x82, 0xa4, b'd', b'a', b't', b'a', 0xd6, 0x01, 0, 0, 0, 0, 0xa4, b'm', b'e', b't', b'a', 0xd6, 0x01, 0, 0,
-            0, 1,
-        ],
+        body: TWO_FRAME_REFS,
         frames: vec![Descriptor::Ticket(lazy.clone()), Descriptor::Inline { len: 3 }],
     };
     v.push(Vector {
@@ -991,6 +990,7 @@ pub fn all() -> Vec<Vector> {
         "malformed-header",
         "A ticket whose `lazy` is the integer 1: `lazy` is a bool, type-checked like every known descriptor key.",
     ));
+    v.extend(strict::vectors());
     v
 }
 
@@ -1076,7 +1076,11 @@ pub fn json_view(value: &rmpv::Value, frame_count: Option<usize>) -> Result<Json
 /// Decodes a vector's bytes the way a receiver would and returns its JSON view
 /// (or the error), to compare with the description.
 pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
-    let limits = Limits::default();
+    // `"stage": "handshake"`: read as before the handshake completes, with its header limit.
+    let limits = match v.description["stage"].as_str() {
+        Some("handshake") => Limits::default().during_handshake(),
+        _ => Limits::default(),
+    };
     let kind = v.description["kind"].as_str().unwrap_or("");
     if kind == "preamble" {
         let p = Preamble::decode(&v.bytes)?;
@@ -1097,9 +1101,17 @@ pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
         .map_err(|e| WireError::MalformedHeader(e.to_string()))?;
     // Frame references mean nothing in a header: an ext there is shown as it is.
     let mut header_json = json_view(&header_value, None)?;
-    // Keys a receiver ignores are not part of what the message decodes to.
+    // Keys a receiver ignores are not part of what the message decodes to, nor are known
+    // keys whose value is nil (they count as absent), in the header and in its descriptors.
     if let Json::Object(map) = &mut header_json {
-        map.retain(|k, _| !k.starts_with("x-"));
+        map.retain(|k, value| !k.starts_with("x-") && !value.is_null());
+        if let Some(Json::Array(descriptors)) = map.get_mut("f") {
+            for d in descriptors {
+                if let Json::Object(d) = d {
+                    d.retain(|_, value| !value.is_null());
+                }
+            }
+        }
     }
     // The inline frames' bytes, or the bytes that follow a `pulled`.
     let frames: Vec<Json> = m.frames.iter().map(|f| json!({"$bin": hex::encode(f)})).collect();

@@ -1,7 +1,9 @@
 //! Checks every vector in `spec/vectors/`: the files match the generator, and each
 //! one decodes to what its JSON says (or fails with the error code it names).
 
-use handoff_vectors::{all, decode_to_json, description_on_disk, vectors_dir, Vector};
+use handoff_vectors::{all, decode_to_json, description_on_disk, json_view, vectors_dir, Vector};
+use handoff_wire::framing::{decode_message_on, TCP_KINDS, UNIX_KINDS};
+use handoff_wire::{Header, Limits};
 use serde_json::Value as Json;
 
 fn on_disk() -> Vec<(String, Vec<u8>, Json)> {
@@ -95,4 +97,97 @@ fn auth_vector_proofs_verify() {
     handoff_wire::auth::verify(&secret, &mac, &prover, &verifier).unwrap();
     handoff_wire::auth::verify(&secret, &bin(&a["verifier_proof"]), &verifier, &prover).unwrap();
     assert!(handoff_wire::auth::verify(b"wrong", &mac, &prover, &verifier).is_err());
+}
+
+/// The limits and descriptor kinds a vector is decoded with (its `stage` and `channel`).
+fn receiver(json: &Json) -> (Limits, &'static [&'static str]) {
+    let limits = match json["stage"].as_str() {
+        Some("handshake") => Limits::default().during_handshake(),
+        None => Limits::default(),
+        Some(other) => panic!("unknown stage {other:?}"),
+    };
+    let kinds = if json["channel"] == "shm" {
+        UNIX_KINDS
+    } else {
+        TCP_KINDS
+    };
+    (limits, kinds)
+}
+
+/// What the reference decoder built, not only what a generic msgpack reader sees: every
+/// valid message vector's header, decoded and encoded again (canonically), has the JSON view
+/// its description expects.
+#[test]
+fn decoded_headers_re_encode_to_the_expected_view() {
+    let mut checked = 0;
+    for (name, bytes, json) in on_disk() {
+        if json["kind"] != "message" || json["valid"] != Json::Bool(true) {
+            continue;
+        }
+        let (limits, kinds) = receiver(&json);
+        let m = decode_message_on(&bytes, &limits, kinds).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let canonical = m.header.encode();
+        let value = rmpv::decode::read_value(&mut &canonical[..]).expect("the reference encoder writes msgpack");
+        assert_eq!(json_view(&value, None).unwrap(), json["header"], "{name}");
+        checked += 1;
+    }
+    assert!(checked >= 29, "{checked} valid message vectors");
+}
+
+/// The non-canonical vectors decode to the very headers of their canonical counterparts.
+#[test]
+fn non_canonical_vectors_decode_as_their_canonical_counterparts() {
+    let disk = on_disk();
+    let header = |name: &str| {
+        let (_, bytes, _) = disk
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .unwrap_or_else(|| panic!("{name}"));
+        let m = decode_message_on(bytes, &Limits::default(), TCP_KINDS).unwrap();
+        (
+            m.header.encode(),
+            m.frames.iter().map(|f| f.to_vec()).collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(header("noncanonical-msg"), header("msg-ticket"));
+    assert_eq!(header("noncanonical-ticket-pull"), header("ticket-pull"));
+    let (hello, _) = header("hello");
+    let Header::Hello(mut expected) = Header::decode(&hello, &Limits::default()).unwrap() else {
+        panic!("hello is a hello")
+    };
+    expected.listen = None;
+    assert_eq!(header("noncanonical-hello").0, Header::Hello(expected).encode());
+    // And none of them is canonical itself.
+    for (noncanonical, canonical) in [
+        ("noncanonical-msg", "msg-ticket"),
+        ("noncanonical-ticket-pull", "ticket-pull"),
+    ] {
+        let bytes = |n: &str| disk.iter().find(|(name, _, _)| name == n).unwrap().1.clone();
+        assert_ne!(bytes(noncanonical), bytes(canonical));
+    }
+}
+
+/// `"stage": "handshake"` matters: the same bytes read on an established connection get past
+/// the length prefix.
+#[test]
+fn the_handshake_stage_lowers_the_header_limit() {
+    let staged: Vec<_> = on_disk()
+        .into_iter()
+        .filter(|(_, _, json)| json["stage"] == "handshake")
+        .collect();
+    assert!(staged.len() >= 2);
+    for (name, bytes, json) in staged {
+        let (limits, kinds) = receiver(&json);
+        assert_eq!(limits.max_header_bytes, handoff_wire::HANDSHAKE_HEADER_BYTES);
+        let established = decode_message_on(&bytes, &Limits::default(), kinds);
+        if json["valid"] == Json::Bool(true) {
+            assert!(established.is_ok(), "{name}");
+        } else {
+            assert_ne!(
+                established.unwrap_err().code(),
+                json["error"].as_str().unwrap(),
+                "{name}"
+            );
+        }
+    }
 }

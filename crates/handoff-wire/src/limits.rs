@@ -1,5 +1,10 @@
 //! What a receiver accepts before it rejects a message.
 
+/// The header limit before the handshake completes (`spec/WIRE.md` §5.1, §9): 64 KiB. A
+/// side reads every header before it is established with at most this limit, whatever its
+/// general one; see [`Limits::during_handshake`].
+pub const HANDSHAKE_HEADER_BYTES: u32 = 65_536;
+
 /// Limits a receiver enforces on every message, before it allocates for it.
 ///
 /// A message that exceeds one is rejected with the matching [`WireError`](crate::WireError)
@@ -24,6 +29,15 @@ impl Limits {
         max_frame_bytes: 4 << 30,
         max_message_bytes: 16 << 30,
     };
+
+    /// The limits to read a header with before the handshake completes: these, with the
+    /// header limit lowered to [`HANDSHAKE_HEADER_BYTES`] (if it is not lower already).
+    pub fn during_handshake(&self) -> Limits {
+        Limits {
+            max_header_bytes: self.max_header_bytes.min(HANDSHAKE_HEADER_BYTES),
+            ..*self
+        }
+    }
 }
 
 impl Default for Limits {

@@ -2853,3 +2853,325 @@ fn resource_keys_are_canonical() {
     let r = Resource::new("db", Arc::new(Thing(1)));
     assert_eq!(handoff_wire::encode(&r, None).unwrap().body, encode("db"));
 }
+
+// ---------------------------------------------------------------------------
+// Strict decoding: non-canonical encodings, trailing bytes (spec/WIRE.md §6)
+// ---------------------------------------------------------------------------
+
+/// A small deterministic generator for the choices of [`write_noncanonical`].
+struct Choices(u64);
+
+impl Choices {
+    fn next(&mut self) -> u64 {
+        // xorshift64*; the seed is made odd so it never sticks at zero.
+        self.0 |= 1;
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Heads or tails.
+    fn coin(&mut self) -> bool {
+        self.next() & 1 == 0
+    }
+
+    /// One of `options`.
+    fn pick<T: Copy>(&mut self, options: &[T]) -> T {
+        options[(self.next() % options.len() as u64) as usize]
+    }
+}
+
+/// Parses one msgpack value, as a canonical encoder writes it (for headers to re-encode).
+fn parse_mp(input: &mut &[u8]) -> Mp {
+    fn take<'a>(input: &mut &'a [u8], n: usize) -> &'a [u8] {
+        let (head, rest) = input.split_at(n);
+        *input = rest;
+        head
+    }
+    fn be(input: &mut &[u8], n: usize) -> u64 {
+        take(input, n).iter().fold(0, |acc, &b| (acc << 8) | b as u64)
+    }
+    let m = take(input, 1)[0];
+    let items = |input: &mut &[u8], n: u64| (0..n).map(|_| parse_mp(input)).collect::<Vec<_>>();
+    let text = |input: &mut &[u8], n: u64| Mp::Str(String::from_utf8(take(input, n as usize).to_vec()).unwrap());
+    match m {
+        0x00..=0x7f => Mp::UInt(m as u64),
+        0xe0..=0xff => Mp::Int(m as i8 as i64),
+        0x80..=0x8f | 0xde | 0xdf => {
+            let n = match m {
+                0xde => be(input, 2),
+                0xdf => be(input, 4),
+                _ => (m & 0x0f) as u64,
+            };
+            Mp::Map((0..n).map(|_| (parse_mp(input), parse_mp(input))).collect())
+        }
+        0x90..=0x9f => Mp::Arr(items(input, (m & 0x0f) as u64)),
+        0xdc => {
+            let n = be(input, 2);
+            Mp::Arr(items(input, n))
+        }
+        0xdd => {
+            let n = be(input, 4);
+            Mp::Arr(items(input, n))
+        }
+        0xa0..=0xbf => text(input, (m & 0x1f) as u64),
+        0xd9..=0xdb => {
+            let n = be(input, 1 << (m - 0xd9));
+            text(input, n)
+        }
+        0xc4..=0xc6 => {
+            let n = be(input, 1 << (m - 0xc4)) as usize;
+            Mp::Bin(take(input, n).to_vec())
+        }
+        0xc0 => Mp::Nil,
+        0xc2 => Mp::Bool(false),
+        0xc3 => Mp::Bool(true),
+        0xcc..=0xcf => Mp::UInt(be(input, 1 << (m - 0xcc))),
+        0xd0..=0xd3 => {
+            let n = 1 << (m - 0xd0);
+            let v = be(input, n);
+            let shift = 64 - 8 * n as u32;
+            Mp::Int(((v << shift) as i64) >> shift)
+        }
+        0xcb => Mp::F64(f64::from_bits(be(input, 8))),
+        0xd4..=0xd8 => {
+            let t = take(input, 1)[0] as i8;
+            Mp::Ext(t, take(input, 1 << (m - 0xd4)).to_vec())
+        }
+        0xc7..=0xc9 => {
+            let n = be(input, 1 << (m - 0xc7)) as usize;
+            let t = take(input, 1)[0] as i8;
+            Mp::Ext(t, take(input, n).to_vec())
+        }
+        other => panic!("the canonical encoder never writes {other:#04x}"),
+    }
+}
+
+/// Writes `v` in valid msgpack chosen at random among the encodings of the same value: any
+/// integer format wide enough (signed formats for non-negative values too), any str, bin,
+/// ext, array or map format wide enough, and map entries in another order.
+fn write_noncanonical(v: &Mp, c: &mut Choices, out: &mut Vec<u8>) {
+    fn sized(out: &mut Vec<u8>, markers: [u8; 3], len: usize, c: &mut Choices) {
+        let widths: Vec<usize> = [1usize, 2, 4]
+            .into_iter()
+            .filter(|w| *w == 4 || len < 1 << (8 * w))
+            .collect();
+        let w = c.pick(&widths);
+        out.push(markers[w.trailing_zeros() as usize]);
+        out.extend_from_slice(&(len as u64).to_be_bytes()[8 - w..]);
+    }
+    match v {
+        Mp::Nil => out.push(0xc0),
+        Mp::Bool(b) => out.push(if *b { 0xc3 } else { 0xc2 }),
+        Mp::UInt(u) => {
+            let u = *u;
+            let mut options = vec![(0xcf, 8)];
+            for (marker, width) in [(0xcc, 1), (0xcd, 2), (0xce, 4)] {
+                if u < 1 << (8 * width) {
+                    options.push((marker, width));
+                }
+            }
+            for (marker, width) in [(0xd0, 1), (0xd1, 2), (0xd2, 4), (0xd3, 8)] {
+                if u < 1 << (8 * width - 1) {
+                    options.push((marker, width));
+                }
+            }
+            if u < 0x80 {
+                options.push((0, 0));
+            }
+            match c.pick(&options) {
+                (_, 0) => out.push(u as u8),
+                (marker, width) => {
+                    out.push(marker);
+                    out.extend_from_slice(&u.to_be_bytes()[8 - width..]);
+                }
+            }
+        }
+        Mp::Int(i) if *i >= 0 => write_noncanonical(&Mp::UInt(*i as u64), c, out),
+        Mp::Int(i) => {
+            let i = *i;
+            let mut options = vec![(0xd3, 8)];
+            for (marker, width) in [(0xd0, 1), (0xd1, 2), (0xd2, 4)] {
+                if i >= -(1 << (8 * width - 1)) {
+                    options.push((marker, width));
+                }
+            }
+            if i >= -32 {
+                options.push((0, 0));
+            }
+            match c.pick(&options) {
+                (_, 0) => out.push(i as u8),
+                (marker, width) => {
+                    out.push(marker);
+                    out.extend_from_slice(&i.to_be_bytes()[8 - width..]);
+                }
+            }
+        }
+        Mp::F64(f) => {
+            out.push(0xcb);
+            out.extend_from_slice(&f.to_bits().to_be_bytes());
+        }
+        Mp::Str(s) => {
+            if s.len() < 32 && c.coin() {
+                out.push(0xa0 | s.len() as u8);
+            } else {
+                sized(out, [0xd9, 0xda, 0xdb], s.len(), c);
+            }
+            out.extend_from_slice(s.as_bytes());
+        }
+        Mp::Bin(b) => {
+            sized(out, [0xc4, 0xc5, 0xc6], b.len(), c);
+            out.extend_from_slice(b);
+        }
+        Mp::Ext(t, data) => {
+            let fixed = [1, 2, 4, 8, 16].iter().position(|n| *n == data.len());
+            match fixed {
+                Some(k) if c.coin() => out.push(0xd4 + k as u8),
+                _ => sized(out, [0xc7, 0xc8, 0xc9], data.len(), c),
+            }
+            out.push(*t as u8);
+            out.extend_from_slice(data);
+        }
+        Mp::Arr(items) => {
+            if items.len() < 16 && c.coin() {
+                out.push(0x90 | items.len() as u8);
+            } else {
+                let w = if items.len() < 1 << 16 { c.pick(&[2, 4]) } else { 4 };
+                out.push(if w == 2 { 0xdc } else { 0xdd });
+                out.extend_from_slice(&(items.len() as u32).to_be_bytes()[4 - w..]);
+            }
+            for i in items {
+                write_noncanonical(i, c, out);
+            }
+        }
+        Mp::Map(entries) => {
+            if entries.len() < 16 && c.coin() {
+                out.push(0x80 | entries.len() as u8);
+            } else {
+                let w = if entries.len() < 1 << 16 { c.pick(&[2, 4]) } else { 4 };
+                out.push(if w == 2 { 0xde } else { 0xdf });
+                out.extend_from_slice(&(entries.len() as u32).to_be_bytes()[4 - w..]);
+            }
+            // Keys in another order: a random permutation.
+            let mut order: Vec<usize> = (0..entries.len()).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, (c.next() % (i as u64 + 1)) as usize);
+            }
+            for i in order {
+                write_noncanonical(&entries[i].0, c, out);
+                write_noncanonical(&entries[i].1, c, out);
+            }
+        }
+    }
+}
+
+fn noncanonical(v: &Mp, seed: u64) -> Vec<u8> {
+    let mut out = Vec::new();
+    write_noncanonical(v, &mut Choices(seed), &mut out);
+    out
+}
+
+/// What a decode tells a peer: the header, or only the error's code.
+fn outcome<'a>(bytes: &'a [u8], limits: &Limits) -> Result<Header<'a>, &'static str> {
+    Header::decode(bytes, limits).map_err(|e| e.code())
+}
+
+/// A `msg` with descriptors of every kind, and the headers of every other kind.
+fn any_header() -> impl Strategy<Value = (String, Vec<u8>, Vec<Descriptor>, OwnedHeader)> {
+    (
+        text(),
+        vec(any::<u8>(), 0..24),
+        vec(
+            prop_oneof![
+                (0u64..1 << 40).prop_map(|len| Descriptor::Inline { len }),
+                shm_descriptor(),
+                ticket_claim().prop_map(Descriptor::Ticket),
+                text().prop_map(|key| Descriptor::Tag { key }),
+            ],
+            0..5,
+        ),
+        header_strategy(),
+    )
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// The parser of these tests reads back what the canonical encoder wrote, and the
+    /// canonical choice of `write_noncanonical`'s formats is one of its choices.
+    #[test]
+    fn parse_mp_reads_canonical_headers((type_name, body, descs, owned) in any_header()) {
+        let msg = Header::Msg { type_name: &type_name, body: &body, frames: descs };
+        for header in [msg, owned.header()] {
+            let bytes = header.encode();
+            let mut input = &bytes[..];
+            let value = parse_mp(&mut input);
+            prop_assert!(input.is_empty());
+            prop_assert_eq!(mp_to_vec(&value), bytes);
+        }
+    }
+
+    /// A header decodes to the same header whether it is written canonically or in other
+    /// valid encodings of the same values (wider formats, signed integers, keys in another
+    /// order): decoders accept every valid encoding (§6), and the result re-encodes to the
+    /// canonical bytes.
+    #[test]
+    fn non_canonical_encodings_decode_alike((type_name, body, descs, owned) in any_header(), seed in any::<u64>()) {
+        let msg = Header::Msg { type_name: &type_name, body: &body, frames: descs };
+        for header in [msg, owned.header()] {
+            let canonical = header.encode();
+            let value = parse_mp(&mut &canonical[..]);
+            let other = noncanonical(&value, seed);
+            let decoded = Header::decode(&other, &UNLIMITED);
+            prop_assert_eq!(decoded.as_ref(), Ok(&header), "{:02x?}", other);
+            prop_assert_eq!(decoded.unwrap().encode(), canonical);
+        }
+    }
+
+    /// Any structured header, valid or not, gets the same outcome however it is encoded: the
+    /// same header, or an error with the same code (§6 rules are about values, not formats,
+    /// and §11.2's order is that of the spec's tables, not of the bytes).
+    #[test]
+    fn encodings_do_not_change_the_outcome(header in structured_header(), seed in any::<u64>()) {
+        let canonical = mp_to_vec(&header);
+        let other = noncanonical(&header, seed);
+        let small = Limits { max_header_bytes: u32::MAX, max_frames: 2, max_frame_bytes: 8, max_message_bytes: 12 };
+        for limits in [Limits::DEFAULT, small] {
+            prop_assert_eq!(outcome(&canonical, &limits), outcome(&other, &limits), "{:02x?}", other);
+        }
+    }
+
+    /// Bytes after the header map, within the header length, make any header malformed, also
+    /// a valid one (§6 rule 1).
+    #[test]
+    fn bytes_after_the_map_are_malformed(owned in header_strategy(), extra in vec(any::<u8>(), 1..4)) {
+        let mut header = owned.header().encode();
+        header.extend_from_slice(&extra);
+        prop_assert_eq!(outcome(&header, &Limits::DEFAULT), Err("malformed-header"));
+        let e = decode_message(&with_prefix(&header), &Limits::DEFAULT).unwrap_err();
+        prop_assert_eq!(e.code(), "malformed-header");
+    }
+
+    /// The header's value budget counts every value, ignored or not: a `ready` whose ignored
+    /// key holds `n` values in nested arrays and maps is valid exactly when it has at most
+    /// 65 536 values in all.
+    #[test]
+    fn the_value_budget_is_exact(n in 65_400u32..65_600, split in 0u32..100) {
+        // {"k": "ready", "x": [[nil × split], nil × (n - split - 1)]}: 5 + n values.
+        let inner = split.min(n.saturating_sub(1));
+        let mut header = mp_to_vec(&Mp::Map(vec![(key("k"), key("ready")), (key("x"), Mp::Nil)]));
+        header.pop();
+        header.push(0xdd);
+        header.extend_from_slice(&(n - inner).to_be_bytes());
+        header.push(0xdd);
+        header.extend_from_slice(&inner.to_be_bytes());
+        header.resize(header.len() + (n - 1) as usize, 0xc0);
+        let result = outcome(&header, &Limits::DEFAULT);
+        if 5 + n <= 65_536 {
+            prop_assert_eq!(result, Ok(Header::Ready));
+        } else {
+            prop_assert_eq!(result, Err("malformed-header"));
+        }
+    }
+}
