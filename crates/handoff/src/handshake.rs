@@ -51,17 +51,6 @@ pub(crate) struct OurSide<'a> {
     pub(crate) admit: Admit<'a>,
 }
 
-/// Header bytes a side accepts before the handshake completes (spec §9).
-pub(crate) const HANDSHAKE_HEADER_BYTES: u32 = 64 * 1024;
-
-/// The limits that apply until the connection is established.
-pub(crate) fn handshake_limits(limits: &Limits) -> Limits {
-    Limits {
-        max_header_bytes: limits.max_header_bytes.min(HANDSHAKE_HEADER_BYTES),
-        ..*limits
-    }
-}
-
 /// Sends an `error` header to the peer, best effort and bounded in time, before we close.
 pub(crate) async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, err: &WireError) {
     let mut out = Vec::new();
@@ -263,7 +252,7 @@ where
         reader,
         writer,
         label,
-        limits: handshake_limits(limits),
+        limits: limits.during_handshake(),
         deadline,
         write_timeout,
         evicted: &mut evicted,
