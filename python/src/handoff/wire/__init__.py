@@ -18,6 +18,7 @@ One module per job, each importing only those above it in this list:
 - :mod:`.auth` — the authentication proof (§5.3);
 - :mod:`.headers` — headers and descriptors as dataclasses (§6, §7);
 - :mod:`.framing` — the length prefix (§4);
+- :mod:`.reader` — a strict msgpack cursor for headers (§6 rules 1–5, §9);
 - :mod:`.encode` — canonical encoding (§2);
 - :mod:`.decode` — decoding and validation (§6, §7, §9, §11.2).
 """
@@ -64,8 +65,11 @@ from .headers import (
 )
 from .limits import (
     DEFAULT_LIMITS,
+    HANDSHAKE_HEADER_BYTES,
     MAX_BODY_DEPTH,
     MAX_HEADER_DEPTH,
+    MAX_HEADER_VALUES,
+    MAX_MAP_ENTRIES,
     Limits,
 )
 from .preamble import MAGIC, MAX_VERSION, MIN_VERSION, OUR_PREAMBLE, PREAMBLE_LEN, Preamble
@@ -75,12 +79,15 @@ __all__ = [
     "DEFAULT_LIMITS",
     "DESCRIPTOR_KEYS",
     "DESCRIPTOR_KINDS",
+    "HANDSHAKE_HEADER_BYTES",
     "HEADER_KEYS",
     "HEADER_KINDS",
     "LEN_PREFIX",
     "MAGIC",
     "MAX_BODY_DEPTH",
     "MAX_HEADER_DEPTH",
+    "MAX_HEADER_VALUES",
+    "MAX_MAP_ENTRIES",
     "MAX_VERSION",
     "MIN_VERSION",
     "OUR_PREAMBLE",

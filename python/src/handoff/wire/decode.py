@@ -1,14 +1,30 @@
-"""Decoding headers and messages (spec §4, §6, §7, §9), in the order of checks of §11.2."""
+"""Decoding headers and messages (spec §4, §6, §7, §9), in the order of checks of §11.2.
+
+A header is read in two passes over its bytes, with the strict cursor of
+:mod:`handoff.wire.reader`; nothing is built before the whole header is known to be
+well formed, and only what the kind needs is built after:
+
+1. **Structure** (§11.2 step 2, all ``malformed-header``): one map that ends exactly at
+   the end of the header (rule 1); every key of it and of every descriptor map a str of
+   valid UTF-8 (rule 2), none twice (rule 4), at most 64 entries (rule 5); every key the
+   receiver knows type-checked whatever the kind, nil counting as absent (rule 3, the type
+   table, fixed lengths); every other value only stepped over, within the nesting and
+   value limits of §9. The known keys' values are kept (scalars and short arrays); ``f``
+   is checked but not kept, unless the kind is already known to be ``msg`` and its length
+   is within the frame limit.
+2. **The kind** (step 3): ``k``, then the kind's fields in the order of its table. For a
+   ``msg``: ``t``, ``b``, the frame count (``too-many-frames``), then each descriptor in
+   order (§7): its kind, its fields, its size against the limits.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..msgpack_read import DepthError, MsgpackError, Pairs, unpack_one
-from .errors import WireError
-from .errors import malformed as _malformed
+from ..msgpack_read import unpack_one
+from .errors import WireError, malformed
 from .framing import LEN_PREFIX, header_length
 from .headers import (
     DESCRIPTOR_KINDS,
@@ -35,168 +51,240 @@ from .headers import (
     Unlease,
 )
 from .limits import DEFAULT_LIMITS, MAX_HEADER_DEPTH, Limits
+from .reader import Cursor
 
-_STR, _BIN, _BOOL = "str", "bin", "bool"
-_U16, _U32, _U64 = ("u", 16), ("u", 32), ("u", 64)
-_LIST_STR, _LIST_U64, _LIST_DESC = ("list", _STR), ("list", _U64), ("list", "desc")
+__all__ = [
+    "DESCRIPTOR_KEYS",
+    "HEADER_KEYS",
+    "DecodedMessage",
+    "carried_kinds",
+    "check_carried",
+    "decode_header",
+    "decode_message",
+    "unpack_header_value",
+]
 
+# --------------------------------------------------------------------------- the type table (§6, §7)
+
+
+def _list_of(read: Callable, what: str) -> Callable:
+    """A reader of ``[T]``: an array (of a header key, so at level 2) whose every element is a T (not nil)."""
+
+    def read_list(cur: Cursor, key: str) -> list | None:
+        n = cur.array_header(key, 2)
+        if n is None:
+            return None
+        out = []
+        for _ in range(n):
+            v = read(cur, key)
+            if v is None:
+                raise malformed(f"{key} must be an array of {what}, not one holding nil")
+            out.append(v)
+        return out
+
+    return read_list
+
+
+#: The keys a v1 receiver knows in a header (§6.1–§6.7) and the reader of each one's type.
+#: ``f`` (None here) is read by :func:`_descriptors`.
 HEADER_KEYS: dict = {
-    "k": _STR,
-    "t": _STR,
-    "b": _BIN,
-    "f": _LIST_DESC,
-    "node": _STR,
-    "name": _STR,
-    "host": _STR,
-    "pid": _U32,
-    "proc": _STR,
-    "lang": _STR,
-    "impl": _STR,
-    "v": _U16,
-    "caps": _LIST_STR,
-    "nonce": _BIN,
-    "listen": _STR,
-    "unix": _STR,
-    "leases": _LIST_U64,
-    "mac": _BIN,
-    "code": _STR,
-    "msg": _STR,
-    "req": _U64,
-    "lease": _U64,
-    "token": _BIN,
-    "off": _U64,
-    "n": _U64,
-    "to": _STR,
+    "k": Cursor.str_,
+    "t": Cursor.str_,
+    "b": Cursor.bin_,
+    "f": None,
+    "node": Cursor.str_,
+    "name": Cursor.str_,
+    "host": Cursor.str_,
+    "pid": Cursor.u32,
+    "proc": Cursor.str_,
+    "lang": Cursor.str_,
+    "impl": Cursor.str_,
+    "v": Cursor.u16,
+    "caps": _list_of(Cursor.str_, "str"),
+    "nonce": Cursor.bin32_,
+    "listen": Cursor.str_,
+    "unix": Cursor.str_,
+    "leases": _list_of(Cursor.u64, "integers"),
+    "mac": Cursor.bin32_,
+    "code": Cursor.str_,
+    "msg": Cursor.str_,
+    "req": Cursor.u64,
+    "lease": Cursor.u64,
+    "token": Cursor.bin32_,
+    "off": Cursor.u64,
+    "n": Cursor.u64,
+    "to": Cursor.str_,
 }
 
+#: The keys a v1 receiver knows in a frame descriptor (§7), whatever the descriptor's kind.
 DESCRIPTOR_KEYS: dict = {
-    "k": _STR,
-    "n": _U64,
-    "off": _U64,
-    "size": _U64,
-    "lease": _U64,
-    "sealed": _BOOL,
-    "key": _STR,
-    "owner": _STR,
-    "addr": _STR,
-    "token": _BIN,
-    "digest": _BIN,
-    "ttl": _U64,
-    "lazy": _BOOL,
+    "k": Cursor.str_,
+    "n": Cursor.u64,
+    "off": Cursor.u64,
+    "size": Cursor.u64,
+    "lease": Cursor.u64,
+    "sealed": Cursor.bool_,
+    "key": Cursor.str_,
+    "owner": Cursor.str_,
+    "addr": Cursor.str_,
+    "token": Cursor.bin32_,
+    "digest": Cursor.bin32_,
+    "ttl": Cursor.u64,
+    "lazy": Cursor.bool_,
 }
 
+# The same, looked up by a key's raw bytes (keys compare byte for byte, rule 4): (name, reader).
+_HEADER_BY_RAW = {k.encode(): (k, r) for k, r in HEADER_KEYS.items()}
+_DESCRIPTOR_BY_RAW = {k.encode(): (k, r) for k, r in DESCRIPTOR_KEYS.items()}
 
-def _type_ok(value: Any, typ: Any) -> bool:
-    if typ == _STR:
-        return type(value) is str
-    if typ == _BIN:
-        return type(value) is bytes
-    if typ == _BOOL:
-        return type(value) is bool
-    if isinstance(typ, tuple) and typ[0] == "u":
-        return type(value) is int and 0 <= value < (1 << typ[1])
-    if isinstance(typ, tuple) and typ[0] == "list":
-        return type(value) is list and all(_type_ok(v, typ[1]) for v in value)
-    raise AssertionError(typ)
+# --------------------------------------------------------------------------- pass 1: structure
 
 
-def _describe(value: Any) -> str:
-    if isinstance(value, Pairs):
-        return "a map"
-    if value is None:
-        return "nil"
-    return {bool: "a bool", int: "an integer", float: "a float", str: "a str", bytes: "a bin", list: "an array"}.get(
-        type(value), type(value).__name__
-    )
+def _key(cur: Cursor, what: str) -> bytes:
+    """A map key's raw bytes (rule 2), with a fast path for a fixstr."""
+    buf = cur.buf
+    pos = cur.pos
+    if pos < cur.end and 0xA0 <= buf[pos] <= 0xBF:
+        end = pos + 1 + (buf[pos] - 0xA0)
+        if end <= cur.end:
+            cur.pos = end
+            return buf[pos + 1 : end]
+    return cur.key(what)
 
 
-def _typed_map(pairs: Any, known: dict, what: str) -> dict:
-    """Rules 1–3 of §6 for one map: it is a map, no key twice, known keys of the right type.
+def _descriptor_fields(cur: Cursor, index: int) -> dict:
+    """One element of ``f`` (a map at level 3): rules 2–5; returns its known keys that are not nil."""
+    try:
+        n = cur.map_header("the descriptor", 3)
+        seen = set()
+        fields = {}
+        for _ in range(n):
+            raw = _key(cur, "the descriptor")
+            if raw in seen:
+                raise malformed(f"the descriptor has the key {raw.decode('utf-8', 'replace')!r} twice")
+            seen.add(raw)
+            known = _DESCRIPTOR_BY_RAW.get(raw)
+            if known is None:
+                cur.check_utf8(raw, "the descriptor")
+                cur.skip(3)
+                continue
+            name, read = known
+            value = read(cur, name)
+            if value is not None:
+                fields[name] = value
+        return fields
+    except WireError as e:  # say which frame (built only on failure)
+        raise malformed(f"frame {index}: {e.message.removeprefix('malformed header: ')}") from None
 
-    Returns the known keys whose value is not nil (nil counts as absent).
+
+def _structure(buf: bytes, limits: Limits) -> tuple[dict, tuple | None]:
+    """Pass 1 over the whole header (§11.2 step 2).
+
+    Returns the header's known keys that are not nil, and for ``f``: ``(offset, count,
+    fields of each descriptor or None)``, or None if ``f`` is absent.
     """
-    if not isinstance(pairs, Pairs):
-        raise _malformed(f"{what} is {_describe(pairs)}, not a msgpack map")
-    seen: set = set()
-    out: dict = {}
-    for key, value in pairs:
-        if type(key) is not str:
-            continue  # not a key any version defines (keys are str, §2): ignored, as the reference does
-        if key in seen:
-            raise _malformed(f"{what} has the key {key!r} twice")
-        seen.add(key)
-        typ = known.get(key)
-        if typ is None or value is None:
+    cur = Cursor(buf)
+    cur.count(1)  # the header map itself
+    n = cur.map_header("the header", 1)
+    seen = set()
+    fields: dict = {}
+    frames = None
+    for _ in range(n):
+        raw = _key(cur, "the header")
+        if raw in seen:
+            raise malformed(f"the header has the key {raw.decode('utf-8', 'replace')!r} twice")
+        seen.add(raw)
+        known = _HEADER_BY_RAW.get(raw)
+        if known is None:
+            cur.check_utf8(raw, "the header")
+            cur.skip(1)
             continue
-        if typ == _LIST_DESC:
-            if type(value) is not list:
-                raise _malformed(f"{what}: key 'f' must be an array of descriptors, got {_describe(value)}")
-            out[key] = [_typed_map(d, DESCRIPTOR_KEYS, f"frame {i}: descriptor") for i, d in enumerate(value)]
+        name, read = known
+        if read is not None:
+            value = read(cur, name)
+            if value is not None:
+                fields[name] = value
             continue
-        if not _type_ok(value, typ):
-            raise _malformed(f"{what}: key {key!r} has the wrong type ({_describe(value)})")
-        out[key] = value
-    return out
+        # f: an array (level 2) of descriptor maps (level 3), checked whatever the kind.
+        at = cur.pos
+        count = cur.array_header("key 'f'", 2)
+        if count is None:
+            continue
+        # Kept only for a msg (when k came first, as encoders write it) within the frame limit.
+        keep = count <= limits.max_frames and fields.get("k") == "msg"
+        descs = [] if keep else None
+        for i in range(count):
+            d = _descriptor_fields(cur, i)
+            if keep:
+                descs.append(d)
+        frames = (at, count, descs)
+    if not cur.at_end():
+        raise malformed(f"{cur.end - cur.pos} bytes left over after the header map")
+    return fields, frames
+
+
+# --------------------------------------------------------------------------- pass 2: the kind
 
 
 def _require(fields: dict, key: str, kind: str) -> Any:
     value = fields.get(key)
     if value is None:
-        raise _malformed(f"{kind!r} header lacks field {key!r}")
+        raise malformed(f"{kind!r} header lacks field {key!r}")
     return value
 
 
 def _bytes32(fields: dict, key: str, where: str) -> bytes:
     value = fields.get(key)
     if value is None:
-        raise _malformed(f"{where} lacks field {key!r}")
-    if len(value) != 32:
-        raise _malformed(f"{where}: {key} must be 32 bytes, got {len(value)}")
+        raise malformed(f"{where} lacks field {key!r}")
+    if len(value) != 32:  # already checked as part of the type; kept for the order of §11.2
+        raise malformed(f"{where}: {key} must be 32 bytes, got {len(value)}")
     return value
 
 
 def _descriptor(index: int, d: dict) -> Descriptor:
+    """§7 validation of one descriptor's fields, in list order."""
     kind = d.get("k")
     if kind is None:
-        raise _malformed(f'frame {index}: descriptor lacks field "k"')
+        raise malformed(f'frame {index}: descriptor lacks field "k"')
     if kind not in DESCRIPTOR_KINDS:
         raise WireError("unknown-descriptor", f"frame {index}: unknown descriptor kind {kind!r}")
     where = f"frame {index}: {kind!r} descriptor"
     if kind == "tag":
         key = d.get("key")
         if key is None:
-            raise _malformed(f"{where} lacks field 'key'")
+            raise malformed(f"{where} lacks field 'key'")
         return Tag(key)
     n = d.get("n")
     if n is None:
-        raise _malformed(f"{where} lacks field 'n'")
+        raise malformed(f"{where} lacks field 'n'")
     if kind == "inline":
         return Inline(n)
     if kind == "shm":
         off = d.get("off")
         if off is None:
-            raise _malformed(f"{where} lacks field 'off'")
+            raise malformed(f"{where} lacks field 'off'")
         size = d.get("size")
         if size is None:
-            raise _malformed(f"{where} lacks field 'size'")
+            raise malformed(f"{where} lacks field 'size'")
         if off + n > size:
-            raise _malformed(f"frame {index}: shm window {off}+{n} exceeds the segment size {size}")
+            raise malformed(f"frame {index}: shm window {off}+{n} exceeds the segment size {size}")
         lease = d.get("lease")
         if lease is None:
-            raise _malformed(f"{where} lacks field 'lease'")
-        return Shm(n, off, size, lease, bool(d.get("sealed", False)))
+            raise malformed(f"{where} lacks field 'lease'")
+        return Shm(n, off, size, lease, d.get("sealed", False))
     # ticket
     owner = d.get("owner")
     if owner is None:
-        raise _malformed(f"{where} lacks field 'owner'")
+        raise malformed(f"{where} lacks field 'owner'")
     lease = d.get("lease")
     if lease is None:
-        raise _malformed(f"{where} lacks field 'lease'")
+        raise malformed(f"{where} lacks field 'lease'")
     token = _bytes32(d, "token", where)
     digest = _bytes32(d, "digest", where)
     ttl = d.get("ttl")
     if ttl is None:
-        raise _malformed(f"{where} lacks field 'ttl'")
+        raise malformed(f"{where} lacks field 'ttl'")
     return TicketDesc(
         n=n,
         owner=owner,
@@ -222,44 +310,50 @@ def _check_size(index: int, n: int, total: int, limits: Limits) -> int:
     return total
 
 
+def _msg(buf: bytes, h: dict, frames: tuple | None, limits: Limits) -> Msg:
+    t = _require(h, "t", "msg")
+    b = _require(h, "b", "msg")
+    out: list = []
+    if frames is None:
+        return Msg(t, b, out)
+    at, count, descs = frames
+    if count > limits.max_frames:
+        raise WireError("too-many-frames", f"message has {count} frames, the limit is {limits.max_frames}")
+    if descs is None:  # f came before k: read it again, now that the kind is known
+        cur = Cursor(buf, at)
+        cur.array_header("key 'f'", 2)
+        descs = [_descriptor_fields(cur, i) for i in range(count)]
+    total = 0
+    for i, d in enumerate(descs):
+        desc = _descriptor(i, d)
+        total = _check_size(i, desc.n, total, limits)
+        out.append(desc)
+    return Msg(t, b, out)
+
+
+_HELLO_FIELDS = ("node", "name", "host", "pid", "proc", "lang", "impl", "v", "caps")
+
+
 def decode_header(data: Any, limits: Limits = DEFAULT_LIMITS) -> Header:
     """Decodes and validates one header (the bytes after the length prefix), §11.2 steps 2–3."""
-    try:
-        raw, _end = unpack_one(data, max_depth=MAX_HEADER_DEPTH, pairs=True, lenient_str=True)
-    except DepthError as e:
-        raise _malformed(str(e)) from None
-    except MsgpackError as e:
-        raise _malformed(f"not a msgpack map: {e}") from None
-    h = _typed_map(raw, HEADER_KEYS, "the header")
+    buf = data if type(data) is bytes else bytes(data)
+    h, frames = _structure(buf, limits)
+    if h.get("k") == "msg":
+        return _msg(buf, h, frames, limits)
+    return _kind(h, limits)
+
+
+def _kind(h: dict, limits: Limits) -> Header:
+    """Pass 2 for every kind but ``msg``: ``k``, then the kind's fields in the order of its table."""
     kind = h.get("k")
     if kind is None:
-        raise _malformed('header lacks field "k"')
-    if kind == "msg":
-        t = _require(h, "t", kind)
-        b = _require(h, "b", kind)
-        descs = h.get("f") or []
-        if len(descs) > limits.max_frames:
-            raise WireError("too-many-frames", f"message has {len(descs)} frames, the limit is {limits.max_frames}")
-        frames = []
-        total = 0
-        for i, d in enumerate(descs):
-            desc = _descriptor(i, d)
-            total = _check_size(i, desc.n, total, limits)
-            frames.append(desc)
-        return Msg(t, b, frames)
+        raise malformed('header lacks field "k"')
     if kind == "hello":
-        nonce = h.get("nonce")
-        if nonce is None:
-            raise _malformed("'hello' header lacks field 'nonce'")
-        if len(nonce) != 32:
-            raise _malformed(f"hello nonce must be 32 bytes, got {len(nonce)}")
-        args = [_require(h, key, kind) for key in ("node", "name", "host", "pid", "proc", "lang", "impl", "v", "caps")]
+        nonce = _bytes32(h, "nonce", "'hello' header")
+        args = [_require(h, key, kind) for key in _HELLO_FIELDS]
         return Hello(*args, nonce=nonce, listen=h.get("listen"), unix=h.get("unix"))
     if kind == "auth":
-        mac = _require(h, "mac", kind)
-        if len(mac) != 32:
-            raise _malformed(f"auth mac must be 32 bytes, got {len(mac)}")
-        return Auth(mac)
+        return Auth(_bytes32(h, "mac", "'auth' header"))
     if kind == "ready":
         return Ready()
     if kind == "release":
@@ -290,6 +384,9 @@ def decode_header(data: Any, limits: Limits = DEFAULT_LIMITS) -> Header:
         lease = _require(h, "lease", kind)
         return Renew(lease, _bytes32(h, "token", "'renew' header"))
     raise WireError("unknown-kind", f"unknown message kind {kind!r}")
+
+
+# --------------------------------------------------------------------------- after the header
 
 
 def check_carried(descriptors: Sequence[Descriptor], carried: Iterable[str]) -> None:
