@@ -86,7 +86,7 @@ def _list_of(read: Callable, what: str) -> Callable:
 
 
 #: The keys a v1 receiver knows in a header (§6.1–§6.7) and the reader of each one's type.
-#: ``f`` (None here) is read by :func:`_descriptors`.
+#: ``f`` (None here) is read by :func:`_map_fields`.
 HEADER_KEYS: dict = {
     "k": Cursor.str_,
     "t": Cursor.str_,
@@ -140,67 +140,30 @@ _DESCRIPTOR_BY_RAW = {k.encode(): (k, r) for k, r in DESCRIPTOR_KEYS.items()}
 # --------------------------------------------------------------------------- pass 1: structure
 
 
-def _key(cur: Cursor, what: str) -> bytes:
-    """A map key's raw bytes (rule 2), with a fast path for a fixstr."""
-    buf = cur.buf
-    pos = cur.pos
-    if pos < cur.end and 0xA0 <= buf[pos] <= 0xBF:
-        end = pos + 1 + (buf[pos] - 0xA0)
-        if end <= cur.end:
-            cur.pos = end
-            return buf[pos + 1 : end]
-    return cur.key(what)
+def _map_fields(cur: Cursor, depth: int, known: dict, what: str, max_frames: int = 0) -> tuple[dict, tuple | None]:
+    """One header map (level 1) or descriptor map (level 3): rules 2–5 and the type table.
 
-
-def _descriptor_fields(cur: Cursor, index: int) -> dict:
-    """One element of ``f`` (a map at level 3): rules 2–5; returns its known keys that are not nil."""
-    try:
-        n = cur.map_header("the descriptor", 3)
-        seen = set()
-        fields = {}
-        for _ in range(n):
-            raw = _key(cur, "the descriptor")
-            if raw in seen:
-                raise malformed(f"the descriptor has the key {raw.decode('utf-8', 'replace')!r} twice")
-            seen.add(raw)
-            known = _DESCRIPTOR_BY_RAW.get(raw)
-            if known is None:
-                cur.check_utf8(raw, "the descriptor")
-                cur.skip(3)
-                continue
-            name, read = known
-            value = read(cur, name)
-            if value is not None:
-                fields[name] = value
-        return fields
-    except WireError as e:  # say which frame (built only on failure)
-        raise malformed(f"frame {index}: {e.message.removeprefix('malformed header: ')}") from None
-
-
-def _structure(buf: bytes, limits: Limits) -> tuple[dict, tuple | None]:
-    """Pass 1 over the whole header (§11.2 step 2).
-
-    Returns the header's known keys that are not nil, and for ``f``: ``(offset, count,
-    fields of each descriptor or None)``, or None if ``f`` is absent.
+    Returns its known keys that are not nil and, for the key ``f`` of a header, ``(offset,
+    count, fields of each descriptor or None)``: its descriptors are checked here, but kept
+    only if the kind is already known to be ``msg`` (``k`` came first, as encoders write it)
+    and there are at most ``max_frames`` of them.
     """
-    cur = Cursor(buf)
-    cur.count(1)  # the header map itself
-    n = cur.map_header("the header", 1)
+    n = cur.map_header(what, depth)
     seen = set()
     fields: dict = {}
     frames = None
     for _ in range(n):
-        raw = _key(cur, "the header")
+        raw = cur.key(what)  # a str (rule 2), compared byte for byte (rule 4)
         if raw in seen:
-            raise malformed(f"the header has the key {raw.decode('utf-8', 'replace')!r} twice")
+            raise malformed(f"{what} has the key {raw.decode('utf-8', 'replace')!r} twice")
         seen.add(raw)
-        known = _HEADER_BY_RAW.get(raw)
-        if known is None:
-            cur.check_utf8(raw, "the header")
-            cur.skip(1)
+        entry = known.get(raw)
+        if entry is None:  # not a key a v1 receiver knows: valid UTF-8, and its value stepped over
+            cur.check_utf8(raw, what)
+            cur.skip(depth)
             continue
-        name, read = known
-        if read is not None:
+        name, read = entry
+        if read is not None:  # the value, of the key's type; nil is absent (rule 3)
             value = read(cur, name)
             if value is not None:
                 fields[name] = value
@@ -210,14 +173,33 @@ def _structure(buf: bytes, limits: Limits) -> tuple[dict, tuple | None]:
         count = cur.array_header("key 'f'", 2)
         if count is None:
             continue
-        # Kept only for a msg (when k came first, as encoders write it) within the frame limit.
-        keep = count <= limits.max_frames and fields.get("k") == "msg"
+        keep = count <= max_frames and fields.get("k") == "msg"
         descs = [] if keep else None
         for i in range(count):
             d = _descriptor_fields(cur, i)
             if keep:
                 descs.append(d)
         frames = (at, count, descs)
+    return fields, frames
+
+
+def _descriptor_fields(cur: Cursor, index: int) -> dict:
+    """One element of ``f`` (a map at level 3); returns its known keys that are not nil."""
+    try:
+        return _map_fields(cur, 3, _DESCRIPTOR_BY_RAW, "the descriptor")[0]
+    except WireError as e:  # say which frame (built only on failure)
+        raise malformed(f"frame {index}: {e.message.removeprefix('malformed header: ')}") from None
+
+
+def _structure(buf: bytes, limits: Limits) -> tuple[dict, tuple | None]:
+    """Pass 1 over the whole header (§11.2 step 2): one map that ends exactly at the end (rule 1).
+
+    Returns the header's known keys that are not nil, and for ``f``: ``(offset, count,
+    fields of each descriptor or None)``, or None if ``f`` is absent.
+    """
+    cur = Cursor(buf)
+    cur.count(1)  # the header map itself
+    fields, frames = _map_fields(cur, 1, _HEADER_BY_RAW, "the header", limits.max_frames)
     if not cur.at_end():
         raise malformed(f"{cur.end - cur.pos} bytes left over after the header map")
     return fields, frames
