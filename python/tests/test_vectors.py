@@ -67,7 +67,11 @@ def decode_to_json(data: bytes, desc: dict) -> dict:
     limits = wire.DEFAULT_LIMITS.during_handshake() if desc.get("stage") == "handshake" else wire.DEFAULT_LIMITS
     m = wire.decode_message(data, limits, wire.carried_kinds(unix=unix, ticket=True))
     header = json_view(wire.unpack_header_value(m.header_bytes))
-    header = {k: v for k, v in header.items() if not k.startswith("x-")}
+    # Keys a receiver ignores are not part of what the message decodes to, nor are known keys
+    # whose value is nil (they count as absent), in the header and in its descriptors.
+    header = {k: v for k, v in header.items() if not k.startswith("x-") and v is not None}
+    if isinstance(header.get("f"), list):
+        header["f"] = [{k: v for k, v in d.items() if v is not None} if isinstance(d, dict) else d for d in header["f"]]
     out = {"header": header, "frames": [{"$bin": bytes(f).hex()} for f in m.frames]}
     if isinstance(m.header, wire.Msg):
         refs = [FrameRef(i) for i in range(len(m.header.f))]
