@@ -8,6 +8,7 @@ import gc
 import mmap
 import os
 import socket
+import struct
 
 import numpy as np
 import pytest
@@ -142,6 +143,42 @@ async def test_bad_preamble_gets_an_error_and_the_node_keeps_serving():
         peer = await b.connect(a.listen_addr)
         await peer.send("t.Ping", {"n": 1})
         assert (await a.recv(5)).body == {"n": 1}
+
+
+@pytest.mark.parametrize("stage", ["hello", "auth"])
+async def test_handshake_headers_are_bounded_by_64_kib(stage):
+    """Before the connection is established a header may have 64 KiB, not the general 16 MiB (§5.1)."""
+    async with Node("a", secret="k", listen="127.0.0.1:0") as a:
+
+        def oversized(n):
+            raw = RawPeer(a.listen_addr)
+            raw.send(wire.OUR_PREAMBLE.encode())
+            raw.read_exact(16)
+            if stage == "auth":
+                raw.send(wire.frame_header(raw.hello()))
+                raw.read_header()  # its hello
+            raw.send(struct.pack(">I", n))
+            return raw.expect_error()
+
+        err = await asyncio.to_thread(oversized, wire.HANDSHAKE_HEADER_BYTES + 1)
+        assert err.code == "header-too-large" and "65536" in err.msg
+
+        # At the limit, the length is accepted (and the header then read as usual).
+        def at_limit():
+            raw = RawPeer(a.listen_addr)
+            raw.send(wire.OUR_PREAMBLE.encode())
+            raw.read_exact(16)
+            hello = raw.hello()
+            padded = bytes([hello[0] + 1]) + hello[1:] + b"\xa2x-" + b"\xdb" + struct.pack(">I", 0)
+            pad = wire.HANDSHAKE_HEADER_BYTES - len(padded)
+            padded = padded[:-4] + struct.pack(">I", pad) + b"." * pad
+            assert len(padded) == wire.HANDSHAKE_HEADER_BYTES
+            raw.send(wire.frame_header(padded))
+            raw.read_header()  # its hello, sent before it read ours
+            _, h = raw.read_header()
+            return h
+
+        assert isinstance(await asyncio.to_thread(at_limit), wire.Auth)  # ours was read and accepted
 
 
 @pytest.mark.parametrize(

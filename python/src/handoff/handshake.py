@@ -134,7 +134,9 @@ async def handshake(transport: Transport, ours: OurSide) -> tuple[wire.Hello, by
     own_hello = wire.encode_header(hello)
     await transport.send([wire.frame_header(own_hello)])
 
-    peer_hello_bytes, peer_hello = await _read(transport, ours.limits, "hello")
+    # Until the connection is established, headers are bounded by the handshake limit (§5.1, §9).
+    limits = ours.limits.during_handshake()
+    peer_hello_bytes, peer_hello = await _read(transport, limits, "hello")
     if not isinstance(peer_hello, wire.Hello):
         await _expect(transport, peer_hello, "hello")
     if peer_hello.nonce == nonce:
@@ -162,7 +164,7 @@ async def handshake(transport: Transport, ours: OurSide) -> tuple[wire.Hello, by
 
     mac = wire.proof(ours.secret, own_hello, peer_hello_bytes)
     await transport.send([wire.encode_message(wire.Auth(mac))])
-    _, peer_auth = await _read(transport, ours.limits, "auth")
+    _, peer_auth = await _read(transport, limits, "auth")
     if not isinstance(peer_auth, wire.Auth):
         await _expect(transport, peer_auth, "auth")
     try:
@@ -175,7 +177,7 @@ async def handshake(transport: Transport, ours: OurSide) -> tuple[wire.Hello, by
             await _fail(transport, wire.WireError("handshake", f"handshake failed: {reason}"))
 
     await transport.send([wire.encode_message(wire.Ready())])
-    _, ready = await _read(transport, ours.limits, "ready")
+    _, ready = await _read(transport, limits, "ready")
     if not isinstance(ready, wire.Ready):
         await _expect(transport, ready, "ready")
     return peer_hello, peer_hello_bytes

@@ -1,0 +1,133 @@
+"""The handoff wire format, version 1 (spec/WIRE.md), sans I/O.
+
+Everything here works on bytes in memory: the preamble (§3), message framing (§4),
+the handshake's headers and the authentication proof (§5), every header kind (§6),
+frame descriptors (§7), limits (§9) and the error codes (§11). The node
+(``handoff.node``) does the reading and writing around it.
+
+Decoding follows the order of checks of §11.2, so that the first failing check names
+the error, exactly as the test vectors expect. Encoding writes the canonical form of
+§2 (smallest encodings, keys in the order of §6/§7, optional keys omitted), so that
+the bytes equal the reference's.
+
+One module per job, each importing only those above it in this list:
+
+- :mod:`.errors` — :class:`WireError`;
+- :mod:`.limits` — :class:`Limits` and the fixed limits of §9;
+- :mod:`.preamble` — the preamble and version negotiation (§3);
+- :mod:`.auth` — the authentication proof (§5.3);
+- :mod:`.headers` — headers and descriptors as dataclasses (§6, §7);
+- :mod:`.framing` — the length prefix (§4);
+- :mod:`.reader` — a strict msgpack cursor for headers (§6 rules 1–5, §9);
+- :mod:`.encode` — canonical encoding (§2);
+- :mod:`.decode` — decoding and validation (§6, §7, §9, §11.2).
+"""
+
+from .auth import AUTH_CONTEXT, proof, verify
+from .decode import (
+    DESCRIPTOR_KEYS,
+    HEADER_KEYS,
+    DecodedMessage,
+    carried_kinds,
+    check_carried,
+    decode_header,
+    decode_message,
+    unpack_header_value,
+)
+from .encode import encode_header, encode_message, packer
+from .errors import WireError
+from .framing import LEN_PREFIX, frame_header, header_length
+from .headers import (
+    DESCRIPTOR_KINDS,
+    HEADER_KINDS,
+    TCP_KINDS,
+    TICKET_OPS,
+    UNIX_KINDS,
+    Auth,
+    Descriptor,
+    Error,
+    Forward,
+    Forwarded,
+    Header,
+    Hello,
+    Inline,
+    Msg,
+    Pull,
+    Pulled,
+    Ready,
+    Release,
+    Renew,
+    Shm,
+    Tag,
+    TicketDesc,
+    TicketError,
+    Unlease,
+)
+from .limits import (
+    DEFAULT_LIMITS,
+    HANDSHAKE_HEADER_BYTES,
+    MAX_BODY_DEPTH,
+    MAX_HEADER_DEPTH,
+    MAX_HEADER_VALUES,
+    MAX_MAP_ENTRIES,
+    Limits,
+)
+from .preamble import MAGIC, MAX_VERSION, MIN_VERSION, OUR_PREAMBLE, PREAMBLE_LEN, Preamble
+
+__all__ = [
+    "AUTH_CONTEXT",
+    "DEFAULT_LIMITS",
+    "DESCRIPTOR_KEYS",
+    "DESCRIPTOR_KINDS",
+    "HANDSHAKE_HEADER_BYTES",
+    "HEADER_KEYS",
+    "HEADER_KINDS",
+    "LEN_PREFIX",
+    "MAGIC",
+    "MAX_BODY_DEPTH",
+    "MAX_HEADER_DEPTH",
+    "MAX_HEADER_VALUES",
+    "MAX_MAP_ENTRIES",
+    "MAX_VERSION",
+    "MIN_VERSION",
+    "OUR_PREAMBLE",
+    "PREAMBLE_LEN",
+    "TCP_KINDS",
+    "TICKET_OPS",
+    "UNIX_KINDS",
+    "Auth",
+    "DecodedMessage",
+    "Descriptor",
+    "Error",
+    "Forward",
+    "Forwarded",
+    "Header",
+    "Hello",
+    "Inline",
+    "Limits",
+    "Msg",
+    "Preamble",
+    "Pull",
+    "Pulled",
+    "Ready",
+    "Release",
+    "Renew",
+    "Shm",
+    "Tag",
+    "TicketDesc",
+    "TicketError",
+    "Unlease",
+    "WireError",
+    "carried_kinds",
+    "check_carried",
+    "decode_header",
+    "decode_message",
+    "encode_header",
+    "encode_message",
+    "frame_header",
+    "header_length",
+    "packer",
+    "proof",
+    "unpack_header_value",
+    "verify",
+]  # fmt: skip

@@ -1,0 +1,277 @@
+"""Headers (spec §6) and frame descriptors (§7) as dataclasses, each with its canonical map (§2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+__all__ = [
+    "DESCRIPTOR_KINDS",
+    "HEADER_KINDS",
+    "TCP_KINDS",
+    "TICKET_OPS",
+    "UNIX_KINDS",
+    "Auth",
+    "Descriptor",
+    "Error",
+    "Forward",
+    "Forwarded",
+    "Header",
+    "Hello",
+    "Inline",
+    "Msg",
+    "Pull",
+    "Pulled",
+    "Ready",
+    "Release",
+    "Renew",
+    "Shm",
+    "Tag",
+    "TicketDesc",
+    "TicketError",
+    "Unlease",
+]  # fmt: skip
+
+# --------------------------------------------------------------------------- descriptors (§7)
+
+
+@dataclass
+class Inline:
+    n: int
+    kind: ClassVar[str] = "inline"
+
+    def to_map(self) -> dict:
+        return {"k": "inline", "n": self.n}
+
+
+@dataclass
+class Shm:
+    n: int
+    off: int
+    size: int
+    lease: int
+    sealed: bool = False
+    kind: ClassVar[str] = "shm"
+
+    def to_map(self) -> dict:
+        return {"k": "shm", "n": self.n, "off": self.off, "size": self.size, "lease": self.lease, "sealed": self.sealed}
+
+
+@dataclass
+class TicketDesc:
+    n: int
+    owner: str
+    lease: int
+    token: bytes
+    digest: bytes
+    ttl: int
+    addr: str | None = None
+    #: The sender asks the receiver to pull only on use, never on receipt (§7.5); written only when true.
+    lazy: bool = False
+    kind: ClassVar[str] = "ticket"
+
+    def to_map(self) -> dict:
+        m: dict = {"k": "ticket", "n": self.n, "owner": self.owner}
+        if self.addr is not None:
+            m["addr"] = self.addr
+        m.update(lease=self.lease, token=bytes(self.token), digest=bytes(self.digest), ttl=self.ttl)
+        if self.lazy:
+            m["lazy"] = True
+        return m
+
+
+@dataclass
+class Tag:
+    key: str
+    kind: ClassVar[str] = "tag"
+
+    @property
+    def n(self) -> int:
+        return 0
+
+    def to_map(self) -> dict:
+        return {"k": "tag", "key": self.key}
+
+
+Descriptor = Inline | Shm | TicketDesc | Tag
+DESCRIPTOR_KINDS = ("inline", "shm", "ticket", "tag")
+
+#: The descriptor kinds each channel carries (§7), for a receiver that announced ``ticket``.
+TCP_KINDS = frozenset({"inline", "ticket"})
+UNIX_KINDS = frozenset({"inline", "shm", "ticket"})
+
+# --------------------------------------------------------------------------- headers (§6)
+
+
+@dataclass
+class Hello:
+    node: str
+    name: str
+    host: str
+    pid: int
+    proc: str
+    lang: str
+    impl: str
+    v: int
+    caps: list
+    nonce: bytes
+    listen: str | None = None
+    unix: str | None = None
+    kind: ClassVar[str] = "hello"
+
+    def to_map(self) -> dict:
+        m = {
+            "k": "hello",
+            "node": self.node,
+            "name": self.name,
+            "host": self.host,
+            "pid": self.pid,
+            "proc": self.proc,
+            "lang": self.lang,
+            "impl": self.impl,
+            "v": self.v,
+            "caps": list(self.caps),
+            "nonce": bytes(self.nonce),
+        }
+        if self.listen is not None:
+            m["listen"] = self.listen
+        if self.unix is not None:
+            m["unix"] = self.unix
+        return m
+
+
+@dataclass
+class Auth:
+    mac: bytes
+    kind: ClassVar[str] = "auth"
+
+    def to_map(self) -> dict:
+        return {"k": "auth", "mac": bytes(self.mac)}
+
+
+@dataclass
+class Ready:
+    kind: ClassVar[str] = "ready"
+
+    def to_map(self) -> dict:
+        return {"k": "ready"}
+
+
+@dataclass
+class Msg:
+    t: str
+    b: bytes
+    f: list = field(default_factory=list)
+    kind: ClassVar[str] = "msg"
+
+    def to_map(self) -> dict:
+        return {"k": "msg", "t": self.t, "b": self.b, "f": [d.to_map() for d in self.f]}
+
+
+@dataclass
+class Error:
+    code: str
+    msg: str
+    kind: ClassVar[str] = "error"
+
+    def to_map(self) -> dict:
+        return {"k": "error", "code": self.code, "msg": self.msg}
+
+
+@dataclass
+class Release:
+    leases: list
+    kind: ClassVar[str] = "release"
+
+    def to_map(self) -> dict:
+        return {"k": "release", "leases": list(self.leases)}
+
+
+@dataclass
+class Pull:
+    req: int
+    lease: int
+    token: bytes
+    off: int
+    n: int
+    kind: ClassVar[str] = "pull"
+
+    def to_map(self) -> dict:
+        return {
+            "k": "pull",
+            "req": self.req,
+            "lease": self.lease,
+            "token": bytes(self.token),
+            "off": self.off,
+            "n": self.n,
+        }
+
+
+@dataclass
+class Pulled:
+    req: int
+    n: int
+    kind: ClassVar[str] = "pulled"
+
+    def to_map(self) -> dict:
+        return {"k": "pulled", "req": self.req, "n": self.n}
+
+
+@dataclass
+class Forward:
+    req: int
+    lease: int
+    token: bytes
+    to: str
+    kind: ClassVar[str] = "forward"
+
+    def to_map(self) -> dict:
+        return {"k": "forward", "req": self.req, "lease": self.lease, "token": bytes(self.token), "to": self.to}
+
+
+@dataclass
+class Forwarded:
+    req: int
+    token: bytes
+    kind: ClassVar[str] = "forwarded"
+
+    def to_map(self) -> dict:
+        return {"k": "forwarded", "req": self.req, "token": bytes(self.token)}
+
+
+@dataclass
+class TicketError:
+    req: int
+    code: str
+    msg: str
+    kind: ClassVar[str] = "ticket-error"
+
+    def to_map(self) -> dict:
+        return {"k": "ticket-error", "req": self.req, "code": self.code, "msg": self.msg}
+
+
+@dataclass
+class Unlease:
+    lease: int
+    token: bytes
+    kind: ClassVar[str] = "unlease"
+
+    def to_map(self) -> dict:
+        return {"k": "unlease", "lease": self.lease, "token": bytes(self.token)}
+
+
+@dataclass
+class Renew:
+    lease: int
+    token: bytes
+    kind: ClassVar[str] = "renew"
+
+    def to_map(self) -> dict:
+        return {"k": "renew", "lease": self.lease, "token": bytes(self.token)}
+
+
+Header = (
+    Hello | Auth | Ready | Msg | Error | Release | Pull | Pulled | Forward | Forwarded | TicketError | Unlease | Renew
+)
+TICKET_OPS = (Pull, Pulled, Forward, Forwarded, TicketError, Unlease, Renew)
+HEADER_KINDS = ("hello", "auth", "ready", "msg", "error", "release") + tuple(c.kind for c in TICKET_OPS)
