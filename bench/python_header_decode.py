@@ -75,11 +75,7 @@ def hostile() -> dict:
     msg_head = b"\x85\xa1k\xa3msg\xa1t\xa1x\xa1b\xc4\x01\x80\xa1f\x90\xa1x\xdd"
     n = MIB16 - len(msg_head) - 4
     ignored = msg_head + struct.pack(">I", n) + b"\x80" * n
-    hello = wire.encode_header(
-        wire.Hello(
-            "0" * 32, "a", "h", 1, "p" * 32, "python", "i", 1, ["inline"], bytes(32)
-        )
-    )
+    hello = wire.encode_header(wire.Hello("0" * 32, "a", "h", 1, "p" * 32, "python", "i", 1, ["inline"], bytes(32)))
     hello_head = bytes([hello[0] + 1]) + hello[1:] + b"\xa1f\xdd"
     n = MIB16 - len(hello_head) - 4
     in_f = hello_head + struct.pack(">I", n) + b"\x80" * n
@@ -115,9 +111,7 @@ def main() -> None:
             outcome = "accepted"
         except wire.WireError as e:
             outcome = e.code
-        print(
-            f"{name:45s} 16 MiB  {(time.perf_counter() - t0) * 1e3:8.2f} ms  {outcome}"
-        )
+        print(f"{name:45s} 16 MiB  {(time.perf_counter() - t0) * 1e3:8.2f} ms  {outcome}")
 
 
 if __name__ == "__main__":

@@ -460,3 +460,22 @@ async def test_errors_are_followed_by_an_orderly_close():
             return raw.expect_error()
 
         assert (await asyncio.to_thread(garbage)).code == "malformed-header"
+
+
+async def test_the_inbox_serves_connections_fairly_by_bytes():
+    """A flood from one connection delays another by about one message (handoff.inbox)."""
+    from types import SimpleNamespace
+
+    from handoff.inbox import Inbox
+
+    inbox = Inbox(overhead=1024)
+    flooder, quiet, bulk = object(), object(), object()
+    for i in range(100):
+        inbox.put(SimpleNamespace(sender=flooder, charge=1200, seq=i))
+    inbox.put(SimpleNamespace(sender=bulk, charge=8 << 20, seq=0))
+    inbox.put(SimpleNamespace(sender=quiet, charge=1200, seq=0))
+    order = [await inbox.get() for _ in range(102)]
+    assert [e.sender for e in order].index(quiet) <= 2, "the quiet connection is served within a turn"
+    assert [e.seq for e in order if e.sender is flooder] == list(range(100)), "in order per connection"
+    # The bulk connection gets its share in bytes: after about 8 MiB of the others' turns.
+    assert order[-1].sender is bulk, "it waits until the small ones, far fewer bytes, are served"

@@ -26,6 +26,7 @@ from . import identity, wire
 from .bounds import DEFAULT_BOUNDS, Bounds
 from .budget import Budget
 from .envelope import Envelope
+from .inbox import Inbox
 from .errors import HandoffError, OwnerLost, PeerClosed, TicketCorrupt, TicketRefused
 from .handshake import OurSide, handshake, send_error
 from .peer import Peer
@@ -90,8 +91,9 @@ class Node:
     ``lease_ttl`` (seconds), ``types`` (accepted type names; ``None`` accepts any),
     ``limits`` (per message, :class:`handoff.wire.Limits`, §9) and ``bounds`` (across
     messages and connections, :class:`handoff.bounds.Bounds`, §9.1: handshakes and
-    connections at once, timeouts, buffered bytes, leases …), ``inbox_capacity``
-    (messages delivered and not yet taken with :meth:`recv`, all peers together).
+    connections at once, timeouts, buffered bytes, leases …). Messages wait for
+    :meth:`recv` in an inbox that serves the connections fairly by bytes
+    (:mod:`handoff.inbox`), bounded by the buffered bytes of ``bounds``.
     """
 
     def __init__(
@@ -110,7 +112,6 @@ class Node:
         lease_ttl: float = 30.0,
         limits: wire.Limits = wire.DEFAULT_LIMITS,
         types: Optional[Iterable[str]] = None,
-        inbox_capacity: int = 1024,
         bounds: Bounds = DEFAULT_BOUNDS,
     ):
         if not name:
@@ -153,7 +154,6 @@ class Node:
         self.resources = Resources(name)
         self.listen_addr: Optional[str] = None
         self.unix_path: Optional[Path] = None
-        self._inbox_capacity = inbox_capacity
         self._peers: dict[str, Peer] = {}
         self._all_peers: set = set()
         self._listeners: list = []
@@ -176,7 +176,8 @@ class Node:
         if self._started:
             return self
         self.loop = asyncio.get_running_loop()
-        self._inbox: asyncio.Queue = asyncio.Queue(self._inbox_capacity)
+        # Bounded by the buffered-bytes budget, which every envelope in it is charged against.
+        self._inbox = Inbox(self.bounds.message_overhead)
         self._peers_changed = asyncio.Condition()
         if self._listen is not None:
             host, port = _split_host_port(_strip(self._listen, "tcp://"))
@@ -544,11 +545,7 @@ class Node:
             env.decode()
         except Exception as e:  # the application sees it when it asks for the body
             self._warn_about(f"peer {env.sender.name}", "%s from %s: %s", env.type_name, env.sender.name, e)
-        try:
-            await self._inbox.put(env)
-        except BaseException:
-            self._budget.release_env(env)
-            raise
+        self._inbox.put(env)
 
     async def recv(self, timeout: Optional[float] = None) -> Envelope:
         """The next received message (``asyncio.TimeoutError`` after ``timeout`` seconds).
