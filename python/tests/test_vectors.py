@@ -63,7 +63,7 @@ def decode_to_json(data: bytes, desc: dict) -> dict:
             "negotiated": negotiated,
         }
     unix = desc.get("channel") == "shm"
-    # "stage": "handshake": read as before the connection is established, with its 64 KiB header limit.
+    # "stage": "handshake": read as before the connection is established (64 KiB, 1024 values).
     limits = wire.DEFAULT_LIMITS.during_handshake() if desc.get("stage") == "handshake" else wire.DEFAULT_LIMITS
     m = wire.decode_message(data, limits, wire.carried_kinds(unix=unix, ticket=True))
     header = json_view(wire.unpack_header_value(m.header_bytes))

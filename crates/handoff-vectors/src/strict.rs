@@ -578,6 +578,38 @@ pub(crate) fn vectors() -> Vec<Vector> {
         }),
     });
 
+    // The handshake value limit: 1024 values before the handshake completes. The hello of the
+    // hello vector (without listen) holds 24 (the map, 11 keys and values, one capability);
+    // an ignored key x-nils with an array adds 2, and each nil in it one.
+    let hello_with_nils = |nils: u16| {
+        let mut h = hello_and(&hello_fixture().nonce);
+        h[0] = 0x8c; // 12 entries
+        Raw::new()
+            .bytes(&h)
+            .key("x-nils")
+            .array16(nils)
+            .bytes(&vec![0xc0; nils as usize])
+            .done()
+    };
+    let mut too_many = invalid(
+        "strict-handshake-too-many-values",
+        "message",
+        raw_message(&hello_with_nils(999), &[]),
+        "malformed-header",
+        "Before the handshake completes, a hello of 1025 msgpack values (an ignored key x-nils holding 999 nils): a header holds at most 1024 values until the connection is established (65 536 afterwards).",
+    );
+    too_many.description["stage"] = json!("handshake");
+    v.push(too_many);
+    v.push(Vector {
+        name: "strict-handshake-values-at-limit",
+        bytes: raw_message(&hello_with_nils(998), &[]),
+        description: json!({
+            "kind": "message", "stage": "handshake", "valid": true,
+            "description": "Before the handshake completes, a hello of exactly 1024 msgpack values, the handshake value limit (an ignored key x-nils holding 998 nils).",
+            "header": hello_json(&handoff_wire::Hello { listen: None, ..hello_fixture() }), "frames": [],
+        }),
+    });
+
     // Non-canonical encodings that decoders must accept: the same values as canonical vectors.
     let t = ticket_fixture();
     let ticket = Raw::new()

@@ -168,7 +168,7 @@ fn non_canonical_vectors_decode_as_their_canonical_counterparts() {
 }
 
 /// `"stage": "handshake"` matters: the same bytes read on an established connection get past
-/// the length prefix.
+/// the handshake limits (header bytes, values).
 #[test]
 fn the_handshake_stage_lowers_the_header_limit() {
     let staged: Vec<_> = on_disk()
@@ -183,11 +183,9 @@ fn the_handshake_stage_lowers_the_header_limit() {
         if json["valid"] == Json::Bool(true) {
             assert!(established.is_ok(), "{name}");
         } else {
-            assert_ne!(
-                established.unwrap_err().code(),
-                json["error"].as_str().unwrap(),
-                "{name}"
-            );
+            // Refused only because of the stage: accepted, or refused for another reason, later.
+            let later = established.err().map(|e| e.code());
+            assert_ne!(later, json["error"].as_str(), "{name}");
         }
     }
 }

@@ -5,6 +5,10 @@
 /// general one; see [`Limits::during_handshake`].
 pub const HANDSHAKE_HEADER_BYTES: u32 = 65_536;
 
+/// Msgpack values a header may hold before the handshake completes (§9): 1024. A valid
+/// hello holds about 30; a peer that has proven nothing gets little work done for it.
+pub const HANDSHAKE_HEADER_VALUES: u32 = 1024;
+
 /// Limits a receiver enforces on every message, before it allocates for it.
 ///
 /// A message that exceeds one is rejected with the matching [`WireError`](crate::WireError)
@@ -19,6 +23,9 @@ pub struct Limits {
     pub max_frame_bytes: u64,
     /// Largest sum of all frames of one message (inline and shared), in bytes.
     pub max_message_bytes: u64,
+    /// Most msgpack values in one header, counted as §9 counts them (65 536 by the spec;
+    /// [`HANDSHAKE_HEADER_VALUES`] before the handshake completes).
+    pub max_header_values: u32,
 }
 
 impl Limits {
@@ -28,13 +35,16 @@ impl Limits {
         max_frames: 1024,
         max_frame_bytes: 4 << 30,
         max_message_bytes: 16 << 30,
+        max_header_values: crate::header::MAX_HEADER_VALUES,
     };
 
     /// The limits to read a header with before the handshake completes: these, with the
-    /// header limit lowered to [`HANDSHAKE_HEADER_BYTES`] (if it is not lower already).
+    /// header limit lowered to [`HANDSHAKE_HEADER_BYTES`] and the value limit to
+    /// [`HANDSHAKE_HEADER_VALUES`] (if they are not lower already).
     pub fn during_handshake(&self) -> Limits {
         Limits {
             max_header_bytes: self.max_header_bytes.min(HANDSHAKE_HEADER_BYTES),
+            max_header_values: self.max_header_values.min(HANDSHAKE_HEADER_VALUES),
             ..*self
         }
     }

@@ -61,6 +61,7 @@ const UNLIMITED: Limits = Limits {
     max_frames: u32::MAX,
     max_frame_bytes: u64::MAX,
     max_message_bytes: u64::MAX,
+    ..Limits::DEFAULT
 };
 
 fn config() -> ProptestConfig {
@@ -917,7 +918,7 @@ proptest! {
         let mut input = with_prefix(&mp_to_vec(&header));
         input.extend_from_slice(&tail);
         check_decoded(&input, &Limits::DEFAULT);
-        let small = Limits { max_header_bytes: 64, max_frames: 2, max_frame_bytes: 8, max_message_bytes: 12 };
+        let small = Limits { max_header_bytes: 64, max_frames: 2, max_frame_bytes: 8, max_message_bytes: 12, ..Limits::DEFAULT };
         check_decoded(&input, &small);
     }
 
@@ -1262,7 +1263,7 @@ proptest! {
             wire.truncate(cut.index(wire.len() + 1));
         }
         check_decoded(&wire, &Limits::DEFAULT);
-        let small = Limits { max_header_bytes: 256, max_frames: 3, max_frame_bytes: 32, max_message_bytes: 64 };
+        let small = Limits { max_header_bytes: 256, max_frames: 3, max_frame_bytes: 32, max_message_bytes: 64, ..Limits::DEFAULT };
         check_decoded(&wire, &small);
     }
 
@@ -1326,7 +1327,7 @@ proptest! {
             wire.truncate(cut.index(wire.len() + 1));
         }
         check_decoded(&wire, &Limits::DEFAULT);
-        let small = Limits { max_header_bytes: 128, max_frames: 3, max_frame_bytes: 32, max_message_bytes: 64 };
+        let small = Limits { max_header_bytes: 128, max_frames: 3, max_frame_bytes: 32, max_message_bytes: 64, ..Limits::DEFAULT };
         check_decoded(&wire, &small);
     }
 
@@ -1388,6 +1389,7 @@ proptest! {
             max_frames: count,
             max_frame_bytes: biggest,
             max_message_bytes: total,
+            ..Limits::DEFAULT
         };
         prop_assert!(decode_message(&wire, &exact).is_ok());
         if exact.max_header_bytes > 0 {
@@ -3136,7 +3138,7 @@ proptest! {
     fn encodings_do_not_change_the_outcome(header in structured_header(), seed in any::<u64>()) {
         let canonical = mp_to_vec(&header);
         let other = noncanonical(&header, seed);
-        let small = Limits { max_header_bytes: u32::MAX, max_frames: 2, max_frame_bytes: 8, max_message_bytes: 12 };
+        let small = Limits { max_header_bytes: u32::MAX, max_frames: 2, max_frame_bytes: 8, max_message_bytes: 12, ..Limits::DEFAULT };
         for limits in [Limits::DEFAULT, small] {
             prop_assert_eq!(outcome(&canonical, &limits), outcome(&other, &limits), "{:02x?}", other);
         }

@@ -132,9 +132,10 @@ class Node:
         self.pull_timeout = pull_timeout
         self.limits = limits
         self.bounds = bounds
-        #: What a header may be before a connection is established (§5.1, §9: 64 KiB).
+        #: What a header may be before a connection is established (§5.1, §9: 64 KiB, 1024 values).
         self.handshake_limits = dataclasses.replace(
-            limits, max_header_bytes=min(limits.max_header_bytes, bounds.handshake_header_bytes)
+            limits.during_handshake(),
+            max_header_bytes=min(limits.max_header_bytes, bounds.handshake_header_bytes),
         )
         self.types = set(types) if types is not None else None
         self.leases = LeaseTable(

@@ -20,7 +20,7 @@ impl<'a> Header<'a> {
     /// result borrows the type name and the body from `bytes`.
     pub fn decode(bytes: &'a [u8], limits: &Limits) -> Result<Header<'a>, WireError> {
         let mut fields = HeaderFields::new();
-        scan::header(bytes, &mut fields)?;
+        scan::header(bytes, &mut fields, limits.max_header_values)?;
         let kind = fields
             .text(h::K)
             .ok_or_else(|| WireError::MalformedHeader("header lacks field \"k\"".into()))?;

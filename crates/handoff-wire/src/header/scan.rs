@@ -5,7 +5,7 @@
 //! the header exactly; str keys in valid UTF-8; no key twice in one map; at most
 //! [`MAX_MAP_ENTRIES`] entries per map; every known key of the right type, whatever the kind,
 //! nil counting as absent; the values of other keys valid msgpack. Throughout, the reader
-//! holds the header to [`MAX_HEADER_VALUES`] values and [`MAX_HEADER_DEPTH`] levels (§9).
+//! holds the header to its value limit (`Limits::max_header_values`) and [`MAX_HEADER_DEPTH`] levels (§9).
 //! Every failure is `malformed-header`.
 //!
 //! What it keeps is where each known key's value is: a scalar as the borrowed value it read,
@@ -16,7 +16,7 @@
 use std::fmt;
 
 use super::schema::{self, Type};
-use super::{MAX_HEADER_DEPTH, MAX_HEADER_VALUES, MAX_MAP_ENTRIES};
+use super::{MAX_HEADER_DEPTH, MAX_MAP_ENTRIES};
 use crate::msgpack::{check_utf8, ReadError, Reader, NIL};
 use crate::WireError;
 
@@ -132,15 +132,15 @@ fn malformed(place: Place, key: Option<&[u8]>, what: impl fmt::Display) -> WireE
     }
 }
 
-/// A reader for the header `bytes` with the limits of §9.
-pub(crate) fn reader(bytes: &[u8]) -> Reader<'_> {
-    Reader::new(bytes, MAX_HEADER_VALUES, MAX_HEADER_DEPTH)
+/// A reader for the header `bytes` with the limits of §9 (`max_values` values).
+pub(crate) fn reader(bytes: &[u8], max_values: u32) -> Reader<'_> {
+    Reader::new(bytes, max_values, MAX_HEADER_DEPTH)
 }
 
 /// The first pass over a whole header (the bytes after the length prefix, exactly), noting
 /// its known keys in `fields` (which start empty).
-pub(crate) fn header<'a>(bytes: &'a [u8], fields: &mut HeaderFields<'a>) -> Result<(), WireError> {
-    let mut r = reader(bytes);
+pub(crate) fn header<'a>(bytes: &'a [u8], fields: &mut HeaderFields<'a>, max_values: u32) -> Result<(), WireError> {
+    let mut r = reader(bytes, max_values);
     map(&mut r, 1, Place::Header, fields, Mode::First)?;
     if !r.at_end() {
         return Err(malformed(

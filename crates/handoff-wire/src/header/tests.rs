@@ -769,8 +769,10 @@ fn non_canonical_encodings_are_accepted() {
 fn the_handshake_header_limit() {
     assert_eq!(HANDSHAKE_HEADER_BYTES, 65_536);
     assert_eq!(Limits::DEFAULT.during_handshake().max_header_bytes, 65_536);
+    assert_eq!(Limits::DEFAULT.during_handshake().max_header_values, 1024);
     let small = Limits {
         max_header_bytes: 1000,
+        max_header_values: 100,
         ..Limits::DEFAULT
     };
     assert_eq!(small.during_handshake(), small);
@@ -778,9 +780,47 @@ fn the_handshake_header_limit() {
     assert_eq!(
         Limits {
             max_header_bytes: Limits::DEFAULT.max_header_bytes,
+            max_header_values: Limits::DEFAULT.max_header_values,
             ..during
         },
         Limits::DEFAULT
+    );
+    // A hello of 1025 values is refused during the handshake, accepted afterwards.
+    let mut hello = crate::Header::Hello(crate::Hello {
+        node_id: "n".into(),
+        name: "x".into(),
+        host_id: "h".into(),
+        pid: 1,
+        process_id: "p".into(),
+        language: "rust".into(),
+        implementation: "t".into(),
+        version: 1,
+        capabilities: vec!["inline".into()],
+        nonce: vec![0; 32],
+        listen: None,
+        unix: None,
+    })
+    .encode();
+    let values_now = 1 + 2 * 11 + 1; // the map, 11 keys and values, the caps element
+    hello[0] += 1; // one more entry: an ignored key holding an array of nils
+    hello.extend_from_slice(&[0xa1, b'x', 0xdc]);
+    let nils = 1024 - values_now - 2 + 1;
+    hello.extend_from_slice(&(nils as u16).to_be_bytes());
+    hello.extend(std::iter::repeat_n(0xc0, nils));
+    assert_eq!(
+        crate::Header::decode(&hello, &during).unwrap_err().code(),
+        "malformed-header",
+        "1025 values during the handshake"
+    );
+    assert!(crate::Header::decode(&hello, &Limits::DEFAULT).is_ok());
+    // One nil fewer: exactly 1024 values, accepted.
+    let n = hello.len();
+    let count = u16::from_be_bytes([hello[n - nils - 2], hello[n - nils - 1]]) - 1;
+    hello[n - nils - 2..n - nils].copy_from_slice(&count.to_be_bytes());
+    hello.pop();
+    assert!(
+        crate::Header::decode(&hello, &during).is_ok(),
+        "1024 values during the handshake"
     );
     let prefix = 65_537u32.to_be_bytes();
     assert_eq!(

@@ -69,6 +69,7 @@ from .limits import (
     MAX_BODY_DEPTH,
     MAX_HEADER_DEPTH,
     MAX_HEADER_VALUES,
+    HANDSHAKE_HEADER_VALUES,
     MAX_MAP_ENTRIES,
     Limits,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "MAX_BODY_DEPTH",
     "MAX_HEADER_DEPTH",
     "MAX_HEADER_VALUES",
+    "HANDSHAKE_HEADER_VALUES",
     "MAX_MAP_ENTRIES",
     "MAX_VERSION",
     "MIN_VERSION",

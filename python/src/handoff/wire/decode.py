@@ -197,7 +197,7 @@ def _structure(buf: bytes, limits: Limits) -> tuple[dict, tuple | None]:
     Returns the header's known keys that are not nil, and for ``f``: ``(offset, count,
     fields of each descriptor or None)``, or None if ``f`` is absent.
     """
-    cur = Cursor(buf)
+    cur = Cursor(buf, max_values=limits.max_header_values)
     cur.count(1)  # the header map itself
     fields, frames = _map_fields(cur, 1, _HEADER_BY_RAW, "the header", limits.max_frames)
     if not cur.at_end():

@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 __all__ = [
     "DEFAULT_LIMITS",
     "HANDSHAKE_HEADER_BYTES",
+    "HANDSHAKE_HEADER_VALUES",
     "MAX_BODY_DEPTH",
     "MAX_HEADER_DEPTH",
     "MAX_HEADER_VALUES",
@@ -16,6 +17,10 @@ __all__ = [
 
 #: The header limit before the handshake completes (§5.1, §9): 64 KiB.
 HANDSHAKE_HEADER_BYTES = 64 << 10
+
+#: msgpack values a header may hold before the handshake completes (§9): a valid hello holds
+#: about 30; a peer that has proven nothing gets little work done for it.
+HANDSHAKE_HEADER_VALUES = 1024
 
 #: Nesting limits of §9 (every array, map and ext value is one level, the outermost included).
 MAX_HEADER_DEPTH = 15
@@ -37,12 +42,19 @@ class Limits:
     max_frames: int = 1024
     max_frame_bytes: int = 4 << 30
     max_message_bytes: int = 16 << 30
+    #: msgpack values in one header (§9: 65 536; 1024 before the handshake completes).
+    max_header_values: int = MAX_HEADER_VALUES
 
     def during_handshake(self) -> Limits:
-        """These limits as they apply before the handshake completes: headers of at most 64 KiB (§5.1)."""
-        if self.max_header_bytes <= HANDSHAKE_HEADER_BYTES:
+        """These limits as they apply before the handshake completes (§5.1, §9): headers of
+        at most 64 KiB and 1024 values."""
+        if self.max_header_bytes <= HANDSHAKE_HEADER_BYTES and self.max_header_values <= HANDSHAKE_HEADER_VALUES:
             return self
-        return replace(self, max_header_bytes=HANDSHAKE_HEADER_BYTES)
+        return replace(
+            self,
+            max_header_bytes=min(self.max_header_bytes, HANDSHAKE_HEADER_BYTES),
+            max_header_values=min(self.max_header_values, HANDSHAKE_HEADER_VALUES),
+        )
 
 
 DEFAULT_LIMITS = Limits()

@@ -89,21 +89,23 @@ def _wrong(what: str, m: int, expected: str) -> WireError:
 class Cursor:
     """Reads msgpack values from ``buf[pos:]`` under the header rules; see the module doc."""
 
-    __slots__ = ("buf", "end", "pos", "values")
+    __slots__ = ("buf", "end", "pos", "values", "max_values")
 
-    def __init__(self, buf: bytes, pos: int = 0):
+    def __init__(self, buf: bytes, pos: int = 0, max_values: int = MAX_HEADER_VALUES):
         self.buf = buf
         self.pos = pos
         self.end = len(buf)
         self.values = 0
+        #: The value budget (§9): 65 536, or 1024 before the handshake completes.
+        self.max_values = max_values
 
     # ------------------------------------------------------------------ bookkeeping
 
     def count(self, n: int) -> None:
         """Counts ``n`` more values against the budget of §9."""
         n += self.values
-        if n > MAX_HEADER_VALUES:
-            raise malformed(f"more than {MAX_HEADER_VALUES} msgpack values in one header")
+        if n > self.max_values:
+            raise malformed(f"more than {self.max_values} msgpack values in one header")
         self.values = n
 
     def _cut(self, pos: int, n: int) -> WireError:
@@ -389,8 +391,8 @@ class Cursor:
                     raise malformed(f"nesting deeper than {MAX_HEADER_DEPTH} levels")
                 if n:
                     values += n
-                    if values > MAX_HEADER_VALUES:
-                        raise malformed(f"more than {MAX_HEADER_VALUES} msgpack values in one header")
+                    if values > self.max_values:
+                        raise malformed(f"more than {self.max_values} msgpack values in one header")
                     if n > end - pos:
                         raise malformed(f"a container of {n} values cannot fit in the {end - pos} bytes left")
                     stack.append(todo)
