@@ -33,6 +33,8 @@ class Budget:
         self.limit = bounds.max_buffered_bytes
         #: What any peer may hold whatever all peers hold together (its guaranteed share).
         self.share = min(bounds.min_buffered_bytes_per_peer, bounds.max_buffered_bytes_per_peer)
+        #: Messages one peer may have buffered, whatever their size.
+        self.max_messages = bounds.max_buffered_messages_per_peer
         #: Bytes buffered for all peers together.
         self.total = 0
         self._room: Optional[asyncio.Event] = None
@@ -40,6 +42,8 @@ class Budget:
     def fits(self, account: Any, n: int, own: int = 0, over: bool = False) -> bool:
         """Whether ``n`` more bytes for ``account`` (a peer, with ``buffered``) are admitted now;
         ``own`` bytes of the same message are charged already."""
+        if own == 0 and account.messages >= self.max_messages:
+            return False  # a new message, and this peer has as many waiting as it may
         if account.buffered + n <= self.share:
             return True  # small messages are never stuck behind another peer's large one
         per_peer = self.per_peer * 2 if over else self.per_peer
@@ -60,10 +64,14 @@ class Budget:
                 self._room = asyncio.Event()
             await self._room.wait()
         account.buffered += n
+        if own == 0:
+            account.messages += 1
         self.total += n
 
     def release(self, account: Any, n: int) -> None:
+        """Gives back all that one message was charged (each admitted message is released once)."""
         account.buffered -= n
+        account.messages -= 1
         self.total -= n
         self.wake()
 

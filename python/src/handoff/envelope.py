@@ -60,26 +60,30 @@ class Envelope:
     def body(self) -> Any:
         """The decoded body (dicts, lists, …, ``memoryview`` for buffers); raises if the
         message could not be delivered (a ticket that failed, a body that is not valid)."""
-        if self.error is not None:
-            raise self.error
         if not self._decoded:
             self.decode()
+        if self.error is not None:
+            raise self.error
         return self._body
 
-    def decode(self) -> None:
+    def decode(self) -> Optional[Exception]:
+        """Decodes the body once; returns the error (also kept in :attr:`error`, where
+        :attr:`body` raises it) instead of raising it."""
         from .codec import decode_body
 
         if self._decoded:
-            return
+            return self.error
         node = getattr(self.sender, "node", None)
         resources = getattr(node, "resources", None)
         try:
             self._body = decode_body(self._body_bytes, [f.view for f in self.frames], self.type_name, resources)
         except Exception as e:
-            self.error = e
-            raise
+            # Kept without its traceback: the frames of a deeply nested decode (and all they
+            # refer to) must not live as long as the envelope does.
+            self.error = e.with_traceback(None)
         finally:
             self._decoded = True
+        return self.error
 
     @property
     def has_tickets(self) -> bool:

@@ -542,10 +542,9 @@ class Node:
     # ------------------------------------------------------------------ receiving
 
     async def _deliver(self, env: Envelope) -> None:
-        try:
-            env.decode()
-        except Exception as e:  # the application sees it when it asks for the body
-            self._warn_about(f"peer {env.sender.name}", "%s from %s: %s", env.type_name, env.sender.name, e)
+        # The body is decoded when the application asks for it (§11.3 allows either): a peer
+        # whose bodies are costly to decode (deeply nested, or invalid) then costs its own
+        # turn in the application's loop, not the reading of every other connection.
         self._inbox.put(env)
 
     async def recv(self, timeout: Optional[float] = None) -> Envelope:

@@ -78,6 +78,8 @@ class Peer:
         self._queued = 0
         #: Bytes of this peer's messages buffered and not yet taken by the application (§9.1).
         self.buffered = 0
+        #: How many messages those are.
+        self.messages = 0
         self._charge = 0  # of the message being read
         # Ticket answers and other control headers waiting for the writer (one task).
         self._control: collections.deque = collections.deque()
@@ -420,6 +422,11 @@ class Peer:
                     if self._charge:
                         budget.release(self, self._charge)
                         self._charge = 0
+                # With more of this peer's input already buffered, the next message would be
+                # handled without returning to the event loop: give the other connections
+                # their turn first (a flood of small messages would otherwise hold the loop).
+                if t.buffered:
+                    await asyncio.sleep(0)
         except wire.WireError as e:
             self._warn("closing connection to %s: %s", self.name, e)
             await send_error(t, e.code, e.message)

@@ -277,6 +277,21 @@ class Session:
             self.worker.drop_hold(id_)
 
 
+class _Gone:
+    """The session of a peer whose connection is closed: answers to it are dropped."""
+
+    held: frozenset = frozenset()
+    held_bytes = 0
+
+    def put(self, what: str, job, nbytes: int = 0, keep: Any = None) -> bool:
+        if keep is not None:
+            keep.release()
+        return False
+
+
+_GONE = _Gone()
+
+
 class Worker:
     def __init__(self, node: Node, bounds: WorkerBounds = WorkerBounds()):
         self.node = node
@@ -294,8 +309,10 @@ class Worker:
     def warn(self, peer: Peer, fmt: str, *args: Any) -> None:
         self._throttle.warn(f"peer {peer.name}", fmt, *args)
 
-    def session(self, peer: Peer) -> Session:
+    def session(self, peer: Peer) -> "Session | _Gone":
         s = self.sessions.get(peer)
+        if s is None and peer.closed:
+            return _GONE  # its messages still in the inbox get no answer, and no new session
         if s is None:
             s = self.sessions[peer] = Session(self, peer)
             asyncio.ensure_future(peer.done.wait()).add_done_callback(lambda _: self._gone(peer))
@@ -311,6 +328,11 @@ class Worker:
                 del self.forwarded[id_]
 
     def answer(self, peer: Peer, what: str, type_name: str, body: Any, nbytes: int = 0, keep=None) -> None:
+        if peer.closed:
+            # Its connection is gone (its queue and holds went with it): nothing to answer.
+            if keep is not None:
+                keep.release()
+            return
         self.session(peer).put(what, lambda: peer.send(type_name, body), nbytes, keep)
 
     async def serve(self) -> None:
@@ -369,6 +391,9 @@ class Worker:
         return n
 
     def hold(self, sender: Peer, env: Envelope) -> None:
+        if sender.closed:  # its holds went with its connection; nothing to keep or answer
+            env.release()
+            return
         b = env.body
         data = b["data"]
         n = len(data)

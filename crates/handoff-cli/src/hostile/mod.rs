@@ -175,6 +175,7 @@ async fn attack(kind: Kind, python: &std::path::Path, name: &str) -> Result<Atta
     let idle = victim::memory(victim.pid).unwrap_or_default();
     let log_before = victim.log_bytes();
     let target = attacks::Target {
+        kind,
         listen: victim.listen.clone(),
         unix,
         secret: victim.secret.clone(),
