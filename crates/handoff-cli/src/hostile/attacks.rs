@@ -96,6 +96,11 @@ pub fn victim_args(attack: &str) -> &'static [&'static str] {
     }
 }
 
+/// Whether the attack makes the victim's application slow on purpose (`victim_args`).
+pub fn slows_the_application(attack: &str) -> bool {
+    victim_args(attack).contains(&"--delay-ms")
+}
+
 /// Runs the attack `name` against `target`.
 pub async fn run(name: &str, target: &Target) -> Result<Findings> {
     let mut f = Findings::default();

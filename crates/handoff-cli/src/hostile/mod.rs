@@ -53,6 +53,11 @@ pub struct AttackReport {
     pub rtt_attack_us: Option<f64>,
     /// `rtt_attack_us / rtt_idle_us`.
     pub rtt_ratio: Option<f64>,
+    /// Whether that ratio is at most 2 (issue 11's criterion); absent when too few round
+    /// trips fell inside the attack, or when the attack makes the victim's application
+    /// slow on purpose (then the legitimate peer shares a slow application, and twice the
+    /// idle round trip is the least a fair share can give).
+    pub rtt_within_2x: Option<bool>,
     /// Round trips measured during the attack.
     pub rtt_samples: usize,
     /// Bytes the victim logged during the attack.
@@ -76,6 +81,8 @@ pub struct HostileSummary {
     pub ok: bool,
     /// The worst round-trip ratio over the attacks that measured one.
     pub worst_rtt_ratio: Option<f64>,
+    /// Attacks whose round-trip ratio was over 2.
+    pub over_2x: Vec<String>,
     /// Wall-clock seconds.
     pub seconds: f64,
 }
@@ -115,6 +122,11 @@ pub async fn run(kind: Kind, python: PathBuf, only: &[String], json: bool) -> Re
         reports.push(report);
     }
     let ok = reports.iter().all(|r| r.ok);
+    let over_2x: Vec<String> = reports
+        .iter()
+        .filter(|r| r.rtt_within_2x == Some(false))
+        .map(|r| r.attack.clone())
+        .collect();
     let worst = reports
         .iter()
         .filter_map(|r| r.rtt_ratio)
@@ -124,18 +136,24 @@ pub async fn run(kind: Kind, python: PathBuf, only: &[String], json: bool) -> Re
         attacks: reports,
         ok,
         worst_rtt_ratio: worst,
+        over_2x,
         seconds: started.elapsed().as_secs_f64(),
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         eprintln!(
-            "{} attacks on the {} victim in {:.1} s: {}; worst round-trip ratio {}",
+            "{} attacks on the {} victim in {:.1} s: {}; worst round-trip ratio {}; over 2x: {}",
             summary.attacks.len(),
             summary.victim,
             summary.seconds,
             if ok { "all passed" } else { "SOME FAILED" },
             worst.map_or("-".into(), |w| format!("{w:.2}")),
+            if summary.over_2x.is_empty() {
+                "none".to_string()
+            } else {
+                summary.over_2x.join(", ")
+            },
         );
     }
     anyhow::ensure!(ok, "some attacks broke the victim (see above)");
@@ -260,6 +278,9 @@ async fn attack(kind: Kind, python: &std::path::Path, name: &str) -> Result<Atta
         rtt_idle_us: idle_rtt.map(us),
         rtt_attack_us: attack_rtt.map(us),
         rtt_ratio: ratio,
+        rtt_within_2x: ratio
+            .filter(|_| !attacks::slows_the_application(name))
+            .map(|r| r <= 2.0),
         rtt_samples: probes.attack.len(),
         log_bytes: victim.log_bytes().saturating_sub(log_before),
         passed: findings.passed,
