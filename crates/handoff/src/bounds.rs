@@ -56,6 +56,9 @@ pub struct Bounds {
     pub warnings_per_period: u32,
     /// See [`warnings_per_period`](Self::warnings_per_period) (default 10 s).
     pub warning_period: Duration,
+    /// Warnings logged about all peers together per period (default 100): a peer that
+    /// opens many connections does not multiply its share.
+    pub warnings_in_all_per_period: u32,
 }
 
 impl Bounds {
@@ -77,6 +80,7 @@ impl Bounds {
         max_ticket_dials: 16,
         warnings_per_period: 10,
         warning_period: Duration::from_secs(10),
+        warnings_in_all_per_period: 100,
     };
 }
 

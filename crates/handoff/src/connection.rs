@@ -260,7 +260,8 @@ pub(crate) async fn open_unix(
     let mut writer = UnixWriter::new(stream);
     let hello = run_handshake(&node, &mut reader, &mut writer, &label, evicted).await?;
     if hello.host_id != node.me.host_id {
-        tracing::warn!(
+        crate::limited_warn!(
+            node.accept_log,
             node = %node.me.name,
             peer = %hello.name,
             "peer on our Unix socket claims another host id ({}); it shares our memory all the same",

@@ -5,12 +5,15 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Allows at most `per_period` log lines per `period`; counts the rest and says how many
-/// were suppressed on the first line it allows afterwards.
+/// were suppressed on the first line it allows afterwards. A limiter may have a parent
+/// that every line must pass too (a node-wide one above each peer's), so that a peer that
+/// opens many connections cannot multiply its share.
 #[derive(Debug)]
 pub struct LogLimiter {
     per_period: u32,
     period: Duration,
     state: Mutex<State>,
+    parent: Option<std::sync::Arc<LogLimiter>>,
 }
 
 #[derive(Debug)]
@@ -31,6 +34,15 @@ impl LogLimiter {
                 logged: 0,
                 suppressed: 0,
             }),
+            parent: None,
+        }
+    }
+
+    /// A limiter whose lines must also pass `parent`.
+    pub fn under(parent: std::sync::Arc<LogLimiter>, per_period: u32, period: Duration) -> LogLimiter {
+        LogLimiter {
+            parent: Some(parent),
+            ..LogLimiter::new(per_period, period)
         }
     }
 
@@ -45,8 +57,20 @@ impl LogLimiter {
             st.logged = 0;
         }
         if st.logged < self.per_period {
-            st.logged += 1;
-            Some(std::mem::take(&mut st.suppressed))
+            let above = match &self.parent {
+                Some(parent) => parent.allow(),
+                None => Some(0),
+            };
+            match above {
+                Some(n) => {
+                    st.logged += 1;
+                    Some(std::mem::take(&mut st.suppressed) + n)
+                }
+                None => {
+                    st.suppressed += 1;
+                    None
+                }
+            }
         } else {
             st.suppressed += 1;
             None
@@ -71,6 +95,19 @@ macro_rules! limited_warn {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_parent_caps_all_its_children_together() {
+        let node = std::sync::Arc::new(LogLimiter::new(5, Duration::from_secs(60)));
+        let peers: Vec<_> = (0..10)
+            .map(|_| LogLimiter::under(node.clone(), 3, Duration::from_secs(60)))
+            .collect();
+        let logged: usize = peers
+            .iter()
+            .map(|p| (0..3).filter(|_| p.allow().is_some()).count())
+            .sum();
+        assert_eq!(logged, 5, "ten peers of three lines each, five in all");
+    }
 
     #[test]
     fn lets_a_few_through_then_counts() {

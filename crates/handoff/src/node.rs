@@ -229,6 +229,10 @@ impl NodeBuilder {
             capabilities,
         };
         let bounds = self.bounds;
+        let node_log = Arc::new(LogLimiter::new(
+            bounds.warnings_in_all_per_period,
+            bounds.warning_period,
+        ));
         let (shutdown_tx, _) = watch::channel(false);
         let (unlease_tx, unlease_rx) = mpsc::unbounded_channel();
         let force_env = std::env::var("HANDOFF_FORCE_ENCODE").is_ok_and(|v| v == "1");
@@ -252,7 +256,8 @@ impl NodeBuilder {
             handshakes: Handshakes::new(bounds.max_handshakes),
             connections: AtomicUsize::new(0),
             ticket_dials: Arc::new(Semaphore::new(bounds.max_ticket_dials.max(1))),
-            accept_log: LogLimiter::new(bounds.warnings_per_period, bounds.warning_period),
+            accept_log: LogLimiter::under(node_log.clone(), bounds.warnings_per_period, bounds.warning_period),
+            node_log,
             bounds,
             peers: RwLock::new(HashMap::new()),
             peers_changed: Notify::new(),
@@ -331,6 +336,9 @@ pub(crate) struct NodeInner {
     pub(crate) ticket_dials: Arc<Semaphore>,
     /// Warnings about refused connections, at most so many per period.
     pub(crate) accept_log: LogLimiter,
+    /// Every warning about peers passes this one too: at most so many per period in all,
+    /// however many connections a peer opens.
+    pub(crate) node_log: Arc<LogLimiter>,
     pub(crate) pool: RecvPool,
     pub(crate) shutdown: watch::Sender<bool>,
     /// Leases on buffers we sent as tickets.

@@ -111,7 +111,11 @@ impl Peer {
             local: Arc::downgrade(node),
             pending: StdMutex::default(),
             account: Arc::default(),
-            log: LogLimiter::new(node.bounds.warnings_per_period, node.bounds.warning_period),
+            log: LogLimiter::under(
+                node.node_log.clone(),
+                node.bounds.warnings_per_period,
+                node.bounds.warning_period,
+            ),
             pull_answers: Arc::new(Semaphore::new(node.bounds.max_pull_answers.max(1))),
             write_timeout: node.bounds.write_timeout,
         }))

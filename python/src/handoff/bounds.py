@@ -27,6 +27,7 @@ its command line (``--max-buffered-bytes-per-peer`` …).
 | shared-memory leases held for one peer | ``max_shm_bytes_per_peer`` / ``max_shm_leases_per_peer`` | 8 GiB / 65 536 | the send waits ``lease_wait``, then fails |
 | dials to reach owners of tickets, at once | ``max_owner_dials`` | 16 | the next waits, within its pull timeout |
 | warnings logged about one peer | ``warnings_per_period`` per ``warning_period`` | 10 per 10 s | the rest are counted, reported once per period |
+| warnings logged about all peers | ``warnings_in_all_per_period`` per ``warning_period`` | 100 per 10 s | the same (a peer with many connections does not multiply its share) |
 
 Buffered bytes are counted from the moment a message's header starts to be read until
 the application takes the envelope (:meth:`handoff.node.Node.recv`): the header, inline
@@ -83,6 +84,7 @@ class Bounds:
     max_owner_dials: int = 16
     warnings_per_period: int = 10
     warning_period: float = 10.0
+    warnings_in_all_per_period: int = 100
     drain_seconds: float = 1.0
     drain_bytes: int = 1 * MIB
 

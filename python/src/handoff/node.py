@@ -146,7 +146,9 @@ class Node:
             wait=bounds.lease_wait,
         )
         self._budget = Budget(bounds)
-        self._throttle = WarningThrottle(log, bounds.warnings_per_period, bounds.warning_period)
+        self._throttle = WarningThrottle(
+            log, bounds.warnings_per_period, bounds.warning_period, total=bounds.warnings_in_all_per_period
+        )
         self._handshaking: "collections.OrderedDict[int, _Handshaking]" = collections.OrderedDict()
         self._claims: dict = {}  # node id -> process id, between step 6 of a handshake and registering
         self._dial_slots = asyncio.Semaphore(bounds.max_owner_dials)
@@ -419,9 +421,9 @@ class Node:
                 self._unclaim(transport)
         channel = "shm" if transport.unix else "tcp"
         if transport.unix and hello.host != self.host_id:
-            log.warning(
-                "%s: peer %s on our Unix socket claims another host id (%s); it shares our memory all the same",
-                self.name,
+            self._warn_about(
+                f"peer {hello.name}",
+                "peer %s on our Unix socket claims another host id (%s); it shares our memory all the same",
                 hello.name,
                 hello.host,
             )
@@ -745,8 +747,10 @@ class Node:
             try:
                 f.view = await ticket.redeem()
             except Exception as e:
-                log.warning("%s: a ticket from %s could not be redeemed: %s", self.name, env.sender.name, e)
-                env.error = e
+                self._warn_about(
+                    f"peer {env.sender.name}", "a ticket from %s could not be redeemed: %s", env.sender.name, e
+                )
+                env.error = e.with_traceback(None)
                 for g in env.frames:
                     if isinstance(g.view, Ticket):
                         g.view.release()

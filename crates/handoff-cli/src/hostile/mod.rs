@@ -23,6 +23,8 @@ const IDLE_PROBES: usize = 100;
 const SLACK: u64 = 64 << 20;
 /// The longest one attack may run.
 const ATTACK_LIMIT: Duration = Duration::from_secs(180);
+/// What a victim may log during one attack (its warnings are limited per peer and period).
+const LOG_ALLOWANCE: u64 = 256 << 10;
 /// The shortest: a quicker attack is repeated until this much time passed.
 const MIN_ATTACK: Duration = Duration::from_millis(1500);
 
@@ -257,6 +259,18 @@ async fn attack(kind: Kind, python: &std::path::Path, name: &str) -> Result<Atta
             probes.failures
         ),
     );
+    let logged = victim.log_bytes().saturating_sub(log_before);
+    findings.check(
+        logged <= LOG_ALLOWANCE,
+        format!(
+            "its warnings are rate-limited: it logged {logged} bytes during the attack{}",
+            if logged > LOG_ALLOWANCE {
+                format!(", ending: {}", victim.log_tail())
+            } else {
+                String::new()
+            }
+        ),
+    );
     let (idle_rtt, attack_rtt) = (median(&probes.idle), median(&probes.attack));
     let ratio = match (idle_rtt, attack_rtt) {
         (Some(i), Some(a)) if probes.attack.len() >= 5 => Some(us(a) / us(i)),
@@ -282,7 +296,7 @@ async fn attack(kind: Kind, python: &std::path::Path, name: &str) -> Result<Atta
             .filter(|_| !attacks::slows_the_application(name))
             .map(|r| r <= 2.0),
         rtt_samples: probes.attack.len(),
-        log_bytes: victim.log_bytes().saturating_sub(log_before),
+        log_bytes: logged,
         passed: findings.passed,
         failed: findings.failed,
         seconds: started.elapsed().as_secs_f64(),
