@@ -195,8 +195,13 @@ where
             Err(Error::Wire(e)) => return self.refuse(e).await,
             Err(other) => return Err(other),
         };
+        // Descriptors ride on the first byte of the message that carries them (spec §7.2), and
+        // a read that brings some ends with that message's bytes: while bytes after this
+        // header are buffered, waiting descriptors may be the next message's (after `ready`,
+        // a legitimate one), so they are judged at the next read, or by the read loop.
+        let ahead = self.reader.buffered();
         let fds = self.reader.stream_mut();
-        if fds.take_fd_error().is_some() || fds.pending_fds() > 0 {
+        if fds.take_fd_error().is_some() || (fds.pending_fds() > 0 && ahead == 0) {
             let e = WireError::BadShm("file descriptors arrived before the handshake completed".into());
             return self.refuse(e).await;
         }
