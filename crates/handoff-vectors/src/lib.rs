@@ -245,7 +245,7 @@ fn fallback_token() -> Vec<u8> {
 /// Every vector, in a stable order.
 pub fn all() -> Vec<Vector> {
     let mut v = Vec::new();
-    let ours = Preamble::OURS;
+    let ours = Preamble::V1_ONLY; // what a version-1 implementation sends
     v.push(Vector {
         name: "preamble-v1",
         bytes: ours.encode().to_vec(),
@@ -1084,7 +1084,7 @@ pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
     let kind = v.description["kind"].as_str().unwrap_or("");
     if kind == "preamble" {
         let p = Preamble::decode(&v.bytes)?;
-        let negotiated = Preamble::OURS.negotiate(&p)?;
+        let negotiated = Preamble::V1_ONLY.negotiate(&p)?;
         return Ok(json!({
             "decoded": {"min_version": p.min_version, "max_version": p.max_version, "flags": p.flags},
             "negotiated": negotiated,

@@ -113,15 +113,7 @@ async fn step<T>(
 }
 
 fn kind_of(h: &Header<'_>) -> &'static str {
-    match h {
-        Header::Hello(_) => "hello",
-        Header::Auth { .. } => "auth",
-        Header::Ready => "ready",
-        Header::Release { .. } => "release",
-        Header::Ticket(op) => op.kind(),
-        Header::Msg { .. } => "msg",
-        Header::Error { .. } => "error",
-    }
+    h.kind()
 }
 
 /// The handshake of one connection: reader, writer, and what bounds it.
@@ -262,13 +254,14 @@ where
         write_timeout,
         evicted: &mut evicted,
     };
-    talk.write(&Preamble::OURS.encode()).await?;
+    // Version 1 only, as before: this handshake sends hellos (version 2 comes in its own commit).
+    talk.write(&Preamble::V1_ONLY.encode()).await?;
     let preamble = {
         let read = talk.reader.read_preamble();
         let stop = step(deadline, talk.evicted, read).await;
         talk.settle(stop).await?
     };
-    let version = match Preamble::decode(&preamble).and_then(|p| Preamble::OURS.negotiate(&p)) {
+    let version = match Preamble::decode(&preamble).and_then(|p| Preamble::V1_ONLY.negotiate(&p)) {
         Ok(v) => v,
         Err(e) => return talk.refuse(e).await,
     };
@@ -335,7 +328,7 @@ where
 /// Refuses a connection the node cannot take at all (too many connections): our preamble
 /// and `error {code: "overloaded"}` (readable by every version, spec §12), then close.
 pub(crate) async fn refuse_overloaded<W: AsyncWrite + Unpin>(writer: &mut W, why: String) {
-    let _ = write_all(writer, &Preamble::OURS.encode(), ERROR_WRITE_LIMIT).await;
+    let _ = write_all(writer, &Preamble::V1_ONLY.encode(), ERROR_WRITE_LIMIT).await;
     send_error(writer, &WireError::Overloaded(why)).await;
     let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, writer.shutdown()).await;
 }

@@ -70,7 +70,7 @@ fn error_code_in(bytes: &[u8]) -> Option<String> {
 /// Performs a valid handshake by hand; returns the stream, ready for messages.
 async fn handshaken(target: &str) -> TcpStream {
     let mut s = TcpStream::connect(target).await.unwrap();
-    s.write_all(&Preamble::OURS.encode()).await.unwrap();
+    s.write_all(&Preamble::V1_ONLY.encode()).await.unwrap();
     let mut pre = [0u8; 16];
     s.read_exact(&mut pre).await.unwrap();
     let hello = Hello {
@@ -169,7 +169,7 @@ async fn unknown_protocol_version() {
 async fn garbage_after_the_preamble() {
     let node = server("bad-hello").await;
     let mut s = TcpStream::connect(addr(&node)).await.unwrap();
-    s.write_all(&Preamble::OURS.encode()).await.unwrap();
+    s.write_all(&Preamble::V1_ONLY.encode()).await.unwrap();
     s.write_all(&[0, 0, 0, 3, 0xc1, 0xc1, 0xc1]).await.unwrap();
     let reply = read_to_close(&mut s).await;
     assert_eq!(error_code_in(&reply[16..]).as_deref(), Some("malformed-header"));

@@ -52,7 +52,7 @@ fn read_header(s: &mut UnixStream) -> Vec<u8> {
 fn handshaken(path: &str) -> UnixStream {
     let mut s = UnixStream::connect(path).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(&Preamble::OURS.encode()).unwrap();
+    s.write_all(&Preamble::V1_ONLY.encode()).unwrap();
     let mut pre = [0u8; 16];
     s.read_exact(&mut pre).unwrap();
     let own = header(&Header::Hello(Hello {

@@ -37,7 +37,7 @@ impl Raw {
     async fn connect(node: &Node, id: &str) -> Raw {
         let addr = node.listen_addr().unwrap().trim_start_matches("tcp://").to_string();
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(&Preamble::OURS.encode()).await.unwrap();
+        s.write_all(&Preamble::V1_ONLY.encode()).await.unwrap();
         let mut pre = [0u8; 16];
         s.read_exact(&mut pre).await.unwrap();
         let own = header(&Header::Hello(Hello {

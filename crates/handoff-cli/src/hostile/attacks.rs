@@ -465,7 +465,7 @@ struct PayloadId {
 // ------------------------------------------------------------------ 5, 14: before authentication
 
 async fn hello_bomb(t: &Target, f: &mut Findings) -> Result<()> {
-    let preamble = handoff::wire::Preamble::OURS.encode();
+    let preamble = handoff::wire::Preamble::V1_ONLY.encode();
     // An over-long length prefix, with more input behind it that the victim never reads.
     let mut raw = Raw::tcp(&t.listen).await?;
     raw.write(&preamble).await?;
@@ -814,7 +814,7 @@ async fn fds_before_handshake(t: &Target, f: &mut Findings) -> Result<()> {
         let fds: Vec<_> = (0..64).map(|_| memfd(4096, SealFlags::SHRINK)).collect::<Result<_>>()?;
         let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
         let mut raw = Raw::unix(unix).await?;
-        raw.write_with_fds(&handoff::wire::Preamble::OURS.encode(), &borrowed)
+        raw.write_with_fds(&handoff::wire::Preamble::V1_ONLY.encode(), &borrowed)
             .await?;
         let hello = framed(&Header::Hello(Identity::fresh("fd-flood").hello()));
         raw.write_with_fds(&hello, &borrowed).await?;

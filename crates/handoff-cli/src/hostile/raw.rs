@@ -127,7 +127,7 @@ impl Raw {
 
     /// A correct handshake; fails with the victim's error if it refuses.
     pub async fn handshake(&mut self, who: &Identity, secret: &[u8]) -> Result<()> {
-        self.write(&Preamble::OURS.encode()).await?;
+        self.write(&Preamble::V1_ONLY.encode()).await?;
         let own = framed(&Header::Hello(who.hello()));
         self.write(&own).await?;
         let mut pre = [0u8; 16];

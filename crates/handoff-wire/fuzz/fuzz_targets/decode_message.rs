@@ -36,7 +36,9 @@ enum Expr {
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(p) = Preamble::decode(data) {
+        // The default (v2 only) and the preamble of a node that accepts v1 peers.
         let _ = Preamble::OURS.negotiate(&p);
+        let _ = Preamble::ACCEPTING_V1.negotiate(&p);
     }
 
     let message = match decode_message(data, &Limits::DEFAULT) {
