@@ -90,7 +90,7 @@ class RawPeer:
 
     def handshake(self, secret: bytes, **hello_args):
         """The whole handshake; returns the peer's hello (``error`` raises ``PeerError``)."""
-        self.send(wire.OUR_PREAMBLE.encode())
+        self.send(wire.V1_ONLY.encode())
         wire.Preamble.decode(self.read_exact(16))
         own = self.hello(**hello_args)
         self.send(wire.frame_header(own))

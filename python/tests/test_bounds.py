@@ -107,7 +107,7 @@ async def test_unsealed_or_regular_file_segments_are_refused(case, tmp_path):
 
 def raw_preambles(addr: str) -> RawPeer:
     raw = RawPeer(addr)
-    raw.send(wire.OUR_PREAMBLE.encode())
+    raw.send(wire.V1_ONLY.encode())
     raw.read_exact(16)
     return raw
 
@@ -153,7 +153,7 @@ async def test_descriptors_before_the_handshake_are_refused():
 
         def pass_fds():
             raw = RawPeer(a.unix_addr)
-            raw.send(wire.OUR_PREAMBLE.encode(), [memfd(4096) for _ in range(3)])
+            raw.send(wire.V1_ONLY.encode(), [memfd(4096) for _ in range(3)])
             raw.read_exact(16)
             return raw.expect_error()
 

@@ -329,7 +329,7 @@ async def test_oversized_headers_before_the_handshake(victim):
 
     def preambles() -> RawPeer:
         r = RawPeer(v.listen)
-        r.send(wire.OUR_PREAMBLE.encode())
+        r.send(wire.V1_ONLY.encode())
         r.read_exact(16)
         r.read_header()  # the victim's hello
         return r
@@ -532,7 +532,7 @@ async def test_slowloris_and_descriptors_before_the_handshake(victim):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             s.connect(unix[len("unix://") :])
             fds = [memfd(4096) for _ in range(8)]
-            s.sendmsg([wire.OUR_PREAMBLE.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("8i", *fds))])
+            s.sendmsg([wire.V1_ONLY.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("8i", *fds))])
             for fd in fds:
                 os.close(fd)
             socks.append(s)

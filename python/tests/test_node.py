@@ -120,7 +120,7 @@ async def test_reflected_hello_is_refused():
 
         def reflect():
             raw = RawPeer(a.listen_addr)
-            raw.send(wire.OUR_PREAMBLE.encode())
+            raw.send(wire.V1_ONLY.encode())
             raw.read_exact(16)
             hello_raw, hello = raw.read_header()
             raw.send(wire.frame_header(hello_raw))  # the node's own hello, nonce and all
@@ -152,7 +152,7 @@ async def test_handshake_headers_are_bounded_by_64_kib(stage):
 
         def oversized(n):
             raw = RawPeer(a.listen_addr)
-            raw.send(wire.OUR_PREAMBLE.encode())
+            raw.send(wire.V1_ONLY.encode())
             raw.read_exact(16)
             if stage == "auth":
                 raw.send(wire.frame_header(raw.hello()))
@@ -166,7 +166,7 @@ async def test_handshake_headers_are_bounded_by_64_kib(stage):
         # At the limit, the length is accepted (and the header then read as usual).
         def at_limit():
             raw = RawPeer(a.listen_addr)
-            raw.send(wire.OUR_PREAMBLE.encode())
+            raw.send(wire.V1_ONLY.encode())
             raw.read_exact(16)
             hello = raw.hello()
             padded = bytes([hello[0] + 1]) + hello[1:] + b"\xa2x-" + b"\xdb" + struct.pack(">I", 0)

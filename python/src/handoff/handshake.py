@@ -104,10 +104,11 @@ async def _expect(transport: Transport, header, step: str) -> None:
 
 async def handshake(transport: Transport, ours: OurSide) -> tuple[wire.Hello, bytes]:
     """Runs the handshake; returns the peer's hello and its exact header bytes."""
-    await transport.send([wire.OUR_PREAMBLE.encode()])
+    # Version 1 only, as before: this handshake sends hellos (version 2 comes in its own commit).
+    await transport.send([wire.V1_ONLY.encode()])
     try:
         peer_preamble = wire.Preamble.decode(await transport.read_preamble())
-        version = wire.OUR_PREAMBLE.negotiate(peer_preamble)
+        version = wire.V1_ONLY.negotiate(peer_preamble)
     except wire.WireError as e:
         await _fail(transport, e)
     await _check_fds(transport)
