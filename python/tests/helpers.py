@@ -38,7 +38,13 @@ class PeerError(Exception):
 
 
 class RawPeer:
-    """A blocking socket that speaks the wire format by hand (run it in a thread)."""
+    """A blocking socket that speaks the wire format by hand (run it in a thread).
+
+    It handshakes as protocol version 2, the default of every node (spec §5.4), or with
+    ``version=1`` as a peer that speaks only version 1 (§5.1), which only a node that
+    accepts v1 peers lets in. ``received`` keeps every byte read, to check what a node
+    revealed.
+    """
 
     def __init__(self, addr: str, timeout: float = 5.0):
         if addr.startswith("unix://"):
@@ -49,6 +55,7 @@ class RawPeer:
             self.sock = socket.create_connection((host, int(port)))
         self.sock.settimeout(timeout)
         self.buf = b""
+        self.received = b""
 
     def read_exact(self, n: int) -> bytes:
         while len(self.buf) < n:
@@ -56,6 +63,7 @@ class RawPeer:
             if not data:
                 raise EOFError(f"stream ended with {len(self.buf)} of {n} bytes")
             self.buf += data
+            self.received += data
         out, self.buf = self.buf[:n], self.buf[n:]
         return out
 
@@ -70,11 +78,10 @@ class RawPeer:
         else:
             self.sock.sendall(data)
 
-    def hello(
-        self, name="raw", host="raw-host", nonce=None, caps=("inline", "shm", "ticket"), node=None, proc=None
-    ) -> bytes:
+    def ident(self, name="raw", host="raw-host", caps=("inline", "shm", "ticket"), node=None, proc=None) -> wire.Ident:
+        """Who this raw peer says it is (a fresh node id unless ``node`` is given)."""
         self.node_id = node or secrets.token_hex(16)
-        h = wire.Hello(
+        return wire.Ident(
             node=self.node_id,
             name=name,
             host=host,
@@ -82,30 +89,65 @@ class RawPeer:
             proc=proc or secrets.token_hex(16),
             lang="python",
             impl="raw/0",
-            v=1,
             caps=list(caps),
-            nonce=nonce or secrets.token_bytes(32),
         )
-        return wire.encode_header(h)
 
-    def handshake(self, secret: bytes, **hello_args):
-        """The whole handshake; returns the peer's hello (``error`` raises ``PeerError``)."""
-        self.send(wire.OUR_PREAMBLE.encode())
+    def hello(self, nonce=None, **ident_args) -> bytes:
+        """A version-1 hello's header bytes."""
+        return wire.encode_header(self.ident(**ident_args).hello(1, nonce or secrets.token_bytes(32)))
+
+    def challenge(self, nonce=None) -> bytes:
+        """A version-2 challenge's header bytes."""
+        return wire.encode_header(wire.Challenge(2, nonce or secrets.token_bytes(32)))
+
+    def _expect(self, header, kind):
+        if isinstance(header, wire.Error):
+            raise PeerError(header)
+        assert header.kind == kind, header
+        return header
+
+    def handshake(self, secret: bytes, version: int = 2, **ident_args):
+        """The whole handshake; returns the peer's identity (``error`` raises ``PeerError``)."""
+        if version == 1:
+            return self._handshake_v1(secret, **ident_args)
+        own_preamble = wire.OUR_PREAMBLE.encode()
+        self.send(own_preamble)
+        own = self.challenge()
+        self.send(wire.frame_header(own))
+        peer_preamble = self.read_exact(16)
+        wire.Preamble.decode(peer_preamble)
+        peer_raw, peer = self.read_header()
+        self._expect(peer, "challenge")
+        mac = wire.proof_v2(secret, own_preamble, peer_preamble, own, peer_raw)
+        self.send(wire.encode_message(wire.Auth(mac)))
+        _, auth = self.read_header()
+        self._expect(auth, "auth")
+        wire.verify_v2(secret, auth.mac, peer_preamble, own_preamble, peer_raw, own)
+        self.send(wire.encode_message(self.ident(**ident_args)))
+        _, ident = self.read_header()
+        self._expect(ident, "ident")
+        self.send(wire.encode_message(wire.Ready()))
+        _, ready = self.read_header()
+        self._expect(ready, "ready")
+        self.handshake_peer = ident
+        return ident
+
+    def _handshake_v1(self, secret: bytes, **ident_args):
+        self.send(wire.V1_ONLY.encode())
         wire.Preamble.decode(self.read_exact(16))
-        own = self.hello(**hello_args)
+        own = self.hello(**ident_args)
         self.send(wire.frame_header(own))
         peer_raw, peer = self.read_header()
+        self._expect(peer, "hello")
         self.send(wire.encode_message(wire.Auth(wire.proof(secret, own, peer_raw))))
         _, auth = self.read_header()
-        assert isinstance(auth, wire.Auth), auth
+        self._expect(auth, "auth")
         wire.verify(secret, auth.mac, peer_raw, own)
         self.send(wire.encode_message(wire.Ready()))
         _, ready = self.read_header()
-        if isinstance(ready, wire.Error):
-            raise PeerError(ready)
-        assert isinstance(ready, wire.Ready), ready
-        self.handshake_peer = peer
-        return peer
+        self._expect(ready, "ready")
+        self.handshake_peer = peer.ident()
+        return self.handshake_peer
 
     def read_message(self):
         """The next header and, for a ``msg`` or ``pulled``, the bytes of its inline frames."""

@@ -117,34 +117,34 @@ async def test_handshake_headers_are_limited_to_64_kib():
 
         def big_prefix():
             raw = raw_preambles(a.listen_addr)
-            raw.read_header()  # its hello
+            raw.read_header()  # its challenge
             raw.send(struct.pack(">I", 65537))
             return raw.expect_error()
 
-        def big_hello():
+        def big_challenge():
             raw = raw_preambles(a.listen_addr)
             raw.read_header()
-            h = wire.encode_header(
-                wire.Hello("n" * 32, "x" * 70000, "h", 1, "p" * 32, "py", "i", 1, ["inline"], bytes(32))
-            )
+            h = wire.packer().pack({"k": "challenge", "v": 2, "nonce": bytes(32), "x-pad": "x" * 70000})
             raw.send(wire.frame_header(h))
             return raw.expect_error()
 
         assert (await asyncio.to_thread(big_prefix)).code == "header-too-large"
-        err = await asyncio.to_thread(big_hello)
+        err = await asyncio.to_thread(big_challenge)
         assert err.code == "header-too-large" and "65536" in err.msg
 
 
-async def test_hello_without_inline_is_refused():
-    async with node("a") as a:
+@pytest.mark.parametrize("version", [1, 2])
+async def test_a_peer_without_inline_is_refused(version):
+    """v2: on its ident, after the proofs (instead of ``ready``); v1: on its hello (instead of ``auth``)."""
+    async with node("a", accept_v1=True) as a:
 
-        def hello():
-            raw = raw_preambles(a.listen_addr)
-            raw.read_header()
-            raw.send(wire.frame_header(raw.hello(caps=["shm"])))
-            return raw.expect_error()  # instead of its auth
+        def without_inline():
+            raw = RawPeer(a.listen_addr)
+            with pytest.raises(PeerError) as e:
+                raw.handshake(SECRET, version=version, caps=["shm"])
+            return e.value.header
 
-        err = await asyncio.to_thread(hello)
+        err = await asyncio.to_thread(without_inline)
         assert err.code == "handshake" and "inline" in err.msg
 
 

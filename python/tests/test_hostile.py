@@ -325,40 +325,68 @@ async def test_tiny_windows_of_huge_sparse_segments(victim):
 
 
 async def test_oversized_headers_before_the_handshake(victim):
+    """What a peer that has proven nothing can send (a challenge and an auth, in version 2)
+    is bounded, and it learns nothing about the victim but a nonce (issue 11, item 14)."""
     v = await victim()
+    unproven: list = []
 
     def preambles() -> RawPeer:
         r = RawPeer(v.listen)
+        unproven.append(r)
         r.send(wire.OUR_PREAMBLE.encode())
         r.read_exact(16)
-        r.read_header()  # the victim's hello
+        r.read_header()  # the victim's challenge
         return r
+
+    def bomb(header) -> bytes:
+        m = header.to_map()
+        m["f"] = [{}] * 61_000
+        return wire.frame_header(msgpack.packb(m, use_bin_type=True))
 
     def attack():
         codes = []
-        # A hello of 60+ KiB whose `f` is full of empty maps, before auth: refused by a
-        # strict decoder; one that ignores `f` in a hello answers auth, and then our
+        # A challenge of 60+ KiB whose `f` is full of empty maps, before auth: refused by a
+        # strict decoder; one that ignores `f` in a challenge answers auth, and then our
         # wrong proof gets its error.
-        hello = wire.Hello("a" * 32, "h", "raw-host", 1, "b" * 32, "py", "raw", 1, ["inline"], os.urandom(32))
-        m = hello.to_map()
-        m["f"] = [{}] * 61_000
         r = preambles()
-        r.send(wire.frame_header(msgpack.packb(m, use_bin_type=True)))
+        r.send(bomb(wire.Challenge(2, os.urandom(32))))
         _, h = r.read_header()
         if isinstance(h, wire.Auth):
             r.send(wire.encode_message(wire.Auth(bytes(32))))
             h = r.expect_error()
         codes.append(h.code)
+        # The same as an auth, after a valid challenge.
+        r = preambles()
+        r.send(wire.frame_header(r.challenge()))
+        r.read_header()  # its auth
+        r.send(bomb(wire.Auth(bytes(32))))
+        codes.append(r.expect_error().code)
         # Over-long length prefixes, before auth: nothing is read or allocated for them.
         for prefix in (65_537, 16 << 20, 0xFFFFFFFF):
             r = preambles()
             r.send(struct.pack(">I", prefix))
             codes.append(r.expect_error().code)
+        # A peer that speaks only version 1: refused at the preambles, before any hello.
+        r = RawPeer(v.listen)
+        unproven.append(r)
+        with pytest.raises(PeerError) as e:
+            r.handshake(SECRET, version=1)
+        codes.append(e.value.code)
         return codes
 
     codes = await v.served_meanwhile(attack)
     assert codes[0] in ("malformed-header", "auth-failed"), codes
-    assert codes[1:] == ["header-too-large"] * 3
+    assert codes[1] in ("malformed-header", "auth-failed"), codes
+    assert codes[2:5] == ["header-too-large"] * 3
+    assert codes[5] == "unsupported-version"
+    # Who the victim is, as a peer that proves the secret learns it: none of it reached the others.
+    victim_ident = await asyncio.to_thread(lambda: RawPeer(v.listen).handshake(SECRET))
+    secrets_ = [victim_ident.node, victim_ident.name, victim_ident.host, victim_ident.proc, v.listen]
+    secrets_ += [a for a in (victim_ident.listen, victim_ident.unix) if a]
+    keys = [bytes([0xA0 | len(k)]) + k.encode() for k in ("node", "host", "pid", "proc", "listen", "unix")]
+    for r in unproven:
+        leaked = [x for x in secrets_ if x.encode() in r.received] + [k for k in keys if k in r.received]
+        assert not leaked, f"a peer that proved nothing got {leaked}"
     await v.check("oversized headers before the handshake")
 
 

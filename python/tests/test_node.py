@@ -115,15 +115,17 @@ async def test_wrong_secret_between_python_nodes(caplog):
         assert a.peers == [] and b.peers == []
 
 
-async def test_reflected_hello_is_refused():
-    async with Node("a", secret="k", listen="127.0.0.1:0") as a:
+@pytest.mark.parametrize("preamble", [wire.OUR_PREAMBLE, wire.V1_ONLY])
+async def test_reflected_challenge_or_hello_is_refused(preamble):
+    async with Node("a", secret="k", listen="127.0.0.1:0", accept_v1=True) as a:
 
         def reflect():
             raw = RawPeer(a.listen_addr)
-            raw.send(wire.OUR_PREAMBLE.encode())
+            raw.send(preamble.encode())
             raw.read_exact(16)
-            hello_raw, hello = raw.read_header()
-            raw.send(wire.frame_header(hello_raw))  # the node's own hello, nonce and all
+            first_raw, first = raw.read_header()
+            assert first.kind == ("hello" if preamble == wire.V1_ONLY else "challenge")
+            raw.send(wire.frame_header(first_raw))  # the node's own challenge (or hello), nonce and all
             return raw.expect_error()
 
         err = await asyncio.to_thread(reflect)
@@ -145,7 +147,7 @@ async def test_bad_preamble_gets_an_error_and_the_node_keeps_serving():
         assert (await a.recv(5)).body == {"n": 1}
 
 
-@pytest.mark.parametrize("stage", ["hello", "auth"])
+@pytest.mark.parametrize("stage", ["challenge", "auth"])
 async def test_handshake_headers_are_bounded_by_64_kib(stage):
     """Before the connection is established a header may have 64 KiB, not the general 16 MiB (§5.1)."""
     async with Node("a", secret="k", listen="127.0.0.1:0") as a:
@@ -155,8 +157,8 @@ async def test_handshake_headers_are_bounded_by_64_kib(stage):
             raw.send(wire.OUR_PREAMBLE.encode())
             raw.read_exact(16)
             if stage == "auth":
-                raw.send(wire.frame_header(raw.hello()))
-                raw.read_header()  # its hello
+                raw.send(wire.frame_header(raw.challenge()))
+                raw.read_header()  # its challenge
             raw.send(struct.pack(">I", n))
             return raw.expect_error()
 
@@ -168,13 +170,13 @@ async def test_handshake_headers_are_bounded_by_64_kib(stage):
             raw = RawPeer(a.listen_addr)
             raw.send(wire.OUR_PREAMBLE.encode())
             raw.read_exact(16)
-            hello = raw.hello()
-            padded = bytes([hello[0] + 1]) + hello[1:] + b"\xa2x-" + b"\xdb" + struct.pack(">I", 0)
+            challenge = raw.challenge()
+            padded = bytes([challenge[0] + 1]) + challenge[1:] + b"\xa2x-" + b"\xdb" + struct.pack(">I", 0)
             pad = wire.HANDSHAKE_HEADER_BYTES - len(padded)
             padded = padded[:-4] + struct.pack(">I", pad) + b"." * pad
             assert len(padded) == wire.HANDSHAKE_HEADER_BYTES
             raw.send(wire.frame_header(padded))
-            raw.read_header()  # its hello, sent before it read ours
+            raw.read_header()  # its challenge, sent before it read ours
             _, h = raw.read_header()
             return h
 
@@ -188,6 +190,8 @@ async def test_handshake_headers_are_bounded_by_64_kib(stage):
         (b"\x00\x00\x00\x00", "malformed-header"),
         (wire.encode_message(wire.Release([1])), "handshake"),  # no release on TCP
         (wire.encode_message(wire.Hello("n", "a", "h", 1, "p", "l", "i", 1, [], bytes(32))), "handshake"),
+        (wire.encode_message(wire.Challenge(2, bytes(32))), "handshake"),  # handshake kinds after it
+        (wire.encode_message(wire.Ident("n", "a", "h", 1, "p", "l", "i", ["inline"])), "handshake"),
         (wire.encode_message(wire.Msg("t.Unknown", b"\x80", [])), "unknown-type"),
         (wire.encode_message(wire.Msg("t.Known", b"\x80", [wire.Shm(1, 0, 1, 1)])), "unsupported-descriptor"),
         (wire.encode_message(wire.Msg("t.Known", b"\x80", [wire.Inline(10)])) + b"abc", "truncated"),

@@ -283,6 +283,8 @@ def test_rule6_kind():
 
 REQUIRED = {
     "hello": hello(),
+    "challenge": {"k": "challenge", "v": 2, "nonce": TOKEN},
+    "ident": wire.Ident("n" * 32, "a", "h", 1, "p" * 32, "python", "i", ["inline"], "tcp://x:1", "u").to_map(),
     "auth": {"k": "auth", "mac": TOKEN},
     "msg": {"k": "msg", "t": "x", "b": b""},
     "error": {"k": "error", "code": "c", "msg": "m"},
@@ -302,7 +304,7 @@ def test_rule7_required_fields(kind):
     full = REQUIRED[kind]
     assert code(full) == "ok"
     for key in full:
-        if key == "k" or (kind == "hello" and key in ("listen", "unix")):
+        if key == "k" or (kind in ("hello", "ident") and key in ("listen", "unix")):
             continue
         assert code({k: v for k, v in full.items() if k != key}) == "malformed-header", key
         assert code({**full, key: None}) == "malformed-header", key
@@ -503,6 +505,10 @@ def _headers() -> list:
     return [
         wire.Hello("n" * 32, "alpha", "h", 4242, "p" * 32, "rust", "i", 1, ["inline", "shm"], TOKEN, "tcp://x:1", "u"),
         wire.Hello("n", "a", "h", 2**32 - 1, "p", "python", "i", 65535, [], TOKEN),
+        wire.Challenge(2, TOKEN),
+        wire.Challenge(65535, TOKEN),
+        wire.Ident("n" * 32, "alpha", "h", 4242, "p" * 32, "rust", "i", ["inline", "shm"], "tcp://x:1", "u"),
+        wire.Ident("n", "a", "h", 2**32 - 1, "p", "python", "i", []),
         wire.Auth(TOKEN),
         wire.Ready(),
         wire.Msg("demo.Sample", b"\x80" * 300, [wire.Inline(3), wire.Inline(2**32)]),
@@ -530,7 +536,7 @@ def _headers() -> list:
 def _with_noise(m: dict, rng: random.Random) -> dict:
     """Nil for absent optional keys, and unknown keys, as a decoder must accept them."""
     m = dict(m)
-    if m["k"] == "hello":
+    if m["k"] in ("hello", "ident"):
         m.setdefault("listen", None)
         m.setdefault("unix", None)
     if m["k"] == "msg":

@@ -57,7 +57,9 @@ def decode_to_json(data: bytes, desc: dict) -> dict:
     """Decodes a vector's bytes; returns the JSON result or raises WireError."""
     if desc["kind"] == "preamble":
         p = wire.Preamble.decode(data)
-        negotiated = wire.OUR_PREAMBLE.negotiate(p)
+        # Negotiated by a side that sent the preamble `against` (a v1 one, or a v2 one).
+        against = wire.Preamble(desc["against"]["min_version"], desc["against"]["max_version"])
+        negotiated = against.negotiate(p)
         return {
             "decoded": {"min_version": p.min_version, "max_version": p.max_version, "flags": p.flags},
             "negotiated": negotiated,
@@ -135,6 +137,34 @@ def test_auth_vector_proofs_verify():
     assert prover == BY_NAME["hello"][0][4:]
 
 
+def test_auth_v2_vector_proofs_verify():
+    data, desc = BY_NAME["auth-v2"]
+    a = desc["auth"]
+    secret = _bin(a["secret"])
+    pp, vp = _bin(a["prover_preamble"]), _bin(a["verifier_preamble"])
+    pc, vc = _bin(a["prover_challenge"]), _bin(a["verifier_challenge"])
+    mac = _bin(desc["header"]["mac"])
+    assert wire.proof_v2(secret, pp, vp, pc, vc) == mac
+    wire.verify_v2(secret, mac, pp, vp, pc, vc)
+    wire.verify_v2(secret, _bin(a["verifier_proof"]), vp, pp, vc, pc)
+    assert wire.proof_v2(secret, vp, pp, vc, pc) == _bin(a["verifier_proof"])
+    for wrong in (b"wrong", secret + b"x", b""):
+        with pytest.raises(wire.WireError) as err:
+            wire.verify_v2(wrong, mac, pp, vp, pc, vc)
+        assert err.value.code == "auth-failed"
+    # Bound to direction, to the preambles as sent, and to its version.
+    with pytest.raises(wire.WireError):
+        wire.verify_v2(secret, mac, vp, pp, vc, pc)
+    with pytest.raises(wire.WireError):
+        wire.verify_v2(secret, mac, wire.V1_ONLY.encode(), vp, pc, vc)
+    with pytest.raises(wire.WireError):
+        wire.verify(secret, mac, pc, vc)
+    # The inputs are the vectors: alpha's preamble and challenge, beta's preamble.
+    assert pp == BY_NAME["preamble-v2"][0] and vp == BY_NAME["preamble-accept-v1"][0]
+    assert pc == BY_NAME["challenge"][0][4:]
+    assert wire.encode_header(wire.Challenge(2, bytes(range(100, 132)))) == vc
+
+
 # ---------------------------------------------------------------- encoders reproduce the bytes
 
 
@@ -178,6 +208,11 @@ def header_from(j) -> wire.Header:
     k = j["k"]
     if k == "hello":
         return hello_from(j)
+    if k == "challenge":
+        return wire.Challenge(j["v"], _bin(j["nonce"]))
+    if k == "ident":
+        fields = ("node", "name", "host", "pid", "proc", "lang", "impl", "caps")
+        return wire.Ident(*(j[f] for f in fields), listen=j.get("listen"), unix=j.get("unix"))
     if k == "auth":
         return wire.Auth(_bin(j["mac"]))
     if k == "ready":
@@ -209,6 +244,10 @@ ENCODED_FROM_FIELDS = [
     "hello",
     "hello-same-host",
     "auth",
+    "challenge",
+    "ident",
+    "ident-same-host",
+    "auth-v2",
     "ready",
     "error",
     "release",
@@ -237,11 +276,18 @@ def test_encoder_reproduces(name):
     assert wire.encode_message(header, frames) == data
 
 
-@pytest.mark.parametrize("name", ["preamble-v1", "preamble-newer-peer"])
+@pytest.mark.parametrize("name", ["preamble-v1", "preamble-newer-peer", "preamble-v2", "preamble-accept-v1"])
 def test_preamble_encoder_reproduces(name):
     data, desc = BY_NAME[name]
     d = desc["decoded"]
     assert wire.Preamble(d["min_version"], d["max_version"], d["flags"]).encode() == data
+
+
+def test_our_preambles_are_the_vectors():
+    """What this implementation sends: v2 only by default, 1..=2 when it accepts v1 peers."""
+    assert wire.OUR_PREAMBLE.encode() == BY_NAME["preamble-v2"][0]
+    assert wire.our_preamble(accept_v1=True).encode() == BY_NAME["preamble-accept-v1"][0]
+    assert wire.V1_ONLY.encode() == BY_NAME["preamble-v1"][0]
 
 
 def test_msg_no_frames_body_from_value():

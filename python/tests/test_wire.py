@@ -136,16 +136,34 @@ def test_handshake_fields():
     assert code_of(message({"k": "auth", "mac": bytes(31)})) == "malformed-header"
     assert code_of(message({"k": "release", "leases": [1, -1]})) == "malformed-header"
     assert code_of(message({"k": "forwarded", "req": 1, "token": bytes(33)})) == "malformed-header"
+    # Version 2: the challenge's nonce is 32 bytes as the hello's; the ident needs its identity.
+    assert code_of(message({"k": "challenge", "v": 2, "nonce": bytes(31)})) == "malformed-header"
+    assert code_of(message({"k": "challenge", "nonce": bytes(32)})) == "malformed-header"
+    assert code_of(message({"k": "ident", "name": "a"})) == "malformed-header"
+    assert code_of(message({"k": "ident", "nonce": bytes(3)})) == "malformed-header"  # typed whatever the kind
 
 
 def test_preamble():
-    assert wire.Preamble.decode(wire.OUR_PREAMBLE.encode()) == wire.Preamble(1, 1, 0)
+    assert wire.Preamble.decode(wire.OUR_PREAMBLE.encode()) == wire.Preamble(2, 2, 0)
+    # Version 1 only by consent, refused alike on both sides otherwise.
+    for a, b, expect in (
+        (wire.OUR_PREAMBLE, wire.V1_ONLY, None),
+        (wire.ACCEPTING_V1, wire.V1_ONLY, 1),
+        (wire.ACCEPTING_V1, wire.OUR_PREAMBLE, 2),
+    ):
+        for x, y in ((a, b), (b, a)):
+            if expect is None:
+                with pytest.raises(wire.WireError) as e:
+                    x.negotiate(y)
+                assert e.value.code == "unsupported-version"
+            else:
+                assert x.negotiate(y) == expect
     for lo, hi in ((0, 1), (3, 2)):
         with pytest.raises(wire.WireError) as e:
             wire.Preamble.decode(wire.Preamble(lo, hi).encode())
         assert e.value.code == "handshake"
     # Flags are ignored.
-    assert wire.Preamble.decode(b"HANDOFF\x00\x00\x01\x00\x02\xff\xff\xff\xff").negotiate(wire.OUR_PREAMBLE) == 1
+    assert wire.Preamble.decode(b"HANDOFF\x00\x00\x01\x00\x03\xff\xff\xff\xff").negotiate(wire.OUR_PREAMBLE) == 2
 
 
 def test_encoders_omit_absent_optional_keys_and_always_write_f():

@@ -46,6 +46,12 @@ pub struct NodeArgs {
     /// The cache folder for the catalog's datasets (nodes on one host may share one).
     #[arg(long, requires = "catalog")]
     pub cache_dir: Option<PathBuf>,
+    /// Also accept peers that speak only protocol version 1. Their handshake reveals this
+    /// node's id, name, host id, pid, listen address and socket path to anyone who
+    /// connects, before any proof of the cluster secret (spec WIRE.md §5.4); without it
+    /// such peers are refused with `unsupported-version`.
+    #[arg(long)]
+    pub accept_v1: bool,
     /// What peers can make this node hold (spec WIRE.md §9.1 and Appendix A).
     #[command(flatten)]
     pub bounds: BoundsArgs,
@@ -202,6 +208,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
             ..LeaseConfig::default()
         })
         .pull_timeout(Duration::from_millis(args.pull_timeout_ms))
+        .accept_v1(args.accept_v1)
         .bounds(args.bounds.runtime());
     if let Some(h) = &args.host_id {
         builder = builder.host_id(h);

@@ -21,6 +21,7 @@ use serde::Serialize;
 use serde_json::{json, Value as Json};
 
 mod strict;
+mod v2;
 
 /// One test vector.
 #[derive(Debug, Clone)]
@@ -118,6 +119,31 @@ fn invalid(name: &'static str, kind: &str, bytes: Vec<u8>, error: &str, what: &s
         name,
         bytes,
         description: json!({"kind": kind, "valid": false, "error": error, "description": what}),
+    }
+}
+
+/// A preamble vector: `bytes` negotiated against a side that sent `against`.
+fn preamble_vector(name: &'static str, bytes: Preamble, against: Preamble, what: &str) -> Vector {
+    let range = |p: Preamble| json!({"min_version": p.min_version, "max_version": p.max_version});
+    let mut description = json!({
+        "kind": "preamble", "description": what, "against": range(against),
+        "decoded": {"min_version": bytes.min_version, "max_version": bytes.max_version, "flags": bytes.flags},
+    });
+    match against.negotiate(&bytes) {
+        Ok(v) => {
+            description["valid"] = json!(true);
+            description["negotiated"] = json!(v);
+        }
+        Err(e) => {
+            description["valid"] = json!(false);
+            description["error"] = json!(e.code());
+            description.as_object_mut().expect("an object").remove("decoded");
+        }
+    }
+    Vector {
+        name,
+        bytes: bytes.encode().to_vec(),
+        description,
     }
 }
 
@@ -245,60 +271,49 @@ fn fallback_token() -> Vec<u8> {
 /// Every vector, in a stable order.
 pub fn all() -> Vec<Vector> {
     let mut v = Vec::new();
-    let ours = Preamble::OURS;
-    v.push(Vector {
-        name: "preamble-v1",
-        bytes: ours.encode().to_vec(),
-        description: json!({
-            "kind": "preamble", "valid": true,
-            "description": "The preamble of a version-1 implementation.",
-            "decoded": {"min_version": 1, "max_version": 1, "flags": 0},
-            "negotiated": 1,
-        }),
-    });
-    v.push(Vector {
-        name: "preamble-newer-peer",
-        bytes: Preamble {
-            min_version: 1,
-            max_version: 3,
-            flags: 0,
-        }
-        .encode()
-        .to_vec(),
-        description: json!({
-            "kind": "preamble", "valid": true,
-            "description": "A newer peer that still speaks version 1: both use version 1.",
-            "decoded": {"min_version": 1, "max_version": 3, "flags": 0},
-            "negotiated": 1,
-        }),
-    });
-    v.push(invalid(
+    // The preambles of version 1, each negotiated against a version-1 implementation.
+    let v1 = Preamble::V1_ONLY;
+    let range = |min_version, max_version| Preamble {
+        min_version,
+        max_version,
+        flags: 0,
+    };
+    v.push(preamble_vector(
+        "preamble-v1",
+        v1,
+        v1,
+        "The preamble of a version-1 implementation.",
+    ));
+    v.push(preamble_vector(
+        "preamble-newer-peer",
+        range(1, 3),
+        v1,
+        "A newer peer that still speaks version 1: both use version 1.",
+    ));
+    v.push(preamble_vector(
         "preamble-no-common-version",
-        "preamble",
-        Preamble {
-            min_version: 2,
-            max_version: 3,
-            flags: 0,
-        }
-        .encode()
-        .to_vec(),
-        "unsupported-version",
+        range(2, 3),
+        v1,
         "A peer that speaks only versions 2 and 3: negotiation with a version-1 implementation fails.",
     ));
-    v.push(invalid(
-        "preamble-bad-magic",
-        "preamble",
-        b"GET / HTTP/1.1\r\n".to_vec(),
-        "bad-magic",
-        "An HTTP client connected to a handoff port.",
-    ));
-    v.push(invalid(
-        "preamble-truncated",
-        "preamble",
-        b"HANDOFF".to_vec(),
-        "truncated",
-        "The connection closed after 7 bytes.",
-    ));
+    for (name, bytes, what) in [
+        (
+            "preamble-bad-magic",
+            &b"GET / HTTP/1.1\r\n"[..],
+            "An HTTP client connected to a handoff port.",
+        ),
+        ("preamble-truncated", b"HANDOFF", "The connection closed after 7 bytes."),
+    ] {
+        let mut bad = invalid(
+            name,
+            "preamble",
+            bytes.to_vec(),
+            if bytes.len() < 16 { "truncated" } else { "bad-magic" },
+            what,
+        );
+        bad.description["against"] = json!({"min_version": 1, "max_version": 1});
+        v.push(bad);
+    }
 
     let hello = hello_fixture();
     v.push(Vector {
@@ -991,6 +1006,7 @@ pub fn all() -> Vec<Vector> {
         "A ticket whose `lazy` is the integer 1: `lazy` is a bool, type-checked like every known descriptor key.",
     ));
     v.extend(strict::vectors());
+    v.extend(v2::vectors());
     v
 }
 
@@ -1084,7 +1100,17 @@ pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
     let kind = v.description["kind"].as_str().unwrap_or("");
     if kind == "preamble" {
         let p = Preamble::decode(&v.bytes)?;
-        let negotiated = Preamble::OURS.negotiate(&p)?;
+        let against = &v.description["against"];
+        let version = |key: &str| against[key].as_u64().and_then(|n| u16::try_from(n).ok());
+        let (Some(min_version), Some(max_version)) = (version("min_version"), version("max_version")) else {
+            panic!("a preamble vector says what it is negotiated against: {against}")
+        };
+        let against = Preamble {
+            min_version,
+            max_version,
+            flags: 0,
+        };
+        let negotiated = against.negotiate(&p)?;
         return Ok(json!({
             "decoded": {"min_version": p.min_version, "max_version": p.max_version, "flags": p.flags},
             "negotiated": negotiated,

@@ -2,8 +2,9 @@
 //! one decodes to what its JSON says (or fails with the error code it names).
 
 use handoff_vectors::{all, decode_to_json, description_on_disk, json_view, vectors_dir, Vector};
+use handoff_wire::auth::{self, Sent};
 use handoff_wire::framing::{decode_message_on, TCP_KINDS, UNIX_KINDS};
-use handoff_wire::{Header, Limits};
+use handoff_wire::{Header, Limits, Preamble};
 use serde_json::Value as Json;
 
 fn on_disk() -> Vec<(String, Vec<u8>, Json)> {
@@ -99,6 +100,54 @@ fn auth_vector_proofs_verify() {
     assert!(handoff_wire::auth::verify(b"wrong", &mac, &prover, &verifier).is_err());
 }
 
+#[test]
+fn auth_v2_vector_proofs_verify() {
+    let disk = on_disk();
+    let bytes = |name: &str| disk.iter().find(|(n, _, _)| n == name).unwrap().1.clone();
+    let json = &disk.iter().find(|(n, _, _)| n == "auth-v2").unwrap().2;
+    let bin = |v: &Json| hex::decode(v["$bin"].as_str().unwrap()).unwrap();
+    let a = &json["auth"];
+    let secret = bin(&a["secret"]);
+    let preamble = |key: &str| -> [u8; 16] { bin(&a[key]).try_into().expect("16 bytes") };
+    let (pp, vp) = (preamble("prover_preamble"), preamble("verifier_preamble"));
+    let (pc, vc) = (bin(&a["prover_challenge"]), bin(&a["verifier_challenge"]));
+    let prover = Sent {
+        preamble: &pp,
+        challenge: &pc,
+    };
+    let verifier = Sent {
+        preamble: &vp,
+        challenge: &vc,
+    };
+    let mac = bin(&json["header"]["mac"]);
+    assert_eq!(auth::proof_v2(&secret, prover, verifier).to_vec(), mac);
+    auth::verify_v2(&secret, &mac, prover, verifier).unwrap();
+    auth::verify_v2(&secret, &bin(&a["verifier_proof"]), verifier, prover).unwrap();
+    assert!(auth::verify_v2(b"wrong", &mac, prover, verifier).is_err());
+    assert!(auth::verify_v2(&secret, &mac, verifier, prover).is_err());
+    let forged = Preamble::V1_ONLY.encode();
+    let downgraded = Sent {
+        preamble: &forged,
+        ..prover
+    };
+    assert!(auth::verify_v2(&secret, &mac, downgraded, verifier).is_err());
+    assert!(auth::verify(&secret, &mac, &pc, &vc).is_err(), "not a v1 proof");
+    // The inputs are the other vectors: alpha's preamble and challenge, beta's preamble.
+    assert_eq!(pp.to_vec(), bytes("preamble-v2"));
+    assert_eq!(vp.to_vec(), bytes("preamble-accept-v1"));
+    assert_eq!(pc, bytes("challenge")[4..].to_vec());
+}
+
+/// What the reference sends is what the preamble vectors say.
+#[test]
+fn our_preambles_are_the_vectors() {
+    let disk = on_disk();
+    let bytes = |name: &str| disk.iter().find(|(n, _, _)| n == name).unwrap().1.clone();
+    assert_eq!(Preamble::OURS.encode().to_vec(), bytes("preamble-v2"));
+    assert_eq!(Preamble::ours(true).encode().to_vec(), bytes("preamble-accept-v1"));
+    assert_eq!(Preamble::V1_ONLY.encode().to_vec(), bytes("preamble-v1"));
+}
+
 /// The limits and descriptor kinds a vector is decoded with (its `stage` and `channel`).
 fn receiver(json: &Json) -> (Limits, &'static [&'static str]) {
     let limits = match json["stage"].as_str() {
@@ -151,6 +200,7 @@ fn non_canonical_vectors_decode_as_their_canonical_counterparts() {
     };
     assert_eq!(header("noncanonical-msg"), header("msg-ticket"));
     assert_eq!(header("noncanonical-ticket-pull"), header("ticket-pull"));
+    assert_eq!(header("noncanonical-challenge"), header("challenge"));
     let (hello, _) = header("hello");
     let Header::Hello(mut expected) = Header::decode(&hello, &Limits::default()).unwrap() else {
         panic!("hello is a hello")
@@ -161,6 +211,7 @@ fn non_canonical_vectors_decode_as_their_canonical_counterparts() {
     for (noncanonical, canonical) in [
         ("noncanonical-msg", "msg-ticket"),
         ("noncanonical-ticket-pull", "ticket-pull"),
+        ("noncanonical-challenge", "challenge"),
     ] {
         let bytes = |n: &str| disk.iter().find(|(name, _, _)| name == n).unwrap().1.clone();
         assert_ne!(bytes(noncanonical), bytes(canonical));

@@ -1,6 +1,6 @@
 //! # handoff-wire
 //!
-//! The sans-IO core of handoff's wire format, version 1 (see `spec/WIRE.md`):
+//! The sans-IO core of handoff's wire format, versions 1 and 2 (see `spec/WIRE.md`):
 //! the connection [preamble](preamble) and version negotiation, the
 //! [header](header) with its frame [descriptors](header::Descriptor), message
 //! [framing](framing), the [limits](Limits) a receiver enforces, the
@@ -30,7 +30,7 @@ pub use buffer::Buffer;
 pub use codec::{decode, encode, EncodeError, EncodedBody, EXT_FRAME_REF};
 pub use error::WireError;
 pub use framing::{decode_message, DecodedMessage};
-pub use header::{Descriptor, Header, Hello, TicketClaim, TicketOp};
+pub use header::{Descriptor, Header, Hello, Ident, TicketClaim, TicketOp};
 pub use limits::{Limits, HANDSHAKE_HEADER_BYTES, HANDSHAKE_HEADER_VALUES};
 pub use preamble::{Preamble, MAX_VERSION, MIN_VERSION};
 pub use resource::{Resource, ResourceError, ResourceKey, Resources, EXT_RESOURCE_KEY};

@@ -6,10 +6,10 @@ use crate::WireError;
 pub const MAGIC: [u8; 8] = *b"HANDOFF\0";
 /// Length of the preamble in bytes.
 pub const PREAMBLE_LEN: usize = 16;
-/// Lowest protocol version this implementation speaks.
+/// Lowest protocol version this implementation speaks (when its user accepts v1 peers).
 pub const MIN_VERSION: u16 = 1;
 /// Highest protocol version this implementation speaks.
-pub const MAX_VERSION: u16 = 1;
+pub const MAX_VERSION: u16 = 2;
 
 /// The preamble: magic, the range of versions a side speaks, and reserved flags.
 ///
@@ -20,17 +20,44 @@ pub struct Preamble {
     pub min_version: u16,
     /// Highest version spoken.
     pub max_version: u16,
-    /// Reserved; version 1 senders write 0 and receivers ignore it.
+    /// Reserved; version 1 and 2 senders write 0 and receivers ignore it.
     pub flags: u32,
 }
 
 impl Preamble {
-    /// The preamble this implementation sends.
+    /// The preamble this implementation sends by default: version 2 only (`spec/WIRE.md`
+    /// §3), so that a peer that has not proven the secret never gets a v1 hello out of it.
     pub const OURS: Preamble = Preamble {
+        min_version: 2,
+        max_version: MAX_VERSION,
+        flags: 0,
+    };
+
+    /// The preamble of a node whose user accepts version-1 peers: versions 1 and 2. With a
+    /// v1-only peer it runs the v1 handshake, whose hello reveals the node's identity before
+    /// any proof (§5.4).
+    pub const ACCEPTING_V1: Preamble = Preamble {
         min_version: MIN_VERSION,
         max_version: MAX_VERSION,
         flags: 0,
     };
+
+    /// What an implementation of version 1 only sends (for tests and tools that play one).
+    pub const V1_ONLY: Preamble = Preamble {
+        min_version: 1,
+        max_version: 1,
+        flags: 0,
+    };
+
+    /// The preamble to send: [`Preamble::ACCEPTING_V1`] if the user accepts v1 peers, else
+    /// [`Preamble::OURS`].
+    pub const fn ours(accept_v1: bool) -> Preamble {
+        if accept_v1 {
+            Preamble::ACCEPTING_V1
+        } else {
+            Preamble::OURS
+        }
+    }
 
     /// Encodes the preamble into its 16 bytes.
     pub fn encode(&self) -> [u8; PREAMBLE_LEN] {
@@ -94,10 +121,10 @@ mod tests {
     fn round_trip_and_negotiate() {
         let p = Preamble::OURS;
         assert_eq!(Preamble::decode(&p.encode()).unwrap(), p);
-        assert_eq!(p.negotiate(&p).unwrap(), 1);
+        assert_eq!(p.negotiate(&p).unwrap(), 2);
         let future = Preamble {
-            min_version: 2,
-            max_version: 3,
+            min_version: 3,
+            max_version: 4,
             flags: 0,
         };
         assert_eq!(p.negotiate(&future).unwrap_err().code(), "unsupported-version");
@@ -106,7 +133,21 @@ mod tests {
             max_version: 5,
             flags: 0,
         };
-        assert_eq!(p.negotiate(&newer_but_compatible).unwrap(), 1);
+        assert_eq!(p.negotiate(&newer_but_compatible).unwrap(), 2);
+        assert_eq!(Preamble::V1_ONLY.negotiate(&newer_but_compatible).unwrap(), 1);
+    }
+
+    #[test]
+    fn version_1_only_by_consent() {
+        // The default refuses a v1-only peer, on both sides alike.
+        let v1 = Preamble::V1_ONLY;
+        assert_eq!(Preamble::OURS.negotiate(&v1).unwrap_err().code(), "unsupported-version");
+        assert_eq!(v1.negotiate(&Preamble::OURS).unwrap_err().code(), "unsupported-version");
+        // A node that accepts v1 runs v1 with it, and v2 with any node that speaks it.
+        assert_eq!(Preamble::ours(true).negotiate(&v1).unwrap(), 1);
+        assert_eq!(v1.negotiate(&Preamble::ours(true)).unwrap(), 1);
+        assert_eq!(Preamble::ours(true).negotiate(&Preamble::OURS).unwrap(), 2);
+        assert_eq!(Preamble::ours(false), Preamble::OURS);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use handoff_wire::framing::{self, decode_message_on, LEN_PREFIX};
 use handoff_wire::preamble::{MAGIC, PREAMBLE_LEN};
 use handoff_wire::resource::{AnyResource, Resolver};
 use handoff_wire::{
-    decode_message, Buffer, Descriptor, Header, Hello, Limits, Preamble, Resource, ResourceError, ResourceKey,
+    decode_message, Buffer, Descriptor, Header, Hello, Ident, Limits, Preamble, Resource, ResourceError, ResourceKey,
     Resources, TicketClaim, TicketOp, WireError, EXT_FRAME_REF, EXT_RESOURCE_KEY,
 };
 use proptest::collection::vec;
@@ -92,6 +92,11 @@ enum OwnedHeader {
         frames: Vec<Vec<u8>>,
     },
     Hello(Hello),
+    Challenge {
+        version: u16,
+        nonce: Vec<u8>,
+    },
+    Ident(Ident),
     Auth(Vec<u8>),
     Ready,
     Release(Vec<u64>),
@@ -124,6 +129,11 @@ impl OwnedHeader {
                     .collect(),
             },
             OwnedHeader::Hello(h) => Header::Hello(h.clone()),
+            OwnedHeader::Challenge { version, nonce } => Header::Challenge {
+                version: *version,
+                nonce: nonce.clone(),
+            },
+            OwnedHeader::Ident(i) => Header::Ident(i.clone()),
             OwnedHeader::Auth(mac) => Header::Auth { mac: mac.clone() },
             OwnedHeader::Ready => Header::Ready,
             OwnedHeader::Release(leases) => Header::Release { leases: leases.clone() },
@@ -374,6 +384,9 @@ fn header_strategy() -> impl Strategy<Value = OwnedHeader> {
     prop_oneof![
         6 => msg_strategy(),
         1 => hello_strategy().prop_map(OwnedHeader::Hello),
+        1 => (any::<u16>(), vec(any::<u8>(), 32..=32))
+            .prop_map(|(version, nonce)| OwnedHeader::Challenge { version, nonce }),
+        1 => hello_strategy().prop_map(|h| OwnedHeader::Ident(h.ident())),
         1 => vec(any::<u8>(), 32..=32).prop_map(OwnedHeader::Auth),
         1 => Just(OwnedHeader::Ready),
         1 => leases_strategy().prop_map(OwnedHeader::Release),
@@ -617,6 +630,11 @@ fn required(kind: &str, k: &str) -> bool {
             k,
             "node" | "name" | "host" | "pid" | "proc" | "lang" | "impl" | "v" | "caps" | "nonce" | "listen" | "unix"
         ),
+        "challenge" => matches!(k, "v" | "nonce"),
+        "ident" => matches!(
+            k,
+            "node" | "name" | "host" | "pid" | "proc" | "lang" | "impl" | "caps" | "listen" | "unix"
+        ),
         "auth" => k == "mac",
         "release" => k == "leases",
         "error" => matches!(k, "code" | "msg"),
@@ -636,6 +654,8 @@ fn structured_header() -> impl Strategy<Value = Mp> {
     let kind = prop_oneof![
         Just("msg"),
         Just("hello"),
+        Just("challenge"),
+        Just("ident"),
         Just("auth"),
         Just("ready"),
         Just("release"),
@@ -756,6 +776,7 @@ fn check_result(input: &[u8], limits: &Limits, result: &Result<framing::DecodedM
             assert!(m.frames.is_empty(), "{other:?} has no frames");
             match other {
                 Header::Hello(h) => assert_eq!(h.nonce.len(), 32),
+                Header::Challenge { nonce, .. } => assert_eq!(nonce.len(), 32),
                 Header::Auth { mac } => assert_eq!(mac.len(), 32),
                 Header::Ticket(
                     TicketOp::Pull { token, .. }
@@ -941,8 +962,10 @@ proptest! {
                 prop_assert!(bytes.len() >= PREAMBLE_LEN);
                 prop_assert!(p.min_version >= 1 && p.min_version <= p.max_version);
                 prop_assert_eq!(&p.encode()[..], &bytes[..PREAMBLE_LEN]);
-                let _ = Preamble::OURS.negotiate(&p);
-                let _ = p.negotiate(&Preamble::OURS);
+                for ours in [Preamble::OURS, Preamble::ACCEPTING_V1, Preamble::V1_ONLY] {
+                    let _ = ours.negotiate(&p);
+                    let _ = p.negotiate(&ours);
+                }
             }
             Err(e) => {
                 assert_known_code(&e);

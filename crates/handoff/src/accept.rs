@@ -126,14 +126,15 @@ pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: Listening) {
                 let node = node.clone();
                 tokio::spawn(async move {
                     if node.connections() >= node.bounds.max_connections {
+                        // Said to a peer that proved nothing: no name, nothing that identifies us.
                         let why = format!(
-                            "node {} has {} connections, as many as it allows",
-                            node.me.name, node.bounds.max_connections
+                            "this node has {} connections, as many as it allows",
+                            node.bounds.max_connections
                         );
                         limited_warn!(node.accept_log, node = %node.me.name, "refused a connection: {why}");
                         match conn {
-                            Accepted::Tcp(mut s, _) => refuse_overloaded(&mut s, why).await,
-                            Accepted::Unix(mut s, _) => refuse_overloaded(&mut s, why).await,
+                            Accepted::Tcp(mut s, _) => refuse_overloaded(&mut s, node.preamble, why).await,
+                            Accepted::Unix(mut s, _) => refuse_overloaded(&mut s, node.preamble, why).await,
                         }
                         return;
                     }

@@ -3,11 +3,11 @@
 
 use std::sync::{Arc, OnceLock};
 
-use handoff_wire::{Channel, Endpoint, Hello, Locality, WireError};
+use handoff_wire::{Channel, Endpoint, Ident, Locality, WireError};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::handshake::{handshake, OurSide};
+use crate::handshake::{handshake, Handshaken, OurSide};
 use crate::io::MessageReader;
 use crate::link::{Link, ShmLink};
 use crate::node::{directory, strip_scheme, NodeInner};
@@ -106,6 +106,7 @@ fn connect_inproc(node: &Arc<NodeInner>, name: &str) -> Result<Peer> {
         PeerAddrs {
             listen: other.listen_addr.clone(),
             unix: other.unix_addr(),
+            version: None,
         },
         Channel::Inproc,
         Link::Inproc {
@@ -120,6 +121,7 @@ fn connect_inproc(node: &Arc<NodeInner>, name: &str) -> Result<Peer> {
         PeerAddrs {
             listen: node.listen_addr.clone(),
             unix: node.unix_addr(),
+            version: None,
         },
         Channel::Inproc,
         Link::Inproc {
@@ -152,31 +154,33 @@ pub(crate) async fn close(peer: &Peer) {
     peer.0.shutdown_writing().await;
 }
 
-fn endpoint_of(hello: &Hello) -> Endpoint {
+fn endpoint_of(ident: &Ident) -> Endpoint {
     Endpoint {
-        node_id: hello.node_id.clone(),
-        name: hello.name.clone(),
-        host_id: hello.host_id.clone(),
-        process_id: hello.process_id.clone(),
-        language: hello.language.clone(),
-        capabilities: hello.capabilities.clone(),
+        node_id: ident.node_id.clone(),
+        name: ident.name.clone(),
+        host_id: ident.host_id.clone(),
+        process_id: ident.process_id.clone(),
+        language: ident.language.clone(),
+        capabilities: ident.capabilities.clone(),
     }
 }
 
-/// Step 6 of the handshake (spec §5.1): a node id names one node in one process. Another
-/// process that presents the id of a connected node is refused; the same node opening a
-/// second connection (the switch to a Unix socket, a reconnection) is welcome.
-fn admit(node: &NodeInner, hello: &Hello) -> std::result::Result<(), WireError> {
-    if hello.node_id == node.me.node_id {
+/// The step before `ready` (spec §5.1 step 6, §5.4 step 7): a node id names one node in one
+/// process. Another process that presents the id of a connected node is refused; the same
+/// node opening a second connection (the switch to a Unix socket, a reconnection) is welcome.
+/// It runs on an identity the peer sent after proving the secret (v2) or covered by its
+/// proof (v1), so what it says goes only to a member of the cluster.
+fn admit(node: &NodeInner, ident: &Ident) -> std::result::Result<(), WireError> {
+    if ident.node_id == node.me.node_id {
         return Err(WireError::Handshake(format!(
             "the peer presents this node's own id {} (a connection to itself, or a copied id)",
-            hello.node_id
+            ident.node_id
         )));
     }
-    match node.peer_by_id(&hello.node_id) {
-        Some(existing) if existing.endpoint().process_id != hello.process_id => Err(WireError::Handshake(format!(
+    match node.peer_by_id(&ident.node_id) {
+        Some(existing) if existing.endpoint().process_id != ident.process_id => Err(WireError::Handshake(format!(
             "node id {} is already connected as {:?} from another process ({}); node ids must be unique",
-            hello.node_id,
+            ident.node_id,
             existing.name(),
             existing.endpoint().process_id
         ))),
@@ -192,12 +196,12 @@ async fn run_handshake<R, W>(
     writer: &mut W,
     label: &str,
     evicted: Option<oneshot::Receiver<()>>,
-) -> Result<Hello>
+) -> Result<Handshaken>
 where
     R: tokio::io::AsyncRead + crate::io::FdSource + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
-    let check = |hello: &Hello| admit(node, hello);
+    let check = |ident: &Ident| admit(node, ident);
     let ours = OurSide {
         me: &node.me,
         listen: node.listen_addr.clone(),
@@ -207,8 +211,9 @@ where
         deadline: tokio::time::Instant::now() + node.bounds.handshake_timeout,
         write_timeout: node.bounds.write_timeout,
         admit: &check,
+        preamble: node.preamble,
     };
-    Ok(handshake(reader, writer, ours, label, evicted).await?.hello)
+    handshake(reader, writer, ours, label, evicted).await
 }
 
 /// Handshakes on a fresh TCP stream, registers the peer and starts its reader.
@@ -223,13 +228,14 @@ pub(crate) async fn open_tcp(
         .map_err(|e| Error::io(format!("setting TCP_NODELAY for {label}"), e))?;
     let (read_half, mut write_half) = stream.into_split();
     let mut reader = MessageReader::new(read_half, label.clone(), node.bounds.progress_timeout);
-    let hello = run_handshake(&node, &mut reader, &mut write_half, &label, evicted).await?;
+    let Handshaken { ident, version } = run_handshake(&node, &mut reader, &mut write_half, &label, evicted).await?;
     let peer = Peer::new(
         &node,
-        endpoint_of(&hello),
+        endpoint_of(&ident),
         PeerAddrs {
-            listen: hello.listen,
-            unix: hello.unix,
+            listen: ident.listen,
+            unix: ident.unix,
+            version: Some(version),
         },
         Channel::Tcp,
         Link::Tcp {
@@ -258,23 +264,24 @@ pub(crate) async fn open_unix(
         node.bounds.progress_timeout,
     );
     let mut writer = UnixWriter::new(stream);
-    let hello = run_handshake(&node, &mut reader, &mut writer, &label, evicted).await?;
-    if hello.host_id != node.me.host_id {
+    let Handshaken { ident, version } = run_handshake(&node, &mut reader, &mut writer, &label, evicted).await?;
+    if ident.host_id != node.me.host_id {
         crate::limited_warn!(
             node.accept_log,
             node = %node.me.name,
-            peer = %hello.name,
+            peer = %ident.name,
             "peer on our Unix socket claims another host id ({}); it shares our memory all the same",
-            hello.host_id
+            ident.host_id
         );
     }
     let link = Arc::new(ShmLink::new(writer, &node));
     let peer = Peer::new(
         &node,
-        endpoint_of(&hello),
+        endpoint_of(&ident),
         PeerAddrs {
-            listen: hello.listen,
-            unix: hello.unix,
+            listen: ident.listen,
+            unix: ident.unix,
+            version: Some(version),
         },
         Channel::Shm,
         Link::Shm(link.clone()),

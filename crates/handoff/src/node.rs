@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
-use handoff_wire::{Channel, Endpoint, Limits, Resources};
+use handoff_wire::{Channel, Endpoint, Limits, Preamble, Resources};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
@@ -51,9 +51,34 @@ pub struct NodeBuilder {
     lease_config: LeaseConfig,
     redeem: Redeem,
     pull_timeout: Duration,
+    accept_v1: bool,
+    preamble: Option<Preamble>,
 }
 
 impl NodeBuilder {
+    /// Also accept peers that speak only protocol version 1 (default: off).
+    ///
+    /// Version 1's hello tells anyone who connects this node's id, name, host id, pid,
+    /// process id, listen address and socket path **before either side has proven the
+    /// cluster secret**; version 2, the default, says who the node is only to a peer whose
+    /// proof it verified (spec §5.4). With this on, the node announces versions 1 and 2 and
+    /// runs version 1 with a peer that speaks nothing newer (still version 2 with every
+    /// peer that does); with it off, a v1-only peer is refused with `unsupported-version`.
+    /// Turn it on only while such peers are being upgraded.
+    pub fn accept_v1(mut self, on: bool) -> Self {
+        self.accept_v1 = on;
+        self
+    }
+
+    /// Sends `preamble` in place of the node's own, whatever [`accept_v1`](Self::accept_v1)
+    /// says: for tests that play an older peer ([`Preamble::V1_ONLY`] makes a node that
+    /// speaks version 1 only). Not for production use.
+    #[doc(hidden)]
+    pub fn preamble(mut self, preamble: Preamble) -> Self {
+        self.preamble = Some(preamble);
+        self
+    }
+
     /// Send buffers of at least this many bytes to TCP peers as tickets (the receiver
     /// pulls them from us) instead of in the stream. Default: never (`None`);
     /// [`Peer::send_by_ticket`] asks for tickets explicitly.
@@ -271,6 +296,7 @@ impl NodeBuilder {
             next_req: AtomicU64::new(1),
             unlease_tx,
             resources: Arc::new(Resources::new(self.name.clone())),
+            preamble: self.preamble.unwrap_or(Preamble::ours(self.accept_v1)),
         });
         directory::register(&inner)?;
         if let Some(listener) = listener {
@@ -351,6 +377,8 @@ pub(crate) struct NodeInner {
     pub(crate) unlease_tx: mpsc::UnboundedSender<handoff_wire::TicketClaim>,
     /// Local objects that values refer to by key (bound while decoding).
     pub(crate) resources: Arc<Resources>,
+    /// The preamble this node sends: version 2 only, or 1 and 2 with `accept_v1` (spec §3).
+    pub(crate) preamble: Preamble,
 }
 
 impl NodeInner {
@@ -474,6 +502,8 @@ impl Node {
             lease_config: LeaseConfig::default(),
             redeem: Redeem::Eager,
             pull_timeout: Duration::from_secs(30),
+            accept_v1: false,
+            preamble: None,
         }
     }
 

@@ -23,6 +23,8 @@ pub(crate) struct PeerInner {
     pub(crate) remote: Endpoint,
     pub(crate) listen: Option<String>,
     pub(crate) unix: Option<String>,
+    /// The wire protocol version of the connection; `None` in process.
+    pub(crate) version: Option<u16>,
     pub(crate) outbound: Arc<Route>,
     pub(crate) inbound: Arc<Route>,
     pub(crate) link: Link,
@@ -74,6 +76,8 @@ pub struct Peer(pub(crate) Arc<PeerInner>);
 pub(crate) struct PeerAddrs {
     pub(crate) listen: Option<String>,
     pub(crate) unix: Option<String>,
+    /// The protocol version the preambles chose; `None` in process.
+    pub(crate) version: Option<u16>,
 }
 
 impl Peer {
@@ -103,6 +107,7 @@ impl Peer {
             remote,
             listen: addrs.listen,
             unix: addrs.unix,
+            version: addrs.version,
             outbound,
             inbound,
             link,
@@ -139,6 +144,12 @@ impl Peer {
     /// The peer's Unix socket for same-host connections, if it announced one.
     pub fn unix_addr(&self) -> Option<&str> {
         self.0.unix.as_deref()
+    }
+
+    /// The wire protocol version the connection runs (spec §3): 2, or 1 with a peer that
+    /// speaks nothing newer when this node accepts v1 peers; `None` for an in-process peer.
+    pub fn protocol_version(&self) -> Option<u16> {
+        self.0.version
     }
 
     /// The route messages to this peer take.

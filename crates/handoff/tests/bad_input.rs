@@ -6,9 +6,12 @@
 
 use std::time::Duration;
 
+mod raw;
+
 use handoff::wire::framing::encode_header_into;
-use handoff::wire::{auth, decode_message, Header, Hello, Limits, Preamble};
+use handoff::wire::{decode_message, Header, Limits, Preamble};
 use handoff::{Buffer, Message, Node};
+use raw::RawSide;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -67,35 +70,26 @@ fn error_code_in(bytes: &[u8]) -> Option<String> {
     None
 }
 
-/// Performs a valid handshake by hand; returns the stream, ready for messages.
+/// Performs a valid (version 2) handshake by hand; returns the stream, ready for messages.
 async fn handshaken(target: &str) -> TcpStream {
     let mut s = TcpStream::connect(target).await.unwrap();
-    s.write_all(&Preamble::OURS.encode()).await.unwrap();
+    let ident = raw::ident(
+        "00000000000000000000000000000abc",
+        "raw-client",
+        "00000000000000000000000000000def",
+        &["inline"],
+    );
+    let mut me = RawSide::v2(SECRET, ident);
+    s.write_all(&me.preamble()).await.unwrap();
     let mut pre = [0u8; 16];
     s.read_exact(&mut pre).await.unwrap();
-    let hello = Hello {
-        node_id: "00000000000000000000000000000abc".into(),
-        name: "raw-client".into(),
-        host_id: "raw-host".into(),
-        pid: 1,
-        process_id: "00000000000000000000000000000def".into(),
-        language: "test".into(),
-        implementation: "raw/0".into(),
-        version: 1,
-        capabilities: vec!["inline".into()],
-        nonce: vec![5; 32],
-        listen: None,
-        unix: None,
-    };
-    let own = header_bytes(&Header::Hello(hello));
-    s.write_all(&own).await.unwrap();
-    let peer_hello = read_one_header(&mut s).await;
-    let proof = auth::proof(SECRET.as_bytes(), &own[4..], &peer_hello);
-    s.write_all(&header_bytes(&Header::Auth { mac: proof.to_vec() }))
-        .await
-        .unwrap();
+    s.write_all(&me.first()).await.unwrap();
+    let peer_challenge = read_one_header(&mut s).await;
+    s.write_all(&me.auth(&pre, &peer_challenge)).await.unwrap();
     let _auth = read_one_header(&mut s).await;
-    s.write_all(&header_bytes(&Header::Ready)).await.unwrap();
+    s.write_all(&me.ident()).await.unwrap();
+    let _ident = read_one_header(&mut s).await;
+    s.write_all(&me.ready()).await.unwrap();
     let ready = read_one_header(&mut s).await;
     assert_eq!(Header::decode(&ready, &Limits::default()).unwrap(), Header::Ready);
     s

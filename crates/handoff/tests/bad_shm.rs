@@ -7,9 +7,12 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
+mod raw;
+
 use handoff::wire::framing::encode_header_into;
-use handoff::wire::{auth, decode_message, Descriptor, Header, Hello, Limits, Preamble};
+use handoff::wire::{decode_message, Descriptor, Header, Limits};
 use handoff::{Buffer, Channel, Message, Node};
+use raw::RawSide;
 use rustix::fs::{MemfdFlags, SealFlags};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use serde::{Deserialize, Serialize};
@@ -52,29 +55,23 @@ fn read_header(s: &mut UnixStream) -> Vec<u8> {
 fn handshaken(path: &str) -> UnixStream {
     let mut s = UnixStream::connect(path).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    s.write_all(&Preamble::OURS.encode()).unwrap();
+    let ident = raw::ident(
+        "000000000000000000000000000000aa",
+        "raw-shm",
+        "000000000000000000000000000000bb",
+        &["inline", "shm"],
+    );
+    let mut me = RawSide::v2(SECRET, ident);
+    s.write_all(&me.preamble()).unwrap();
     let mut pre = [0u8; 16];
     s.read_exact(&mut pre).unwrap();
-    let own = header(&Header::Hello(Hello {
-        node_id: "000000000000000000000000000000aa".into(),
-        name: "raw-shm".into(),
-        host_id: "whatever".into(),
-        pid: std::process::id(),
-        process_id: "000000000000000000000000000000bb".into(),
-        language: "test".into(),
-        implementation: "raw/0".into(),
-        version: 1,
-        capabilities: vec!["inline".into(), "shm".into()],
-        nonce: vec![9; 32],
-        listen: None,
-        unix: None,
-    }));
-    s.write_all(&own).unwrap();
-    let peer_hello = read_header(&mut s);
-    let proof = auth::proof(SECRET.as_bytes(), &own[4..], &peer_hello);
-    s.write_all(&header(&Header::Auth { mac: proof.to_vec() })).unwrap();
+    s.write_all(&me.first()).unwrap();
+    let peer_challenge = read_header(&mut s);
+    s.write_all(&me.auth(&pre, &peer_challenge)).unwrap();
     read_header(&mut s);
-    s.write_all(&header(&Header::Ready)).unwrap();
+    s.write_all(&me.ident()).unwrap();
+    read_header(&mut s);
+    s.write_all(&me.ready()).unwrap();
     assert_eq!(
         Header::decode(&read_header(&mut s), &Limits::default()).unwrap(),
         Header::Ready

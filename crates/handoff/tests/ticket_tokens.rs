@@ -4,10 +4,13 @@
 
 use std::time::Duration;
 
+mod raw;
+
 use handoff::tickets::LeaseConfig;
 use handoff::wire::framing::encode_header_into;
-use handoff::wire::{auth, Descriptor, Header, Hello, Limits, Preamble, TicketClaim, TicketOp};
+use handoff::wire::{Descriptor, Header, Limits, TicketClaim, TicketOp};
 use handoff::{Buffer, Message, Node};
+use raw::RawSide;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -37,33 +40,24 @@ impl Raw {
     async fn connect(node: &Node, id: &str) -> Raw {
         let addr = node.listen_addr().unwrap().trim_start_matches("tcp://").to_string();
         let mut s = TcpStream::connect(addr).await.unwrap();
-        s.write_all(&Preamble::OURS.encode()).await.unwrap();
+        let ident = raw::ident(
+            id,
+            &format!("raw-{id}"),
+            "00000000000000000000000000000fff",
+            &["inline", "ticket"],
+        );
+        let mut me = RawSide::v2(SECRET, ident);
+        s.write_all(&me.preamble()).await.unwrap();
         let mut pre = [0u8; 16];
         s.read_exact(&mut pre).await.unwrap();
-        let own = header(&Header::Hello(Hello {
-            node_id: id.into(),
-            name: format!("raw-{id}"),
-            host_id: "raw-host".into(),
-            pid: 1,
-            process_id: "00000000000000000000000000000fff".into(),
-            language: "test".into(),
-            implementation: "raw/0".into(),
-            version: 1,
-            capabilities: vec!["inline".into(), "ticket".into()],
-            nonce: vec![id.len() as u8; 32],
-            listen: None,
-            unix: None,
-        }));
-        s.write_all(&own).await.unwrap();
+        s.write_all(&me.first()).await.unwrap();
         let mut raw = Raw { s };
-        let peer_hello = raw.read_header().await;
-        let proof = auth::proof(SECRET.as_bytes(), &own[4..], &peer_hello);
-        raw.s
-            .write_all(&header(&Header::Auth { mac: proof.to_vec() }))
-            .await
-            .unwrap();
+        let peer_challenge = raw.read_header().await;
+        raw.s.write_all(&me.auth(&pre, &peer_challenge)).await.unwrap();
         raw.read_header().await;
-        raw.s.write_all(&header(&Header::Ready)).await.unwrap();
+        raw.s.write_all(&me.ident()).await.unwrap();
+        raw.read_header().await;
+        raw.s.write_all(&me.ready()).await.unwrap();
         raw.read_header().await;
         raw
     }

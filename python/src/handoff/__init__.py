@@ -7,7 +7,7 @@ Modules, one job each:
 - :mod:`handoff.resources` — resource keys and the node's registry of local objects.
 - :mod:`handoff.data` — data handles: tags bound to local sources, or pulled from the sender.
 - :mod:`handoff.transport` — a connection's socket: buffered reads, frames, SCM_RIGHTS.
-- :mod:`handoff.handshake` — preambles, hellos, proofs, ready.
+- :mod:`handoff.handshake` — preambles, challenges (v1: hellos), proofs, idents, ready.
 - :mod:`handoff.shm` — memfd segments to send, read-only mappings of received ones.
 - :mod:`handoff.tickets` — the owner's leases and the holder's :class:`Ticket`.
 - :mod:`handoff.peer`, :mod:`handoff.node`, :mod:`handoff.envelope` — the runtime.

@@ -1,14 +1,21 @@
-"""The connection handshake (spec §5.1): preambles, hellos, proofs of the secret, ready.
+"""The connection handshake: preambles, the sequence of the negotiated version, ready.
+
+Version 2 (spec §5.4, the default): challenges, proofs over both preambles and both
+challenges (§5.5), and only then the idents, so that a peer that has not proven the
+secret learns nothing about this node but a nonce. Version 1 (§5.1): hellos, which carry
+the identity before any proof, then proofs over them; run only with a peer that speaks
+nothing newer, when the node accepts v1 peers (``OurSide.preamble``).
 
 Symmetric: each side sends before it waits on the previous read, so it cannot deadlock.
 On any failure the peer is told why (an ``error`` message, best effort) unless it was
-the peer that sent an ``error``.
+the peer that sent an ``error``; an ``error`` sent before the peer's proof is verified
+names neither this node nor its addresses.
 
 Before the handshake completes a side accepts little (§5.1): headers of at most the
 handshake header limit (64 KiB, ``OurSide.limits``), no file descriptors (``bad-shm``),
-a hello whose ``caps`` include ``inline``; the node may refuse the connection after the
-preambles (``overloaded``, ``OurSide.admit``) and refuses, in step 6, a node id that is
-already connected from another process (``OurSide.check_peer``).
+a peer whose ``caps`` include ``inline``; the node may refuse the connection after the
+preambles (``overloaded``, ``OurSide.admit``) and refuses, before ``ready``, a node id that
+is already connected from another process (``OurSide.check_peer``).
 """
 
 from __future__ import annotations
@@ -23,9 +30,19 @@ from . import wire
 from .errors import AuthenticationError, PeerClosed, PeerRefused
 from .transport import Transport
 
-__all__ = ["OurSide", "handshake", "send_error", "IMPLEMENTATION"]
+__all__ = ["OurSide", "Handshaken", "handshake", "send_error", "IMPLEMENTATION"]
 
 IMPLEMENTATION = "handoff-py/0.1.0"
+
+
+@dataclass
+class Handshaken:
+    """What the handshake learnt about the peer."""
+
+    #: What the peer said about itself: its v2 ident, or its v1 hello's identity fields.
+    ident: wire.Ident
+    #: The protocol version the preambles chose.
+    version: int
 
 
 @dataclass
@@ -41,8 +58,11 @@ class OurSide:
     unix: Optional[str] = None
     #: Called after the preambles: ``(code, message)`` refuses the connection, ``None`` admits it.
     admit: Optional[Callable[[], Optional[tuple]]] = None
-    #: Called in step 6 with the peer's verified hello: a message refuses it (``handshake``).
-    check_peer: Optional[Callable[[wire.Hello], Optional[str]]] = None
+    #: Called before ``ready`` with the peer's verified identity (its ident, or its hello's
+    #: fields in v1): a message refuses it (``handshake``).
+    check_peer: Optional[Callable[[wire.Ident], Optional[str]]] = None
+    #: The preamble we send: version 2 only by default, 1..=2 to accept v1 peers (§3).
+    preamble: wire.Preamble = wire.OUR_PREAMBLE
 
 
 async def send_error(transport: Transport, code: str, message: str) -> None:
@@ -102,65 +122,41 @@ async def _expect(transport: Transport, header, step: str) -> None:
     )
 
 
-async def handshake(transport: Transport, ours: OurSide) -> tuple[wire.Hello, bytes]:
-    """Runs the handshake; returns the peer's hello and its exact header bytes."""
-    await transport.send([wire.OUR_PREAMBLE.encode()])
-    try:
-        peer_preamble = wire.Preamble.decode(await transport.read_preamble())
-        version = wire.OUR_PREAMBLE.negotiate(peer_preamble)
-    except wire.WireError as e:
-        await _fail(transport, e)
-    await _check_fds(transport)
-    if ours.admit is not None:
-        refusal = ours.admit()
-        if refusal is not None:
-            await _fail(transport, wire.WireError(*refusal))
+def _fail_with(code: str, message: str) -> wire.WireError:
+    return wire.WireError(code, f"handshake failed: {message}" if code == "handshake" else message)
 
+
+async def _check_caps(transport: Transport, caps: list) -> None:
+    """The check on the peer's capabilities (v1: on its hello, step 3; v2: on its ident, step 7)."""
+    if "inline" not in caps:
+        await _fail(
+            transport,
+            _fail_with(
+                "handshake", f"the peer announces capabilities {caps!r} without 'inline', which every node announces"
+            ),
+        )
+
+
+async def _check_nonce_and_version(transport: Transport, what: str, nonce: bytes, v: int, ours: bytes, version: int):
+    """Step 3: a reflected nonce, then the version (§5.1, §5.4)."""
+    if nonce == ours:
+        await _fail(transport, _fail_with("handshake", "the peer echoed our own nonce (a reflected handshake)"))
+    if v != version:
+        await _fail(
+            transport, _fail_with("handshake", f"peer's {what} says version {v}, the preambles chose {version}")
+        )
+
+
+async def _v1(transport: Transport, ours: OurSide, ident: wire.Ident, limits: wire.Limits) -> wire.Ident:
+    """Version 1, steps 2–5 (§5.1): hellos, then proofs over them; returns the peer's identity."""
     nonce = secrets.token_bytes(32)
-    hello = wire.Hello(
-        node=ours.node_id,
-        name=ours.name,
-        host=ours.host_id,
-        pid=os.getpid(),
-        proc=ours.process_id,
-        lang="python",
-        impl=IMPLEMENTATION,
-        v=version,
-        caps=list(ours.caps),
-        nonce=nonce,
-        listen=ours.listen,
-        unix=ours.unix,
-    )
-    own_hello = wire.encode_header(hello)
+    own_hello = wire.encode_header(ident.hello(1, nonce))
     await transport.send([wire.frame_header(own_hello)])
-
-    # Until the connection is established, headers are bounded by the handshake limit (§5.1, §9).
-    limits = ours.limits.during_handshake()
     peer_hello_bytes, peer_hello = await _read(transport, limits, "hello")
     if not isinstance(peer_hello, wire.Hello):
         await _expect(transport, peer_hello, "hello")
-    if peer_hello.nonce == nonce:
-        await _fail(
-            transport,
-            wire.WireError("handshake", "handshake failed: the peer echoed our own nonce (a reflected handshake)"),
-        )
-    if peer_hello.v != version:
-        await _fail(
-            transport,
-            wire.WireError(
-                "handshake",
-                f"handshake failed: peer's hello says version {peer_hello.v}, the preambles chose {version}",
-            ),
-        )
-    if "inline" not in peer_hello.caps:
-        await _fail(
-            transport,
-            wire.WireError(
-                "handshake",
-                f"handshake failed: the peer's hello announces capabilities {peer_hello.caps!r} without 'inline', "
-                "which every v1 node announces",
-            ),
-        )
+    await _check_nonce_and_version(transport, "hello", peer_hello.nonce, peer_hello.v, nonce, 1)
+    await _check_caps(transport, peer_hello.caps)
 
     mac = wire.proof(ours.secret, own_hello, peer_hello_bytes)
     await transport.send([wire.encode_message(wire.Auth(mac))])
@@ -171,13 +167,81 @@ async def handshake(transport: Transport, ours: OurSide) -> tuple[wire.Hello, by
         wire.verify(ours.secret, peer_auth.mac, peer_hello_bytes, own_hello)
     except wire.WireError as e:
         await _fail(transport, e)
+    return peer_hello.ident()
+
+
+async def _v2(
+    transport: Transport, ours: OurSide, ident: wire.Ident, limits: wire.Limits, preambles: tuple
+) -> wire.Ident:
+    """Version 2, steps 2–7 (§5.4): challenges, proofs, then idents; returns the peer's ident."""
+    own_preamble, peer_preamble = preambles
+    nonce = secrets.token_bytes(32)
+    own_challenge = wire.encode_header(wire.Challenge(2, nonce))
+    await transport.send([wire.frame_header(own_challenge)])
+    peer_challenge_bytes, peer_challenge = await _read(transport, limits, "challenge")
+    if not isinstance(peer_challenge, wire.Challenge):
+        await _expect(transport, peer_challenge, "challenge")
+    await _check_nonce_and_version(transport, "challenge", peer_challenge.nonce, peer_challenge.v, nonce, 2)
+
+    mac = wire.proof_v2(ours.secret, own_preamble, peer_preamble, own_challenge, peer_challenge_bytes)
+    await transport.send([wire.encode_message(wire.Auth(mac))])
+    _, peer_auth = await _read(transport, limits, "auth")
+    if not isinstance(peer_auth, wire.Auth):
+        await _expect(transport, peer_auth, "auth")
+    try:
+        wire.verify_v2(ours.secret, peer_auth.mac, peer_preamble, own_preamble, peer_challenge_bytes, own_challenge)
+    except wire.WireError as e:
+        await _fail(transport, e)
+
+    # The peer proved the secret: now, and only now, say who we are.
+    await transport.send([wire.encode_message(ident)])
+    _, peer_ident = await _read(transport, limits, "ident")
+    if not isinstance(peer_ident, wire.Ident):
+        await _expect(transport, peer_ident, "ident")
+    await _check_caps(transport, peer_ident.caps)
+    return peer_ident
+
+
+async def handshake(transport: Transport, ours: OurSide) -> Handshaken:
+    """Runs the handshake; returns what the peer said about itself and the version."""
+    own_preamble = ours.preamble.encode()
+    await transport.send([own_preamble])
+    try:
+        peer_preamble = bytes(await transport.read_preamble())
+        version = ours.preamble.negotiate(wire.Preamble.decode(peer_preamble))
+    except wire.WireError as e:
+        await _fail(transport, e)
+    await _check_fds(transport)
+    if ours.admit is not None:
+        refusal = ours.admit()
+        if refusal is not None:
+            await _fail(transport, wire.WireError(*refusal))
+
+    ident = wire.Ident(
+        node=ours.node_id,
+        name=ours.name,
+        host=ours.host_id,
+        pid=os.getpid(),
+        proc=ours.process_id,
+        lang="python",
+        impl=IMPLEMENTATION,
+        caps=list(ours.caps),
+        listen=ours.listen,
+        unix=ours.unix,
+    )
+    # Until the connection is established, headers are bounded by the handshake limit (§5.1, §9).
+    limits = ours.limits.during_handshake()
+    if version == 1:
+        peer = await _v1(transport, ours, ident, limits)
+    else:
+        peer = await _v2(transport, ours, ident, limits, (own_preamble, peer_preamble[:16]))
     if ours.check_peer is not None:
-        reason = ours.check_peer(peer_hello)
+        reason = ours.check_peer(peer)
         if reason is not None:
-            await _fail(transport, wire.WireError("handshake", f"handshake failed: {reason}"))
+            await _fail(transport, _fail_with("handshake", reason))
 
     await transport.send([wire.encode_message(wire.Ready())])
     _, ready = await _read(transport, limits, "ready")
     if not isinstance(ready, wire.Ready):
         await _expect(transport, ready, "ready")
-    return peer_hello, peer_hello_bytes
+    return Handshaken(peer, version)

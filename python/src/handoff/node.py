@@ -94,6 +94,15 @@ class Node:
     connections at once, timeouts, buffered bytes, leases …). Messages wait for
     :meth:`recv` in an inbox that serves the connections fairly by bytes
     (:mod:`handoff.inbox`), bounded by the buffered bytes of ``bounds``.
+
+    ``accept_v1`` (default off) also accepts peers that speak only protocol version 1.
+    Version 1's hello tells anyone who connects this node's id, name, host id, pid,
+    process id, listen address and socket path **before either side has proven the
+    cluster secret**; version 2, the default, says who the node is only to a peer whose
+    proof it verified (spec §5.4). With it on, the node announces versions 1 and 2 and
+    runs version 1 with a peer that speaks nothing newer; with it off, such a peer is
+    refused with ``unsupported-version``. ``preamble`` (tests only) sends that preamble
+    instead, e.g. :data:`handoff.wire.V1_ONLY` to play a v1-only peer.
     """
 
     def __init__(
@@ -113,6 +122,8 @@ class Node:
         limits: wire.Limits = wire.DEFAULT_LIMITS,
         types: Optional[Iterable[str]] = None,
         bounds: Bounds = DEFAULT_BOUNDS,
+        accept_v1: bool = False,
+        preamble: Optional[wire.Preamble] = None,
     ):
         if not name:
             raise ValueError("a node needs a name")
@@ -132,6 +143,8 @@ class Node:
         self.pull_timeout = pull_timeout
         self.limits = limits
         self.bounds = bounds
+        #: The preamble this node sends: version 2 only, or 1 and 2 with ``accept_v1`` (§3).
+        self.preamble = preamble or wire.our_preamble(accept_v1)
         #: What a header may be before a connection is established (§5.1, §9: 64 KiB, 1024 values).
         self.handshake_limits = dataclasses.replace(
             limits.during_handshake(),
@@ -324,37 +337,40 @@ class Node:
             listen=self.listen_addr,
             unix=self.unix_addr,
             admit=self._admit_connection,
-            check_peer=(lambda hello: self._check_node_id(hello, transport)) if transport is not None else None,
+            check_peer=(lambda ident: self._check_node_id(ident, transport)) if transport is not None else None,
+            preamble=self.preamble,
         )
 
     def _admit_connection(self) -> Optional[tuple]:
         """After the preambles: room for one more established connection? (§9.1)"""
         if len(self._all_peers) >= self.bounds.max_connections:
+            # Said to a peer that proved nothing: no name, nothing that identifies us.
             return (
                 "overloaded",
-                f"node {self.name} has {len(self._all_peers)} connections, the most it allows; try again later",
+                f"this node has {len(self._all_peers)} connections, the most it allows; try again later",
             )
         return None
 
-    def _check_node_id(self, hello: wire.Hello, transport: Transport) -> Optional[str]:
-        """Step 6 of the handshake (§5.1): a node id names one node in one process.
+    def _check_node_id(self, ident: wire.Ident, transport: Transport) -> Optional[str]:
+        """The step before ``ready`` (§5.1 step 6, §5.4 step 7): a node id names one node in one process.
 
-        A node id connected (or passing step 6 on another connection) from another
-        process is refused; the same process may open a second connection."""
-        if hello.node == self.node_id:
-            return f"the peer claims this node's own node id {hello.node}"
-        other = self.peer_by_id(hello.node)
-        claim = self._claims.get(hello.node)
-        proc = other.hello.proc if other is not None else claim[0] if claim is not None else None
-        if proc is not None and proc != hello.proc:
+        A node id connected (or passing this step on another connection) from another
+        process is refused; the same process may open a second connection. ``ident`` is
+        the peer's ident (v2) or its hello's identity (v1), sent by a peer that proved the secret."""
+        if ident.node == self.node_id:
+            return f"the peer claims this node's own node id {ident.node}"
+        other = self.peer_by_id(ident.node)
+        claim = self._claims.get(ident.node)
+        proc = other.ident.proc if other is not None else claim[0] if claim is not None else None
+        if proc is not None and proc != ident.proc:
             return (
-                f"node id {hello.node} is already connected from another process (proc {proc}, this hello says "
-                f"{hello.proc}): two processes claim one node id (a copied configuration? a forked process?)"
+                f"node id {ident.node} is already connected from another process (proc {proc}, this one says "
+                f"{ident.proc}): two processes claim one node id (a copied configuration? a forked process?)"
             )
-        if claim is None or claim[0] != hello.proc:
-            claim = self._claims[hello.node] = [hello.proc, 0]
+        if claim is None or claim[0] != ident.proc:
+            claim = self._claims[ident.node] = [ident.proc, 0]
         claim[1] += 1
-        transport.claimed = hello.node
+        transport.claimed = ident.node
         return None
 
     def _unclaim(self, transport: Transport) -> None:
@@ -389,7 +405,7 @@ class Node:
         timeout = self.bounds.handshake_timeout
         try:
             try:
-                hello, _ = await asyncio.wait_for(handshake(transport, self._our_side(transport)), timeout)
+                done = await asyncio.wait_for(handshake(transport, self._our_side(transport)), timeout)
             except asyncio.TimeoutError:
                 msg = f"the handshake did not complete within {timeout:g} s"
                 await send_error(transport, "timeout", f"timed out: {msg}")
@@ -404,7 +420,7 @@ class Node:
                     wire.encode_message(
                         wire.Error(
                             "overloaded",
-                            f"node {self.name} runs {self.bounds.max_handshakes} handshakes at once, "
+                            f"this node runs {self.bounds.max_handshakes} handshakes at once, "
                             "the most it allows, and closed the oldest; try again later",
                         )
                     )
@@ -420,14 +436,15 @@ class Node:
             if transport.closed:
                 self._unclaim(transport)
         channel = "shm" if transport.unix else "tcp"
-        if transport.unix and hello.host != self.host_id:
+        ident = done.ident
+        if transport.unix and ident.host != self.host_id:
             self._warn_about(
-                f"peer {hello.name}",
+                f"peer {ident.name}",
                 "peer %s on our Unix socket claims another host id (%s); it shares our memory all the same",
-                hello.name,
-                hello.host,
+                ident.name,
+                ident.host,
             )
-        peer = Peer(self, transport, hello, channel)
+        peer = Peer(self, transport, ident, channel, done.version)
         self._add_peer(peer)
         self._unclaim(transport)  # the established connection speaks for the node id now
         peer.reader = self.loop.create_task(peer.read_loop())
@@ -464,11 +481,11 @@ class Node:
         if channel == "tcp":
             return peer
         why_not = None
-        if peer.hello.host != self.host_id:
+        if peer.ident.host != self.host_id:
             why_not = "it is on another host"
         elif not self.shm:
             why_not = "this node has shared memory turned off"
-        elif "shm" not in peer.hello.caps or not peer.hello.unix:
+        elif "shm" not in peer.ident.caps or not peer.ident.unix:
             why_not = "it offers no Unix socket"
         if why_not is not None:
             if channel == "shm":
@@ -476,7 +493,7 @@ class Node:
                 raise HandoffError(f"cannot use shm with {peer.name}: {why_not}")
             return peer
         try:
-            shm_peer = await self._connect_unix(_strip(peer.hello.unix, "unix://"))
+            shm_peer = await self._connect_unix(_strip(peer.ident.unix, "unix://"))
         except Exception as e:
             if channel == "shm":
                 await peer.close()
@@ -485,7 +502,7 @@ class Node:
                 "%s: same-host peer %s, but its Unix socket %s cannot be reached (%s); falling back to tcp",
                 self.name,
                 peer.name,
-                peer.hello.unix,
+                peer.ident.unix,
                 e,
             )
             return peer

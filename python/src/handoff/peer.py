@@ -59,12 +59,15 @@ def _shm_released(peer_ref: "weakref.ref[Peer]", lease: int) -> None:
 class Peer:
     """A connected node. Get one from :meth:`Node.connect`, :meth:`Node.peer` or ``envelope.sender``."""
 
-    def __init__(self, node: "Node", transport: Transport, hello: wire.Hello, channel: str):
+    def __init__(self, node: "Node", transport: Transport, ident: wire.Ident, channel: str, version: int = 2):
         self.node = node
         self.transport = transport
-        self.hello = hello
+        #: What the peer said about itself in the handshake (its ident, or its v1 hello's fields).
+        self.ident = ident
         #: ``tcp`` or ``shm`` (a Unix socket).
         self.channel = channel
+        #: The wire protocol version of the connection (§3): 2, or 1 with a v1-only peer.
+        self.protocol_version = version
         self.closed = False
         self.pending: dict = {}  # req -> (future, what, bytes expected for a pull or None)
         self._leases: dict = {}  # shm lease -> SharedFrame kept for the peer
@@ -94,38 +97,38 @@ class Peer:
 
     @property
     def name(self) -> str:
-        return self.hello.name
+        return self.ident.name
 
     @property
     def node_id(self) -> str:
-        return self.hello.node
+        return self.ident.node
 
     @property
     def host_id(self) -> str:
-        return self.hello.host
+        return self.ident.host
 
     @property
     def lang(self) -> str:
-        return self.hello.lang
+        return self.ident.lang
 
     @property
     def caps(self) -> list:
-        return list(self.hello.caps)
+        return list(self.ident.caps)
 
     @property
     def listen_addr(self) -> Optional[str]:
-        return self.hello.listen
+        return self.ident.listen
 
     @property
     def unix_addr(self) -> Optional[str]:
-        return self.hello.unix
+        return self.ident.unix
 
     @property
     def locality(self) -> str:
         """``remote``, ``same-host`` or ``same-process`` (spec §1)."""
-        if self.hello.host != self.node.host_id:
+        if self.ident.host != self.node.host_id:
             return "remote"
-        return "same-process" if self.hello.proc == self.node.process_id else "same-host"
+        return "same-process" if self.ident.proc == self.node.process_id else "same-host"
 
     def __repr__(self) -> str:
         return f"Peer({self.name}, {self.locality}, {self.channel})"
@@ -175,11 +178,11 @@ class Peer:
         if n == 0:
             return False
         if by_ticket:
-            if "ticket" not in self.hello.caps:
+            if "ticket" not in self.ident.caps:
                 raise HandoffError(f"{self.name} does not accept tickets (it did not announce 'ticket')")
             return True
         t = self.node.ticket_threshold
-        return self.channel == "tcp" and t is not None and n >= t and "ticket" in self.hello.caps
+        return self.channel == "tcp" and t is not None and n >= t and "ticket" in self.ident.caps
 
     async def send(self, type_name: str, body: Any, *, by_ticket: bool = False) -> None:
         """Sends a message of type ``type_name`` whose body is ``body`` (usually a dict).
@@ -209,7 +212,7 @@ class Peer:
                 elif isinstance(source, SharedFrame):
                     view = source.view
                 n = view.nbytes
-                lazy = isinstance(source, OnDemand) and n > 0 and "ticket" in self.hello.caps
+                lazy = isinstance(source, OnDemand) and n > 0 and "ticket" in self.ident.caps
                 if lazy or self._ticket_wanted(n, by_ticket):
                     known = source.digest if lazy else None
                     lease, token, dg = await self.node.leases.issue(view, self.node_id, known, self.name)

@@ -522,6 +522,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pull-timeout-ms", type=int, default=30_000, help="how long a pull may wait for the owner")
     p.add_argument("--no-shm", action="store_true", help="no Unix socket, no shared memory")
     p.add_argument(
+        "--accept-v1",
+        action="store_true",
+        help="also accept peers that speak only protocol version 1, whose handshake reveals this node's id, name, "
+        "host id, pid and addresses to anyone who connects, before any proof of the secret (spec WIRE.md §5.4)",
+    )
+    p.add_argument(
         "--dataset",
         action="append",
         default=[],
@@ -733,6 +739,7 @@ async def run(args: argparse.Namespace) -> None:
         lease_ttl=args.lease_ttl_ms / 1000,
         pull_timeout=args.pull_timeout_ms / 1000,
         bounds=args.bounds,
+        accept_v1=args.accept_v1,
     )
     for d in args.dataset:
         uuid, path = d.split("=", 1)

@@ -92,6 +92,8 @@ pub fn victim_args(attack: &str) -> &'static [&'static str] {
         "forward-holders" => &["--ticket-threshold", "1024"],
         // An application that takes 20 messages a second: the inbox fills.
         "inbox-bytes" => &["--delay-ms", "50"],
+        // Node-id uniqueness holds over both handshakes, for a victim that runs both.
+        "reused-node-id" => &["--accept-v1"],
         _ => &[],
     }
 }
@@ -464,11 +466,39 @@ struct PayloadId {
 
 // ------------------------------------------------------------------ 5, 14: before authentication
 
+/// A header of kind `kind` at the handshake limit: its `f` is an array of empty maps (about
+/// 65 000 values in 64 KiB), then `key` with 32 bytes, as a challenge's `nonce` or an
+/// auth's `mac`.
+fn bomb(kind: &str, key: &str) -> Result<Vec<u8>> {
+    let mut h = vec![0x83, 0xa1, b'k', 0xa0 | kind.len() as u8];
+    h.extend_from_slice(kind.as_bytes());
+    h.extend_from_slice(&[0xa1, b'f', 0xdc]);
+    let maps = 65_536 - 64;
+    h.extend_from_slice(&(maps as u16).to_be_bytes());
+    h.extend(std::iter::repeat_n(0x80, maps));
+    h.extend_from_slice(&[0xa0 | key.len() as u8]);
+    h.extend_from_slice(key.as_bytes());
+    h.extend_from_slice(&[0xc4, 32]);
+    h.extend_from_slice(&[9u8; 32]);
+    if h.len() > 65_536 {
+        bail!("the bomb must fit the handshake limit");
+    }
+    Ok(framed_raw(&h))
+}
+
+/// What a peer that has proven nothing can send, at the handshake limits: an over-long
+/// length prefix, then (protocol version 2) a `challenge` and an `auth` full of empty maps,
+/// and a version-1 `hello` like them (refused at the preambles by a victim that does not
+/// accept v1). Each gets its error and a legitimate handshake right after is quick. And
+/// none of those peers learns who the victim is (issue 11, item 14): nothing it sent them
+/// before the handshake completed holds an identity key or the victim's id, name, host,
+/// addresses or socket path.
 async fn hello_bomb(t: &Target, f: &mut Findings) -> Result<()> {
-    let preamble = handoff::wire::Preamble::OURS.encode();
+    use handoff::wire::Preamble;
+    let mut unproven: Vec<Vec<u8>> = Vec::new();
     // An over-long length prefix, with more input behind it that the victim never reads.
     let mut raw = Raw::tcp(&t.listen).await?;
-    raw.write(&preamble).await?;
+    raw.write(&Preamble::OURS.encode()).await?;
     raw.write(&(16u32 << 20).to_be_bytes()).await?;
     raw.write(&vec![0x42u8; 256 << 10]).await?;
     raw.skip(16).await?; // its preamble
@@ -477,32 +507,72 @@ async fn hello_bomb(t: &Target, f: &mut Findings) -> Result<()> {
         answer.as_ref().is_some_and(|(c, _)| c == "header-too-large"),
         format!("a 16 MiB length prefix before authentication gets its error, not a reset (got {answer:?})"),
     );
-    // A hello at the handshake limit whose `f` is an array of empty maps.
-    let mut hello = vec![0x83, 0xa1, b'k', 0xa5, b'h', b'e', b'l', b'l', b'o'];
-    hello.extend_from_slice(&[0xa1, b'f', 0xdc]);
-    let maps = 65_536 - 64;
-    hello.extend_from_slice(&(maps as u16).to_be_bytes());
-    hello.extend(std::iter::repeat_n(0x80, maps));
-    hello.extend_from_slice(&[0xa5, b'n', b'o', b'n', b'c', b'e', 0xc4, 32]);
-    hello.extend_from_slice(&[9u8; 32]);
-    let header = framed_raw(&hello);
-    let mut answered = 0;
-    for _ in 0..20 {
-        let mut raw = Raw::tcp(&t.listen).await?;
-        raw.write(&preamble).await?;
-        if header.len() - 4 > 65_536 {
-            bail!("the bomb must fit the handshake limit");
-        }
-        raw.write(&header).await?;
-        raw.skip(16).await?; // its preamble
-        if raw.error_before_close(Duration::from_secs(10)).await.is_some() {
-            answered += 1;
-        }
-    }
-    f.check(
-        answered == 20,
-        format!("20 hellos of 64 KiB full of empty maps are refused with an error ({answered} were)"),
+    unproven.push(raw.seen);
+
+    let rounds = 20;
+    let (challenge_bomb, auth_bomb, v1_bomb) = (
+        bomb("challenge", "nonce")?,
+        bomb("auth", "mac")?,
+        bomb("hello", "nonce")?,
     );
+    let mut answered = [0; 3];
+    for _ in 0..rounds {
+        // The first header of version 2.
+        let mut raw = Raw::tcp(&t.listen).await?;
+        raw.write(&Preamble::OURS.encode()).await?;
+        raw.write(&challenge_bomb).await?;
+        raw.skip(16).await?; // its preamble
+        answered[0] += raw.error_before_close(Duration::from_secs(10)).await.is_some() as usize;
+        unproven.push(raw.seen);
+        // The second: a valid challenge first, then an auth of 64 KiB.
+        let mut raw = Raw::tcp(&t.listen).await?;
+        raw.write(&Preamble::OURS.encode()).await?;
+        raw.write(&framed(&super::raw::challenge())).await?;
+        raw.skip(16).await?; // its preamble
+        let _its_challenge = raw.read_header_bytes().await?;
+        raw.write(&auth_bomb).await?;
+        answered[1] += raw.error_before_close(Duration::from_secs(10)).await.is_some() as usize;
+        unproven.push(raw.seen);
+        // Version 1's hello, from a peer that speaks only v1.
+        let mut raw = Raw::tcp(&t.listen).await?;
+        raw.write(&Preamble::V1_ONLY.encode()).await?;
+        raw.write(&v1_bomb).await?;
+        raw.skip(16).await?; // its preamble
+        answered[2] += raw.error_before_close(Duration::from_secs(10)).await.is_some() as usize;
+        unproven.push(raw.seen);
+    }
+    for (count, what) in answered
+        .iter()
+        .zip(["challenges", "auths after a challenge", "v1 hellos"])
+    {
+        f.check(
+            *count == rounds,
+            format!("{rounds} {what} of 64 KiB full of empty maps are refused with an error ({count} were)"),
+        );
+    }
+    // A peer that speaks only version 1: refused at the preambles, before any hello.
+    let mut raw = Raw::tcp(&t.listen).await?;
+    let v1 = raw.handshake_v1(&Identity::fresh("v1-only"), &t.secret).await;
+    let v1 = v1.err().map(|e| e.to_string());
+    f.check(
+        v1.as_deref().is_some_and(|e| e.contains("[unsupported-version]")),
+        format!("a peer that speaks only version 1 is refused with unsupported-version ({v1:?})"),
+    );
+    unproven.push(raw.seen);
+    // A peer that answers the challenge with a wrong proof.
+    let mut raw = Raw::tcp(&t.listen).await?;
+    raw.write(&Preamble::OURS.encode()).await?;
+    raw.write(&framed(&super::raw::challenge())).await?;
+    raw.skip(16).await?;
+    let _its_challenge = raw.read_header_bytes().await?;
+    raw.write(&framed(&Header::Auth { mac: vec![7; 32] })).await?;
+    let refused = raw.error_before_close(Duration::from_secs(10)).await;
+    f.check(
+        refused.as_ref().is_some_and(|(c, _)| c == "auth-failed"),
+        format!("a wrong proof is refused with auth-failed (got {refused:?})"),
+    );
+    unproven.push(raw.seen);
+
     let started = Instant::now();
     let legit = Raw::tcp_handshaken(&t.listen, &Identity::fresh("legit"), &t.secret).await;
     let took = started.elapsed();
@@ -510,7 +580,46 @@ async fn hello_bomb(t: &Target, f: &mut Findings) -> Result<()> {
         legit.is_ok() && took < Duration::from_secs(1),
         format!("a legitimate handshake right after takes {took:?}"),
     );
+    let victim = legit?.peer.context("a handshaken peer knows the victim")?;
+    let mut secrets = vec![
+        victim.node_id.clone(),
+        victim.name.clone(),
+        victim.host_id.clone(),
+        victim.process_id.clone(),
+        t.listen.clone(),
+    ];
+    secrets.extend(victim.listen.clone());
+    secrets.extend(victim.unix.clone());
+    // The keys of an identity, as msgpack strs: no hello or ident went out at all.
+    let keys: Vec<Vec<u8>> = ["node", "host", "pid", "proc", "listen", "unix"]
+        .iter()
+        .map(|k| [&[0xa0 | k.len() as u8][..], k.as_bytes()].concat())
+        .collect();
+    let leaked: Vec<String> = unproven
+        .iter()
+        .flat_map(|bytes| {
+            let text = secrets.iter().filter(|s| contains(bytes, s.as_bytes())).cloned();
+            let keys = keys
+                .iter()
+                .filter(|k| contains(bytes, k))
+                .map(|k| format!("key {:?}", String::from_utf8_lossy(&k[1..])));
+            text.chain(keys).collect::<Vec<_>>()
+        })
+        .collect();
+    f.check(
+        leaked.is_empty(),
+        format!(
+            "{} connections that proved nothing got {} bytes, none of them naming the victim (found: {leaked:?})",
+            unproven.len(),
+            unproven.iter().map(Vec::len).sum::<usize>()
+        ),
+    );
     Ok(())
+}
+
+/// Whether `needle` occurs in `haystack`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 // ------------------------------------------------------------------ 6, 7: memory while stalled
@@ -589,7 +698,7 @@ async fn refusal_flood(t: &Target, f: &mut Findings) -> Result<()> {
     let count = 100_000u64;
     let reading = {
         // Read the refusals as they come (a peer that reads nothing is another attack).
-        let Raw { stream, hello } = raw;
+        let Raw { stream, peer, seen } = raw;
         let (mut reader, writer) = split(stream);
         let counter = tokio::spawn(async move {
             let mut refused = 0u64;
@@ -602,7 +711,11 @@ async fn refusal_flood(t: &Target, f: &mut Findings) -> Result<()> {
             }
             refused
         });
-        raw = Raw { stream: writer, hello };
+        raw = Raw {
+            stream: writer,
+            peer,
+            seen,
+        };
         counter
     };
     let mut batch = Vec::with_capacity(1 << 20);
@@ -816,8 +929,7 @@ async fn fds_before_handshake(t: &Target, f: &mut Findings) -> Result<()> {
         let mut raw = Raw::unix(unix).await?;
         raw.write_with_fds(&handoff::wire::Preamble::OURS.encode(), &borrowed)
             .await?;
-        let hello = framed(&Header::Hello(Identity::fresh("fd-flood").hello()));
-        raw.write_with_fds(&hello, &borrowed).await?;
+        raw.write_with_fds(&framed(&super::raw::challenge()), &borrowed).await?;
         raw.skip(16).await?; // its preamble
         if raw
             .error_before_close(Duration::from_secs(10))
@@ -894,6 +1006,25 @@ async fn reused_node_id(t: &Target, f: &mut Findings) -> Result<()> {
     f.check(served(&mut a, 2).await, "the first connection is still served");
     let same = Raw::tcp_handshaken(&t.listen, &first, &t.secret).await;
     f.check(same.is_ok(), "the same process may connect again");
+    // The same over version 1, which this victim accepts (`victim_args`): the check runs on
+    // the identity of the hello as it does on an ident.
+    let mut v1 = Raw::tcp(&t.listen).await?;
+    let impostor = Identity {
+        process_id: handoff::identity::random_id(),
+        name: "impostor-v1".into(),
+        ..first.clone()
+    };
+    let refused = v1.handshake_v1(&impostor, &t.secret).await.err().map(|e| e.to_string());
+    f.check(
+        refused.as_deref().is_some_and(|e| e.contains("[handshake]")),
+        format!("over version 1 too, a second process with the same node id is refused ({refused:?})"),
+    );
+    let mut v1 = Raw::tcp(&t.listen).await?;
+    let same = v1.handshake_v1(&first, &t.secret).await;
+    f.check(
+        same.is_ok(),
+        format!("the same process may connect again over version 1 ({same:?})"),
+    );
     Ok(())
 }
 

@@ -188,8 +188,8 @@ async fn attack(kind: Kind, python: &std::path::Path, name: &str) -> Result<Atta
     let unix = raw::Raw::tcp_handshaken(&victim.listen, &raw::Identity::fresh("scout"), &victim.secret)
         .await
         .context("a first handshake with the victim")?
-        .hello
-        .and_then(|h| h.unix);
+        .peer
+        .and_then(|i| i.unix);
     let prober = Prober::start(&victim.listen, &victim.secret)?;
     prober.idle(IDLE_PROBES).await;
     let idle = victim::memory(victim.pid).unwrap_or_default();

@@ -1,5 +1,10 @@
 //! A peer that speaks the wire format by hand: it handshakes correctly (or not), then sends
 //! whatever an attack needs, byte for byte, with file descriptors on a Unix socket.
+//!
+//! It handshakes as protocol version 2 (the default of every node, spec §5.4) or, on
+//! request, as a version-1-only peer (§5.1), which only a victim that accepts v1 peers
+//! lets in. It keeps the first bytes the victim sends it, so that an attack can check what
+//! the victim revealed before the handshake completed.
 
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
@@ -8,7 +13,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use handoff::wire::framing::encode_header_into;
-use handoff::wire::{auth, Header, Hello, Limits, Preamble};
+use handoff::wire::{auth, Header, Hello, Ident, Limits, Preamble};
 use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
@@ -24,11 +29,16 @@ pub enum Stream {
     TcpWrite(tokio::net::tcp::OwnedWriteHalf),
 }
 
+/// What a raw peer keeps of the bytes it reads: enough for the handshake and an `error`.
+const SEEN_LIMIT: usize = 1 << 20;
+
 /// A raw connection to the victim.
 pub struct Raw {
     pub stream: Stream,
-    /// The victim's hello, once handshaken.
-    pub hello: Option<Hello>,
+    /// The victim's identity (its ident, or its hello's fields), once handshaken.
+    pub peer: Option<Ident>,
+    /// The first bytes read from the victim (at most [`SEEN_LIMIT`]).
+    pub seen: Vec<u8>,
 }
 
 /// Who a raw peer says it is.
@@ -49,9 +59,9 @@ impl Identity {
         }
     }
 
-    /// The hello this identity sends.
-    pub fn hello(&self) -> Hello {
-        Hello {
+    /// The ident this identity sends (version 2).
+    pub fn ident(&self) -> Ident {
+        Ident {
             node_id: self.node_id.clone(),
             name: self.name.clone(),
             host_id: "hostile-host".into(),
@@ -59,12 +69,23 @@ impl Identity {
             process_id: self.process_id.clone(),
             language: "hostile".into(),
             implementation: "handoff-hostile/0".into(),
-            version: 1,
             capabilities: vec!["inline".into(), "shm".into(), "ticket".into()],
-            nonce: rand::random::<[u8; 32]>().to_vec(),
             listen: None,
             unix: None,
         }
+    }
+
+    /// The hello this identity sends (version 1), with a fresh nonce.
+    pub fn hello(&self) -> Hello {
+        Hello::from_ident(self.ident(), 1, rand::random::<[u8; 32]>().to_vec())
+    }
+}
+
+/// A challenge (version 2) with a fresh nonce.
+pub fn challenge() -> Header<'static> {
+    Header::Challenge {
+        version: 2,
+        nonce: rand::random::<[u8; 32]>().to_vec(),
     }
 }
 
@@ -83,16 +104,22 @@ pub fn framed_raw(msgpack: &[u8]) -> Vec<u8> {
 }
 
 impl Raw {
+    /// A raw peer on `stream`, not handshaken.
+    pub fn over(stream: Stream) -> Raw {
+        Raw {
+            stream,
+            peer: None,
+            seen: Vec::new(),
+        }
+    }
+
     /// Opens a TCP connection (no handshake yet).
     pub async fn tcp(addr: &str) -> Result<Raw> {
         let s = TcpStream::connect(addr.trim_start_matches("tcp://"))
             .await
             .with_context(|| format!("connecting to {addr}"))?;
         s.set_nodelay(true)?;
-        Ok(Raw {
-            stream: Stream::Tcp(s),
-            hello: None,
-        })
+        Ok(Raw::over(Stream::Tcp(s)))
     }
 
     /// Opens a Unix connection (no handshake yet).
@@ -100,10 +127,7 @@ impl Raw {
         let s = UnixStream::connect(path.trim_start_matches("unix://"))
             .await
             .with_context(|| format!("connecting to {path}"))?;
-        Ok(Raw {
-            stream: Stream::Unix(s),
-            hello: None,
-        })
+        Ok(Raw::over(Stream::Unix(s)))
     }
 
     /// Opens a TCP connection and handshakes as `who` with `secret`.
@@ -122,37 +146,74 @@ impl Raw {
 
     /// The victim's node id.
     pub fn victim_id(&self) -> &str {
-        self.hello.as_ref().map_or("", |h| h.node_id.as_str())
+        self.peer.as_ref().map_or("", |i| i.node_id.as_str())
     }
 
-    /// A correct handshake; fails with the victim's error if it refuses.
+    /// A correct handshake of version 2, the default; fails with the victim's error if it
+    /// refuses.
     pub async fn handshake(&mut self, who: &Identity, secret: &[u8]) -> Result<()> {
-        self.write(&Preamble::OURS.encode()).await?;
-        let own = framed(&Header::Hello(who.hello()));
+        let own_preamble = Preamble::OURS.encode();
+        self.write(&own_preamble).await?;
+        let own = framed(&challenge());
         self.write(&own).await?;
         let mut pre = [0u8; 16];
         self.read_exact(&mut pre).await?;
-        let peer_hello = self.read_header_bytes().await?;
-        let hello = match Header::decode(&peer_hello, &Limits::default())? {
-            Header::Hello(h) => h,
-            Header::Error { code, message } => bail!("refused: {message} [{code}]"),
-            other => bail!("expected a hello, got {other:?}"),
-        };
-        let proof = auth::proof(secret, &own[4..], &peer_hello);
+        let peer_challenge = self.read_header_bytes().await?;
+        self.expect(&peer_challenge, "challenge")?;
+        let proof = auth::proof_v2(
+            secret,
+            auth::Sent {
+                preamble: &own_preamble,
+                challenge: &own[4..],
+            },
+            auth::Sent {
+                preamble: &pre,
+                challenge: &peer_challenge,
+            },
+        );
         self.write(&framed(&Header::Auth { mac: proof.to_vec() })).await?;
-        self.expect_kind("auth").await?;
+        let h = self.read_header_bytes().await?;
+        self.expect(&h, "auth")?;
+        self.write(&framed(&Header::Ident(who.ident()))).await?;
+        let h = self.read_header_bytes().await?;
+        let Header::Ident(ident) = self.expect(&h, "ident")? else {
+            unreachable!("expect checked the kind")
+        };
         self.write(&framed(&Header::Ready)).await?;
-        self.expect_kind("ready").await?;
-        self.hello = Some(hello);
+        let h = self.read_header_bytes().await?;
+        self.expect(&h, "ready")?;
+        self.peer = Some(ident);
         Ok(())
     }
 
-    async fn expect_kind(&mut self, kind: &str) -> Result<()> {
+    /// A correct handshake as a peer that speaks version 1 only: only a victim that accepts
+    /// v1 peers lets it in (others refuse it with `unsupported-version`).
+    pub async fn handshake_v1(&mut self, who: &Identity, secret: &[u8]) -> Result<()> {
+        self.write(&Preamble::V1_ONLY.encode()).await?;
+        let mut pre = [0u8; 16];
+        self.read_exact(&mut pre).await?;
+        let own = framed(&Header::Hello(who.hello()));
+        self.write(&own).await?;
+        let peer_hello = self.read_header_bytes().await?;
+        let Header::Hello(hello) = self.expect(&peer_hello, "hello")? else {
+            unreachable!("expect checked the kind")
+        };
+        let proof = auth::proof(secret, &own[4..], &peer_hello);
+        self.write(&framed(&Header::Auth { mac: proof.to_vec() })).await?;
         let h = self.read_header_bytes().await?;
-        match Header::decode(&h, &Limits::default())? {
+        self.expect(&h, "auth")?;
+        self.write(&framed(&Header::Ready)).await?;
+        let h = self.read_header_bytes().await?;
+        self.expect(&h, "ready")?;
+        self.peer = Some(hello.ident());
+        Ok(())
+    }
+
+    /// Decodes a handshake header that must be of kind `kind`; the victim's `error` fails.
+    fn expect<'h>(&self, bytes: &'h [u8], kind: &str) -> Result<Header<'h>> {
+        match Header::decode(bytes, &Limits::default())? {
             Header::Error { code, message } => bail!("refused: {message} [{code}]"),
-            Header::Auth { .. } if kind == "auth" => Ok(()),
-            Header::Ready if kind == "ready" => Ok(()),
+            h if h.kind() == kind => Ok(h),
             other => bail!("expected {kind}, got {other:?}"),
         }
     }
@@ -208,7 +269,10 @@ impl Raw {
         tokio::time::timeout(ANSWER_TIME, read)
             .await
             .context("no answer in time")?
-            .context("the victim closed the connection")
+            .context("the victim closed the connection")?;
+        let keep = buf.len().min(SEEN_LIMIT.saturating_sub(self.seen.len()));
+        self.seen.extend_from_slice(&buf[..keep]);
+        Ok(())
     }
 
     /// The next header's bytes (without the prefix).

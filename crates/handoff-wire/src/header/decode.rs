@@ -8,7 +8,7 @@
 
 use super::scan::{self, DescriptorFields, HeaderFields};
 use super::schema::{descriptor as d, header as h};
-use super::{Descriptor, Header, Hello, TicketClaim, TicketOp, MAX_HEADER_DEPTH};
+use super::{Descriptor, Header, Hello, Ident, TicketClaim, TicketOp, MAX_HEADER_DEPTH};
 use crate::msgpack::Reader;
 use crate::{Limits, WireError};
 
@@ -28,6 +28,12 @@ impl<'a> Header<'a> {
         match kind {
             b"msg" => msg(bytes, &fields, limits),
             b"hello" => hello(bytes, &fields),
+            b"challenge" => Ok(Header::Challenge {
+                version: need(fields.uint(h::V), "challenge", "v")? as u16,
+                // 32 bytes: the first pass checked the length, which is part of the type.
+                nonce: need(fields.bin(h::NONCE), "challenge", "nonce")?.to_vec(),
+            }),
+            b"ident" => ident(bytes, &fields).map(Header::Ident),
             b"auth" => Ok(Header::Auth {
                 mac: need(fields.bin(h::MAC), "auth", "mac")?.to_vec(),
             }),
@@ -189,12 +195,7 @@ fn hello(bytes: &[u8], f: &HeaderFields<'_>) -> Result<Header<'static>, WireErro
     let language = text(h::LANG, "lang")?;
     let implementation = text(h::IMPL, "impl")?;
     let version = need(f.uint(h::V), KIND, "v")? as u16;
-    let (at, count) = need(f.array(h::CAPS), KIND, "caps")?;
-    let mut r = reread(bytes, at);
-    r.read_array_len(2).map_err(malformed)?;
-    let capabilities = (0..count)
-        .map(|_| r.read_str().map(str::to_string).map_err(malformed))
-        .collect::<Result<_, _>>()?;
+    let capabilities = caps(bytes, need(f.array(h::CAPS), KIND, "caps")?)?;
     Ok(Header::Hello(Hello {
         node_id,
         name,
@@ -209,6 +210,33 @@ fn hello(bytes: &[u8], f: &HeaderFields<'_>) -> Result<Header<'static>, WireErro
         listen: f.str(h::LISTEN).map(str::to_string),
         unix: f.str(h::UNIX).map(str::to_string),
     }))
+}
+
+/// Builds an `ident`: its fields in the order of §6.9's table.
+fn ident(bytes: &[u8], f: &HeaderFields<'_>) -> Result<Ident, WireError> {
+    const KIND: &str = "ident";
+    let text = |slot: usize, field: &str| need(f.str(slot), KIND, field).map(str::to_string);
+    Ok(Ident {
+        node_id: text(h::NODE, "node")?,
+        name: text(h::NAME, "name")?,
+        host_id: text(h::HOST, "host")?,
+        pid: need(f.uint(h::PID), KIND, "pid")? as u32,
+        process_id: text(h::PROC, "proc")?,
+        language: text(h::LANG, "lang")?,
+        implementation: text(h::IMPL, "impl")?,
+        capabilities: caps(bytes, need(f.array(h::CAPS), KIND, "caps")?)?,
+        listen: f.str(h::LISTEN).map(str::to_string),
+        unix: f.str(h::UNIX).map(str::to_string),
+    })
+}
+
+/// The strings of `caps`, which the first pass found to be an array of str.
+fn caps(bytes: &[u8], (at, count): (usize, u32)) -> Result<Vec<String>, WireError> {
+    let mut r = reread(bytes, at);
+    r.read_array_len(2).map_err(malformed)?;
+    (0..count)
+        .map(|_| r.read_str().map(str::to_string).map_err(malformed))
+        .collect()
 }
 
 fn leases(bytes: &[u8], (at, count): (usize, u32)) -> Result<Vec<u64>, WireError> {

@@ -54,6 +54,32 @@ impl Header<'_> {
                     w.str("unix", unix);
                 }
             }
+            Header::Challenge { version, nonce } => {
+                w.map(3, "challenge");
+                w.uint("v", *version as u64);
+                w.bin("nonce", nonce);
+            }
+            Header::Ident(i) => {
+                w.map(9 + i.listen.is_some() as usize + i.unix.is_some() as usize, "ident");
+                w.str("node", &i.node_id);
+                w.str("name", &i.name);
+                w.str("host", &i.host_id);
+                w.uint("pid", i.pid as u64);
+                w.str("proc", &i.process_id);
+                w.str("lang", &i.language);
+                w.str("impl", &i.implementation);
+                w.key("caps");
+                write_array_len(w.out, i.capabilities.len());
+                for c in &i.capabilities {
+                    write_str(w.out, c);
+                }
+                if let Some(listen) = &i.listen {
+                    w.str("listen", listen);
+                }
+                if let Some(unix) = &i.unix {
+                    w.str("unix", unix);
+                }
+            }
             Header::Auth { mac } => {
                 w.map(2, "auth");
                 w.bin("mac", mac);

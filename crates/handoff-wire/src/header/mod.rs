@@ -39,9 +39,13 @@ pub const MAX_HEADER_VALUES: u32 = 65_536;
 /// More → `malformed-header`.
 pub const MAX_MAP_ENTRIES: u32 = 64;
 
-/// The header kinds of version 1, as `k` names them (`spec/WIRE.md` §6).
+/// The header kinds of versions 1 and 2, as `k` names them (`spec/WIRE.md` §6): v1 uses
+/// `hello`, v2 `challenge` and `ident` in its place; the decoder knows them all, and which
+/// may arrive when is the runtime's check on the connection (§5.1, §5.4, §11.2 step 3).
 pub const KINDS: &[&str] = &[
     "hello",
+    "challenge",
+    "ident",
     "auth",
     "ready",
     "msg",
@@ -59,7 +63,9 @@ pub const KINDS: &[&str] = &[
 /// The descriptor kinds any version defines, as a descriptor's `k` names them (`spec/WIRE.md` §7).
 pub const DESCRIPTOR_KINDS: &[&str] = &["inline", "shm", "ticket", "tag"];
 
-/// Everything a side says about itself in the handshake (Dask's handshake context, made explicit).
+/// Everything a side says about itself in the handshake of version 1 (Dask's handshake
+/// context, made explicit): its [`Ident`] with the version and the nonce, sent before any
+/// proof (`spec/WIRE.md` §6.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hello {
     /// Random 128-bit node id, lower-case hex.
@@ -83,6 +89,70 @@ pub struct Hello {
     pub capabilities: Vec<String>,
     /// 32 random bytes: the challenge the peer's proof must cover.
     pub nonce: Vec<u8>,
+    /// Address other nodes can connect to, if the node listens.
+    pub listen: Option<String>,
+    /// Path of the node's Unix socket for same-host peers (the `shm` channel), if any.
+    pub unix: Option<String>,
+}
+
+impl Hello {
+    /// The identity fields of this hello, as a version-2 `ident` carries them.
+    pub fn ident(&self) -> Ident {
+        Ident {
+            node_id: self.node_id.clone(),
+            name: self.name.clone(),
+            host_id: self.host_id.clone(),
+            pid: self.pid,
+            process_id: self.process_id.clone(),
+            language: self.language.clone(),
+            implementation: self.implementation.clone(),
+            capabilities: self.capabilities.clone(),
+            listen: self.listen.clone(),
+            unix: self.unix.clone(),
+        }
+    }
+
+    /// The version-1 hello of `ident`, for the negotiated `version` with a fresh `nonce`.
+    pub fn from_ident(ident: Ident, version: u16, nonce: Vec<u8>) -> Hello {
+        Hello {
+            node_id: ident.node_id,
+            name: ident.name,
+            host_id: ident.host_id,
+            pid: ident.pid,
+            process_id: ident.process_id,
+            language: ident.language,
+            implementation: ident.implementation,
+            version,
+            capabilities: ident.capabilities,
+            nonce,
+            listen: ident.listen,
+            unix: ident.unix,
+        }
+    }
+}
+
+/// What a side says about itself in the handshake of version 2, once it has verified the
+/// peer's proof (`spec/WIRE.md` §5.4, §6.9): the fields of a v1 [`Hello`] but the version
+/// and the nonce.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ident {
+    /// Random 128-bit node id, lower-case hex.
+    pub node_id: String,
+    /// Human-readable node name.
+    pub name: String,
+    /// Host identity: nodes with equal host ids may share memory.
+    pub host_id: String,
+    /// Operating-system process id.
+    pub pid: u32,
+    /// Random 128-bit id of the process instance, lower-case hex.
+    pub process_id: String,
+    /// Implementation language, e.g. `rust` or `python`.
+    pub language: String,
+    /// Implementation name and version, e.g. `handoff-rs/0.1.0`.
+    pub implementation: String,
+    /// Capabilities: `inline`; `shm` where the node has a Unix socket for same-host peers;
+    /// `ticket` where it issues and redeems tickets.
+    pub capabilities: Vec<String>,
     /// Address other nodes can connect to, if the node listens.
     pub listen: Option<String>,
     /// Path of the node's Unix socket for same-host peers (the `shm` channel), if any.
@@ -261,14 +331,25 @@ impl Descriptor {
 /// A decoded header; `'a` borrows the body from the received bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Header<'a> {
-    /// First handshake message.
+    /// First handshake message of version 1: the sender's identity and nonce.
     Hello(Hello),
+    /// First handshake message of version 2: the version and a nonce, nothing about the
+    /// sender (`spec/WIRE.md` §6.8).
+    Challenge {
+        /// The protocol version chosen from the preambles.
+        version: u16,
+        /// 32 random bytes: the challenge the peer's proof must cover.
+        nonce: Vec<u8>,
+    },
+    /// Version 2: the sender's identity, sent once it has verified the peer's proof
+    /// (`spec/WIRE.md` §6.9).
+    Ident(Ident),
     /// Second handshake message: the proof of the cluster secret.
     Auth {
         /// HMAC-SHA256 proof, 32 bytes.
         mac: Vec<u8>,
     },
-    /// Third handshake message: the peer's proof verified, messages may flow.
+    /// Last handshake message: the peer's proof (and, in v2, its ident) checked; messages may flow.
     Ready,
     /// A user message.
     Msg {
@@ -300,6 +381,8 @@ impl Header<'_> {
     pub fn kind(&self) -> &'static str {
         match self {
             Header::Hello(_) => "hello",
+            Header::Challenge { .. } => "challenge",
+            Header::Ident(_) => "ident",
             Header::Auth { .. } => "auth",
             Header::Ready => "ready",
             Header::Msg { .. } => "msg",

@@ -1,5 +1,6 @@
-//! The keys a v1 receiver knows, and the type of each (`spec/WIRE.md` §6 rule 3, the type
-//! table, §6.1–§6.7 and §7).
+//! The keys a receiver knows, and the type of each (`spec/WIRE.md` §6 rule 3, the type
+//! table, §6.1–§6.9 and §7). Versions 1 and 2 know the same keys: v2's `challenge` and
+//! `ident` use keys of v1's `hello`, with the same types.
 //!
 //! A receiver type-checks every known key present, whatever the kind of the header or of the
 //! descriptor, and ignores the others. Header maps and descriptor maps have their own sets:
@@ -95,7 +96,7 @@ macro_rules! known_keys {
 }
 
 known_keys! {
-    /// The keys of the header map: every field of every kind (§6.1–§6.7).
+    /// The keys of the header map: every field of every kind (§6.1–§6.9).
     header {
         K = b"k": Str,
         T = b"t": Str,

@@ -829,3 +829,117 @@ fn the_handshake_header_limit() {
     );
     assert_eq!(crate::framing::header_len(65_536u32.to_be_bytes(), &during), Ok(65_536));
 }
+
+// ---------------------------------------------------------------------------
+// Version 2: `challenge` and `ident` (§6.8, §6.9).
+// ---------------------------------------------------------------------------
+
+fn challenge_fields() -> Vec<(&'static str, Vec<u8>)> {
+    vec![("k", s("challenge")), ("v", u(2)), ("nonce", b(&[1; 32]))]
+}
+
+/// The fields of a hello but `v` and `nonce`, under the kind `ident`.
+fn ident_fields() -> Vec<(&'static str, Vec<u8>)> {
+    let mut fields: Vec<_> = hello_fields()
+        .into_iter()
+        .filter(|(k, _)| !matches!(*k, "v" | "nonce"))
+        .collect();
+    fields[0] = ("k", s("ident"));
+    fields
+}
+
+fn ident_fixture() -> Ident {
+    Ident {
+        node_id: "n".into(),
+        name: "alpha".into(),
+        host_id: "h".into(),
+        pid: 4242,
+        process_id: "p".into(),
+        language: "rust".into(),
+        implementation: "handoff-rs/0.1.0".into(),
+        capabilities: vec!["inline".into()],
+        listen: None,
+        unix: None,
+    }
+}
+
+#[test]
+fn v2_challenge_and_ident_decode_and_encode_canonically() {
+    let challenge = map(&challenge_fields());
+    let decoded = decode(&challenge).unwrap();
+    assert_eq!(
+        decoded,
+        Header::Challenge {
+            version: 2,
+            nonce: vec![1; 32]
+        }
+    );
+    assert_eq!(decoded.kind(), "challenge");
+    assert_eq!(decoded.encode(), challenge, "keys in the order of §6.8");
+    let ident = map(&ident_fields());
+    let decoded = decode(&ident).unwrap();
+    assert_eq!(decoded, Header::Ident(ident_fixture()));
+    assert_eq!(decoded.kind(), "ident");
+    assert_eq!(decoded.encode(), ident, "keys in the order of §6.9");
+    // The optional keys, in their place after `caps`.
+    let full = Ident {
+        listen: Some("tcp://127.0.0.1:1".into()),
+        unix: Some("unix:///tmp/x.sock".into()),
+        ..ident_fixture()
+    };
+    let mut fields = ident_fields();
+    fields.push(("listen", s("tcp://127.0.0.1:1")));
+    fields.push(("unix", s("unix:///tmp/x.sock")));
+    assert_eq!(Header::Ident(full.clone()).encode(), map(&fields));
+    assert_eq!(decode(&map(&fields)), Ok(Header::Ident(full)));
+}
+
+#[test]
+fn v2_fields_are_required_and_typed_as_in_the_hello() {
+    for (key, _) in challenge_fields().iter().skip(1) {
+        let without: Vec<_> = challenge_fields().into_iter().filter(|(k, _)| k != key).collect();
+        assert_eq!(code(&map(&without)), "malformed-header", "challenge without {key}");
+    }
+    for (key, _) in ident_fields().iter().skip(1) {
+        let without: Vec<_> = ident_fields().into_iter().filter(|(k, _)| k != key).collect();
+        assert_eq!(code(&map(&without)), "malformed-header", "ident without {key}");
+    }
+    // Fixed lengths and integer widths are the keys' types, whatever the kind.
+    assert_eq!(
+        code(&map(&with(&challenge_fields(), "nonce", b(&[1; 31])))),
+        "malformed-header"
+    );
+    assert_eq!(
+        code(&map(&with(&challenge_fields(), "v", u(65_536)))),
+        "malformed-header"
+    );
+    assert_eq!(
+        code(&map(&with(&ident_fields(), "pid", u(1 << 32)))),
+        "malformed-header"
+    );
+    assert_eq!(
+        code(&map(&with(&ident_fields(), "caps", arr(&[s("inline"), NIL.to_vec()])))),
+        "malformed-header"
+    );
+    // Keys of the other kinds are typed too, and ignored when well typed: an ident with a
+    // nonce and a version is an ident.
+    let extra = with(&with(&ident_fields(), "nonce", b(&[1; 32])), "v", u(2));
+    assert_eq!(decode(&map(&extra)), Ok(Header::Ident(ident_fixture())));
+    assert_eq!(
+        code(&map(&with(&ident_fields(), "nonce", b(&[1; 3])))),
+        "malformed-header"
+    );
+}
+
+#[test]
+fn hello_and_ident_convert() {
+    let ident = ident_fixture();
+    let hello = Hello::from_ident(ident.clone(), 1, vec![5; 32]);
+    assert_eq!(hello.version, 1);
+    assert_eq!(hello.ident(), ident);
+    // The same fields, the same bytes but for the kind, `v` and `nonce`.
+    let Ok(Header::Hello(back)) = decode(&Header::Hello(hello.clone()).encode()) else {
+        panic!("a hello")
+    };
+    assert_eq!(back, hello);
+}

@@ -1,4 +1,4 @@
-"""The handoff wire format, version 1 (spec/WIRE.md), sans I/O.
+"""The handoff wire format, versions 1 and 2 (spec/WIRE.md), sans I/O.
 
 Everything here works on bytes in memory: the preamble (§3), message framing (§4),
 the handshake's headers and the authentication proof (§5), every header kind (§6),
@@ -15,7 +15,7 @@ One module per job, each importing only those above it in this list:
 - :mod:`.errors` — :class:`WireError`;
 - :mod:`.limits` — :class:`Limits` and the fixed limits of §9;
 - :mod:`.preamble` — the preamble and version negotiation (§3);
-- :mod:`.auth` — the authentication proof (§5.3);
+- :mod:`.auth` — the authentication proofs (v1 §5.3, v2 §5.5);
 - :mod:`.headers` — headers and descriptors as dataclasses (§6, §7);
 - :mod:`.framing` — the length prefix (§4);
 - :mod:`.reader` — a strict msgpack cursor for headers (§6 rules 1–5, §9);
@@ -23,7 +23,7 @@ One module per job, each importing only those above it in this list:
 - :mod:`.decode` — decoding and validation (§6, §7, §9, §11.2).
 """
 
-from .auth import AUTH_CONTEXT, proof, verify
+from .auth import AUTH_CONTEXT, AUTH_CONTEXT_V2, proof, proof_v2, verify, verify_v2
 from .decode import (
     DESCRIPTOR_KEYS,
     HEADER_KEYS,
@@ -44,12 +44,14 @@ from .headers import (
     TICKET_OPS,
     UNIX_KINDS,
     Auth,
+    Challenge,
     Descriptor,
     Error,
     Forward,
     Forwarded,
     Header,
     Hello,
+    Ident,
     Inline,
     Msg,
     Pull,
@@ -73,10 +75,22 @@ from .limits import (
     MAX_MAP_ENTRIES,
     Limits,
 )
-from .preamble import MAGIC, MAX_VERSION, MIN_VERSION, OUR_PREAMBLE, PREAMBLE_LEN, Preamble
+from .preamble import (
+    ACCEPTING_V1,
+    MAGIC,
+    MAX_VERSION,
+    MIN_VERSION,
+    OUR_PREAMBLE,
+    PREAMBLE_LEN,
+    V1_ONLY,
+    Preamble,
+    our_preamble,
+)
 
 __all__ = [
+    "ACCEPTING_V1",
     "AUTH_CONTEXT",
+    "AUTH_CONTEXT_V2",
     "DEFAULT_LIMITS",
     "DESCRIPTOR_KEYS",
     "DESCRIPTOR_KINDS",
@@ -97,7 +111,9 @@ __all__ = [
     "TCP_KINDS",
     "TICKET_OPS",
     "UNIX_KINDS",
+    "V1_ONLY",
     "Auth",
+    "Challenge",
     "DecodedMessage",
     "Descriptor",
     "Error",
@@ -105,6 +121,7 @@ __all__ = [
     "Forwarded",
     "Header",
     "Hello",
+    "Ident",
     "Inline",
     "Limits",
     "Msg",
@@ -128,8 +145,11 @@ __all__ = [
     "encode_message",
     "frame_header",
     "header_length",
+    "our_preamble",
     "packer",
     "proof",
+    "proof_v2",
     "unpack_header_value",
     "verify",
+    "verify_v2",
 ]  # fmt: skip

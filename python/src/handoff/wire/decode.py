@@ -31,12 +31,14 @@ from .headers import (
     TCP_KINDS,
     UNIX_KINDS,
     Auth,
+    Challenge,
     Descriptor,
     Error,
     Forward,
     Forwarded,
     Header,
     Hello,
+    Ident,
     Inline,
     Msg,
     Pull,
@@ -85,7 +87,8 @@ def _list_of(read: Callable, what: str) -> Callable:
     return read_list
 
 
-#: The keys a v1 receiver knows in a header (§6.1–§6.7) and the reader of each one's type.
+#: The keys a receiver knows in a header (§6.1–§6.9) and the reader of each one's type: the
+#: same in versions 1 and 2 (``challenge`` and ``ident`` use keys of ``hello``, typed alike).
 #: ``f`` (None here) is read by :func:`_map_fields`.
 HEADER_KEYS: dict = {
     "k": Cursor.str_,
@@ -314,6 +317,7 @@ def _msg(buf: bytes, h: dict, frames: tuple | None, limits: Limits) -> Msg:
 
 
 _HELLO_FIELDS = ("node", "name", "host", "pid", "proc", "lang", "impl", "v", "caps")
+_IDENT_FIELDS = ("node", "name", "host", "pid", "proc", "lang", "impl", "caps")
 
 
 def decode_header(data: Any, limits: Limits = DEFAULT_LIMITS) -> Header:
@@ -334,6 +338,12 @@ def _kind(h: dict, limits: Limits) -> Header:
         nonce = _bytes32(h, "nonce", "'hello' header")
         args = [_require(h, key, kind) for key in _HELLO_FIELDS]
         return Hello(*args, nonce=nonce, listen=h.get("listen"), unix=h.get("unix"))
+    if kind == "challenge":
+        v = _require(h, "v", kind)
+        return Challenge(v, _bytes32(h, "nonce", "'challenge' header"))
+    if kind == "ident":
+        args = [_require(h, key, kind) for key in _IDENT_FIELDS]
+        return Ident(*args, listen=h.get("listen"), unix=h.get("unix"))
     if kind == "auth":
         return Auth(_bytes32(h, "mac", "'auth' header"))
     if kind == "ready":

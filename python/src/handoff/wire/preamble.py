@@ -1,4 +1,10 @@
-"""The connection preamble (spec §3): 16 bytes each side sends first, and version negotiation."""
+"""The connection preamble (spec §3): 16 bytes each side sends first, and version negotiation.
+
+This implementation speaks versions 1 and 2. By default it announces version 2 only
+(:data:`OUR_PREAMBLE`), so that a peer that has not proven the secret never gets a v1
+hello out of it; a node whose user accepts v1 peers announces 1..=2
+(:data:`ACCEPTING_V1`), see :func:`our_preamble`.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +13,30 @@ from dataclasses import dataclass
 
 from .errors import WireError
 
-__all__ = ["MAGIC", "MAX_VERSION", "MIN_VERSION", "OUR_PREAMBLE", "PREAMBLE_LEN", "Preamble"]
+__all__ = [
+    "ACCEPTING_V1",
+    "MAGIC",
+    "MAX_VERSION",
+    "MIN_VERSION",
+    "OUR_PREAMBLE",
+    "PREAMBLE_LEN",
+    "V1_ONLY",
+    "Preamble",
+    "our_preamble",
+]
 
 MAGIC = b"HANDOFF\x00"
 PREAMBLE_LEN = 16
+#: Lowest protocol version this implementation speaks (when its user accepts v1 peers).
 MIN_VERSION = 1
-MAX_VERSION = 1
+#: Highest protocol version this implementation speaks.
+MAX_VERSION = 2
 _PREAMBLE = struct.Struct(">8sHHI")
 
 
 @dataclass(frozen=True)
 class Preamble:
-    min_version: int = MIN_VERSION
+    min_version: int = 2
     max_version: int = MAX_VERSION
     flags: int = 0
 
@@ -54,4 +72,14 @@ class Preamble:
         return chosen
 
 
-OUR_PREAMBLE = Preamble()
+#: What this implementation sends by default: version 2 only.
+OUR_PREAMBLE = Preamble(2, MAX_VERSION)
+#: What a node that accepts version-1 peers sends: versions 1 and 2.
+ACCEPTING_V1 = Preamble(MIN_VERSION, MAX_VERSION)
+#: What an implementation of version 1 only sends (for tests and tools that play one).
+V1_ONLY = Preamble(1, 1)
+
+
+def our_preamble(accept_v1: bool = False) -> Preamble:
+    """The preamble to send: :data:`ACCEPTING_V1` if the user accepts v1 peers, else :data:`OUR_PREAMBLE`."""
+    return ACCEPTING_V1 if accept_v1 else OUR_PREAMBLE

@@ -1,22 +1,30 @@
-//! The connection handshake over a stream: preambles, hellos, proofs of the secret, ready.
+//! The connection handshake over a stream: preambles, then the sequence of the negotiated
+//! version, then ready.
 //!
 //! Both sides run the same steps (the protocol is symmetric), each writing before it
 //! reads, so neither waits on the other. Until the handshake completes a side accepts
 //! little (spec §5.1): headers of at most 64 KiB, no file descriptors, a bounded time,
 //! and it can be told to give up its place to a newer connection.
+//!
+//! The versions differ only between the preambles and `ready` (spec §5.4): [`v1`] sends a
+//! hello, which says who we are before any proof; [`v2`] (the default) sends a challenge,
+//! proves the secret, and says who we are only to a peer whose proof it verified.
+
+mod v1;
+mod v2;
 
 use std::time::Duration;
 
 use handoff_wire::framing::encode_header_into;
-use handoff_wire::{auth, Endpoint, Header, Hello, Limits, Preamble, WireError};
+use handoff_wire::{Endpoint, Header, Ident, Limits, Preamble, WireError};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 use crate::io::{write_all, FdSource, MessageReader};
 use crate::{Error, Result};
 
-/// Capabilities of this implementation in protocol version 1 (`shm` only where the node
-/// has a Unix socket for same-host peers).
+/// Capabilities of this implementation, the same in protocol versions 1 and 2 (`shm` only
+/// where the node has a Unix socket for same-host peers).
 pub(crate) const CAPABILITIES: &[&str] = &["inline", "shm", "ticket"];
 
 /// The longest an `error` may take to write before we close anyway.
@@ -28,11 +36,14 @@ pub(crate) const DRAIN_TIME: Duration = Duration::from_secs(1);
 
 /// What we know about the peer once the handshake succeeded.
 pub(crate) struct Handshaken {
-    pub(crate) hello: Hello,
+    /// What the peer said about itself: its v1 hello's identity fields, or its v2 ident.
+    pub(crate) ident: Ident,
+    /// The protocol version the preambles chose.
+    pub(crate) version: u16,
 }
 
-/// Checks a peer's authenticated hello before we send `ready` (node-id uniqueness, §5.1).
-pub(crate) type Admit<'a> = &'a (dyn Fn(&Hello) -> std::result::Result<(), WireError> + Send + Sync);
+/// Checks a peer's authenticated identity before we send `ready` (node-id uniqueness, §5.1).
+pub(crate) type Admit<'a> = &'a (dyn Fn(&Ident) -> std::result::Result<(), WireError> + Send + Sync);
 
 /// What we say about ourselves in a handshake, and what we check the peer against.
 pub(crate) struct OurSide<'a> {
@@ -47,8 +58,11 @@ pub(crate) struct OurSide<'a> {
     pub(crate) deadline: tokio::time::Instant,
     /// How long a write may make no progress.
     pub(crate) write_timeout: Duration,
-    /// The node-id check of step 6.
+    /// The node-id check before `ready` (v1 step 6, v2 step 7).
     pub(crate) admit: Admit<'a>,
+    /// The preamble we send: by default version 2 only; versions 1 and 2 when the node
+    /// accepts v1 peers (spec §3).
+    pub(crate) preamble: Preamble,
 }
 
 /// Sends an `error` header to the peer, best effort and bounded in time, before we close.
@@ -112,16 +126,15 @@ async fn step<T>(
     }
 }
 
-fn kind_of(h: &Header<'_>) -> &'static str {
-    match h {
-        Header::Hello(_) => "hello",
-        Header::Auth { .. } => "auth",
-        Header::Ready => "ready",
-        Header::Release { .. } => "release",
-        Header::Ticket(op) => op.kind(),
-        Header::Msg { .. } => "msg",
-        Header::Error { .. } => "error",
+/// The check on the peer's capabilities (v1: on its hello, step 3; v2: on its ident, step 7).
+fn check_capabilities(capabilities: &[String]) -> std::result::Result<(), WireError> {
+    if capabilities.iter().any(|c| c == "inline") {
+        return Ok(());
     }
+    Err(WireError::Handshake(format!(
+        "the peer lacks the capability \"inline\" that every node announces (it has: {})",
+        capabilities.join(", ")
+    )))
 }
 
 /// The handshake of one connection: reader, writer, and what bounds it.
@@ -149,7 +162,8 @@ where
         match stop {
             Stop::Done(r) => r,
             Stop::TimedOut => {
-                let e = WireError::Timeout(format!("the handshake with {} did not complete in time", self.label));
+                // Said to the peer too, which proved nothing: it names neither side.
+                let e = WireError::Timeout("the handshake did not complete in time".into());
                 self.refuse(e).await
             }
             Stop::Evicted => {
@@ -195,8 +209,13 @@ where
             Err(Error::Wire(e)) => return self.refuse(e).await,
             Err(other) => return Err(other),
         };
+        // Descriptors ride on the first byte of the message that carries them (spec §7.2), and
+        // a read that brings some ends with that message's bytes: while bytes after this
+        // header are buffered, waiting descriptors may be the next message's (after `ready`,
+        // a legitimate one), so they are judged at the next read, or by the read loop.
+        let ahead = self.reader.buffered();
         let fds = self.reader.stream_mut();
-        if fds.take_fd_error().is_some() || fds.pending_fds() > 0 {
+        if fds.take_fd_error().is_some() || (fds.pending_fds() > 0 && ahead == 0) {
             let e = WireError::BadShm("file descriptors arrived before the handshake completed".into());
             return self.refuse(e).await;
         }
@@ -205,12 +224,14 @@ where
 
     /// Decodes a header that must be `what`; anything else refuses the connection (unless
     /// the peer itself reported an error, which we do not answer).
+    /// The kinds of both versions are decoded alike; one that is not `what` (a hello on a v2
+    /// connection, a challenge on a v1 one) is a `handshake` error (spec §5.1, §11.2 step 3).
     async fn expect<'h>(&mut self, bytes: &'h [u8], what: &str) -> Result<Header<'h>> {
         let header = match Header::decode(bytes, &self.limits) {
             Ok(h) => h,
             Err(e) => return self.refuse(e).await,
         };
-        let wanted = kind_of(&header) == what;
+        let wanted = header.kind() == what;
         match header {
             h if wanted => Ok(h),
             Header::Error { code, message } => Err(Error::Refused {
@@ -219,7 +240,7 @@ where
                 message,
             }),
             other => {
-                let e = WireError::Handshake(format!("expected {what}, got a {:?} header", kind_of(&other)));
+                let e = WireError::Handshake(format!("expected {what}, got a {:?} header", other.kind()));
                 self.refuse(e).await
             }
         }
@@ -247,6 +268,7 @@ where
         deadline,
         write_timeout,
         admit,
+        preamble,
     } = ours;
     let mut talk = Conversation {
         reader,
@@ -257,19 +279,19 @@ where
         write_timeout,
         evicted: &mut evicted,
     };
-    talk.write(&Preamble::OURS.encode()).await?;
-    let preamble = {
+    let own_preamble = preamble.encode();
+    talk.write(&own_preamble).await?;
+    let peer_preamble = {
         let read = talk.reader.read_preamble();
         let stop = step(deadline, talk.evicted, read).await;
         talk.settle(stop).await?
     };
-    let version = match Preamble::decode(&preamble).and_then(|p| Preamble::OURS.negotiate(&p)) {
+    let version = match Preamble::decode(&peer_preamble).and_then(|p| preamble.negotiate(&p)) {
         Ok(v) => v,
         Err(e) => return talk.refuse(e).await,
     };
 
-    let nonce: [u8; 32] = rand::random();
-    let hello = Hello {
+    let ident = Ident {
         node_id: me.node_id.clone(),
         name: me.name.clone(),
         host_id: me.host_id.clone(),
@@ -277,46 +299,22 @@ where
         process_id: me.process_id.clone(),
         language: me.language.clone(),
         implementation: concat!("handoff-rs/", env!("CARGO_PKG_VERSION")).to_string(),
-        version,
         capabilities: me.capabilities.clone(),
-        nonce: nonce.to_vec(),
         listen,
         unix,
     };
-    let own_hello = talk.send(&Header::Hello(hello)).await?;
-    let peer_hello_bytes = talk.read("hello").await?;
-    let Header::Hello(peer_hello) = talk.expect(&peer_hello_bytes, "hello").await? else {
-        unreachable!("expect checked the kind")
+    let peer = match version {
+        1 => v1::exchange(&mut talk, secret, ident).await?,
+        2 => {
+            let peer_preamble: [u8; 16] = peer_preamble[..].try_into().expect("a preamble is 16 bytes");
+            v2::exchange(&mut talk, secret, (&own_preamble, &peer_preamble), ident).await?
+        }
+        other => {
+            let e = WireError::Handshake(format!("no handshake for protocol version {other}"));
+            return talk.refuse(e).await;
+        }
     };
-    if peer_hello.nonce == nonce {
-        let e = WireError::Handshake("the peer echoed our own nonce (a reflected handshake)".into());
-        return talk.refuse(e).await;
-    }
-    if peer_hello.version != version {
-        let e = WireError::Handshake(format!(
-            "peer's hello says version {}, the preambles chose {version}",
-            peer_hello.version
-        ));
-        return talk.refuse(e).await;
-    }
-    if !peer_hello.capabilities.iter().any(|c| c == "inline") {
-        let e = WireError::Handshake(format!(
-            "the peer's hello lacks the capability \"inline\" that every v1 node announces (it has: {})",
-            peer_hello.capabilities.join(", ")
-        ));
-        return talk.refuse(e).await;
-    }
-
-    let proof = auth::proof(secret, &own_hello, &peer_hello_bytes);
-    talk.send(&Header::Auth { mac: proof.to_vec() }).await?;
-    let peer_auth = talk.read("auth").await?;
-    let Header::Auth { mac } = talk.expect(&peer_auth, "auth").await? else {
-        unreachable!("expect checked the kind")
-    };
-    if let Err(e) = auth::verify(secret, &mac, &peer_hello_bytes, &own_hello) {
-        return talk.refuse(e).await;
-    }
-    if let Err(e) = admit(&peer_hello) {
+    if let Err(e) = admit(&peer) {
         return talk.refuse(e).await;
     }
 
@@ -324,13 +322,13 @@ where
     let ready = talk.read("ready").await?;
     talk.expect(&ready, "ready").await?;
     talk.reader.established();
-    Ok(Handshaken { hello: peer_hello })
+    Ok(Handshaken { ident: peer, version })
 }
 
 /// Refuses a connection the node cannot take at all (too many connections): our preamble
 /// and `error {code: "overloaded"}` (readable by every version, spec §12), then close.
-pub(crate) async fn refuse_overloaded<W: AsyncWrite + Unpin>(writer: &mut W, why: String) {
-    let _ = write_all(writer, &Preamble::OURS.encode(), ERROR_WRITE_LIMIT).await;
+pub(crate) async fn refuse_overloaded<W: AsyncWrite + Unpin>(writer: &mut W, preamble: Preamble, why: String) {
+    let _ = write_all(writer, &preamble.encode(), ERROR_WRITE_LIMIT).await;
     send_error(writer, &WireError::Overloaded(why)).await;
     let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, writer.shutdown()).await;
 }

@@ -1,0 +1,126 @@
+//! A peer that speaks the handshake by hand (spec §5.1, §5.4), step by step, for the tests
+//! that then misbehave on purpose. It does no I/O: each step returns the bytes to write,
+//! given what the node sent; the tests read and write (blocking or async) around it.
+//!
+//! Version 2, the default: preamble, `challenge`, `auth`, `ident`, `ready`. Version 1, for
+//! the tests of nodes that accept v1 peers: preamble, `hello`, `auth`, `ready`.
+
+#![allow(dead_code)]
+
+use handoff::wire::framing::encode_header_into;
+use handoff::wire::{auth, Header, Hello, Ident, Preamble};
+
+/// Frames a header: its length prefix, then its bytes.
+pub fn framed(h: &Header<'_>) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_header_into(h, &mut out);
+    out
+}
+
+/// An identity for a raw peer.
+pub fn ident(node_id: &str, name: &str, process_id: &str, caps: &[&str]) -> Ident {
+    Ident {
+        node_id: node_id.into(),
+        name: name.into(),
+        host_id: "raw-host".into(),
+        pid: std::process::id(),
+        process_id: process_id.into(),
+        language: "test".into(),
+        implementation: "raw/0".into(),
+        capabilities: caps.iter().map(|c| c.to_string()).collect(),
+        listen: None,
+        unix: None,
+    }
+}
+
+/// Our side of one hand-driven handshake.
+pub struct RawSide {
+    secret: Vec<u8>,
+    ident: Ident,
+    version: u16,
+    nonce: [u8; 32],
+    /// Our first handshake header as sent (hello or challenge), without its prefix.
+    first: Vec<u8>,
+}
+
+impl RawSide {
+    /// A peer that speaks version 2 only, the default of every node.
+    pub fn v2(secret: &str, ident: Ident) -> RawSide {
+        RawSide::new(secret, ident, 2)
+    }
+
+    /// A peer that speaks version 1 only, as an older implementation does.
+    pub fn v1(secret: &str, ident: Ident) -> RawSide {
+        RawSide::new(secret, ident, 1)
+    }
+
+    fn new(secret: &str, ident: Ident, version: u16) -> RawSide {
+        RawSide {
+            secret: secret.as_bytes().to_vec(),
+            ident,
+            version,
+            nonce: rand::random(),
+            first: Vec::new(),
+        }
+    }
+
+    /// The preamble to write first: `2..=2` or `1..=1`.
+    pub fn preamble(&self) -> [u8; 16] {
+        self.own_preamble().encode()
+    }
+
+    fn own_preamble(&self) -> Preamble {
+        if self.version == 1 {
+            Preamble::V1_ONLY
+        } else {
+            Preamble::OURS
+        }
+    }
+
+    /// After the preambles: our `challenge` (v2) or `hello` (v1), framed.
+    pub fn first(&mut self) -> Vec<u8> {
+        let header = if self.version == 1 {
+            Header::Hello(Hello::from_ident(self.ident.clone(), 1, self.nonce.to_vec()))
+        } else {
+            Header::Challenge {
+                version: 2,
+                nonce: self.nonce.to_vec(),
+            }
+        };
+        let bytes = framed(&header);
+        self.first = bytes[4..].to_vec();
+        bytes
+    }
+
+    /// Given the node's preamble and its first handshake header (without prefix): our `auth`.
+    pub fn auth(&self, peer_preamble: &[u8], peer_first: &[u8]) -> Vec<u8> {
+        let mac = if self.version == 1 {
+            auth::proof(&self.secret, &self.first, peer_first)
+        } else {
+            let own = self.preamble();
+            let peer: [u8; 16] = peer_preamble.try_into().expect("16 bytes");
+            auth::proof_v2(
+                &self.secret,
+                auth::Sent {
+                    preamble: &own,
+                    challenge: &self.first,
+                },
+                auth::Sent {
+                    preamble: &peer,
+                    challenge: peer_first,
+                },
+            )
+        };
+        framed(&Header::Auth { mac: mac.to_vec() })
+    }
+
+    /// After the node's `auth` (v2 only): our `ident`, framed.
+    pub fn ident(&self) -> Vec<u8> {
+        framed(&Header::Ident(self.ident.clone()))
+    }
+
+    /// The last step: `ready`, framed.
+    pub fn ready(&self) -> Vec<u8> {
+        framed(&Header::Ready)
+    }
+}
