@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from ..codec import Bin, Buffer, as_bytes_view
+from ..codec import Bin, Buffer
 from ..wire import DEFAULT_LIMITS, Limits
 
 __all__ = ["TYPE_OPEN", "TYPE_FRAMES", "Plan", "plan_message", "unpack_part", "FramesError", "SMALL"]
@@ -57,6 +57,18 @@ class Plan:
 
     parts: list
     nbytes: int
+
+
+def _flat(frame: Any) -> memoryview:
+    """A frame as a flat byte view (empty frames of any shape included)."""
+    view = frame if isinstance(frame, memoryview) else memoryview(frame)
+    if view.nbytes == 0:
+        return memoryview(b"")
+    if view.format != "B" or view.ndim != 1:
+        if not view.c_contiguous:
+            view = memoryview(view.tobytes())
+        view = view.cast("B")
+    return view
 
 
 def _address(view: memoryview) -> Optional[int]:
@@ -102,7 +114,7 @@ def _joined(views: list) -> Optional[memoryview]:
 
 def _entries(frames: Sequence[Any], max_frame: int) -> list:
     """Body entries, each with the sizes of the out-of-band frames it takes: ``(entry, [n...])``."""
-    views = [as_bytes_view(f) for f in frames]
+    views = [_flat(f) for f in frames]
     out: list = []
     for run in _runs(views):
         members = [views[i] for i in run]

@@ -27,7 +27,7 @@ from ..peer import Peer
 from .comm import HandoffComm
 from .config import settings
 from .frames import TYPE_OPEN
-from .nodes import make_node
+from .nodes import make_node, spawn
 
 __all__ = ["HandoffListener", "PREFIX"]
 
@@ -95,12 +95,10 @@ class HandoffListener(BaseListener):
     def _close_node_if_idle(self) -> None:
         node = self.node
         if node is not None and self._stopped and self._comms == 0 and not node._closed:
-            try:
-                task = node.loop.create_task(node.close())
-            except RuntimeError:  # the loop is closed
-                return
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            task = spawn(node.loop, node.close)
+            if task is not None:
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     def _comm_closed(self) -> None:
         self._comms -= 1

@@ -27,7 +27,19 @@ from ..peer import Peer
 from .config import Settings
 from .frames import TYPE_FRAMES, TYPE_OPEN
 
-__all__ = ["make_node", "connector_node", "ConnectorLease"]
+__all__ = ["make_node", "connector_node", "ConnectorLease", "spawn"]
+
+
+def spawn(loop: asyncio.AbstractEventLoop, make) -> Optional[asyncio.Task]:
+    """Runs ``make()`` (a coroutine function) as a task of ``loop`` if it still runs, else nothing."""
+    if loop.is_closed():
+        return None
+    coro = make()
+    try:
+        return loop.create_task(coro)
+    except RuntimeError:  # the loop is shutting down
+        coro.close()
+        return None
 
 
 def make_node(
@@ -83,14 +95,10 @@ class ConnectorLease:
         per_loop = _connectors.get(self._loop)
         if per_loop is not None and per_loop.get(self._key) is shared:
             del per_loop[self._key]
-        if self._loop.is_closed():
-            return
-        try:
-            task = self._loop.create_task(shared.node.close())
-        except RuntimeError:  # called from another thread, or the loop is shutting down
-            return
-        _closing.add(task)
-        task.add_done_callback(_closing.discard)
+        task = spawn(self._loop, shared.node.close)
+        if task is not None:
+            _closing.add(task)
+            task.add_done_callback(_closing.discard)
 
 
 async def connector_node(settings: Settings) -> ConnectorLease:
