@@ -20,9 +20,10 @@ import pandas as pd
 import pytest
 from distributed import Client, Nanny, Scheduler, Worker
 from distributed.comm import connect, listen
-from distributed.comm.core import FatalCommClosedError
+from distributed.comm.core import CommClosedError, FatalCommClosedError
 from distributed.protocol import dask_deserialize, dask_serialize, to_serialize
 from distributed.utils_test import gen_cluster, gen_test
+from handoff import Node
 from handoff.dask import HandoffComm, config
 from handoff.dask.frames import FramesError, plan_message, unpack_part
 from handoff.wire import Limits
@@ -231,6 +232,45 @@ async def test_a_peer_without_the_secret_is_refused_at_once():
                 await connect(listener.contact_address, timeout=20)
             assert time.monotonic() - t0 < 5  # refused, not retried until the timeout
         assert q.empty()
+    finally:
+        listener.stop()
+
+
+@gen_test(timeout=60)
+async def test_a_peer_that_breaks_the_comm_protocol_loses_only_its_connection():
+    handled: list = []
+
+    async def handle(comm):
+        try:
+            handled.append(await comm.read())
+        except CommClosedError as e:
+            handled.append(e)
+        finally:
+            await comm.close()
+
+    with dask.config.set(SECRET):
+        listener = listen("handoff://127.0.0.1", handle)
+        await listener.start()
+    try:
+        tcp = "tcp://" + listener.contact_address[len("handoff://") :]
+        async with Node("rogue", secret=SECRET["distributed.comm.handoff.secret"], per_connection=True) as rogue:
+            no_open = await rogue.connect(tcp, channel="tcp")
+            await no_open.send("handoff.dask.Frames", {"f": []})  # a part before any Open
+            assert await _eventually(lambda: no_open.closed)
+            bad_part = await rogue.connect(tcp, channel="tcp")
+            await bad_part.send("handoff.dask.Open", {"from": 5, "to": "nowhere"})
+            await bad_part.send("handoff.dask.Frames", {"f": [{"cut": [10], "f": b"abc"}]})
+            assert await _eventually(lambda: bad_part.closed)
+            unknown = await rogue.connect(tcp, channel="tcp")
+            await unknown.send("some.Other", {})
+            assert await _eventually(lambda: unknown.closed)
+        assert handled == []  # none of them got as far as a comm handed to the server
+        # The listener still serves well-behaved peers.
+        with dask.config.set(SECRET):
+            a = await connect(listener.contact_address, timeout=10)
+        await a.write({"op": "still here"})
+        assert await _eventually(lambda: handled == [{"op": "still here"}])
+        await a.close()
     finally:
         listener.stop()
 

@@ -21,6 +21,7 @@ import dask
 from dask.utils import parse_bytes
 from distributed.comm.core import Comm, CommClosedError
 from distributed.comm.utils import from_frames, to_frames
+from distributed.system import MEMORY_LIMIT
 
 from ..errors import HandoffError, PeerClosed
 from ..peer import Peer
@@ -32,6 +33,9 @@ logger = logging.getLogger("distributed.comm.handoff")
 
 #: Per process: comms opened (by channel), bytes written and read (by channel).
 counters: Counter = Counter()
+#: The most one Dask message may hold (all its parts), as Dask's TCP comm bounds its
+#: buffers (half the memory of the machine): a peer that sends parts without end is cut off.
+MAX_MESSAGE_BYTES = int(MEMORY_LIMIT // 2)
 
 
 def local_endpoint(peer: Peer) -> dict:
@@ -62,12 +66,20 @@ def endpoint_of_peer(peer: Peer) -> dict:
     }
 
 
-def _dangling(peer: Peer, release: Optional[Callable[[], None]], label: str) -> None:
+def _close_dangling(peer: Peer, release: Optional[Callable[[], None]], label: str) -> None:
     if not peer.closed:
         logger.warning("Closing dangling comm %s", label)
         peer.abort()
     if release is not None:
         release()
+
+
+def _dangling(peer: Peer, release: Optional[Callable[[], None]], label: str) -> None:
+    """A comm was collected without being closed (from any thread): close it on its loop."""
+    try:
+        peer.node.loop.call_soon_threadsafe(_close_dangling, peer, release, label)
+    except RuntimeError:  # the loop is closed: its sockets went with it
+        pass
 
 
 class HandoffComm(Comm):
@@ -188,12 +200,20 @@ class HandoffComm(Comm):
             raise CommClosedError(f"in {self}: the comm is closed")
         peer = self._peer
         frames: list = []
+        total = 0
         try:
             while True:
                 env = await peer.recv()
                 if env.type_name != TYPE_FRAMES:
                     raise FramesError(f"expected a {TYPE_FRAMES} message, got {env.type_name!r}")
-                if not unpack_part(env.body, frames):
+                seen = len(frames)
+                more = unpack_part(env.body, frames)
+                total += sum(memoryview(f).nbytes for f in frames[seen:])
+                if total > MAX_MESSAGE_BYTES:
+                    raise FramesError(
+                        f"the message is over {MAX_MESSAGE_BYTES} bytes (half this machine's memory) and not done"
+                    )
+                if not more:
                     break
         except PeerClosed as e:
             self._mark_closed()
@@ -205,7 +225,7 @@ class HandoffComm(Comm):
         except BaseException:
             self.abort()
             raise
-        counters[f"bytes-read-{peer.channel}"] += sum(memoryview(f).nbytes for f in frames)
+        counters[f"bytes-read-{peer.channel}"] += total
         try:
             return await from_frames(
                 frames, deserialize=self.deserialize, deserializers=deserializers, allow_offload=self.allow_offload

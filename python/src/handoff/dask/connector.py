@@ -35,7 +35,7 @@ __all__ = ["HandoffConnector"]
 
 logger = logging.getLogger("distributed.comm.handoff")
 
-# address -> (node id, unix:// address) of a same-host listener reached before
+# (address, our host id) -> (node id, unix:// address) of a same-host listener reached before
 _unix_routes: dict = {}
 
 
@@ -47,23 +47,24 @@ def _local_address(peer: Peer, host: str) -> str:
 
 
 async def _dial(node: Node, address: str, host: str, port: int) -> Peer:
-    route = _unix_routes.get(address) if node.shm else None
+    key = (address, node.host_id)
+    route = _unix_routes.get(key) if node.shm else None
     if route is not None:
         node_id, unix = route
         try:
             peer = await node.connect(unix)
         except (OSError, HandoffError) as e:
             logger.debug("the Unix socket of %s is gone (%s); dialing TCP", address, e)
-            _unix_routes.pop(address, None)
+            _unix_routes.pop(key, None)
         else:
             if peer.node_id == node_id:
                 return peer
-            _unix_routes.pop(address, None)
+            _unix_routes.pop(key, None)
             peer.abort()
     target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     peer = await node.connect("tcp://" + target)
     if peer.channel == "shm" and peer.hello.unix:
-        _unix_routes[address] = (peer.node_id, peer.hello.unix)
+        _unix_routes[key] = (peer.node_id, peer.hello.unix)
     return peer
 
 

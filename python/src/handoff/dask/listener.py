@@ -144,9 +144,12 @@ class HandoffListener(BaseListener):
             peer.abort()
             return
         if peer.channel == "tcp":
-            host, port = peer.transport.sock.getpeername()[:2]
-            peer_addr = self.prefix + unparse_host_port(host, port)
-            local_addr = self.prefix + unparse_host_port(*peer.transport.sock.getsockname()[:2])
+            try:
+                peer_addr = self.prefix + unparse_host_port(*peer.transport.sock.getpeername()[:2])
+                local_addr = self.prefix + unparse_host_port(*peer.transport.sock.getsockname()[:2])
+            except OSError:  # it closed already
+                peer.abort()
+                return
         else:
             peer_addr = _address(body.get("from"), self.prefix + "127.0.0.1:0")
             local_addr = _address(body.get("to"), self.contact_address)

@@ -18,16 +18,24 @@ keep a writable frame as it is; a read-only one they copy).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import weakref
 from typing import Callable, Optional
 
+from ..bounds import DEFAULT_BOUNDS
 from ..node import Node
 from ..peer import Peer
 from .config import Settings
 from .frames import TYPE_FRAMES, TYPE_OPEN
 
-__all__ = ["make_node", "connector_node", "ConnectorLease", "spawn"]
+__all__ = ["make_node", "connector_node", "ConnectorLease", "spawn", "BOUNDS"]
+
+#: The bounds of a Dask node: the defaults (§9.1), but for established connections. Every
+#: comm is a connection, and a scheduler holds several per worker and client (its batched
+#: stream and a pool of rpc comms), so 1024 would cap a cluster at a few hundred workers;
+#: the process's file-descriptor limit binds first, as it does for Dask's TCP comms.
+BOUNDS = dataclasses.replace(DEFAULT_BOUNDS, max_connections=16384)
 
 
 def spawn(loop: asyncio.AbstractEventLoop, make) -> Optional[asyncio.Task]:
@@ -58,6 +66,7 @@ def make_node(
         on_accept=on_accept,
         shm_pool=True,
         shm_private=True,
+        bounds=BOUNDS,
     )
 
 
