@@ -130,9 +130,16 @@ def test_the_secret_comes_from_config_then_a_file_then_the_environment(tmp_path,
         assert config.settings().secret == b"from-file"
         with dask.config.set({"distributed.comm.handoff.secret": "from-config"}):
             assert config.settings().secret == b"from-config"
-    with dask.config.set({"distributed.comm.handoff.shm-threshold": "1MiB", "distributed.comm.handoff.shm": False}):
+    with dask.config.set(
+        {
+            "distributed.comm.handoff.shm-threshold": "1MiB",
+            "distributed.comm.handoff.shm": False,
+            "distributed.comm.handoff.pool-idle-bytes": "2GiB",
+        }
+    ):
         s = config.settings()
-        assert (s.shm_threshold, s.shm) == (MIB, False)
+        assert (s.shm_threshold, s.shm, s.pool_idle_bytes) == (MIB, False, 2 << 30)
+    assert config.settings().pool_idle_bytes is None
 
 
 # ---------------------------------------------------------------- comms

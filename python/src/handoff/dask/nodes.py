@@ -25,6 +25,7 @@ from typing import Callable, Optional
 
 from ..bounds import DEFAULT_BOUNDS
 from ..node import Node
+from ..pool import pool
 from ..peer import Peer
 from .config import Settings
 from .frames import TYPE_FRAMES, TYPE_OPEN
@@ -54,6 +55,8 @@ def make_node(
     settings: Settings, role: str, listen: Optional[str] = None, on_accept: Optional[Callable[[Peer], None]] = None
 ) -> Node:
     """A node for a Dask listener (``listen``, ``on_accept``) or for connecting (neither)."""
+    if settings.pool_idle_bytes is not None:
+        pool().max_idle_bytes = settings.pool_idle_bytes
     return Node(
         f"dask-{role}-{os.getpid()}",
         host_id=settings.host_id,
