@@ -203,7 +203,13 @@ def encode_body(
             raise TypeError(f"cannot encode a {type(v).__name__} in a handoff body") from None
         return walk(view, depth)
 
-    tree = walk(value, 1)
+    try:
+        tree = walk(value, 1)
+    finally:
+        # ``walk`` refers to itself: empty its cell, or every call would leave a reference
+        # cycle holding the frames (memoryviews, which the cyclic collector may meet while
+        # they are still exported, and fail to clear).
+        walk = frame = None  # noqa: F841
     body = packer().pack(tree)
     return EncodedBody(body, frames, sources)
 

@@ -17,7 +17,7 @@ import asyncio
 import collections
 from typing import Any
 
-__all__ = ["Inbox"]
+__all__ = ["Inbox", "ConnectionQueue"]
 
 
 class _Queue:
@@ -84,3 +84,49 @@ class Inbox:
 
     def __len__(self) -> int:
         return sum(len(q.messages) for q in self._queues.values())
+
+
+class ConnectionQueue:
+    """One connection's own messages, in order (a node built with ``per_connection=True``).
+
+    Bounded like the inbox: every envelope in it is charged against the node's buffered
+    bounds until it is taken, and the connection's reader stops while there is no room.
+    :meth:`close` ends it: what arrived stays readable, then :meth:`get` returns ``None``.
+    """
+
+    def __init__(self) -> None:
+        self._messages: collections.deque = collections.deque()
+        self._arrived = asyncio.Event()
+        self.closed = False
+        self._dropping = False
+
+    def put(self, env: Any) -> bool:
+        """Adds a message; ``False`` if the queue was dropped (the caller gives back its charge)."""
+        if self._dropping:
+            return False
+        self._messages.append(env)
+        self._arrived.set()
+        return True
+
+    def close(self, drop: bool = False) -> list:
+        """No more messages; with ``drop`` the waiting ones are discarded and returned."""
+        self.closed = True
+        self._arrived.set()
+        if not drop:
+            return []
+        self._dropping = True
+        dropped = list(self._messages)
+        self._messages.clear()
+        return dropped
+
+    async def get(self) -> Any:
+        """The next message, waiting for one; ``None`` once closed and empty."""
+        while not self._messages:
+            if self.closed:
+                return None
+            self._arrived.clear()
+            await self._arrived.wait()
+        return self._messages.popleft()
+
+    def __len__(self) -> int:
+        return len(self._messages)

@@ -219,4 +219,10 @@ def unpack_one(
             return ext_hook(code, payload), pos
         return Ext(code, payload), pos
 
-    return read(start, 0)
+    try:
+        return read(start, 0)
+    finally:
+        # The readers refer to each other: empty their cells, or every call would leave a
+        # reference cycle holding ``buf`` and ``ext_hook`` (and so the received frames)
+        # until the cyclic collector runs, which cannot clear a memoryview still exported.
+        need = read = text = enter = array = mapping = ext = None  # noqa: F841

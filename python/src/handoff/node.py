@@ -20,7 +20,7 @@ import socket
 import struct
 import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 from . import identity, wire
 from .bounds import DEFAULT_BOUNDS, Bounds
@@ -103,6 +103,19 @@ class Node:
     runs version 1 with a peer that speaks nothing newer; with it off, such a peer is
     refused with ``unsupported-version``. ``preamble`` (tests only) sends that preamble
     instead, e.g. :data:`handoff.wire.V1_ONLY` to play a v1-only peer.
+
+    Options for a node whose connections are independent streams (such as the comms
+    of :mod:`handoff.dask`): ``per_connection`` delivers each connection's messages to
+    its own queue (:meth:`Peer.recv <handoff.peer.Peer.recv>`) instead of the node's
+    inbox, bounded by the same buffered bounds; ``on_accept(peer)`` is then called once
+    for each accepted connection, when its first message arrives (a connection that
+    carries no message, such as the TCP connection a same-host peer leaves for our Unix
+    socket, never reaches it; without ``on_accept`` an accepted connection that sends a
+    message is closed). ``shm_pool`` sends large buffers to same-host peers from the
+    process's pool of reused segments (:mod:`handoff.pool`) instead of fresh sealed
+    memfds, and goes inline rather than wait when a peer holds its cap of leases.
+    ``shm_private`` maps received segments private and writable (copy-on-write)
+    instead of shared and read-only (:func:`handoff.shm.map_received`).
     """
 
     def __init__(
@@ -124,6 +137,10 @@ class Node:
         bounds: Bounds = DEFAULT_BOUNDS,
         accept_v1: bool = False,
         preamble: Optional[wire.Preamble] = None,
+        per_connection: bool = False,
+        on_accept: Optional[Callable[[Peer], None]] = None,
+        shm_pool: bool = False,
+        shm_private: bool = False,
     ):
         if not name:
             raise ValueError("a node needs a name")
@@ -137,6 +154,10 @@ class Node:
         self._listen = listen
         self.shm = shm
         self.shm_threshold = max(1, shm_threshold)
+        self.shm_pool = shm_pool
+        self.shm_private = shm_private
+        self.per_connection = per_connection
+        self.on_accept = on_accept
         self.frame_threshold = frame_threshold
         self.ticket_threshold = ticket_threshold
         self.redeem = redeem
@@ -170,9 +191,11 @@ class Node:
         self.resources = Resources(name)
         self.listen_addr: Optional[str] = None
         self.unix_path: Optional[Path] = None
-        self._peers: dict[str, Peer] = {}
+        self._peers: dict[str, Peer] = {}  # node id -> its newest open connection
+        self._connections: dict[str, list] = {}  # node id -> its open connections, oldest first
         self._all_peers: set = set()
         self._listeners: list = []
+        self._accept_tasks: list = []
         self._tasks: set = set()
         self._next_req = 1
         self._started = False
@@ -209,7 +232,7 @@ class Node:
                 f"tcp://[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 else f"tcp://{bound[0]}:{bound[1]}"
             )
             self._listeners.append(lsock)
-            self._spawn(self._accept_loop(lsock, unix=False))
+            self._accept_tasks.append(self._spawn(self._accept_loop(lsock, unix=False)))
         if self.shm:
             path = identity.runtime_dir() / f"{_sanitize(self.name)}-{self.node_id[:12]}.sock"
             try:
@@ -223,7 +246,7 @@ class Node:
             usock.setblocking(False)
             self.unix_path = path
             self._listeners.append(usock)
-            self._spawn(self._accept_loop(usock, unix=True))
+            self._accept_tasks.append(self._spawn(self._accept_loop(usock, unix=True)))
         self._spawn(self._reap_expired())
         self._started = True
         log.info(
@@ -231,21 +254,29 @@ class Node:
         )
         return self
 
-    async def close(self) -> None:
-        """Stops listening and closes every connection."""
-        if self._closed:
-            return
-        self._closed = True
+    def stop_listening(self) -> None:
+        """Stops accepting connections (TCP and Unix socket); established ones carry on."""
+        for task in list(self._accept_tasks):
+            task.cancel()
+        self._accept_tasks.clear()
         for s in self._listeners:
             try:
                 s.close()
             except OSError:
                 pass
+        self._listeners.clear()
         if self.unix_path is not None:
             try:
                 self.unix_path.unlink()
             except OSError:
                 pass
+
+    async def close(self) -> None:
+        """Stops listening and closes every connection."""
+        if self._closed:
+            return
+        self._closed = True
+        self.stop_listening()
         for task in list(self._tasks):
             task.cancel()
         peers = list(self._all_peers)
@@ -289,8 +320,12 @@ class Node:
         return None
 
     def peer_by_id(self, node_id: str) -> Optional[Peer]:
+        """The newest open connection to the node ``node_id``."""
         p = self._peers.get(node_id)
-        return p if p is not None and not p.closed else None
+        if p is not None and not p.closed:
+            return p
+        live = self.connections_to(node_id)
+        return live[-1] if live else None
 
     async def wait_for_peer(self, name: str, timeout: float = 10.0, channel: Optional[str] = None) -> Peer:
         """Waits until a peer named ``name`` is connected (on ``channel``, if given)."""
@@ -315,15 +350,30 @@ class Node:
 
     def _add_peer(self, peer: Peer) -> None:
         self._peers[peer.node_id] = peer
+        self._connections.setdefault(peer.node_id, []).append(peer)
         self._all_peers.add(peer)
         self._spawn(self._notify_peers())
 
     def _remove_peer(self, peer: Peer) -> None:
+        """Forgets a closed connection; another open one to the same node (§5.1: the same
+        node may hold several) then speaks for it, the newest first."""
         self._all_peers.discard(peer)
+        others = self._connections.get(peer.node_id, [])
+        if peer in others:
+            others.remove(peer)
+        if not others:
+            self._connections.pop(peer.node_id, None)
         if self._peers.get(peer.node_id) is peer:
-            del self._peers[peer.node_id]
+            if others:
+                self._peers[peer.node_id] = others[-1]
+            else:
+                del self._peers[peer.node_id]
         if not self._closed:
             self._spawn(self._notify_peers())
+
+    def connections_to(self, node_id: str) -> list:
+        """Every open connection to the node ``node_id``, oldest first."""
+        return [p for p in self._connections.get(node_id, []) if not p.closed]
 
     def _our_side(self, transport: Optional[Transport] = None) -> OurSide:
         return OurSide(
@@ -398,9 +448,12 @@ class Node:
     def _warn_about(self, source: str, fmt: str, *args) -> None:
         self._throttle.warn(source, "%s: " + fmt, self.name, *args)
 
-    async def _open(self, sock: socket.socket, label: str, accepted: bool = False) -> Peer:
+    async def _open(
+        self, sock: socket.socket, label: str, accepted: bool = False, peer_pid: Optional[int] = None
+    ) -> Peer:
         """Handshakes on a fresh connection, registers the peer and starts its reader."""
         transport = Transport(sock, label, self.bounds)
+        transport.peer_pid = peer_pid
         entry = self._begin_handshake(transport) if accepted else None
         timeout = self.bounds.handshake_timeout
         try:
@@ -445,6 +498,7 @@ class Node:
                 ident.host,
             )
         peer = Peer(self, transport, ident, channel, done.version)
+        peer.accepted = accepted
         self._add_peer(peer)
         self._unclaim(transport)  # the established connection speaks for the node id now
         peer.reader = self.loop.create_task(peer.read_loop())
@@ -515,11 +569,11 @@ class Node:
         sock.setblocking(False)
         try:
             await self.loop.sock_connect(sock, path)
-            _check_peer_uid(sock)
+            pid = _check_peer_uid(sock)
         except BaseException:
             sock.close()
             raise
-        return await self._open(sock, f"unix://{path}")
+        return await self._open(sock, f"unix://{path}", peer_pid=pid)
 
     async def _accept_loop(self, lsock: socket.socket, unix: bool) -> None:
         while True:
@@ -545,9 +599,8 @@ class Node:
 
     async def _accepted(self, conn: socket.socket, label: str, unix: bool, source: str) -> None:
         try:
-            if unix:
-                _check_peer_uid(conn)
-            peer = await self._open(conn, label, accepted=True)
+            pid = _check_peer_uid(conn) if unix else None
+            peer = await self._open(conn, label, accepted=True, peer_pid=pid)
             log.info("%s: accepted peer %s (%s, %s)", self.name, peer.name, peer.locality, peer.channel)
         except asyncio.CancelledError:
             conn.close()
@@ -564,7 +617,23 @@ class Node:
         # The body is decoded when the application asks for it (§11.3 allows either): a peer
         # whose bodies are costly to decode (deeply nested, or invalid) then costs its own
         # turn in the application's loop, not the reading of every other connection.
-        self._inbox.put(env)
+        peer = env.sender
+        if peer.queue is None:
+            self._inbox.put(env)
+            return
+        first = not peer._delivered
+        if first and peer.accepted and self.on_accept is None:
+            self._budget.release_env(env)
+            raise wire.WireError(
+                "unknown-type",
+                f"node {self.name} takes no messages on connections it accepts (it only connects to others)",
+            )
+        peer._delivered = True
+        if not peer.queue.put(env):  # the application closed this connection: nobody will take it
+            self._budget.release_env(env)
+            return
+        if first and peer.accepted:
+            self.on_accept(peer)
 
     async def recv(self, timeout: Optional[float] = None) -> Envelope:
         """The next received message (``asyncio.TimeoutError`` after ``timeout`` seconds).
@@ -820,9 +889,10 @@ class Node:
         }
 
 
-def _check_peer_uid(sock: socket.socket) -> None:
-    """Refuses a same-host peer that runs as another user (SO_PEERCRED, §7.1)."""
+def _check_peer_uid(sock: socket.socket) -> int:
+    """Refuses a same-host peer that runs as another user (SO_PEERCRED, §7.1); returns its pid."""
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, _gid = struct.unpack("3i", creds)
     if uid != os.geteuid():
         raise PermissionError(f"refusing a same-host peer running as uid {uid} (we are uid {os.geteuid()}, pid {pid})")
+    return pid

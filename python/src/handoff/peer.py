@@ -24,6 +24,8 @@ from .codec import OnDemand, encode_body
 from .envelope import Envelope, ReceivedFrame
 from .errors import CapReached, HandoffError, PeerClosed, PeerRefused
 from .handshake import send_error
+from .inbox import ConnectionQueue
+from .pool import Segment, pool
 from .shm import SharedFrame, map_received, sealed_copy, segment_info
 from .tickets import Refusal, Ticket
 from .transport import MAX_FDS_PER_READ, Transport
@@ -37,6 +39,11 @@ log = logging.getLogger("handoff")
 
 #: Frames at least this large are read into an anonymous mapping (no zero-fill pass).
 _MMAP_FRAME = 1 << 20
+#: Copies into a pooled segment at least this large run in a thread (numpy releases the GIL).
+_COPY_IN_THREAD = 8 << 20
+#: How long a closed connection's pooled segments wait for the peer process to exit (then
+#: they come back to the pool) before they are retired (the peer may still map them).
+_EXIT_WAIT = 2.0
 
 
 def _alloc(n: int) -> memoryview:
@@ -56,8 +63,57 @@ def _shm_released(peer_ref: "weakref.ref[Peer]", lease: int) -> None:
         pass  # the event loop is closed
 
 
+class _PooledLease:
+    """A lease on a window of a pooled segment (:mod:`handoff.pool`)."""
+
+    __slots__ = ("segment", "size")
+
+    def __init__(self, segment: Segment):
+        self.segment = segment
+        self.size = segment.size
+
+    def close(self, reusable: bool = True) -> None:
+        self.segment.let_go(reusable)
+
+
+def _end_lease(kept: Any, reusable: bool) -> None:
+    if isinstance(kept, _PooledLease):
+        kept.close(reusable)
+    else:
+        kept.close()
+
+
+async def _process_exited(pid: int, wait: float) -> bool:
+    """Whether process ``pid`` has exited (it holds no mapping then), waiting up to ``wait`` s.
+
+    A process that closed its socket by dying releases its memory before its files, and
+    becomes waitable (its pidfd readable) after both, so a short wait suffices. A live
+    process, or a pid taken by another one since, reads as not exited: the safe answer."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    except (OSError, AttributeError):
+        return False
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    try:
+        loop.add_reader(pidfd, lambda: done.done() or done.set_result(True))
+        try:
+            return await asyncio.wait_for(done, wait)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            loop.remove_reader(pidfd)
+    finally:
+        os.close(pidfd)
+
+
 class Peer:
-    """A connected node. Get one from :meth:`Node.connect`, :meth:`Node.peer` or ``envelope.sender``."""
+    """A connected node. Get one from :meth:`Node.connect`, :meth:`Node.peer` or ``envelope.sender``.
+
+    On a node built with ``per_connection=True`` each connection delivers its messages to
+    its own queue, taken with :meth:`recv`, instead of the node's inbox."""
 
     def __init__(self, node: "Node", transport: Transport, ident: wire.Ident, channel: str, version: int = 2):
         self.node = node
@@ -92,6 +148,11 @@ class Peer:
         self._tasks: set = set()
         self.reader: Optional[asyncio.Task] = None
         self.done = asyncio.Event()
+        #: Whether the peer connected to us (we accepted the connection).
+        self.accepted = False
+        #: This connection's own messages (``per_connection`` nodes), taken by :meth:`recv`.
+        self.queue: Optional[ConnectionQueue] = ConnectionQueue() if node.per_connection else None
+        self._delivered = False
 
     # ------------------------------------------------------------------ who
 
@@ -235,6 +296,10 @@ class Peer:
                     if isinstance(source, SharedFrame):
                         await self._shm_room(source.size)
                         shared = SharedFrame(source.dup_fd(), source.size, source.sealed)
+                    elif n >= self.node.shm_threshold and self.node.shm_pool:
+                        # Pooled (§7.4): never waits for room; a peer at its cap gets the bytes inline.
+                        if self._shm_full(n) is None:
+                            shared = await self._pooled_copy(view)
                     elif n >= self.node.shm_threshold:
                         await self._shm_room(n)
                         shared = sealed_copy(view)
@@ -243,8 +308,12 @@ class Peer:
                     self._next_lease += 1
                     self._keep_lease(lease, shared)  # before sending: the release may come back at once
                     new_shm.append(lease)
-                    descs.append(wire.Shm(n=n, off=0, size=shared.size, lease=lease, sealed=shared.sealed))
-                    fds.append(shared.fd)
+                    if isinstance(shared, _PooledLease):
+                        descs.append(wire.Shm(n=n, off=0, size=shared.size, lease=lease, sealed=False))
+                        fds.append(shared.segment.fd)
+                    else:
+                        descs.append(wire.Shm(n=n, off=0, size=shared.size, lease=lease, sealed=shared.sealed))
+                        fds.append(shared.fd)
                     continue
                 descs.append(wire.Inline(n))
                 inline.append(view)
@@ -261,19 +330,33 @@ class Peer:
             self.closed = True
             raise
 
+    async def _pooled_copy(self, view: memoryview) -> _PooledLease:
+        """Copies a buffer into a segment of the process's pool (a thread does large copies)."""
+        seg = pool().take(view.nbytes)
+        try:
+            if view.nbytes >= _COPY_IN_THREAD:
+                await self.node.loop.run_in_executor(None, seg.write, view)
+            else:
+                seg.write(view)
+        except BaseException:
+            seg.let_go(True)
+            raise
+        return _PooledLease(seg)
+
     async def _send_control(self, header, payload: Any = None) -> None:
         chunks = [wire.frame_header(wire.encode_header(header))]
         if payload is not None and len(payload):
             chunks.append(payload)
         await self.transport.send(chunks)
 
-    def _end_leases(self, leases) -> int:
+    def _end_leases(self, leases, reusable: bool = True) -> int:
+        """Ends leases: released by the peer (``reusable``), or by the connection's end."""
         ended = 0
         for lease in leases:
             sf = self._leases.pop(lease, None)
             if sf is not None:
                 self._leased_bytes -= sf.size
-                sf.close()
+                _end_lease(sf, reusable)
                 ended += 1
         if ended and self._leases_changed is not None:
             self._leases_changed.set()
@@ -348,9 +431,41 @@ class Peer:
 
     # ------------------------------------------------------------------ closing
 
+    async def recv(self, timeout: Optional[float] = None) -> Envelope:
+        """The next message of this connection (``per_connection`` nodes only).
+
+        Messages that arrived before the connection ended are still returned; then it
+        raises :class:`PeerClosed`. Taking a message gives its bytes back to the node's
+        buffered bounds (§9.1), as :meth:`Node.recv` does."""
+        if self.queue is None:
+            raise HandoffError("this node delivers every message to Node.recv() (built without per_connection)")
+        if timeout is None:
+            env = await self.queue.get()
+        else:
+            env = await asyncio.wait_for(self.queue.get(), timeout)
+        if env is None:
+            raise PeerClosed(f"the connection to {self.name} is closed")
+        self.node._budget.release_env(env)
+        return env
+
+    def _drop_queued(self) -> None:
+        if self.queue is not None:
+            for env in self.queue.close(drop=True):
+                self.node._budget.release_env(env)
+
+    def abort(self) -> None:
+        """Closes the connection at once, without waiting (its reader cleans up after it)."""
+        self.closed = True
+        self.transport.shutdown()
+        self.node._budget.wake()
+        if self._control_room is not None:
+            self._control_room.set()
+        self._drop_queued()
+
     async def close(self) -> None:
         """Closes the connection (the peer sees it end); waits for its reader to finish."""
         self.closed = True
+        self._drop_queued()
         self.transport.shutdown()
         self.node._budget.wake()  # a reader waiting for room sees the close
         if self._control_room is not None:
@@ -458,7 +573,7 @@ class Peer:
         # (a same-host peer that switches from TCP to our Unix socket closes the TCP one
         # right after its new handshake: give that a moment to register).
         self.node._holder_disconnected(self.node_id, self.name)
-        self._end_leases(list(self._leases))
+        self._end_leases_at_close()
         self._releases.clear()
         self._control.clear()
         self._pulls_queued = 0
@@ -476,7 +591,41 @@ class Peer:
                 if env is not None:
                     self.node._budget.release_env(env)
             self._deliveries.put_nowait(None)
+        if self.queue is not None:
+            self.queue.close()  # what arrived stays readable; then recv() raises PeerClosed
         self.done.set()
+
+    def _end_leases_at_close(self) -> None:
+        """The connection ended: every lease ends (§7.3). Pooled segments come back to the
+        pool only if the peer process is gone (it maps nothing then); a live peer may still
+        hold views, so they are retired instead (:mod:`handoff.pool`)."""
+        pooled = [lease for lease, kept in self._leases.items() if isinstance(kept, _PooledLease)]
+        others = [lease for lease, kept in self._leases.items() if not isinstance(kept, _PooledLease)]
+        self._end_leases(others)
+        if not pooled:
+            return
+        pid = self.transport.peer_pid
+        kept = [self._leases.pop(lease) for lease in pooled]
+        self._leased_bytes -= sum(k.size for k in kept)
+        if self._leases_changed is not None:
+            self._leases_changed.set()
+            self._leases_changed = None
+        if not pid or pid == os.getpid() or self.node._closed:
+            for k in kept:
+                k.close(False)
+            return
+
+        async def recycle_when_gone() -> None:
+            gone = False
+            try:
+                gone = await _process_exited(pid, _EXIT_WAIT)
+            finally:
+                for k in kept:
+                    k.close(gone)
+                if gone:
+                    log.debug("%s: %s exited: %d pooled segments come back", self.node.name, self.name, len(kept))
+
+        self.node._spawn(recycle_when_gone())
 
     def _waits_for_answers(self) -> bool:
         """Whether this node waits for answers from the peer (then its reader may go over the bounds)."""
@@ -517,7 +666,9 @@ class Peer:
             me = weakref.ref(self)
             for d in h.f:
                 if isinstance(d, wire.Shm):
-                    mapping, start, info = map_received(fds.pop(0), d.size, d.sealed, d.off, d.n)
+                    mapping, start, info = map_received(
+                        fds.pop(0), d.size, d.sealed, d.off, d.n, private=self.node.shm_private
+                    )
                     if mapping is None:  # an empty window: nothing to map, nothing to keep
                         view = memoryview(b"")
                         self._queue_release(d.lease)

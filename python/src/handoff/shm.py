@@ -10,7 +10,12 @@ Receiving: each ``shm`` frame's descriptor is checked — seals first (``F_SEAL_
 always, so that the segment can never be cut short under the mapping and a read can
 never fault; the write and grow seals too if it claims ``sealed``), then its size —
 and mapped read-only and shared; the frame is a ``memoryview`` of that mapping (no
-byte copied). A small window of a large segment maps only the pages that hold it.
+byte copied). With ``private=True`` the mapping is private and writable instead
+(``MAP_PRIVATE``, copy-on-write): still no byte copied, but the receiver may write into
+the frame — its writes stay its own, the sender never sees them — which is what a
+consumer that expects writable buffers (Dask's deserializers copy a read-only frame
+whose header says writeable) needs to stay zero copy. Received mappings are not
+inherited by forked children (``MADV_DONTFORK``): a child never holds a sender's segment. A small window of a large segment maps only the pages that hold it.
 Each frame gets a mapping of its own, so that the mapping's lifetime is the frame's:
 when the last view of it is gone, the mapping is freed and the frame's lease released.
 """
@@ -41,6 +46,7 @@ SEALS_FIXED = F_SEAL_SHRINK | F_SEAL_GROW
 #: A segment this much larger than its window (beyond twice the window) is mapped only
 #: around the window (the reference's rule, §7.2 step 4).
 _WHOLE_SEGMENT_SLACK = 1 << 20
+_MADV_DONTFORK = getattr(mmap, "MADV_DONTFORK", None)
 
 
 def _memfd(size: int, name: str = "handoff-segment") -> int:
@@ -150,8 +156,9 @@ def _bad(message: str) -> WireError:
     return WireError("bad-shm", f"bad shared-memory descriptor: {message}")
 
 
-def map_received(fd: int, size: int, sealed: bool, off: int = 0, n: Optional[int] = None):
-    """Checks a received segment against its descriptor and maps its window read-only (§7.2).
+def map_received(fd: int, size: int, sealed: bool, off: int = 0, n: Optional[int] = None, private: bool = False):
+    """Checks a received segment against its descriptor and maps its window read-only (§7.2),
+    or, with ``private``, private and writable (copy-on-write).
 
     Closes ``fd`` in every case. In order: the seals (``F_SEAL_SHRINK`` required — a file
     that has no seals, such as a regular file or a pipe, is refused; with ``sealed``
@@ -190,10 +197,18 @@ def map_received(fd: int, size: int, sealed: bool, off: int = 0, n: Optional[int
         else:
             start = off - off % mmap.ALLOCATIONGRANULARITY
             length = off + n - start
+        flags, prot = (
+            (mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE) if private else (mmap.MAP_SHARED, mmap.PROT_READ)
+        )
         try:
-            mapping = mmap.mmap(fd, length, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=start)
+            mapping = mmap.mmap(fd, length, flags=flags, prot=prot, offset=start)
         except (OSError, ValueError, OverflowError) as e:
             raise _bad(f"cannot map the received segment: {e}") from None
+        if _MADV_DONTFORK is not None:
+            try:
+                mapping.madvise(_MADV_DONTFORK)
+            except OSError:  # pragma: no cover - advice only
+                pass
         return mapping, off - start, info
     except OSError as e:
         raise _bad(f"cannot check the received segment: {e}") from None

@@ -75,6 +75,8 @@ class Transport:
         self.error_sent = False
         #: The node id this connection's handshake claimed in step 6, until it is registered.
         self.claimed: Optional[str] = None
+        #: On a Unix socket: the peer's process id (``SO_PEERCRED``), set by the node.
+        self.peer_pid: Optional[int] = None
         self.closed = False
         if not self.unix:
             try:

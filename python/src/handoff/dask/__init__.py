@@ -1,0 +1,68 @@
+"""handoff as a Dask comm backend: ``handoff://host:port`` addresses.
+
+Installed with ``pip install 'handoff[dask]'``, registered under the entry-point group
+``distributed.comm.backends`` as ``handoff``, so that nothing in Dask changes:
+``LocalCluster(protocol="handoff")``, ``Scheduler(protocol="handoff")``, workers and
+nannies given a ``handoff://`` scheduler address, ``dask scheduler --protocol handoff``,
+``dask worker handoff://HOST:PORT`` and ``DASK_DISTRIBUTED__COMM__DEFAULT_SCHEME=handoff``.
+
+Design, and why:
+
+- **A comm is a handoff connection.** Dask opens many comms between two processes
+  (its connection pools), concurrently, each an ordered stream that closes on its own;
+  so each is its own connection with its own handshake, and its messages go to its own
+  queue (``Node(per_connection=True)``, ``Peer.recv``), bounded by the node's buffered
+  bytes like everything a node receives; closing the comm closes the connection.
+  Multiplexing comms on one connection would need per-stream flow control (one slow
+  reader would stall every comm sharing its connection) and a close protocol of its
+  own; a handshake costs a few round trips, once per pooled comm.
+- **Nodes.** Each listener is a node (its TCP port is the address's port; it accepts
+  same-host peers on its own Unix socket); a process's outgoing comms come from one
+  connector node per event loop, closed with its last comm (:mod:`handoff.dask.nodes`).
+- **Same host.** A connector that reaches a listener with its own host id switches to
+  the listener's Unix socket (§7.1) and remembers it for that address. Frames from 64
+  KiB go as shared-memory segments from the process's pool (:mod:`handoff.pool`) and
+  arrive as private writable mappings (copy-on-write), which Dask's deserializers
+  keep without a copy; the shards of one buffer travel as one segment so that they
+  arrive as slices of one mapping, which Dask joins without a copy
+  (:mod:`handoff.dask.frames`). A segment goes back to the sender's pool when the
+  receiver drops its last view, or when the receiving process dies; a comm closed
+  under views the receiver keeps retires the segment instead. Another host: TCP, the
+  frames inline, received into fresh writable buffers.
+- **Addresses.** ``listen_address`` is the bound ``host:port``; a wildcard listener is
+  advertised as ``default_host`` or ``get_ip()``, as Dask's TCP. A Unix comm has no
+  port: its connecting side is ``handoff://HOST:0``, both ends agree on it through the
+  ``Open`` message.
+- **Identity and the route.** Every connection is authenticated with the cluster secret
+  (``distributed.comm.handoff.secret``, ``secret-file``, or ``$HANDOFF_SECRET``; a peer
+  without it is refused) and carries the host id. ``comm.route`` (and
+  ``context["handoff"]`` for serializers, ``handshake_info()["handoff"]`` for the peer)
+  says who is at each end: node, host, process, pid, language, capabilities, locality
+  and channel — what a destination-aware serializer needs.
+
+Configuration: ``distributed.comm.handoff`` (``handoff.yaml``: secret, secret-file,
+host-id, shm, shm-threshold, pool-idle-bytes). :func:`stats` counts this process's comms
+and bytes by channel and shows its segment pool. The pool's idle segments (4 GiB at most
+by default) and the segments a worker received count in the RSS that Dask's memory
+monitor reads; a received segment's pages are shared with the sender, not copied.
+
+Limits: a single frame over 4 GiB (a pickled buffer Dask does not shard) travels in
+pieces that are joined by a copy; a Unix comm's connecting end is ``handoff://HOST:0``;
+the Python wire code makes a small message's round trip slower than Dask's TCP comm.
+"""
+
+from __future__ import annotations
+
+from ..pool import pool
+from . import config  # noqa: F401  (registers the configuration defaults)
+from .backend import HandoffBackend
+from .comm import HandoffComm, counters
+from .connector import HandoffConnector
+from .listener import HandoffListener
+
+__all__ = ["HandoffBackend", "HandoffComm", "HandoffConnector", "HandoffListener", "stats"]
+
+
+def stats() -> dict:
+    """This process's comms and bytes by channel, and its pool of shared segments."""
+    return {"counters": dict(counters), "pool": pool().stats()}

@@ -1,0 +1,263 @@
+"""``HandoffComm``: one Dask comm over one handoff connection.
+
+``write`` serializes with Dask's ``to_frames`` (its ``context``: sender and recipient
+handshake info, the negotiated options, and ``context["handoff"]``, the route of this
+connection) and sends the frames as ``handoff.dask.Frames`` parts
+(:mod:`handoff.dask.frames`); ``read`` takes the parts from this connection's own queue
+and deserializes with ``from_frames``. A closed connection raises ``CommClosedError``;
+anything else that interrupts a read or a write half-way (a cancellation, a malformed
+part) aborts the comm, as Dask's TCP comm does, since the stream is then out of step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from collections import Counter
+from typing import Any, Callable, Optional
+
+import dask
+from dask.utils import parse_bytes
+from distributed.comm.core import Comm, CommClosedError
+from distributed.comm.utils import from_frames, to_frames
+from distributed.system import MEMORY_LIMIT
+
+from ..errors import HandoffError, PeerClosed
+from ..peer import Peer
+from .frames import TYPE_FRAMES, FramesError, plan_message, unpack_part
+
+__all__ = ["HandoffComm", "endpoint_of_peer", "local_endpoint", "counters"]
+
+logger = logging.getLogger("distributed.comm.handoff")
+
+#: Per process: comms opened (by channel), bytes written and read (by channel).
+counters: Counter = Counter()
+#: The most one Dask message may hold (all its parts), as Dask's TCP comm bounds its
+#: buffers (half the memory of the machine): a peer that sends parts without end is cut off.
+MAX_MESSAGE_BYTES = int(MEMORY_LIMIT // 2)
+
+
+def local_endpoint(peer: Peer) -> dict:
+    """What this side of the connection is (as its ident or hello said: §5.2)."""
+    node = peer.node
+    return {
+        "node": node.node_id,
+        "name": node.name,
+        "host": node.host_id,
+        "proc": node.process_id,
+        "pid": os.getpid(),
+        "lang": "python",
+        "caps": list(node.caps),
+    }
+
+
+def endpoint_of_peer(peer: Peer) -> dict:
+    """What the other side of the connection is, from its ident (v2) or hello (v1) (§5.2)."""
+    h = peer.ident
+    return {
+        "node": peer.node_id,
+        "name": peer.name,
+        "host": peer.host_id,
+        "proc": h.proc,
+        "pid": h.pid,
+        "lang": peer.lang,
+        "caps": peer.caps,
+    }
+
+
+def _close_dangling(peer: Peer, release: Optional[Callable[[], None]], label: str) -> None:
+    if not peer.closed:
+        logger.warning("Closing dangling comm %s", label)
+        peer.abort()
+    if release is not None:
+        release()
+
+
+def _dangling(peer: Peer, release: Optional[Callable[[], None]], label: str) -> None:
+    """A comm was collected without being closed (from any thread): close it on its loop."""
+    try:
+        peer.node.loop.call_soon_threadsafe(_close_dangling, peer, release, label)
+    except RuntimeError:  # the loop is closed: its sockets went with it
+        pass
+
+
+class HandoffComm(Comm):
+    """A Dask comm on one handoff connection (a TCP connection, or a Unix socket with
+    shared memory to a same-host peer).
+
+    ``route`` (also ``context["handoff"]`` for serializers, and ``extra_info``) says who
+    is at each end: ``{"channel", "locality", "local": endpoint, "peer": endpoint}``,
+    where an endpoint is ``{node, name, host, proc, pid, lang, caps}`` — the peer's from
+    its authenticated handshake."""
+
+    max_shard_size: int = parse_bytes(dask.config.get("distributed.comm.shard"))
+
+    def __init__(
+        self,
+        peer: Peer,
+        local_addr: str,
+        peer_addr: str,
+        deserialize: bool = True,
+        release: Optional[Callable[[], None]] = None,
+    ):
+        self._closed = False
+        super().__init__(deserialize=deserialize)
+        self._peer = peer
+        self._local_addr = local_addr
+        self._peer_addr = peer_addr
+        self._release = release
+        self.route = {
+            "channel": peer.channel,
+            "locality": peer.locality,
+            "protocol": peer.protocol_version,
+            "local": local_endpoint(peer),
+            "peer": endpoint_of_peer(peer),
+        }
+        self._finalizer = weakref.finalize(self, _dangling, peer, release, f"{local_addr} -> {peer_addr}")
+        self._finalizer.atexit = False
+        counters[f"comms-{peer.channel}"] += 1
+
+    # ------------------------------------------------------------------ who
+
+    @property
+    def local_address(self) -> str:
+        return self._local_addr
+
+    @property
+    def peer_address(self) -> str:
+        return self._peer_addr
+
+    @property
+    def peer(self) -> Peer:
+        """The handoff connection under this comm."""
+        return self._peer
+
+    @property
+    def channel(self) -> str:
+        """``shm`` (a Unix socket with shared memory) or ``tcp``."""
+        return self._peer.channel
+
+    @property
+    def same_host(self) -> bool:
+        """Whether the peer announced this node's host id (then it may share our memory)."""
+        return self._peer.host_id == self._peer.node.host_id
+
+    @property
+    def extra_info(self) -> dict:
+        return self.route
+
+    def handshake_info(self) -> dict[str, Any]:
+        """Dask's handshake info plus ``handoff``: this side's endpoint (the peer's own
+        comes from the handoff handshake, in ``route``)."""
+        info = super().handshake_info()
+        info["handoff"] = self.route["local"]
+        return info
+
+    # ------------------------------------------------------------------ messages
+
+    def _context(self) -> dict:
+        return {
+            "sender": self.local_info,
+            "recipient": self.remote_info,
+            **self.handshake_options,
+            "handoff": self.route,
+        }
+
+    async def write(self, msg, serializers=None, on_error="message") -> int:
+        peer = self._peer
+        if self._closed or peer.closed:
+            raise CommClosedError(f"in {self}: the comm is closed")
+        frames = await to_frames(
+            msg,
+            allow_offload=self.allow_offload,
+            serializers=serializers,
+            on_error=on_error,
+            context=self._context(),
+            frame_split_size=self.max_shard_size,
+        )
+        node = peer.node
+        plan = plan_message(
+            frames, shm_threshold=node.shm_threshold if peer.channel == "shm" else None, limits=node.limits
+        )
+        try:
+            for body in plan.parts:
+                await peer.send(TYPE_FRAMES, body)
+        except PeerClosed as e:
+            self._mark_closed()
+            raise CommClosedError(f"in {self}: {e}") from None
+        except HandoffError as e:
+            self.abort()
+            raise CommClosedError(f"in {self}: {e}") from e
+        except BaseException:
+            # Part of a message may be out: the stream is out of step (as Dask's TCP comm).
+            self.abort()
+            raise
+        counters[f"bytes-written-{peer.channel}"] += plan.nbytes
+        return plan.nbytes
+
+    async def read(self, deserializers=None):
+        if self._closed:
+            raise CommClosedError(f"in {self}: the comm is closed")
+        peer = self._peer
+        frames: list = []
+        total = 0
+        try:
+            while True:
+                env = await peer.recv()
+                if env.type_name != TYPE_FRAMES:
+                    raise FramesError(f"expected a {TYPE_FRAMES} message, got {env.type_name!r}")
+                seen = len(frames)
+                more = unpack_part(env.body, frames)
+                total += sum(memoryview(f).nbytes for f in frames[seen:])
+                if total > MAX_MESSAGE_BYTES:
+                    raise FramesError(
+                        f"the message is over {MAX_MESSAGE_BYTES} bytes (half this machine's memory) and not done"
+                    )
+                if not more:
+                    break
+        except PeerClosed as e:
+            self._mark_closed()
+            raise CommClosedError(f"in {self}: {e}") from None
+        except (FramesError, HandoffError) as e:
+            logger.warning("aborting %s: %s", self, e)
+            self.abort()
+            raise CommClosedError(f"in {self}: {e}") from e
+        except BaseException:
+            self.abort()
+            raise
+        counters[f"bytes-read-{peer.channel}"] += total
+        try:
+            return await from_frames(
+                frames, deserialize=self.deserialize, deserializers=deserializers, allow_offload=self.allow_offload
+            )
+        except EOFError:
+            # Frames garbled or truncated (as Dask's TCP comm does).
+            self.abort()
+            raise CommClosedError("aborted stream on truncated data") from None
+
+    # ------------------------------------------------------------------ closing
+
+    def _mark_closed(self) -> None:
+        self._closed = True
+        if self._finalizer.detach() is not None and self._release is not None:
+            self._release()
+
+    async def close(self) -> None:
+        """Closes the connection (the peer's reads end with ``CommClosedError``)."""
+        if self._closed:
+            return
+        peer = self._peer
+        self._mark_closed()
+        try:
+            await peer.close()
+        except Exception:  # closing must not fail
+            logger.debug("closing %s", self, exc_info=True)
+
+    def abort(self) -> None:
+        """Closes the connection at once."""
+        self._peer.abort()
+        self._mark_closed()
+
+    def closed(self) -> bool:
+        return self._closed or self._peer.closed

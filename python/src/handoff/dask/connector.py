@@ -1,0 +1,99 @@
+"""``HandoffConnector``: opens a comm to ``handoff://host:port``.
+
+It dials the listener's TCP port from the process's connector node
+(:mod:`handoff.dask.nodes`). A same-host listener (equal host ids) that offers its Unix
+socket is reached through it: the node switches from TCP as the spec says (§7.1), and
+the socket is remembered per address, so that the next comm to that address dials the
+socket straight away (its handshake proves it is still the same node; otherwise it is
+forgotten and TCP is dialed again). The first message on the connection is
+``handoff.dask.Open`` with the addresses this comm uses at both ends.
+
+Errors: what cannot reach the listener (refused, unreachable, a handshake that fails or
+is refused as ``overloaded``) raises ``OSError``/``CommClosedError``, which Dask retries
+until its connect timeout; a wrong cluster secret raises ``FatalCommClosedError``, which
+it does not retry. Unknown keyword arguments (security, ``server_hostname``, …) are ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from distributed.comm.addressing import parse_host_port, unparse_host_port
+from distributed.comm.core import CommClosedError, Connector, FatalCommClosedError
+
+from ..errors import AuthenticationError, HandoffError, PeerClosed, PeerRefused
+from ..node import Node
+from ..peer import Peer
+from ..wire import WireError
+from .comm import HandoffComm
+from .config import SECTION, settings
+from .frames import TYPE_OPEN
+from .listener import PREFIX
+from .nodes import connector_node
+
+__all__ = ["HandoffConnector"]
+
+logger = logging.getLogger("distributed.comm.handoff")
+
+# (address, our host id) -> (node id, unix:// address) of a same-host listener reached before
+_unix_routes: dict = {}
+
+
+def _local_address(peer: Peer, host: str) -> str:
+    if peer.channel == "tcp":
+        return PREFIX + unparse_host_port(*peer.transport.sock.getsockname()[:2])
+    # A Unix socket has no port: the host this side reaches the listener from, port 0.
+    return PREFIX + unparse_host_port(host, 0)
+
+
+async def _dial(node: Node, address: str, host: str, port: int) -> Peer:
+    key = (address, node.host_id)
+    route = _unix_routes.get(key) if node.shm else None
+    if route is not None:
+        node_id, unix = route
+        try:
+            peer = await node.connect(unix)
+        except (OSError, HandoffError) as e:
+            logger.debug("the Unix socket of %s is gone (%s); dialing TCP", address, e)
+            _unix_routes.pop(key, None)
+        else:
+            if peer.node_id == node_id:
+                return peer
+            _unix_routes.pop(key, None)
+            peer.abort()
+    target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    peer = await node.connect("tcp://" + target)
+    if peer.channel == "shm" and peer.ident.unix:
+        _unix_routes[key] = (peer.node_id, peer.ident.unix)
+    return peer
+
+
+class HandoffConnector(Connector):
+    """Connects to ``handoff://`` listeners."""
+
+    async def connect(self, address: str, deserialize: bool = True, **connection_args) -> HandoffComm:
+        host, port = parse_host_port(address)
+        lease = await connector_node(settings())
+        try:
+            try:
+                peer = await _dial(lease.node, address, host, port)
+            except AuthenticationError as e:
+                raise FatalCommClosedError(
+                    f"handoff://{address}: {e} (both sides need the same {SECTION}.secret)"
+                ) from None
+            except PeerRefused as e:
+                if e.code == "auth-failed":
+                    raise FatalCommClosedError(f"handoff://{address}: {e}") from None
+                raise CommClosedError(f"handoff://{address}: {e}") from None
+            except (PeerClosed, HandoffError, WireError) as e:
+                raise CommClosedError(f"handoff://{address}: {e}") from None
+            local = _local_address(peer, host)
+            try:
+                await peer.send(TYPE_OPEN, {"from": local, "to": PREFIX + address})
+            except PeerClosed as e:
+                peer.abort()
+                raise CommClosedError(f"handoff://{address}: {e}") from None
+        except BaseException:
+            lease.release()
+            raise
+        return HandoffComm(peer, local, PREFIX + address, deserialize, release=lease.release)

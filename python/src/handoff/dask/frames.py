@@ -1,0 +1,234 @@
+"""Dask's frames as handoff messages, and back (no I/O here).
+
+A Dask message is the list of frames that ``distributed.comm.utils.to_frames`` makes:
+a msgpack header, sub-headers, and the buffers of serialized objects, large ones cut in
+shards of ``distributed.comm.shard`` (64 MiB) that are consecutive slices of one buffer.
+It travels as one or more ``handoff.dask.Frames`` messages (*parts*) whose body is::
+
+    {"f": [entry, ...], "more": true}      # every part but the last has "more"
+
+and each entry is one of
+
+- ``bin``: a frame smaller than 1 KiB, in the body itself;
+- a frame reference (§8.2): one frame, out of band (inline bytes on TCP; on a Unix
+  socket a shared-memory segment from 64 KiB up);
+- ``{"cut": [n1, n2, ...], "f": ref}``: one out-of-band frame that holds consecutive
+  Dask frames of these lengths — the shards of one buffer, sent as one piece so that
+  the receiver gets them as slices of one buffer (one mapping, or one read), which
+  Dask then joins without a copy (``merge_memoryviews`` only joins slices of one
+  buffer);
+- ``{"join": [ref, ...]}``: one Dask frame larger than a handoff frame may be (4 GiB),
+  in pieces (joined by a copy on receipt).
+
+A message is cut into parts so that each stays within the receiver's limits (§9:
+1024 frames, 16 GiB; §7.2: 64 shared segments) and its body within the header limit.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from ..codec import Bin, Buffer
+from ..wire import DEFAULT_LIMITS, Limits
+
+__all__ = ["TYPE_OPEN", "TYPE_FRAMES", "Plan", "plan_message", "unpack_part", "FramesError", "SMALL"]
+
+#: The first message of every comm's connection, from the connecting side: its addresses.
+TYPE_OPEN = "handoff.dask.Open"
+#: A part of a Dask message.
+TYPE_FRAMES = "handoff.dask.Frames"
+#: Frames below this size travel inside the body.
+SMALL = 1024
+#: At most this many shared segments per part (a receiver takes 64 descriptors per read, §7.2).
+_MAX_SHM_PER_PART = 64
+#: At most this many body bytes per part (the header, which holds the body, is at most 16 MiB).
+_MAX_BODY_PER_PART = 8 << 20
+
+
+class FramesError(ValueError):
+    """A received part that is not what this module sends (the comm is then aborted)."""
+
+
+@dataclass
+class Plan:
+    """The parts of one Dask message (bodies for ``handoff.dask.Frames``) and its size in bytes."""
+
+    parts: list
+    nbytes: int
+
+
+def _flat(frame: Any) -> memoryview:
+    """A frame as a flat byte view (empty frames of any shape included)."""
+    view = frame if isinstance(frame, memoryview) else memoryview(frame)
+    if view.nbytes == 0:
+        return memoryview(b"")
+    if view.format != "B" or view.ndim != 1:
+        if not view.c_contiguous:
+            view = memoryview(view.tobytes())
+        view = view.cast("B")
+    return view
+
+
+def _address(view: memoryview) -> Optional[int]:
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    try:
+        return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+    except (TypeError, ValueError):
+        return None
+
+
+def _runs(views: list) -> list:
+    """Groups the indexes of consecutive views that are adjacent slices of one buffer."""
+    runs: list = []
+    prev_end = None
+    for i, v in enumerate(views):
+        addr = _address(v) if v.nbytes >= SMALL and v.obj is not None else None
+        if runs and addr is not None and prev_end == addr and views[runs[-1][0]].obj is v.obj:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+        prev_end = addr + v.nbytes if addr is not None else None
+    return runs
+
+
+def _joined(views: list) -> Optional[memoryview]:
+    """One view over adjacent slices of one buffer (``None`` if the buffer does not allow it)."""
+    first = views[0]
+    try:
+        base = memoryview(first.obj).cast("B")
+    except (TypeError, ValueError):
+        return None
+    start, base_addr = _address(first), _address(base)
+    if start is None or base_addr is None:
+        return None
+    off = start - base_addr
+    total = sum(v.nbytes for v in views)
+    if off < 0 or off + total > base.nbytes:
+        return None
+    return base[off : off + total]
+
+
+def _entries(frames: Sequence[Any], max_frame: int) -> list:
+    """Body entries, each with the sizes of the out-of-band frames it takes: ``(entry, [n...])``."""
+    views = [_flat(f) for f in frames]
+    out: list = []
+    for run in _runs(views):
+        members = [views[i] for i in run]
+        joined = _joined(members) if len(members) > 1 else None
+        if joined is not None:
+            # Consecutive shards: as few out-of-band frames as the frame limit allows.
+            chunk: list = []
+            size = 0
+            for v in members + [None]:
+                if v is None or (chunk and size + v.nbytes > max_frame):
+                    if len(chunk) == 1:
+                        out.extend(_single(chunk[0], max_frame))
+                    elif chunk:
+                        piece = _joined(chunk)
+                        out.append(({"cut": [c.nbytes for c in chunk], "f": Buffer(piece)}, [size]))
+                    chunk, size = [], 0
+                if v is not None:
+                    chunk.append(v)
+                    size += v.nbytes
+            continue
+        for v in members:
+            out.extend(_single(v, max_frame))
+    return out
+
+
+def _single(view: memoryview, max_frame: int) -> list:
+    n = view.nbytes
+    if n < SMALL:
+        return [(Bin(bytes(view)), [])]
+    if n <= max_frame:
+        return [(Buffer(view), [n])]
+    pieces = [view[i : i + max_frame] for i in range(0, n, max_frame)]
+    return [({"join": [Buffer(p) for p in pieces]}, [p.nbytes for p in pieces])]
+
+
+def plan_message(
+    frames: Sequence[Any], *, shm_threshold: Optional[int] = None, limits: Limits = DEFAULT_LIMITS
+) -> Plan:
+    """Cuts a Dask message into parts that fit the receiver's limits.
+
+    ``shm_threshold`` is set when the connection carries shared memory: frames from that
+    size count against the 64 segments a part may carry."""
+    max_frame = limits.max_frame_bytes
+    max_frames = limits.max_frames
+    max_bytes = limits.max_message_bytes
+    parts: list = []
+    entries: list = []
+    n_frames = n_shm = n_bytes = n_body = 0
+    total = 0
+    for entry, sizes in _entries(frames, max_frame):
+        shm = sum(1 for s in sizes if shm_threshold is not None and s >= shm_threshold)
+        body = 0 if sizes else len(entry) + 8
+        size = sum(sizes)
+        total += size + (0 if sizes else len(entry))
+        if entries and (
+            n_frames + len(sizes) > max_frames
+            or n_shm + shm > _MAX_SHM_PER_PART
+            or n_bytes + size > max_bytes
+            or n_body + body > _MAX_BODY_PER_PART
+        ):
+            parts.append({"f": entries, "more": True})
+            entries = []
+            n_frames = n_shm = n_bytes = n_body = 0
+        entries.append(entry)
+        n_frames += len(sizes)
+        n_shm += shm
+        n_bytes += size
+        n_body += body + 2
+    parts.append({"f": entries})
+    return Plan(parts, total)
+
+
+def _bytes_like(value: Any) -> bool:
+    return isinstance(value, (bytes, bytearray, memoryview))
+
+
+def unpack_part(body: Any, out: list) -> bool:
+    """Appends the Dask frames of one received part to ``out``; returns whether more parts follow.
+
+    Raises :class:`FramesError` for a body this module would not send."""
+    if not isinstance(body, dict) or not isinstance(body.get("f"), list):
+        raise FramesError(f"a {TYPE_FRAMES} body is a map with a list 'f', got {type(body).__name__}")
+    more = body.get("more", False)
+    if not isinstance(more, bool):
+        raise FramesError("'more' is a bool")
+    for entry in body["f"]:
+        if _bytes_like(entry):
+            out.append(entry)
+        elif isinstance(entry, dict) and "cut" in entry:
+            view, sizes = entry.get("f"), entry["cut"]
+            if (
+                not _bytes_like(view)
+                or not isinstance(sizes, list)
+                or not all(isinstance(n, int) and n >= 0 for n in sizes)
+            ):
+                raise FramesError("a 'cut' entry has a frame 'f' and a list of lengths 'cut'")
+            view = memoryview(view)
+            if sum(sizes) != view.nbytes:
+                raise FramesError(f"'cut' lengths add up to {sum(sizes)}, the frame has {view.nbytes} bytes")
+            pos = 0
+            for n in sizes:
+                out.append(view[pos : pos + n])
+                pos += n
+        elif isinstance(entry, dict) and "join" in entry:
+            pieces = entry["join"]
+            if not isinstance(pieces, list) or not all(_bytes_like(p) for p in pieces):
+                raise FramesError("a 'join' entry is a list of frames")
+            joined = bytearray(sum(memoryview(p).nbytes for p in pieces))
+            pos = 0
+            for p in pieces:
+                p = memoryview(p).cast("B")
+                joined[pos : pos + p.nbytes] = p
+                pos += p.nbytes
+            out.append(memoryview(joined))
+        else:
+            raise FramesError(f"unexpected entry of type {type(entry).__name__} in a {TYPE_FRAMES} body")
+    return more

@@ -1,0 +1,130 @@
+"""The handoff nodes of a Dask process: one per listener, and one shared by its connectors.
+
+Every Dask listener (a scheduler's, a worker's, a nanny's) is a node of its own: its TCP
+port is the port of the ``handoff://host:port`` address, and it accepts same-host peers
+on its own Unix socket. Connections a process opens (``distributed.comm.connect``, which
+knows nothing of the server that calls it) come from one *connector node* per event
+loop, shared by every comm it opens and closed when its last comm closes. Two nodes, not
+one, because a process may connect to its own listener (a scheduler and its workers in
+one process, as in ``gen_cluster``), and a node never connects to itself (§5.1).
+
+Every node is built from :func:`handoff.dask.config.settings`: the cluster secret, the
+host id, shared memory on or off and its threshold; it delivers each connection's
+messages to that connection (one comm, one stream), sends from the process's pool of
+shared segments, and maps what it receives private and writable (Dask's deserializers
+keep a writable frame as it is; a read-only one they copy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import weakref
+from typing import Callable, Optional
+
+from ..bounds import DEFAULT_BOUNDS
+from ..node import Node
+from ..pool import pool
+from ..peer import Peer
+from .config import Settings
+from .frames import TYPE_FRAMES, TYPE_OPEN
+
+__all__ = ["make_node", "connector_node", "ConnectorLease", "spawn", "BOUNDS"]
+
+#: The bounds of a Dask node: the defaults (§9.1), but for established connections. Every
+#: comm is a connection, and a scheduler holds several per worker and client (its batched
+#: stream and a pool of rpc comms), so 1024 would cap a cluster at a few hundred workers;
+#: the process's file-descriptor limit binds first, as it does for Dask's TCP comms.
+BOUNDS = dataclasses.replace(DEFAULT_BOUNDS, max_connections=16384)
+
+
+def spawn(loop: asyncio.AbstractEventLoop, make) -> Optional[asyncio.Task]:
+    """Runs ``make()`` (a coroutine function) as a task of ``loop`` if it still runs, else nothing."""
+    if loop.is_closed():
+        return None
+    coro = make()
+    try:
+        return loop.create_task(coro)
+    except RuntimeError:  # the loop is shutting down
+        coro.close()
+        return None
+
+
+def make_node(
+    settings: Settings, role: str, listen: Optional[str] = None, on_accept: Optional[Callable[[Peer], None]] = None
+) -> Node:
+    """A node for a Dask listener (``listen``, ``on_accept``) or for connecting (neither)."""
+    if settings.pool_idle_bytes is not None:
+        pool().max_idle_bytes = settings.pool_idle_bytes
+    return Node(
+        f"dask-{role}-{os.getpid()}",
+        host_id=settings.host_id,
+        secret=settings.secret,
+        listen=listen,
+        shm=settings.shm,
+        shm_threshold=settings.shm_threshold,
+        types=(TYPE_OPEN, TYPE_FRAMES),
+        per_connection=True,
+        on_accept=on_accept,
+        shm_pool=True,
+        shm_private=True,
+        bounds=BOUNDS,
+    )
+
+
+class _Shared:
+    __slots__ = ("node", "refs")
+
+    def __init__(self, node: Node):
+        self.node = node
+        self.refs = 0
+
+
+# event loop -> {settings -> the connector node of that loop}
+_connectors: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = weakref.WeakKeyDictionary()
+_closing: set = set()
+
+
+class ConnectorLease:
+    """A connector node held for one comm; :meth:`release` once, when the comm is closed."""
+
+    __slots__ = ("node", "_shared", "_key", "_loop")
+
+    def __init__(self, shared: _Shared, key: Settings, loop: asyncio.AbstractEventLoop):
+        self.node = shared.node
+        self._shared = shared
+        self._key = key
+        self._loop = loop
+
+    def release(self) -> None:
+        shared, self._shared = self._shared, None
+        if shared is None:
+            return
+        shared.refs -= 1
+        if shared.refs > 0:
+            return
+        per_loop = _connectors.get(self._loop)
+        if per_loop is not None and per_loop.get(self._key) is shared:
+            del per_loop[self._key]
+        task = spawn(self._loop, shared.node.close)
+        if task is not None:
+            _closing.add(task)
+            task.add_done_callback(_closing.discard)
+
+
+async def connector_node(settings: Settings) -> ConnectorLease:
+    """The connector node of the running loop for these settings, started, held once."""
+    loop = asyncio.get_running_loop()
+    per_loop = _connectors.setdefault(loop, {})
+    shared = per_loop.get(settings)
+    if shared is None or shared.node._closed:
+        shared = per_loop[settings] = _Shared(make_node(settings, "connect"))
+    shared.refs += 1
+    lease = ConnectorLease(shared, settings, loop)
+    try:
+        await shared.node.start()  # without a TCP listener this does not wait: no race
+    except BaseException:
+        lease.release()
+        raise
+    return lease

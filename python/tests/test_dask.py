@@ -1,0 +1,365 @@
+"""The handoff:// Dask comm backend in one process: frames, zero copy, the route, secrets,
+registration, scheme inheritance, and Dask computations equal to the same run on tcp://.
+
+Dask's own comm conformance checks run with ``../shared/dask/run``; the tests with
+worker processes are in ``test_dask_processes.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import subprocess
+import sys
+import time
+
+import dask
+import dask.array as da
+import dask.dataframe as dd
+import numpy as np
+import pandas as pd
+import pytest
+from distributed import Client, Nanny, Scheduler, Worker
+from distributed.comm import connect, listen
+from distributed.comm.core import CommClosedError, FatalCommClosedError
+from distributed.protocol import dask_deserialize, dask_serialize, to_serialize
+from distributed.utils_test import gen_cluster, gen_test
+from handoff import Node
+from handoff.dask import HandoffComm, config
+from handoff.dask.frames import FramesError, plan_message, unpack_part
+from handoff.wire import Limits
+
+MIB = 1 << 20
+SECRET = {"distributed.comm.handoff.secret": "dask test secret"}
+
+
+def _owner(x):
+    """What finally holds an array's memory: follows ``.base`` and ``.obj``."""
+    while True:
+        if isinstance(x, np.ndarray) and x.base is not None:
+            x = x.base
+        elif isinstance(x, memoryview):
+            x = x.obj
+        else:
+            return x
+
+
+def _address(buf) -> int:
+    return np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0]
+
+
+async def _pair(addr: str = "handoff://127.0.0.1", listen_config=None, connect_config=None):
+    """A connected (connector comm, listener comm) pair; each side under its own config."""
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def handle(comm):
+        await q.put(comm)
+
+    with dask.config.set(listen_config or SECRET):
+        listener = listen(addr, handle)
+        await listener.start()
+    with dask.config.set(connect_config or SECRET):
+        a = await connect(listener.contact_address, timeout=10)
+    b = await asyncio.wait_for(q.get(), 10)
+    listener.stop()
+    return a, b
+
+
+# ---------------------------------------------------------------- frames (no I/O)
+
+
+def test_shards_of_one_buffer_travel_as_one_frame_and_come_back_as_slices_of_one_buffer():
+    data = np.arange(10 * 1024, dtype=np.uint8)
+    base = memoryview(data)
+    shards = [base[i : i + 4096] for i in range(0, base.nbytes, 4096)]
+    other = memoryview(bytearray(b"x" * 5000))
+    plan = plan_message([b"header", *shards, other, b"tail"])
+    [part] = plan.parts
+    entries = part["f"]
+    assert entries[0] == b"header" and entries[-1] == b"tail"
+    assert entries[1]["cut"] == [4096, 4096, 2048]  # one frame for the three shards
+    assert entries[2].data is other  # an unrelated buffer stays a frame of its own
+    assert plan.nbytes == len(b"header") + data.nbytes + other.nbytes + len(b"tail")
+    # The receiver's side: the body as decoded, with the frames as received (one buffer each).
+    received = memoryview(bytearray(bytes(entries[1]["f"].data)))
+    body = {"f": [b"header", {"cut": entries[1]["cut"], "f": received}, bytes(other), b"tail"]}
+    out: list = []
+    assert unpack_part(body, out) is False
+    assert [bytes(f) for f in out] == [b"header", *(bytes(s) for s in shards), bytes(other), b"tail"]
+    assert all(f.obj is received.obj for f in out[1:4])  # Dask joins these without a copy
+
+
+def test_a_message_is_cut_into_parts_within_the_receivers_limits():
+    limits = Limits(max_frames=3, max_frame_bytes=8192)
+    frames = [bytes([i]) * 2000 for i in range(7)] + [b"z" * 20000]
+    plan = plan_message(frames, limits=limits)
+    assert len(plan.parts) == 4 and all(p.get("more") for p in plan.parts[:-1])
+    assert "more" not in plan.parts[-1]
+    out: list = []
+    for part in plan.parts:
+        body = {
+            **part,
+            "f": [
+                {"join": [bytes(p.data) for p in e["join"]]} if isinstance(e, dict) else bytes(e.data)
+                for e in part["f"]
+            ],
+        }
+        unpack_part(body, out)
+    assert [bytes(f) for f in out] == frames  # the 20000-byte frame travelled in 3 pieces
+    # 64 shared segments at most per part, on a Unix socket.
+    plan = plan_message([b"a" * 100_000] * 70, shm_threshold=65536)
+    assert [len(p["f"]) for p in plan.parts] == [64, 6]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [[], {"f": 1}, {"f": [1]}, {"f": [{"cut": [5], "f": b"abc"}]}, {"f": [], "more": "yes"}, {"f": [{"join": [1]}]}],
+)
+def test_parts_this_backend_would_not_send_are_refused(body):
+    with pytest.raises(FramesError):
+        unpack_part(body, [])
+
+
+def test_the_secret_comes_from_config_then_a_file_then_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("HANDOFF_SECRET", raising=False)
+    assert config.settings().secret == b""
+    monkeypatch.setenv("HANDOFF_SECRET", "from-env")
+    assert config.settings().secret == b"from-env"
+    f = tmp_path / "secret"
+    f.write_text("from-file\n")
+    with dask.config.set({"distributed.comm.handoff.secret-file": str(f)}):
+        assert config.settings().secret == b"from-file"
+        with dask.config.set({"distributed.comm.handoff.secret": "from-config"}):
+            assert config.settings().secret == b"from-config"
+    with dask.config.set(
+        {
+            "distributed.comm.handoff.shm-threshold": "1MiB",
+            "distributed.comm.handoff.shm": False,
+            "distributed.comm.handoff.pool-idle-bytes": "2GiB",
+        }
+    ):
+        s = config.settings()
+        assert (s.shm_threshold, s.shm, s.pool_idle_bytes) == (MIB, False, 2 << 30)
+    assert config.settings().pool_idle_bytes is None
+
+
+# ---------------------------------------------------------------- comms
+
+
+@gen_test(timeout=60)
+async def test_numpy_arrays_arrive_zero_copy_in_a_private_writable_mapping(monkeypatch):
+    monkeypatch.setattr(HandoffComm, "max_shard_size", MIB)  # 8 shards of one buffer
+    a, b = await _pair()
+    try:
+        assert a.channel == b.channel == "shm" and a.same_host
+        arr = np.random.default_rng(0).integers(0, 255, 8 * MIB, dtype=np.uint8)
+        n = await a.write({"x": to_serialize(arr), "small": to_serialize(np.arange(10))})
+        assert n > arr.nbytes
+        got = (await b.read())["x"]
+        assert np.array_equal(got, arr) and got.flags.writeable
+        mapping = _owner(got)
+        assert isinstance(mapping, mmap.mmap)  # not a copy: the array lies in the received mapping
+        start = _address(mapping)
+        assert start <= _address(got) and _address(got) + got.nbytes <= start + len(mapping)
+        # The mapping is private: writing to it leaves the sender's segment as it was.
+        [lease] = list(a.peer._leases.values())
+        got[:16] = 0
+        assert bytes(lease.segment.map[:16]) == arr[:16].tobytes()
+        # Dropping the array releases the lease: the segment is idle in the sender's pool.
+        del got, mapping
+        assert await _eventually(lambda: not a.peer._leases)
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def _eventually(check, timeout=5.0):
+    import gc
+
+    deadline = time.monotonic() + timeout
+    while not check():
+        gc.collect()
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
+
+
+class _Probe:
+    """Serialized with the route the comm hands to serializers (context["handoff"])."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+@dask_serialize.register(_Probe)
+def _probe_dumps(x, context=None):
+    route = (context or {}).get("handoff", {})
+    return {"to-host": route.get("peer", {}).get("host"), "channel": route.get("channel")}, [x.value]
+
+
+@dask_deserialize.register(_Probe)
+def _probe_loads(header, frames):
+    return header["to-host"], header["channel"], bytes(frames[0])
+
+
+@gen_test(timeout=60)
+async def test_nodes_with_different_host_ids_talk_tcp_and_serializers_see_the_route(monkeypatch):
+    monkeypatch.setattr(HandoffComm, "max_shard_size", MIB)
+    a, b = await _pair(
+        listen_config={**SECRET, "distributed.comm.handoff.host-id": "host-a"},
+        connect_config={**SECRET, "distributed.comm.handoff.host-id": "host-b"},
+    )
+    try:
+        assert a.channel == b.channel == "tcp" and not a.same_host
+        assert a.route["locality"] == "remote" and a.route["peer"]["host"] == "host-a"
+        assert b.route["peer"]["host"] == "host-b" and b.remote_info["handoff"]["host"] == "host-b"
+        assert a.peer_address == b.local_address and a.local_address == b.peer_address
+        await a.write({"p": to_serialize(_Probe(b"payload"))})
+        assert (await b.read())["p"] == ("host-a", "tcp", b"payload")
+        # Over TCP the shards of one buffer are read into one buffer too: no copy to join them.
+        arr = np.arange(3 * MIB, dtype=np.uint8)
+        await a.write({"x": to_serialize(arr)})
+        got = (await b.read())["x"]
+        assert np.array_equal(got, arr) and got.flags.writeable and isinstance(_owner(got), mmap.mmap)
+    finally:
+        await a.close()
+        await b.close()
+
+
+@gen_test(timeout=30)
+async def test_a_peer_without_the_secret_is_refused_at_once():
+    q: asyncio.Queue = asyncio.Queue()
+    with dask.config.set(SECRET):
+        listener = listen("handoff://127.0.0.1", q.put)
+        await listener.start()
+    try:
+        with dask.config.set({"distributed.comm.handoff.secret": "not the secret"}):
+            t0 = time.monotonic()
+            with pytest.raises(FatalCommClosedError, match="secret"):
+                await connect(listener.contact_address, timeout=20)
+            assert time.monotonic() - t0 < 5  # refused, not retried until the timeout
+        assert q.empty()
+    finally:
+        listener.stop()
+
+
+@gen_test(timeout=60)
+async def test_a_peer_that_breaks_the_comm_protocol_loses_only_its_connection():
+    handled: list = []
+
+    async def handle(comm):
+        try:
+            handled.append(await comm.read())
+        except CommClosedError as e:
+            handled.append(e)
+        finally:
+            await comm.close()
+
+    with dask.config.set(SECRET):
+        listener = listen("handoff://127.0.0.1", handle)
+        await listener.start()
+    try:
+        tcp = "tcp://" + listener.contact_address[len("handoff://") :]
+        async with Node("rogue", secret=SECRET["distributed.comm.handoff.secret"], per_connection=True) as rogue:
+            no_open = await rogue.connect(tcp, channel="tcp")
+            await no_open.send("handoff.dask.Frames", {"f": []})  # a part before any Open
+            assert await _eventually(lambda: no_open.closed)
+            bad_part = await rogue.connect(tcp, channel="tcp")
+            await bad_part.send("handoff.dask.Open", {"from": 5, "to": "nowhere"})
+            await bad_part.send("handoff.dask.Frames", {"f": [{"cut": [10], "f": b"abc"}]})
+            assert await _eventually(lambda: bad_part.closed)
+            unknown = await rogue.connect(tcp, channel="tcp")
+            await unknown.send("some.Other", {})
+            assert await _eventually(lambda: unknown.closed)
+        assert handled == []  # none of them got as far as a comm handed to the server
+        # The listener still serves well-behaved peers.
+        with dask.config.set(SECRET):
+            a = await connect(listener.contact_address, timeout=10)
+        await a.write({"op": "still here"})
+        assert await _eventually(lambda: handled == [{"op": "still here"}])
+        await a.close()
+    finally:
+        listener.stop()
+
+
+def test_the_backend_is_found_through_its_entry_point_in_a_fresh_process():
+    code = (
+        "import sys, distributed.comm.registry as r\n"
+        "assert 'handoff' not in r.backends and 'handoff.dask' not in sys.modules\n"
+        "b = r.get_backend('handoff')\n"
+        "print(type(b).__module__, type(b).__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["handoff.dask.backend", "HandoffBackend"]
+
+
+# ---------------------------------------------------------------- servers and clusters
+
+
+@gen_cluster(nthreads=[], scheduler_kwargs={"protocol": "handoff"}, config=SECRET, timeout=120)
+async def test_workers_and_nannies_take_the_scheme_of_the_scheduler_address(s):
+    assert s.address.startswith("handoff://")
+    async with Worker(s.address, nthreads=1) as w:
+        assert w.address.startswith("handoff://")
+        async with Nanny(s.address, nthreads=1) as n:
+            assert n.address.startswith("handoff://") and n.worker_address.startswith("handoff://")
+            async with Client(s.address, asynchronous=True) as c:
+                await c.wait_for_workers(2)
+                assert sorted(await c.run(lambda: 1)) == sorted([w.address, n.worker_address])
+
+
+@gen_test(timeout=60)
+async def test_the_default_scheme_can_be_handoff():
+    with dask.config.set({**SECRET, "distributed.comm.default-scheme": "handoff"}):
+        async with Scheduler(host="127.0.0.1", dashboard_address=":0") as s:
+            assert s.address.startswith("handoff://")
+            async with Worker("127.0.0.1:%d" % s.port, nthreads=1) as w:
+                assert w.address.startswith("handoff://")
+
+
+async def _on_cluster(protocol: str, compute):
+    async with Scheduler(protocol=protocol, host="127.0.0.1", dashboard_address=":0") as s:
+        async with Worker(s.address, nthreads=1) as a, Worker(s.address, nthreads=1) as b:
+            async with Client(s.address, asynchronous=True) as c:
+                result = await compute(c)
+                return result, (a.address, b.address)
+
+
+@gen_test(timeout=180)
+async def test_dask_array_results_equal_the_same_run_on_tcp():
+    async def compute(c):
+        x = da.random.RandomState(42).random_sample((2000, 2000), chunks=(250, 500))
+        y = (x + x.T).rechunk((2000, 125)).sum(axis=0) + (x[::3, ::5] ** 2).mean()
+        return await c.compute(y)
+
+    with dask.config.set(SECRET):
+        on_handoff, addrs = await _on_cluster("handoff", compute)
+    on_tcp, _ = await _on_cluster("tcp", compute)
+    assert all(a.startswith("handoff://") for a in addrs)
+    assert on_handoff.shape == (2000,)
+    np.testing.assert_array_equal(on_handoff, on_tcp)
+
+
+@gen_test(timeout=180)
+async def test_p2p_shuffle_results_equal_the_same_run_on_tcp():
+    rng = np.random.default_rng(7)
+    df = pd.DataFrame({"k": rng.integers(0, 40, 30_000), "v": rng.random(30_000), "s": rng.integers(0, 1000, 30_000)})
+
+    async def compute(c):
+        ddf = dd.from_pandas(df, npartitions=6)
+        out = ddf.shuffle(on="k", shuffle_method="p2p", npartitions=5)
+        parts = await c.gather(c.compute(out.to_delayed()))
+        return [p.sort_values(["k", "v"]).reset_index(drop=True) for p in parts]
+
+    with dask.config.set(SECRET):
+        on_handoff, _ = await _on_cluster("handoff", compute)
+    on_tcp, _ = await _on_cluster("tcp", compute)
+    assert len(on_handoff) == len(on_tcp) == 5
+    for h, t in zip(on_handoff, on_tcp):
+        pd.testing.assert_frame_equal(h, t)
+    # Each key is in one partition, and every row arrived once.
+    keys = [set(p["k"]) for p in on_handoff]
+    assert sum(len(k) for k in keys) == len(set().union(*keys))
+    every = pd.concat(on_handoff).sort_values(["k", "v"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(every, df.sort_values(["k", "v"]).reset_index(drop=True))
