@@ -31,7 +31,7 @@ COLORS = {
     "handoff-rust": ["#1f4e9c", "#3d7fd9", "#6aa8f0", "#0b2a5c"],
     "handoff-python": ["#1a8a3a", "#52b86b", "#0d5c24", "#8fd19e"],
     "dask": ["#e07b00", "#f5a742"],
-    "dask-handoff": ["#8a3b00", "#c25f14"],
+    "dask-handoff": ["#c0392b", "#e57373"],
     "ray": ["#b0188a", "#d65cb8", "#7a0d5f"],
 }
 FIGURES = [
