@@ -228,7 +228,9 @@ def main() -> int:
             i += 1
             client.submit(noop, i, workers=[b_addr], pure=False).result()
 
-        runs, batch = round_trips(task_rt, args.rtt_reps)
+        # About 1 s per repetition (some 100 tasks): a task's ~10 ms round trip on a loaded
+        # 2-vCPU machine varies by tens of percent from one batch of 20 to the next.
+        runs, batch = round_trips(task_rt, args.rtt_reps, target_seconds=1.0)
         result["rtt"].append(
             row(
                 f"{name} task (client→worker→client)",

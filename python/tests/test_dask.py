@@ -88,6 +88,17 @@ def test_shards_of_one_buffer_travel_as_one_frame_and_come_back_as_slices_of_one
     assert all(f.obj is received.obj for f in out[1:4])  # Dask joins these without a copy
 
 
+def test_a_message_of_small_frames_is_packed_as_send_would_encode_it():
+    """comm.write sends such a message with Peer.send_packed: the same body bytes."""
+    from handoff.codec import encode_body
+    from handoff.wire import packer
+
+    plan = plan_message([b"header", b"x" * 1023, b""])
+    assert plan.inline and len(plan.parts) == 1
+    assert packer().pack(plan.parts[0]) == encode_body(plan.parts[0]).body
+    assert not plan_message([b"header", b"x" * 1024]).inline
+
+
 def test_a_message_is_cut_into_parts_within_the_receivers_limits():
     limits = Limits(max_frames=3, max_frame_bytes=8192)
     frames = [bytes([i]) * 2000 for i in range(7)] + [b"z" * 20000]

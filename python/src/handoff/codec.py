@@ -214,6 +214,54 @@ def encode_body(
     return EncodedBody(body, frames, sources)
 
 
+class _NotPlain(Exception):
+    """The fast reader met something only the strict one handles (see :func:`_plain_body`)."""
+
+
+def _no_ext(code: int, payload: bytes) -> Any:
+    raise _NotPlain
+
+
+_PLAIN_LEAVES = frozenset((str, bytes, int, float, bool, type(None)))
+
+
+def _plain_body(body: Any) -> Any:
+    """A body without ext values, read by the ``msgpack`` package (C), or ``_NotPlain``.
+
+    Only where it gives what the strict reader gives: no ext value (frame references,
+    resource keys and the timestamp type -1, which ``msgpack`` reads itself, are the
+    strict reader's), map keys str or bin, str valid UTF-8, nothing after the value,
+    maps and arrays nested at most ``MAX_BODY_DEPTH`` deep (checked on the result);
+    later duplicate keys win in both. Anything else, valid or not, raises ``_NotPlain``
+    and the strict reader decides (with its own error, if any)."""
+    try:
+        value = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True, ext_hook=_no_ext)
+    except Exception:
+        raise _NotPlain from None
+    stack = [(value, 1)]
+    leaves = _PLAIN_LEAVES
+    while stack:
+        v, depth = stack.pop()
+        t = type(v)
+        if t is dict:
+            if depth > MAX_BODY_DEPTH:
+                raise _NotPlain
+            for x in v.values():
+                if type(x) in leaves:
+                    continue
+                stack.append((x, depth + 1))
+        elif t is list:
+            if depth > MAX_BODY_DEPTH:
+                raise _NotPlain
+            for x in v:
+                if type(x) in leaves:
+                    continue
+                stack.append((x, depth + 1))
+        elif t not in leaves:
+            raise _NotPlain
+    return value
+
+
 def decode_body(body: Any, frames: Sequence[Any], type_name: str = "?", resources: Optional[Resources] = None) -> Any:
     """Decodes a body; each frame reference becomes ``frames[index]`` (the object itself).
 
@@ -230,6 +278,12 @@ def decode_body(body: Any, frames: Sequence[Any], type_name: str = "?", resource
     a data handle (a map with a resource key ``catalog`` and a map ``tag``), which becomes a
     :class:`~handoff.data.BlobHandle` that falls back on the sender's bytes (§8.5).
     """
+    if not frames:
+        # Most small messages: no frames, so no frame references to resolve.
+        try:
+            return _plain_body(body)
+        except _NotPlain:
+            pass
     count = len(frames)
     keys_seen = False
 

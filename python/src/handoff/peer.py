@@ -330,6 +330,20 @@ class Peer:
             self.closed = True
             raise
 
+    async def send_packed(self, type_name: str, body: bytes) -> None:
+        """Sends a message without frames whose body is already msgpack: what
+        :func:`handoff.wire.packer` wrote for a value of plain types (no buffer of the
+        frame threshold or more, which :meth:`send` would have sent as a frame), so the
+        same bytes :meth:`send` would send for it, without walking it again."""
+        if self.closed:
+            raise PeerClosed(f"the connection to {self.name} is closed")
+        head = wire.frame_header(wire.encode_header(wire.Msg(type_name, body, [])))
+        try:
+            await self.transport.send((head,))
+        except PeerClosed:
+            self.closed = True
+            raise
+
     async def _pooled_copy(self, view: memoryview) -> _PooledLease:
         """Copies a buffer into a segment of the process's pool (a thread does large copies)."""
         seg = pool().take(view.nbytes)

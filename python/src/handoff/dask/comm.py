@@ -25,6 +25,7 @@ from distributed.system import MEMORY_LIMIT
 
 from ..errors import HandoffError, PeerClosed
 from ..peer import Peer
+from ..wire import packer
 from .frames import TYPE_FRAMES, FramesError, plan_message, unpack_part
 
 __all__ = ["HandoffComm", "endpoint_of_peer", "local_endpoint", "counters"]
@@ -181,8 +182,12 @@ class HandoffComm(Comm):
             frames, shm_threshold=node.shm_threshold if peer.channel == "shm" else None, limits=node.limits
         )
         try:
-            for body in plan.parts:
-                await peer.send(TYPE_FRAMES, body)
+            if plan.inline and len(plan.parts) == 1:
+                # Small frames only, all in the body: msgpack it at once (what send() would write).
+                await peer.send_packed(TYPE_FRAMES, packer().pack(plan.parts[0]))
+            else:
+                for body in plan.parts:
+                    await peer.send(TYPE_FRAMES, body)
         except PeerClosed as e:
             self._mark_closed()
             raise CommClosedError(f"in {self}: {e}") from None
