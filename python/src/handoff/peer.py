@@ -25,6 +25,7 @@ from .envelope import Envelope, ReceivedFrame
 from .errors import CapReached, HandoffError, PeerClosed, PeerRefused
 from .handshake import send_error
 from .inbox import ConnectionQueue
+from .mapcache import Kept, MapCache
 from .pool import Segment, pool
 from .shm import SharedFrame, map_received, sealed_copy, segment_info
 from .tickets import Refusal, Ticket
@@ -59,6 +60,17 @@ def _shm_released(peer_ref: "weakref.ref[Peer]", lease: int) -> None:
         return
     try:
         peer.node.loop.call_soon_threadsafe(peer._queue_release, lease)
+    except RuntimeError:
+        pass  # the event loop is closed
+
+
+def _kept_released(peer_ref: "weakref.ref[Peer]", kept: Kept, lease: int) -> None:
+    """The last view of a frame mapped through a kept mapping is gone (any thread)."""
+    peer = peer_ref()
+    if peer is None:
+        return
+    try:
+        peer.node.loop.call_soon_threadsafe(peer._kept_done, kept, lease)
     except RuntimeError:
         pass  # the event loop is closed
 
@@ -132,6 +144,8 @@ class Peer:
         self._next_lease = 1
         self._releases: list = []
         self._release_task: Optional[asyncio.Task] = None
+        #: Whole-segment private mappings kept for the next frame (:mod:`handoff.mapcache`).
+        self._maps: Optional[MapCache] = MapCache() if node.shm_private else None
         self._deliveries: Optional[asyncio.Queue] = None
         self._delivery_task: Optional[asyncio.Task] = None
         self._queued = 0
@@ -427,6 +441,12 @@ class Peer:
 
     # ------------------------------------------------------------------ releasing received shm frames
 
+    def _kept_done(self, kept: Kept, lease: int) -> None:
+        """A kept mapping's frame is dropped: scrub the mapping first, then release the lease."""
+        if self._maps is not None:
+            self._maps.done(kept)
+        self._queue_release(lease)
+
     def _queue_release(self, lease: int) -> None:
         if self.closed:
             return
@@ -588,6 +608,8 @@ class Peer:
         # right after its new handshake: give that a moment to register).
         self.node._holder_disconnected(self.node_id, self.name)
         self._end_leases_at_close()
+        if self._maps is not None:
+            self._maps.close()
         self._releases.clear()
         self._control.clear()
         self._pulls_queued = 0
@@ -681,11 +703,16 @@ class Peer:
             for d in h.f:
                 if isinstance(d, wire.Shm):
                     mapping, start, info = map_received(
-                        fds.pop(0), d.size, d.sealed, d.off, d.n, private=self.node.shm_private
+                        fds.pop(0), d.size, d.sealed, d.off, d.n, private=self.node.shm_private, keep=self._maps
                     )
                     if mapping is None:  # an empty window: nothing to map, nothing to keep
                         view = memoryview(b"")
                         self._queue_release(d.lease)
+                    elif isinstance(mapping, Kept):
+                        exporter = mapping.exporter()  # this frame's own: its views keep it
+                        fin = weakref.finalize(exporter, _kept_released, me, mapping, d.lease)
+                        fin.atexit = False
+                        view = memoryview(exporter)[start : start + d.n]
                     else:
                         fin = weakref.finalize(mapping, _shm_released, me, d.lease)
                         fin.atexit = False
