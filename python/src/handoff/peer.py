@@ -15,6 +15,7 @@ import collections
 import logging
 import mmap
 import os
+import sys
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
@@ -38,7 +39,8 @@ __all__ = ["Peer"]
 
 log = logging.getLogger("handoff")
 
-#: Frames at least this large are read into an anonymous mapping (no zero-fill pass).
+#: Frames at least this large are read into memory that is not zero-filled first (a numpy
+#: array, else an anonymous mapping).
 _MMAP_FRAME = 1 << 20
 #: Copies into a pooled segment at least this large run in a thread (numpy releases the GIL).
 _COPY_IN_THREAD = 8 << 20
@@ -47,9 +49,27 @@ _COPY_IN_THREAD = 8 << 20
 _EXIT_WAIT = 2.0
 
 
+#: Frames at least this large are received into memory advised for transparent huge pages
+#: where numpy is not there to allocate them (it advises its large arrays so itself).
+_HUGE_FRAME = 4 << 20
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
 def _alloc(n: int) -> memoryview:
     if n >= _MMAP_FRAME:
-        return memoryview(mmap.mmap(-1, n))
+        # numpy's allocator (malloc) hands the memory of a large frame that was freed to the
+        # next one, whose pages are then in place already; a fresh anonymous mapping faults
+        # every page in again (on these machines that is slower than the copy from the socket).
+        np = sys.modules.get("numpy")
+        if np is not None:
+            return memoryview(np.empty(n, dtype=np.uint8))
+        m = mmap.mmap(-1, n)
+        if n >= _HUGE_FRAME and _MADV_HUGEPAGE is not None:
+            try:
+                m.madvise(_MADV_HUGEPAGE)
+            except OSError:  # pragma: no cover - advice only
+                pass
+        return memoryview(m)
     return memoryview(bytearray(n))
 
 
