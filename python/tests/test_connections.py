@@ -153,6 +153,31 @@ async def test_a_kept_mapping_serves_the_next_frame_in_its_segment_without_the_r
         assert await eventually(lambda: conn._maps.stats()["idle"] == 0)
 
 
+async def test_with_no_bytes_to_keep_every_frame_is_mapped_anew():
+    from handoff import mapcache
+
+    accepted: list = []
+    mapcache.set_keep_bytes(0)
+    try:
+        async with (
+            _accepting("rx", accepted, shm_private=True) as rx,
+            Node("tx", secret="k", per_connection=True, shm_pool=True) as tx,
+        ):
+            p = await tx.connect(rx.listen_addr)
+            for i in range(2):
+                await p.send("t.A", {"x": np.full(MIB, i, dtype=np.int32)})
+                assert await eventually(lambda: accepted)
+                env = await accepted[0].recv(5)
+                assert isinstance(env.body["x"].obj, mmap.mmap)  # a mapping of its own
+                assert np.frombuffer(env.body["x"], dtype=np.int32)[-1] == i
+                del env
+                gc.collect()
+                assert await eventually(lambda: tx.shm_leases()["count"] == 0)
+            assert accepted[0]._maps.stats() == {"idle": 0, "busy": 0, "hits": 0}
+    finally:
+        mapcache._state["keep_bytes"] = None
+
+
 async def test_a_segment_whose_connection_closed_under_a_live_view_is_never_reused():
     accepted: list = []
     async with (

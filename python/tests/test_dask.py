@@ -146,11 +146,12 @@ def test_the_secret_comes_from_config_then_a_file_then_the_environment(tmp_path,
             "distributed.comm.handoff.shm-threshold": "1MiB",
             "distributed.comm.handoff.shm": False,
             "distributed.comm.handoff.pool-idle-bytes": "2GiB",
+            "distributed.comm.handoff.kept-map-bytes": "1GiB",
         }
     ):
         s = config.settings()
-        assert (s.shm_threshold, s.shm, s.pool_idle_bytes) == (MIB, False, 2 << 30)
-    assert config.settings().pool_idle_bytes is None
+        assert (s.shm_threshold, s.shm, s.pool_idle_bytes, s.kept_map_bytes) == (MIB, False, 2 << 30, 1 << 30)
+    assert config.settings().pool_idle_bytes is None and config.settings().kept_map_bytes is None
 
 
 # ---------------------------------------------------------------- comms

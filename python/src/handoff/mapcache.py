@@ -18,7 +18,8 @@ of its own (a page written, scrubbed and read back); where it does not, or witho
 or ``/proc/self/pagemap``, nothing is kept and every frame is mapped anew, as before.
 
 Bounds: a connection keeps at most :data:`MAX_KEPT` idle mappings; the process at most
-``HANDOFF_SHM_KEEP_BYTES`` bytes of them (default :data:`DEFAULT_KEEP_BYTES`), the least
+``HANDOFF_SHM_KEEP_BYTES`` bytes of them (default :data:`DEFAULT_KEEP_BYTES`; or
+:func:`set_keep_bytes`, which the Dask backend calls with ``kept-map-bytes``), the least
 recently used going first; a connection's are unmapped when it closes. A kept mapping
 holds the segment's memory even if the sender has let go of it, and its pages count in
 this process's RSS (shared with the sender's).
@@ -33,7 +34,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Optional
 
-__all__ = ["MapCache", "Kept", "available", "MAX_KEPT", "DEFAULT_KEEP_BYTES"]
+__all__ = ["MapCache", "Kept", "available", "set_keep_bytes", "MAX_KEPT", "DEFAULT_KEEP_BYTES"]
 
 #: Idle mappings one connection keeps.
 MAX_KEPT = 4
@@ -46,10 +47,19 @@ _PM_SWAP = 1 << 62
 _PM_FILE = 1 << 61  # a page of the file (or shared anonymous), not one of our own copies
 
 _lock = threading.Lock()
-_state: dict = {"checked": False, "ok": False, "pagemap": -1, "idle_bytes": 0}
+_state: dict = {"checked": False, "ok": False, "pagemap": -1, "idle_bytes": 0, "keep_bytes": None}
+
+
+def set_keep_bytes(n: int) -> None:
+    """How many idle mapped bytes this process keeps from now on (0: none; overrides
+    ``HANDOFF_SHM_KEEP_BYTES``). What is kept beyond it goes as connections use their
+    mappings again."""
+    _state["keep_bytes"] = max(0, int(n))
 
 
 def _keep_bytes() -> int:
+    if _state["keep_bytes"] is not None:
+        return _state["keep_bytes"]
     try:
         return int(os.environ.get("HANDOFF_SHM_KEEP_BYTES", DEFAULT_KEEP_BYTES))
     except ValueError:
@@ -173,7 +183,7 @@ class MapCache:
     def add(self, key: tuple, mapping: mmap.mmap, size: int) -> Optional[Kept]:
         """Keeps a new whole-segment mapping (busy); ``None`` if this segment is busy already
         (a sender that sends a segment again before its release: it gets a mapping of its own)."""
-        if self.closed or key in self._busy or not available():
+        if self.closed or key in self._busy or size > _keep_bytes() or not available():
             return None
         old = self._idle.pop(key, None)
         if old is not None:
@@ -190,7 +200,8 @@ class MapCache:
         if self._busy.get(kept.key) is kept:
             del self._busy[kept.key]
         kept.busy = False
-        if self.closed:
+        limit = _keep_bytes()
+        if self.closed or kept.size > limit:
             self._unmap(kept)
             return
         try:
@@ -198,16 +209,8 @@ class MapCache:
         except (OSError, ValueError):
             self._unmap(kept)
             return
-        limit = _keep_bytes()
         with _lock:
-            if kept.size > limit:
-                fits = False
-            else:
-                _state["idle_bytes"] += kept.size
-                fits = True
-        if not fits:
-            self._unmap(kept)
-            return
+            _state["idle_bytes"] += kept.size
         self._idle[kept.key] = kept
         while len(self._idle) > MAX_KEPT or (self._idle and _state["idle_bytes"] > limit):
             _, oldest = self._idle.popitem(last=False)

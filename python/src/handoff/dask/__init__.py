@@ -44,7 +44,7 @@ Design, and why:
   and channel — what a destination-aware serializer needs.
 
 Configuration: ``distributed.comm.handoff`` (``handoff.yaml``: secret, secret-file,
-host-id, shm, shm-threshold, pool-idle-bytes). :func:`stats` counts this process's comms
+host-id, shm, shm-threshold, pool-idle-bytes, kept-map-bytes). :func:`stats` counts this process's comms
 and bytes by channel and shows its segment pool. The pool's idle segments (4 GiB at most
 by default) and the segments a worker received count in the RSS that Dask's memory
 monitor reads; a received segment's pages are shared with the sender, not copied.
@@ -53,7 +53,7 @@ Limits: a single frame over 4 GiB (a pickled buffer Dask does not shard) travels
 pieces that are joined by a copy; a Unix comm's connecting end is ``handoff://HOST:0``;
 the Python wire code makes a small message's round trip between two workers about 1.15×
 that of Dask's TCP comm (a task's round trip from a client is level with TCP's); kept
-mappings (at most 4 per connection, 2 GiB per process: ``HANDOFF_SHM_KEEP_BYTES``) hold
+mappings (at most 4 per connection, 2 GiB per process: ``kept-map-bytes``) hold
 their segments' memory and count in the receiver's RSS, shared with the sender's.
 """
 
