@@ -200,3 +200,46 @@ def test_as_numpy_is_zero_copy():
     view[0:4] = b"\x01\x00\x00\x00"
     assert arr[0] == 1
     assert as_numpy(memoryview(bytes(16)), shape=(4, 4)).shape == (4, 4)
+
+
+def _plain_values():
+    from hypothesis import strategies as st
+
+    leaves = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(1 << 63), (1 << 64) - 1),
+        st.floats(allow_nan=False),
+        st.text(max_size=8),
+        st.binary(max_size=8),
+    )
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.dictionaries(st.one_of(st.text(max_size=4), st.binary(max_size=4)), inner, max_size=4),
+        ),
+        max_leaves=20,
+    )
+
+
+def test_the_fast_body_reader_agrees_with_the_strict_one_on_generated_bodies():
+    """Property: valid bodies, and the same bytes mutated, read as the strict reader reads them."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(_plain_values(), st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), max_size=3))
+    def check(value, flips):
+        body = bytearray(msgpack.packb(value, use_bin_type=True))
+        for at, byte in flips:
+            body[at % len(body)] = byte
+        body = bytes(body)
+        try:
+            got = ("ok", decode_body(body, []))
+        except wire.WireError as e:
+            got = ("error", e.code, str(e))
+        want = _strict(body)
+        assert repr(got) == repr(want) and type(got[-1]) is type(want[-1])
+
+    check()

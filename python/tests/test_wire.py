@@ -287,3 +287,24 @@ def test_plain_msg_headers_decode_as_the_two_passes_decode_them(t, b):
 def test_headers_that_only_look_plain_get_the_two_passes(buf):
     fast, strict = _decode_both(buf)
     assert fast == strict
+
+
+def test_plain_msg_headers_agree_with_the_two_passes_on_generated_headers():
+    """Property: generated frameless msg headers, and the same bytes mutated, decode as the passes decode them."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.text(max_size=300),
+        st.binary(max_size=70_000),
+        st.lists(st.tuples(st.integers(-40, 40), st.integers(0, 255)), max_size=2),  # near either end
+    )
+    def check(t, b, flips):
+        buf = bytearray(wire.encode_header(wire.Msg(t, b, [])))
+        for at, byte in flips:
+            buf[at % len(buf)] = byte
+        fast, strict = _decode_both(bytes(buf))
+        assert fast == strict
+
+    check()
