@@ -157,3 +157,15 @@ def test_the_dask_section_sets_dask_on_handoff_beside_dask_on_tcp(tmp_path):
     # Without one of the two, the section says so.
     data["transfers"] = [r for r in data["transfers"] if r["system"] == "dask"]
     assert "not measured" in report.dask_section(data)
+
+
+def test_dask_handoff_runs_the_dask_script_on_handoff():
+    """The 'dask-handoff' system is sys_dask.py with --protocol handoff (no Dask run here)."""
+    import peers
+
+    assert "dask-handoff" in peers.SYSTEMS and peers.SCRIPTS["dask-handoff"] == ("dask", ["--protocol", "handoff"])
+    env = dict(os.environ, PYTHONPATH=str(HERE))
+    out = subprocess.run(
+        [sys.executable, str(HERE / "sys_dask.py"), "--help"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and "--protocol" in out.stdout, out.stderr
