@@ -356,8 +356,10 @@ class Node:
 
     def _remove_peer(self, peer: Peer) -> None:
         """Forgets a closed connection; another open one to the same node (§5.1: the same
-        node may hold several) then speaks for it, the newest first."""
+        node may hold several) then speaks for it, the newest first. What it sent and the
+        application has not taken yet stays in the inbox, behind the open connections'."""
         self._all_peers.discard(peer)
+        self._inbox.closed(peer)
         others = self._connections.get(peer.node_id, [])
         if peer in others:
             others.remove(peer)
