@@ -368,8 +368,9 @@ def _checked_path(path: Any) -> str:
     for root in allowed_dirs():
         if real != root and os.path.commonpath([real, root]) == root:
             return real
+    resolved = f" (it resolves to {real!r:.200})" if real != path else ""
     raise ValueError(
-        f"{path!r:.200} is not under a directory this process reads peers' files from "
+        f"{path!r:.200}{resolved} is not under a directory this process reads peers' files from "
         f"({', '.join(allowed_dirs())}; see handoff.spilled.allow_dir and $HANDOFF_SPILL_DIRS)"
     )
 
