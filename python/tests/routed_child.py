@@ -2,7 +2,8 @@
 is sent, and reports how each arrived (``python routed_child.py ADDR NAME [HOST_ID]``).
 
 Commands (type ``cmd``): ``{"cmd": "take", "key", "file"}`` keeps the file under ``key``
-and answers how it arrived and where its bytes lie; ``{"cmd": "drop", "key"}`` closes it.
+and answers how it arrived and where its bytes lie; ``{"cmd": "back", "key"}`` sends it
+back; ``{"cmd": "drop", "key"}`` closes it.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ async def main() -> None:
                     },
                 )
                 del view
+            elif body.get("cmd") == "back":
+                await env.sender.send("report", {"file": held[body["key"]]})
             elif body.get("cmd") == "drop":
                 held.pop(body["key"]).close()
                 await env.sender.send("report", {"dropped": body["key"]})

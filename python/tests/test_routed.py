@@ -83,10 +83,16 @@ async def test_same_host_gets_the_path_maps_it_in_place_and_the_owner_keeps_the_
         assert f.leases == 1 and a.pins.count(peer.node_id) == 1
         assert await eventually(lambda: a.pins.stats()["claimed"] == 1)
 
+        # The receiver sends it on (here back to us): under a pin of its own, which keeps its pin on ours.
+        back = (await ask(a, peer, {"cmd": "back", "key": "x"}))["file"]
+        assert back.origin == "path" and back.path == path and back.pin.owner == peer.node_id
+        assert back.read() == DATA
+
         f.close()  # the owner lets go of its handle: the receiver's pin still keeps the file
-        await asyncio.sleep(0.3)
-        assert os.path.exists(path)
-        assert await ask(a, peer, {"cmd": "drop", "key": "x"}) == {"dropped": "x"}
+        assert await ask(a, peer, {"cmd": "drop", "key": "x"}) == {"dropped": "x"}  # and so does the chain
+        await asyncio.sleep(0.5)
+        assert os.path.exists(path) and a.pins.count() == 1
+        back.close()  # the end of the chain: every pin ends, the file goes
         assert await eventually(lambda: not os.path.exists(path), timeout=2)
         assert a.pins.count() == 0 and a.pins.stats()["released"] == 1
 

@@ -33,7 +33,7 @@ is ``remote``: the encoder then falls back to its self-contained form.
 ``same_process="encode"``): the object itself is parked in a table of this process and
 only its key travels; the decoder on the other side — in this same process — takes the
 very object back. Parked objects are bounded (:data:`MAX_PARKED`, each for at most
-:data:`PARK_SECONDS` if nobody takes it).
+:data:`PARK_SECONDS` if nobody takes it; beyond, ``CapReached``).
 
 **Where this is used.** On handoff's own nodes, :meth:`handoff.peer.Peer.send` encodes a
 registered type anywhere in a body as the map ``{"handoff.route": NAME, "h": HEADER,
@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from . import identity
-from .errors import HandoffError
+from .errors import CapReached, HandoffError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .peer import Peer
@@ -364,7 +364,7 @@ def _park(obj: Any) -> str:
                 break
             del _parked[key]
         if len(_parked) >= MAX_PARKED:
-            raise RouteError(
+            raise CapReached(
                 f"{len(_parked)} objects wait for a receiver in this process, the most allowed ({MAX_PARKED}); "
                 f"each is dropped {PARK_SECONDS:g} s after it was sent if nobody decodes it"
             )
