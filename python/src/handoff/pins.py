@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "TYPE_UPDATE",
+    "DISCONNECT_GRACE",
     "PinBounds",
     "DEFAULT_PIN_BOUNDS",
     "PinTable",

@@ -89,6 +89,8 @@ __all__ = [
     "MARKER",
     "MAX_PARKED",
     "PARK_SECONDS",
+    "parked",
+    "locality_between",
 ]
 
 SAME_PROCESS = "same-process"
