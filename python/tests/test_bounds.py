@@ -479,3 +479,33 @@ async def test_the_inbox_serves_connections_fairly_by_bytes():
     assert [e.seq for e in order if e.sender is flooder] == list(range(100)), "in order per connection"
     # The bulk connection gets its share in bytes: after about 8 MiB of the others' turns.
     assert order[-1].sender is bulk, "it waits until the small ones, far fewer bytes, are served"
+
+
+async def test_a_sparse_connection_goes_before_the_backlogs_and_closed_ones_go_last():
+    """A peer with one message out at a time waits for no backlog, however many connections
+    have one; a closed connection's messages are all delivered, after the open ones'."""
+    from types import SimpleNamespace
+
+    from handoff.inbox import Inbox
+
+    inbox = Inbox(overhead=1024)
+    flooders = [object() for _ in range(25)]
+    for f in flooders:
+        for i in range(50):
+            inbox.put(SimpleNamespace(sender=f, charge=1100, seq=i))
+    for _ in range(30):  # every flooder now has a backlog and is in the round
+        await inbox.get()
+    quiet = object()
+    for seq in range(3):
+        inbox.put(SimpleNamespace(sender=quiet, charge=1100, seq=seq))
+        assert (await inbox.get()).sender is quiet, "a sparse connection is served next"
+        await inbox.get()  # one flooder message between the quiet peer's round trips
+    gone = flooders[0]
+    inbox.closed(gone)
+    left = len(inbox)
+    order = [await inbox.get() for _ in range(left)]
+    mine = [e.seq for e in order if e.sender is gone]
+    assert mine and mine == sorted(mine), "a closed connection's messages all come, in order"
+    first_of_gone = next(i for i, e in enumerate(order) if e.sender is gone)
+    assert all(e.sender is gone for e in order[first_of_gone:]), "after every open connection's"
+    assert len(inbox) == 0

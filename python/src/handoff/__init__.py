@@ -10,6 +10,9 @@ Modules, one job each:
 - :mod:`handoff.handshake` — preambles, challenges (v1: hellos), proofs, idents, ready.
 - :mod:`handoff.shm` — memfd segments to send, read-only mappings of received ones.
 - :mod:`handoff.tickets` — the owner's leases and the holder's :class:`Ticket`.
+- :mod:`handoff.route` — routes, and types that encode themselves by route
+  (``serialize(obj, source, destination)``); :mod:`handoff.pins` — leases on what such a
+  type sends a reference to; :mod:`handoff.spilled` — :class:`SpilledFile`, the example.
 - :mod:`handoff.peer`, :mod:`handoff.node`, :mod:`handoff.envelope` — the runtime.
 - :mod:`handoff.bounds` — what peers can make a node hold (spec §9.1), in one place;
   :mod:`handoff.budget` (buffered bytes, backpressure) and :mod:`handoff.throttle`
@@ -34,7 +37,10 @@ from .errors import (
 )
 from .node import Node
 from .peer import Peer
+from .pins import Pin, PinBounds
 from .resources import Resource, ResourceError, ResourceKey, Resources
+from .route import Endpoint, Route, RouteError
+from .spilled import SpilledFile
 from .shm import SharedFrame, ShmBuffer
 from .tickets import Ticket
 from .wire import WireError
@@ -59,6 +65,12 @@ __all__ = [
     "BlobError",
     "FileDataset",
     "dataset_key",
+    "Route",
+    "Endpoint",
+    "RouteError",
+    "Pin",
+    "PinBounds",
+    "SpilledFile",
     "ShmBuffer",
     "SharedFrame",
     "Ticket",

@@ -18,7 +18,7 @@ its command line (``--max-buffered-bytes-per-peer`` …).
 | bytes buffered for one peer | ``max_buffered_bytes_per_peer`` | 1 GiB | stop reading that connection |
 | bytes buffered for all peers | ``max_buffered_bytes`` | 4 GiB | stop reading, across connections |
 | bytes any peer may buffer whatever all hold | ``min_buffered_bytes_per_peer`` | 1 MiB | — (its guaranteed share: admitted even past the total) |
-| messages buffered for one peer | ``max_buffered_messages_per_peer`` | 1024 | stop reading that connection |
+| messages buffered for one peer | ``max_buffered_messages_per_peer`` | 64 (Rust: 1024) | stop reading that connection |
 | descriptors waiting on one Unix connection | ``max_pending_fds`` | 128 | ``bad-shm`` |
 | ``pulled`` answers being written to one connection | ``max_pulls_in_flight`` | 64 | stop reading that connection |
 | other ticket answers queued for one connection | ``max_control_queued`` | 1024 | stop reading that connection |
@@ -26,6 +26,7 @@ its command line (``--max-buffered-bytes-per-peer`` …).
 | bytes pinned by ticket leases | ``max_ticket_bytes`` / ``max_ticket_bytes_per_peer`` | 16 GiB / 8 GiB | the send waits ``lease_wait`` (30 s), then fails |
 | shared-memory leases held for one peer | ``max_shm_bytes_per_peer`` / ``max_shm_leases_per_peer`` | 8 GiB / 65 536 | the send waits ``lease_wait``, then fails |
 | dials to reach owners of tickets, at once | ``max_owner_dials`` | 16 | the next waits, within its pull timeout |
+| pins (leases on files and other referenced objects, :mod:`handoff.pins`) kept for one peer / in all | ``PinBounds.max_pins_per_peer`` / ``max_pins`` (the node's ``pins=``) | 1024 / 65 536; unclaimed ones end after 60 s | the send fails with ``CapReached`` (Dask's family sends the bytes) |
 | warnings logged about one peer | ``warnings_per_period`` per ``warning_period`` | 10 per 10 s | the rest are counted, reported once per period |
 | warnings logged about all peers | ``warnings_in_all_per_period`` per ``warning_period`` | 100 per 10 s | the same (a peer with many connections does not multiply its share) |
 
@@ -70,7 +71,10 @@ class Bounds:
     max_buffered_bytes_per_peer: int = 1 * GIB
     max_buffered_bytes: int = 4 * GIB
     min_buffered_bytes_per_peer: int = 1 * MIB
-    max_buffered_messages_per_peer: int = 1024
+    #: Lower than Rust's 1024: each message costs more CPU to read in pure Python, and a
+    #: reader that runs far ahead of the application takes turns of the event loop from
+    #: every other connection (a flood spread over many connections, spec §9.1).
+    max_buffered_messages_per_peer: int = 64
     message_overhead: int = 1 * KIB
     max_pending_fds: int = 128
     max_pulls_in_flight: int = 64

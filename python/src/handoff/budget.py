@@ -14,12 +14,17 @@ While a connection has requests of this node outstanding (pulls, forwards), its 
 may go over the bounds — up to twice the per-peer bound for that peer and one per-peer
 bound over the total — so that a ``pulled`` this node waits for is never stuck behind
 a message that waits for room held by the message that waits for the ``pulled``.
+
+A reader that waits because of its own peer's bounds (bytes or messages) is woken when
+that peer's messages are released, not by every release: a flood spread over many
+connections would otherwise wake every one of their readers for each message the
+application takes, only for all but one to wait again.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 from .bounds import Bounds
 from .errors import PeerClosed
@@ -37,32 +42,52 @@ class Budget:
         self.max_messages = bounds.max_buffered_messages_per_peer
         #: Bytes buffered for all peers together.
         self.total = 0
-        self._room: Optional[asyncio.Event] = None
+        #: Waiting readers: the key is the account whose release may make room for them,
+        #: or ``None`` for those waiting for the total (any release may).
+        self._waiting: dict = {}
 
     def fits(self, account: Any, n: int, own: int = 0, over: bool = False) -> bool:
         """Whether ``n`` more bytes for ``account`` (a peer, with ``buffered``) are admitted now;
         ``own`` bytes of the same message are charged already."""
+        return self._blocker(account, n, own, over) is False
+
+    def _blocker(self, account: Any, n: int, own: int, over: bool) -> Any:
+        """``False`` if it fits; else what must release first: ``account`` (its own
+        bounds) or ``None`` (the total)."""
         if own == 0 and account.messages >= self.max_messages:
-            return False  # a new message, and this peer has as many waiting as it may
+            return account  # a new message, and this peer has as many waiting as it may
         if account.buffered + n <= self.share:
-            return True  # small messages are never stuck behind another peer's large one
+            return False  # small messages are never stuck behind another peer's large one
         per_peer = self.per_peer * 2 if over else self.per_peer
         limit = self.limit + self.per_peer if over else self.limit
-        peer_ok = account.buffered + n <= per_peer or account.buffered == own
-        total_ok = self.total + n <= limit or self.total == own
-        return peer_ok and total_ok
+        if not (account.buffered + n <= per_peer or account.buffered == own):
+            return account
+        if not (self.total + n <= limit or self.total == own):
+            return None
+        return False
 
     async def admit(self, account: Any, n: int, own: int = 0, over: Callable[[], bool] = bool) -> None:
         """Charges ``n`` bytes to ``account``, waiting for room first (see the module).
 
         ``over()`` says whether the account may go over the bounds now (it has requests
         of this node outstanding); it is asked again each time room may have appeared."""
-        while not self.fits(account, n, own, over()):
+        while True:
+            blocker = self._blocker(account, n, own, over())
+            if blocker is False:
+                break
             if account.closed:
                 raise PeerClosed(f"the connection to {account.name} is closed")
-            if self._room is None:
-                self._room = asyncio.Event()
-            await self._room.wait()
+            room = asyncio.Event()
+            key = id(blocker) if blocker is not None else None
+            waiters = self._waiting.setdefault(key, [])
+            waiters.append(room)
+            try:
+                await room.wait()
+            finally:
+                if room in waiters:  # cancelled, or the account closed: not woken by a release
+                    waiters.remove(room)
+                    if not waiters and self._waiting.get(key) is waiters:
+                        del self._waiting[key]
         account.buffered += n
         if own == 0:
             account.messages += 1
@@ -73,7 +98,8 @@ class Budget:
         account.buffered -= n
         account.messages -= 1
         self.total -= n
-        self.wake()
+        self._wake(id(account))
+        self._wake(None)
 
     def release_env(self, env: Any) -> None:
         """Gives back what a delivered (or dropped) envelope was charged."""
@@ -82,8 +108,11 @@ class Budget:
             env.charge = 0
             self.release(env.sender, charge)
 
+    def _wake(self, key: Any) -> None:
+        for room in self._waiting.pop(key, ()):
+            room.set()
+
     def wake(self) -> None:
         """Lets every waiting reader check again (room appeared, or a connection closed)."""
-        if self._room is not None:
-            self._room.set()
-            self._room = None
+        for key in list(self._waiting):
+            self._wake(key)

@@ -9,13 +9,17 @@ a buffer: a :class:`Buffer`, a numpy array, and any other bytes-like object of a
 An :class:`OnDemand` buffer goes to a peer that takes tickets as a ``lazy`` ticket
 (§7.5). A :class:`~handoff.resources.Resource` or
 :class:`~handoff.resources.ResourceKey` becomes a resource key (msgpack ext type 2, the
-key in UTF-8, §8.3), and a :class:`~handoff.data.BlobHandle` a data handle (§8.5).
+key in UTF-8, §8.3), and a :class:`~handoff.data.BlobHandle` a data handle (§8.5). A
+value of a route-aware type (:mod:`handoff.route`) is encoded by its registered encoder
+for the route it takes, as the map ``{"handoff.route": NAME, "h": HEADER, "f": FRAMES}``
+(its frames out of band, whatever their size).
 
 Decoding turns frame references back into the received frames (``memoryview``s over
 the bytes that were read, or over a shared-memory mapping: no copy), and maps into
 dicts. Given the receiving node's :class:`~handoff.resources.Resources`, it binds
 every resource key to that node's object, and turns data handles into
-:class:`~handoff.data.BlobHandle` objects.
+:class:`~handoff.data.BlobHandle` objects. Given the inbound route, it decodes
+route-aware values with their registered decoders.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import msgpack
 
 from .msgpack_read import DepthError, Ext, MsgpackError, unpack_one
 from .resources import EXT_RESOURCE_KEY, Resource, ResourceKey, Resources
+from .route import _CURRENT, MARKER, Route, _by_name, RouteError, codec_for, decode_value, encode_value
 from .wire import MAX_BODY_DEPTH, WireError, packer
 
 __all__ = [
@@ -143,11 +148,15 @@ def encode_body(
     value: Any,
     frame_threshold: int = DEFAULT_FRAME_THRESHOLD,
     is_frame: Optional[Callable[[Any], bool]] = None,
+    route: Optional[Route] = None,
 ) -> EncodedBody:
     """Encodes ``value``: buffers become frames (depth-first, in serialization order).
 
     ``is_frame(obj)`` may claim other objects (the node's shared buffers and tickets) as
     frames; their view is taken with ``as_bytes_view`` unless they are not bytes-like.
+    ``route`` is the route the value takes (:meth:`Route.current` while it is encoded):
+    route-aware types are encoded for it (without one, for :data:`handoff.route.UNKNOWN`).
+    A registered type that is a dict, list or tuple is encoded as such.
     """
     frames: list = []
     sources: list = []
@@ -174,6 +183,13 @@ def encode_body(
             return [walk(x, depth + 1) for x in v]
         if isinstance(v, (Resource, ResourceKey)):
             return msgpack.ExtType(EXT_RESOURCE_KEY, v.encode())
+        codec = codec_for(v)
+        if codec is not None:
+            name, fields, parts = encode_value(v, route)
+            wrapped = {MARKER: name, **fields}
+            if "h" in fields:
+                wrapped["f"] = [Buffer(p) for p in parts]
+            return walk(wrapped, depth)
         if is_frame is not None and is_frame(v):
             return frame(v, v)
         if isinstance(v, OnDemand):
@@ -203,9 +219,12 @@ def encode_body(
             raise TypeError(f"cannot encode a {type(v).__name__} in a handoff body") from None
         return walk(view, depth)
 
+    token = _CURRENT.set(route) if route is not None else None
     try:
         tree = walk(value, 1)
     finally:
+        if token is not None:
+            _CURRENT.reset(token)
         # ``walk`` refers to itself: empty its cell, or every call would leave a reference
         # cycle holding the frames (memoryviews, which the cyclic collector may meet while
         # they are still exported, and fail to clear).
@@ -262,7 +281,13 @@ def _plain_body(body: Any) -> Any:
     return value
 
 
-def decode_body(body: Any, frames: Sequence[Any], type_name: str = "?", resources: Optional[Resources] = None) -> Any:
+def decode_body(
+    body: Any,
+    frames: Sequence[Any],
+    type_name: str = "?",
+    resources: Optional[Resources] = None,
+    route: Optional[Route] = None,
+) -> Any:
     """Decodes a body; each frame reference becomes ``frames[index]`` (the object itself).
 
     Raises ``WireError`` ``bad-body`` (not msgpack, nesting deeper than 127, a frame
@@ -277,13 +302,20 @@ def decode_body(body: Any, frames: Sequence[Any], type_name: str = "?", resource
     (:class:`~handoff.resources.Resource`; ``unknown-resource`` if it cannot be), except in
     a data handle (a map with a resource key ``catalog`` and a map ``tag``), which becomes a
     :class:`~handoff.data.BlobHandle` that falls back on the sender's bytes (§8.5).
+
+    Route-aware values (maps under the key ``handoff.route``) are decoded, innermost first,
+    by their registered decoders with ``route`` (the inbound route: the peer sends, this
+    node receives); one that cannot be raises :class:`~handoff.route.RouteError`.
     """
     if not frames:
-        # Most small messages: no frames, so no frame references to resolve.
+        # Most small messages: no frames, so no frame references to resolve (and no
+        # resource keys, which are ext values); route-aware values are decoded as below.
         try:
-            return _plain_body(body)
+            value = _plain_body(body)
         except _NotPlain:
             pass
+        else:
+            return _routed(value, body, route)
     count = len(frames)
     keys_seen = False
 
@@ -320,7 +352,36 @@ def decode_body(body: Any, frames: Sequence[Any], type_name: str = "?", resource
         raise WireError("bad-body", f"cannot decode body of type {type_name!r}: {e}") from None
     if keys_seen and resources is not None:
         value = bind_resources(value, resources)
+    return _routed(value, body, route)
+
+
+_MARKER_BYTES = MARKER.encode()
+
+
+def _routed(value: Any, body: Any, route: Optional[Route]) -> Any:
+    if _by_name and _MARKER_BYTES in (body if isinstance(body, (bytes, bytearray)) else bytes(body)):
+        return decode_routed(value, route)
     return value
+
+
+def decode_routed(value: Any, route: Optional[Route]) -> Any:
+    """Decodes the route-aware values in a decoded body (innermost first), see :func:`decode_body`."""
+
+    def walk(v: Any, depth: int) -> Any:
+        if isinstance(v, list):
+            return [walk(x, depth + 1) for x in v]
+        if not isinstance(v, dict):
+            return v
+        v = {k: walk(x, depth + 1) for k, x in v.items()}
+        name = v.get(MARKER)
+        if not isinstance(name, str):
+            return v
+        frames = v.get("f", [])
+        if not isinstance(frames, list):
+            raise RouteError(f"a {name} whose frames 'f' are not a list")
+        return decode_value(name, v, frames, route)
+
+    return walk(value, 0)
 
 
 def bind_resources(value: Any, resources: Resources) -> Any:

@@ -75,8 +75,11 @@ class Envelope:
             return self.error
         node = getattr(self.sender, "node", None)
         resources = getattr(node, "resources", None)
+        route = getattr(self.sender, "inbound_route", None)
         try:
-            self._body = decode_body(self._body_bytes, [f.view for f in self.frames], self.type_name, resources)
+            self._body = decode_body(
+                self._body_bytes, [f.view for f in self.frames], self.type_name, resources, route=route
+            )
         except Exception as e:
             # Kept without its traceback: the frames of a deeply nested decode (and all they
             # refer to) must not live as long as the envelope does.

@@ -1,5 +1,5 @@
 """The inbox: received messages waiting for the application, one queue per connection,
-taken fairly by bytes (as in the Rust reference).
+taken fairly by bytes (as in the Rust reference), sparse and open connections first.
 
 A single queue would let a peer that sends a flood put every other peer's messages
 behind its own. Here :meth:`Inbox.get` serves the connections that have messages by
@@ -9,13 +9,28 @@ peer that sends large messages gets its share in bytes, not in messages, so a pe
 sends a small one now and then is served within a turn whatever the others have
 queued. How much waits is bounded by the node's buffered-bytes budget (§9.1), which
 every envelope is charged against until the application takes it.
+
+**Sparse connections first** (as fq_codel does for packets, RFC 8290): a connection
+whose queue was empty when its message arrived — a peer with one request out at a time,
+waiting for its answer — is served before the connections that have a backlog, for
+one quantum (a larger message waits for its share in the round); then it joins the
+others' round. A peer that floods many connections at
+once, each with bodies that are slow to decode in pure Python (deeply nested ones),
+otherwise makes every round, and the round trip of every other peer, as long as one
+turn of each of its connections; here such a peer waits at most for the message being
+handled now. A flood cannot use this: a connection keeps its place among the new ones
+only while it has nothing queued.
+
+**Open connections first.** Messages of a connection that has closed stay in the inbox
+(nothing a peer sent before it left is lost), but they are served only when no open
+connection has a message waiting (:meth:`Inbox.closed`): its peer waits for no answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any
+from typing import Any, Optional
 
 __all__ = ["Inbox", "ConnectionQueue"]
 
@@ -29,7 +44,8 @@ class _Queue:
 
 
 class Inbox:
-    """Messages for the application, taken fairly from each connection."""
+    """Messages for the application, taken fairly from each connection: sparse connections
+    first, then open ones by deficit round-robin, then closed ones."""
 
     def __init__(self, overhead: int):
         #: What a message without a charge weighs (the node's per-message overhead).
@@ -37,7 +53,10 @@ class Inbox:
         #: Credit a connection gains per turn: about one small message.
         self.quantum = 2 * self.overhead
         self._queues: dict = {}
-        self._turns: collections.deque = collections.deque()
+        self._new: collections.deque = collections.deque()  # open, queue empty when a message came
+        self._turns: collections.deque = collections.deque()  # open, with a backlog: round-robin
+        self._closed_turns: collections.deque = collections.deque()  # closed, messages still waiting
+        self._closed: set = set()  # keys of closed connections whose messages still wait
         self._arrived = asyncio.Event()
 
     def _weight(self, env: Any) -> int:
@@ -49,35 +68,76 @@ class Inbox:
         q = self._queues.get(key)
         if q is None:
             q = self._queues[key] = _Queue()
-            self._turns.append(key)
+            if key in self._closed:
+                self._closed_turns.append(key)
+            else:
+                q.credit = self.quantum
+                self._new.append(key)
         q.messages.append(env)
         self._arrived.set()
 
+    def closed(self, sender: Any) -> None:
+        """``sender``'s connection has closed: what it sent waits until no open connection has
+        a message (nothing is dropped)."""
+        key = id(sender)
+        if key not in self._queues or key in self._closed:
+            return
+        self._closed.add(key)
+        for ring in (self._new, self._turns):
+            if key in ring:
+                ring.remove(key)
+        self._closed_turns.append(key)
+
+    def _take_new(self) -> Optional[Any]:
+        key = self._new[0]
+        q = self._queues[key]
+        if self._weight(q.messages[0]) > q.credit:
+            # More than a quantum (a large message): it waits for its share in the round.
+            self._new.popleft()
+            self._turns.append(key)
+            return None
+        env = q.messages.popleft()
+        q.credit -= self._weight(env)
+        if not q.messages:
+            del self._queues[key]
+            self._new.popleft()
+        elif q.credit <= 0:
+            # Its quantum is spent and it has more: it joins the round of the backlogged.
+            self._new.popleft()
+            q.credit = max(0, q.credit + self.quantum)
+            self._turns.append(key)
+        return env
+
     def _take(self) -> Any:
+        while self._new:
+            env = self._take_new()
+            if env is not None:
+                return env
+        turns = self._turns or self._closed_turns
         while True:
-            for _ in range(len(self._turns)):
-                key = self._turns[0]
+            for _ in range(len(turns)):
+                key = turns[0]
                 q = self._queues[key]
                 weight = self._weight(q.messages[0])
-                if q.credit >= weight or len(self._turns) == 1:
+                if q.credit >= weight or len(turns) == 1:
                     env = q.messages.popleft()
                     q.credit = max(0, q.credit - weight)
                     if not q.messages:
                         del self._queues[key]
-                        self._turns.popleft()
+                        self._closed.discard(key)
+                        turns.popleft()
                     return env
                 q.credit += self.quantum
-                self._turns.rotate(-1)
+                turns.rotate(-1)
             # Nobody could be served in a whole round: skip the rounds it takes at once.
-            rounds = min(
-                -(-max(0, self._weight(q.messages[0]) - q.credit) // self.quantum) for q in self._queues.values()
-            )
-            for q in self._queues.values():
+            waiting = [self._queues[key] for key in turns]
+            rounds = min(-(-max(0, self._weight(q.messages[0]) - q.credit) // self.quantum) for q in waiting)
+            for q in waiting:
                 q.credit += max(0, rounds - 1) * self.quantum
 
     async def get(self) -> Any:
         """The next message, waiting until there is one."""
-        while not self._turns:
+        while not self._queues:
             self._arrived.clear()
             await self._arrived.wait()
         return self._take()

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from . import identity, wire
+from . import identity, pins, wire
 from .bounds import DEFAULT_BOUNDS, Bounds
 from .budget import Budget
 from .envelope import Envelope
@@ -30,6 +30,7 @@ from .inbox import Inbox
 from .errors import HandoffError, OwnerLost, PeerClosed, TicketCorrupt, TicketRefused
 from .handshake import OurSide, handshake, send_error
 from .peer import Peer
+from .pins import DEFAULT_PIN_BOUNDS, PinBounds, PinOutbox, PinTable
 from .resources import Resources
 from .throttle import WarningThrottle
 from .tickets import LeaseTable, Ticket, digest
@@ -116,6 +117,11 @@ class Node:
     memfds, and goes inline rather than wait when a peer holds its cap of leases.
     ``shm_private`` maps received segments private and writable (copy-on-write)
     instead of shared and read-only (:func:`handoff.shm.map_received`).
+
+    Route-aware types (:mod:`handoff.route`) in a body are encoded for the peer's route
+    and decoded with the inbound one; what they keep for a peer under a lease (a file
+    sent as its path) is in :attr:`pins` (:mod:`handoff.pins`), bounded by ``pins``
+    (:class:`~handoff.pins.PinBounds`).
     """
 
     def __init__(
@@ -141,6 +147,7 @@ class Node:
         on_accept: Optional[Callable[[Peer], None]] = None,
         shm_pool: bool = False,
         shm_private: bool = False,
+        pins: PinBounds = DEFAULT_PIN_BOUNDS,
     ):
         if not name:
             raise ValueError("a node needs a name")
@@ -189,6 +196,9 @@ class Node:
         self._dialing: dict = {}  # (owner, addr) -> task connecting to it
         #: This node's local resources: resource keys in received bodies bind to them (§8.3).
         self.resources = Resources(name)
+        #: What this node keeps for peers under a lease, as route-aware values asked (:mod:`handoff.pins`).
+        self.pins = PinTable(pins, name)
+        self._pin_out = PinOutbox(self)
         self.listen_addr: Optional[str] = None
         self.unix_path: Optional[Path] = None
         self._peers: dict[str, Peer] = {}  # node id -> its newest open connection
@@ -249,6 +259,7 @@ class Node:
             self._accept_tasks.append(self._spawn(self._accept_loop(usock, unix=True)))
         self._spawn(self._reap_expired())
         self._started = True
+        pins.register_node(self)
         log.info(
             "node %s started (host %s, listen %s, unix %s)", self.name, self.host_id, self.listen_addr, self.unix_addr
         )
@@ -276,11 +287,13 @@ class Node:
         if self._closed:
             return
         self._closed = True
+        pins.unregister_node(self)
         self.stop_listening()
         for task in list(self._tasks):
             task.cancel()
         peers = list(self._all_peers)
         await asyncio.gather(*(p.close() for p in peers), return_exceptions=True)
+        self.pins.end_all()
 
     async def __aenter__(self) -> "Node":
         return await self.start()
@@ -301,7 +314,7 @@ class Node:
         self.types.update(type_names)
 
     def _check_type(self, type_name: str) -> None:
-        if self.types is not None and type_name not in self.types:
+        if self.types is not None and type_name not in self.types and type_name != pins.TYPE_UPDATE:
             raise wire.WireError(
                 "unknown-type", f"unknown type name {type_name!r}; this node knows: {', '.join(sorted(self.types))}"
             )
@@ -356,8 +369,10 @@ class Node:
 
     def _remove_peer(self, peer: Peer) -> None:
         """Forgets a closed connection; another open one to the same node (§5.1: the same
-        node may hold several) then speaks for it, the newest first."""
+        node may hold several) then speaks for it, the newest first. What it sent and the
+        application has not taken yet stays in the inbox, behind the open connections'."""
         self._all_peers.discard(peer)
+        self._inbox.closed(peer)
         others = self._connections.get(peer.node_id, [])
         if peer in others:
             others.remove(peer)
@@ -618,6 +633,9 @@ class Node:
         # whose bodies are costly to decode (deeply nested, or invalid) then costs its own
         # turn in the application's loop, not the reading of every other connection.
         peer = env.sender
+        if env.type_name == pins.TYPE_UPDATE:
+            self._on_pin_update(env)
+            return
         if peer.queue is None:
             self._inbox.put(env)
             return
@@ -634,6 +652,18 @@ class Node:
             return
         if first and peer.accepted:
             self.on_accept(peer)
+
+    def _on_pin_update(self, env: Envelope) -> None:
+        """A holder's claims and releases of our pins (never queued for the application)."""
+        self._budget.release_env(env)
+        peer = env.sender
+        try:
+            problem = self.pins.on_update(peer.node_id, env.body)
+        except Exception as e:
+            problem = f"its body cannot be decoded: {e}"
+        env.release()
+        if problem is not None:
+            self._warn_about(f"peer {peer.name}", "ignored (part of) a pin update from %s: %s", peer.name, problem)
 
     async def recv(self, timeout: Optional[float] = None) -> Envelope:
         """The next received message (``asyncio.TimeoutError`` after ``timeout`` seconds).
@@ -850,9 +880,12 @@ class Node:
                 ended = self.leases.drop_holder(node_id)
                 if ended:
                     log.info("%s: peer %s gone: its holds on %d ticket leases ended", self.name, name, ended)
+                ended = self.pins.drop_holder(node_id)
+                if ended:
+                    log.info("%s: peer %s gone: its %d pins ended", self.name, name, ended)
 
         if self.peer_by_id(node_id) is None and not self._closed:
-            self.loop.call_later(0.2, drop)
+            self.loop.call_later(pins.DISCONNECT_GRACE, drop)
 
     async def _reap_expired(self) -> None:
         while True:
@@ -860,6 +893,9 @@ class Node:
             n = self.leases.expire()
             if n:
                 log.info("%s: %d ticket holds ended by their deadline", self.name, n)
+            n = self.pins.expire()
+            if n:
+                log.info("%s: %d pins never claimed ended after %g s", self.name, n, self.pins.bounds.claim_timeout)
             self._throttle.flush()
 
     # ------------------------------------------------------------------ observing

@@ -28,6 +28,7 @@ from .handshake import send_error
 from .inbox import ConnectionQueue
 from .mapcache import Kept, MapCache
 from .pool import Segment, pool
+from .route import Route
 from .shm import SharedFrame, map_received, sealed_copy, segment_info
 from .tickets import Refusal, Ticket
 from .transport import MAX_FDS_PER_READ, Transport
@@ -187,6 +188,7 @@ class Peer:
         #: This connection's own messages (``per_connection`` nodes), taken by :meth:`recv`.
         self.queue: Optional[ConnectionQueue] = ConnectionQueue() if node.per_connection else None
         self._delivered = False
+        self._routes: Optional[tuple] = None
 
     # ------------------------------------------------------------------ who
 
@@ -224,6 +226,20 @@ class Peer:
         if self.ident.host != self.node.host_id:
             return "remote"
         return "same-process" if self.ident.proc == self.node.process_id else "same-host"
+
+    @property
+    def route(self) -> Route:
+        """The route of what this node sends to the peer (:mod:`handoff.route`)."""
+        if self._routes is None:
+            out = Route.outbound(self)
+            self._routes = (out, out.reversed())
+        return self._routes[0]
+
+    @property
+    def inbound_route(self) -> Route:
+        """The route of what the peer sends to this node."""
+        self.route
+        return self._routes[1]
 
     def __repr__(self) -> str:
         return f"Peer({self.name}, {self.locality}, {self.channel})"
@@ -286,11 +302,12 @@ class Peer:
         socket those of at least the node's ``shm_threshold`` as shared memory, over TCP
         inline or, with ``by_ticket`` or the node's ``ticket_threshold``, as tickets. An
         :class:`~handoff.codec.OnDemand` buffer goes as a ``lazy`` ticket to a peer that
-        takes tickets, on any channel.
+        takes tickets, on any channel. Route-aware values (:mod:`handoff.route`) are
+        encoded for :attr:`route`.
         """
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
-        enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame)
+        enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
         descs: list = []
         inline: list = []
         fds: list = []

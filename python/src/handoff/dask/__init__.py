@@ -41,7 +41,11 @@ Design, and why:
   without it is refused) and carries the host id. ``comm.route`` (and
   ``context["handoff"]`` for serializers, ``handshake_info()["handoff"]`` for the peer)
   says who is at each end: node, host, process, pid, language, capabilities, locality
-  and channel — what a destination-aware serializer needs.
+  and channel — what a destination-aware serializer needs. Types registered with
+  :func:`handoff.route.register` get it, as a :class:`handoff.route.Route`, through
+  :mod:`handoff.dask.serialize` (the ``handoff`` serialization family, also dispatched
+  by Dask's ``dask`` family); :class:`handoff.SpilledFile` travels to a same-host worker
+  as its path under a pin (:mod:`handoff.pins`), to others as its bytes.
 
 Configuration: ``distributed.comm.handoff`` (``handoff.yaml``: secret, secret-file,
 host-id, shm, shm-threshold, pool-idle-bytes, kept-map-bytes). :func:`stats` counts this process's comms
@@ -60,7 +64,9 @@ their segments' memory and count in the receiver's RSS, shared with the sender's
 from __future__ import annotations
 
 from ..pool import pool
+from .. import pins
 from . import config  # noqa: F401  (registers the configuration defaults)
+from . import serialize  # noqa: F401  (registers the serialization family)
 from .backend import HandoffBackend
 from .comm import HandoffComm, counters
 from .connector import HandoffConnector
@@ -70,5 +76,6 @@ __all__ = ["HandoffBackend", "HandoffComm", "HandoffConnector", "HandoffListener
 
 
 def stats() -> dict:
-    """This process's comms and bytes by channel, and its pool of shared segments."""
-    return {"counters": dict(counters), "pool": pool().stats()}
+    """This process's comms and bytes by channel, its pool of shared segments, and the
+    pins its nodes keep for peers (:func:`handoff.pins.stats`)."""
+    return {"counters": dict(counters), "pool": pool().stats(), "pins": pins.stats()}

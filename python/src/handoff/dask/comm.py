@@ -7,6 +7,8 @@ connection) and sends the frames as ``handoff.dask.Frames`` parts
 and deserializes with ``from_frames``. A closed connection raises ``CommClosedError``;
 anything else that interrupts a read or a write half-way (a cancellation, a malformed
 part) aborts the comm, as Dask's TCP comm does, since the stream is then out of step.
+While Dask deserializes what it read, the comm's inbound route is
+:meth:`handoff.route.Route.current` (for route-aware types, :mod:`handoff.dask.serialize`).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from distributed.system import MEMORY_LIMIT
 
 from ..errors import HandoffError, PeerClosed
 from ..peer import Peer
+from ..route import Route
 from ..wire import packer
 from .frames import TYPE_FRAMES, FramesError, plan_message, unpack_part
 
@@ -115,6 +118,7 @@ class HandoffComm(Comm):
             "local": local_endpoint(peer),
             "peer": endpoint_of_peer(peer),
         }
+        self._inbound_route = Route.from_dict(self.route, inbound=True)
         self._finalizer = weakref.finalize(self, _dangling, peer, release, f"{local_addr} -> {peer_addr}")
         self._finalizer.atexit = False
         counters[f"comms-{peer.channel}"] += 1
@@ -233,9 +237,10 @@ class HandoffComm(Comm):
             raise
         counters[f"bytes-read-{peer.channel}"] += total
         try:
-            return await from_frames(
-                frames, deserialize=self.deserialize, deserializers=deserializers, allow_offload=self.allow_offload
-            )
+            with self._inbound_route.use():
+                return await from_frames(
+                    frames, deserialize=self.deserialize, deserializers=deserializers, allow_offload=self.allow_offload
+                )
         except EOFError:
             # Frames garbled or truncated (as Dask's TCP comm does).
             self.abort()

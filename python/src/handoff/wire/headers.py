@@ -105,6 +105,28 @@ UNIX_KINDS = frozenset({"inline", "shm", "ticket"})
 # --------------------------------------------------------------------------- headers (§6)
 
 
+def _identity_map(kind: str, who, middle: dict) -> dict:
+    """A hello's or an ident's map, in the order of §6.1 and §6.9: the identity fields up
+    to ``impl``, then ``middle`` (the kind's own fields and ``caps``), then the optional
+    addresses."""
+    m = {
+        "k": kind,
+        "node": who.node,
+        "name": who.name,
+        "host": who.host,
+        "pid": who.pid,
+        "proc": who.proc,
+        "lang": who.lang,
+        "impl": who.impl,
+        **middle,
+    }
+    if who.listen is not None:
+        m["listen"] = who.listen
+    if who.unix is not None:
+        m["unix"] = who.unix
+    return m
+
+
 @dataclass
 class Hello:
     """Version 1's first handshake message: the sender's identity, the version and a nonce (§6.1)."""
@@ -124,24 +146,7 @@ class Hello:
     kind: ClassVar[str] = "hello"
 
     def to_map(self) -> dict:
-        m = {
-            "k": "hello",
-            "node": self.node,
-            "name": self.name,
-            "host": self.host,
-            "pid": self.pid,
-            "proc": self.proc,
-            "lang": self.lang,
-            "impl": self.impl,
-            "v": self.v,
-            "caps": list(self.caps),
-            "nonce": bytes(self.nonce),
-        }
-        if self.listen is not None:
-            m["listen"] = self.listen
-        if self.unix is not None:
-            m["unix"] = self.unix
-        return m
+        return _identity_map("hello", self, {"v": self.v, "caps": list(self.caps), "nonce": bytes(self.nonce)})
 
     def ident(self) -> Ident:
         """The identity fields of this hello, as a version-2 ``ident`` carries them."""
@@ -183,22 +188,7 @@ class Ident:
     kind: ClassVar[str] = "ident"
 
     def to_map(self) -> dict:
-        m = {
-            "k": "ident",
-            "node": self.node,
-            "name": self.name,
-            "host": self.host,
-            "pid": self.pid,
-            "proc": self.proc,
-            "lang": self.lang,
-            "impl": self.impl,
-            "caps": list(self.caps),
-        }
-        if self.listen is not None:
-            m["listen"] = self.listen
-        if self.unix is not None:
-            m["unix"] = self.unix
-        return m
+        return _identity_map("ident", self, {"caps": list(self.caps)})
 
     def hello(self, v: int, nonce: bytes) -> Hello:
         """The version-1 hello of this identity, for version ``v`` with ``nonce``."""
