@@ -27,6 +27,7 @@ from distributed.system import MEMORY_LIMIT
 
 from ..errors import HandoffError, PeerClosed
 from ..peer import Peer
+from ..route import _CURRENT as _CURRENT_ROUTE
 from ..route import Route
 from ..wire import packer
 from .frames import TYPE_FRAMES, FramesError, plan_message, unpack_part
@@ -237,10 +238,15 @@ class HandoffComm(Comm):
             raise
         counters[f"bytes-read-{peer.channel}"] += total
         try:
-            with self._inbound_route.use():
+            # The inbound route is current while Dask deserializes (Route.use() without the
+            # context manager's cost: this runs for every message).
+            token = _CURRENT_ROUTE.set(self._inbound_route)
+            try:
                 return await from_frames(
                     frames, deserialize=self.deserialize, deserializers=deserializers, allow_offload=self.allow_offload
                 )
+            finally:
+                _CURRENT_ROUTE.reset(token)
         except EOFError:
             # Frames garbled or truncated (as Dask's TCP comm does).
             self.abort()
