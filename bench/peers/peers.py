@@ -1,6 +1,7 @@
 """Side-by-side benchmarks: handoff against Dask distributed, Ray and the raw limits.
 
-Runs each system's script (``sys_raw.py``, ``sys_handoff.py``, ``sys_dask.py``,
+Runs each system's script (``sys_raw.py``, ``sys_handoff.py``, ``sys_dask.py`` — once
+on Dask's ``tcp://`` for ``dask`` and once on ``handoff://`` for ``dask-handoff`` —
 ``sys_ray.py``) in its own process, one after the other, merges what they measured into
 ``peers.json`` and renders the report (``peers.md``, PNG plots) into the output folder,
 and, unless told not to, the generated part of ``BENCHMARKS.md``. A system that cannot
@@ -30,7 +31,9 @@ sys.path.insert(0, str(HERE))
 
 from common import DEFAULT_SIZES, MiB, RepsPolicy, parse_size, size_arg  # noqa: E402
 
-SYSTEMS = ("raw", "handoff", "dask", "ray")
+SYSTEMS = ("raw", "handoff", "dask", "dask-handoff", "ray")
+#: Systems measured by another system's script: (script, its extra arguments).
+SCRIPTS = {"dask-handoff": ("dask", ["--protocol", "handoff"])}
 SMOKE_SIZES = [1 << 10, 64 << 10, 1 << 20]
 
 
@@ -70,7 +73,9 @@ def loadavg() -> list:
 
 def run_system(name: str, sizes: list, reps: RepsPolicy, rtt_reps: int, timeout: float, extra: list) -> dict:
     """Runs one system's script; its result, or one that records how it failed."""
-    script = HERE / f"sys_{name}.py"
+    base, args = SCRIPTS.get(name, (name, []))
+    script = HERE / f"sys_{base}.py"
+    extra = [*args, *extra]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, str(script), "--sizes", ",".join(size_arg(s) for s in sizes)]

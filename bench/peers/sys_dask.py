@@ -1,16 +1,21 @@
-"""Dask distributed: a LocalCluster of two worker processes with one thread each.
+"""Dask distributed: a LocalCluster of two worker processes with one thread each, on
+Dask's ``tcp://`` comm (system ``dask``) or on handoff's ``handoff://`` comm backend
+(``--protocol handoff``, system ``dask-handoff``: the same host, so the workers talk
+over a Unix socket and frames from 64 KiB travel as shared-memory segments).
 
 Transfer: an array made by a task on worker A (not timed; random bytes that do not
 compress, and compression is off) is consumed by a task on worker B, which fetches it
-from A over Dask's comm (TCP: Dask has no shared-memory path between workers). The
-time of ``client.submit(task, x, workers=[B]).result()`` minus that of the same task on
-A (where ``x`` already is) is the transfer; the consumer's own time to read the bytes,
-measured inside the task on B, is added back, so that ``full`` means "until the
-consumer has read every byte" as for the other systems. A fresh array for each run.
+from A over the comm. The time of ``client.submit(task, x, workers=[B]).result()``
+minus that of the same task on A (where ``x`` already is), plus A's own time to read
+the bytes (measured inside its task: the subtraction took it away), is the time until
+B has read every byte (``full``) or 64 of them (``sample``) — as for the other systems.
+(Until 2026-12 the time B's read took was added back instead of A's, which counts B's
+read twice and A's never: a few percent on TCP, where B reads bytes it has just
+written, more where B's first read is what maps them in.) A fresh array for each run.
 
 Round trips: a Dask comm between the two workers (``distributed.comm.connect`` on A to
-a ``distributed.comm.listen`` echo on B, msgpack messages carrying 100 bytes), and, for
-scale, a task round trip from the client (client → scheduler → worker B → client).
+a ``distributed.comm.listen`` echo on B, msgpack messages carrying 100 bytes), and a
+task round trip from the client (client → scheduler → worker B → client).
 """
 
 from __future__ import annotations
@@ -52,7 +57,17 @@ def noop(i):
     return i
 
 
-async def start_echo(dask_worker=None):
+def comm_stats():
+    """This worker's handoff:// counters (comms and bytes by channel), if it uses the backend."""
+    try:
+        import handoff.dask
+
+        return dict(handoff.dask.stats()["counters"])
+    except ImportError:
+        return {}
+
+
+async def start_echo(protocol: str, dask_worker=None):
     from distributed.comm import listen
 
     async def handle(comm):
@@ -62,7 +77,7 @@ async def start_echo(dask_worker=None):
         except Exception:
             pass
 
-    listener = listen("tcp://127.0.0.1:0", handle)
+    listener = listen(f"{protocol}://127.0.0.1:0", handle)
     await listener.start()
     dask_worker._bench_echo = listener  # keep it alive
     return listener.contact_address
@@ -86,28 +101,54 @@ async def ping(addr: str, reps: int, dask_worker=None):
         await comm.close()
 
 
+#: Per protocol: the system, the name of its series, and how its comm moves the bytes.
+PROTOCOLS = {
+    "tcp": ("dask", "Dask", "fetched over Dask's TCP comm"),
+    "handoff": (
+        "dask-handoff",
+        "Dask on handoff://",
+        "fetched over the handoff:// comm: a Unix socket, frames from 64 KiB as shared-memory segments",
+    ),
+}
+
+
 def main() -> int:
-    args = common_args(__doc__.split("\n")[0]).parse_args()
+    ap = common_args(__doc__.split("\n")[0])
+    ap.add_argument("--protocol", choices=sorted(PROTOCOLS), default="tcp", help="Dask's comm (default tcp)")
+    args = ap.parse_args()
     sizes, reps = parse_common(args)
     import dask
     from distributed import Client, LocalCluster, wait
 
+    system, name, fetched = PROTOCOLS[args.protocol]
     dask.config.set({"distributed.comm.compression": None})
+    mods = ["dask", "distributed", "numpy", "cloudpickle", "msgpack", "tornado", "lz4"]
+    if args.protocol == "handoff":
+        # The cluster secret, for the workers too (the nannies pass the config on).
+        dask.config.set({"distributed.comm.handoff.secret": os.urandom(16).hex()})
+        mods.append("handoff")
     result = {
-        "system": "dask",
-        "versions": versions(["dask", "distributed", "numpy", "cloudpickle", "msgpack", "tornado", "lz4"]),
+        "system": system,
+        "versions": versions(mods),
         "transfers": [],
         "rtt": [],
         "notes": [],
         "errors": [],
     }
     started = time.perf_counter()
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, memory_limit=0)
+    cluster = LocalCluster(
+        protocol=args.protocol,
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        dashboard_address=None,
+        memory_limit=0,
+    )
     client = Client(cluster)
     try:
         a_addr, b_addr = sorted(client.scheduler_info()["workers"])
         result["notes"].append(
-            f"LocalCluster(n_workers=2, threads_per_worker=1, processes=True) up in "
+            f"LocalCluster(protocol={args.protocol!r}, n_workers=2, threads_per_worker=1, processes=True) up in "
             f"{time.perf_counter() - started:.1f} s; workers {a_addr}, {b_addr}; compression "
             f"{client.run(lambda: dask.config.get('distributed.comm.compression'), workers=[b_addr])[b_addr]!r}"
         )
@@ -130,43 +171,54 @@ def main() -> int:
                     t_b, (_, read_b) = timed(
                         client.submit(consume, x, how, workers=[b_addr], allow_other_workers=False, pure=False)
                     )
-                    t_a, _ = timed(client.submit(consume, x, how, workers=[a_addr], pure=False))
+                    t_a, (_, read_a) = timed(client.submit(consume, x, how, workers=[a_addr], pure=False))
                     del x
                     if rep:
-                        runs[how].append(t_b - t_a + read_b)
-                        raw[how].append({"on_b": t_b, "on_a": t_a, "read_on_b": read_b})
+                        runs[how].append(t_b - t_a + read_a)
+                        raw[how].append({"on_b": t_b, "on_a": t_a, "read_on_b": read_b, "read_on_a": read_a})
             for how in ("sample", "full"):
                 x = row(
-                    "Dask",
-                    "dask",
+                    name,
+                    system,
                     "same-host",
                     how,
                     n,
                     runs[how],
-                    "task on worker B consuming an array made on worker A (fetched over Dask's TCP comm), "
-                    "minus the same task on A, plus B's time reading "
+                    f"task on worker B consuming an array made on worker A ({fetched}), "
+                    "minus the same task on A, plus A's time reading "
                     + ("64 bytes" if how == "sample" else "every byte"),
                 )
                 x["parts"] = raw[how]
                 result["transfers"].append(x)
-                # Dask has no same-host shortcut: between hosts it is the same TCP transfer.
-                remote = dict(x, route="remote")
-                remote["how"] = x["how"] + " (the same measurement as same-host: Dask workers always talk TCP)"
-                result["transfers"].append(remote)
+                if args.protocol == "tcp":
+                    # Dask has no same-host shortcut: between hosts it is the same TCP transfer.
+                    remote = dict(x, route="remote")
+                    remote["how"] = x["how"] + " (the same measurement as same-host: Dask workers always talk TCP)"
+                    result["transfers"].append(remote)
 
-        log("dask comm round trips")
-        echo = client.run(start_echo, workers=[b_addr])[b_addr]
+        if args.protocol == "handoff":
+            counters = client.run(comm_stats)
+            result["notes"].append(
+                "handoff.dask.stats() counters after the transfers: "
+                + "; ".join(f"{w}: {dict(sorted(c.items()))}" for w, c in sorted(counters.items()))
+            )
+            if sizes and max(sizes) >= 64 << 10 and not counters.get(b_addr, {}).get("bytes-read-shm"):
+                result["errors"].append(f"{system}: worker B read nothing over shm: {counters.get(b_addr)}")
+
+        log(f"{system} comm round trips")
+        echo = client.run(start_echo, args.protocol, workers=[b_addr])[b_addr]
         runs, batch = client.run(ping, echo, args.rtt_reps, workers=[a_addr])[a_addr]
         result["rtt"].append(
             row(
-                "Dask comm (worker↔worker)",
-                "dask",
+                f"{name} comm (worker↔worker)",
+                system,
                 "same-host",
                 None,
                 None,
                 runs,
-                "distributed.comm.connect from worker A to a distributed.comm.listen echo on worker B "
-                f"(TCP), a msgpack message with 100 bytes there and back ({batch} per repetition)",
+                f"distributed.comm.connect from worker A to a distributed.comm.listen echo on worker B "
+                f"({'TCP' if args.protocol == 'tcp' else 'handoff://, a Unix socket'}), a msgpack message with "
+                f"100 bytes there and back ({batch} per repetition)",
             )
         )
         i = 0
@@ -176,11 +228,13 @@ def main() -> int:
             i += 1
             client.submit(noop, i, workers=[b_addr], pure=False).result()
 
-        runs, batch = round_trips(task_rt, args.rtt_reps)
+        # About 1 s per repetition (some 100 tasks): a task's ~10 ms round trip on a loaded
+        # 2-vCPU machine varies by tens of percent from one batch of 20 to the next.
+        runs, batch = round_trips(task_rt, args.rtt_reps, target_seconds=1.0)
         result["rtt"].append(
             row(
-                "Dask task (client→worker→client)",
-                "dask",
+                f"{name} task (client→worker→client)",
+                system,
                 "same-host",
                 None,
                 None,

@@ -113,3 +113,59 @@ def test_plots_are_written_when_matplotlib_is_there(smoke, tmp_path):
     report.write_all(data, tmp_path, None)
     for name in ("peers-same-host-full.png", "peers-same-host-view.png", "peers-remote.png", "peers-rtt.png"):
         assert (tmp_path / name).stat().st_size > 10_000, name
+
+
+def _dask_rows(system: str, series: str, seconds: dict) -> list:
+    from common import row
+
+    return [
+        row(series, system, "same-host", read, n, [t * 0.9, t, t * 1.2], "test") for (read, n), t in seconds.items()
+    ]
+
+
+def test_the_dask_section_sets_dask_on_handoff_beside_dask_on_tcp(tmp_path):
+    """Computed from the rows: ratios of the medians per size, and of the round trips."""
+    sizes = [1 << 10, 64 << 20]
+    tcp = {("full", n): 0.002 + n / 2e9 for n in sizes} | {("sample", n): 0.002 + n / 2.5e9 for n in sizes}
+    ho = {("full", n): 0.002 + n / 8e9 for n in sizes} | {("sample", n): 0.002 for n in sizes}
+    data = {
+        "meta": {
+            "started": "2026-12-01T00:00:00+00:00",
+            "finished": "2026-12-01T00:01:00+00:00",
+            "command": "bench/peers/run --systems dask,dask-handoff",
+            "machine": {"cpus": 2},
+            "sizes": sizes,
+            "reps": {},
+            "rtt_reps": 3,
+            "systems": {},
+        },
+        "transfers": _dask_rows("dask", "Dask", tcp) + _dask_rows("dask-handoff", "Dask on handoff://", ho),
+        "rtt": [
+            *_dask_rows("dask", "Dask task (client→worker→client)", {(None, None): 0.010}),
+            *_dask_rows("dask-handoff", "Dask on handoff:// task (client→worker→client)", {(None, None): 0.0105}),
+        ],
+        "errors": [],
+    }
+    text = report.dask_section(data)
+    big = next(line for line in text.splitlines() if line.startswith("| 64 MiB"))
+    assert f"{tcp['full', 64 << 20] / ho['full', 64 << 20]:.2f}×" in big
+    assert "| task (client→worker→client) | 10.0 ms | 10.5 ms | 1.05× |" in text
+    report.write_all(data, tmp_path, None)
+    assert "Dask on handoff:// against Dask on tcp://" in (tmp_path / "peers.md").read_text()
+    if (tmp_path / "peers-same-host-full.png").exists():  # matplotlib is there
+        assert (tmp_path / "peers-dask.png").stat().st_size > 10_000
+    # Without one of the two, the section says so.
+    data["transfers"] = [r for r in data["transfers"] if r["system"] == "dask"]
+    assert "not measured" in report.dask_section(data)
+
+
+def test_dask_handoff_runs_the_dask_script_on_handoff():
+    """The 'dask-handoff' system is sys_dask.py with --protocol handoff (no Dask run here)."""
+    import peers
+
+    assert "dask-handoff" in peers.SYSTEMS and peers.SCRIPTS["dask-handoff"] == ("dask", ["--protocol", "handoff"])
+    env = dict(os.environ, PYTHONPATH=str(HERE))
+    out = subprocess.run(
+        [sys.executable, str(HERE / "sys_dask.py"), "--help"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and "--protocol" in out.stdout, out.stderr

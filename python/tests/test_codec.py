@@ -137,6 +137,55 @@ def test_body_nesting_limit_is_127_levels():
         decode_body(b"\x91" * 127 + b"\xd4\x05\x00", [])
 
 
+def _strict(body: bytes):
+    """What the strict reader alone gives (the fast one of bodies without frames turned off)."""
+    import handoff.codec as codec
+
+    def never(_body):
+        raise codec._NotPlain
+
+    fast, codec._plain_body = codec._plain_body, never
+    try:
+        return ("ok", decode_body(body, []))
+    except wire.WireError as e:
+        return ("error", e.code, str(e))
+    finally:
+        codec._plain_body = fast
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        msgpack.packb({"f": [b"abc", "x", 1, -1, 2**64 - 1, 1.5, None, True, [], {}], "more": False}),
+        msgpack.packb({"a": [[[{"b": b""}]]]}),
+        _nested(127),
+        _nested(128),  # too deep: the strict reader's error
+        b"\x81\xa1a" * 127 + b"\x80",
+        b"\x81\xa1a" * 128 + b"\x80",
+        b"\xd6\xff\x00\x00\x00\x01",  # the timestamp ext: an Ext, as for the strict reader
+        msgpack.packb([msgpack.ExtType(5, b"ab")]),
+        b"\xa2\xff\xfe",  # not UTF-8: BadStr
+        b"\x81\xa2\xff\xfe\x01",  # a key that is not UTF-8
+        b"\x81\x01\x02",  # an int key
+        b"\x81\x91\x01\x02",  # an array key: a tuple
+        b"\x82\xa1a\x01\xa1a\x02",  # a duplicate key: the later wins
+        b"\x90\x90",  # trailing bytes are not looked at
+        b"\x92\x01",  # truncated
+        b"\xc1",
+        b"\xca\x3f\xc0\x00\x00",  # float32
+        b"\xdd\xff\xff\xff\xff",
+    ],
+)
+def test_bodies_without_frames_decode_as_the_strict_reader_decodes_them(body):
+    """Bodies without frames are read by msgpack's C reader where it gives the same result."""
+    try:
+        got = ("ok", decode_body(body, []))
+    except wire.WireError as e:
+        got = ("error", e.code, str(e))
+    want = _strict(body)
+    assert repr(got) == repr(want) and type(got[-1]) is type(want[-1])
+
+
 def test_huge_announced_containers_do_not_allocate():
     with pytest.raises(wire.WireError) as e:
         decode_body(b"\xdd\xff\xff\xff\xff", [])
@@ -151,3 +200,46 @@ def test_as_numpy_is_zero_copy():
     view[0:4] = b"\x01\x00\x00\x00"
     assert arr[0] == 1
     assert as_numpy(memoryview(bytes(16)), shape=(4, 4)).shape == (4, 4)
+
+
+def _plain_values():
+    from hypothesis import strategies as st
+
+    leaves = st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(1 << 63), (1 << 64) - 1),
+        st.floats(allow_nan=False),
+        st.text(max_size=8),
+        st.binary(max_size=8),
+    )
+    return st.recursive(
+        leaves,
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4),
+            st.dictionaries(st.one_of(st.text(max_size=4), st.binary(max_size=4)), inner, max_size=4),
+        ),
+        max_leaves=20,
+    )
+
+
+def test_the_fast_body_reader_agrees_with_the_strict_one_on_generated_bodies():
+    """Property: valid bodies, and the same bytes mutated, read as the strict reader reads them."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(_plain_values(), st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), max_size=3))
+    def check(value, flips):
+        body = bytearray(msgpack.packb(value, use_bin_type=True))
+        for at, byte in flips:
+            body[at % len(body)] = byte
+        body = bytes(body)
+        try:
+            got = ("ok", decode_body(body, []))
+        except wire.WireError as e:
+            got = ("error", e.code, str(e))
+        want = _strict(body)
+        assert repr(got) == repr(want) and type(got[-1]) is type(want[-1])
+
+    check()

@@ -88,7 +88,10 @@ async def test_pooled_segments_are_reused_and_received_writable():
         assert await eventually(lambda: accepted)
         env = await accepted[0].recv(5)
         x = env.body["x"]
-        assert isinstance(x.obj, mmap.mmap) and not x.readonly
+        # A private mapping of the segment (through the frame's own exporter when the
+        # connection keeps the mapping, handoff.mapcache).
+        base = x.obj if isinstance(x.obj, mmap.mmap) else x.obj.base.obj
+        assert isinstance(base, mmap.mmap) and not x.readonly
         assert env.frames[0].kind == "shm" and env.segment_of(x)["sealed"] is False
         got = np.frombuffer(x, dtype=np.int32)
         assert np.array_equal(got, arr)
@@ -108,6 +111,71 @@ async def test_pooled_segments_are_reused_and_received_writable():
         del env
         gc.collect()
         assert await eventually(lambda: tx.shm_leases()["count"] == 0)
+
+
+async def test_a_kept_mapping_serves_the_next_frame_in_its_segment_without_the_receivers_writes():
+    """handoff.mapcache: the receiver keeps the mapping of a pooled segment; the next frame in
+    that segment comes through it, with the sender's new bytes where the receiver wrote."""
+    from handoff import mapcache
+
+    assert mapcache.available()
+    accepted: list = []
+    async with (
+        _accepting("rx", accepted, shm_private=True) as rx,
+        Node("tx", secret="k", per_connection=True, shm_pool=True) as tx,
+    ):
+        p = await tx.connect(rx.listen_addr)
+        first = np.arange(MIB, dtype=np.int32)  # 4 MiB
+        await p.send("t.A", {"x": first})
+        assert await eventually(lambda: accepted)
+        conn = accepted[0]
+        env = await conn.recv(5)
+        got = np.frombuffer(env.body["x"], dtype=np.int32)
+        assert np.array_equal(got, first)
+        where = got.__array_interface__["data"][0]
+        got[:4] = -1  # pages of the receiver's own, in the first and a later page
+        got[300_000] = -2
+        del got, env
+        gc.collect()
+        assert await eventually(lambda: tx.shm_leases()["count"] == 0)
+        assert conn._maps.stats() == {"idle": 1, "busy": 0, "hits": 0}
+        second = np.arange(MIB, dtype=np.int32)[::-1].copy()
+        await p.send("t.A", {"x": second})
+        env = await conn.recv(5)
+        got = np.frombuffer(env.body["x"], dtype=np.int32)
+        assert conn._maps.stats()["hits"] == 1 and got.__array_interface__["data"][0] == where
+        assert np.array_equal(got, second)  # the scrubbed pages show the sender's bytes again
+        assert got.flags.writeable
+        del got, env
+        gc.collect()
+        assert await eventually(lambda: tx.shm_leases()["count"] == 0)
+        await p.close()
+        assert await eventually(lambda: conn._maps.stats()["idle"] == 0)
+
+
+async def test_with_no_bytes_to_keep_every_frame_is_mapped_anew():
+    from handoff import mapcache
+
+    accepted: list = []
+    mapcache.set_keep_bytes(0)
+    try:
+        async with (
+            _accepting("rx", accepted, shm_private=True) as rx,
+            Node("tx", secret="k", per_connection=True, shm_pool=True) as tx,
+        ):
+            p = await tx.connect(rx.listen_addr)
+            for i in range(2):
+                await p.send("t.A", {"x": np.full(MIB, i, dtype=np.int32)})
+                assert await eventually(lambda: accepted)
+                env = await accepted[0].recv(5)
+                assert isinstance(env.body["x"].obj, mmap.mmap)  # a mapping of its own
+                assert np.frombuffer(env.body["x"], dtype=np.int32)[-1] == i
+                del env
+                gc.collect()
+                assert await eventually(lambda: tx.shm_leases()["count"] == 0)
+            assert accepted[0]._maps.stats() == {"idle": 0, "busy": 0, "hits": 0}
+    finally:
+        mapcache._state["keep_bytes"] = None
 
 
 async def test_a_segment_whose_connection_closed_under_a_live_view_is_never_reused():

@@ -88,6 +88,17 @@ def test_shards_of_one_buffer_travel_as_one_frame_and_come_back_as_slices_of_one
     assert all(f.obj is received.obj for f in out[1:4])  # Dask joins these without a copy
 
 
+def test_a_message_of_small_frames_is_packed_as_send_would_encode_it():
+    """comm.write sends such a message with Peer.send_packed: the same body bytes."""
+    from handoff.codec import encode_body
+    from handoff.wire import packer
+
+    plan = plan_message([b"header", b"x" * 1023, b""])
+    assert plan.inline and len(plan.parts) == 1
+    assert packer().pack(plan.parts[0]) == encode_body(plan.parts[0]).body
+    assert not plan_message([b"header", b"x" * 1024]).inline
+
+
 def test_a_message_is_cut_into_parts_within_the_receivers_limits():
     limits = Limits(max_frames=3, max_frame_bytes=8192)
     frames = [bytes([i]) * 2000 for i in range(7)] + [b"z" * 20000]
@@ -135,11 +146,12 @@ def test_the_secret_comes_from_config_then_a_file_then_the_environment(tmp_path,
             "distributed.comm.handoff.shm-threshold": "1MiB",
             "distributed.comm.handoff.shm": False,
             "distributed.comm.handoff.pool-idle-bytes": "2GiB",
+            "distributed.comm.handoff.kept-map-bytes": "1GiB",
         }
     ):
         s = config.settings()
-        assert (s.shm_threshold, s.shm, s.pool_idle_bytes) == (MIB, False, 2 << 30)
-    assert config.settings().pool_idle_bytes is None
+        assert (s.shm_threshold, s.shm, s.pool_idle_bytes, s.kept_map_bytes) == (MIB, False, 2 << 30, 1 << 30)
+    assert config.settings().pool_idle_bytes is None and config.settings().kept_map_bytes is None
 
 
 # ---------------------------------------------------------------- comms
@@ -220,7 +232,9 @@ async def test_nodes_with_different_host_ids_talk_tcp_and_serializers_see_the_ro
         arr = np.arange(3 * MIB, dtype=np.uint8)
         await a.write({"x": to_serialize(arr)})
         got = (await b.read())["x"]
-        assert np.array_equal(got, arr) and got.flags.writeable and isinstance(_owner(got), mmap.mmap)
+        owner = _owner(got)  # the one buffer the frame was read into (numpy's, or a mapping)
+        assert np.array_equal(got, arr) and got.flags.writeable and isinstance(owner, (np.ndarray, mmap.mmap))
+        assert memoryview(owner).nbytes >= arr.nbytes
     finally:
         await a.close()
         await b.close()

@@ -179,3 +179,29 @@ async def test_dask_scheduler_and_dask_worker_command_lines(tmp_path):
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+@gen_test(timeout=240)
+async def test_the_demo_verifies_the_channel_it_claims():
+    """handoff.dask.demo's checks: a same-host transfer is verified as shm, and refused as tcp."""
+    from handoff.dask import demo
+
+    with dask.config.set({**SECRET, "distributed.comm.compression": None}):
+        async with (
+            LocalCluster(
+                protocol="handoff",
+                n_workers=2,
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=":0",
+                asynchronous=True,
+            ) as cluster,
+            Client(cluster, asynchronous=True) as c,
+        ):
+            await c.wait_for_workers(2)
+            a, b = sorted(await c.run(os.getpid))
+            seconds, ok, why = await demo._transfer(c, a, b, 2 * MIB, 1, "handoff", "shm")
+            assert ok and seconds > 0, why
+            seconds, ok, why = await demo._transfer(c, a, b, 2 * MIB, 2, "handoff", "tcp")
+            assert not ok and "over tcp" in why and "lies in" in why, why

@@ -1,4 +1,5 @@
-"""`handoff demo` with the Python worker: verified rows from and to `py-…` on tcp and shm."""
+"""`handoff demo` with the Python worker: verified rows from and to `py-…` on tcp and shm, and
+the Dask rows (a cluster on handoff://) on shm and on tcp, beside Dask's tcp:// time."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def test_demo_has_verified_python_rows_on_tcp_and_shm(handoff_bin):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
@@ -25,3 +26,12 @@ def test_demo_has_verified_python_rows_on_tcp_and_shm(handoff_bin):
         on = [r for r in py if r["channel"] == channel and r["locality"] == locality]
         assert any(r["from"].startswith("py-") for r in on), (channel, py)
         assert any(r["to"].startswith("py-") for r in on), (channel, py)
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        return
+    dask = {(r["channel"], r["locality"]): r for r in rows if r["from"].startswith("dask-")}
+    assert set(dask) == {("shm", "same-host"), ("tcp", "remote")}, rows
+    for r in dask.values():
+        assert r["verified"] and r["bytes"] == 3000000 and r["seconds"] > 0 and r["dask_tcp_seconds"] > 0, r
+    assert all("dask_tcp_seconds" not in r for r in rows if not r["from"].startswith("dask-"))

@@ -279,3 +279,21 @@ async def test_bad_pin_updates_are_ignored_and_the_connection_stays(caplog):
         assert "ignored (part of) a pin update" in caplog.text
         await peer.send(pins.TYPE_UPDATE, {"release": [kept["pin"]]})
         assert await eventually(lambda: a.pins.count() == 0)
+
+
+class _Frameless:
+    def __init__(self, n: int):
+        self.n = n
+
+
+def test_a_route_aware_value_without_frames_is_decoded_in_a_body_without_frames():
+    """Such a body takes the fast reader (handoff.codec._plain_body): its values are decoded all the same."""
+    route.register(
+        _Frameless, lambda obj, r: ({"n": obj.n}, []), lambda h, frames, r: ("decoded", h["n"]), name="test.Frameless"
+    )
+    try:
+        enc = encode_body({"x": [_Frameless(7)]})
+        assert enc.frames == []
+        assert decode_body(enc.body, enc.frames) == {"x": [("decoded", 7)]}
+    finally:
+        route.unregister("test.Frameless")

@@ -240,3 +240,71 @@ def test_mutated_vectors_raise_only_wire_errors():
         "ok", "truncated", "header-too-large", "too-many-frames", "frame-too-large", "message-too-large",
         "malformed-header", "unknown-kind", "unknown-descriptor", "unsupported-descriptor", "bad-frame-ref", "bad-body",
     }  # fmt: skip
+
+
+def _decode_both(buf: bytes, limits: wire.Limits = wire.DEFAULT_LIMITS) -> tuple:
+    """decode_header's result (or error) with and without its path for plain msg headers."""
+    import handoff.wire.decode as decode
+
+    def run():
+        try:
+            return ("ok", repr(wire.decode_header(buf, limits)))
+        except wire.WireError as e:
+            return ("error", e.code, str(e))
+
+    fast = run()
+    plain, decode._plain_msg = decode._plain_msg, lambda _buf: None
+    try:
+        strict = run()
+    finally:
+        decode._plain_msg = plain
+    return fast, strict
+
+
+@pytest.mark.parametrize("t", ["", "a", "x" * 31, "x" * 32, "y" * 255, "z" * 256, "é" * 20])
+@pytest.mark.parametrize("b", [b"", b"q", b"w" * 255, b"w" * 256, b"v" * 65535, b"v" * 65536])
+def test_plain_msg_headers_decode_as_the_two_passes_decode_them(t, b):
+    """A msg header without frames, as encoders write it, is read without the cursor: the same Msg."""
+    buf = wire.encode_header(wire.Msg(t, b, []))
+    fast, strict = _decode_both(buf)
+    assert fast == strict and fast[0] == "ok"
+    assert _decode_both(buf, wire.Limits(max_header_values=8))[0][0] == "error"  # the budget still holds
+
+
+@pytest.mark.parametrize(
+    "buf",
+    [
+        b"\x84\xa1k\xa3msg\xa1t\xd9\x03abc\xa1b\xc4\x01x\xa1f\x90",  # t not in its shortest form
+        b"\x84\xa1k\xa3msg\xa1t\xa3abc\xa1b\xc5\x00\x01x\xa1f\x90",  # b not in its shortest form
+        b"\x84\xa1k\xa3msg\xa1t\xa3abc\xa1b\xa1x\xa1f\x90",  # b a str
+        b"\x84\xa1k\xa3msg\xa1t\xa2\xff\xfe\xa1b\xc4\x01x\xa1f\x90",  # t not UTF-8
+        b"\x84\xa1k\xa3msg\xa1t\xa3abc\xa1b\xc4\x01x\xa1f\x90\x00",  # a byte after the map
+        b"\x84\xa1k\xa3msg\xa1t\xa3abc\xa1b\xc4\x02x\xa1f\x90",  # b's length runs into f
+        b"\x84\xa1k\xa3msg\xa1t\xa3abc\xa1t\xc4\x01x\xa1f\x90",  # t twice, no b
+        b"\x84\xa1k\xa3msg\xa1t\xbf\xa1f\x90",  # t's length beyond the end
+    ],
+)
+def test_headers_that_only_look_plain_get_the_two_passes(buf):
+    fast, strict = _decode_both(buf)
+    assert fast == strict
+
+
+def test_plain_msg_headers_agree_with_the_two_passes_on_generated_headers():
+    """Property: generated frameless msg headers, and the same bytes mutated, decode as the passes decode them."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.text(max_size=300),
+        st.binary(max_size=70_000),
+        st.lists(st.tuples(st.integers(-40, 40), st.integers(0, 255)), max_size=2),  # near either end
+    )
+    def check(t, b, flips):
+        buf = bytearray(wire.encode_header(wire.Msg(t, b, [])))
+        for at, byte in flips:
+            buf[at % len(buf)] = byte
+        fast, strict = _decode_both(bytes(buf))
+        assert fast == strict
+
+    check()

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use handoff::{Channel, Message as _, Node, Peer};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::node_cmd::read_ready_line;
@@ -17,7 +17,9 @@ use crate::table;
 /// The cluster: `alpha` and `beta` in this process, `gamma` in a child process with
 /// another host identity (remote, tcp), `delta` in a child process with this host's
 /// identity (same host, shm), and, when Python is available, the Python workers
-/// `py-remote` (tcp) and `py-local` (shm).
+/// `py-remote` (tcp) and `py-local` (shm); with Dask installed too, a Dask cluster on
+/// `handoff://` (`python -m handoff.dask.demo`): `dask-a` to `dask-b` (shm) and to
+/// `dask-r`, a worker of another host identity (tcp).
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Print the rows as a JSON array.
@@ -29,7 +31,7 @@ pub struct DemoArgs {
 }
 
 /// One transfer of the demo (keys are a public interface: keep them stable).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Row {
     /// Sending node.
     pub from: String,
@@ -55,6 +57,10 @@ pub struct Row {
     /// Data-handle rows: GET requests the storage server saw during the row.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub storage_gets: Option<u64>,
+    /// Dask rows (an array between two Dask workers on `handoff://`): seconds the same
+    /// transfer took between two workers on Dask's `tcp://`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dask_tcp_seconds: Option<f64>,
 }
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -165,6 +171,7 @@ fn row(from: &Peer, to_name: &str, bytes: u64, seconds: f64, verified: bool, sen
         data: None,
         path: None,
         storage_gets: None,
+        dask_tcp_seconds: None,
     }
 }
 
@@ -229,6 +236,7 @@ async fn receive_from_remote(dst: &Node, peer: &Peer, id: u64, bytes: u64) -> Re
         data: None,
         path: None,
         storage_gets: None,
+        dask_tcp_seconds: None,
     })
 }
 
@@ -255,6 +263,46 @@ fn python() -> Result<String, String> {
         "none of {} can import the Python peer (run ./scripts/demo, which installs it)",
         candidates.join(", ")
     ))
+}
+
+/// The exit status of `python -m handoff.dask.demo` when Dask is not installed.
+const NO_DASK: i32 = 3;
+/// How long the Dask rows may take (two clusters of worker processes).
+const DASK_WAIT: Duration = Duration::from_secs(300);
+
+/// The Dask rows: `python -m handoff.dask.demo` starts a `LocalCluster` on `handoff://`
+/// (and one on `tcp://` to compare), moves the array between its workers, verifies each
+/// transfer (digest, and the channel the receiver's counters saw) and prints the rows.
+/// `None` when Dask is not installed.
+async fn dask_rows(python: &str, bytes: u64) -> Result<Option<Vec<Row>>> {
+    let mut command = tokio::process::Command::new(python);
+    command
+        .args(["-m", "handoff.dask.demo", "--bytes", &bytes.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(DASK_WAIT, command.output())
+        .await
+        .with_context(|| format!("python -m handoff.dask.demo did not finish within {DASK_WAIT:?}"))?
+        .context("running python -m handoff.dask.demo")?;
+    if out.status.code() == Some(NO_DASK) {
+        return Ok(None);
+    }
+    let rows: Vec<Row> = serde_json::from_slice(&out.stdout).with_context(|| {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(5).collect();
+        format!(
+            "python -m handoff.dask.demo ({}) printed no rows: {}",
+            out.status,
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        )
+    })?;
+    if rows.is_empty() || rows.iter().any(|r| r.dask_tcp_seconds.is_none()) {
+        bail!("python -m handoff.dask.demo printed rows without their tcp:// figure");
+    }
+    // Rows that are not verified stay: the demo then fails, saying which.
+    Ok(Some(rows))
 }
 
 /// Waits until the peer `name` is connected on `channel` (a same-host peer first arrives
@@ -291,10 +339,11 @@ pub async fn run(args: DemoArgs) -> Result<()> {
                     table::duration(r.seconds),
                     table::throughput(r.bytes, r.seconds),
                     if r.verified { "yes".into() } else { "NO".into() },
-                    match (&r.data, &r.path, r.storage_gets) {
-                        (Some(d), Some(p), Some(g)) => {
+                    match (&r.data, &r.path, r.storage_gets, r.dask_tcp_seconds) {
+                        (Some(d), Some(p), Some(g), _) => {
                             format!("{d} via {p} ({g} storage GET{})", if g == 1 { "" } else { "s" })
                         }
+                        (_, _, _, Some(t)) => format!("Dask array (on tcp:// {})", table::duration(t)),
                         _ => "value".into(),
                     },
                 ]
@@ -370,6 +419,12 @@ pub async fn run_rows(bytes: u64) -> Result<Vec<Row>> {
             rows.push(receive_from_remote(&alpha, &py_local, 10, bytes).await?);
             // The Python worker has no catalog: a handle comes to it through the fallback.
             rows.push(data.send(&alpha, &py_remote, 104, "demo-blob").await?);
+            match dask_rows(&python, bytes).await? {
+                Some(dask) => rows.extend(dask),
+                None => {
+                    eprintln!("note: the Dask rows are skipped: Dask is not installed (pip install './python[dask]')")
+                }
+            }
         }
         Err(why) => eprintln!("note: the Python worker is skipped: {why}"),
     }

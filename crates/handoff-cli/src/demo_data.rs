@@ -146,6 +146,7 @@ impl DataSetup {
             data: Some(name.to_string()),
             path: Some(r.path),
             storage_gets: Some(self.storage_gets() - gets),
+            dask_tcp_seconds: None,
         })
     }
 

@@ -233,6 +233,54 @@ def encode_body(
     return EncodedBody(body, frames, sources)
 
 
+class _NotPlain(Exception):
+    """The fast reader met something only the strict one handles (see :func:`_plain_body`)."""
+
+
+def _no_ext(code: int, payload: bytes) -> Any:
+    raise _NotPlain
+
+
+_PLAIN_LEAVES = frozenset((str, bytes, int, float, bool, type(None)))
+
+
+def _plain_body(body: Any) -> Any:
+    """A body without ext values, read by the ``msgpack`` package (C), or ``_NotPlain``.
+
+    Only where it gives what the strict reader gives: no ext value (frame references,
+    resource keys and the timestamp type -1, which ``msgpack`` reads itself, are the
+    strict reader's), map keys str or bin, str valid UTF-8, nothing after the value,
+    maps and arrays nested at most ``MAX_BODY_DEPTH`` deep (checked on the result);
+    later duplicate keys win in both. Anything else, valid or not, raises ``_NotPlain``
+    and the strict reader decides (with its own error, if any)."""
+    try:
+        value = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True, ext_hook=_no_ext)
+    except Exception:
+        raise _NotPlain from None
+    stack = [(value, 1)]
+    leaves = _PLAIN_LEAVES
+    while stack:
+        v, depth = stack.pop()
+        t = type(v)
+        if t is dict:
+            if depth > MAX_BODY_DEPTH:
+                raise _NotPlain
+            for x in v.values():
+                if type(x) in leaves:
+                    continue
+                stack.append((x, depth + 1))
+        elif t is list:
+            if depth > MAX_BODY_DEPTH:
+                raise _NotPlain
+            for x in v:
+                if type(x) in leaves:
+                    continue
+                stack.append((x, depth + 1))
+        elif t not in leaves:
+            raise _NotPlain
+    return value
+
+
 def decode_body(
     body: Any,
     frames: Sequence[Any],
@@ -259,6 +307,15 @@ def decode_body(
     by their registered decoders with ``route`` (the inbound route: the peer sends, this
     node receives); one that cannot be raises :class:`~handoff.route.RouteError`.
     """
+    if not frames:
+        # Most small messages: no frames, so no frame references to resolve (and no
+        # resource keys, which are ext values); route-aware values are decoded as below.
+        try:
+            value = _plain_body(body)
+        except _NotPlain:
+            pass
+        else:
+            return _routed(value, body, route)
     count = len(frames)
     keys_seen = False
 
@@ -295,12 +352,16 @@ def decode_body(
         raise WireError("bad-body", f"cannot decode body of type {type_name!r}: {e}") from None
     if keys_seen and resources is not None:
         value = bind_resources(value, resources)
-    if _by_name and _MARKER_BYTES in (body if isinstance(body, (bytes, bytearray)) else bytes(body)):
-        value = decode_routed(value, route)
-    return value
+    return _routed(value, body, route)
 
 
 _MARKER_BYTES = MARKER.encode()
+
+
+def _routed(value: Any, body: Any, route: Optional[Route]) -> Any:
+    if _by_name and _MARKER_BYTES in (body if isinstance(body, (bytes, bytearray)) else bytes(body)):
+        return decode_routed(value, route)
+    return value
 
 
 def decode_routed(value: Any, route: Optional[Route]) -> Any:

@@ -15,6 +15,7 @@ import collections
 import logging
 import mmap
 import os
+import sys
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Optional
@@ -25,6 +26,7 @@ from .envelope import Envelope, ReceivedFrame
 from .errors import CapReached, HandoffError, PeerClosed, PeerRefused
 from .handshake import send_error
 from .inbox import ConnectionQueue
+from .mapcache import Kept, MapCache
 from .pool import Segment, pool
 from .route import Route
 from .shm import SharedFrame, map_received, sealed_copy, segment_info
@@ -38,7 +40,8 @@ __all__ = ["Peer"]
 
 log = logging.getLogger("handoff")
 
-#: Frames at least this large are read into an anonymous mapping (no zero-fill pass).
+#: Frames at least this large are read into memory that is not zero-filled first (a numpy
+#: array, else an anonymous mapping).
 _MMAP_FRAME = 1 << 20
 #: Copies into a pooled segment at least this large run in a thread (numpy releases the GIL).
 _COPY_IN_THREAD = 8 << 20
@@ -47,9 +50,27 @@ _COPY_IN_THREAD = 8 << 20
 _EXIT_WAIT = 2.0
 
 
+#: Frames at least this large are received into memory advised for transparent huge pages
+#: where numpy is not there to allocate them (it advises its large arrays so itself).
+_HUGE_FRAME = 4 << 20
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
 def _alloc(n: int) -> memoryview:
     if n >= _MMAP_FRAME:
-        return memoryview(mmap.mmap(-1, n))
+        # numpy's allocator (malloc) hands the memory of a large frame that was freed to the
+        # next one, whose pages are then in place already; a fresh anonymous mapping faults
+        # every page in again (on these machines that is slower than the copy from the socket).
+        np = sys.modules.get("numpy")
+        if np is not None:
+            return memoryview(np.empty(n, dtype=np.uint8))
+        m = mmap.mmap(-1, n)
+        if n >= _HUGE_FRAME and _MADV_HUGEPAGE is not None:
+            try:
+                m.madvise(_MADV_HUGEPAGE)
+            except OSError:  # pragma: no cover - advice only
+                pass
+        return memoryview(m)
     return memoryview(bytearray(n))
 
 
@@ -60,6 +81,17 @@ def _shm_released(peer_ref: "weakref.ref[Peer]", lease: int) -> None:
         return
     try:
         peer.node.loop.call_soon_threadsafe(peer._queue_release, lease)
+    except RuntimeError:
+        pass  # the event loop is closed
+
+
+def _kept_released(peer_ref: "weakref.ref[Peer]", kept: Kept, lease: int) -> None:
+    """The last view of a frame mapped through a kept mapping is gone (any thread)."""
+    peer = peer_ref()
+    if peer is None:
+        return
+    try:
+        peer.node.loop.call_soon_threadsafe(peer._kept_done, kept, lease)
     except RuntimeError:
         pass  # the event loop is closed
 
@@ -133,6 +165,8 @@ class Peer:
         self._next_lease = 1
         self._releases: list = []
         self._release_task: Optional[asyncio.Task] = None
+        #: Whole-segment private mappings kept for the next frame (:mod:`handoff.mapcache`).
+        self._maps: Optional[MapCache] = MapCache() if node.shm_private else None
         self._deliveries: Optional[asyncio.Queue] = None
         self._delivery_task: Optional[asyncio.Task] = None
         self._queued = 0
@@ -347,6 +381,20 @@ class Peer:
             self.closed = True
             raise
 
+    async def send_packed(self, type_name: str, body: bytes) -> None:
+        """Sends a message without frames whose body is already msgpack: what
+        :func:`handoff.wire.packer` wrote for a value of plain types (no buffer of the
+        frame threshold or more, which :meth:`send` would have sent as a frame), so the
+        same bytes :meth:`send` would send for it, without walking it again."""
+        if self.closed:
+            raise PeerClosed(f"the connection to {self.name} is closed")
+        head = wire.frame_header(wire.encode_header(wire.Msg(type_name, body, [])))
+        try:
+            await self.transport.send((head,))
+        except PeerClosed:
+            self.closed = True
+            raise
+
     async def _pooled_copy(self, view: memoryview) -> _PooledLease:
         """Copies a buffer into a segment of the process's pool (a thread does large copies)."""
         seg = pool().take(view.nbytes)
@@ -429,6 +477,12 @@ class Peer:
                 self._control_room = None
 
     # ------------------------------------------------------------------ releasing received shm frames
+
+    def _kept_done(self, kept: Kept, lease: int) -> None:
+        """A kept mapping's frame is dropped: scrub the mapping first, then release the lease."""
+        if self._maps is not None:
+            self._maps.done(kept)
+        self._queue_release(lease)
 
     def _queue_release(self, lease: int) -> None:
         if self.closed:
@@ -591,6 +645,8 @@ class Peer:
         # right after its new handshake: give that a moment to register).
         self.node._holder_disconnected(self.node_id, self.name)
         self._end_leases_at_close()
+        if self._maps is not None:
+            self._maps.close()
         self._releases.clear()
         self._control.clear()
         self._pulls_queued = 0
@@ -684,11 +740,16 @@ class Peer:
             for d in h.f:
                 if isinstance(d, wire.Shm):
                     mapping, start, info = map_received(
-                        fds.pop(0), d.size, d.sealed, d.off, d.n, private=self.node.shm_private
+                        fds.pop(0), d.size, d.sealed, d.off, d.n, private=self.node.shm_private, keep=self._maps
                     )
                     if mapping is None:  # an empty window: nothing to map, nothing to keep
                         view = memoryview(b"")
                         self._queue_release(d.lease)
+                    elif isinstance(mapping, Kept):
+                        exporter = mapping.exporter()  # this frame's own: its views keep it
+                        fin = weakref.finalize(exporter, _kept_released, me, mapping, d.lease)
+                        fin.atexit = False
+                        view = memoryview(exporter)[start : start + d.n]
                     else:
                         fin = weakref.finalize(mapping, _shm_released, me, d.lease)
                         fin.atexit = False

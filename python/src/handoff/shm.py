@@ -17,7 +17,9 @@ consumer that expects writable buffers (Dask's deserializers copy a read-only fr
 whose header says writeable) needs to stay zero copy. Received mappings are not
 inherited by forked children (``MADV_DONTFORK``): a child never holds a sender's segment. A small window of a large segment maps only the pages that hold it.
 Each frame gets a mapping of its own, so that the mapping's lifetime is the frame's:
-when the last view of it is gone, the mapping is freed and the frame's lease released.
+when the last view of it is gone, the mapping is freed and the frame's lease released —
+except that a private receiver's connection may keep the mapping of a whole segment for
+the next frame in it (:mod:`handoff.mapcache`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .wire import WireError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .mapcache import MapCache
 
 __all__ = ["ShmBuffer", "SharedFrame", "sealed_copy", "map_received", "segment_info", "SEALS_REQUIRED", "SEALS_FIXED"]
 
@@ -156,7 +161,15 @@ def _bad(message: str) -> WireError:
     return WireError("bad-shm", f"bad shared-memory descriptor: {message}")
 
 
-def map_received(fd: int, size: int, sealed: bool, off: int = 0, n: Optional[int] = None, private: bool = False):
+def map_received(
+    fd: int,
+    size: int,
+    sealed: bool,
+    off: int = 0,
+    n: Optional[int] = None,
+    private: bool = False,
+    keep: Optional["MapCache"] = None,
+):
     """Checks a received segment against its descriptor and maps its window read-only (§7.2),
     or, with ``private``, private and writable (copy-on-write).
 
@@ -167,7 +180,10 @@ def map_received(fd: int, size: int, sealed: bool, off: int = 0, n: Optional[int
     else only the pages around the window ``off .. off + n``.
 
     Returns ``(mapping, start, info)``: the window is ``mapping[start : start + n]``;
-    ``mapping`` is ``None`` for an empty window (nothing to map).
+    ``mapping`` is ``None`` for an empty window (nothing to map). With ``keep`` (a
+    connection's :class:`~handoff.mapcache.MapCache`) and ``private``, a whole-segment
+    mapping comes from it or goes to it: ``mapping`` is then a
+    :class:`~handoff.mapcache.Kept` (see :mod:`handoff.mapcache`).
     """
     if n is None:
         n = size - off
@@ -197,6 +213,11 @@ def map_received(fd: int, size: int, sealed: bool, off: int = 0, n: Optional[int
         else:
             start = off - off % mmap.ALLOCATIONGRANULARITY
             length = off + n - start
+        keep = keep if private and start == 0 and length == size else None
+        if keep is not None:
+            kept = keep.take((st.st_dev, st.st_ino), size)
+            if kept is not None:
+                return kept, off, info
         flags, prot = (
             (mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE) if private else (mmap.MAP_SHARED, mmap.PROT_READ)
         )
@@ -209,6 +230,10 @@ def map_received(fd: int, size: int, sealed: bool, off: int = 0, n: Optional[int
                 mapping.madvise(_MADV_DONTFORK)
             except OSError:  # pragma: no cover - advice only
                 pass
+        if keep is not None:
+            kept = keep.add((st.st_dev, st.st_ino), mapping, size)
+            if kept is not None:
+                return kept, off, info
         return mapping, off - start, info
     except OSError as e:
         raise _bad(f"cannot check the received segment: {e}") from None

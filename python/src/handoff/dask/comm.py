@@ -27,7 +27,9 @@ from distributed.system import MEMORY_LIMIT
 
 from ..errors import HandoffError, PeerClosed
 from ..peer import Peer
+from ..route import _CURRENT as _CURRENT_ROUTE
 from ..route import Route
+from ..wire import packer
 from .frames import TYPE_FRAMES, FramesError, plan_message, unpack_part
 
 __all__ = ["HandoffComm", "endpoint_of_peer", "local_endpoint", "counters"]
@@ -185,8 +187,12 @@ class HandoffComm(Comm):
             frames, shm_threshold=node.shm_threshold if peer.channel == "shm" else None, limits=node.limits
         )
         try:
-            for body in plan.parts:
-                await peer.send(TYPE_FRAMES, body)
+            if plan.inline and len(plan.parts) == 1:
+                # Small frames only, all in the body: msgpack it at once (what send() would write).
+                await peer.send_packed(TYPE_FRAMES, packer().pack(plan.parts[0]))
+            else:
+                for body in plan.parts:
+                    await peer.send(TYPE_FRAMES, body)
         except PeerClosed as e:
             self._mark_closed()
             raise CommClosedError(f"in {self}: {e}") from None
@@ -232,10 +238,15 @@ class HandoffComm(Comm):
             raise
         counters[f"bytes-read-{peer.channel}"] += total
         try:
-            with self._inbound_route.use():
+            # The inbound route is current while Dask deserializes (Route.use() without the
+            # context manager's cost: this runs for every message).
+            token = _CURRENT_ROUTE.set(self._inbound_route)
+            try:
                 return await from_frames(
                     frames, deserialize=self.deserialize, deserializers=deserializers, allow_offload=self.allow_offload
                 )
+            finally:
+                _CURRENT_ROUTE.reset(token)
         except EOFError:
             # Frames garbled or truncated (as Dask's TCP comm does).
             self.abort()

@@ -36,6 +36,7 @@ class Settings:
     shm: bool = True
     shm_threshold: int = 64 * 1024
     pool_idle_bytes: Optional[int] = None
+    kept_map_bytes: Optional[int] = None
 
 
 def _get(key: str, default=None):
@@ -59,10 +60,12 @@ def settings() -> Settings:
     """The current settings, from ``distributed.comm.handoff`` (and the environment)."""
     threshold = _get("shm-threshold", "64KiB")
     idle = _get("pool-idle-bytes")
+    kept = _get("kept-map-bytes")
     return Settings(
         secret=_secret(),
         host_id=_get("host-id") or None,
         shm=bool(_get("shm", True)),
         shm_threshold=parse_bytes(threshold) if isinstance(threshold, str) else int(threshold),
         pool_idle_bytes=None if idle in (None, "") else parse_bytes(idle) if isinstance(idle, str) else int(idle),
+        kept_map_bytes=None if kept in (None, "") else parse_bytes(kept) if isinstance(kept, str) else int(kept),
     )

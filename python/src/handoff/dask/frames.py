@@ -53,10 +53,12 @@ class FramesError(ValueError):
 
 @dataclass
 class Plan:
-    """The parts of one Dask message (bodies for ``handoff.dask.Frames``) and its size in bytes."""
+    """The parts of one Dask message (bodies for ``handoff.dask.Frames``) and its size in
+    bytes; ``inline``: whether every frame is in the body (no out-of-band frame)."""
 
     parts: list
     nbytes: int
+    inline: bool = False
 
 
 def _flat(frame: Any) -> memoryview:
@@ -164,7 +166,9 @@ def plan_message(
     entries: list = []
     n_frames = n_shm = n_bytes = n_body = 0
     total = 0
+    out_of_band = False
     for entry, sizes in _entries(frames, max_frame):
+        out_of_band = out_of_band or bool(sizes)
         shm = sum(1 for s in sizes if shm_threshold is not None and s >= shm_threshold)
         body = 0 if sizes else len(entry) + 8
         size = sum(sizes)
@@ -184,7 +188,7 @@ def plan_message(
         n_bytes += size
         n_body += body + 2
     parts.append({"f": entries})
-    return Plan(parts, total)
+    return Plan(parts, total, not out_of_band)
 
 
 def _bytes_like(value: Any) -> bool:

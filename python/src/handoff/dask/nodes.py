@@ -23,6 +23,7 @@ import os
 import weakref
 from typing import Callable, Optional
 
+from .. import mapcache
 from ..bounds import DEFAULT_BOUNDS
 from ..node import Node
 from ..pool import pool
@@ -57,6 +58,8 @@ def make_node(
     """A node for a Dask listener (``listen``, ``on_accept``) or for connecting (neither)."""
     if settings.pool_idle_bytes is not None:
         pool().max_idle_bytes = settings.pool_idle_bytes
+    if settings.kept_map_bytes is not None:
+        mapcache.set_keep_bytes(settings.kept_map_bytes)
     return Node(
         f"dask-{role}-{os.getpid()}",
         host_id=settings.host_id,

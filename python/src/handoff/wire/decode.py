@@ -320,9 +320,68 @@ _HELLO_FIELDS = ("node", "name", "host", "pid", "proc", "lang", "impl", "v", "ca
 _IDENT_FIELDS = ("node", "name", "host", "pid", "proc", "lang", "impl", "caps")
 
 
+_PLAIN_MSG_HEAD = b"\x84\xa1k\xa3msg\xa1t"  # {"k": "msg", "t": ...
+_PLAIN_MSG_TAIL = b"\xa1f\x90"  # ..., "f": []}
+
+
+def _plain_msg(buf: bytes) -> Msg | None:
+    """A ``msg`` header without frames laid out exactly as encoders write it — a map of
+    ``k``, ``t``, ``b``, ``f`` in that order, ``t`` a str and ``b`` a bin each with its
+    length in the shortest form, ``f`` empty, nothing after — or ``None``.
+
+    Every such header passes every check of the two passes (one map of four distinct
+    str keys, each value of its key's type, ten msgpack values, two levels), and they
+    would read it as this ``Msg``; anything else, valid or not, is ``None`` and goes
+    through them (which decide, and word the error)."""
+    pos = len(_PLAIN_MSG_HEAD)
+    end = len(buf) - len(_PLAIN_MSG_TAIL)
+    m = buf[pos]
+    if 0xA0 <= m <= 0xBF:
+        n, pos = m & 0x1F, pos + 1
+    elif m == 0xD9 and pos + 1 < end and buf[pos + 1] >= 32:
+        n, pos = buf[pos + 1], pos + 2
+    else:
+        return None
+    if pos + n + 2 > end:
+        return None
+    try:
+        t = buf[pos : pos + n].decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    pos += n
+    if buf[pos : pos + 2] != b"\xa1b":
+        return None
+    pos += 2
+    m = buf[pos] if pos < end else -1
+    if m == 0xC4 and pos + 1 < end:
+        n, pos = buf[pos + 1], pos + 2
+    elif m == 0xC5 and pos + 2 < end:
+        n, pos = int.from_bytes(buf[pos + 1 : pos + 3], "big"), pos + 3
+        if n < 1 << 8:
+            return None
+    elif m == 0xC6 and pos + 4 < end:
+        n, pos = int.from_bytes(buf[pos + 1 : pos + 5], "big"), pos + 5
+        if n < 1 << 16:
+            return None
+    else:
+        return None
+    if pos + n != end:
+        return None
+    return Msg(t, buf[pos:end], [])
+
+
 def decode_header(data: Any, limits: Limits = DEFAULT_LIMITS) -> Header:
     """Decodes and validates one header (the bytes after the length prefix), §11.2 steps 2–3."""
     buf = data if type(data) is bytes else bytes(data)
+    if (
+        buf.startswith(_PLAIN_MSG_HEAD)
+        and buf.endswith(_PLAIN_MSG_TAIL)
+        and len(buf) > len(_PLAIN_MSG_HEAD) + len(_PLAIN_MSG_TAIL)
+        and limits.max_header_values >= 16
+    ):
+        plain = _plain_msg(buf)
+        if plain is not None:
+            return plain
     h, frames = _structure(buf, limits)
     if h.get("k") == "msg":
         return _msg(buf, h, frames, limits)

@@ -1,0 +1,221 @@
+"""The Dask rows of ``handoff demo``: a ``LocalCluster`` on ``handoff://`` moving an array
+between two workers of this host (shm) and to a worker of another host identity (tcp),
+every transfer verified, beside the time the same transfer takes on Dask's ``tcp://``.
+
+``python -m handoff.dask.demo [--bytes N] [--reps R]`` prints a JSON array of rows in the
+format of ``handoff demo --json`` (which runs it): ``from``, ``to``, ``locality``,
+``channel``, ``bytes``, ``seconds``, ``verified``, and ``dask_tcp_seconds``.
+
+- **The clusters.** ``LocalCluster(protocol="handoff", n_workers=2, processes=True)``:
+  workers ``dask-a`` and ``dask-b``, with this host's identity; and ``dask-r``, a
+  ``Nanny`` of the same scheduler whose ``distributed.comm.handoff.host-id`` is another
+  one, so it reaches the others over TCP. Then ``LocalCluster(protocol="tcp",
+  n_workers=2)`` for the comparison.
+- **A transfer.** A task on ``dask-a`` makes an array of ``--bytes`` random bytes (a new
+  one each time) and its BLAKE2b digest; a task pinned to the receiver takes it as its
+  argument, so Dask fetches it from ``dask-a``. ``seconds`` is what the receiver's own
+  transfer log says the fetch took (``Worker.transfer_incoming_log``: from its request
+  to ``dask-a`` until it held the deserialized array), the median of ``--reps`` transfers
+  after one warm-up (the first fills the sender's pool of segments); ``dask_tcp_seconds``
+  is the same on ``tcp://`` (Dask's workers always talk TCP, so one figure serves both
+  rows).
+- **Verified** means, for every transfer on both protocols: the receiver's digest of the
+  array equals the sender's; and on ``handoff://`` the channel is the claimed one — the
+  receiver's ``handoff.dask.stats()`` counters grew by the array's size on that channel
+  (``bytes-read-shm`` or ``bytes-read-tcp``) and not on the other, and the receiver's
+  array lies in the sender's shared segment (a ``memfd``) over shm and in its own memory
+  over tcp.
+
+Needs the ``dask`` extra (``pip install 'handoff[dask]'``); without it, it exits with
+status 3 and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+
+__all__ = ["main", "run_rows"]
+
+#: The exit status when Dask is not installed (``handoff demo`` then skips the rows).
+NO_DASK = 3
+
+
+def _make(n: int, seed: int):
+    """An array of ``n`` random bytes (from ``seed``)."""
+    import numpy as np
+
+    arr = np.random.default_rng(seed).integers(0, 256, size=n, dtype=np.uint8)
+    return arr
+
+
+def _digest(arr) -> str:
+    import hashlib
+
+    return hashlib.blake2b(memoryview(arr).cast("B"), digest_size=16).hexdigest()
+
+
+def _region(arr) -> str:
+    """The file behind the memory that holds ``arr`` (``/proc/self/maps``): a received
+    shared segment is a ``/memfd:handoff-segment``; the heap or an anonymous map is ''."""
+    addr = arr.__array_interface__["data"][0]
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if lo <= addr < hi:
+                return " ".join(fields[5:])
+    return "?"
+
+
+def _received(arr) -> tuple:
+    return _digest(arr), arr.nbytes, _region(arr)
+
+
+def _counters() -> dict:
+    import handoff.dask
+
+    return dict(handoff.dask.stats()["counters"])
+
+
+def _fetch_seconds(key, dask_worker=None):
+    """How long this worker's fetch of ``key`` took (its transfer log), or ``None``."""
+    for entry in reversed(dask_worker.transfer_incoming_log):
+        if key in entry["keys"]:
+            return entry["stop"] - entry["start"]
+    return None
+
+
+async def _transfer(client, a: str, b: str, nbytes: int, seed: int, protocol: str, channel: str) -> tuple:
+    """One verified transfer from ``a`` to ``b``: (seconds, verified, why not)."""
+    x = client.submit(_make, nbytes, seed, workers=[a], pure=False)
+    sent = await client.submit(_digest, x, workers=[a], pure=False)
+    before = (await client.run(_counters, workers=[b]))[b] if protocol == "handoff" else {}
+    digest, got, region = await client.submit(_received, x, workers=[b], allow_other_workers=False, pure=False)
+    seconds = (await client.run(_fetch_seconds, x.key, workers=[b]))[b]
+    problems = []
+    if digest != sent or got != nbytes:
+        problems.append(f"digest {digest} of {got} bytes received, {sent} of {nbytes} sent")
+    if seconds is None:
+        problems.append("the receiver's transfer log has no fetch of the array")
+    if protocol == "handoff":
+        after = (await client.run(_counters, workers=[b]))[b]
+        grew = {ch: after.get(f"bytes-read-{ch}", 0) - before.get(f"bytes-read-{ch}", 0) for ch in ("shm", "tcp")}
+        other = "tcp" if channel == "shm" else "shm"
+        if grew[channel] < nbytes or grew[other] >= nbytes:
+            problems.append(f"the receiver read {grew} bytes by channel, not {nbytes} over {channel}")
+        in_segment = region.startswith("/memfd:handoff-segment")
+        if in_segment != (channel == "shm"):
+            problems.append(f"the received array lies in {region or 'anonymous memory'!r}")
+    del x
+    return seconds, not problems, "; ".join(problems)
+
+
+async def _series(client, a: str, b: str, nbytes: int, reps: int, protocol: str, channel: str, seed: int) -> dict:
+    times, why = [], []
+    for i in range(reps + 1):
+        seconds, ok, problem = await _transfer(client, a, b, nbytes, seed + i, protocol, channel)
+        if not ok:
+            why.append(problem)
+        if i and seconds is not None:
+            times.append(seconds)
+        await asyncio.sleep(0.05)  # let the receiver drop the array (its segment goes back)
+    return {"seconds": statistics.median(times) if times else None, "verified": not why, "why": why}
+
+
+async def _rows(nbytes: int, reps: int) -> list:
+    from distributed import Client, LocalCluster, Nanny
+
+    common = dict(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host="127.0.0.1",
+        dashboard_address=":0",
+        memory_limit=0,
+        asynchronous=True,
+    )
+    results = {}
+    async with LocalCluster(protocol="handoff", **common) as cluster, Client(cluster, asynchronous=True) as client:
+        await client.wait_for_workers(2)
+        a, b = sorted(await client.run(os.getpid))
+        # Another host identity: it reaches the others over TCP.
+        remote = {"distributed.comm.handoff.host-id": f"handoff-dask-demo-elsewhere-{os.urandom(4).hex()}"}
+        async with Nanny(
+            cluster.scheduler_address, host="127.0.0.1", nthreads=1, memory_limit=0, config=remote
+        ) as nanny:
+            await client.wait_for_workers(3)
+            r = nanny.worker_address
+            results["shm"] = await _series(client, a, b, nbytes, reps, "handoff", "shm", 100)
+            results["tcp"] = await _series(client, a, r, nbytes, reps, "handoff", "tcp", 200)
+    async with LocalCluster(protocol="tcp", **common) as cluster, Client(cluster, asynchronous=True) as client:
+        await client.wait_for_workers(2)
+        ta, tb = sorted(await client.run(os.getpid))
+        results["dask-tcp"] = await _series(client, ta, tb, nbytes, reps, "tcp", "tcp", 300)
+    base = results["dask-tcp"]
+    rows = []
+    for channel, to, locality in (("shm", "dask-b", "same-host"), ("tcp", "dask-r", "remote")):
+        res = results[channel]
+        for why in res["why"] + base["why"]:
+            print(f"handoff.dask.demo: {channel}: {why}", file=sys.stderr)
+        rows.append(
+            {
+                "from": "dask-a",
+                "to": to,
+                "locality": locality,
+                "channel": channel,
+                "bytes": nbytes,
+                "seconds": res["seconds"] if res["seconds"] is not None else 0.0,
+                "verified": res["verified"] and base["verified"] and res["seconds"] is not None,
+                "dask_tcp_seconds": base["seconds"],
+            }
+        )
+    return rows
+
+
+def run_rows(nbytes: int = 64 << 20, reps: int = 3) -> list:
+    """The demo's Dask rows (starts and stops the clusters)."""
+    import dask
+
+    config = {
+        "distributed.comm.handoff.secret": os.urandom(16).hex(),
+        "distributed.comm.compression": None,  # random bytes: compare the comms, not lz4
+        "distributed.worker.memory.target": False,
+        "distributed.worker.memory.spill": False,
+        "distributed.worker.memory.pause": False,
+        "distributed.worker.memory.terminate": False,
+        "distributed.admin.system-monitor.gil.enabled": False,
+    }
+    with dask.config.set(config):
+        return asyncio.run(_rows(nbytes, reps))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m handoff.dask.demo", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bytes", type=int, default=64 << 20, help="size of the array (default 64 MiB)")
+    ap.add_argument("--reps", type=int, default=3, help="measured transfers per row, after one warm-up (default 3)")
+    args = ap.parse_args(argv)
+    if args.bytes < 1 or args.reps < 1:
+        ap.error("--bytes and --reps must be positive")
+    # Dask's log (its workers inherit the environment): errors only, on stderr.
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+    try:
+        import distributed  # noqa: F401
+        import numpy  # noqa: F401
+    except ImportError as e:
+        print(f"handoff.dask.demo: Dask is not installed ({e}); pip install 'handoff[dask]'", file=sys.stderr)
+        return NO_DASK
+    started = time.perf_counter()
+    rows = run_rows(args.bytes, args.reps)
+    print(json.dumps(rows, indent=1))
+    print(f"handoff.dask.demo: {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return 0 if all(r["verified"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
