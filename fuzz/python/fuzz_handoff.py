@@ -37,6 +37,7 @@ import atheris
 
 with atheris.instrument_imports(include=["handoff"]):
     from handoff.codec import Buffer, decode_body, encode_body
+    from handoff.wire.decode import decode_header_strict
     from handoff.resources import ResourceKey, Resources
     from handoff.route import RouteError
     from handoff.spilled import SpilledFile
@@ -127,9 +128,16 @@ def header(data: bytes) -> None:
         h = decode_header(data, limits)
     except WireError as e:
         expect_code(e, HEADER_CODES, "decode_header")
+        # The path for plain msg headers refuses nothing: the two passes alone decide.
         return
     repr(h)
     check_header(h, limits)
+    if data[:1] == b"\x84":  # where the path for plain msg headers may have read it
+        try:
+            strict = decode_header_strict(data, limits)
+        except WireError as e:
+            raise Finding(f"the fast path read a header the two passes refuse ({e}): {h!r}") from None
+        expect(strict == h, f"the fast path and the two passes read it differently:\n{h!r}\n{strict!r}")
 
 
 def message(data: bytes) -> None:
@@ -214,10 +222,27 @@ def body(data: bytes) -> None:
         value = decode_body(data[1:], frames, "fuzz.Value", resources)
     except WireError as e:
         expect_code(e, BODY_CODES, "decode_body")
-        return
-    except RouteError:
+        value = e
+    except RouteError as e:
         # A route-aware value (a map under "handoff.route", such as a SpilledFile) that its
         # decoder refused: a clear error for this message, as WireError is for the others.
+        value = e
+    if not frames:
+        # Without frames a plain body is read by msgpack's C reader: the strict reader alone
+        # must decide alike (the same value, or an error with the same code).
+        try:
+            strict = decode_body(data[1:], frames, "fuzz.Value", resources, fast=False)
+        except (WireError, RouteError) as e:
+            strict = e
+        if isinstance(value, Exception) or isinstance(strict, Exception):
+            same = type(value) is type(strict) and getattr(value, "code", None) == getattr(strict, "code", None)
+            expect(same, f"the C reader and the strict reader disagree: {value!r} / {strict!r}")
+        else:
+            expect(
+                repr(value) == repr(strict),
+                f"the C reader and the strict reader read other values: {value!r} / {strict!r}",
+            )
+    if isinstance(value, Exception):
         return
     repr(value)
 

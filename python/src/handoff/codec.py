@@ -287,6 +287,7 @@ def decode_body(
     type_name: str = "?",
     resources: Optional[Resources] = None,
     route: Optional[Route] = None,
+    fast: bool = True,
 ) -> Any:
     """Decodes a body; each frame reference becomes ``frames[index]`` (the object itself).
 
@@ -306,8 +307,11 @@ def decode_body(
     Route-aware values (maps under the key ``handoff.route``) are decoded, innermost first,
     by their registered decoders with ``route`` (the inbound route: the peer sends, this
     node receives); one that cannot be raises :class:`~handoff.route.RouteError`.
+
+    ``fast=False`` skips the C reader for plain bodies (the fuzz targets and tests check
+    that both read every body alike).
     """
-    if not frames:
+    if fast and not frames:
         # Most small messages: no frames, so no frame references to resolve (and no
         # resource keys, which are ext values); route-aware values are decoded as below.
         try:

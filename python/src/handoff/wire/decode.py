@@ -382,6 +382,13 @@ def decode_header(data: Any, limits: Limits = DEFAULT_LIMITS) -> Header:
         plain = _plain_msg(buf)
         if plain is not None:
             return plain
+    return decode_header_strict(buf, limits)
+
+
+def decode_header_strict(data: Any, limits: Limits = DEFAULT_LIMITS) -> Header:
+    """:func:`decode_header` through its two passes alone, without the path for plain
+    ``msg`` headers (the fuzz targets and tests check that both read every header alike)."""
+    buf = data if type(data) is bytes else bytes(data)
     h, frames = _structure(buf, limits)
     if h.get("k") == "msg":
         return _msg(buf, h, frames, limits)
