@@ -55,7 +55,7 @@ monitor reads; a received segment's pages are shared with the sender, not copied
 
 Limits: a single frame over 4 GiB (a pickled buffer Dask does not shard) travels in
 pieces that are joined by a copy; a Unix comm's connecting end is ``handoff://HOST:0``;
-the Python wire code makes a small message's round trip between two workers about 1.15×
+the Python wire code makes a small message's round trip between two workers 1.15–1.25×
 that of Dask's TCP comm (a task's round trip from a client is level with TCP's); kept
 mappings (at most 4 per connection, 2 GiB per process: ``kept-map-bytes``) hold
 their segments' memory and count in the receiver's RSS, shared with the sender's.
