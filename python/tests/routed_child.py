@@ -13,22 +13,8 @@ import hashlib
 import json
 import sys
 
-import numpy as np
 from handoff import Node
-
-
-def region_of(view) -> str:
-    """The file behind the memory region that holds ``view`` (``/proc/self/maps``)."""
-    if len(view) == 0:
-        return ""
-    addr = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
-    with open("/proc/self/maps") as f:
-        for line in f:
-            fields = line.split()
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            if lo <= addr < hi:
-                return " ".join(fields[5:])
-    return "?"
+from handoff.memregion import region_of
 
 
 async def main() -> None:

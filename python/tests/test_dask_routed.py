@@ -19,6 +19,7 @@ from distributed.protocol import deserialize, serialize
 from distributed.utils_test import gen_cluster, gen_test
 from handoff import Node, PinBounds, SpilledFile
 from handoff.dask.serialize import dumps
+from handoff.memregion import region_of
 
 SECRET = {"distributed.comm.handoff.secret": "dask test secret"}
 SIZE = 1 << 20
@@ -32,24 +33,11 @@ def _make() -> SpilledFile:
     return SpilledFile.write(_data())
 
 
-def _region_of(view) -> str:
-    import numpy as np
-
-    addr = np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
-    with open("/proc/self/maps") as f:
-        for line in f:
-            fields = line.split()
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            if lo <= addr < hi:
-                return " ".join(fields[5:])
-    return "?"
-
-
 def _inspect(f: SpilledFile) -> dict:
     view = f.view()
     return {
         "origin": f.origin,
-        "in_place": _region_of(view) == f.path,
+        "in_place": region_of(view) == f.path,
         "digest": hashlib.sha256(view).hexdigest(),
         "pinned": f.pin is not None,
     }

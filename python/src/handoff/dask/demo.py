@@ -40,6 +40,8 @@ import statistics
 import sys
 import time
 
+from ..memregion import region_of
+
 __all__ = ["main", "run_rows"]
 
 #: The exit status when Dask is not installed (``handoff demo`` then skips the rows).
@@ -60,21 +62,8 @@ def _digest(arr) -> str:
     return hashlib.blake2b(memoryview(arr).cast("B"), digest_size=16).hexdigest()
 
 
-def _region(arr) -> str:
-    """The file behind the memory that holds ``arr`` (``/proc/self/maps``): a received
-    shared segment is a ``/memfd:handoff-segment``; the heap or an anonymous map is ''."""
-    addr = arr.__array_interface__["data"][0]
-    with open("/proc/self/maps") as f:
-        for line in f:
-            fields = line.split()
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            if lo <= addr < hi:
-                return " ".join(fields[5:])
-    return "?"
-
-
 def _received(arr) -> tuple:
-    return _digest(arr), arr.nbytes, _region(arr)
+    return _digest(arr), arr.nbytes, region_of(arr)
 
 
 def _counters() -> dict:
