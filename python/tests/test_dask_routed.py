@@ -113,7 +113,11 @@ async def test_between_worker_processes_path_on_one_host_bytes_to_another_and_a_
 ):
     # The scheduler and the client (this process) share host-one with two of the workers.
     monkeypatch.setenv("HANDOFF_HOST_ID", "host-one")
-    with dask.config.set(SECRET):
+    # Without the active memory manager: it drops replicas it finds redundant, and once
+    # the far worker holds x too it may drop a's (then a deletes the file, rightly, and
+    # nothing here could tell a file kept for its owner from one kept for nobody).
+    no_amm = {"distributed.scheduler.active-memory-manager.start": False}
+    with dask.config.set({**SECRET, **no_amm}):
         async with Scheduler(protocol="handoff", host="127.0.0.1", dashboard_address=":0") as s:
             async with (
                 Nanny(s.address, nthreads=1, env={"HANDOFF_HOST_ID": "host-one"}) as n1,
