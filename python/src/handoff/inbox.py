@@ -19,7 +19,9 @@ once, each with bodies that are slow to decode in pure Python (deeply nested one
 otherwise makes every round, and the round trip of every other peer, as long as one
 turn of each of its connections; here such a peer waits at most for the message being
 handled now. A flood cannot use this: a connection keeps its place among the new ones
-only while it has nothing queued.
+only while it has nothing queued. The price, as in fq_codel: while sparse messages from
+many connections arrive faster than the application takes messages, the backlogged
+connections wait (each sparse connection still gets one quantum per message).
 
 **Open connections first.** Messages of a connection that has closed stay in the inbox
 (nothing a peer sent before it left is lost), but they are served only when no open
