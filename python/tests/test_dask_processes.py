@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import contextlib
 import os
 import signal
 import subprocess
@@ -52,23 +53,31 @@ async def _until(check, timeout: float = 30.0, interval: float = 0.2):
         await asyncio.sleep(interval)
 
 
+@contextlib.asynccontextmanager
+async def _two_workers():
+    """A ``LocalCluster`` of two worker processes on handoff://, its client, and the two
+    worker addresses."""
+    async with (
+        LocalCluster(
+            protocol="handoff",
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=":0",
+            asynchronous=True,
+        ) as cluster,
+        Client(cluster, asynchronous=True) as c,
+    ):
+        await c.wait_for_workers(2)
+        a, b = sorted(await c.run(os.getpid))
+        yield c, a, b
+
+
 @gen_test(timeout=240)
 async def test_local_cluster_with_processes_zero_copy_and_a_killed_worker_gives_segments_back():
     with dask.config.set(SECRET):
-        async with (
-            LocalCluster(
-                protocol="handoff",
-                n_workers=2,
-                threads_per_worker=1,
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address=":0",
-                asynchronous=True,
-            ) as cluster,
-            Client(cluster, asynchronous=True) as c,
-        ):
-            await c.wait_for_workers(2)
-            a, b = sorted(await c.run(os.getpid))
+        async with _two_workers() as (c, a, b):
             assert a.startswith("handoff://") and b.startswith("handoff://")
             x = c.submit(np.full, 8 * MIB, 1.5, workers=[a], pure=False)  # 64 MiB on a
             total, writable, region = await c.submit(_where_it_lies, x, workers=[b], pure=False)
@@ -187,20 +196,7 @@ async def test_the_demo_verifies_the_channel_it_claims():
     from handoff.dask import demo
 
     with dask.config.set({**SECRET, "distributed.comm.compression": None}):
-        async with (
-            LocalCluster(
-                protocol="handoff",
-                n_workers=2,
-                threads_per_worker=1,
-                processes=True,
-                host="127.0.0.1",
-                dashboard_address=":0",
-                asynchronous=True,
-            ) as cluster,
-            Client(cluster, asynchronous=True) as c,
-        ):
-            await c.wait_for_workers(2)
-            a, b = sorted(await c.run(os.getpid))
+        async with _two_workers() as (c, a, b):
             seconds, ok, why = await demo._transfer(c, a, b, 2 * MIB, 1, "handoff", "shm")
             assert ok and seconds > 0, why
             seconds, ok, why = await demo._transfer(c, a, b, 2 * MIB, 2, "handoff", "tcp")
