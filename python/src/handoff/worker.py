@@ -58,6 +58,7 @@ from typing import Any, Optional
 
 import blake3
 
+from . import demo_types
 from .bounds import Bounds
 from .codec import Bin, Buffer
 from .data import BlobHandle, FileDataset, dataset_key
@@ -427,6 +428,8 @@ class Worker:
 
     def handle(self, env: Envelope) -> None:
         t, sender = env.type_name, env.sender
+        if t != BLOB_WORK:  # whose handle may fail to bind: answered below
+            demo_types.check(t, env.body)  # bad-body: no answer (Appendix A)
         if t == PAYLOAD:
             with env:
                 b = env.body
@@ -488,6 +491,7 @@ class Worker:
             except Exception as e:  # a handle this node can neither bind nor pull: say so
                 self.answer(sender, BLOB_WORK, BLOB_RECEIPT, blob_receipt(0, "failed", str(e)))
                 return
+            demo_types.check(t, work)
 
             async def read() -> None:
                 # A download holds up only this peer's answers, never other peers'.
