@@ -207,12 +207,22 @@ async fn answer_of(raw: &mut Raw, t: &str) -> Result<(Vec<u8>, Vec<Descriptor>)>
     }
 }
 
-/// A round trip on this raw connection: the victim still serves it.
+/// A round trip on this raw connection: the victim still serves it. Only the answer with
+/// `seq` counts (a victim that wrongly echoed an earlier, malformed `Ping` must not pass
+/// for having served this one).
 async fn served(raw: &mut Raw, seq: u64) -> bool {
     if raw.write(&ping(seq)).await.is_err() {
         return false;
     }
-    tokio::time::timeout(Duration::from_secs(10), answer_of(raw, Ping::TYPE_NAME))
+    let answered = async {
+        loop {
+            let (body, _) = answer_of(raw, Ping::TYPE_NAME).await?;
+            if rmp_decode::<Ping>(&body).is_ok_and(|p| p.seq == seq) {
+                return Ok::<_, anyhow::Error>(());
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), answered)
         .await
         .is_ok_and(|r| r.is_ok())
 }
