@@ -162,6 +162,10 @@ def _strict(body: bytes):
         _nested(128),  # too deep: the strict reader's error
         b"\x81\xa1a" * 127 + b"\x80",
         b"\x81\xa1a" * 128 + b"\x80",
+        _nested(1100),  # past msgpack's own stack (1024): StackError, still the depth error
+        b"\x91" * 1100 + b"\xc1",  # a bad byte after the depth point: still the depth error
+        b"\x91" * 100 + b"\xc1" + b"\x91" * 1100,  # a bad byte before it: that error
+        b"\x91" * 100 + b"\xa1\xff" + b"\x91" * 1100,  # non-UTF-8 before it: the strict reader
         b"\xd6\xff\x00\x00\x00\x01",  # the timestamp ext: an Ext, as for the strict reader
         msgpack.packb([msgpack.ExtType(5, b"ab")]),
         b"\xa2\xff\xfe",  # not UTF-8: BadStr

@@ -16,7 +16,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Callable, NamedTuple, Optional
 
-__all__ = ["MsgpackError", "DepthError", "Pairs", "Ext", "BadStr", "unpack_one"]
+__all__ = ["MsgpackError", "DepthError", "too_deep", "Pairs", "Ext", "BadStr", "unpack_one"]
 
 
 class MsgpackError(ValueError):
@@ -25,6 +25,11 @@ class MsgpackError(ValueError):
 
 class DepthError(MsgpackError):
     """The value nests deeper than allowed."""
+
+
+def too_deep(max_depth: int) -> DepthError:
+    """The error for a value nested deeper than ``max_depth`` levels."""
+    return DepthError(f"nesting deeper than {max_depth} levels")
 
 
 class Ext(NamedTuple):
@@ -174,7 +179,7 @@ def unpack_one(
     def enter(depth: int) -> int:
         depth += 1
         if depth > max_depth:
-            raise DepthError(f"nesting deeper than {max_depth} levels")
+            raise too_deep(max_depth)
         return depth
 
     def array(pos: int, n: int, depth: int) -> tuple[list, int]:
