@@ -32,6 +32,7 @@ from .route import Route
 from .shm import SharedFrame, map_received, sealed_copy, segment_info
 from .tickets import Refusal, Ticket
 from .transport import MAX_FDS_PER_READ, Transport
+from .turns import after_new_input
 
 if TYPE_CHECKING:  # pragma: no cover
     from .node import Node
@@ -387,6 +388,19 @@ class Peer:
             self.closed = True
             raise
 
+    def send_now(self, type_name: str, body: Any) -> bool:
+        """Sends a message whose body has no buffer that would travel as a frame, at once,
+        if nothing else is being written to this peer: ``True`` if it is sent, ``False``
+        if it was not (a frame in the body, another write in progress, a full socket, a
+        closed connection), and :meth:`send` must send it instead."""
+        if self.closed:
+            return False
+        enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
+        if enc.frames:
+            return False
+        head = wire.frame_header(wire.encode_header(wire.Msg(type_name, enc.body, [])))
+        return self.transport.send_now(head)
+
     async def send_packed(self, type_name: str, body: bytes) -> None:
         """Sends a message without frames whose body is already msgpack: what
         :func:`handoff.wire.packer` wrote for a value of plain types (no buffer of the
@@ -571,12 +585,14 @@ class Peer:
         budget = self.node._budget
         overhead = self.node.bounds.message_overhead
         clock = time.perf_counter
-        turn_began = clock()
+        turn_began, waits = clock(), t.read_waits
         try:
             while True:
                 n = await t.read_length(limits)
                 if n is None:
                     break
+                if t.read_waits != waits:  # it waited for input: a new slice begins
+                    turn_began, waits = clock(), t.read_waits
                 # The header counts against the buffered bounds from the start of its read.
                 await budget.admit(self, n + overhead, 0, self._waits_for_answers)
                 self._charge = n + overhead
@@ -621,9 +637,9 @@ class Peer:
                         self._charge = 0
                 # The next message may already be here (in the transport's buffer or the
                 # socket's) and would be handled without returning to the event loop: after
-                # a slice of work, give the other connections their turn first.
+                # a slice of work, let what other connections sent meanwhile go first.
                 if clock() - turn_began >= _READ_SLICE:
-                    await asyncio.sleep(0)
+                    await after_new_input()
                     turn_began = clock()
         except wire.WireError as e:
             self._warn("closing connection to %s: %s", self.name, e)

@@ -68,7 +68,13 @@ class Transport:
         #: For each descriptor in ``fds``: the stream offset at the end of the read that brought it.
         self._fd_ends: collections.deque = collections.deque()
         self._fd_error: Optional[str] = None
+        #: How many times a read waited for the socket (its reader then had no backlog).
+        self.read_waits = 0
         self.send_lock = asyncio.Lock()
+        #: What :meth:`send_now` could not write at once: written (by a task, or by the
+        #: next :meth:`send`) before any later message.
+        self._tail: Optional[memoryview] = None
+        self._tail_task: Optional[asyncio.Task] = None
         self._write_waiter: Optional[asyncio.Future] = None
         self._broken: Optional[str] = None
         #: Whether an ``error`` message was sent (the close then drains input first, §11.3).
@@ -150,6 +156,7 @@ class Transport:
     async def _readable(self, timeout: Optional[float], what: str) -> None:
         if self.closed:
             raise PeerClosed(f"the connection to {self.label} is closed")
+        self.read_waits += 1
         fut = self.loop.create_future()
         fd = self.sock.fileno()
         self.loop.add_reader(fd, _wake, fut)
@@ -345,6 +352,7 @@ class Transport:
             if self.closed or self._broken is not None:
                 raise PeerClosed(self._broken or f"the connection to {self.label} is closed")
             try:
+                await self._write_tail()
                 rest = list(chunks)
                 if fds:
                     head = memoryview(rest[0]).cast("B")
@@ -357,6 +365,43 @@ class Transport:
                 if self._broken is None:
                     self._broken = f"writing to {self.label}: {e}"
                 raise PeerClosed(self._broken) from None
+
+    def send_now(self, data: bytes) -> bool:
+        """Writes one whole message without descriptors now, from the caller, if nothing else
+        is being written: ``True`` if it is sent (what the socket did not take at once is
+        written by a task, before any later message), ``False`` if nothing was written
+        (another write is in progress, the socket is full or the connection is closed):
+        the caller then sends it with :meth:`send`.
+
+        This spares a small answer the event-loop turn a task needs to start, which a
+        busy node's other connections would otherwise fill (issue 11)."""
+        if self.closed or self._broken is not None or self._tail is not None or self.send_lock.locked():
+            return False
+        try:
+            sent = self.sock.send(data, _SEND_FLAGS)
+        except OSError:
+            return False  # full, or broken: the caller's send waits, or says why
+        if sent < len(data):
+            self._tail = memoryview(data)[sent:]
+            self._tail_task = self.loop.create_task(self._flush_tail())
+        return True
+
+    async def _write_tail(self) -> None:
+        """Writes what :meth:`send_now` left (with ``send_lock`` held)."""
+        if self._tail is None:
+            return
+        try:
+            await self._sendall(self._tail)
+        finally:
+            self._tail = None
+
+    async def _flush_tail(self) -> None:
+        async with self.send_lock:
+            try:
+                await self._write_tail()
+            except (PeerClosed, ConnectionError, OSError, ValueError) as e:
+                if self._broken is None:
+                    self._broken = f"writing to {self.label}: {e}"
 
     def try_send_now(self, data: bytes) -> None:
         """Writes ``data`` if the socket takes it at once (best effort, never waits)."""
