@@ -16,6 +16,13 @@
 //!     path = "@__DIR__/data/file.txt"
 //! ```
 //!
+//! DataSets.jl's built-in `TomlDataStorage` driver (the bytes in the catalog, base64; see
+//! [`crate::embedded`]) is read too, and the newer type names `File` and `FileTree` mean
+//! `Blob` and `BlobTree`. A dataset whose driver handoff does not have (a Julia package's
+//! own) does not stop the catalog from loading: it is listed, and opening it says which
+//! drivers exist. Datasets may share a name or uuid, as DataSets.jl allows; a lookup by a
+//! shared one is refused with the datasets that share it.
+//!
 //! handoff adds `driver = "ObjectStore"` with a `url` (`s3://bucket/prefix`, `http(s)://host/path`, `file:///abs`,
 //! `memory://name/path`, and with cargo features `gs://` and `az://`) and `[datasets.storage.options]` passed to the
 //! store's builder (`endpoint`, `region`, `allow_http`, `access_key_id`, `secret_access_key`, ...).
@@ -26,6 +33,7 @@ use std::sync::Arc;
 
 use crate::blob::Blob;
 use crate::cache::Cache;
+use crate::embedded::Embedded;
 use crate::error::{CatalogError, Error, Result};
 use crate::source::Source;
 use crate::tag::BlobTag;
@@ -65,6 +73,51 @@ pub enum StorageConfig {
         /// Builder options (`endpoint`, `region`, ...), values as strings.
         options: BTreeMap<String, String>,
     },
+    /// DataSets.jl's `TomlDataStorage` driver: the bytes are in the catalog itself (base64).
+    TomlData {
+        /// The decoded content.
+        content: Embedded,
+    },
+    /// A driver handoff does not have (a Julia package's own, say). The catalog still loads
+    /// and lists the dataset; opening it fails with [`Error::DriverUnavailable`], and a
+    /// received handle to it falls back on the sender's bytes.
+    Unavailable {
+        /// The driver the catalog names.
+        driver: String,
+    },
+}
+
+/// The storage drivers this build reads (`driver = ...` in `[datasets.storage]`).
+pub const DRIVERS: &[&str] = &["FileSystem", "TomlDataStorage", "ObjectStore"];
+
+impl StorageConfig {
+    /// The driver, as the catalog names it.
+    pub fn driver(&self) -> &str {
+        match self {
+            StorageConfig::FileSystem { .. } => "FileSystem",
+            StorageConfig::ObjectStore { .. } => "ObjectStore",
+            StorageConfig::TomlData { .. } => "TomlDataStorage",
+            StorageConfig::Unavailable { driver } => driver,
+        }
+    }
+
+    /// Whether this node can read the dataset (its driver is one of [`DRIVERS`]).
+    pub fn is_available(&self) -> bool {
+        !matches!(self, StorageConfig::Unavailable { .. })
+    }
+
+    /// Where the bytes are, for messages and listings: a path, a url, or the driver.
+    pub fn location(&self) -> String {
+        match self {
+            StorageConfig::FileSystem { path } => path.display().to_string(),
+            StorageConfig::ObjectStore { url, .. } => url.clone(),
+            StorageConfig::TomlData { content } => match content {
+                Embedded::Blob(b) => format!("(in the catalog: {} bytes)", b.len()),
+                Embedded::Tree(t) => format!("(in the catalog: {} files)", t.len()),
+            },
+            StorageConfig::Unavailable { driver } => format!("(driver {driver})"),
+        }
+    }
 }
 
 /// One dataset of a catalog.
@@ -172,19 +225,11 @@ impl Catalog {
         };
         let mut memory = HashMap::new();
         let mut datasets: Vec<Arc<DataSet>> = Vec::with_capacity(entries.len());
-        let mut by_name: HashMap<String, String> = HashMap::new();
-        let mut by_uuid: HashMap<String, String> = HashMap::new();
         for (i, entry) in entries.iter().enumerate() {
-            let ds = parse_dataset(&file, &dir, i, entry, &mut memory)?;
-            let label = format!("#{} ({})", i + 1, ds.name);
-            if let Some(first) = by_name.insert(ds.name.clone(), label.clone()) {
-                return Err(dup(&file, "name", &ds.name, first, label).into());
-            }
-            if let Some(first) = by_uuid.insert(ds.uuid.clone(), label.clone()) {
-                return Err(dup(&file, "uuid", &ds.uuid, first, label).into());
-            }
-            datasets.push(Arc::new(ds));
+            datasets.push(Arc::new(parse_dataset(&file, &dir, i, entry, &mut memory)?));
         }
+        // DataSets.jl accepts a catalog whose datasets share a uuid (its own test catalog has
+        // several): so does handoff, and only a lookup by that uuid (or name) is refused.
         Ok(Catalog { file, datasets, cache })
     }
 
@@ -203,12 +248,11 @@ impl Catalog {
         &self.cache
     }
 
-    /// The dataset with this name or uuid.
+    /// The dataset with this name or uuid. A key that several datasets share is refused
+    /// with [`Error::Ambiguous`], naming them.
     pub fn dataset(&self, key: &str) -> Result<&Arc<DataSet>> {
         let lower = key.to_ascii_lowercase();
-        self.datasets
-            .iter()
-            .find(|d| d.name == key || d.uuid == lower)
+        self.only(key, |d| d.name == key || d.uuid == lower)?
             .ok_or_else(|| Error::NoSuchDataset {
                 file: self.file.clone(),
                 key: key.to_string(),
@@ -216,9 +260,41 @@ impl Catalog {
             })
     }
 
+    /// The one dataset that `matches`, `None` if none does, `Ambiguous` if several do.
+    fn only(&self, key: &str, matches: impl Fn(&DataSet) -> bool) -> Result<Option<&Arc<DataSet>>> {
+        let mut found = self.datasets.iter().filter(|d| matches(d));
+        let first = found.next();
+        let others: Vec<&Arc<DataSet>> = found.collect();
+        match first {
+            Some(first) if !others.is_empty() => Err(Error::Ambiguous {
+                file: self.file.clone(),
+                key: key.to_string(),
+                datasets: std::iter::once(first)
+                    .chain(others)
+                    .map(|d| format!("{} ({})", d.name, d.uuid))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }),
+            first => Ok(first),
+        }
+    }
+
+    /// `ds` itself, if this node can read it: else why not (its driver is not in this build).
+    fn available<'a>(&self, ds: &'a Arc<DataSet>) -> Result<&'a Arc<DataSet>> {
+        match &ds.storage {
+            StorageConfig::Unavailable { driver } => Err(Error::DriverUnavailable {
+                file: self.file.clone(),
+                dataset: ds.name.clone(),
+                driver: driver.clone(),
+                drivers: DRIVERS.join(", "),
+            }),
+            _ => Ok(ds),
+        }
+    }
+
     /// A lazy handle to a `Blob` dataset (nothing is read yet).
     pub fn blob(&self, key: &str) -> Result<Blob> {
-        let ds = self.dataset(key)?;
+        let ds = self.available(self.dataset(key)?)?;
         if ds.kind != DataKind::Blob {
             return Err(Error::WrongType {
                 dataset: ds.name.clone(),
@@ -231,7 +307,7 @@ impl Catalog {
 
     /// A lazy handle to a `BlobTree` dataset (nothing is read yet).
     pub fn tree(&self, key: &str) -> Result<BlobTree> {
-        let ds = self.dataset(key)?;
+        let ds = self.available(self.dataset(key)?)?;
         if ds.kind != DataKind::BlobTree {
             return Err(Error::WrongType {
                 dataset: ds.name.clone(),
@@ -248,14 +324,13 @@ impl Catalog {
     pub fn open_tag(&self, tag: &BlobTag) -> Result<Blob> {
         let lower = tag.dataset.to_ascii_lowercase();
         let ds = self
-            .datasets
-            .iter()
-            .find(|d| d.uuid == lower)
+            .only(&tag.dataset, |d| d.uuid == lower)?
             .ok_or_else(|| Error::UnknownTag {
                 uuid: tag.dataset.clone(),
                 name: tag.name.clone().unwrap_or_else(|| "no name given".into()),
                 file: self.file.clone(),
             })?;
+        let ds = self.available(ds)?;
         let path = if tag.path.is_empty() {
             if ds.kind != DataKind::Blob {
                 return Err(Error::WrongType {
@@ -288,16 +363,6 @@ impl Catalog {
 
 fn absolute(p: &Path) -> PathBuf {
     std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
-}
-
-fn dup(file: &Path, what: &'static str, value: &str, first: String, second: String) -> CatalogError {
-    CatalogError::Duplicate {
-        file: file.to_path_buf(),
-        what,
-        value: value.to_string(),
-        first,
-        second,
-    }
 }
 
 fn field_err(file: &Path, dataset: &str, field: &str, problem: &str) -> CatalogError {
@@ -393,27 +458,19 @@ fn parse_dataset(
             }
             StorageConfig::ObjectStore { url, options }
         }
-        other => {
-            return Err(CatalogError::UnknownDriver {
-                file: file.to_path_buf(),
-                dataset: label,
-                driver: other.to_string(),
-                extra: crate::source::EXTRA_SCHEMES,
-            }
-            .into())
-        }
+        "TomlDataStorage" => StorageConfig::TomlData {
+            content: Embedded::parse(kind, storage_table.get("data"))
+                .map_err(|problem| field_err(file, &label, "storage.data", &problem))?,
+        },
+        other => StorageConfig::Unavailable {
+            driver: other.to_string(),
+        },
     };
-    let source = Source::open(&storage, memory).map_err(|message| {
-        let url = match &storage {
-            StorageConfig::FileSystem { path } => path.display().to_string(),
-            StorageConfig::ObjectStore { url, .. } => url.clone(),
-        };
-        CatalogError::Store {
-            file: file.to_path_buf(),
-            dataset: label.clone(),
-            url,
-            message,
-        }
+    let source = Source::open(&storage, memory).map_err(|message| CatalogError::Store {
+        file: file.to_path_buf(),
+        dataset: label.clone(),
+        url: storage.location(),
+        message,
     })?;
     Ok(DataSet {
         name,

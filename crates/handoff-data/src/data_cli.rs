@@ -10,7 +10,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 
 use crate::cache::{Cache, CacheConfig};
-use crate::catalog::{Catalog, DataKind, DataSet, StorageConfig};
+use crate::catalog::{Catalog, DataKind, DataSet, StorageConfig, DRIVERS};
 use crate::Blob;
 
 /// Arguments of `handoff data`.
@@ -114,12 +114,18 @@ pub async fn run_to(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let file = args
+    let given = args
         .catalog
         .clone()
-        .or_else(|| std::env::var_os("HANDOFF_CATALOG").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("Data.toml"));
-    let catalog = Catalog::load(&file, cache.clone()).with_context(|| "give the catalog with --catalog FILE")?;
+        .or_else(|| std::env::var_os("HANDOFF_CATALOG").map(PathBuf::from));
+    let catalog = match &given {
+        // The error names the file and what is wrong in it.
+        Some(file) => Catalog::load(file, cache.clone())?,
+        None => Catalog::load("Data.toml", cache.clone()).with_context(|| {
+            "no catalog was given, so Data.toml in the current folder was read; give one with --catalog FILE \
+             or $HANDOFF_CATALOG"
+        })?,
+    };
     match args.command {
         Command::Ls => ls(&catalog, out),
         Command::Fetch { names } => fetch(&catalog, &names, out).await,
@@ -131,6 +137,8 @@ fn storage_text(ds: &DataSet) -> String {
     match ds.storage() {
         StorageConfig::FileSystem { path } => format!("FileSystem {}", path.display()),
         StorageConfig::ObjectStore { url, .. } => url.clone(),
+        s @ StorageConfig::TomlData { .. } => format!("TomlDataStorage {}", s.location()),
+        StorageConfig::Unavailable { driver } => format!("driver {driver}"),
     }
 }
 
@@ -145,7 +153,9 @@ fn ls(catalog: &Catalog, out: &mut dyn Write) -> anyhow::Result<()> {
         catalog.datasets().len()
     )?;
     for ds in catalog.datasets() {
-        let cached = if ds.object_store().is_none() {
+        let cached = if !ds.storage().is_available() {
+            format!("not available here: this build reads {}", DRIVERS.join(", "))
+        } else if ds.object_store().is_none() {
             "local files, read in place".to_string()
         } else {
             let id = ds.source().identity();
@@ -185,7 +195,21 @@ fn ls(catalog: &Catalog, out: &mut dyn Write) -> anyhow::Result<()> {
 
 async fn fetch(catalog: &Catalog, names: &[String], out: &mut dyn Write) -> anyhow::Result<()> {
     let selected: Vec<Arc<DataSet>> = if names.is_empty() {
-        catalog.datasets().to_vec()
+        // All that this build can read; the others are listed as skipped.
+        for ds in catalog.datasets().iter().filter(|d| !d.storage().is_available()) {
+            writeln!(
+                out,
+                "skipped {}: its driver {} is not available here",
+                ds.name(),
+                ds.storage().driver()
+            )?;
+        }
+        catalog
+            .datasets()
+            .iter()
+            .filter(|d| d.storage().is_available())
+            .cloned()
+            .collect()
     } else {
         names
             .iter()

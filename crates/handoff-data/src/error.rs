@@ -44,32 +44,6 @@ pub enum CatalogError {
         /// What is wrong with it and what it should be.
         problem: String,
     },
-    /// Two datasets share a name or a uuid.
-    #[error("catalog {file}: datasets {first} and {second} both have {what} {value}; names and uuids must be unique")]
-    Duplicate {
-        /// The catalog file.
-        file: PathBuf,
-        /// `name` or `uuid`.
-        what: &'static str,
-        /// The repeated value.
-        value: String,
-        /// The first dataset with it (position and name).
-        first: String,
-        /// The second dataset with it.
-        second: String,
-    },
-    /// The storage driver is not one handoff knows.
-    #[error("catalog {file}, dataset {dataset}: unknown storage driver {driver:?}; use \"FileSystem\" (a local path) or \"ObjectStore\" (a url: s3://, http(s)://, file://, memory://{extra})")]
-    UnknownDriver {
-        /// The catalog file.
-        file: PathBuf,
-        /// The dataset.
-        dataset: String,
-        /// The driver it asked for.
-        driver: String,
-        /// Schemes enabled by cargo features.
-        extra: &'static str,
-    },
     /// The object store could not be configured from the url and options.
     #[error("catalog {file}, dataset {dataset}: cannot configure storage {url}: {message}")]
     Store {
@@ -90,7 +64,29 @@ pub enum Error {
     /// A catalog problem.
     #[error(transparent)]
     Catalog(#[from] CatalogError),
-    /// No dataset with that name or uuid.
+    /// Several datasets have the name or uuid asked for.
+    #[error("catalog {file}: {key:?} names several datasets: {datasets}; use a name or uuid that only one has")]
+    Ambiguous {
+        /// The catalog file.
+        file: PathBuf,
+        /// The name or uuid asked for.
+        key: String,
+        /// The datasets that have it (name and uuid).
+        datasets: String,
+    },
+    /// The dataset's storage driver is not one this build has.
+    #[error("catalog {file}, dataset {dataset}: its storage driver {driver:?} is not available here; this build reads: {drivers}")]
+    DriverUnavailable {
+        /// The catalog file.
+        file: PathBuf,
+        /// The dataset's name.
+        dataset: String,
+        /// The driver the catalog names.
+        driver: String,
+        /// The drivers that exist.
+        drivers: String,
+    },
+    /// No dataset has the name or uuid asked for.
     #[error("catalog {file}: no dataset named or with uuid {key:?}; it has: {known}")]
     NoSuchDataset {
         /// The catalog file.

@@ -21,6 +21,7 @@ pub mod blob;
 pub mod cache;
 pub mod catalog;
 pub mod data_cli;
+pub mod embedded;
 pub mod error;
 pub mod handle;
 mod relpath;
@@ -31,7 +32,7 @@ pub mod tree;
 
 pub use blob::{Blob, BlobMap, BlobReader, LocalPath, Origin};
 pub use cache::{Cache, CacheConfig, CacheStats, CachedFile, GcReport, VerifyReport};
-pub use catalog::{Catalog, DataKind, DataSet, StorageConfig};
+pub use catalog::{Catalog, DataKind, DataSet, StorageConfig, DRIVERS};
 pub use error::{CatalogError, Error, Result};
 pub use handle::BlobHandle;
 pub use tag::BlobTag;

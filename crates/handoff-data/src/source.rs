@@ -76,6 +76,16 @@ impl Source {
                 backend: Backend::Local { root: path.clone() },
             }),
             StorageConfig::ObjectStore { url, options } => open_url(url, options, memory),
+            StorageConfig::TomlData { content } => {
+                let (store, root) = content.store()?;
+                Ok(Source::remote(content.identity(), store, root))
+            }
+            // Never read: the catalog refuses to open it. An empty store stands in.
+            StorageConfig::Unavailable { driver } => Ok(Source::remote(
+                format!("unavailable:{driver}"),
+                Arc::new(object_store::memory::InMemory::new()),
+                StorePath::from(""),
+            )),
         }
     }
 

@@ -144,13 +144,19 @@ const OK_STORAGE: &str = "[datasets.storage]\ndriver = \"FileSystem\"\ntype = \"
 #[test]
 fn bad_catalogs_name_file_and_dataset() {
     let m = parse_err(
-        "[[datasets]]\nname = \"weird\"\nuuid = \"12345678-1234-4234-8234-123456789abc\"\n\
-         [datasets.storage]\ndriver = \"Ftp\"\ntype = \"Blob\"\n",
+        "[[datasets]]\nname = \"toml64\"\nuuid = \"12345678-1234-4234-8234-123456789abc\"\n\
+         [datasets.storage]\ndriver = \"TomlDataStorage\"\ntype = \"Blob\"\ndata = \"not base64!\"\n",
     );
     assert!(
-        m.contains("weird") && m.contains("unknown storage driver") && m.contains("Ftp"),
+        m.contains("toml64") && m.contains("storage.data is not valid base64"),
         "{m}"
     );
+    let m = parse_err(
+        "[[datasets]]\nname = \"tomltree\"\nuuid = \"12345678-1234-4234-8234-123456789abc\"\n\
+         [datasets.storage]\ndriver = \"TomlDataStorage\"\ntype = \"BlobTree\"\n\
+         [datasets.storage.data]\n\"..\" = \"YQ==\"\n",
+    );
+    assert!(m.contains("tomltree") && m.contains("one path part"), "{m}");
 
     let m = parse_err(&format!("[[datasets]]\nname = \"no_uuid\"\n{OK_STORAGE}"));
     assert!(m.contains("no_uuid") && m.contains("uuid is missing"), "{m}");
@@ -169,16 +175,6 @@ fn bad_catalogs_name_file_and_dataset() {
          [datasets.storage]\ndriver = \"FileSystem\"\ntype = \"Table\"\npath = \"x\"\n",
     );
     assert!(m.contains("bad_type") && m.contains("\"Blob\" or \"BlobTree\""), "{m}");
-
-    let twice = |a: &str, ua: &str, b: &str, ub: &str| {
-        format!("[[datasets]]\nname = \"{a}\"\nuuid = \"{ua}\"\n{OK_STORAGE}\n[[datasets]]\nname = \"{b}\"\nuuid = \"{ub}\"\n{OK_STORAGE}")
-    };
-    let u1 = "12345678-1234-4234-8234-123456789abc";
-    let u2 = "12345678-1234-4234-8234-123456789abd";
-    let m = parse_err(&twice("same", u1, "same", u2));
-    assert!(m.contains("both have name same"), "{m}");
-    let m = parse_err(&twice("one", u1, "two", u1));
-    assert!(m.contains("one") && m.contains("two") && m.contains(u1), "{m}");
 
     let m = parse_err(
         "[[datasets]]\nname = \"s3opt\"\nuuid = \"12345678-1234-4234-8234-123456789abc\"\n\
@@ -208,5 +204,155 @@ fn bad_catalogs_name_file_and_dataset() {
     assert!(
         err.to_string().contains("T.toml") && err.to_string().contains("TOML"),
         "{err}"
+    );
+}
+
+fn tag_for(uuid: &str) -> handoff_data::BlobTag {
+    handoff_data::BlobTag {
+        dataset: uuid.to_string(),
+        name: None,
+        path: String::new(),
+        size: None,
+        digest: None,
+        version: None,
+    }
+}
+
+fn embedded() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/julia/Embedded.toml")
+}
+
+#[tokio::test]
+async fn toml_data_storage_blobs_and_trees_read_from_the_catalog() {
+    let tmp = TempDir::new("embedded");
+    let catalog = Catalog::load(embedded(), cache(&tmp)).unwrap();
+    let names: Vec<_> = catalog.datasets().iter().map(|d| d.name().to_string()).collect();
+    assert_eq!(
+        names,
+        [
+            "embedded_blob",
+            "embedded_tree",
+            "embedded_file",
+            "embedded_filetree",
+            "old_backend_blob",
+            "a_text_file"
+        ]
+    );
+    let blob = catalog.blob("embedded_blob").unwrap();
+    assert_eq!(&blob.read_all().await.unwrap()[..], &[0, 0, 0, 0, 0, 0, 0x45, 0x40]);
+    assert_eq!(&blob.read_range(6..8).await.unwrap()[..], &[0x45, 0x40]);
+    let file = catalog.blob("embedded_file").unwrap();
+    assert_eq!(&file.read_all().await.unwrap()[..], b"hello from TOML\n");
+    assert_eq!(catalog.dataset("embedded_filetree").unwrap().kind(), DataKind::BlobTree);
+
+    let tree = catalog.tree("embedded_tree").unwrap();
+    let files: Vec<_> = tree.walk().await.unwrap().into_iter().map(|e| e.path).collect();
+    assert_eq!(files, ["d01/a.txt", "d01/b.txt", "d02/a.txt", "d02/b.txt"]);
+    assert_eq!(
+        &tree.blob("d02/b.txt").unwrap().read_all().await.unwrap()[..],
+        b"2 b content"
+    );
+    let top = catalog.tree("embedded_filetree").unwrap();
+    let files: Vec<_> = top.walk().await.unwrap().into_iter().map(|e| e.path).collect();
+    assert_eq!(files, ["a.txt", "b.txt"]);
+    assert!(tree.blob("../d01/a.txt").is_err(), "no path leaves the tree");
+
+    // A received tag binds to the embedded bytes, digest checked.
+    let tag = file.describe().await.unwrap();
+    let bound = catalog.open_tag(&tag).unwrap();
+    assert_eq!(&bound.read_all().await.unwrap()[..], b"hello from TOML\n");
+}
+
+#[tokio::test]
+async fn a_driver_handoff_lacks_does_not_stop_the_catalog() {
+    let tmp = TempDir::new("unavailable");
+    let catalog = Catalog::load(embedded(), cache(&tmp)).unwrap();
+    let ds = catalog.dataset("old_backend_blob").unwrap();
+    assert_eq!(ds.storage().driver(), "OldBackendAPI");
+    assert!(!ds.storage().is_available());
+    let err = catalog.blob("old_backend_blob").unwrap_err();
+    assert!(matches!(err, Error::DriverUnavailable { .. }), "{err}");
+    let msg = err.to_string();
+    for part in [
+        "old_backend_blob",
+        "OldBackendAPI",
+        "FileSystem",
+        "TomlDataStorage",
+        "ObjectStore",
+        "Embedded.toml",
+    ] {
+        assert!(msg.contains(part), "{part} missing from: {msg}");
+    }
+    // The others still open.
+    assert_eq!(
+        &catalog.blob("a_text_file").unwrap().read_all().await.unwrap()[..],
+        b"Hello world!\n"
+    );
+    // A tag for it is refused the same way (the receiver then takes the sender's bytes).
+    let tag = tag_for(ds.uuid());
+    assert!(matches!(catalog.open_tag(&tag), Err(Error::DriverUnavailable { .. })));
+}
+
+#[test]
+fn datasets_may_share_a_uuid_and_only_a_lookup_by_it_is_refused() {
+    let tmp = TempDir::new("shared");
+    let catalog = Catalog::load(embedded(), cache(&tmp)).unwrap();
+    let shared = "b498f769-a7f6-4f67-8d74-40b770398f26";
+    let err = catalog.dataset(shared).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Ambiguous { .. }), "{msg}");
+    assert!(msg.contains("embedded_blob") && msg.contains("embedded_tree"), "{msg}");
+    assert_eq!(
+        catalog.dataset("embedded_tree").unwrap().uuid(),
+        shared,
+        "by name it is found"
+    );
+    let tag = tag_for(shared);
+    assert!(matches!(catalog.open_tag(&tag), Err(Error::Ambiguous { .. })));
+}
+
+/// `handoff data ls` and `fetch` on a DataSets.jl catalog with a driver handoff lacks.
+#[tokio::test]
+async fn data_ls_marks_what_this_build_cannot_read() {
+    use handoff_data::data_cli::{self, Args, Command};
+    let tmp = TempDir::new("cli");
+    let run = |command| {
+        let args = Args {
+            catalog: Some(embedded()),
+            cache_dir: Some(tmp.path().join("cache")),
+            offline: false,
+            command,
+        };
+        async move {
+            let mut out = Vec::new();
+            let res = data_cli::run_to(args, &mut out).await;
+            (res, String::from_utf8(out).unwrap())
+        }
+    };
+    let (res, out) = run(Command::Ls).await;
+    res.unwrap();
+    let old = out.lines().find(|l| l.starts_with("old_backend_blob")).expect("listed");
+    assert!(
+        old.contains("driver OldBackendAPI") && old.contains("not available here"),
+        "{out}"
+    );
+    let blob = out.lines().find(|l| l.starts_with("embedded_blob")).expect("listed");
+    assert!(blob.contains("TomlDataStorage (in the catalog: 8 bytes)"), "{out}");
+
+    let (res, out) = run(Command::Fetch { names: vec![] }).await;
+    res.unwrap();
+    assert!(
+        out.contains("skipped old_backend_blob: its driver OldBackendAPI is not available here")
+            && out.contains("fetched embedded_tree/d02/b.txt"),
+        "{out}"
+    );
+    let (res, _) = run(Command::Fetch {
+        names: vec!["old_backend_blob".into()],
+    })
+    .await;
+    let msg = format!("{:#}", res.unwrap_err());
+    assert!(
+        msg.contains("OldBackendAPI") && msg.contains("this build reads"),
+        "{msg}"
     );
 }
