@@ -218,6 +218,21 @@ mod tests {
     }
 
     #[test]
+    fn the_identity_is_spelled_as_the_python_peer_spells_it() {
+        // The same values as python/tests/test_datasets.py: both languages key a cache alike.
+        let blob = Embedded::Blob(Bytes::from_static(b"hello from TOML\n"));
+        assert_eq!(
+            blob.identity(),
+            "toml-data:004701f545ae09d44ca92991a8c55b460732a2b553de4f4607d434b9d4fd015c"
+        );
+        let t = tree("[data]\ntop = \"YQ==\"\n[data.d01]\n\"a.txt\" = \"MSBhIGNvbnRlbnQ=\"\n").unwrap();
+        assert_eq!(
+            t.identity(),
+            "toml-data:1d6fe1b7991cb520355d6b71410b68ccab65327cd2d8c9b134ffeba633e80a2e"
+        );
+    }
+
+    #[test]
     fn the_identity_follows_the_content() {
         let a = tree("[data]\n\"a\" = \"YQ==\"\n").unwrap();
         let b = tree("[data]\n\"a\" = \"Yg==\"\n").unwrap();

@@ -8,11 +8,11 @@ On the wire a handle is a map::
      "fallback": <frame reference to a lazy ticket>}        # optional
 
 The receiver binds ``catalog`` in its resources (``node.resources``) to read the object
-itself. The Rust reference binds it to its catalog and cache (``handoff-data``); the
-Python peer has no catalogs, so a handle binds only where the application registered a
-local source for the dataset (:class:`FileDataset`, or any object with
-``read(tag, start, end)``)::
+itself: to the node's catalog, served with :meth:`handoff.datasets.Catalog.serve`
+(``Data.toml``, as in the Rust reference), or to a local source the application
+registered (:class:`FileDataset`, or any object with ``read(tag, start, end)``)::
 
+    Catalog.load("Data.toml").serve(node.resources)
     node.resources.insert(dataset_key(uuid), FileDataset("/data/big.bin"))
 
 Otherwise — or when the local source fails — the handle pulls the bytes from the sender
@@ -306,6 +306,15 @@ class BlobHandle:
         origin = getattr(self.source, "origin", None)
         return origin if origin in ORIGINS else "read-in-place"
 
+    async def _read_source(self, start: int, end: Optional[int]) -> tuple:
+        """Reads from the local source: the bytes and where they came from. A source with
+        ``read_with_origin`` (a catalog's dataset) says so per read; else its ``origin``."""
+        with_origin = getattr(self.source, "read_with_origin", None)
+        if callable(with_origin):
+            data, origin = await _maybe_await(with_origin(self.tag, start, end))
+            return data, origin if origin in ORIGINS else self._source_origin()
+        return await _maybe_await(self.source.read(self.tag, start, end)), self._source_origin()
+
     async def size(self) -> int:
         """The object's size in bytes: from the local source, the tag, or the fallback."""
         if self.source is not None and callable(getattr(self.source, "size", None)):
@@ -323,10 +332,10 @@ class BlobHandle:
         cause: Optional[BaseException] = None
         if self.source is not None:
             try:
-                data = await _maybe_await(self.source.read(self.tag, 0, None))
+                data, origin = await self._read_source(0, None)
                 if self.tag.digest is not None and digest(data).hex() != self.tag.digest.lower():
                     raise BlobError(f"the content of {self.tag.describe()} does not match the tag's digest")
-                self._local_ok(self._source_origin())
+                self._local_ok(origin)
                 return data
             except Exception as e:
                 cause = e
@@ -350,8 +359,7 @@ class BlobHandle:
         cause: Optional[BaseException] = None
         if self.source is not None:
             try:
-                data = await _maybe_await(self.source.read(self.tag, start, end))
-                self._origin = self._source_origin()
+                data, self._origin = await self._read_source(start, end)
                 return data
             except BlobRangeError:
                 raise

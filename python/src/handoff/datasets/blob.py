@@ -1,0 +1,167 @@
+"""Lazy handles to a dataset's objects: :class:`Blob` (one object) and :class:`BlobTree`
+(a folder or prefix of them). Nothing is read until asked; paths inside a tree are
+checked (:mod:`handoff.datasets.paths`).
+
+:class:`DatasetSource` is what a received data handle binds to on a node that serves its
+catalog (:meth:`handoff.datasets.Catalog.serve`): the handle's reads then go to this
+node's storage (``storage``), or its files read in place (``read-in-place``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, List, Optional, Tuple
+
+from ..data import BlobError, BlobRangeError, BlobTag
+from ..tickets import digest
+from . import paths
+from .stores import Entry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .catalog import DataSet
+
+__all__ = ["Blob", "BlobTree", "DatasetSource"]
+
+
+def _origin(dataset: "DataSet") -> str:
+    return "read-in-place" if dataset.source.local is not None else "storage"
+
+
+class Blob:
+    """One object of a dataset: the dataset's own object (``path`` empty, a ``Blob``
+    dataset) or a file of a ``BlobTree`` dataset. Reads go to the dataset's storage."""
+
+    def __init__(self, dataset: "DataSet", path: str = "", tag: Optional[BlobTag] = None):
+        self.dataset = dataset
+        self.path = path
+        #: What the sender said of this object, for a blob bound from a received tag: its
+        #: size and digest are checked against what this node reads.
+        self.tag = tag
+        self.last_origin: Optional[str] = None
+
+    def __repr__(self) -> str:
+        where = f"/{self.path}" if self.path else ""
+        return f"Blob({self.dataset.name}{where})"
+
+    def _check_local(self) -> None:
+        if self.path and self.dataset.source.local is not None:
+            paths.check_local_symlinks(self.dataset.name, self.dataset.source.local, self.path)
+
+    async def size(self) -> int:
+        """The object's size in bytes (asks storage; nothing else is read)."""
+        self._check_local()
+        return await self.dataset.source.size(self.dataset.name, self.path)
+
+    async def read_all(self) -> bytes:
+        """The whole object; checked against the tag's size and digest if it came with one."""
+        self._check_local()
+        data = await self.dataset.source.read(self.dataset.name, self.path)
+        if self.tag is not None:
+            if self.tag.size is not None and len(data) != self.tag.size:
+                raise BlobError(
+                    f"dataset {self.dataset.name}: {self.path or 'its object'} has {len(data)} bytes here, "
+                    f"the sender's tag says {self.tag.size}"
+                )
+            if self.tag.digest is not None and digest(data).hex() != self.tag.digest.lower():
+                raise BlobError(
+                    f"dataset {self.dataset.name}: {self.path or 'its object'} differs here from the sender's "
+                    f"(BLAKE3 {digest(data).hex()}, the tag says {self.tag.digest})"
+                )
+        self.last_origin = _origin(self.dataset)
+        return data
+
+    async def read_range(self, start: int, end: int) -> bytes:
+        """Bytes ``start .. end`` only (a ranged request to storage)."""
+        if start < 0 or end < start:
+            raise BlobRangeError(f"dataset {self.dataset.name}: bad range {start}..{end}")
+        self._check_local()
+        size = await self.size()
+        if end > size:
+            raise BlobRangeError(
+                f"dataset {self.dataset.name}: range {start}..{end} is outside {self.path or 'its object'} ({size} bytes)"
+            )
+        data = await self.dataset.source.read(self.dataset.name, self.path, start, end)
+        self.last_origin = _origin(self.dataset)
+        return data
+
+    async def describe(self, with_digest: bool = True) -> BlobTag:
+        """The tag to send for this blob: dataset uuid and name, path, size, and (reading the
+        object once) its BLAKE3 digest, so that a receiver can check what it reads."""
+        if with_digest:
+            data = await self.read_all()
+            return BlobTag(
+                dataset=self.dataset.uuid,
+                name=self.dataset.name,
+                path=self.path,
+                size=len(data),
+                digest=digest(data).hex(),
+            )
+        return BlobTag(dataset=self.dataset.uuid, name=self.dataset.name, path=self.path, size=await self.size())
+
+
+class BlobTree:
+    """A folder (or prefix) of a ``BlobTree`` dataset: lists its files and opens them."""
+
+    def __init__(self, dataset: "DataSet", path: str = ""):
+        self.dataset = dataset
+        self.path = path
+
+    def __repr__(self) -> str:
+        where = f"/{self.path}" if self.path else ""
+        return f"BlobTree({self.dataset.name}{where})"
+
+    def _rel(self, rel: str) -> str:
+        joined = paths.join(self.dataset.name, self.path, rel)
+        if self.dataset.source.local is not None and joined:
+            paths.check_local_symlinks(self.dataset.name, self.dataset.source.local, joined)
+        return joined
+
+    def blob(self, rel: str) -> Blob:
+        """The file ``rel`` below this folder (``..`` may not leave the dataset)."""
+        joined = self._rel(rel)
+        if not joined:
+            raise paths.BadPath(self.dataset.name, rel, "names the tree itself, not a file in it")
+        return Blob(self.dataset, joined)
+
+    def tree(self, rel: str) -> "BlobTree":
+        """The folder ``rel`` below this one."""
+        return BlobTree(self.dataset, self._rel(rel))
+
+    async def list(self) -> List[Entry]:
+        """The files directly in this folder, sorted."""
+        return await self.dataset.source.list(self.dataset.name, self.path, recursive=False)
+
+    async def walk(self) -> List[Entry]:
+        """Every file below this folder, recursively, sorted by path."""
+        return await self.dataset.source.list(self.dataset.name, self.path, recursive=True)
+
+
+class DatasetSource:
+    """A dataset of this node's catalog as a data handle's local source (spec §8.5): a
+    received tag binds to it, and the handle reads through it."""
+
+    def __init__(self, catalog, dataset: "DataSet"):
+        self.catalog = catalog
+        self.dataset = dataset
+        self.origin = _origin(dataset)
+
+    def __repr__(self) -> str:
+        return f"DatasetSource({self.dataset.name})"
+
+    def _blob(self, tag: BlobTag) -> Blob:
+        return self.catalog.open_tag(tag)
+
+    async def size(self, tag: BlobTag) -> int:
+        return await self._blob(tag).size()
+
+    async def read(self, tag: BlobTag, start: int = 0, end: Optional[int] = None) -> bytes:
+        data, _ = await self.read_with_origin(tag, start, end)
+        return data
+
+    async def read_with_origin(self, tag: BlobTag, start: int = 0, end: Optional[int] = None) -> Tuple[bytes, str]:
+        """The bytes and where they came from (``storage`` or ``read-in-place``)."""
+        blob = self._blob(tag)
+        if start == 0 and end is None:
+            data = await blob.read_all()
+        else:
+            data = await blob.read_range(start, await blob.size() if end is None else end)
+        return data, blob.last_origin or self.origin

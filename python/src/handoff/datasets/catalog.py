@@ -1,0 +1,311 @@
+"""Catalogs: DataSets.jl's ``Data.toml`` (``data_config_version = 1``), read as it is, with
+the same drivers and the same meaning of urls and options as the Rust reference.
+
+- ``FileSystem``: a local ``path`` (``@__DIR__`` is the catalog's folder), read in place;
+- ``TomlDataStorage``: the bytes in the catalog, base64 (:mod:`handoff.datasets.embedded`);
+- ``ObjectStore`` (handoff's): a ``url`` and ``[datasets.storage.options]``
+  (:mod:`handoff.datasets.stores`).
+
+``type`` is ``Blob`` or ``BlobTree`` (or the newer ``File`` and ``FileTree``). A dataset
+whose driver handoff does not have does not stop the catalog from loading: it is listed,
+and opening it says which drivers exist. Datasets may share a name or a uuid, as
+DataSets.jl allows; a lookup by a shared one is refused, naming the datasets.
+
+A node serves its catalog with :meth:`Catalog.serve`: a data handle it receives (spec
+§8.5) then binds to the dataset of the same uuid and reads it itself, else falls back on
+the sender's bytes with the reason.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from ..data import DATASET_PREFIX, BlobError, BlobTag
+from . import embedded, paths
+from .blob import Blob, BlobTree, DatasetSource
+from .stores import Source, local, open_url
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["Catalog", "DataSet", "CatalogError", "DRIVERS", "DriverUnavailable", "Ambiguous", "NoSuchDataset"]
+
+#: The storage drivers this peer reads (``driver = ...``), as in the Rust reference.
+DRIVERS = ("FileSystem", "TomlDataStorage", "ObjectStore")
+
+_KINDS = {"Blob": "Blob", "File": "Blob", "BlobTree": "BlobTree", "FileTree": "BlobTree"}
+
+
+class CatalogError(BlobError):
+    """A problem in a catalog file: it names the file and, where there is one, the dataset."""
+
+
+class NoSuchDataset(CatalogError):
+    """No dataset has the name or uuid asked for."""
+
+
+class Ambiguous(CatalogError):
+    """Several datasets have the name or uuid asked for."""
+
+
+class DriverUnavailable(CatalogError):
+    """The dataset's storage driver is not one this peer has."""
+
+
+@dataclass
+class DataSet:
+    """One dataset of a catalog, as written, and its opened storage."""
+
+    name: str
+    uuid: str
+    description: Optional[str]
+    kind: str  # "Blob" or "BlobTree"
+    driver: str
+    #: ``[datasets.storage]`` as written (keys handoff does not use included).
+    storage: Dict[str, Any]
+    #: The opened storage; ``None`` when the driver is not available here.
+    source: Optional[Source] = field(repr=False, default=None)
+
+    @property
+    def available(self) -> bool:
+        """Whether this peer can read it (its driver is one of :data:`DRIVERS`)."""
+        return self.source is not None
+
+
+def _check_uuid(s: str) -> Optional[str]:
+    if len(s) != 36:
+        return None
+    for i, c in enumerate(s):
+        if i in (8, 13, 18, 23):
+            if c != "-":
+                return None
+        elif c not in "0123456789abcdefABCDEF":
+            return None
+    return s.lower()
+
+
+def _expand_dir(raw: str, folder: Path) -> Path:
+    if raw.startswith("@__DIR__"):
+        p = folder / raw[len("@__DIR__") :].lstrip("/\\")
+    else:
+        p = Path(raw)
+    return p if p.is_absolute() else folder / p
+
+
+class Catalog:
+    """A loaded catalog: datasets by name and uuid, opened as lazy handles."""
+
+    def __init__(self, file: Path, datasets: List[DataSet]):
+        self.file = file
+        self.datasets = datasets
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(cls, file: Any) -> "Catalog":
+        """Reads and checks a catalog file."""
+        path = Path(file)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise CatalogError(f"cannot read catalog {path}: {e.strerror or e}") from None
+        return cls.parse(text, path)
+
+    @classmethod
+    def parse(cls, text: str, file: Any) -> "Catalog":
+        """Parses catalog text as if read from ``file`` (whose folder is ``@__DIR__``)."""
+        path = Path(file).absolute()
+        try:
+            root = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise CatalogError(f"catalog {path} is not valid TOML: {e}") from None
+        version = root.get("data_config_version")
+        if version != 1 or isinstance(version, bool):
+            found = "missing" if version is None else repr(version)
+            raise CatalogError(
+                f"catalog {path}: data_config_version is {found}; handoff reads DataSets.jl catalogs of version 1 "
+                "(set `data_config_version = 1`)"
+            )
+        entries = root.get("datasets", [])
+        if not isinstance(entries, list):
+            raise CatalogError(f"catalog {path}, dataset (catalog): datasets must be an array of tables ([[datasets]])")
+        return cls(path, [_parse_dataset(path, i, e) for i, e in enumerate(entries)])
+
+    # ------------------------------------------------------------------ lookups
+
+    def _only(self, key: str, matches) -> Optional[DataSet]:
+        found = [d for d in self.datasets if matches(d)]
+        if len(found) > 1:
+            names = ", ".join(f"{d.name} ({d.uuid})" for d in found)
+            raise Ambiguous(
+                f"catalog {self.file}: {key!r} names several datasets: {names}; use a name or uuid that only one has"
+            )
+        return found[0] if found else None
+
+    def dataset(self, key: str) -> DataSet:
+        """The dataset with this name or uuid."""
+        lower = key.lower()
+        ds = self._only(key, lambda d: d.name == key or d.uuid == lower)
+        if ds is None:
+            known = ", ".join(d.name for d in self.datasets) or "no datasets"
+            raise NoSuchDataset(f"catalog {self.file}: no dataset named or with uuid {key!r}; it has: {known}")
+        return ds
+
+    def _available(self, ds: DataSet) -> DataSet:
+        if not ds.available:
+            raise DriverUnavailable(
+                f"catalog {self.file}, dataset {ds.name}: its storage driver {ds.driver!r} is not available here; "
+                f"this peer reads: {', '.join(DRIVERS)}"
+            )
+        return ds
+
+    def _kind(self, ds: DataSet, wanted: str) -> None:
+        if ds.kind != wanted:
+            raise CatalogError(f"dataset {ds.name} is a {ds.kind}, not a {wanted}")
+
+    def blob(self, key: str) -> Blob:
+        """A lazy handle to a ``Blob`` dataset (nothing is read yet)."""
+        ds = self._available(self.dataset(key))
+        self._kind(ds, "Blob")
+        return Blob(ds)
+
+    def tree(self, key: str) -> BlobTree:
+        """A lazy handle to a ``BlobTree`` dataset."""
+        ds = self._available(self.dataset(key))
+        self._kind(ds, "BlobTree")
+        return BlobTree(ds)
+
+    def open_tag(self, tag: BlobTag) -> Blob:
+        """Binds a tag received from another node to this catalog: the dataset of its uuid,
+        the path checked; the size and digest it carries are checked on reading."""
+        lower = tag.dataset.lower()
+        ds = self._only(tag.dataset, lambda d: d.uuid == lower)
+        if ds is None:
+            raise NoSuchDataset(
+                f"tag names dataset {tag.dataset} ({tag.name or 'no name given'}) but catalog {self.file} has no "
+                "such uuid; add it to the catalog (same uuid) or fetch the bytes from the sender"
+            )
+        self._available(ds)
+        if not tag.path:
+            self._kind(ds, "Blob")
+            return Blob(ds, "", tag)
+        self._kind(ds, "BlobTree")
+        rel = paths.normalize(ds.name, tag.path)
+        if ds.source.local is not None:
+            paths.check_local_symlinks(ds.name, ds.source.local, rel)
+        return Blob(ds, rel, tag)
+
+    # ------------------------------------------------------------------ serving
+
+    def resolve(self, key: str) -> Optional[DatasetSource]:
+        """The local source for a dataset resource key (``dataset:<uuid>``), or ``None``."""
+        if not key.startswith(DATASET_PREFIX):
+            return None
+        uuid = key[len(DATASET_PREFIX) :]
+        ds = self._only(uuid, lambda d: d.uuid == uuid)
+        if ds is None:
+            return None
+        return DatasetSource(self, self._available(ds))
+
+    def keys(self) -> List[str]:
+        """The resource keys this catalog answers for."""
+        return sorted({DATASET_PREFIX + d.uuid for d in self.datasets if d.available})
+
+    def serve(self, resources) -> "Catalog":
+        """Answers for this catalog's datasets in ``resources`` (a node's): received data
+        handles then bind here (spec §8.5)."""
+        resources.add_resolver(self)
+        return self
+
+    def __repr__(self) -> str:
+        return f"Catalog({str(self.file)!r}, {len(self.datasets)} datasets)"
+
+
+def _field(file: Path, label: str, name: str, problem: str) -> CatalogError:
+    return CatalogError(f"catalog {file}, dataset {label}: {name} {problem}")
+
+
+def _string(file: Path, label: str, table: dict, key: str, prefix: str = "") -> str:
+    v = table.get(key)
+    if v is None:
+        raise _field(file, label, prefix + key, "is missing")
+    if not isinstance(v, str):
+        raise _field(file, label, prefix + key, "must be a string")
+    if not v:
+        raise _field(file, label, prefix + key, "is empty")
+    return v
+
+
+def _parse_dataset(file: Path, index: int, entry: Any) -> DataSet:
+    position = f"#{index + 1}"
+    if not isinstance(entry, dict):
+        raise _field(file, position, "[[datasets]]", "must be a table")
+    name = _string(file, position, entry, "name")
+    label = f"{position} ({name})"
+    raw_uuid = _string(file, label, entry, "uuid")
+    uuid = _check_uuid(raw_uuid)
+    if uuid is None:
+        raise _field(file, label, "uuid", f"{raw_uuid!r} is not a uuid (like b498f769-a7f6-4f67-8d74-40b770398f26)")
+    description = entry.get("description")
+    if description is not None and not isinstance(description, str):
+        raise _field(file, label, "description", "must be a string")
+    storage = entry.get("storage")
+    if storage is None:
+        raise _field(file, label, "storage", "is missing: add a [datasets.storage] table")
+    if not isinstance(storage, dict):
+        raise _field(file, label, "storage", "must be a table ([datasets.storage])")
+    type_name = _string(file, label, storage, "type", "storage.")
+    kind = _KINDS.get(type_name)
+    if kind is None:
+        raise _field(file, label, "storage.type", f'is {type_name!r}; use "Blob" or "BlobTree"')
+    driver = _string(file, label, storage, "driver", "storage.")
+    source: Optional[Source] = None
+    try:
+        if driver == "FileSystem":
+            source = local(_expand_dir(_string(file, label, storage, "path", "storage."), file.parent))
+        elif driver == "TomlDataStorage":
+            try:
+                content = embedded.parse(kind, storage.get("data"))
+            except ValueError as e:
+                raise _field(file, label, "storage.data", str(e)) from None
+            source = _embedded_source(content)
+        elif driver == "ObjectStore":
+            url = _string(file, label, storage, "url", "storage.")
+            options = storage.get("options", {})
+            if not isinstance(options, dict):
+                raise _field(file, label, "storage.options", "must be a table")
+            opts: Dict[str, str] = {}
+            for k, v in options.items():
+                if isinstance(v, bool):
+                    opts[k] = "true" if v else "false"
+                elif isinstance(v, (str, int, float)):
+                    opts[k] = str(v)
+                else:
+                    raise _field(file, label, f"storage.options.{k}", "must be a string, number or boolean")
+            try:
+                source = open_url(url, opts)
+            except ValueError as e:
+                raise CatalogError(f"catalog {file}, dataset {label}: cannot configure storage {url}: {e}") from None
+    except CatalogError:
+        raise
+    return DataSet(name, uuid, description, kind, driver, storage, source)
+
+
+def _embedded_source(content: embedded.Content) -> Source:
+    import obstore
+    from obstore.store import MemoryStore
+
+    store = MemoryStore()
+    if isinstance(content, bytes):
+        obstore.put(store, "blob", content)
+        root = "blob"
+    else:
+        for path, data in content.items():
+            obstore.put(store, f"tree/{path}", data)
+        root = "tree"
+    return Source(embedded.identity(content), store=store, root=root)

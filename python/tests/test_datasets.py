@@ -1,0 +1,273 @@
+"""Catalogs in the Python peer (handoff.datasets): DataSets.jl's Data.toml as it is, the
+same drivers as the Rust reference, against a real S3-compatible server (moto, on
+loopback) and a real HTTP server, and received data handles bound to the catalog."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import SECRET
+
+pytest.importorskip("obstore")
+
+from handoff import Node  # noqa: E402
+from handoff.data import BlobHandle  # noqa: E402
+from handoff.datasets import (  # noqa: E402
+    Ambiguous,
+    BadPath,
+    Catalog,
+    CatalogError,
+    DriverUnavailable,
+    NoSuchDataset,
+)
+from handoff.datasets import embedded  # noqa: E402
+
+FIXTURES = Path(__file__).resolve().parents[2] / "crates" / "handoff-data" / "tests" / "fixtures" / "julia"
+SHARED = "b498f769-a7f6-4f67-8d74-40b770398f26"
+
+
+# ---------------------------------------------------------------- DataSets.jl catalogs as they are
+
+
+async def test_the_datasets_jl_documentation_catalog_loads_and_reads_in_place():
+    c = Catalog.load(FIXTURES / "Data.toml")
+    assert [d.name for d in c.datasets] == ["a_text_file", "some_namespace/a_text_file", "a_tree_example"]
+    ds = c.dataset("a_text_file")
+    assert ds.description == "A text file containing the standard greeting" and ds.kind == "Blob"
+    blob = c.blob("a_text_file")
+    assert await blob.read_all() == b"Hello world!\n" and blob.last_origin == "read-in-place"
+    assert await blob.read_range(6, 11) == b"world"
+    assert c.dataset("B498F769-A7F6-4F67-8D74-40B770398F27").name == "some_namespace/a_text_file"
+    tree = c.tree("a_tree_example")
+    assert [e.path for e in await tree.walk()] == ["1.csv", "2.csv"]
+
+
+async def test_toml_data_storage_blobs_and_trees():
+    c = Catalog.load(FIXTURES / "Embedded.toml")
+    assert await c.blob("embedded_blob").read_all() == bytes([0, 0, 0, 0, 0, 0, 0x45, 0x40])
+    assert await c.blob("embedded_file").read_all() == b"hello from TOML\n"  # type "File"
+    assert c.dataset("embedded_filetree").kind == "BlobTree"  # type "FileTree"
+    tree = c.tree("embedded_tree")
+    assert [e.path for e in await tree.walk()] == ["d01/a.txt", "d01/b.txt", "d02/a.txt", "d02/b.txt"]
+    assert [e.path for e in await tree.tree("d01").list()] == ["a.txt", "b.txt"]
+    assert await tree.blob("d02/b.txt").read_all() == b"2 b content"
+    assert await tree.blob("d01/../d02/a.txt").read_range(0, 1) == b"2"
+    assert [e.path for e in await c.tree("embedded_filetree").walk()] == ["a.txt", "b.txt"]
+
+
+def test_embedded_content_is_named_as_the_rust_reference_names_it():
+    # The same values as handoff-data's embedded tests: both languages key a cache alike.
+    assert embedded.identity(b"hello from TOML\n") == (
+        "toml-data:004701f545ae09d44ca92991a8c55b460732a2b553de4f4607d434b9d4fd015c"
+    )
+    tree = embedded.parse("BlobTree", {"d01": {"a.txt": "MSBhIGNvbnRlbnQ="}, "top": "YQ=="})
+    assert tree == {"d01/a.txt": b"1 a content", "top": b"a"}
+    assert embedded.identity(tree) == "toml-data:1d6fe1b7991cb520355d6b71410b68ccab65327cd2d8c9b134ffeba633e80a2e"
+
+
+def test_a_driver_handoff_lacks_does_not_stop_the_catalog():
+    c = Catalog.load(FIXTURES / "Embedded.toml")
+    ds = c.dataset("old_backend_blob")
+    assert ds.driver == "OldBackendAPI" and not ds.available
+    with pytest.raises(DriverUnavailable) as e:
+        c.blob("old_backend_blob")
+    for part in ("old_backend_blob", "OldBackendAPI", "FileSystem", "TomlDataStorage", "ObjectStore", "Embedded.toml"):
+        assert part in str(e.value), (part, str(e.value))
+
+
+def test_a_shared_uuid_is_refused_only_when_looked_up():
+    c = Catalog.load(FIXTURES / "Embedded.toml")
+    with pytest.raises(Ambiguous) as e:
+        c.dataset(SHARED)
+    assert "embedded_blob" in str(e.value) and "embedded_tree" in str(e.value)
+    assert c.dataset("embedded_tree").uuid == SHARED
+    with pytest.raises(NoSuchDataset):
+        c.dataset("nope")
+
+
+@pytest.mark.parametrize(
+    "body, says",
+    [
+        ('driver = "TomlDataStorage"\ntype = "Blob"\ndata = "not base64!"', "storage.data is not valid base64"),
+        ('driver = "TomlDataStorage"\ntype = "BlobTree"\n[datasets.storage.data]\n".." = "YQ=="', "one path part"),
+        ('driver = "FileSystem"\ntype = "Table"\npath = "x"', '"Blob" or "BlobTree"'),
+        ('driver = "FileSystem"\ntype = "Blob"', "storage.path is missing"),
+        ('driver = "ObjectStore"\ntype = "Blob"\nurl = "ftp://host/k"', "unsupported url scheme"),
+        (
+            'driver = "ObjectStore"\ntype = "Blob"\nurl = "s3://b/k"\n[datasets.storage.options]\nendpiont = "x"',
+            "endpiont",
+        ),
+    ],
+)
+def test_bad_catalogs_name_the_file_the_dataset_and_the_field(tmp_path, body, says):
+    text = f'data_config_version = 1\n[[datasets]]\nname = "bad"\nuuid = "{SHARED}"\n[datasets.storage]\n{body}\n'
+    with pytest.raises(CatalogError) as e:
+        Catalog.parse(text, tmp_path / "Bad.toml")
+    msg = str(e.value)
+    assert "Bad.toml" in msg and "bad" in msg and says in msg, msg
+
+
+async def test_paths_that_leave_a_tree_are_refused(tmp_path):
+    (tmp_path / "tree" / "sub").mkdir(parents=True)
+    (tmp_path / "tree" / "sub" / "in.txt").write_bytes(b"in")
+    (tmp_path / "secret.txt").write_bytes(b"secret")
+    os.symlink(tmp_path / "secret.txt", tmp_path / "tree" / "out.txt")
+    text = (
+        f'data_config_version = 1\n[[datasets]]\nname = "t"\nuuid = "{SHARED}"\n'
+        '[datasets.storage]\ndriver = "FileSystem"\ntype = "BlobTree"\npath = "@__DIR__/tree"\n'
+    )
+    c = Catalog.parse(text, tmp_path / "Data.toml")
+    tree = c.tree("t")
+    assert await tree.blob("sub/in.txt").read_all() == b"in"
+    for bad in ("../secret.txt", "/etc/passwd", "sub/../../secret.txt", "a\\b", "out.txt"):
+        with pytest.raises(BadPath):
+            await tree.blob(bad).read_all()
+    assert [e.path for e in await tree.walk()] == ["sub/in.txt"], "a symlink out of the tree is not listed"
+
+
+# ---------------------------------------------------------------- real storage servers on loopback
+
+
+@pytest.fixture(scope="module")
+def s3():
+    moto_server = pytest.importorskip("moto.server")
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    import obstore
+    from obstore.store import S3Store
+
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/bucket", method="PUT")).read()
+    store = S3Store(
+        "bucket",
+        config={"endpoint": endpoint, "region": "us-east-1", "access_key_id": "k", "secret_access_key": "s"},
+        client_options={"allow_http": True},
+    )
+    obstore.put(store, "data/big.bin", bytes(range(256)) * 4096)
+    obstore.put(store, "trees/t/x.txt", b"x")
+    obstore.put(store, "trees/t/y/z.txt", b"zz")
+    yield endpoint
+    server.stop()
+
+
+def _s3_catalog(tmp_path: Path, endpoint: str) -> Catalog:
+    opts = f'[datasets.storage.options]\nendpoint = "{endpoint}"\nregion = "us-east-1"\naccess_key_id = "k"\nsecret_access_key = "s"\n'
+    text = (
+        "data_config_version = 1\n"
+        f'[[datasets]]\nname = "big"\nuuid = "11111111-1111-4111-8111-111111111111"\n'
+        f'[datasets.storage]\ndriver = "ObjectStore"\ntype = "Blob"\nurl = "s3://bucket/data/big.bin"\n{opts}\n'
+        f'[[datasets]]\nname = "tree"\nuuid = "22222222-2222-4222-8222-222222222222"\n'
+        f'[datasets.storage]\ndriver = "ObjectStore"\ntype = "FileTree"\nurl = "s3://bucket/trees/t"\n{opts}'
+    )
+    return Catalog.parse(text, tmp_path / "Data.toml")
+
+
+async def test_object_store_datasets_on_a_real_s3_server(s3, tmp_path):
+    c = _s3_catalog(tmp_path, s3)
+    big = c.blob("big")
+    assert await big.size() == 1 << 20
+    assert await big.read_range(256, 260) == bytes([0, 1, 2, 3]) and big.last_origin == "storage"
+    assert await big.read_all() == bytes(range(256)) * 4096
+    assert c.dataset("big").source.identity == f"s3://bucket/data/big.bin?endpoint={s3}", "as Rust spells it"
+    tree = c.tree("tree")
+    assert [(e.path, e.size) for e in await tree.walk()] == [("x.txt", 1), ("y/z.txt", 2)]
+    assert [e.path for e in await tree.list()] == ["x.txt"]
+    assert await tree.blob("y/z.txt").read_all() == b"zz"
+    with pytest.raises(Exception) as e:
+        await tree.blob("missing.txt").read_all()
+    assert "missing.txt" in str(e.value)
+
+
+class _RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """A static file server that answers Range requests (as object_store's HTTP store asks)."""
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def send_head(self):
+        path = self.translate_path(self.path)
+        if not os.path.isfile(path):
+            self.send_error(404)
+            return None
+        size = os.path.getsize(path)
+        f = open(path, "rb")
+        rng = self.headers.get("Range")
+        if rng and rng.startswith("bytes="):
+            first, _, last = rng[6:].partition("-")
+            start, end = int(first), min(int(last) if last else size - 1, size - 1)
+            f.seek(start)
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Length", str(end - start + 1))
+            self._left = end - start + 1
+        else:
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self._left = size
+        self.send_header("Last-Modified", self.date_time_string(int(os.path.getmtime(path))))
+        self.send_header("ETag", f'"{size}"')
+        self.end_headers()
+        return f
+
+    def copyfile(self, source, outputfile):
+        outputfile.write(source.read(self._left))
+
+
+@pytest.fixture
+def http_root(tmp_path):
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = lambda *a, **k: _RangeHandler(*a, directory=str(root), **k)  # noqa: E731
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+async def test_object_store_datasets_on_a_real_http_server(http_root, tmp_path):
+    root, url = http_root
+    (root / "files").mkdir()
+    (root / "files" / "greeting.txt").write_bytes(b"Hello over HTTP\n")
+    text = (
+        "data_config_version = 1\n"
+        f'[[datasets]]\nname = "greeting"\nuuid = "{SHARED}"\n'
+        f'[datasets.storage]\ndriver = "ObjectStore"\ntype = "Blob"\nurl = "{url}/files/greeting.txt"\n'
+    )
+    c = Catalog.parse(text, tmp_path / "Data.toml")
+    blob = c.blob("greeting")
+    assert c.dataset("greeting").source.identity == f"{url}/files/greeting.txt"
+    assert await blob.size() == 16
+    assert await blob.read_range(6, 10) == b"over"
+    assert await blob.read_all() == b"Hello over HTTP\n"
+
+
+# ---------------------------------------------------------------- received handles bind to the catalog
+
+
+async def test_a_received_handle_binds_to_the_catalog_or_falls_back_with_the_reason(s3, tmp_path):
+    data = bytes(range(256)) * 4096
+    big_uuid = "11111111-1111-4111-8111-111111111111"
+    async with Node("sender", secret=SECRET, host_id="host-a", listen="127.0.0.1:0") as sender:
+        async with Node("with-catalog", secret=SECRET, host_id="host-b", listen="127.0.0.1:0") as a:
+            _s3_catalog(tmp_path, s3).serve(a.resources)
+            async with Node("without", secret=SECRET, host_id="host-c", listen="127.0.0.1:0") as b:
+                Catalog.load(FIXTURES / "Embedded.toml").serve(b.resources)
+                for node in (a, b):
+                    peer = await sender.connect(node.listen_addr)
+                    await peer.send("demo.Work", {"blob": BlobHandle.from_bytes(data, big_uuid, name="big")})
+                got_a = (await a.recv(10)).body["blob"]
+                assert await got_a.read_all() == data and got_a.last_origin == "storage"
+                assert await got_a.read_range(1, 3) == bytes([1, 2])
+                got_b = (await b.recv(10)).body["blob"]
+                assert await got_b.read_all() == data and got_b.last_origin == "remote-blob"
+                assert got_b.fallback_reason and big_uuid in got_b.fallback_reason
+                got_a.release()
+                got_b.release()
