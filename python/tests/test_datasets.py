@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import http.server
 import os
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -186,10 +189,19 @@ async def test_object_store_datasets_on_a_real_s3_server(s3, tmp_path):
 
 
 class _RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """A static file server that answers Range requests (as object_store's HTTP store asks)."""
+    """A static file server that answers Range requests (as object_store's HTTP store asks),
+    counts the GETs of each path and can hold each GET back a while (to make fills overlap)."""
+
+    gets: dict = {}
+    get_delay = 0.0
 
     def log_message(self, *args):  # quiet
         pass
+
+    def do_GET(self):
+        _RangeHandler.gets[self.path] = _RangeHandler.gets.get(self.path, 0) + 1
+        time.sleep(_RangeHandler.get_delay)
+        super().do_GET()
 
     def send_head(self):
         path = self.translate_path(self.path)
@@ -225,6 +237,7 @@ def http_root(tmp_path):
     root = tmp_path / "www"
     root.mkdir()
     handler = lambda *a, **k: _RangeHandler(*a, directory=str(root), **k)  # noqa: E731
+    _RangeHandler.gets, _RangeHandler.get_delay = {}, 0.0
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield root, f"http://127.0.0.1:{server.server_address[1]}"
@@ -271,3 +284,86 @@ async def test_a_received_handle_binds_to_the_catalog_or_falls_back_with_the_rea
                 assert got_b.fallback_reason and big_uuid in got_b.fallback_reason
                 got_a.release()
                 got_b.release()
+
+
+# ---------------------------------------------------------------- one cache folder, both languages
+
+
+def test_cache_names_follow_the_spec_example():
+    """spec/CACHE.md §10, which handoff-data's layout tests check for Rust too."""
+    from handoff.datasets.cache import Key, encode_part
+
+    key = Key(
+        "s3://ml-data/mnist?endpoint=http://127.0.0.1:9000",
+        "mnist/train/labels.txt",
+        'e:"5eb63bbbe01eeed093cb22bb8f5acdc3"',
+    )
+    assert (key.path_key, key.version_key) == ("693ef5e8dfeeac9eb3e29143714ffa5b", "0cd18f59cccfc5b9510b74b1756be13b")
+    toml = embedded.identity(bytes([0, 0, 0, 0, 0, 0, 0x45, 0x40]))
+    assert toml == "toml-data:a6847e7a830b5518ee25768c2e14f597601a386d2b21508333ed1549c8dc9c32"
+    assert Key(toml, "blob", 'e:"0"').path_key == "718942a0ec0abc644a049104f3693dcb"
+    assert "/".join(encode_part(p) for p in "a b/c~d.txt".split("/")) == "a b/c%7Ed.txt"
+
+
+_READER = """
+import asyncio, sys
+from handoff.datasets import Cache, Catalog
+from handoff.tickets import digest
+
+async def main():
+    blob = Catalog.load(sys.argv[1], Cache(sys.argv[2])).blob("big")
+    data = await blob.read_all()
+    print(digest(data).hex(), blob.last_origin)
+
+asyncio.run(main())
+"""
+
+
+async def test_three_processes_of_both_languages_share_one_download(http_root, tmp_path, handoff_bin):
+    root, url = http_root
+    (root / "big.bin").write_bytes(os.urandom(8 << 20))
+    catalog = tmp_path / "Data.toml"
+    catalog.write_text(
+        "data_config_version = 1\n"
+        f'[[datasets]]\nname = "big"\nuuid = "{SHARED}"\n'
+        f'[datasets.storage]\ndriver = "ObjectStore"\ntype = "Blob"\nurl = "{url}/big.bin"\n'
+    )
+    cache = tmp_path / "cache"
+    _RangeHandler.get_delay = 0.5  # the three fills overlap
+    rust = subprocess.Popen(
+        [str(handoff_bin), "data", "--catalog", str(catalog), "--cache-dir", str(cache), "fetch", "big"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pythons = [
+        subprocess.Popen(
+            [sys.executable, "-c", _READER, str(catalog), str(cache)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=60) for p in [rust, *pythons]]
+    for p, (out, err) in zip([rust, *pythons], outs):
+        assert p.returncode == 0, err
+    want = __import__("blake3").blake3((root / "big.bin").read_bytes()).hexdigest()
+    assert f"blake3 {want}" in outs[0][0], outs[0][0]
+    for out, _ in outs[1:]:
+        got, origin = out.split()
+        assert got == want and origin in ("storage", "cache"), out
+    assert _RangeHandler.gets.get("/big.bin") == 1, f"GETs: {_RangeHandler.gets}"
+
+    # What the Python readers wrote, the Rust node reads as its own (and the other way round).
+    _RangeHandler.get_delay = 0.0
+    ls = subprocess.run(
+        [str(handoff_bin), "data", "--catalog", str(catalog), "--cache-dir", str(cache), "ls"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "cached: 1 objects, 8.0 MiB" in ls.stdout, ls.stdout
+    again = subprocess.run([sys.executable, "-c", _READER, str(catalog), str(cache)], capture_output=True, text=True)
+    assert again.stdout.split() == [want, "cache"], again.stderr
+    assert _RangeHandler.gets.get("/big.bin") == 1, "a hit sends a HEAD, not a GET"

@@ -93,10 +93,8 @@ impl Layout {
     pub fn block(&self, key: &ObjectKey, block_size: u64, index: u64) -> PathBuf {
         self.block_dir(key, block_size).join(index.to_string())
     }
-    pub fn object_lock(&self, key: &ObjectKey) -> PathBuf {
-        self.locks()
-            .join(format!("{}-{}.lock", key.path_key(), key.version_key()))
-    }
+    /// The lock of every whole-object fill of one object path, whatever the version
+    /// (spec/CACHE.md §5.1).
     pub fn path_lock(&self, key: &ObjectKey) -> PathBuf {
         self.locks().join(format!("{}.lock", key.path_key()))
     }
@@ -136,4 +134,29 @@ pub(crate) fn write_atomic(layout: &Layout, dest: &Path, data: &[u8]) -> std::io
     std::fs::rename(&tmp, dest).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ObjectKey;
+
+    /// The worked example of spec/CACHE.md §10, which python/tests/test_datasets.py checks too.
+    #[test]
+    fn keys_are_named_as_the_spec_example_says() {
+        let key = ObjectKey {
+            identity: "s3://ml-data/mnist?endpoint=http://127.0.0.1:9000".into(),
+            path: "mnist/train/labels.txt".into(),
+            version: "e:\"5eb63bbbe01eeed093cb22bb8f5acdc3\"".into(),
+        };
+        assert_eq!(key.path_key(), "693ef5e8dfeeac9eb3e29143714ffa5b");
+        assert_eq!(key.version_key(), "0cd18f59cccfc5b9510b74b1756be13b");
+        let embedded = ObjectKey {
+            identity: "toml-data:a6847e7a830b5518ee25768c2e14f597601a386d2b21508333ed1549c8dc9c32".into(),
+            path: "blob".into(),
+            version: "e:\"0\"".into(),
+        };
+        assert_eq!(embedded.path_key(), "718942a0ec0abc644a049104f3693dcb");
+        let path = crate::source::join_store_path(&object_store::path::Path::from("tree"), "a b/c~d.txt");
+        assert_eq!(path.as_ref(), "tree/a b/c%7Ed.txt");
+    }
 }

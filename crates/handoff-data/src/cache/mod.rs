@@ -356,7 +356,9 @@ impl Cache {
         if self.is_offline() {
             return Err(self.offline_error(req.dataset, req.rel, format!("object of {} bytes", req.meta.size)));
         }
-        let lock_path = self.layout.object_lock(&req.key);
+        // The lock of the object's path, which a first (cold) fill takes too: a fill of a
+        // known version and a first fill of the same object never run at once (spec/CACHE.md §5.1).
+        let lock_path = self.layout.path_lock(&req.key);
         let _flight = self.flights.enter(lock_path.display().to_string()).await;
         let _lock = lock::exclusive(lock_path.clone())
             .await

@@ -4,7 +4,7 @@ binding of received data handles to this node's own storage (spec §8.5)::
 
     from handoff.datasets import Catalog
 
-    catalog = Catalog.load("Data.toml").serve(node.resources)
+    catalog = Catalog.load("Data.toml", Cache("/var/cache/handoff")).serve(node.resources)
     blob = catalog.blob("a_text_file")        # lazy: nothing read yet
     head = await blob.read_range(0, 16)
 
@@ -13,6 +13,7 @@ Rust reference uses): install the extra ``handoff[data]``.
 """
 
 from .blob import Blob, BlobTree, DatasetSource
+from .cache import Cache, CachedFile
 from .catalog import DRIVERS, Ambiguous, Catalog, CatalogError, DataSet, DriverUnavailable, NoSuchDataset
 from .paths import BadPath
 from .stores import Entry, StorageError
@@ -22,6 +23,8 @@ __all__ = [
     "BadPath",
     "Blob",
     "BlobTree",
+    "Cache",
+    "CachedFile",
     "Catalog",
     "CatalogError",
     "DataSet",

@@ -4,16 +4,19 @@ checked (:mod:`handoff.datasets.paths`).
 
 :class:`DatasetSource` is what a received data handle binds to on a node that serves its
 catalog (:meth:`handoff.datasets.Catalog.serve`): the handle's reads then go to this
-node's storage (``storage``), or its files read in place (``read-in-place``).
+node's cache (``cache``, or ``shared-cache`` for the content its tag's digest names) or
+storage (``storage``), or its files read in place (``read-in-place``).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from ..data import BlobError, BlobRangeError, BlobTag
 from ..tickets import digest
 from . import paths
+from .cache import Cache, CachedFile
 from .stores import Entry
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,15 +31,41 @@ def _origin(dataset: "DataSet") -> str:
 
 class Blob:
     """One object of a dataset: the dataset's own object (``path`` empty, a ``Blob``
-    dataset) or a file of a ``BlobTree`` dataset. Reads go to the dataset's storage."""
+    dataset) or a file of a ``BlobTree`` dataset. Reads go to the dataset's storage, through
+    the catalog's cache when it has one (spec/CACHE.md); local files are read in place."""
 
-    def __init__(self, dataset: "DataSet", path: str = "", tag: Optional[BlobTag] = None):
+    def __init__(
+        self, dataset: "DataSet", path: str = "", tag: Optional[BlobTag] = None, cache: Optional[Cache] = None
+    ):
         self.dataset = dataset
         self.path = path
         #: What the sender said of this object, for a blob bound from a received tag: its
         #: size and digest are checked against what this node reads.
         self.tag = tag
+        self.cache = cache
         self.last_origin: Optional[str] = None
+
+    def _cached(self) -> bool:
+        return self.cache is not None and self.dataset.source.local is None
+
+    async def _whole(self) -> Tuple[CachedFile, str]:
+        """The whole object from the cache, pinned, and its origin: the content a tag's
+        digest names (``shared-cache``: another process, or node, fetched it), a cached
+        version (``cache``), or a download (``storage``)."""
+        want = self.tag.digest if self.tag is not None else None
+        if want is not None:
+            f = self.cache.open_digest(want.lower())
+            if f is not None:
+                return f, "shared-cache"
+        source = self.dataset.source
+        return await self.cache.object(
+            source.store,
+            source.identity,
+            source.object_path(self.path),
+            self.dataset.name,
+            expect_digest=want,
+            key_path=source.key_path(self.path),
+        )
 
     def __repr__(self) -> str:
         where = f"/{self.path}" if self.path else ""
@@ -54,7 +83,13 @@ class Blob:
     async def read_all(self) -> bytes:
         """The whole object; checked against the tag's size and digest if it came with one."""
         self._check_local()
-        data = await self.dataset.source.read(self.dataset.name, self.path)
+        origin = _origin(self.dataset)
+        if self._cached():
+            f, origin = await self._whole()
+            with f:
+                data = await asyncio.to_thread(f.read)
+        else:
+            data = await self.dataset.source.read(self.dataset.name, self.path)
         if self.tag is not None:
             if self.tag.size is not None and len(data) != self.tag.size:
                 raise BlobError(
@@ -66,7 +101,7 @@ class Blob:
                     f"dataset {self.dataset.name}: {self.path or 'its object'} differs here from the sender's "
                     f"(BLAKE3 {digest(data).hex()}, the tag says {self.tag.digest})"
                 )
-        self.last_origin = _origin(self.dataset)
+        self.last_origin = origin
         return data
 
     async def read_range(self, start: int, end: int) -> bytes:
@@ -79,6 +114,15 @@ class Blob:
             raise BlobRangeError(
                 f"dataset {self.dataset.name}: range {start}..{end} is outside {self.path or 'its object'} ({size} bytes)"
             )
+        if self._cached():
+            # Only from content cached whole (this peer keeps no blocks): else a ranged GET.
+            f = None
+            if self.tag is not None and self.tag.digest is not None:
+                f = self.cache.open_digest(self.tag.digest.lower())
+            if f is not None:
+                with f:
+                    self.last_origin = "shared-cache"
+                    return f.read(start, end)
         data = await self.dataset.source.read(self.dataset.name, self.path, start, end)
         self.last_origin = _origin(self.dataset)
         return data
@@ -101,9 +145,10 @@ class Blob:
 class BlobTree:
     """A folder (or prefix) of a ``BlobTree`` dataset: lists its files and opens them."""
 
-    def __init__(self, dataset: "DataSet", path: str = ""):
+    def __init__(self, dataset: "DataSet", path: str = "", cache: Optional[Cache] = None):
         self.dataset = dataset
         self.path = path
+        self.cache = cache
 
     def __repr__(self) -> str:
         where = f"/{self.path}" if self.path else ""
@@ -120,11 +165,11 @@ class BlobTree:
         joined = self._rel(rel)
         if not joined:
             raise paths.BadPath(self.dataset.name, rel, "names the tree itself, not a file in it")
-        return Blob(self.dataset, joined)
+        return Blob(self.dataset, joined, cache=self.cache)
 
     def tree(self, rel: str) -> "BlobTree":
         """The folder ``rel`` below this one."""
-        return BlobTree(self.dataset, self._rel(rel))
+        return BlobTree(self.dataset, self._rel(rel), self.cache)
 
     async def list(self) -> List[Entry]:
         """The files directly in this folder, sorted."""

@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional
 from ..data import DATASET_PREFIX, BlobError, BlobTag
 from . import embedded, paths
 from .blob import Blob, BlobTree, DatasetSource
+from .cache import Cache
 from .stores import Source, local, open_url
 
 if sys.version_info >= (3, 11):
@@ -100,24 +101,27 @@ def _expand_dir(raw: str, folder: Path) -> Path:
 class Catalog:
     """A loaded catalog: datasets by name and uuid, opened as lazy handles."""
 
-    def __init__(self, file: Path, datasets: List[DataSet]):
+    def __init__(self, file: Path, datasets: List[DataSet], cache: Optional[Cache] = None):
         self.file = file
         self.datasets = datasets
+        #: The cache that object-store reads go through (``None``: straight to storage).
+        self.cache = cache
 
     # ------------------------------------------------------------------ loading
 
     @classmethod
-    def load(cls, file: Any) -> "Catalog":
-        """Reads and checks a catalog file."""
+    def load(cls, file: Any, cache: Optional[Cache] = None) -> "Catalog":
+        """Reads and checks a catalog file; reads of its object-store datasets go through
+        ``cache`` (spec/CACHE.md, shared with other processes of either language)."""
         path = Path(file)
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as e:
             raise CatalogError(f"cannot read catalog {path}: {e.strerror or e}") from None
-        return cls.parse(text, path)
+        return cls.parse(text, path, cache)
 
     @classmethod
-    def parse(cls, text: str, file: Any) -> "Catalog":
+    def parse(cls, text: str, file: Any, cache: Optional[Cache] = None) -> "Catalog":
         """Parses catalog text as if read from ``file`` (whose folder is ``@__DIR__``)."""
         path = Path(file).absolute()
         try:
@@ -134,7 +138,7 @@ class Catalog:
         entries = root.get("datasets", [])
         if not isinstance(entries, list):
             raise CatalogError(f"catalog {path}, dataset (catalog): datasets must be an array of tables ([[datasets]])")
-        return cls(path, [_parse_dataset(path, i, e) for i, e in enumerate(entries)])
+        return cls(path, [_parse_dataset(path, i, e) for i, e in enumerate(entries)], cache)
 
     # ------------------------------------------------------------------ lookups
 
@@ -172,13 +176,13 @@ class Catalog:
         """A lazy handle to a ``Blob`` dataset (nothing is read yet)."""
         ds = self._available(self.dataset(key))
         self._kind(ds, "Blob")
-        return Blob(ds)
+        return Blob(ds, cache=self.cache)
 
     def tree(self, key: str) -> BlobTree:
         """A lazy handle to a ``BlobTree`` dataset."""
         ds = self._available(self.dataset(key))
         self._kind(ds, "BlobTree")
-        return BlobTree(ds)
+        return BlobTree(ds, cache=self.cache)
 
     def open_tag(self, tag: BlobTag) -> Blob:
         """Binds a tag received from another node to this catalog: the dataset of its uuid,
@@ -193,12 +197,12 @@ class Catalog:
         self._available(ds)
         if not tag.path:
             self._kind(ds, "Blob")
-            return Blob(ds, "", tag)
+            return Blob(ds, "", tag, self.cache)
         self._kind(ds, "BlobTree")
         rel = paths.normalize(ds.name, tag.path)
         if ds.source.local is not None:
             paths.check_local_symlinks(ds.name, ds.source.local, rel)
-        return Blob(ds, rel, tag)
+        return Blob(ds, rel, tag, self.cache)
 
     # ------------------------------------------------------------------ serving
 

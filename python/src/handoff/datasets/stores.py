@@ -15,7 +15,7 @@ import asyncio
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from ..data import BlobError, BlobRangeError
 
@@ -79,10 +79,21 @@ class Source:
     # ------------------------------------------------------------------ naming
 
     def object_path(self, rel: str) -> str:
-        """The store path of ``rel`` (normalized) below the root."""
+        """The store path of ``rel`` (normalized) below the root, as requests name it
+        (``obstore`` encodes what it must)."""
         if not rel:
             return self.root
         return f"{self.root}/{rel}" if self.root else rel
+
+    def key_path(self, rel: str) -> str:
+        """The object path as ``object_store`` spells it, which keys the cache (spec/CACHE.md
+        §2.3): the root as it is, each part of ``rel`` percent-encoded."""
+        from .cache import encode_part
+
+        encoded = "/".join(encode_part(p) for p in rel.split("/")) if rel else ""
+        if not encoded:
+            return self.root
+        return f"{self.root}/{encoded}" if self.root else encoded
 
     def local_path(self, rel: str) -> Optional[Path]:
         """The local file of ``rel``, for a source read in place."""
@@ -233,6 +244,7 @@ def open_url(url: str, options: Dict[str, str]) -> Source:
     if not scheme or not (parts.netloc or scheme == "file"):
         raise ValueError("not a url (like s3://bucket/prefix)")
     url_path = parts.path.strip("/")
+    root = unquote(url_path)  # the root as object_store takes it from the url (decoded)
     config, client = _split_options(options)
     try:
         if scheme in ("s3", "s3a"):
@@ -243,7 +255,7 @@ def open_url(url: str, options: Dict[str, str]) -> Source:
                 client["allow_http"] = "true"
             store = S3Store(parts.netloc, config=config or None, client_options=_typed(client) or None)
             identity = f"s3://{parts.netloc}/{url_path}" + (f"?endpoint={endpoint}" if endpoint else "")
-            return Source(identity, store=store, root=url_path)
+            return Source(identity, store=store, root=root)
         if scheme in ("http", "https"):
             from obstore.store import HTTPStore
 
@@ -253,7 +265,7 @@ def open_url(url: str, options: Dict[str, str]) -> Source:
                 client["allow_http"] = "true"
             origin = f"{scheme}://{parts.netloc}"
             store = HTTPStore.from_url(origin, client_options=_typed(client) or None)
-            return Source(f"{origin}/{url_path}", store=store, root=url_path)
+            return Source(f"{origin}/{url_path}", store=store, root=root)
         if scheme == "file":
             from obstore.store import LocalStore
 
@@ -264,7 +276,7 @@ def open_url(url: str, options: Dict[str, str]) -> Source:
         if scheme == "memory":
             _memory_instances += 1
             identity = f"memory://{parts.netloc}/{url_path}#{os.getpid()}-py{_memory_instances}"
-            return Source(identity, store=memory_store(parts.netloc), root=url_path)
+            return Source(identity, store=memory_store(parts.netloc), root=root)
     except ValueError:
         raise
     except Exception as e:  # obstore's configuration errors
