@@ -15,6 +15,8 @@ def test_a_well_typed_body_passes():
     demo_types.check("handoff.demo.Hold", {"id": 0, "data": memoryview(b"abc")})
     demo_types.check("handoff.demo.Hold", {"id": 0, "data": [0, 255]})  # §8.2: an array of bytes
     demo_types.check("handoff.demo.Held", {"id": 1, "holder": "n", "bytes": 0})  # nil-able field absent
+    segment = {"device": 1, "inode": 2, "offset": 0, "size": 4096, "pool_id": None, "sealed": False}
+    demo_types.check("handoff.demo.Held", {"id": 1, "holder": "n", "bytes": 1, "segment": segment})
     demo_types.check("handoff.demo.Payload", {"id": 1, "digest": b"", "data": b"", "prepare_seconds": 0})
     demo_types.check("some.other.Type", {"anything": object()})  # not described: not checked
 
@@ -31,7 +33,8 @@ def test_a_well_typed_body_passes():
         (PING, [1, b""], "body must be a map, got list"),
         ("handoff.demo.Hold", {"id": 1, "data": [256]}, "'data' must be Buffer, got list"),
         ("handoff.demo.Hold", {"id": 1, "data": "text"}, "'data' must be Buffer, got str"),
-        ("handoff.demo.Held", {"id": 1, "holder": "n", "bytes": 0, "segment": 3}, "must be nil or a map"),
+        ("handoff.demo.Held", {"id": 1, "holder": "n", "bytes": 0, "segment": 3}, "must be nil or map"),
+        ("handoff.demo.Held", {"id": 1, "holder": "n", "bytes": 0, "segment": {"device": 1}}, "must be nil or map"),
         ("handoff.demo.Payload", {"id": 1, "digest": b"", "data": b"", "prepare_seconds": "0"}, "float64"),
     ],
 )

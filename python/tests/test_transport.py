@@ -55,3 +55,19 @@ async def test_send_now_on_a_closed_connection_writes_nothing():
     assert not t.send_now(b"x")
     a.close()
     b.close()
+
+
+async def test_send_now_does_not_overtake_a_sender_waiting_for_the_lock():
+    a, b = socket.socketpair()
+    b.setblocking(False)
+    t = Transport(a, "pair")
+    await t.send_lock.acquire()
+    waiting = asyncio.ensure_future(t.send([b"first"]))
+    await asyncio.sleep(0)  # it waits for the lock
+    t.send_lock.release()  # released: the waiter is woken but has not run yet
+    assert not t.send_now(b"second"), "it would overtake the waiting sender"
+    await waiting
+    assert t.send_now(b"third")
+    assert await _read_all(b, 10) == b"firstthird"
+    a.close()
+    b.close()

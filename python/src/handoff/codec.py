@@ -259,10 +259,13 @@ def _plain_body(body: Any) -> Any:
     later duplicate keys win in both. Anything else, valid or not, raises ``_NotPlain``
     and the strict reader decides (with its own error, if any).
 
-    Raises ``_TooDeep`` where the strict reader could only say "nesting deeper than
-    ``MAX_BODY_DEPTH`` levels": the C reader read the whole body (or, for ``StackError``,
-    everything up to its own depth limit, 1024) and found nothing else wrong before that
-    point, and the strict reader stops at the first problem in document order. This keeps
+    Raises ``_TooDeep`` where the strict reader refuses the body too (the same ``bad-body``
+    code): the C reader read the whole body and found only the nesting wrong, and the
+    strict reader says just that, "nesting deeper than ``MAX_BODY_DEPTH`` levels". For
+    ``StackError`` (nesting past the C reader's own limit, 1024, before any other fault it
+    checks) the message may differ: the strict reader checks an array's or map's announced
+    count against the bytes left, the C reader against the whole body, so for a container
+    that announces more elements than remain the strict reader names the count. This keeps
     a peer that sends deep bodies from costing the node the strict reader's ~200 µs each
     (issue 11: a legitimate peer's round trip during the attack)."""
     try:

@@ -56,11 +56,24 @@ def _nil_or(check: Callable[[Any], bool]) -> Callable[[Any], bool]:
         return v is None or check(v)
 
     nil_or.may_be_absent = True  # type: ignore[attr-defined]
+    nil_or.inner = check  # type: ignore[attr-defined]
     return nil_or
 
 
-def _map(v: Any) -> bool:
-    return type(v) is dict
+def _bool(v: Any) -> bool:
+    return type(v) is bool
+
+
+#: ``Held.segment``: map {device, inode, offset, size uint, pool_id nil or uint, sealed bool}.
+_SEGMENT = {"device": _uint, "inode": _uint, "offset": _uint, "size": _uint, "sealed": _bool}
+
+
+def _segment(v: Any) -> bool:
+    if type(v) is not dict:
+        return False
+    if not all(k in v and ok(v[k]) for k, ok in _SEGMENT.items()):
+        return False
+    return v.get("pool_id") is None or _uint(v["pool_id"])
 
 
 def _handle(v: Any) -> bool:
@@ -75,7 +88,7 @@ _NAMES = {
     _str: "str",
     _bin: "bin",
     _buffer: "Buffer",
-    _map: "map",
+    _segment: "map {device, inode, offset, size uint, pool_id nil or uint, sealed bool}",
     _handle: "data handle",
 }
 
@@ -86,7 +99,7 @@ FIELDS: dict[str, tuple[tuple[str, Callable[[Any], bool]], ...]] = {
     "handoff.bench.Ping": (("seq", _uint), ("data", _bin)),
     "handoff.bench.Blob": (("seq", _uint), ("data", _buffer)),
     "handoff.demo.Hold": (("id", _uint), ("data", _buffer)),
-    "handoff.demo.Held": (("id", _uint), ("holder", _str), ("bytes", _uint), ("segment", _nil_or(_map))),
+    "handoff.demo.Held": (("id", _uint), ("holder", _str), ("bytes", _uint), ("segment", _nil_or(_segment))),
     "handoff.demo.Release": (("id", _uint),),
     "handoff.demo.Forward": (("id", _uint), ("to", _str), ("data", _buffer)),
     "handoff.demo.BlobWork": (("id", _uint), ("blob", _handle), ("digest", _bin)),
@@ -95,8 +108,9 @@ FIELDS: dict[str, tuple[tuple[str, Callable[[Any], bool]], ...]] = {
 
 
 def _describe(check: Callable[[Any], bool]) -> str:
-    if getattr(check, "may_be_absent", False):
-        return "nil or a map"
+    inner = getattr(check, "inner", None)
+    if inner is not None:
+        return f"nil or {_NAMES.get(inner, '?')}"
     return _NAMES.get(check, "?")
 
 

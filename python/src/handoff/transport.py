@@ -75,6 +75,9 @@ class Transport:
         #: next :meth:`send`) before any later message.
         self._tail: Optional[memoryview] = None
         self._tail_task: Optional[asyncio.Task] = None
+        #: Senders in :meth:`send`, holding ``send_lock`` or waiting for it: while there are
+        #: any, :meth:`send_now` writes nothing (it would overtake them).
+        self._senders = 0
         self._write_waiter: Optional[asyncio.Future] = None
         self._broken: Optional[str] = None
         #: Whether an ``error`` message was sent (the close then drains input first, §11.3).
@@ -348,6 +351,13 @@ class Transport:
 
         Raises :class:`PeerClosed` if the connection is closed, or if the peer reads
         nothing for the write timeout (the connection is then closed)."""
+        self._senders += 1
+        try:
+            await self._send_locked(chunks, fds)
+        finally:
+            self._senders -= 1
+
+    async def _send_locked(self, chunks: Sequence, fds: Sequence[int]) -> None:
         async with self.send_lock:
             if self.closed or self._broken is not None:
                 raise PeerClosed(self._broken or f"the connection to {self.label} is closed")
@@ -375,7 +385,13 @@ class Transport:
 
         This spares a small answer the event-loop turn a task needs to start, which a
         busy node's other connections would otherwise fill (issue 11)."""
-        if self.closed or self._broken is not None or self._tail is not None or self.send_lock.locked():
+        if (
+            self.closed
+            or self._broken is not None
+            or self._tail is not None
+            or self._senders
+            or self.send_lock.locked()
+        ):
             return False
         try:
             sent = self.sock.send(data, _SEND_FLAGS)

@@ -507,7 +507,13 @@ class Worker:
             except Exception as e:  # a handle this node can neither bind nor pull: say so
                 self.answer(sender, BLOB_WORK, BLOB_RECEIPT, blob_receipt(0, "failed", str(e)))
                 return
-            demo_types.check(t, work)
+            try:
+                demo_types.check(t, work)
+            except Exception:
+                blob = work.get("blob") if isinstance(work, dict) else None
+                if hasattr(blob, "release"):
+                    blob.release()  # its fallback ticket: the sender's lease ends now
+                raise
 
             async def read() -> None:
                 # A download holds up only this peer's answers, never other peers'.

@@ -54,7 +54,7 @@ class Blob:
         version (``cache``), or a download (``storage``)."""
         want = self.tag.digest if self.tag is not None else None
         if want is not None:
-            f = self.cache.open_digest(want.lower())
+            f = await asyncio.to_thread(self.cache.open_digest, want.lower())
             if f is not None:
                 return f, "shared-cache"
         source = self.dataset.source
@@ -118,11 +118,12 @@ class Blob:
             # Only from content cached whole (this peer keeps no blocks): else a ranged GET.
             f = None
             if self.tag is not None and self.tag.digest is not None:
-                f = self.cache.open_digest(self.tag.digest.lower())
+                f = await asyncio.to_thread(self.cache.open_digest, self.tag.digest.lower())
             if f is not None:
                 with f:
-                    self.last_origin = "shared-cache"
-                    return f.read(start, end)
+                    data = await asyncio.to_thread(f.read, start, end)
+                self.last_origin = "shared-cache"
+                return data
         data = await self.dataset.source.read(self.dataset.name, self.path, start, end)
         self.last_origin = _origin(self.dataset)
         return data

@@ -5,11 +5,12 @@ the same entries and seals (§3), temporary files renamed into place (§4), the 
 ``flock`` locks for single flight across processes (§5), and pins that the Rust evictor
 respects (§6.1). Three processes of either language reading the same object cause one GET.
 
-What this implementation does not do (spec/CACHE.md §9 allows each):
+What this implementation does not do (spec/CACHE.md §9 allows each, and says so):
 - it never evicts (no size cap; a Rust node sharing the folder, or ``handoff data gc``,
   keeps it in bounds), and it honours pins, so eviction never removes what it reads;
 - range reads of objects not cached whole go to storage directly: it neither writes nor
-  reads block files.
+  reads block files;
+- it has no offline mode (§8.1).
 """
 
 from __future__ import annotations
@@ -27,12 +28,11 @@ from typing import Any, Dict, Optional, Tuple
 import blake3
 
 from ..data import BlobError
+from .stores import StorageError, encode_part
 
-__all__ = ["Cache", "CachedFile", "Key", "short_hash", "encode_part", "default_dir"]
+__all__ = ["Cache", "CachedFile", "Key", "short_hash", "encode_part", "default_dir", "version_of"]
 
 _HEX = frozenset("0123456789abcdef")
-#: Bytes of a part of an object path that object_store percent-encodes (spec §2.3).
-_ENCODED = frozenset(b'/\\{^}%`]">[~<#|*?')
 _CHUNK = 4 << 20
 
 
@@ -54,17 +54,6 @@ def short_hash(*parts: str) -> str:
         h.update(p.encode("utf-8"))
         h.update(b"\0")
     return h.digest()[:16].hex()
-
-
-def encode_part(part: str) -> str:
-    """One part of a dataset-relative path, percent-encoded as object_store encodes it (§2.3)."""
-    out = []
-    for b in part.encode("utf-8"):
-        if b >= 0x80 or b < 0x20 or b == 0x7F or b in _ENCODED:
-            out.append(f"%{b:02X}")
-        else:
-            out.append(chr(b))
-    return "".join(out)
 
 
 def version_of(meta: Dict[str, Any]) -> str:
@@ -108,8 +97,19 @@ class CachedFile:
         self.fd, self.path, self.digest, self.size = fd, path, digest, size
 
     def read(self, start: int = 0, end: Optional[int] = None) -> bytes:
+        """Bytes ``start .. end`` of the content (one ``pread`` returns at most 2 GiB: looped)."""
         end = self.size if end is None else end
-        return os.pread(self.fd, end - start, start)
+        if end - start <= _CHUNK:
+            return os.pread(self.fd, end - start, start)
+        out = bytearray(end - start)
+        view = memoryview(out)
+        done = 0
+        while done < len(out):
+            n = os.preadv(self.fd, [view[done : done + (1 << 30)]], start + done)
+            if n == 0:
+                raise BlobError(f"the cached {self.path} ended after {start + done} of {end} bytes")
+            done += n
+        return bytes(out)
 
     def close(self) -> None:
         if self.fd >= 0:
@@ -129,9 +129,8 @@ class CachedFile:
 class Cache:
     """A cache folder (created if missing), shared with other processes of either language."""
 
-    def __init__(self, directory: Any = None, offline: bool = False):
+    def __init__(self, directory: Any = None):
         self.dir = Path(directory) if directory is not None else default_dir()
-        self.offline = offline
         for sub in ("objects", "index", "blocks", "locks", "tmp"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         self._turns: Dict[str, asyncio.Lock] = {}
@@ -196,6 +195,13 @@ class Cache:
         fd = self._pin(digest)
         if fd is None:
             return None
+        try:
+            return self._checked(fd, digest)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _checked(self, fd: int, digest: str) -> Optional[CachedFile]:
         st = os.fstat(fd)
         seal_path = self._object(digest).with_name(f"{digest}.seal")
         try:
@@ -248,13 +254,22 @@ class Cache:
     # ------------------------------------------------------------------ filling (§4, §5)
 
     async def _locked(self, lock_name: str):
-        """An in-process turn, then ``LOCK_EX`` on ``locks/<lock_name>`` (waited in a thread)."""
+        """An in-process turn, then ``LOCK_EX`` on ``locks/<lock_name>``. Another process's
+        fill is waited for by polling the lock (no thread blocks in ``flock``, so a
+        cancelled wait leaves nothing behind)."""
         turn = self._turns.setdefault(lock_name, asyncio.Lock())
         await turn.acquire()
         try:
             fd = os.open(self.dir / "locks" / lock_name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
             try:
-                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+                pause = 0.001
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        await asyncio.sleep(pause)
+                        pause = min(pause * 2, 0.05)
             except BaseException:
                 os.close(fd)
                 raise
@@ -285,6 +300,19 @@ class Cache:
                     h.update(view)
                     out.write(view)
                     size += len(view)
+        except FileNotFoundError:
+            tmp.unlink(missing_ok=True)
+            raise StorageError(f"dataset {dataset}: {location} not found") from None
+        except BlobError:
+            tmp.unlink(missing_ok=True)
+            raise
+        except Exception as e:
+            tmp.unlink(missing_ok=True)
+            raise StorageError(f"dataset {dataset}: downloading {location} failed: {e}") from None
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        try:
             if size != int(meta["size"]):
                 raise BlobError(f"dataset {dataset}: {location} announced {meta['size']} bytes, {size} came")
             digest = h.hexdigest()
@@ -343,25 +371,28 @@ class Cache:
 
         named = location if key_path is None else key_path  # the path as object_store spells it (§2.3)
         probe = Key(identity, named, "")
-        if not self.offline and not self.has_path(identity, named):
+        if not await asyncio.to_thread(self.has_path, identity, named):
             held = await self._locked(f"{probe.path_key}.lock")
             try:
                 if not self.has_path(identity, named):
                     tmp, digest, size, meta = await self._download(store, location, None, dataset, expect_digest)
                     key = Key(identity, named, version_of(meta))
-                    return self._install(key, tmp, digest, size), "storage"
+                    return await asyncio.to_thread(self._install, key, tmp, digest, size), "storage"
             finally:
                 self._unlock(held)
-        if self.offline:
-            raise BlobError(f"offline: dataset {dataset} path {location!r} is not in the cache {self.dir}")
-        meta = await obstore.head_async(store, location)
+        try:
+            meta = await obstore.head_async(store, location)
+        except FileNotFoundError:
+            raise StorageError(f"dataset {dataset}: {location} not found in {identity}") from None
+        except Exception as e:
+            raise StorageError(f"dataset {dataset}: storage {identity} failed for {location}: {e}") from None
         key = Key(identity, named, version_of(meta))
-        f = self.hit(key)
+        f = await asyncio.to_thread(self.hit, key)
         if f is not None:
             return f, "cache"
         held = await self._locked(f"{key.path_key}.lock")
         try:
-            f = self.hit(key)
+            f = await asyncio.to_thread(self.hit, key)
             if f is not None:
                 return f, "cache"
             options: Dict[str, Any] = {}
@@ -370,6 +401,6 @@ class Cache:
             if meta.get("version"):
                 options["version"] = meta["version"]
             tmp, digest, size, _ = await self._download(store, location, options or None, dataset, expect_digest)
-            return self._install(key, tmp, digest, size), "storage"
+            return await asyncio.to_thread(self._install, key, tmp, digest, size), "storage"
         finally:
             self._unlock(held)

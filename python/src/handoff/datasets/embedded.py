@@ -24,13 +24,22 @@ MAX_DEPTH = 64
 Content = Union[bytes, Dict[str, bytes]]
 
 
+#: What may separate base64 in a multi-line TOML string: ASCII whitespace, as in Rust.
+_SPACE = str.maketrans("", "", " \t\n\x0c\r")
+
+
 def _decode(text: str, path: str) -> bytes:
-    compact = "".join(text.split())
+    """Standard base64 with padding, canonical (the unused bits of the last character zero),
+    as the Rust reference's decoder takes it."""
+    where = f" (file {path!r})" if path else ""
+    compact = text.translate(_SPACE)
     try:
-        return base64.b64decode(compact.encode("ascii"), validate=True)
+        data = base64.b64decode(compact.encode("ascii"), validate=True)
     except (binascii.Error, UnicodeEncodeError, ValueError) as e:
-        where = f" (file {path!r})" if path else ""
         raise ValueError(f"is not valid base64{where}: {e}") from None
+    if base64.b64encode(data).decode("ascii") != compact:
+        raise ValueError(f"is not valid base64{where}: not in its canonical form (padding or trailing bits)")
+    return data
 
 
 def _walk(table: dict, prefix: str, depth: int, files: Dict[str, bytes]) -> None:

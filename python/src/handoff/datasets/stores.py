@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlsplit
 
 from ..data import BlobError, BlobRangeError
 
-__all__ = ["Source", "Entry", "open_url", "local", "memory_store", "StorageError"]
+__all__ = ["Source", "Entry", "open_url", "local", "memory_store", "StorageError", "encode_part"]
 
 #: Client options (``obstore``'s ``client_options``) among a store's options; the rest
 #: configure the store itself.
@@ -38,6 +38,9 @@ _CLIENT_OPTIONS = frozenset(
         "default_content_type",
     }
 )
+
+#: Bytes of a part of an object path that object_store percent-encodes (spec/CACHE.md §2.3).
+_ENCODED = frozenset(b'/\\{^}%`]">[~<#|*?')
 
 _memory: Dict[str, Any] = {}
 _memory_instances = 0
@@ -88,8 +91,6 @@ class Source:
     def key_path(self, rel: str) -> str:
         """The object path as ``object_store`` spells it, which keys the cache (spec/CACHE.md
         §2.3): the root as it is, each part of ``rel`` percent-encoded."""
-        from .cache import encode_part
-
         encoded = "/".join(encode_part(p) for p in rel.split("/")) if rel else ""
         if not encoded:
             return self.root
@@ -213,6 +214,17 @@ class Source:
         return out
 
 
+def encode_part(part: str) -> str:
+    """One part of a dataset-relative path, percent-encoded as object_store encodes it (§2.3)."""
+    out = []
+    for b in part.encode("utf-8"):
+        if b >= 0x80 or b < 0x20 or b == 0x7F or b in _ENCODED:
+            out.append(f"%{b:02X}")
+        else:
+            out.append(chr(b))
+    return "".join(out)
+
+
 def local(path: Path) -> Source:
     """A ``FileSystem`` source: the file or folder read in place."""
     return Source(f"file://{path}", local=path)
@@ -250,7 +262,19 @@ def open_url(url: str, options: Dict[str, str]) -> Source:
         if scheme in ("s3", "s3a"):
             from obstore.store import S3Store
 
-            endpoint = config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
+            # Every spelling object_store takes for the endpoint (it names the identity).
+            endpoint = (
+                next(
+                    (
+                        config[k]
+                        for k in ("endpoint", "aws_endpoint", "endpoint_url", "aws_endpoint_url")
+                        if config.get(k)
+                    ),
+                    None,
+                )
+                or os.environ.get("AWS_ENDPOINT_URL")
+                or os.environ.get("AWS_ENDPOINT")
+            )
             if endpoint and endpoint.startswith("http://") and "allow_http" not in client:
                 client["allow_http"] = "true"
             store = S3Store(parts.netloc, config=config or None, client_options=_typed(client) or None)
@@ -271,7 +295,7 @@ def open_url(url: str, options: Dict[str, str]) -> Source:
 
             if not parts.path.startswith("/"):
                 raise ValueError("file:// url must hold an absolute local path")
-            path = Path(parts.path)
+            path = Path(unquote(parts.path))
             return Source(f"file://{path}", store=LocalStore("/"), root=str(path).lstrip("/"))
         if scheme == "memory":
             _memory_instances += 1
