@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import http.server
 import os
 import secrets
 import socket
@@ -174,3 +175,51 @@ class RawPeer:
 
     def close(self) -> None:
         self.sock.close()
+
+
+class RangeHTTPHandler(http.server.SimpleHTTPRequestHandler):
+    """A static file server that answers Range requests (as object_store's HTTP store asks),
+    counts the GETs of each path and can hold each GET back a while (to make fills overlap)."""
+
+    gets: dict = {}
+    get_delay = 0.0
+    #: (monotonic start, end) of each GET served.
+    spans: list = []
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_GET(self):
+        RangeHTTPHandler.gets[self.path] = RangeHTTPHandler.gets.get(self.path, 0) + 1
+        began = time.monotonic()
+        time.sleep(RangeHTTPHandler.get_delay)
+        super().do_GET()
+        RangeHTTPHandler.spans.append((began, time.monotonic()))
+
+    def send_head(self):
+        path = self.translate_path(self.path)
+        if not os.path.isfile(path):
+            self.send_error(404)
+            return None
+        size = os.path.getsize(path)
+        f = open(path, "rb")
+        rng = self.headers.get("Range")
+        if rng and rng.startswith("bytes="):
+            first, _, last = rng[6:].partition("-")
+            start, end = int(first), min(int(last) if last else size - 1, size - 1)
+            f.seek(start)
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+            self.send_header("Content-Length", str(end - start + 1))
+            self._left = end - start + 1
+        else:
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self._left = size
+        self.send_header("Last-Modified", self.date_time_string(int(os.path.getmtime(path))))
+        self.send_header("ETag", f'"{size}"')
+        self.end_headers()
+        return f
+
+    def copyfile(self, source, outputfile):
+        outputfile.write(source.read(self._left))

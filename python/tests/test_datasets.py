@@ -9,11 +9,11 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 from conftest import SECRET
+from helpers import RangeHTTPHandler
 
 pytest.importorskip("obstore")
 
@@ -189,60 +189,12 @@ async def test_object_store_datasets_on_a_real_s3_server(s3, tmp_path):
     assert "missing.txt" in str(e.value)
 
 
-class _RangeHandler(http.server.SimpleHTTPRequestHandler):
-    """A static file server that answers Range requests (as object_store's HTTP store asks),
-    counts the GETs of each path and can hold each GET back a while (to make fills overlap)."""
-
-    gets: dict = {}
-    get_delay = 0.0
-    #: (monotonic start, end) of each GET served.
-    spans: list = []
-
-    def log_message(self, *args):  # quiet
-        pass
-
-    def do_GET(self):
-        _RangeHandler.gets[self.path] = _RangeHandler.gets.get(self.path, 0) + 1
-        began = time.monotonic()
-        time.sleep(_RangeHandler.get_delay)
-        super().do_GET()
-        _RangeHandler.spans.append((began, time.monotonic()))
-
-    def send_head(self):
-        path = self.translate_path(self.path)
-        if not os.path.isfile(path):
-            self.send_error(404)
-            return None
-        size = os.path.getsize(path)
-        f = open(path, "rb")
-        rng = self.headers.get("Range")
-        if rng and rng.startswith("bytes="):
-            first, _, last = rng[6:].partition("-")
-            start, end = int(first), min(int(last) if last else size - 1, size - 1)
-            f.seek(start)
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
-            self.send_header("Content-Length", str(end - start + 1))
-            self._left = end - start + 1
-        else:
-            self.send_response(200)
-            self.send_header("Content-Length", str(size))
-            self._left = size
-        self.send_header("Last-Modified", self.date_time_string(int(os.path.getmtime(path))))
-        self.send_header("ETag", f'"{size}"')
-        self.end_headers()
-        return f
-
-    def copyfile(self, source, outputfile):
-        outputfile.write(source.read(self._left))
-
-
 @pytest.fixture
 def http_root(tmp_path):
     root = tmp_path / "www"
     root.mkdir()
-    handler = lambda *a, **k: _RangeHandler(*a, directory=str(root), **k)  # noqa: E731
-    _RangeHandler.gets, _RangeHandler.get_delay, _RangeHandler.spans = {}, 0.0, []
+    handler = lambda *a, **k: RangeHTTPHandler(*a, directory=str(root), **k)  # noqa: E731
+    RangeHTTPHandler.gets, RangeHTTPHandler.get_delay, RangeHTTPHandler.spans = {}, 0.0, []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield root, f"http://127.0.0.1:{server.server_address[1]}"
@@ -335,7 +287,7 @@ async def test_three_processes_of_both_languages_share_one_download(http_root, t
         f'[datasets.storage]\ndriver = "ObjectStore"\ntype = "Blob"\nurl = "{url}/big.bin"\n'
     )
     cache = tmp_path / "cache"
-    _RangeHandler.get_delay = 1.5  # long enough for all three to ask while it is under way
+    RangeHTTPHandler.get_delay = 1.5  # long enough for all three to ask while it is under way
     rust = subprocess.Popen(
         [str(handoff_bin), "data", "--catalog", str(catalog), "--cache-dir", str(cache), "fetch", "big"],
         stdout=subprocess.PIPE,
@@ -356,15 +308,15 @@ async def test_three_processes_of_both_languages_share_one_download(http_root, t
         assert p.returncode == 0, err
     want = __import__("blake3").blake3((root / "big.bin").read_bytes()).hexdigest()
     assert f"blake3 {want}" in outs[0][0], outs[0][0]
-    ((get_began, get_ended),) = _RangeHandler.spans
+    ((get_began, get_ended),) = RangeHTTPHandler.spans
     for out, _ in outs[1:]:
         got, origin, began = out.split()
         assert got == want and origin in ("storage", "cache"), out
         assert float(began) < get_ended, "each reader asked while the one download was under way"
-    assert _RangeHandler.gets.get("/big.bin") == 1, f"GETs: {_RangeHandler.gets}"
+    assert RangeHTTPHandler.gets.get("/big.bin") == 1, f"GETs: {RangeHTTPHandler.gets}"
 
     # What the Python readers wrote, the Rust node reads as its own (and the other way round).
-    _RangeHandler.get_delay = 0.0
+    RangeHTTPHandler.get_delay = 0.0
     ls = subprocess.run(
         [str(handoff_bin), "data", "--catalog", str(catalog), "--cache-dir", str(cache), "ls"],
         capture_output=True,
@@ -374,4 +326,4 @@ async def test_three_processes_of_both_languages_share_one_download(http_root, t
     assert "cached: 1 objects, 8.0 MiB" in ls.stdout, ls.stdout
     again = subprocess.run([sys.executable, "-c", _READER, str(catalog), str(cache)], capture_output=True, text=True)
     assert again.stdout.split()[:2] == [want, "cache"], again.stderr
-    assert _RangeHandler.gets.get("/big.bin") == 1, "a hit sends a HEAD, not a GET"
+    assert RangeHTTPHandler.gets.get("/big.bin") == 1, "a hit sends a HEAD, not a GET"

@@ -67,6 +67,7 @@ from ..pool import pool
 from .. import pins
 from . import config  # noqa: F401  (registers the configuration defaults)
 from . import serialize  # noqa: F401  (registers the serialization family)
+from . import data  # noqa: F401  (registers dataset objects as route-aware types)
 from .backend import HandoffBackend
 from .comm import HandoffComm, counters
 from .connector import HandoffConnector

@@ -44,6 +44,10 @@ class Blob:
         self.tag = tag
         self.cache = cache
         self.last_origin: Optional[str] = None
+        #: Size and BLAKE3 (hex) of the content, once this handle has read it whole: a tag
+        #: made from it then carries them, so that a receiver can find the content by digest.
+        self.known_size: Optional[int] = None
+        self.known_digest: Optional[str] = None
 
     def _cached(self) -> bool:
         return self.cache is not None and self.dataset.source.local is None
@@ -102,6 +106,7 @@ class Blob:
                     f"(BLAKE3 {digest(data).hex()}, the tag says {self.tag.digest})"
                 )
         self.last_origin = origin
+        self.known_size, self.known_digest = len(data), digest(data).hex()
         return data
 
     async def read_range(self, start: int, end: int) -> bytes:
