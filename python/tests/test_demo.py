@@ -30,8 +30,17 @@ def test_demo_has_verified_python_rows_on_tcp_and_shm(handoff_bin):
         import distributed  # noqa: F401
     except ImportError:
         return
-    dask = {(r["channel"], r["locality"]): r for r in rows if r["from"].startswith("dask-")}
+    dask = {(r["channel"], r["locality"]): r for r in rows if r["from"].startswith("dask-") and "data" not in r}
     assert set(dask) == {("shm", "same-host"), ("tcp", "remote")}, rows
     for r in dask.values():
         assert r["verified"] and r["bytes"] == 3000000 and r["seconds"] > 0 and r["dask_tcp_seconds"] > 0, r
     assert all("dask_tcp_seconds" not in r for r in rows if not r["from"].startswith("dask-"))
+    # A Dask worker receiving a data handle: one row per origin, with the storage GETs it caused.
+    handles = {r["to"]: r for r in rows if r["from"].startswith("dask-") and "data" in r}
+    got = {to: (r["path"], r["storage_gets"], r["channel"]) for to, r in handles.items()}
+    assert got == {
+        "dask-b": ("shared-cache", 0, "shm"),
+        "dask-r": ("storage", 1, "tcp"),
+        "dask-n": ("remote-blob", 0, "shm"),
+    }, handles
+    assert all(r["verified"] and r["bytes"] == 3000000 and "dask_tcp_seconds" not in r for r in handles.values())

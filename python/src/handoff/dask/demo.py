@@ -26,6 +26,14 @@ format of ``handoff demo --json`` (which runs it): ``from``, ``to``, ``locality`
   array lies in the sender's shared segment (a ``memfd``) over shm and in its own memory
   over tcp.
 
+- **Data handles** (:mod:`handoff.dask.data`): one more worker, ``dask-n``, of this
+  host but with a catalog that lacks the dataset; every worker opens its catalog and a cache
+  folder per host identity. A task on ``dask-a`` reads ``demo-data`` (``--bytes`` bytes on an
+  HTTP server on loopback, which counts GETs) and returns the ``Blob``; ``dask-b``,
+  ``dask-r`` and ``dask-n`` each read it: one row per origin (``path``: ``shared-cache``,
+  ``storage``, ``remote-blob``), with ``storage_gets`` the GETs the row caused and
+  ``verified`` the BLAKE3 digests equal. These rows have no ``dask_tcp_seconds``.
+
 Needs the ``dask`` extra (``pip install 'handoff[dask]'``); without it, it exits with
 status 3 and says so.
 """
@@ -117,8 +125,152 @@ async def _series(client, a: str, b: str, nbytes: int, reps: int, protocol: str,
     return {"seconds": statistics.median(times) if times else None, "verified": not why, "why": why}
 
 
+class _Storage:
+    """The demo's storage: an HTTP file server on loopback (Range requests, as object_store
+    asks them) that counts the GETs of the object, and the catalogs that name it."""
+
+    def __init__(self, folder: str, nbytes: int):
+        import http.server
+        import threading
+
+        self.folder = folder
+        with open(os.path.join(folder, "demo-data.bin"), "wb") as f:
+            f.write(os.urandom(nbytes))
+        self.gets = 0
+        storage = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                if self.path == "/demo-data.bin":
+                    storage.gets += 1
+                size = os.path.getsize(os.path.join(folder, "demo-data.bin"))
+                rng = self.headers.get("Range", "")
+                if rng.startswith("bytes=") and self.path == "/demo-data.bin":
+                    first, _, last = rng[6:].partition("-")
+                    start, end = int(first), min(int(last) if last else size - 1, size - 1)
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+                else:
+                    start, end = 0, size - 1
+                    self.send_response(200)
+                self.send_header("Content-Length", str(end - start + 1))
+                self.send_header("ETag", f'"demo-{size}"')
+                self.end_headers()
+                with open(os.path.join(folder, "demo-data.bin"), "rb") as f:
+                    f.seek(start)
+                    self.wfile.write(f.read(end - start + 1))
+
+            def do_HEAD(self):
+                size = os.path.getsize(os.path.join(folder, "demo-data.bin"))
+                self.send_response(200)
+                self.send_header("Content-Length", str(size))
+                self.send_header("ETag", f'"demo-{size}"')
+                self.end_headers()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{self.server.server_address[1]}/demo-data.bin"
+        self.catalog = os.path.join(folder, "Data.toml")
+        with open(self.catalog, "w") as f:
+            f.write(
+                "data_config_version = 1\n"
+                f'[[datasets]]\nname = "demo-data"\nuuid = "{DATA_UUID}"\n'
+                f'[datasets.storage]\ndriver = "ObjectStore"\ntype = "Blob"\nurl = "{url}"\n'
+            )
+        #: The catalog of the worker that lacks the dataset.
+        self.empty = os.path.join(folder, "Empty.toml")
+        with open(self.empty, "w") as f:
+            f.write("data_config_version = 1\n")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+#: The demo dataset's uuid.
+DATA_UUID = "5f0c8f7e-7a41-4d2b-9c3e-2a6b1d9e4f10"
+
+
+def _produce_blob():
+    from handoff.dask.data import read_all, worker_catalog
+
+    blob = worker_catalog().blob("demo-data")
+    read_all(blob)  # the sender has it: cached, as a worker that used it would
+    return blob
+
+
+def _blake3(data) -> str:
+    import blake3
+
+    return blake3.blake3(data).hexdigest()
+
+
+def _consume_blob(blob):
+    from handoff.dask.data import read_all
+
+    data = read_all(blob)
+    return _blake3(data), len(data), blob.last_origin
+
+
+async def _data_rows(client, a: str, workers: dict, storage: _Storage) -> list:
+    import distributed
+
+    """One row per origin: a handle made on ``a``, read by each of ``workers``
+    ({name: (address, locality, channel)}), the storage GETs each read caused."""
+    made = client.submit(_produce_blob, workers=[a], pure=False)
+    await distributed.wait(made)  # made on a (one GET), before any row is timed
+    with open(os.path.join(storage.folder, "demo-data.bin"), "rb") as f:
+        want = _blake3(f.read())
+    rows = []
+    for name, (address, locality, channel) in workers.items():
+        gets = storage.gets
+        started = time.perf_counter()
+        got, n, origin = await client.submit(
+            _consume_blob, made, workers=[address], allow_other_workers=False, pure=False
+        )
+        rows.append(
+            {
+                "from": "dask-a",
+                "to": name,
+                "locality": locality,
+                "channel": channel,
+                "bytes": n,
+                "seconds": time.perf_counter() - started,
+                "verified": got == want,
+                "data": "demo-data",
+                "path": origin,
+                "storage_gets": storage.gets - gets,
+            }
+        )
+    del made
+    return rows
+
+
 async def _rows(nbytes: int, reps: int) -> list:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="handoff-dask-demo-") as folder:
+        storage = _Storage(folder, nbytes)
+        # The workers open their catalog from HANDOFF_CATALOG (handoff.dask.data.OpenCatalog).
+        saved = os.environ.get("HANDOFF_CATALOG")
+        os.environ["HANDOFF_CATALOG"] = storage.catalog
+        try:
+            return await _clusters(nbytes, reps, storage)
+        finally:
+            if saved is None:
+                os.environ.pop("HANDOFF_CATALOG", None)
+            else:
+                os.environ["HANDOFF_CATALOG"] = saved
+            storage.close()
+
+
+async def _clusters(nbytes: int, reps: int, storage: "_Storage") -> list:
     from distributed import Client, LocalCluster, Nanny
+
+    from .data import OpenCatalog
 
     common = dict(
         n_workers=2,
@@ -135,13 +287,33 @@ async def _rows(nbytes: int, reps: int) -> list:
         a, b = sorted(await client.run(os.getpid))
         # Another host identity: it reaches the others over TCP.
         remote = {"distributed.comm.handoff.host-id": f"handoff-dask-demo-elsewhere-{os.urandom(4).hex()}"}
-        async with Nanny(
-            cluster.scheduler_address, host="127.0.0.1", nthreads=1, memory_limit=0, config=remote
-        ) as nanny:
-            await client.wait_for_workers(3)
+        async with (
+            Nanny(cluster.scheduler_address, host="127.0.0.1", nthreads=1, memory_limit=0, config=remote) as nanny,
+            # This host, but a catalog without the dataset: it pulls a handle's bytes from the sender.
+            Nanny(
+                cluster.scheduler_address,
+                host="127.0.0.1",
+                nthreads=1,
+                memory_limit=0,
+                env={"HANDOFF_CATALOG": storage.empty},
+            ) as lacking,
+        ):
+            await client.wait_for_workers(4)
             r = nanny.worker_address
             results["shm"] = await _series(client, a, b, nbytes, reps, "handoff", "shm", 100)
             results["tcp"] = await _series(client, a, r, nbytes, reps, "handoff", "tcp", 200)
+            cache = os.path.join(storage.folder, "cache-{host_id}")
+            await client.register_plugin(OpenCatalog(cache_dir=cache))
+            data_rows = await _data_rows(
+                client,
+                a,
+                {
+                    "dask-b": (b, "same-host", "shm"),
+                    "dask-r": (r, "remote", "tcp"),
+                    "dask-n": (lacking.worker_address, "same-host", "shm"),
+                },
+                storage,
+            )
     async with LocalCluster(protocol="tcp", **common) as cluster, Client(cluster, asynchronous=True) as client:
         await client.wait_for_workers(2)
         ta, tb = sorted(await client.run(os.getpid))
@@ -164,7 +336,7 @@ async def _rows(nbytes: int, reps: int) -> list:
                 "dask_tcp_seconds": base["seconds"],
             }
         )
-    return rows
+    return rows + data_rows
 
 
 def run_rows(nbytes: int = 64 << 20, reps: int = 3) -> list:
