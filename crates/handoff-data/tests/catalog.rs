@@ -311,7 +311,7 @@ fn datasets_may_share_a_uuid_and_only_a_lookup_by_it_is_refused() {
     assert!(matches!(catalog.open_tag(&tag), Err(Error::Ambiguous { .. })));
 }
 
-/// `handoff data ls` and `fetch` on a DataSets.jl catalog with a driver handoff lacks.
+/// `handoff data ls`, `fetch` and `verify` on a DataSets.jl catalog with a driver handoff lacks.
 #[tokio::test]
 async fn data_ls_marks_what_this_build_cannot_read() {
     use handoff_data::data_cli::{self, Args, Command};
@@ -346,6 +346,9 @@ async fn data_ls_marks_what_this_build_cannot_read() {
             && out.contains("fetched embedded_tree/d02/b.txt"),
         "{out}"
     );
+    let (res, out) = run(Command::Verify { repair: false }).await;
+    res.unwrap();
+    assert!(out.contains("0 corrupt"), "{out}");
     let (res, _) = run(Command::Fetch {
         names: vec!["old_backend_blob".into()],
     })
