@@ -29,6 +29,7 @@ from handoff.tickets import digest  # noqa: E402
 
 SECRET = {"distributed.comm.handoff.secret": "dask data test secret"}
 UUID = "3c7a2f5e-1b9d-4e8a-9f60-5d4c2b1a0e99"
+UUID_S3 = "3c7a2f5e-1b9d-4e8a-9f60-5d4c2b1a0e98"
 
 
 def _dask_cli(*args: str, env: dict, log: Path) -> subprocess.Popen:
@@ -44,10 +45,10 @@ async def test_a_blob_binds_on_each_worker_to_its_own_catalog_and_cache(tmp_path
 
     # Defined here, the task functions travel by value (pickle cannot name them, so Dask
     # uses cloudpickle): the workers cannot import this test module.
-    def _produce():
+    def _produce(name="big"):
         from handoff.dask.data import read_all, worker_catalog
 
-        blob = worker_catalog().blob("big")
+        blob = worker_catalog().blob(name)
         read_all(blob)  # this worker fetches it: the first GET
         return blob
 
@@ -67,11 +68,35 @@ async def test_a_blob_binds_on_each_worker_to_its_own_catalog_and_cache(tmp_path
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
+    # And the S3-compatible server (moto): another object (the same bytes would be found in
+    # the far worker's cache by their digest).
+    content_s3 = os.urandom(4 << 20)
+    moto_server = pytest.importorskip("moto.server")
+    moto = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    import urllib.request
+
+    import obstore
+    from obstore.store import S3Store
+
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/dask-data", method="PUT")).read()
+    keys = {"region": "us-east-1", "access_key_id": "k", "secret_access_key": "s"}
+    obstore.put(
+        S3Store("dask-data", config={"endpoint": endpoint, **keys}, client_options={"allow_http": True}),
+        "big.bin",
+        content_s3,
+    )
+    s3_options = "".join(f'{k} = "{v}"\n' for k, v in {"endpoint": endpoint, **keys}.items())
     with_big = tmp_path / "Data.toml"
     with_big.write_text(
         "data_config_version = 1\n"
         f'[[datasets]]\nname = "big"\nuuid = "{UUID}"\n'
         f'[datasets.storage]\ndriver = "ObjectStore"\ntype = "Blob"\nurl = "{url}/big.bin"\n'
+        f'[[datasets]]\nname = "big-s3"\nuuid = "{UUID_S3}"\n'
+        f'[datasets.storage]\ndriver = "ObjectStore"\ntype = "Blob"\nurl = "s3://dask-data/big.bin"\n'
+        f"[datasets.storage.options]\n{s3_options}"
     )
     without = tmp_path / "Other.toml"
     without.write_text("data_config_version = 1\n")
@@ -143,6 +168,14 @@ async def test_a_blob_binds_on_each_worker_to_its_own_catalog_and_cache(tmp_path
                 assert (got, origin) == (want, "remote-blob"), "pulled from the worker that sent it"
                 assert UUID in reason, reason
                 assert RangeHTTPHandler.gets.get("/big.bin") == 2, "the sender served it from its cache"
+
+                # The same on the S3-compatible server (its GETs are counted over HTTP above).
+                blob = c.submit(_produce, "big-s3", workers=["a"], pure=False)
+                origins = {}
+                for w in ("b", "far", "lacking"):
+                    got, origins[w], _ = await c.submit(_consume, blob, workers=[w], pure=False)
+                    assert got == digest(content_s3).hex(), w
+                assert origins == {"b": "shared-cache", "far": "storage", "lacking": "remote-blob"}, origins
     finally:
         for p in reversed(procs):
             p.send_signal(signal.SIGTERM)
@@ -154,3 +187,4 @@ async def test_a_blob_binds_on_each_worker_to_its_own_catalog_and_cache(tmp_path
                 p.wait()
         server.shutdown()
         server.server_close()
+        moto.stop()
