@@ -34,6 +34,7 @@ from .pins import DEFAULT_PIN_BOUNDS, PinBounds, PinOutbox, PinTable
 from .resources import Resources
 from .throttle import WarningThrottle
 from .tickets import LeaseTable, Ticket, digest
+from .turns import after_new_input
 from .transport import Transport
 
 __all__ = ["Node", "DEFAULT_SHM_THRESHOLD", "HANDSHAKE_TIMEOUT"]
@@ -45,6 +46,8 @@ DEFAULT_SHM_THRESHOLD = 64 * 1024
 #: The default time to complete a handshake (``Bounds.handshake_timeout``).
 HANDSHAKE_TIMEOUT = DEFAULT_BOUNDS.handshake_timeout
 _LISTEN_BACKLOG = 1024
+#: Longest the accept loop accepts waiting connections before other input goes first (s).
+_ACCEPT_SLICE = 100e-6
 _LOCAL_HOSTS = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
 
@@ -591,9 +594,22 @@ class Node:
         return await self._open(sock, f"unix://{path}", peer_pid=pid)
 
     async def _accept_loop(self, lsock: socket.socket, unix: bool) -> None:
+        # An accept that finds a connection waiting does not return to the event loop: a
+        # flood of connections (slowloris) would be accepted in one turn, every other
+        # peer's message waiting behind it. After a slice, new input goes first.
+        clock = time.perf_counter
+        turn_began = clock()
         while True:
+            if clock() - turn_began >= _ACCEPT_SLICE:
+                await after_new_input()
+                turn_began = clock()
             try:
-                conn, addr = await self.loop.sock_accept(lsock)
+                try:
+                    conn, addr = lsock.accept()
+                    conn.setblocking(False)
+                except (BlockingIOError, InterruptedError):
+                    conn, addr = await self.loop.sock_accept(lsock)
+                    turn_began = clock()  # it waited: a new slice begins
             except asyncio.CancelledError:
                 return
             except OSError as e:
