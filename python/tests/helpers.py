@@ -223,3 +223,76 @@ class RangeHTTPHandler(http.server.SimpleHTTPRequestHandler):
 
     def copyfile(self, source, outputfile):
         outputfile.write(source.read(self._left))
+
+
+# ---------------------------------------------------------------- real servers and Dask processes
+
+#: Credentials of the S3-compatible test server (moto accepts any).
+S3_KEYS = {"region": "us-east-1", "access_key_id": "k", "secret_access_key": "s"}
+
+
+def start_moto():
+    """moto's S3-compatible server on loopback: ``(server, endpoint)``; ``server.stop()`` ends it."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    return server, f"http://{host}:{port}"
+
+
+def s3_put(endpoint: str, bucket: str, objects: dict) -> None:
+    """Creates ``bucket`` on the server at ``endpoint`` and puts ``objects`` ({key: bytes}) in it."""
+    import urllib.request
+
+    import obstore
+    from obstore.store import S3Store
+
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="PUT")).read()
+    store = S3Store(bucket, config={"endpoint": endpoint, **S3_KEYS}, client_options={"allow_http": True})
+    for key, data in objects.items():
+        obstore.put(store, key, data)
+
+
+def dask_cli(*args: str, env: dict, log):
+    """``dask ARGS…`` (the command of this interpreter's environment), its stderr to ``log``."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    dask_bin = Path(sys.executable).with_name("dask")
+    return subprocess.Popen(
+        [str(dask_bin), *args], env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), stdin=subprocess.DEVNULL
+    )
+
+
+async def start_dask_scheduler(tmp_path, env: dict):
+    """``dask scheduler --protocol handoff`` on loopback: ``(process, address)``."""
+    import json
+
+    scheduler_file = tmp_path / "scheduler.json"
+    args = ("--protocol", "handoff", "--host", "127.0.0.1", "--port", "0", "--no-dashboard")
+    proc = dask_cli(
+        "scheduler", *args, "--scheduler-file", str(scheduler_file), env=env, log=tmp_path / "scheduler.log"
+    )
+    for _ in range(600):
+        if scheduler_file.exists() and scheduler_file.stat().st_size:
+            break
+        assert proc.poll() is None, (tmp_path / "scheduler.log").read_text()
+        await asyncio.sleep(0.1)
+    return proc, json.loads(scheduler_file.read_text())["address"]
+
+
+def stop_processes(procs: list) -> None:
+    """SIGTERM to each (newest first), then waits; kills what does not end within 30 s."""
+    import signal
+    import subprocess
+
+    for p in reversed(procs):
+        p.send_signal(signal.SIGTERM)
+    for p in reversed(procs):
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

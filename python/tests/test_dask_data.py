@@ -5,15 +5,9 @@ and four `dask worker`s, an HTTP server on loopback counting GETs."""
 
 from __future__ import annotations
 
-import asyncio
 import http.server
-import json
 import os
-import signal
-import subprocess
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -23,20 +17,13 @@ pytest.importorskip("obstore")
 import dask  # noqa: E402
 from distributed import Client  # noqa: E402
 from distributed.utils_test import gen_test  # noqa: E402
-from helpers import RangeHTTPHandler  # noqa: E402
+from helpers import S3_KEYS, RangeHTTPHandler, dask_cli, s3_put, start_dask_scheduler, start_moto, stop_processes  # noqa: E402
 
 from handoff.tickets import digest  # noqa: E402
 
 SECRET = {"distributed.comm.handoff.secret": "dask data test secret"}
 UUID = "3c7a2f5e-1b9d-4e8a-9f60-5d4c2b1a0e99"
 UUID_S3 = "3c7a2f5e-1b9d-4e8a-9f60-5d4c2b1a0e98"
-
-
-def _dask_cli(*args: str, env: dict, log: Path) -> subprocess.Popen:
-    dask_bin = Path(sys.executable).with_name("dask")
-    return subprocess.Popen(
-        [str(dask_bin), *args], env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), stdin=subprocess.DEVNULL
-    )
 
 
 @gen_test(timeout=240)
@@ -71,24 +58,10 @@ async def test_a_blob_binds_on_each_worker_to_its_own_catalog_and_cache(tmp_path
     # And the S3-compatible server (moto): another object (the same bytes would be found in
     # the far worker's cache by their digest).
     content_s3 = os.urandom(4 << 20)
-    moto_server = pytest.importorskip("moto.server")
-    moto = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    moto.start()
-    host, port = moto.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    import urllib.request
-
-    import obstore
-    from obstore.store import S3Store
-
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/dask-data", method="PUT")).read()
-    keys = {"region": "us-east-1", "access_key_id": "k", "secret_access_key": "s"}
-    obstore.put(
-        S3Store("dask-data", config={"endpoint": endpoint, **keys}, client_options={"allow_http": True}),
-        "big.bin",
-        content_s3,
-    )
-    s3_options = "".join(f'{k} = "{v}"\n' for k, v in {"endpoint": endpoint, **keys}.items())
+    pytest.importorskip("moto.server")
+    moto, endpoint = start_moto()
+    s3_put(endpoint, "dask-data", {"big.bin": content_s3})
+    s3_options = "".join(f'{k} = "{v}"\n' for k, v in {"endpoint": endpoint, **S3_KEYS}.items())
     with_big = tmp_path / "Data.toml"
     with_big.write_text(
         "data_config_version = 1\n"
@@ -102,30 +75,9 @@ async def test_a_blob_binds_on_each_worker_to_its_own_catalog_and_cache(tmp_path
     without.write_text("data_config_version = 1\n")
 
     env = {**os.environ, "DASK_DISTRIBUTED__COMM__HANDOFF__SECRET": SECRET["distributed.comm.handoff.secret"]}
-    scheduler_file = tmp_path / "scheduler.json"
-    procs = [
-        _dask_cli(
-            "scheduler",
-            "--protocol",
-            "handoff",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--no-dashboard",
-            "--scheduler-file",
-            str(scheduler_file),
-            env=env,
-            log=tmp_path / "scheduler.log",
-        )
-    ]
+    scheduler, address = await start_dask_scheduler(tmp_path, env)
+    procs = [scheduler]
     try:
-        for _ in range(600):
-            if scheduler_file.exists() and scheduler_file.stat().st_size:
-                break
-            assert procs[0].poll() is None, (tmp_path / "scheduler.log").read_text()
-            await asyncio.sleep(0.1)
-        address = json.loads(scheduler_file.read_text())["address"]
         workers = {
             "a": {"HANDOFF_CATALOG": str(with_big)},
             "b": {"HANDOFF_CATALOG": str(with_big)},
@@ -136,7 +88,7 @@ async def test_a_blob_binds_on_each_worker_to_its_own_catalog_and_cache(tmp_path
         }
         for name, extra in workers.items():
             procs.append(
-                _dask_cli(
+                dask_cli(
                     "worker",
                     address,
                     "--name",
@@ -177,14 +129,7 @@ async def test_a_blob_binds_on_each_worker_to_its_own_catalog_and_cache(tmp_path
                     assert got == digest(content_s3).hex(), w
                 assert origins == {"b": "shared-cache", "far": "storage", "lacking": "remote-blob"}, origins
     finally:
-        for p in reversed(procs):
-            p.send_signal(signal.SIGTERM)
-        for p in reversed(procs):
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)
         server.shutdown()
         server.server_close()
         moto.stop()

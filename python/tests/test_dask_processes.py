@@ -5,19 +5,16 @@ and the ``dask scheduler`` / ``dask worker`` command lines."""
 from __future__ import annotations
 
 import asyncio
-import json
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import dask
 import numpy as np
 from distributed import Client, LocalCluster, Nanny, Scheduler
 from distributed.utils_test import gen_test
+from helpers import dask_cli, start_dask_scheduler, stop_processes
 
 SECRET = {"distributed.comm.handoff.secret": "dask test secret"}
 MIB = 1 << 20
@@ -124,47 +121,19 @@ async def test_workers_with_different_host_ids_talk_tcp():
                     assert stats[b]["counters"]["bytes-read-tcp"] >= 32 * MIB
 
 
-def _dask_cli(*args: str, env: dict, log: Path) -> subprocess.Popen:
-    dask_bin = Path(sys.executable).with_name("dask")
-    return subprocess.Popen(
-        [str(dask_bin), *args], env=env, stdout=subprocess.DEVNULL, stderr=open(log, "wb"), stdin=subprocess.DEVNULL
-    )
-
-
 @gen_test(timeout=240)
 async def test_dask_scheduler_and_dask_worker_command_lines(tmp_path):
     env = {**os.environ, "DASK_DISTRIBUTED__COMM__HANDOFF__SECRET": SECRET["distributed.comm.handoff.secret"]}
-    scheduler_file = tmp_path / "scheduler.json"
-    procs = [
-        _dask_cli(
-            "scheduler",
-            "--protocol",
-            "handoff",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--no-dashboard",
-            "--scheduler-file",
-            str(scheduler_file),
-            env=env,
-            log=tmp_path / "scheduler.log",
-        )
-    ]
+    scheduler, address = await start_dask_scheduler(tmp_path, env)
+    procs = [scheduler]
     try:
-        for _ in range(600):
-            if scheduler_file.exists() and scheduler_file.stat().st_size:
-                break
-            assert procs[0].poll() is None, (tmp_path / "scheduler.log").read_text()
-            await asyncio.sleep(0.1)
-        address = json.loads(scheduler_file.read_text())["address"]
         assert address.startswith("handoff://127.0.0.1:")
         # One worker given the handoff:// address, one given a bare host:port with handoff as
         # the default scheme (DASK_DISTRIBUTED__COMM__DEFAULT_SCHEME).
         worker_args = ("--nthreads", "1", "--no-dashboard", "--no-nanny")
-        procs.append(_dask_cli("worker", address, *worker_args, env=env, log=tmp_path / "w1.log"))
+        procs.append(dask_cli("worker", address, *worker_args, env=env, log=tmp_path / "w1.log"))
         procs.append(
-            _dask_cli(
+            dask_cli(
                 "worker",
                 address[len("handoff://") :],
                 *worker_args,
@@ -180,14 +149,7 @@ async def test_dask_scheduler_and_dask_worker_command_lines(tmp_path):
                 x = c.submit(np.ones, MIB, workers=[workers[0]], pure=False)
                 assert await c.submit(lambda v: float(v.sum()), x, workers=[workers[1]], pure=False) == MIB
     finally:
-        for p in reversed(procs):
-            p.send_signal(signal.SIGTERM)
-        for p in reversed(procs):
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_processes(procs)
 
 
 @gen_test(timeout=240)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import SECRET
-from helpers import RangeHTTPHandler
+from helpers import RangeHTTPHandler, s3_put, start_moto
 
 pytest.importorskip("obstore")
 
@@ -138,25 +138,10 @@ async def test_paths_that_leave_a_tree_are_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def s3():
-    moto_server = pytest.importorskip("moto.server")
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    import obstore
-    from obstore.store import S3Store
-
-    import urllib.request
-
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/bucket", method="PUT")).read()
-    store = S3Store(
-        "bucket",
-        config={"endpoint": endpoint, "region": "us-east-1", "access_key_id": "k", "secret_access_key": "s"},
-        client_options={"allow_http": True},
-    )
-    obstore.put(store, "data/big.bin", bytes(range(256)) * 4096)
-    obstore.put(store, "trees/t/x.txt", b"x")
-    obstore.put(store, "trees/t/y/z.txt", b"zz")
+    pytest.importorskip("moto.server")
+    server, endpoint = start_moto()
+    objects = {"data/big.bin": bytes(range(256)) * 4096, "trees/t/x.txt": b"x", "trees/t/y/z.txt": b"zz"}
+    s3_put(endpoint, "bucket", objects)
     yield endpoint
     server.stop()
 
