@@ -312,3 +312,16 @@ async def test_three_processes_of_both_languages_share_one_download(http_root, t
     again = subprocess.run([sys.executable, "-c", _READER, str(catalog), str(cache)], capture_output=True, text=True)
     assert again.stdout.split()[:2] == [want, "cache"], again.stderr
     assert RangeHTTPHandler.gets.get("/big.bin") == 1, "a hit sends a HEAD, not a GET"
+
+
+async def test_the_cache_keeps_no_turn_for_a_path_nobody_reads(tmp_path):
+    """Tags from peers choose the paths: the in-process turn table empties after each fill."""
+    from handoff.datasets import Cache
+
+    cache = Cache(tmp_path / "cache")
+    c = Catalog.load(FIXTURES / "Embedded.toml", cache)
+    tree = c.tree("embedded_tree")
+    for path in ("d01/a.txt", "d01/b.txt", "d02/a.txt"):
+        assert await tree.blob(path).read_all()
+    assert cache._turns == {}
+    assert cache.fills == 3

@@ -133,7 +133,7 @@ class Cache:
         self.dir = Path(directory) if directory is not None else default_dir()
         for sub in ("objects", "index", "blocks", "locks", "tmp"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        self._turns: Dict[str, asyncio.Lock] = {}
+        self._turns: Dict[str, list] = {}
         self._counter = 0
         #: Whole objects this process downloaded (a test counts them).
         self.fills = 0
@@ -257,8 +257,15 @@ class Cache:
         """An in-process turn, then ``LOCK_EX`` on ``locks/<lock_name>``. Another process's
         fill is waited for by polling the lock (no thread blocks in ``flock``, so a
         cancelled wait leaves nothing behind)."""
-        turn = self._turns.setdefault(lock_name, asyncio.Lock())
-        await turn.acquire()
+        # {lock name: [lock, tasks using it]}: an entry lives only while a task uses it (the
+        # paths come from tags peers send, so the table must not keep one per path ever seen).
+        entry = self._turns.setdefault(lock_name, [asyncio.Lock(), 0])
+        entry[1] += 1
+        try:
+            await entry[0].acquire()
+        except BaseException:
+            self._leave(lock_name, entry)
+            raise
         try:
             fd = os.open(self.dir / "locks" / lock_name, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
             try:
@@ -274,15 +281,21 @@ class Cache:
                 os.close(fd)
                 raise
         except BaseException:
-            turn.release()
+            entry[0].release()
+            self._leave(lock_name, entry)
             raise
-        return fd, turn
+        return fd, lock_name, entry
 
-    @staticmethod
-    def _unlock(held) -> None:
-        fd, turn = held
+    def _leave(self, lock_name: str, entry: list) -> None:
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._turns[lock_name]
+
+    def _unlock(self, held) -> None:
+        fd, lock_name, entry = held
         os.close(fd)
-        turn.release()
+        entry[0].release()
+        self._leave(lock_name, entry)
 
     async def _download(self, store: Any, location: str, options: Optional[dict], dataset: str, expect_digest):
         """GETs the object into a temporary file, hashing it; returns (tmp, digest, size, meta)."""
