@@ -18,7 +18,7 @@ from helpers import RangeHTTPHandler, s3_put, start_moto
 pytest.importorskip("obstore")
 
 from handoff import Node  # noqa: E402
-from handoff.data import BlobHandle  # noqa: E402
+from handoff.data import BlobError, BlobHandle  # noqa: E402
 from handoff.datasets import (  # noqa: E402
     Ambiguous,
     BadPath,
@@ -325,3 +325,23 @@ async def test_the_cache_keeps_no_turn_for_a_path_nobody_reads(tmp_path):
         assert await tree.blob(path).read_all()
     assert cache._turns == {}
     assert cache.fills == 3
+
+
+async def test_a_pull_from_a_dask_worker_is_bounded_and_checked(monkeypatch):
+    """handoff.dask.data's handler: what a peer worker asks for is checked before reading."""
+    pytest.importorskip("distributed")
+    from handoff.dask import data as dask_data
+
+    catalog = Catalog.load(FIXTURES / "Embedded.toml")
+    monkeypatch.setitem(dask_data._catalogs, "tcp://w", catalog)
+    tag = (await catalog.blob("embedded_file").describe()).to_map()
+    assert await dask_data._serve_read("tcp://w", tag, 0, None) == b"hello from TOML\n"
+    assert await dask_data._serve_read("tcp://w", tag, 6, 10) == b"from"
+    for start, end in ((-1, 4), (4, 2), ("0", 4)):
+        with pytest.raises(BlobError):
+            await dask_data._serve_read("tcp://w", tag, start, end)
+    monkeypatch.setattr(dask_data, "MAX_PULL", 8)
+    with pytest.raises(BlobError, match="over the limit of 8"):
+        await dask_data._serve_read("tcp://w", tag, 0, None)
+    with pytest.raises(BlobError, match="no catalog"):
+        await dask_data._serve_read("tcp://other", tag, 0, None)
