@@ -309,6 +309,88 @@ def behind_section(data: dict) -> str:
     return "\n".join(out) if out else "- nowhere in this run"
 
 
+def _row(data: dict, series: str, read: str, size: int, kind: str = "transfers") -> Optional[dict]:
+    return next(
+        (
+            r
+            for r in data[kind]
+            if r["series"] == series and (kind == "rtt" or (r.get("read") == read and r["bytes"] == size))
+        ),
+        None,
+    )
+
+
+def targets_section(data: dict) -> str:
+    """The Python peer against the raw limits of the same run (the floors of issue 14), computed.
+
+    Each line names the figure, the floor, the measured value and whether the floor holds. A
+    missing measurement is said, never guessed.
+    """
+    lines = []
+
+    def judge(what: str, value: Optional[float], floor: float, at_least: bool, detail: str) -> None:
+        if value is None:
+            lines.append([what, ("≥ " if at_least else "≤ ") + f"{floor:g}", "not measured", "–", detail])
+            return
+        ok = value >= floor if at_least else value <= floor
+        lines.append(
+            [what, ("≥ " if at_least else "≤ ") + f"{floor:g}", f"{value:.2f}", "yes" if ok else "**no**", detail]
+        )
+
+    big = sorted({r["bytes"] for r in data["transfers"] if r["bytes"] >= 64 << 20})
+    for peer in ("Rust", "Python"):
+        for n in big:
+            raw = _row(data, "raw TCP", "copy", n)
+            for read in ("sample", "full"):
+                ours = _row(data, f"handoff Python←{peer} tcp", read, n)
+                value = raw["median"] / ours["median"] if raw and ours and ours["median"] else None
+                judge(
+                    f"Python←{peer} tcp, {READ_NAME[read]}, {size_label(n)}: raw TCP time ÷ ours",
+                    value,
+                    0.8,
+                    True,
+                    f"{fmt_time(ours['median']) if ours else '–'} vs {fmt_time(raw['median']) if raw else '–'}",
+                )
+    gib = max(big) if big else None
+    if gib:
+        rust = _row(data, "handoff Rust shm zero-copy", "full", gib)
+        for peer in ("Rust", "Python"):
+            ours = _row(data, f"handoff Python←{peer} shm", "full", gib)
+            value = ours["median"] / rust["median"] if ours and rust and rust["median"] else None
+            judge(
+                f"Python←{peer} shm, full read, {size_label(gib)}: ours ÷ Rust full read",
+                value,
+                1.3,
+                False,
+                f"{fmt_time(ours['median']) if ours else '–'} vs {fmt_time(rust['median']) if rust else '–'}",
+            )
+        raw = _row(data, "raw TCP", "copy", gib)
+        for read in ("sample", "full"):
+            ours = _row(data, "handoff Python←Rust ticket", read, gib)
+            value = raw["median"] / ours["median"] if raw and ours and ours["median"] else None
+            judge(
+                f"Python←Rust ticket, {READ_NAME[read]}, {size_label(gib)}: raw TCP time ÷ ours",
+                value,
+                0.8,
+                True,
+                f"{fmt_time(ours['median']) if ours else '–'} vs {fmt_time(raw['median']) if raw else '–'}",
+            )
+    unix = _row(data, "raw Unix socket", "", 0, "rtt")
+    for route in ("shm", "tcp"):
+        ours = _row(data, f"handoff Python↔Python {route}", "", 0, "rtt")
+        value = ours["median"] / unix["median"] if ours and unix and unix["median"] else None
+        judge(
+            f"Python↔Python {route}, 100-byte round trip: ours ÷ raw Unix socket round trip",
+            value,
+            2.5,
+            False,
+            f"{fmt_time(ours['median']) if ours else '–'} vs {fmt_time(unix['median']) if unix else '–'}",
+        )
+    if not lines:
+        return "_nothing measured_"
+    return table(["figure", "floor", "measured", "holds", "ours vs raw"], lines)
+
+
 def dask_section(data: dict) -> str:
     """Dask on handoff:// against Dask on tcp://, size by size, and their round trips (computed)."""
     rows = [r for r in data["transfers"] if r["route"] == "same-host" and r["system"] in ("dask", "dask-handoff")]
@@ -390,6 +472,9 @@ def generated(data: dict, files: list, prefix: str) -> str:
             + all_sizes_section(data, "same-host"),
             "### Every size, remote\n\n" + all_sizes_section(data, "remote"),
             "### Where handoff is behind (computed from this run)\n\n" + behind_section(data),
+            "### The Python peer against the raw limits (computed from this run)\n\n"
+            "Sampled: the bytes have landed in the receiver's array (as the raw rows, which receive "
+            "into a warm buffer); full read: it has also read every byte.\n\n" + targets_section(data),
             "### What each series measures\n\n" + how_section(data),
         ]
     )

@@ -169,3 +169,31 @@ def test_dask_handoff_runs_the_dask_script_on_handoff():
         [sys.executable, str(HERE / "sys_dask.py"), "--help"], env=env, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0 and "--protocol" in out.stdout, out.stderr
+
+
+def _transfer(series: str, read: str, n: int, median: float) -> dict:
+    return {"series": series, "read": read, "bytes": n, "median": median}
+
+
+def test_the_python_targets_are_judged_from_the_run_and_say_what_is_missing():
+    gib = 1 << 30
+    data = {
+        "transfers": [
+            _transfer("raw TCP", "copy", gib, 0.400),
+            _transfer("handoff Python←Rust tcp", "sample", gib, 0.450),  # 0.89: holds
+            _transfer("handoff Python←Rust tcp", "full", gib, 0.600),  # 0.67: short
+            _transfer("handoff Rust shm zero-copy", "full", gib, 0.100),
+            _transfer("handoff Python←Rust shm", "full", gib, 0.140),  # 1.4: short
+        ],
+        "rtt": [
+            {"series": "raw Unix socket", "median": 20e-6},
+            {"series": "handoff Python↔Python shm", "median": 45e-6},  # 2.25: holds
+        ],
+    }
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in report.targets_section(data).splitlines()[2:]}
+    assert "| 0.89 | yes |" in lines["Python←Rust tcp, sampled, 1 GiB: raw TCP time ÷ ours"]
+    assert "| 0.67 | **no** |" in lines["Python←Rust tcp, full read, 1 GiB: raw TCP time ÷ ours"]
+    assert "| 1.40 | **no** |" in lines["Python←Rust shm, full read, 1 GiB: ours ÷ Rust full read"]
+    assert "not measured" in lines["Python←Python shm, full read, 1 GiB: ours ÷ Rust full read"]
+    assert "| 2.25 | yes |" in lines["Python↔Python shm, 100-byte round trip: ours ÷ raw Unix socket round trip"]
+    assert "not measured" in lines["Python↔Python tcp, 100-byte round trip: ours ÷ raw Unix socket round trip"]
