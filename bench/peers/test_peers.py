@@ -197,3 +197,23 @@ def test_the_python_targets_are_judged_from_the_run_and_say_what_is_missing():
     assert "not measured" in lines["Python←Python shm, full read, 1 GiB: ours ÷ Rust full read"]
     assert "| 2.25 | yes |" in lines["Python↔Python shm, 100-byte round trip: ours ÷ raw Unix socket round trip"]
     assert "not measured" in lines["Python↔Python tcp, 100-byte round trip: ours ÷ raw Unix socket round trip"]
+
+
+def test_floors_judges_each_run_of_handoff_bench(capsys):
+    sys.path.insert(0, str(HERE.parent))
+    import floors
+
+    rows = [
+        {"case": "shm-copy-in", "bytes": 64 << 10, "ours": 1e-5, "efficiency": 0.1},  # below 1 MiB: no floor
+        {"case": "shm-copy-in", "bytes": 1 << 20, "ours": 1e-4, "efficiency": 0.69},
+        {"case": "shm-view", "bytes": 1 << 30, "ours": 99e-6, "efficiency": 300.0},
+        {"case": "ticket-3party", "bytes": 64 << 20, "ours": 0.04, "efficiency": 0.85},
+    ]
+    judged = {(j["case"], j["bytes"]): j["holds"] for j in floors.judge(rows)}
+    assert judged == {("shm-copy-in", 1 << 20): False, ("shm-view", 1 << 30): True, ("ticket-3party", 64 << 20): True}
+
+    # One real run of the binary, one case: the floor is judged on what it printed.
+    code = floors.main(["--runs", "1", "--bin", handoff_bin(), "--json", "--", "--only", "shm-rtt", "--reps", "1"])
+    out = json.loads(capsys.readouterr().out)
+    assert [j["case"] for j in out["runs"][0]] == ["shm-rtt"]
+    assert code == (0 if out["all_hold"] else 1)
