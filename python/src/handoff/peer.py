@@ -530,10 +530,7 @@ class Peer:
         buffered bounds (§9.1), as :meth:`Node.recv` does."""
         if self.queue is None:
             raise HandoffError("this node delivers every message to Node.recv() (built without per_connection)")
-        if timeout is None:
-            env = await self.queue.get()
-        else:
-            env = await asyncio.wait_for(self.queue.get(), timeout)
+        env = await self.queue.get(timeout)
         if env is None:
             raise PeerClosed(f"the connection to {self.name} is closed")
         self.node._budget.release_env(env)
