@@ -70,6 +70,10 @@ class Transport:
         self._fd_error: Optional[str] = None
         #: How many times a read waited for the socket (its reader then had no backlog).
         self.read_waits = 0
+        #: Whether the socket is registered with the loop for reading (:meth:`_readable`),
+        #: and the future of the read that waits for it, if one does.
+        self._watching = False
+        self._read_waiter: Optional[asyncio.Future] = None
         self.send_lock = asyncio.Lock()
         #: What :meth:`send_now` could not write at once: written (by a task, or by the
         #: next :meth:`send`) before any later message.
@@ -156,23 +160,48 @@ class Transport:
             # Keep none of them: the connection is about to fail, and they must not pile up.
             self.close_fds()
 
+    def _on_readable(self) -> None:
+        w = self._read_waiter
+        if w is None:
+            # Nobody reads now (the reader waits for room, or handles a message): stop
+            # watching, or the loop would call this at every turn until it reads.
+            self._unwatch()
+            return
+        self._read_waiter = None
+        if not w.done():
+            w.set_result(None)
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            try:
+                self.loop.remove_reader(self.sock.fileno())
+            except (ValueError, OSError):
+                pass
+
     async def _readable(self, timeout: Optional[float], what: str) -> None:
+        """Waits until the socket is readable (at most ``timeout`` seconds, then ``timeout``).
+
+        The socket stays registered with the loop after the wait: a connection whose
+        reader waits for every message would otherwise add and remove it (two system
+        calls) each time. :meth:`_on_readable` removes it when it fires with no read
+        waiting."""
         if self.closed:
             raise PeerClosed(f"the connection to {self.label} is closed")
         self.read_waits += 1
         fut = self.loop.create_future()
-        fd = self.sock.fileno()
-        self.loop.add_reader(fd, _wake, fut)
+        if not self._watching:
+            self.loop.add_reader(self.sock.fileno(), self._on_readable)
+            self._watching = True
+        self._read_waiter = fut
         timer = self.loop.call_later(timeout, _expire, fut) if timeout is not None else None
         try:
             ok = await fut
         finally:
             if timer is not None:
                 timer.cancel()
-            try:
-                self.loop.remove_reader(fd)
-            except (ValueError, OSError):
-                pass
+            if self._read_waiter is fut:
+                self._read_waiter = None
         if ok is False:
             raise WireError(
                 "timeout",
@@ -494,6 +523,7 @@ class Transport:
         except (asyncio.TimeoutError, asyncio.CancelledError):
             locked = False
         self.closed = True
+        self._watching = False
         try:
             fd = self.sock.fileno()
             if fd >= 0:
