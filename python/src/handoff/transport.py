@@ -36,8 +36,11 @@ READ_CHUNK = 64 * 1024
 #: Most descriptors accepted with one read (spec §7.2); more is ``bad-shm``.
 MAX_FDS_PER_READ = 64
 _ANC_SPACE = socket.CMSG_SPACE(MAX_FDS_PER_READ * array.array("i").itemsize)
-_RECV_FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
-_SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
+# Plain ints: the socket module's flags are enum.IntFlag members, whose ``&`` runs Python
+# code (a few microseconds on every read).
+_RECV_FLAGS = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+_SEND_FLAGS = int(getattr(socket, "MSG_NOSIGNAL", 0))
+_MSG_CTRUNC = int(getattr(socket, "MSG_CTRUNC", 0))
 
 
 def _wake(fut: asyncio.Future) -> None:
@@ -74,6 +77,12 @@ class Transport:
         #: and the future of the read that waits for it, if one does.
         self._watching = False
         self._read_waiter: Optional[asyncio.Future] = None
+        #: For the read that waits: how many bytes :meth:`_on_readable` receives for it
+        #: (0: it only wakes the read, which receives itself).
+        self._read_want = 0
+        #: Whether the last read took fewer bytes than it asked for: the socket had no more
+        #: then, and the next read waits for it to be readable instead of trying first.
+        self._drained = False
         self.send_lock = asyncio.Lock()
         #: What :meth:`send_now` could not write at once: written (by a task, or by the
         #: next :meth:`send`) before any later message.
@@ -153,7 +162,7 @@ class Transport:
                         os.set_inheritable(fd, False)
                     self.fds.append(fd)
                     self._fd_ends.append(self._received)
-        if flags & getattr(socket, "MSG_CTRUNC", 0):
+        if flags & _MSG_CTRUNC:
             self._fd_error = f"a message carried more than {MAX_FDS_PER_READ} descriptors"
         elif len(self.fds) > self.bounds.max_pending_fds:
             self._fd_error = f"over {self.bounds.max_pending_fds} descriptors arrived that no header claimed"
@@ -167,9 +176,27 @@ class Transport:
             # watching, or the loop would call this at every turn until it reads.
             self._unwatch()
             return
+        if w.done():  # timed out or cancelled: its reader, resuming, receives nothing
+            self._read_waiter = None
+            return
+        if self._read_want:
+            # Receive now, for the waiting read: the bytes are then off the socket before
+            # the loop polls again. (Woken only, the read would receive in the next turn,
+            # after a poll that reports the same bytes again and wakes its next wait for
+            # nothing: an extra turn and a failed receive per message.)
+            try:
+                data = self._recv_now(self._read_want)
+            except (BlockingIOError, InterruptedError):
+                return  # nothing after all: keep waiting
+            except (ConnectionError, OSError) as e:
+                self._read_waiter = None
+                w.set_exception(e)
+                return
+            self._read_waiter = None
+            w.set_result(data)
+            return
         self._read_waiter = None
-        if not w.done():
-            w.set_result(None)
+        w.set_result(None)
 
     def _unwatch(self) -> None:
         if self._watching:
@@ -179,8 +206,11 @@ class Transport:
             except (ValueError, OSError):
                 pass
 
-    async def _readable(self, timeout: Optional[float], what: str) -> None:
+    async def _readable(self, timeout: Optional[float], what: str, want: int = 0) -> Optional[bytes]:
         """Waits until the socket is readable (at most ``timeout`` seconds, then ``timeout``).
+
+        With ``want``, returns what a receive of at most ``want`` bytes took then (``b""``
+        at the end of the stream); without, ``None``.
 
         The socket stays registered with the loop after the wait: a connection whose
         reader waits for every message would otherwise add and remove it (two system
@@ -194,6 +224,7 @@ class Transport:
             self.loop.add_reader(self.sock.fileno(), self._on_readable)
             self._watching = True
         self._read_waiter = fut
+        self._read_want = want
         timer = self.loop.call_later(timeout, _expire, fut) if timeout is not None else None
         try:
             ok = await fut
@@ -207,18 +238,21 @@ class Transport:
                 "timeout",
                 f"timed out: no byte from {self.label} for {timeout:g} s in the middle of a message ({what})",
             )
+        return ok
 
     def _recv_now(self, nbytes: int) -> bytes:
         if self.unix:
             data, anc, flags, _ = self.sock.recvmsg(nbytes, _ANC_SPACE, _RECV_FLAGS)
             self._received += len(data)
             self._collect(anc, flags)
-            return data
-        data = self.sock.recv(nbytes)
-        self._received += len(data)
+        else:
+            data = self.sock.recv(nbytes)
+            self._received += len(data)
+        self._drained = len(data) < nbytes
         return data
 
     def _recv_into_now(self, view: memoryview) -> int:
+        self._drained = False
         if self.unix:
             n, anc, flags, _ = self.sock.recvmsg_into([view], _ANC_SPACE, _RECV_FLAGS)
             self._received += n
@@ -231,10 +265,14 @@ class Transport:
     async def _recv(self, nbytes: int, timeout: Optional[float], what: str) -> bytes:
         try:
             while True:
-                try:
-                    return self._recv_now(nbytes)
-                except (BlockingIOError, InterruptedError):
-                    await self._readable(timeout, what)
+                if not self._drained:
+                    try:
+                        return self._recv_now(nbytes)
+                    except (BlockingIOError, InterruptedError):
+                        pass
+                data = await self._readable(timeout, what, nbytes)
+                if data is not None:
+                    return data
         except (ConnectionError, OSError) as e:
             if self.closed:
                 return b""
