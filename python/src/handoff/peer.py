@@ -590,6 +590,14 @@ class Peer:
                     break
                 if t.read_waits != waits:  # it waited for input: a new slice begins
                     turn_began, waits = clock(), t.read_waits
+                elif clock() - turn_began >= _READ_SLICE:
+                    # The next message was here already (in the transport's buffer or the
+                    # socket's) and would be handled without returning to the event loop:
+                    # after a slice of work, let what other connections sent meanwhile go
+                    # first. (Checked here, once the next message is known to be waiting:
+                    # a reader that has none would yield for nothing, a turn per message.)
+                    await after_new_input()
+                    turn_began, waits = clock(), t.read_waits
                 # The header counts against the buffered bounds from the start of its read.
                 await budget.admit(self, n + overhead, 0, self._waits_for_answers)
                 self._charge = n + overhead
@@ -632,12 +640,6 @@ class Peer:
                     if self._charge:
                         budget.release(self, self._charge)
                         self._charge = 0
-                # The next message may already be here (in the transport's buffer or the
-                # socket's) and would be handled without returning to the event loop: after
-                # a slice of work, let what other connections sent meanwhile go first.
-                if clock() - turn_began >= _READ_SLICE:
-                    await after_new_input()
-                    turn_began = clock()
         except wire.WireError as e:
             self._warn("closing connection to %s: %s", self.name, e)
             await send_error(t, e.code, e.message)
