@@ -381,7 +381,10 @@ class Peer:
             for lease in new_tickets:
                 self.node.leases.withdraw(lease)
             raise
-        head = wire.frame_header(wire.encode_header(wire.Msg(type_name, enc.body, descs)))
+        if descs:
+            head = wire.frame_header(wire.encode_header(wire.Msg(type_name, enc.body, descs)))
+        else:
+            head = wire.frame_plain_msg(type_name, enc.body)
         try:
             await self.transport.send([head] + inline, fds)
         except PeerClosed:
@@ -398,8 +401,7 @@ class Peer:
         enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
         if enc.frames:
             return False
-        head = wire.frame_header(wire.encode_header(wire.Msg(type_name, enc.body, [])))
-        return self.transport.send_now(head)
+        return self.transport.send_now(wire.frame_plain_msg(type_name, enc.body))
 
     async def send_packed(self, type_name: str, body: bytes) -> None:
         """Sends a message without frames whose body is already msgpack: what
@@ -408,7 +410,7 @@ class Peer:
         same bytes :meth:`send` would send for it, without walking it again."""
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
-        head = wire.frame_header(wire.encode_header(wire.Msg(type_name, body, [])))
+        head = wire.frame_plain_msg(type_name, body)
         try:
             await self.transport.send((head,))
         except PeerClosed:
