@@ -747,6 +747,19 @@ class Peer:
         delivers it (the envelope then carries the message's charge, ``self._charge``)."""
         t = self.transport
         self.node._check_type(h.t)
+        if not h.f:  # no frames (most small messages): nothing to admit, map or read
+            if t.fds and t.buffered == 0:
+                raise wire.WireError(
+                    "bad-shm",
+                    f"bad shared-memory descriptor: {len(t.fds)} descriptors arrived that no header announced",
+                )
+            env = Envelope(self, h.t, h.b, [])
+            env.charge, self._charge = self._charge, 0
+            if self._queued:
+                self._queue_delivery(env)
+            else:
+                await self.node._deliver(env)
+            return
         wire.check_carried(h.f, wire.carried_kinds(unix=t.unix, ticket=True))
         more = self._charge_of(h)
         if more:
