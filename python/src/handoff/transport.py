@@ -418,6 +418,18 @@ class Transport:
 
         Raises :class:`PeerClosed` if the connection is closed, or if the peer reads
         nothing for the write timeout (the connection is then closed)."""
+        if len(chunks) == 1 and not fds and type(chunks[0]) is bytes and self._may_write_now():
+            # One piece and nothing else being written: write it now, without the lock's
+            # machinery; what the socket does not take is written below, under the lock,
+            # before this returns (nothing can come between: there is no await before it).
+            data = chunks[0]
+            try:
+                sent = self.sock.send(data, _SEND_FLAGS)
+            except OSError:
+                sent = 0  # full, or broken: the path below waits, or says why
+            if sent == len(data):
+                return
+            chunks = (memoryview(data).cast("B")[sent:],)
         self._senders += 1
         try:
             await self._send_locked(chunks, fds)
@@ -443,6 +455,18 @@ class Transport:
                     self._broken = f"writing to {self.label}: {e}"
                 raise PeerClosed(self._broken) from None
 
+    def _may_write_now(self) -> bool:
+        """Whether a whole message may be written now: nothing else is being written or
+        waits to be (a sender in :meth:`send`, a tail of :meth:`send_now`), and the
+        connection is open."""
+        return not (
+            self.closed
+            or self._broken is not None
+            or self._tail is not None
+            or self._senders
+            or self.send_lock.locked()
+        )
+
     def send_now(self, data: bytes) -> bool:
         """Writes one whole message without descriptors now, from the caller, if nothing else
         is being written: ``True`` if it is sent (what the socket did not take at once is
@@ -452,13 +476,7 @@ class Transport:
 
         This spares a small answer the event-loop turn a task needs to start, which a
         busy node's other connections would otherwise fill (issue 11)."""
-        if (
-            self.closed
-            or self._broken is not None
-            or self._tail is not None
-            or self._senders
-            or self.send_lock.locked()
-        ):
+        if not self._may_write_now():
             return False
         try:
             sent = self.sock.send(data, _SEND_FLAGS)
