@@ -28,7 +28,8 @@ from typing import Optional, Sequence
 
 from .bounds import DEFAULT_BOUNDS, Bounds
 from .errors import PeerClosed
-from .wire import LEN_PREFIX, PREAMBLE_LEN, Limits, WireError, header_length
+from .wire import LEN_PREFIX, PREAMBLE_LEN, Limits, WireError
+from .wire.framing import header_length_at
 
 __all__ = ["Transport", "MAX_FDS_PER_READ"]
 
@@ -310,11 +311,17 @@ class Transport:
         return True
 
     def _take(self, n: int) -> bytes:
-        out = bytes(self._buf[self._pos : self._pos + n])
-        self._pos += n
-        if self._pos == len(self._buf):
+        pos, end = self._pos, self._pos + n
+        if pos == 0 and end == len(self._buf):  # all that is buffered: one copy, no slice
+            out = bytes(self._buf)
+        else:
+            with memoryview(self._buf) as view:
+                out = bytes(view[pos:end])
+        if end == len(self._buf):
             self._buf.clear()
             self._pos = 0
+        else:
+            self._pos = end
         return out
 
     async def read_preamble(self) -> bytes:
@@ -326,7 +333,7 @@ class Transport:
         clean end of stream. The header itself is read by :meth:`read_header_body`."""
         if not await self._fill(LEN_PREFIX, "header length", True):
             return None
-        n = header_length(self._buf[self._pos : self._pos + LEN_PREFIX], limits)
+        n = header_length_at(self._buf, self._pos, limits)
         self._pos += LEN_PREFIX
         return n
 
