@@ -170,7 +170,10 @@ def _is_plain(value: Any, frame_threshold: int) -> bool:
             if not _INT_MIN <= v < _INT_END:
                 return False
         elif t is bytes or t is Bin:
-            if (t is bytes and len(v) >= frame_threshold) or (_by_type and codec_for(v) is not None):
+            if t is bytes and len(v) >= frame_threshold:
+                return False
+            # codec_for(v): a codec of its type or of a base class (Bin's are bytes, object).
+            if _by_type and (t in _by_type or bytes in _by_type or object in _by_type):
                 return False
         elif t in containers:
             if t is dict:
