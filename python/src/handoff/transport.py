@@ -81,9 +81,6 @@ class Transport:
         #: For the read that waits: how many bytes :meth:`_on_readable` receives for it
         #: (0: it only wakes the read, which receives itself).
         self._read_want = 0
-        #: Whether the last read took fewer bytes than it asked for: the socket had no more
-        #: then, and the next read waits for it to be readable instead of trying first.
-        self._drained = False
         self.send_lock = asyncio.Lock()
         #: What :meth:`send_now` could not write at once: written (by a task, or by the
         #: next :meth:`send`) before any later message.
@@ -249,11 +246,9 @@ class Transport:
         else:
             data = self.sock.recv(nbytes)
             self._received += len(data)
-        self._drained = len(data) < nbytes
         return data
 
     def _recv_into_now(self, view: memoryview) -> int:
-        self._drained = False
         if self.unix:
             n, anc, flags, _ = self.sock.recvmsg_into([view], _ANC_SPACE, _RECV_FLAGS)
             self._received += n
@@ -266,11 +261,10 @@ class Transport:
     async def _recv(self, nbytes: int, timeout: Optional[float], what: str) -> bytes:
         try:
             while True:
-                if not self._drained:
-                    try:
-                        return self._recv_now(nbytes)
-                    except (BlockingIOError, InterruptedError):
-                        pass
+                try:
+                    return self._recv_now(nbytes)
+                except (BlockingIOError, InterruptedError):
+                    pass
                 data = await self._readable(timeout, what, nbytes)
                 if data is not None:
                     return data
