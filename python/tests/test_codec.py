@@ -247,3 +247,53 @@ def test_the_fast_body_reader_agrees_with_the_strict_one_on_generated_bodies():
         assert repr(got) == repr(want) and type(got[-1]) is type(want[-1])
 
     check()
+
+
+def _nested_value(depth: int):
+    v: object = 1
+    for _ in range(depth - 1):
+        v = [v]
+    return v
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"seq": 1, "data": b"\x01" * 100},
+        5,
+        None,
+        "x",
+        b"a" * 1023,
+        b"a" * 1024,
+        (1, [2, (3,)]),
+        {"a": {"b": [1.5, True, None, False, -1]}},
+        -(1 << 63),
+        (1 << 64) - 1,
+        1 << 64,
+        -(1 << 63) - 1,
+        {1: 2, b"k": "v", None: (), 2.5: []},
+        [[], [], {}],
+        "é" * 40,
+        bytearray(b"xy"),
+        memoryview(b"ab"),
+        [1, "\ud800"],
+        _nested_value(127),
+        _nested_value(128),
+    ],
+)
+def test_plain_values_pack_as_the_walk_does(value):
+    """encode_body's direct path for plain values gives the walk's bytes, frames and errors."""
+    from handoff import Bin
+
+    for v in (value, {"v": value, "bin": Bin(b"q" * 2000)}):
+        try:
+            fast = encode_body(v)
+            fast = (fast.body, [bytes(f) for f in fast.frames])
+        except Exception as e:
+            fast = (type(e), str(e))
+        try:
+            slow = encode_body(v, fast=False)
+            slow = (slow.body, [bytes(f) for f in slow.frames])
+        except Exception as e:
+            slow = (type(e), str(e))
+        assert fast == slow

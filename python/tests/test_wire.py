@@ -308,3 +308,14 @@ def test_plain_msg_headers_agree_with_the_two_passes_on_generated_headers():
         assert fast == strict
 
     check()
+
+
+@pytest.mark.parametrize(
+    "type_name,body",
+    [("handoff.bench.Ping", b"\x80"), ("t" * 31, b"b" * 255), ("t" * 40, b"y" * 300), ("t", b"z" * 70000), ("", b"")],
+)
+def test_frame_plain_msg_is_the_canonical_encoding(type_name, body):
+    expected = wire.frame_header(wire.encode_header(wire.Msg(type_name, body, [])))
+    assert wire.frame_plain_msg(type_name, body) == expected
+    if body:
+        assert wire.decode_header(expected[4:]) == wire.Msg(type_name, body, [])

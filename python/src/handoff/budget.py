@@ -98,8 +98,9 @@ class Budget:
         account.buffered -= n
         account.messages -= 1
         self.total -= n
-        self._wake(id(account))
-        self._wake(None)
+        if self._waiting:
+            self._wake(id(account))
+            self._wake(None)
 
     def release_env(self, env: Any) -> None:
         """Gives back what a delivered (or dropped) envelope was charged."""

@@ -32,7 +32,7 @@ import msgpack
 
 from .msgpack_read import Ext, MsgpackError, too_deep, unpack_one
 from .resources import EXT_RESOURCE_KEY, Resource, ResourceKey, Resources
-from .route import _CURRENT, MARKER, Route, _by_name, RouteError, codec_for, decode_value, encode_value
+from .route import _CURRENT, MARKER, Route, _by_name, _by_type, RouteError, codec_for, decode_value, encode_value
 from .wire import MAX_BODY_DEPTH, WireError, packer
 
 __all__ = [
@@ -144,11 +144,56 @@ class EncodedBody:
         self.sources = sources
 
 
+_PLAIN_SCALARS = frozenset((type(None), bool, float, str))
+_CONTAINERS = frozenset((dict, list, tuple))
+_INT_MIN, _INT_END = -(1 << 63), 1 << 64
+
+
+def _is_plain(value: Any, frame_threshold: int) -> bool:
+    """Whether :func:`encode_body`'s walk would leave ``value`` as it is, so that msgpack
+    may pack it directly: only dicts, lists and tuples (exactly those types) of None,
+    bool, float, str, int within msgpack's range and bytes under ``frame_threshold`` or
+    :class:`Bin` (exactly those types, unless a route codec claims them), nested at most
+    ``MAX_BODY_DEPTH`` deep. Anything else is left to the walk (which decides, and
+    words the error). The bytes are the same either way: the walk turns a tuple into a
+    list and a ``Bin`` into bytes, which msgpack packs alike."""
+    stack = [(value, 1)]
+    scalars, containers = _PLAIN_SCALARS, _CONTAINERS
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_BODY_DEPTH:
+            return False
+        t = type(v)
+        if t in scalars:
+            continue
+        if t is int:
+            if not _INT_MIN <= v < _INT_END:
+                return False
+        elif t is bytes or t is Bin:
+            if t is bytes and len(v) >= frame_threshold:
+                return False
+            # codec_for(v): a codec of its type or of a base class (Bin's are bytes, object).
+            if _by_type and (t in _by_type or bytes in _by_type or object in _by_type):
+                return False
+        elif t in containers:
+            if t is dict:
+                for k, x in v.items():
+                    stack.append((k, depth + 1))
+                    stack.append((x, depth + 1))
+            else:
+                for x in v:
+                    stack.append((x, depth + 1))
+        else:
+            return False
+    return True
+
+
 def encode_body(
     value: Any,
     frame_threshold: int = DEFAULT_FRAME_THRESHOLD,
     is_frame: Optional[Callable[[Any], bool]] = None,
     route: Optional[Route] = None,
+    fast: bool = True,
 ) -> EncodedBody:
     """Encodes ``value``: buffers become frames (depth-first, in serialization order).
 
@@ -157,7 +202,12 @@ def encode_body(
     ``route`` is the route the value takes (:meth:`Route.current` while it is encoded):
     route-aware types are encoded for it (without one, for :data:`handoff.route.UNKNOWN`).
     A registered type that is a dict, list or tuple is encoded as such.
+
+    A value of plain types only (see :func:`_is_plain`) is packed as it is; ``fast=False``
+    always walks it (the tests check that both give the same bytes).
     """
+    if fast and _is_plain(value, frame_threshold):
+        return EncodedBody(packer().pack(value), [], [])
     frames: list = []
     sources: list = []
 

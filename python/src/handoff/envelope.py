@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional
 
+from .codec import decode_body
 from .tickets import Ticket
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -69,8 +70,6 @@ class Envelope:
     def decode(self) -> Optional[Exception]:
         """Decodes the body once; returns the error (also kept in :attr:`error`, where
         :attr:`body` raises it) instead of raising it."""
-        from .codec import decode_body
-
         if self._decoded:
             return self.error
         node = getattr(self.sender, "node", None)

@@ -34,7 +34,60 @@ import asyncio
 import collections
 from typing import Any, Optional
 
-__all__ = ["Inbox", "ConnectionQueue"]
+__all__ = ["Inbox", "ConnectionQueue", "Signal"]
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(False)
+
+
+class Signal:
+    """Wakes the tasks that wait for it, each wait with an optional time limit.
+
+    ``asyncio.wait_for`` runs the awaited coroutine as a task of its own: one more task
+    and two more turns of the event loop for every message a timed ``recv`` takes. Here a
+    wait is one future and, with a time limit, one timer."""
+
+    __slots__ = ("_waiters",)
+
+    def __init__(self) -> None:
+        self._waiters: list = []
+
+    def set(self) -> None:
+        """Wakes every task waiting now."""
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(True)
+
+    async def wait(self, timeout: Optional[float] = None) -> bool:
+        """Waits for the next :meth:`set`: ``True``, or ``False`` after ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._waiters.append(fut)
+        timer = loop.call_later(timeout, _expire, fut) if timeout is not None else None
+        try:
+            return await fut
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if fut in self._waiters:  # timed out or cancelled: not woken by set()
+                self._waiters.remove(fut)
+
+
+async def _wait_until(ready, signal: Signal, timeout: Optional[float]) -> None:
+    """Waits until ``ready()`` (checked after each wake-up); ``asyncio.TimeoutError`` after ``timeout`` s."""
+    if timeout is None:
+        while not ready():
+            await signal.wait()
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not ready():
+        left = deadline - loop.time()
+        if left <= 0 or not await signal.wait(left):
+            raise asyncio.TimeoutError
 
 
 class _Queue:
@@ -59,7 +112,7 @@ class Inbox:
         self._turns: collections.deque = collections.deque()  # open, with a backlog: round-robin
         self._closed_turns: collections.deque = collections.deque()  # closed, messages still waiting
         self._closed: set = set()  # keys of closed connections whose messages still wait
-        self._arrived = asyncio.Event()
+        self._arrived = Signal()
 
     def _weight(self, env: Any) -> int:
         return getattr(env, "charge", 0) or self.overhead
@@ -137,12 +190,19 @@ class Inbox:
             for q in waiting:
                 q.credit += max(0, rounds - 1) * self.quantum
 
-    async def get(self) -> Any:
-        """The next message, waiting until there is one."""
-        while not self._queues:
-            self._arrived.clear()
-            await self._arrived.wait()
+    async def get(self, timeout: Optional[float] = None) -> Any:
+        """The next message, waiting until there is one (``asyncio.TimeoutError`` after
+        ``timeout`` seconds). A message already waiting is taken without yielding."""
+        if not self._queues:
+            await _wait_until(self._has_messages, self._arrived, timeout)
         return self._take()
+
+    def _has_messages(self) -> bool:
+        return bool(self._queues)
+
+    def __bool__(self) -> bool:
+        """Whether a message waits."""
+        return bool(self._queues)
 
     def __len__(self) -> int:
         return sum(len(q.messages) for q in self._queues.values())
@@ -158,7 +218,7 @@ class ConnectionQueue:
 
     def __init__(self) -> None:
         self._messages: collections.deque = collections.deque()
-        self._arrived = asyncio.Event()
+        self._arrived = Signal()
         self.closed = False
         self._dropping = False
 
@@ -181,14 +241,15 @@ class ConnectionQueue:
         self._messages.clear()
         return dropped
 
-    async def get(self) -> Any:
-        """The next message, waiting for one; ``None`` once closed and empty."""
-        while not self._messages:
-            if self.closed:
-                return None
-            self._arrived.clear()
-            await self._arrived.wait()
-        return self._messages.popleft()
+    async def get(self, timeout: Optional[float] = None) -> Any:
+        """The next message, waiting for one (``asyncio.TimeoutError`` after ``timeout``
+        seconds); ``None`` once closed and empty."""
+        if not self._messages and not self.closed:
+            await _wait_until(self._ready, self._arrived, timeout)
+        return self._messages.popleft() if self._messages else None
+
+    def _ready(self) -> bool:
+        return bool(self._messages) or self.closed
 
     def __len__(self) -> int:
         return len(self._messages)

@@ -686,12 +686,13 @@ class Node:
 
         Taking it gives its bytes back to the node's buffered bounds (§9.1): a peer whose
         connection stopped being read for lack of room is read again."""
-        if timeout is None:
-            env = await self._inbox.get()
-        else:
-            env = await asyncio.wait_for(self._inbox.get(), timeout)
+        env = await self._inbox.get(timeout)
         self._budget.release_env(env)
         return env
+
+    def has_messages(self) -> bool:
+        """Whether :meth:`recv` has a message waiting (it would return it without waiting)."""
+        return bool(self._inbox)
 
     def buffered(self) -> dict:
         """Bytes buffered for the application, in total and per peer (§9.1)."""

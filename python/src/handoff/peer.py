@@ -381,7 +381,10 @@ class Peer:
             for lease in new_tickets:
                 self.node.leases.withdraw(lease)
             raise
-        head = wire.frame_header(wire.encode_header(wire.Msg(type_name, enc.body, descs)))
+        if descs:
+            head = wire.frame_header(wire.encode_header(wire.Msg(type_name, enc.body, descs)))
+        else:
+            head = wire.frame_plain_msg(type_name, enc.body)
         try:
             await self.transport.send([head] + inline, fds)
         except PeerClosed:
@@ -398,8 +401,7 @@ class Peer:
         enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
         if enc.frames:
             return False
-        head = wire.frame_header(wire.encode_header(wire.Msg(type_name, enc.body, [])))
-        return self.transport.send_now(head)
+        return self.transport.send_now(wire.frame_plain_msg(type_name, enc.body))
 
     async def send_packed(self, type_name: str, body: bytes) -> None:
         """Sends a message without frames whose body is already msgpack: what
@@ -408,7 +410,7 @@ class Peer:
         same bytes :meth:`send` would send for it, without walking it again."""
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
-        head = wire.frame_header(wire.encode_header(wire.Msg(type_name, body, [])))
+        head = wire.frame_plain_msg(type_name, body)
         try:
             await self.transport.send((head,))
         except PeerClosed:
@@ -530,10 +532,7 @@ class Peer:
         buffered bounds (§9.1), as :meth:`Node.recv` does."""
         if self.queue is None:
             raise HandoffError("this node delivers every message to Node.recv() (built without per_connection)")
-        if timeout is None:
-            env = await self.queue.get()
-        else:
-            env = await asyncio.wait_for(self.queue.get(), timeout)
+        env = await self.queue.get(timeout)
         if env is None:
             raise PeerClosed(f"the connection to {self.name} is closed")
         self.node._budget.release_env(env)
@@ -593,6 +592,14 @@ class Peer:
                     break
                 if t.read_waits != waits:  # it waited for input: a new slice begins
                     turn_began, waits = clock(), t.read_waits
+                elif clock() - turn_began >= _READ_SLICE:
+                    # The next message was here already (in the transport's buffer or the
+                    # socket's) and would be handled without returning to the event loop:
+                    # after a slice of work, let what other connections sent meanwhile go
+                    # first. (Checked here, once the next message is known to be waiting:
+                    # a reader that has none would yield for nothing, a turn per message.)
+                    await after_new_input()
+                    turn_began, waits = clock(), t.read_waits
                 # The header counts against the buffered bounds from the start of its read.
                 await budget.admit(self, n + overhead, 0, self._waits_for_answers)
                 self._charge = n + overhead
@@ -635,12 +642,6 @@ class Peer:
                     if self._charge:
                         budget.release(self, self._charge)
                         self._charge = 0
-                # The next message may already be here (in the transport's buffer or the
-                # socket's) and would be handled without returning to the event loop: after
-                # a slice of work, let what other connections sent meanwhile go first.
-                if clock() - turn_began >= _READ_SLICE:
-                    await after_new_input()
-                    turn_began = clock()
         except wire.WireError as e:
             self._warn("closing connection to %s: %s", self.name, e)
             await send_error(t, e.code, e.message)
@@ -746,6 +747,19 @@ class Peer:
         delivers it (the envelope then carries the message's charge, ``self._charge``)."""
         t = self.transport
         self.node._check_type(h.t)
+        if not h.f:  # no frames (most small messages): nothing to admit, map or read
+            if t.fds and t.buffered == 0:
+                raise wire.WireError(
+                    "bad-shm",
+                    f"bad shared-memory descriptor: {len(t.fds)} descriptors arrived that no header announced",
+                )
+            env = Envelope(self, h.t, h.b, [])
+            env.charge, self._charge = self._charge, 0
+            if self._queued:
+                self._queue_delivery(env)
+            else:
+                await self.node._deliver(env)
+            return
         wire.check_carried(h.f, wire.carried_kinds(unix=t.unix, ticket=True))
         more = self._charge_of(h)
         if more:

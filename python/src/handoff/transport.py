@@ -28,7 +28,8 @@ from typing import Optional, Sequence
 
 from .bounds import DEFAULT_BOUNDS, Bounds
 from .errors import PeerClosed
-from .wire import LEN_PREFIX, PREAMBLE_LEN, Limits, WireError, header_length
+from .wire import LEN_PREFIX, PREAMBLE_LEN, Limits, WireError
+from .wire.framing import header_length_at
 
 __all__ = ["Transport", "MAX_FDS_PER_READ"]
 
@@ -36,8 +37,11 @@ READ_CHUNK = 64 * 1024
 #: Most descriptors accepted with one read (spec §7.2); more is ``bad-shm``.
 MAX_FDS_PER_READ = 64
 _ANC_SPACE = socket.CMSG_SPACE(MAX_FDS_PER_READ * array.array("i").itemsize)
-_RECV_FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
-_SEND_FLAGS = getattr(socket, "MSG_NOSIGNAL", 0)
+# Plain ints: the socket module's flags are enum.IntFlag members, whose ``&`` runs Python
+# code (a few microseconds on every read).
+_RECV_FLAGS = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))
+_SEND_FLAGS = int(getattr(socket, "MSG_NOSIGNAL", 0))
+_MSG_CTRUNC = int(getattr(socket, "MSG_CTRUNC", 0))
 
 
 def _wake(fut: asyncio.Future) -> None:
@@ -70,6 +74,13 @@ class Transport:
         self._fd_error: Optional[str] = None
         #: How many times a read waited for the socket (its reader then had no backlog).
         self.read_waits = 0
+        #: Whether the socket is registered with the loop for reading (:meth:`_readable`),
+        #: and the future of the read that waits for it, if one does.
+        self._watching = False
+        self._read_waiter: Optional[asyncio.Future] = None
+        #: For the read that waits: how many bytes :meth:`_on_readable` receives for it
+        #: (0: it only wakes the read, which receives itself).
+        self._read_want = 0
         self.send_lock = asyncio.Lock()
         #: What :meth:`send_now` could not write at once: written (by a task, or by the
         #: next :meth:`send`) before any later message.
@@ -149,44 +160,92 @@ class Transport:
                         os.set_inheritable(fd, False)
                     self.fds.append(fd)
                     self._fd_ends.append(self._received)
-        if flags & getattr(socket, "MSG_CTRUNC", 0):
+        if flags & _MSG_CTRUNC:
             self._fd_error = f"a message carried more than {MAX_FDS_PER_READ} descriptors"
         elif len(self.fds) > self.bounds.max_pending_fds:
             self._fd_error = f"over {self.bounds.max_pending_fds} descriptors arrived that no header claimed"
             # Keep none of them: the connection is about to fail, and they must not pile up.
             self.close_fds()
 
-    async def _readable(self, timeout: Optional[float], what: str) -> None:
+    def _on_readable(self) -> None:
+        w = self._read_waiter
+        if w is None:
+            # Nobody reads now (the reader waits for room, or handles a message): stop
+            # watching, or the loop would call this at every turn until it reads.
+            self._unwatch()
+            return
+        if w.done():  # timed out or cancelled: its reader, resuming, receives nothing
+            self._read_waiter = None
+            return
+        if self._read_want:
+            # Receive now, for the waiting read: the bytes are then off the socket before
+            # the loop polls again. (Woken only, the read would receive in the next turn,
+            # after a poll that reports the same bytes again and wakes its next wait for
+            # nothing: an extra turn and a failed receive per message.)
+            try:
+                data = self._recv_now(self._read_want)
+            except (BlockingIOError, InterruptedError):
+                return  # nothing after all: keep waiting
+            except (ConnectionError, OSError) as e:
+                self._read_waiter = None
+                w.set_exception(e)
+                return
+            self._read_waiter = None
+            w.set_result(data)
+            return
+        self._read_waiter = None
+        w.set_result(None)
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            try:
+                self.loop.remove_reader(self.sock.fileno())
+            except (ValueError, OSError):
+                pass
+
+    async def _readable(self, timeout: Optional[float], what: str, want: int = 0) -> Optional[bytes]:
+        """Waits until the socket is readable (at most ``timeout`` seconds, then ``timeout``).
+
+        With ``want``, returns what a receive of at most ``want`` bytes took then (``b""``
+        at the end of the stream); without, ``None``.
+
+        The socket stays registered with the loop after the wait: a connection whose
+        reader waits for every message would otherwise add and remove it (two system
+        calls) each time. :meth:`_on_readable` removes it when it fires with no read
+        waiting."""
         if self.closed:
             raise PeerClosed(f"the connection to {self.label} is closed")
         self.read_waits += 1
         fut = self.loop.create_future()
-        fd = self.sock.fileno()
-        self.loop.add_reader(fd, _wake, fut)
+        if not self._watching:
+            self.loop.add_reader(self.sock.fileno(), self._on_readable)
+            self._watching = True
+        self._read_waiter = fut
+        self._read_want = want
         timer = self.loop.call_later(timeout, _expire, fut) if timeout is not None else None
         try:
             ok = await fut
         finally:
             if timer is not None:
                 timer.cancel()
-            try:
-                self.loop.remove_reader(fd)
-            except (ValueError, OSError):
-                pass
+            if self._read_waiter is fut:
+                self._read_waiter = None
         if ok is False:
             raise WireError(
                 "timeout",
                 f"timed out: no byte from {self.label} for {timeout:g} s in the middle of a message ({what})",
             )
+        return ok
 
     def _recv_now(self, nbytes: int) -> bytes:
         if self.unix:
             data, anc, flags, _ = self.sock.recvmsg(nbytes, _ANC_SPACE, _RECV_FLAGS)
             self._received += len(data)
             self._collect(anc, flags)
-            return data
-        data = self.sock.recv(nbytes)
-        self._received += len(data)
+        else:
+            data = self.sock.recv(nbytes)
+            self._received += len(data)
         return data
 
     def _recv_into_now(self, view: memoryview) -> int:
@@ -205,7 +264,10 @@ class Transport:
                 try:
                     return self._recv_now(nbytes)
                 except (BlockingIOError, InterruptedError):
-                    await self._readable(timeout, what)
+                    pass
+                data = await self._readable(timeout, what, nbytes)
+                if data is not None:
+                    return data
         except (ConnectionError, OSError) as e:
             if self.closed:
                 return b""
@@ -243,11 +305,17 @@ class Transport:
         return True
 
     def _take(self, n: int) -> bytes:
-        out = bytes(self._buf[self._pos : self._pos + n])
-        self._pos += n
-        if self._pos == len(self._buf):
+        pos, end = self._pos, self._pos + n
+        if pos == 0 and end == len(self._buf):  # all that is buffered: one copy, no slice
+            out = bytes(self._buf)
+        else:
+            with memoryview(self._buf) as view:
+                out = bytes(view[pos:end])
+        if end == len(self._buf):
             self._buf.clear()
             self._pos = 0
+        else:
+            self._pos = end
         return out
 
     async def read_preamble(self) -> bytes:
@@ -259,7 +327,7 @@ class Transport:
         clean end of stream. The header itself is read by :meth:`read_header_body`."""
         if not await self._fill(LEN_PREFIX, "header length", True):
             return None
-        n = header_length(self._buf[self._pos : self._pos + LEN_PREFIX], limits)
+        n = header_length_at(self._buf, self._pos, limits)
         self._pos += LEN_PREFIX
         return n
 
@@ -351,6 +419,18 @@ class Transport:
 
         Raises :class:`PeerClosed` if the connection is closed, or if the peer reads
         nothing for the write timeout (the connection is then closed)."""
+        if len(chunks) == 1 and not fds and type(chunks[0]) is bytes and self._may_write_now():
+            # One piece and nothing else being written: write it now, without the lock's
+            # machinery; what the socket does not take is written below, under the lock,
+            # before this returns (nothing can come between: there is no await before it).
+            data = chunks[0]
+            try:
+                sent = self.sock.send(data, _SEND_FLAGS)
+            except OSError:
+                sent = 0  # full, or broken: the path below waits, or says why
+            if sent == len(data):
+                return
+            chunks = (memoryview(data).cast("B")[sent:],)
         self._senders += 1
         try:
             await self._send_locked(chunks, fds)
@@ -376,6 +456,18 @@ class Transport:
                     self._broken = f"writing to {self.label}: {e}"
                 raise PeerClosed(self._broken) from None
 
+    def _may_write_now(self) -> bool:
+        """Whether a whole message may be written now: nothing else is being written or
+        waits to be (a sender in :meth:`send`, a tail of :meth:`send_now`), and the
+        connection is open."""
+        return not (
+            self.closed
+            or self._broken is not None
+            or self._tail is not None
+            or self._senders
+            or self.send_lock.locked()
+        )
+
     def send_now(self, data: bytes) -> bool:
         """Writes one whole message without descriptors now, from the caller, if nothing else
         is being written: ``True`` if it is sent (what the socket did not take at once is
@@ -385,13 +477,7 @@ class Transport:
 
         This spares a small answer the event-loop turn a task needs to start, which a
         busy node's other connections would otherwise fill (issue 11)."""
-        if (
-            self.closed
-            or self._broken is not None
-            or self._tail is not None
-            or self._senders
-            or self.send_lock.locked()
-        ):
+        if not self._may_write_now():
             return False
         try:
             sent = self.sock.send(data, _SEND_FLAGS)
@@ -494,6 +580,7 @@ class Transport:
         except (asyncio.TimeoutError, asyncio.CancelledError):
             locked = False
         self.closed = True
+        self._watching = False
         try:
             fd = self.sock.fileno()
             if fd >= 0:

@@ -34,7 +34,7 @@ from .decode import (
     decode_message,
     unpack_header_value,
 )
-from .encode import encode_header, encode_message, packer
+from .encode import encode_header, encode_message, frame_plain_msg, packer
 from .errors import WireError
 from .framing import LEN_PREFIX, frame_header, header_length
 from .headers import (
@@ -144,6 +144,7 @@ __all__ = [
     "encode_header",
     "encode_message",
     "frame_header",
+    "frame_plain_msg",
     "header_length",
     "our_preamble",
     "packer",

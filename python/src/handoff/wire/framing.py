@@ -7,14 +7,22 @@ import struct
 from .errors import WireError, malformed
 from .limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["LEN_PREFIX", "frame_header", "header_length"]
+__all__ = ["LEN_PREFIX", "frame_header", "header_length", "header_length_at"]
 
 LEN_PREFIX = 4
 
 
+_LEN = struct.Struct(">I")
+
+
 def header_length(prefix: bytes, limits: Limits = DEFAULT_LIMITS) -> int:
     """Checks a header's length prefix (§11.2 step 1): ``header-too-large``, then zero."""
-    (n,) = struct.unpack(">I", bytes(prefix[:4]))
+    return header_length_at(bytes(prefix[:4]), 0, limits)
+
+
+def header_length_at(buf, pos: int, limits: Limits = DEFAULT_LIMITS) -> int:
+    """:func:`header_length` of the prefix at ``buf[pos:pos + 4]`` (read in place)."""
+    (n,) = _LEN.unpack_from(buf, pos)
     if n > limits.max_header_bytes:
         raise WireError("header-too-large", f"header of {n} bytes exceeds the limit of {limits.max_header_bytes} bytes")
     if n == 0:
