@@ -70,6 +70,24 @@ async fn run() {
         hash_throughput();
         return;
     }
+    if mode == "memcpy" {
+        let size: usize = arg(&args, 2, 1 << 30);
+        let src = vec![0x3cu8; size];
+        let mut dst = vec![0u8; size];
+        let mut seg = handoff::SharedBufMut::new(size).expect("a segment");
+        seg.fill(1);
+        dst.copy_from_slice(&src);
+        for _ in 0..5 {
+            let t = Instant::now();
+            dst.copy_from_slice(std::hint::black_box(&src));
+            let heap = t.elapsed().as_secs_f64() * 1e3;
+            let t = Instant::now();
+            seg.copy_from_slice(std::hint::black_box(&src));
+            let shm = t.elapsed().as_secs_f64() * 1e3;
+            println!("heap->heap {heap:.1} ms  heap->segment {shm:.1} ms");
+        }
+        return;
+    }
     let size: usize = arg(&args, 2, 1 << 30);
     let reps: usize = arg(&args, 3, 9);
     let pause_ms: u64 = arg(&args, 4, 0);
