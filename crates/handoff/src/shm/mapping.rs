@@ -15,8 +15,6 @@ use std::sync::{Arc, Mutex};
 use memmap2::{Mmap, MmapOptions};
 use rustix::fs::SealFlags;
 
-use super::segment::inode_of;
-
 /// A peer's segment, or the part of it around a window, mapped read-only into this process.
 pub(crate) struct Mapping {
     file: File,
@@ -153,7 +151,8 @@ impl MappingCache {
         if size == 0 {
             return Err(MapError("an empty shared segment".into()));
         }
-        let inode = inode_of(fd.as_fd()).map_err(|e| MapError(e.to_string()))?;
+        // The same `fstat` names the segment (device and inode): one system call, not two.
+        let inode = (st.st_dev, st.st_ino);
         let tick = self.tick.fetch_add(1, Ordering::Relaxed);
         let mut entries = self.entries.lock().expect("mapping cache lock");
         if let Some(list) = entries.get_mut(&inode) {
