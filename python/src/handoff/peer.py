@@ -28,6 +28,7 @@ from .handshake import send_error
 from .inbox import ConnectionQueue
 from .mapcache import Kept, MapCache
 from .pool import Segment, pool
+from .recvbuf import MIN_POOLED, recv_pool
 from .route import Route
 from .shm import SharedFrame, map_received, sealed_copy, segment_info
 from .tickets import Refusal, Ticket
@@ -64,6 +65,11 @@ _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
 def _alloc(n: int) -> memoryview:
+    if n >= MIN_POOLED:
+        # A warm buffer a frame before used: its pages are in place (see handoff.recvbuf).
+        view = recv_pool().take(n)
+        if view is not None:
+            return view
     if n >= _MMAP_FRAME:
         # numpy's allocator (malloc) hands the memory of a large frame that was freed to the
         # next one, whose pages are then in place already; a fresh anonymous mapping faults
@@ -71,7 +77,7 @@ def _alloc(n: int) -> memoryview:
         np = sys.modules.get("numpy")
         if np is not None:
             return memoryview(np.empty(n, dtype=np.uint8))
-        m = mmap.mmap(-1, n)
+        m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE)  # private: huge pages may back it, not shmem
         if n >= _HUGE_FRAME and _MADV_HUGEPAGE is not None:
             try:
                 m.madvise(_MADV_HUGEPAGE)
