@@ -31,7 +31,7 @@ from .pool import Segment, pool
 from .recvbuf import MIN_POOLED, recv_pool
 from .route import Route
 from .shm import SharedFrame, map_received, sealed_copy, segment_info
-from .tickets import Refusal, Ticket
+from .tickets import STREAM_DIGEST_MIN, Refusal, StreamDigest, Ticket
 from .transport import MAX_FDS_PER_READ, Transport
 from .turns import after_new_input
 
@@ -171,7 +171,7 @@ class Peer:
         #: The wire protocol version of the connection (§3): 2, or 1 with a v1-only peer.
         self.protocol_version = version
         self.closed = False
-        self.pending: dict = {}  # req -> (future, what, bytes expected for a pull or None)
+        self.pending: dict = {}  # req -> (future, what, bytes expected for a pull or None, whole redemption)
         self._leases: dict = {}  # shm lease -> SharedFrame kept for the peer
         self._leased_bytes = 0
         self._leases_changed: Optional[asyncio.Event] = None
@@ -668,7 +668,7 @@ class Peer:
         await self.transport.aclose(drain=drain)
         self.node._remove_peer(self)
         pending, self.pending = self.pending, {}
-        for fut, _what, _n in pending.values():
+        for fut, *_ in pending.values():
             if not fut.done():
                 fut.set_result(("lost", "the connection closed before it answered"))
         # The peer's holds end with its connection to us, unless another one replaced it
@@ -846,8 +846,18 @@ class Peer:
             await self.transport.skip(h.n, "pulled bytes")
             return
         view = _alloc(h.n)
-        await self.transport.read_into(view, "pulled bytes")
-        self._answer(h.req, ("bytes", view))
+        if not entry[3] or h.n < STREAM_DIGEST_MIN:
+            await self.transport.read_into(view, "pulled bytes")
+            self._answer(h.req, ("bytes", view, None))
+            return
+        # A whole redemption: hashed while it arrives, its digest checked by the node.
+        hashing = StreamDigest(view)
+        try:
+            await self.transport.read_into(view, "pulled bytes", hashing.feed)
+        except BaseException:
+            hashing.cancel()
+            raise
+        self._answer(h.req, ("bytes", view, hashing.finish()))
 
     def _answer(self, req: int, result: tuple) -> None:
         entry = self.pending.pop(req, None)
