@@ -179,7 +179,7 @@ class Peer:
         self._releases: list = []
         self._release_task: Optional[asyncio.Task] = None
         #: Whole-segment private mappings kept for the next frame (:mod:`handoff.mapcache`).
-        self._maps: Optional[MapCache] = MapCache() if node.shm_private else None
+        self._maps: Optional[MapCache] = MapCache()
         self._deliveries: Optional[asyncio.Queue] = None
         self._delivery_task: Optional[asyncio.Task] = None
         self._queued = 0

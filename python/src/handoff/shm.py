@@ -18,8 +18,8 @@ whose header says writeable) needs to stay zero copy. Received mappings are not
 inherited by forked children (``MADV_DONTFORK``): a child never holds a sender's segment. A small window of a large segment maps only the pages that hold it.
 Each frame gets a mapping of its own, so that the mapping's lifetime is the frame's:
 when the last view of it is gone, the mapping is freed and the frame's lease released —
-except that a private receiver's connection may keep the mapping of a whole segment for
-the next frame in it (:mod:`handoff.mapcache`).
+except that a receiver's connection may keep the mapping of a whole segment for the next
+frame in it (:mod:`handoff.mapcache`).
 """
 
 from __future__ import annotations
@@ -181,7 +181,7 @@ def map_received(
 
     Returns ``(mapping, start, info)``: the window is ``mapping[start : start + n]``;
     ``mapping`` is ``None`` for an empty window (nothing to map). With ``keep`` (a
-    connection's :class:`~handoff.mapcache.MapCache`) and ``private``, a whole-segment
+    connection's :class:`~handoff.mapcache.MapCache`), a whole-segment
     mapping comes from it or goes to it: ``mapping`` is then a
     :class:`~handoff.mapcache.Kept` (see :mod:`handoff.mapcache`).
     """
@@ -213,9 +213,13 @@ def map_received(
         else:
             start = off - off % mmap.ALLOCATIONGRANULARITY
             length = off + n - start
-        keep = keep if private and start == 0 and length == size else None
+        # A whole segment's mapping is kept for the next frame in it: a private one always
+        # (as before), a shared one if the segment is not sealed (a pooled one, which its
+        # sender writes again; a sealed segment is never sent with new bytes).
+        keep = keep if start == 0 and length == size and (private or not sealed) else None
+        key = (st.st_dev, st.st_ino, private)
         if keep is not None:
-            kept = keep.take((st.st_dev, st.st_ino), size)
+            kept = keep.take(key, size)
             if kept is not None:
                 return kept, off, info
         flags, prot = (
@@ -231,7 +235,7 @@ def map_received(
             except OSError:  # pragma: no cover - advice only
                 pass
         if keep is not None:
-            kept = keep.add((st.st_dev, st.st_ino), mapping, size)
+            kept = keep.add(key, mapping, size, private)
             if kept is not None:
                 return kept, off, info
         return mapping, off - start, info
