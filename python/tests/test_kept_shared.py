@@ -49,3 +49,35 @@ async def test_a_shared_receiver_keeps_the_mapping_of_a_pooled_segment():
         await p.close()
         assert await eventually(lambda: conn._maps.stats()["idle"] == 0)
     pool().clear()  # other tests count the segments they create
+
+
+async def test_a_pooled_shm_buffer_is_sent_from_a_warm_segment_and_mapped_through_the_kept_mapping():
+    from handoff import ShmBuffer
+
+    accepted: list = []
+    async with (
+        Node("rx", secret="k", listen="127.0.0.1:0", per_connection=True, on_accept=accepted.append) as rx,
+        Node("tx", secret="k", per_connection=True) as tx,
+    ):
+        p = await tx.connect(rx.listen_addr)
+        before = pool().stats()
+        for i in range(3):
+            buf = ShmBuffer(3 * MIB, pooled=True)
+            buf.view[:] = bytes([i]) * (3 * MIB)
+            frozen = buf.freeze()
+            await p.send("t.A", {"x": frozen})
+            del buf, frozen
+            assert await eventually(lambda: accepted)
+            env = await accepted[0].recv(5)
+            x = env.body["x"]
+            assert len(x) == 3 * MIB and x.readonly and bytes(x[-3:]) == bytes([i]) * 3
+            assert env.segment_of(x)["sealed"] is False and env.segment_of(x)["size"] == 4 * MIB
+            del x, env
+            gc.collect()
+            assert await eventually(lambda: tx.shm_leases()["count"] == 0)
+            assert await eventually(lambda: pool().stats()["busy_segments"] == before["busy_segments"])
+        stats = pool().stats()
+        assert stats["created"] == before["created"] + 1 and stats["reused"] == before["reused"] + 2
+        assert accepted[0]._maps.stats()["hits"] == 2
+        await p.close()
+    pool().clear()

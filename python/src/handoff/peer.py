@@ -30,7 +30,7 @@ from .mapcache import Kept, MapCache
 from .pool import Segment, pool
 from .recvbuf import MIN_POOLED, recv_pool
 from .route import Route
-from .shm import SharedFrame, map_received, sealed_copy, segment_info
+from .shm import PooledFrame, SharedFrame, map_received, sealed_copy, segment_info
 from .tickets import STREAM_DIGEST_MIN, Refusal, StreamDigest, Ticket
 from .transport import MAX_FDS_PER_READ, Transport
 from .turns import after_new_input
@@ -357,7 +357,13 @@ class Peer:
                     continue
                 shared = None
                 if self.channel == "shm" and len(fds) < MAX_FDS_PER_READ and n > 0:
-                    if isinstance(source, SharedFrame):
+                    if isinstance(source, PooledFrame):
+                        await self._shm_room(source.size)
+                        if source.segment is None:
+                            raise ValueError("the pooled frame is closed")
+                        source.segment.hold()  # this lease's, let go when it ends
+                        shared = _PooledLease(source.segment)
+                    elif isinstance(source, SharedFrame):
                         await self._shm_room(source.size)
                         shared = SharedFrame(source.dup_fd(), source.size, source.sealed)
                     elif n >= self.node.shm_threshold and self.node.shm_pool:
