@@ -211,9 +211,17 @@ class LeaseTable:
     ) -> tuple[int, bytes, bytes]:
         """A new lease on ``view`` with one hold for ``to_node``; returns (lease, token, digest).
 
-        ``known_digest``, if given, is the BLAKE3 of ``view`` (not computed again). Waits
+        ``known_digest``, if given, is the BLAKE3 of ``view`` (not computed again; a large
+        one is computed in a thread, so that the event loop goes on meanwhile). Waits
         for room under the caps, at most ``wait`` seconds, then raises ``CapReached``."""
         n = len(view)
+        if known_digest is not None:
+            dg = bytes(known_digest)
+        elif n >= STREAM_DIGEST_MIN:
+            dg = await asyncio.get_running_loop().run_in_executor(_hash_executor(), digest, view)
+        else:
+            dg = digest(view)
+        # No await from the last look at the caps to the lease's entry (they hold then).
         reason = self._full(to_node, n)
         if reason is not None:
             deadline = time.monotonic() + self.wait
@@ -231,7 +239,6 @@ class LeaseTable:
                 except asyncio.TimeoutError:
                     pass
                 reason = self._full(to_node, n)
-        dg = bytes(known_digest) if known_digest is not None else digest(view)
         lease = self._next
         self._next += 1
         token = secrets.token_bytes(32)
