@@ -1,21 +1,27 @@
-"""Received segments kept mapped between frames, for private (copy-on-write) receivers.
+"""Received segments kept mapped between frames (shared read-only, or private copy-on-write).
 
-A sender's pool (§7.4, :mod:`handoff.pool`) sends the same segments again and again. A
-receiver that maps each received frame anew faults every page in again on its first read
-of it — on these machines that costs about as much as reading the bytes. So a connection
-of a node that maps received frames private (``shm_private``, as the Dask backend does)
-keeps the mapping of a whole segment after the frame's last view is gone, and maps the
-next frame that comes in the same segment (the same file: device and inode, checked
-like any received descriptor, §7.2) through it, with its pages still mapped.
+A sender's pool (§7.4, :mod:`handoff.pool`; the Rust reference's ``SharedBufMut`` comes
+from one too) sends the same segments again and again. A receiver that maps each
+received frame anew faults every page in again on its first read of it — on these
+machines that costs about as much as reading the bytes (a 1 GiB frame: about 130 ms of
+faults, then 130 ms to sum it with numpy). So a connection keeps the mapping of a whole
+segment after the frame's last view is gone, and maps the next frame that comes in the
+same segment (the same file: device and inode, checked like any received descriptor,
+§7.2) through it, with its pages still mapped — as the Rust receiver keeps one mapping
+per segment.
 
-What the receiver wrote into a private mapping are its own copies of those pages; they
+A shared read-only mapping (the default) shows the segment's bytes and nothing else, so
+it is kept as it is — for segments that are not sealed (pooled ones; a sealed segment
+never carries new bytes, and keeping its mapping would only hold its memory). A node that maps received frames private (``shm_private``, as the
+Dask backend does) needs more care: what the receiver wrote into a private mapping are its own copies of those pages; they
 must not show through the next frame. So when the last view of a frame is gone, before
 its lease is released (so before the sender may write the segment again), the mapping is
 *scrubbed*: the pages that are the receiver's own (anonymous, from ``/proc/self/pagemap``)
 are dropped with ``MADV_DONTNEED``, and the mapping shows the segment's bytes again, as a
 fresh one would. Whether this kernel does that is checked once per process on a segment
 of its own (a page written, scrubbed and read back); where it does not, or without numpy
-or ``/proc/self/pagemap``, nothing is kept and every frame is mapped anew, as before.
+or ``/proc/self/pagemap``, no private mapping is kept and every frame is mapped anew.
+Shared mappings need numpy only (the exporter of a frame is a numpy array).
 
 Bounds: a connection keeps at most :data:`MAX_KEPT` idle mappings; the process at most
 ``HANDOFF_SHM_KEEP_BYTES`` bytes of them (default :data:`DEFAULT_KEEP_BYTES`; or
@@ -138,15 +144,17 @@ def _import_numpy() -> bool:
 
 
 class Kept:
-    """A whole-segment private mapping a connection keeps, busy while a frame uses it."""
+    """A whole-segment mapping a connection keeps, busy while a frame uses it."""
 
-    __slots__ = ("key", "mapping", "size", "addr", "busy", "__weakref__")
+    __slots__ = ("key", "mapping", "size", "addr", "private", "busy", "__weakref__")
 
-    def __init__(self, key: tuple, mapping: mmap.mmap, size: int):
+    def __init__(self, key: tuple, mapping: mmap.mmap, size: int, private: bool = True):
         self.key = key
         self.mapping = mapping
         self.size = size
-        self.addr = _address(mapping)
+        self.private = private
+        #: Where it is mapped (for scrubbing a private mapping).
+        self.addr = _address(mapping) if private else 0
         self.busy = True
 
     def exporter(self) -> Any:
@@ -180,17 +188,20 @@ class MapCache:
         self.hits += 1
         return kept
 
-    def add(self, key: tuple, mapping: mmap.mmap, size: int) -> Optional[Kept]:
-        """Keeps a new whole-segment mapping (busy); ``None`` if this segment is busy already
-        (a sender that sends a segment again before its release: it gets a mapping of its own)."""
-        if self.closed or key in self._busy or size > _keep_bytes() or not available():
+    def add(self, key: tuple, mapping: mmap.mmap, size: int, private: bool = True) -> Optional[Kept]:
+        """Keeps a new whole-segment mapping (busy; ``private``: copy-on-write, scrubbed when
+        done); ``None`` if this segment is busy already (a sender that sends a segment again
+        before its release: it gets a mapping of its own)."""
+        if self.closed or key in self._busy or size > _keep_bytes():
+            return None
+        if not (available() if private else "numpy" in sys.modules or _import_numpy()):
             return None
         old = self._idle.pop(key, None)
         if old is not None:
             with _lock:
                 _state["idle_bytes"] -= old.size
             self._unmap(old)
-        kept = Kept(key, mapping, size)
+        kept = Kept(key, mapping, size, private)
         self._busy[key] = kept
         return kept
 
@@ -204,11 +215,12 @@ class MapCache:
         if self.closed or kept.size > limit:
             self._unmap(kept)
             return
-        try:
-            _scrub(kept.mapping, kept.addr, kept.size)
-        except (OSError, ValueError):
-            self._unmap(kept)
-            return
+        if kept.private:  # a shared read-only mapping has no pages of its own to drop
+            try:
+                _scrub(kept.mapping, kept.addr, kept.size)
+            except (OSError, ValueError):
+                self._unmap(kept)
+                return
         with _lock:
             _state["idle_bytes"] += kept.size
         self._idle[kept.key] = kept

@@ -789,13 +789,15 @@ class Node:
         except Exception as e:
             raise OwnerLost(ticket.owner_label, desc.lease, desc.n, f"cannot connect: {e}") from None
 
-    async def _request(self, ticket: Ticket, what: str, make, expect: Optional[int] = None) -> tuple:
+    async def _request(
+        self, ticket: Ticket, what: str, make, expect: Optional[int] = None, whole: bool = False
+    ) -> tuple:
         desc = ticket.desc
         peer = await self._owner_peer(ticket)
         req = self._next_req
         self._next_req += 1
         fut = self.loop.create_future()
-        peer.pending[req] = (fut, what, expect)
+        peer.pending[req] = (fut, what, expect, whole)
         self._budget.wake()  # its reader, if it waits for room, may now go over the bounds
         try:
             await peer._send_control(make(req))
@@ -819,16 +821,21 @@ class Node:
         if ticket.released:
             raise HandoffError(f"the ticket for lease {ticket.lease} was released")
         desc = ticket.desc
-        result = await self._request(ticket, "pull", lambda req: wire.Pull(req, desc.lease, desc.token, off, n), n)
+        result = await self._request(
+            ticket, "pull", lambda req: wire.Pull(req, desc.lease, desc.token, off, n), n, whole
+        )
         if result[0] != "bytes":
             raise OwnerLost(ticket.owner_label, desc.lease, desc.n, "answered a pull with a token")
-        view = result[1]
+        view, hashed = result[1], result[2]
         if len(view) != n:
             raise OwnerLost(ticket.owner_label, desc.lease, desc.n, f"asked for {n} bytes, got {len(view)}")
         if whole:
-            got = (
-                await asyncio.get_running_loop().run_in_executor(None, digest, view) if n >= (8 << 20) else digest(view)
-            )
+            if hashed is not None:  # hashed while it arrived (handoff.tickets.StreamDigest)
+                got = await asyncio.wrap_future(hashed)
+            elif n >= (8 << 20):
+                got = await asyncio.get_running_loop().run_in_executor(None, digest, view)
+            else:
+                got = digest(view)
             if got != desc.digest:
                 raise TicketCorrupt(ticket.owner_label, desc.lease)
         return view

@@ -28,9 +28,10 @@ from .handshake import send_error
 from .inbox import ConnectionQueue
 from .mapcache import Kept, MapCache
 from .pool import Segment, pool
+from .recvbuf import MIN_POOLED, recv_pool
 from .route import Route
-from .shm import SharedFrame, map_received, sealed_copy, segment_info
-from .tickets import Refusal, Ticket
+from .shm import PooledFrame, SharedFrame, map_received, sealed_copy, segment_info
+from .tickets import STREAM_DIGEST_MIN, Refusal, StreamDigest, Ticket
 from .transport import MAX_FDS_PER_READ, Transport
 from .turns import after_new_input
 
@@ -64,6 +65,11 @@ _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
 def _alloc(n: int) -> memoryview:
+    if n >= MIN_POOLED:
+        # A warm buffer a frame before used: its pages are in place (see handoff.recvbuf).
+        view = recv_pool().take(n)
+        if view is not None:
+            return view
     if n >= _MMAP_FRAME:
         # numpy's allocator (malloc) hands the memory of a large frame that was freed to the
         # next one, whose pages are then in place already; a fresh anonymous mapping faults
@@ -71,7 +77,7 @@ def _alloc(n: int) -> memoryview:
         np = sys.modules.get("numpy")
         if np is not None:
             return memoryview(np.empty(n, dtype=np.uint8))
-        m = mmap.mmap(-1, n)
+        m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE)  # private: huge pages may back it, not shmem
         if n >= _HUGE_FRAME and _MADV_HUGEPAGE is not None:
             try:
                 m.madvise(_MADV_HUGEPAGE)
@@ -165,7 +171,7 @@ class Peer:
         #: The wire protocol version of the connection (§3): 2, or 1 with a v1-only peer.
         self.protocol_version = version
         self.closed = False
-        self.pending: dict = {}  # req -> (future, what, bytes expected for a pull or None)
+        self.pending: dict = {}  # req -> (future, what, bytes expected for a pull or None, whole redemption)
         self._leases: dict = {}  # shm lease -> SharedFrame kept for the peer
         self._leased_bytes = 0
         self._leases_changed: Optional[asyncio.Event] = None
@@ -173,7 +179,7 @@ class Peer:
         self._releases: list = []
         self._release_task: Optional[asyncio.Task] = None
         #: Whole-segment private mappings kept for the next frame (:mod:`handoff.mapcache`).
-        self._maps: Optional[MapCache] = MapCache() if node.shm_private else None
+        self._maps: Optional[MapCache] = MapCache()
         self._deliveries: Optional[asyncio.Queue] = None
         self._delivery_task: Optional[asyncio.Task] = None
         self._queued = 0
@@ -351,7 +357,13 @@ class Peer:
                     continue
                 shared = None
                 if self.channel == "shm" and len(fds) < MAX_FDS_PER_READ and n > 0:
-                    if isinstance(source, SharedFrame):
+                    if isinstance(source, PooledFrame):
+                        await self._shm_room(source.size)
+                        if source.segment is None:
+                            raise ValueError("the pooled frame is closed")
+                        source.segment.hold()  # this lease's, let go when it ends
+                        shared = _PooledLease(source.segment)
+                    elif isinstance(source, SharedFrame):
                         await self._shm_room(source.size)
                         shared = SharedFrame(source.dup_fd(), source.size, source.sealed)
                     elif n >= self.node.shm_threshold and self.node.shm_pool:
@@ -663,7 +675,7 @@ class Peer:
         await self.transport.aclose(drain=drain)
         self.node._remove_peer(self)
         pending, self.pending = self.pending, {}
-        for fut, _what, _n in pending.values():
+        for fut, *_ in pending.values():
             if not fut.done():
                 fut.set_result(("lost", "the connection closed before it answered"))
         # The peer's holds end with its connection to us, unless another one replaced it
@@ -854,8 +866,18 @@ class Peer:
             await self.transport.skip(h.n, "pulled bytes")
             return
         view = _alloc(h.n)
-        await self.transport.read_into(view, "pulled bytes")
-        self._answer(h.req, ("bytes", view))
+        if not entry[3] or h.n < STREAM_DIGEST_MIN:
+            await self.transport.read_into(view, "pulled bytes")
+            self._answer(h.req, ("bytes", view, None))
+            return
+        # A whole redemption: hashed while it arrives, its digest checked by the node.
+        hashing = StreamDigest(view)
+        try:
+            await self.transport.read_into(view, "pulled bytes", hashing.feed)
+        except BaseException:
+            hashing.cancel()
+            raise
+        self._answer(h.req, ("bytes", view, hashing.finish()))
 
     def _answer(self, req: int, result: tuple) -> None:
         entry = self.pending.pop(req, None)

@@ -18,8 +18,8 @@ whose header says writeable) needs to stay zero copy. Received mappings are not
 inherited by forked children (``MADV_DONTFORK``): a child never holds a sender's segment. A small window of a large segment maps only the pages that hold it.
 Each frame gets a mapping of its own, so that the mapping's lifetime is the frame's:
 when the last view of it is gone, the mapping is freed and the frame's lease released —
-except that a private receiver's connection may keep the mapping of a whole segment for
-the next frame in it (:mod:`handoff.mapcache`).
+except that a receiver's connection may keep the mapping of a whole segment for the next
+frame in it (:mod:`handoff.mapcache`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,16 @@ from .wire import WireError
 if TYPE_CHECKING:  # pragma: no cover
     from .mapcache import MapCache
 
-__all__ = ["ShmBuffer", "SharedFrame", "sealed_copy", "map_received", "segment_info", "SEALS_REQUIRED", "SEALS_FIXED"]
+__all__ = [
+    "ShmBuffer",
+    "SharedFrame",
+    "PooledFrame",
+    "sealed_copy",
+    "map_received",
+    "segment_info",
+    "SEALS_REQUIRED",
+    "SEALS_FIXED",
+]
 
 F_SEAL_SEAL = getattr(fcntl, "F_SEAL_SEAL", 0x0001)
 F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
@@ -112,14 +121,59 @@ class SharedFrame:
         return f"SharedFrame({self.size} bytes, sealed={self.sealed})"
 
 
+class PooledFrame(SharedFrame):
+    """A frozen pooled :class:`ShmBuffer`: its ``n`` bytes at the start of a segment of the
+    process's pool (:mod:`handoff.pool`), sent unsealed (§7.4, pooled segments). The
+    segment goes back to the pool when this handle and every lease sent on it are gone."""
+
+    def __init__(self, segment: Any, n: int):
+        super().__init__(segment.fd, segment.size, False, segment.map)
+        self.segment = segment
+        self.n = n
+
+    @property
+    def view(self) -> memoryview:
+        if self.segment is None:
+            raise ValueError("the pooled frame is closed")
+        return memoryview(self.segment.map)[: self.n].toreadonly()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def close(self) -> None:
+        """Lets go of the segment (it stays busy while leases sent on it live)."""
+        seg, self.segment = getattr(self, "segment", None), None
+        self.fd = -1
+        self._map = None
+        if seg is not None:
+            seg.let_go(True)
+
+    def __repr__(self) -> str:
+        return f"PooledFrame({self.n} bytes in a segment of {self.size})"
+
+
 class ShmBuffer:
     """A writable buffer in a fresh shared segment: fill it in place, then :meth:`freeze` it
-    and send it to same-host peers with no copy (like the reference's ``SharedBufMut``)."""
+    and send it to same-host peers with no copy (like the reference's ``SharedBufMut``).
 
-    def __init__(self, size: int):
+    With ``pooled`` it is the start of a segment of the process's pool instead (as the
+    reference's ``SharedBufMut`` is): its pages are warm when the segment is reused, and
+    a receiver that keeps the segment's mapping (:mod:`handoff.mapcache`) maps the next
+    frame in it without faulting its pages again. Such a segment is never sealed."""
+
+    def __init__(self, size: int, pooled: bool = False):
         if size <= 0:
             raise ValueError("a shared buffer needs at least one byte")
         self.size = size
+        self._segment = None
+        if pooled:
+            from .pool import pool
+
+            self._segment = pool().take(size)
+            self.fd = self._segment.fd
+            self._map = self._segment.map
+            self.view = memoryview(self._map)[:size]
+            return
         self.fd = _memfd(size)
         self._map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         #: The writable bytes; fill them in place before :meth:`freeze`.
@@ -130,8 +184,13 @@ class ShmBuffer:
 
         Without ``seal`` it stays writable (by whoever maps it), but is sealed against
         shrinking and growing all the same: receivers refuse any segment that could
-        shrink under their mapping (§7.2)."""
+        shrink under their mapping (§7.2). A pooled buffer is never sealed (``seal`` is
+        ignored): it becomes a :class:`PooledFrame`."""
         self.view.release()
+        if self._segment is not None:
+            seg, self._segment = self._segment, None
+            self.fd = -1
+            return PooledFrame(seg, self.size)
         self._map.close()
         fd, self.fd = self.fd, -1
         fcntl.fcntl(fd, F_ADD_SEALS, SEALS_ALL if seal else SEALS_FIXED)
@@ -139,6 +198,12 @@ class ShmBuffer:
 
     def __len__(self) -> int:
         return self.size
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        seg = getattr(self, "_segment", None)
+        if seg is not None:  # a pooled buffer never frozen
+            self._segment = None
+            seg.let_go(True)
 
 
 def sealed_copy(data: Any) -> SharedFrame:
@@ -181,7 +246,7 @@ def map_received(
 
     Returns ``(mapping, start, info)``: the window is ``mapping[start : start + n]``;
     ``mapping`` is ``None`` for an empty window (nothing to map). With ``keep`` (a
-    connection's :class:`~handoff.mapcache.MapCache`) and ``private``, a whole-segment
+    connection's :class:`~handoff.mapcache.MapCache`), a whole-segment
     mapping comes from it or goes to it: ``mapping`` is then a
     :class:`~handoff.mapcache.Kept` (see :mod:`handoff.mapcache`).
     """
@@ -213,9 +278,13 @@ def map_received(
         else:
             start = off - off % mmap.ALLOCATIONGRANULARITY
             length = off + n - start
-        keep = keep if private and start == 0 and length == size else None
+        # A whole segment's mapping is kept for the next frame in it: a private one always
+        # (as before), a shared one if the segment is not sealed (a pooled one, which its
+        # sender writes again; a sealed segment is never sent with new bytes).
+        keep = keep if start == 0 and length == size and (private or not sealed) else None
+        key = (st.st_dev, st.st_ino, private)
         if keep is not None:
-            kept = keep.take((st.st_dev, st.st_ino), size)
+            kept = keep.take(key, size)
             if kept is not None:
                 return kept, off, info
         flags, prot = (
@@ -231,7 +300,7 @@ def map_received(
             except OSError:  # pragma: no cover - advice only
                 pass
         if keep is not None:
-            kept = keep.add((st.st_dev, st.st_ino), mapping, size)
+            kept = keep.add(key, mapping, size, private)
             if kept is not None:
                 return kept, off, info
         return mapping, off - start, info

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import hmac
+import os
 import re
 import secrets
+import threading
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -29,7 +32,7 @@ from .errors import CapReached
 if TYPE_CHECKING:  # pragma: no cover
     from .node import Node
 
-__all__ = ["LeaseTable", "Refusal", "Ticket", "digest"]
+__all__ = ["LeaseTable", "Refusal", "Ticket", "digest", "StreamDigest", "STREAM_DIGEST_MIN"]
 
 
 def digest(data: Any) -> bytes:
@@ -37,6 +40,97 @@ def digest(data: Any) -> bytes:
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
     threads = blake3.blake3.AUTO if len(view) >= (1 << 20) else 1
     return blake3.blake3(view, max_threads=threads).digest()
+
+
+#: Whole redemptions at least this large are hashed while their bytes arrive (:class:`StreamDigest`).
+STREAM_DIGEST_MIN = 8 << 20
+#: A hashing thread starts once this many new bytes have arrived (blake3 releases the GIL for them).
+_HASH_STEP = 4 << 20
+_hash_threads: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_hash_threads_lock = threading.Lock()
+
+
+def _hash_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's hashing threads: at most one per CPU (never more, whatever peers send)."""
+    global _hash_threads
+    with _hash_threads_lock:
+        if _hash_threads is None:
+            _hash_threads = concurrent.futures.ThreadPoolExecutor(
+                max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="handoff-blake3"
+            )
+        return _hash_threads
+
+
+class StreamDigest:
+    """The BLAKE3 digest of a buffer that is being filled front to back, computed by a
+    hashing thread while the rest still arrives, so that a ticket's redemption costs
+    about the time of its transfer rather than transfer plus hash (issue 14).
+
+    The reader calls :meth:`feed` with how many bytes of the buffer are filled; each
+    time enough new ones have arrived, one of the process's hashing threads (at most
+    one per stream at a time) hashes the filled part it has not hashed yet. The
+    hashed bytes are never written again (the reader fills the buffer in order), and
+    the buffer is delivered only after :meth:`finish`'s digest is known.
+    """
+
+    def __init__(self, view: memoryview):
+        self._view = view.cast("B") if view.format != "B" else view
+        self._hasher = blake3.blake3()
+        self._lock = threading.Lock()
+        self._filled = 0
+        self._hashed = 0
+        self._kicked = 0  # filled bytes when a thread was last asked to run
+        self._running = False
+        self._final = False
+        self._cancelled = False
+        self.result: concurrent.futures.Future = concurrent.futures.Future()
+
+    def feed(self, filled: int) -> None:
+        """``filled`` bytes from the start of the buffer hold their final bytes."""
+        with self._lock:
+            self._filled = filled
+            if self._running or filled - self._kicked < _HASH_STEP:
+                return
+            self._running = True
+            self._kicked = filled
+        _hash_executor().submit(self._run)
+
+    def finish(self) -> "concurrent.futures.Future":
+        """The whole buffer is filled: a future of its digest (32 bytes)."""
+        with self._lock:
+            self._final = True
+            self._filled = len(self._view)
+            if self._running:
+                return self.result
+            self._running = True
+        _hash_executor().submit(self._run)
+        return self.result
+
+    def cancel(self) -> None:
+        """The buffer will not be filled: stop hashing (the digest never comes)."""
+        with self._lock:
+            self._cancelled = True
+        self.result.cancel()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    start, end = self._hashed, self._filled
+                    if self._cancelled or start == end:
+                        self._running = False
+                        final = self._final and not self._cancelled
+                        break
+                    self._kicked = end
+                self._hasher.update(self._view[start:end])
+                self._hashed = end
+            if final and not self.result.done():
+                self.result.set_result(self._hasher.digest())
+        except BaseException as e:  # pragma: no cover - a bug: the redemption fails, not the thread
+            with self._lock:
+                self._running = False
+            if not self.result.done():
+                self.result.set_exception(e)
 
 
 # --------------------------------------------------------------------------- owner side
@@ -117,9 +211,17 @@ class LeaseTable:
     ) -> tuple[int, bytes, bytes]:
         """A new lease on ``view`` with one hold for ``to_node``; returns (lease, token, digest).
 
-        ``known_digest``, if given, is the BLAKE3 of ``view`` (not computed again). Waits
+        ``known_digest``, if given, is the BLAKE3 of ``view`` (not computed again; a large
+        one is computed in a thread, so that the event loop goes on meanwhile). Waits
         for room under the caps, at most ``wait`` seconds, then raises ``CapReached``."""
         n = len(view)
+        if known_digest is not None:
+            dg = bytes(known_digest)
+        elif n >= STREAM_DIGEST_MIN:
+            dg = await asyncio.get_running_loop().run_in_executor(_hash_executor(), digest, view)
+        else:
+            dg = digest(view)
+        # No await from the last look at the caps to the lease's entry (they hold then).
         reason = self._full(to_node, n)
         if reason is not None:
             deadline = time.monotonic() + self.wait
@@ -137,7 +239,6 @@ class LeaseTable:
                 except asyncio.TimeoutError:
                     pass
                 reason = self._full(to_node, n)
-        dg = bytes(known_digest) if known_digest is not None else digest(view)
         lease = self._next
         self._next += 1
         token = secrets.token_bytes(32)

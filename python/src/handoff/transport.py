@@ -342,8 +342,11 @@ class Transport:
             return None
         return await self.read_header_body(n)
 
-    async def read_into(self, dest: memoryview, what: str = "frame") -> None:
-        """Fills ``dest`` (a writable byte view) with the next ``len(dest)`` bytes of the stream."""
+    async def read_into(self, dest: memoryview, what: str = "frame", progress=None) -> None:
+        """Fills ``dest`` (a writable byte view) with the next ``len(dest)`` bytes of the stream.
+
+        ``progress``, if given, is called with the number of bytes of ``dest`` filled so
+        far after each read (its bytes before that never change again)."""
         n = len(dest)
         have = min(n, len(self._buf) - self._pos)
         if have:
@@ -358,6 +361,8 @@ class Transport:
             if not got:
                 raise WireError("truncated", f"truncated input: {what} needs {n} bytes, only {pos} present")
             pos += got
+            if progress is not None:
+                progress(pos)
 
     async def skip(self, n: int, what: str) -> None:
         """Reads and drops the next ``n`` bytes through a small scratch buffer (nothing allocated for them)."""

@@ -123,10 +123,11 @@ def fill_pattern(view: memoryview, seed: int) -> None:
 
 
 def make_payload(id_: int, size: int, shared: bool) -> dict:
-    """A ``Payload`` of ``size`` bytes; in a fresh shared segment, filled in place, if ``shared``."""
+    """A ``Payload`` of ``size`` bytes; in a segment of the process's pool, filled in place,
+    if ``shared`` (as the Rust node's ``SharedBufMut``)."""
     started = time.perf_counter()
     if shared and size > 0:
-        buf = ShmBuffer(size)
+        buf = ShmBuffer(size, pooled=True)
         fill_pattern(buf.view, id_)
         dg = digest(buf.view)
         data: Any = buf.freeze()

@@ -1,0 +1,204 @@
+"""Warm buffers for large received frames (inline frames and pulled ticket bytes).
+
+A frame of 64 MiB or more read into fresh memory costs the kernel a fault and a zeroed
+page for every page before the first byte is copied in: on these machines that took as
+long as the copy from the socket itself, and a fresh 1 GiB allocation that asked for
+huge pages sometimes stalled for seconds in compaction (the "cliff" of issue 14).
+glibc's ``malloc`` gives such sizes back to the kernel when they are freed, so the next
+frame pays all of it again.
+
+So the process keeps the buffers of large received frames once their last view is gone
+and reads the next frame of a fitting size into one of them, with its pages in place:
+
+- A buffer is a private anonymous mapping (advised to use huge pages); a frame gets a fresh
+  numpy array over its first ``n`` bytes as its *exporter*: every view of the frame
+  holds it, and when the last is gone the buffer comes back to the pool. A frame never
+  shows more than its own ``n`` bytes, and it is filled completely before anything
+  sees it (a frame that is cut short fails its connection and is never delivered).
+- A buffer is reused for a frame of ``n`` bytes if it holds at least ``n`` and at most
+  ``n + n / 4`` bytes (or ``n`` rounded up to 2 MiB): the bytes the frame is charged
+  for (§9.1), and a little more.
+- Bounds: at most ``HANDOFF_RECV_POOL_BYTES`` idle bytes in the process (default
+  :data:`DEFAULT_IDLE_BYTES`; 0 keeps none), the least recently returned going first,
+  and none idle longer than :data:`IDLE_SECONDS` (a timer frees them). Busy buffers are
+  the frames the application holds: what the buffered-bytes bounds admitted.
+- Without numpy (the exporter is a numpy array) nothing is pooled.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import threading
+import time
+import weakref
+from typing import Optional
+
+__all__ = ["RecvPool", "recv_pool", "MIN_POOLED", "DEFAULT_IDLE_BYTES", "IDLE_SECONDS"]
+
+#: Frames at least this large come from the pool (smaller ones: ``malloc`` reuses its memory).
+MIN_POOLED = 16 << 20
+#: Idle bytes the pool keeps unless ``HANDOFF_RECV_POOL_BYTES`` says otherwise.
+DEFAULT_IDLE_BYTES = 1 << 30
+#: An idle buffer is freed after this many seconds.
+IDLE_SECONDS = 10.0
+#: Buffers are sized in steps of this (a huge page).
+_STEP = 2 << 20
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+def _numpy():
+    np = sys.modules.get("numpy")
+    if np is None and not _NO_NUMPY:
+        try:
+            import numpy as np
+        except ImportError:  # pragma: no cover - numpy is optional
+            _NO_NUMPY.append(True)
+            return None
+    return np
+
+
+_NO_NUMPY: list = []
+
+
+def _capacity(n: int) -> int:
+    return -(-n // _STEP) * _STEP
+
+
+class RecvPool:
+    """Idle receive buffers of one process; thread-safe (a frame's last view may go in any thread)."""
+
+    def __init__(self, max_idle_bytes: int = DEFAULT_IDLE_BYTES, idle_seconds: float = IDLE_SECONDS):
+        self.max_idle_bytes = max(0, max_idle_bytes)
+        self.idle_seconds = idle_seconds
+        self._lock = threading.Lock()
+        #: Idle buffers, least recently returned first: (mapping, returned at).
+        self._idle: list = []
+        self.idle_bytes = 0
+        self._timer: Optional[threading.Timer] = None
+        self.created = 0
+        self.reused = 0
+        self.freed = 0
+
+    def take(self, n: int) -> Optional[memoryview]:
+        """A writable view of exactly ``n`` bytes in a pooled buffer (an idle one that fits,
+        else a new one); ``None`` if pooling is off (no numpy, or no idle bytes allowed)."""
+        if self.max_idle_bytes == 0 or n <= 0:
+            return None
+        np = _numpy()
+        if np is None:
+            return None
+        buf = None
+        with self._lock:
+            best = -1
+            most = max(_capacity(n), n + n // 4)
+            for i, (m, _) in enumerate(self._idle):
+                size = len(m)
+                if n <= size <= most and (best < 0 or size < len(self._idle[best][0])):
+                    best = i
+            if best >= 0:
+                buf, _ = self._idle.pop(best)
+                self.idle_bytes -= len(buf)
+                self.reused += 1
+        if buf is None:
+            buf = mmap.mmap(-1, _capacity(n), flags=mmap.MAP_PRIVATE)
+            if _MADV_HUGEPAGE is not None:
+                try:
+                    buf.madvise(_MADV_HUGEPAGE)
+                except OSError:  # pragma: no cover - advice only
+                    pass
+            with self._lock:
+                self.created += 1
+        exporter = np.frombuffer(buf, dtype=np.uint8, count=n)
+        fin = weakref.finalize(exporter, self._give_back, buf)
+        fin.atexit = False
+        return memoryview(exporter)
+
+    def _give_back(self, buf: mmap.mmap) -> None:
+        """The last view of a frame in ``buf`` is gone: keep it idle, or free it."""
+        now = time.monotonic()
+        drop = []
+        with self._lock:
+            self._idle.append((buf, now))
+            self.idle_bytes += len(buf)
+            while self._idle and self.idle_bytes > self.max_idle_bytes:
+                m, _ = self._idle.pop(0)
+                self.idle_bytes -= len(m)
+                drop.append(m)
+            arm = bool(self._idle) and self._timer is None
+            if arm:
+                self._timer = threading.Timer(self.idle_seconds, self._expire)
+                self._timer.daemon = True
+        for m in drop:
+            self._free(m)
+        if arm:
+            self._timer.start()
+
+    def _expire(self) -> None:
+        """Frees buffers idle for ``idle_seconds``; runs again while some stay idle."""
+        now = time.monotonic()
+        drop = []
+        with self._lock:
+            self._timer = None
+            keep = []
+            for m, at in self._idle:
+                if now - at >= self.idle_seconds:
+                    self.idle_bytes -= len(m)
+                    drop.append(m)
+                else:
+                    keep.append((m, at))
+            self._idle = keep
+            if keep:
+                wait = max(0.1, self.idle_seconds - (now - keep[0][1]))
+                self._timer = threading.Timer(wait, self._expire)
+                self._timer.daemon = True
+                self._timer.start()
+        for m in drop:
+            self._free(m)
+
+    def _free(self, m: mmap.mmap) -> None:
+        self.freed += 1
+        try:
+            m.close()
+        except (BufferError, ValueError):  # pragma: no cover - nothing exports an idle buffer
+            pass
+
+    def clear(self) -> None:
+        """Frees every idle buffer."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+            self.idle_bytes = 0
+        for m, _ in idle:
+            self._free(m)
+
+    def stats(self) -> dict:
+        """``{idle_buffers, idle_bytes, created, reused, freed}``."""
+        with self._lock:
+            return {
+                "idle_buffers": len(self._idle),
+                "idle_bytes": self.idle_bytes,
+                "created": self.created,
+                "reused": self.reused,
+                "freed": self.freed,
+            }
+
+
+_POOL: Optional[RecvPool] = None
+_POOL_PID = 0
+_POOL_LOCK = threading.Lock()
+
+
+def recv_pool() -> RecvPool:
+    """The process's pool (idle cap from ``HANDOFF_RECV_POOL_BYTES``, default 1 GiB)."""
+    global _POOL, _POOL_PID
+    pid = os.getpid()
+    with _POOL_LOCK:
+        if _POOL is None or _POOL_PID != pid:
+            try:
+                cap = int(os.environ.get("HANDOFF_RECV_POOL_BYTES", DEFAULT_IDLE_BYTES))
+            except ValueError:
+                cap = DEFAULT_IDLE_BYTES
+            _POOL = RecvPool(cap)
+            _POOL_PID = pid
+        return _POOL
