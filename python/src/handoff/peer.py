@@ -64,6 +64,12 @@ _READ_SLICE = 100e-6
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 
+def _filled(view: memoryview) -> None:
+    """The frame read into ``view`` (from :func:`_alloc`) is whole: a pooled buffer may be reused."""
+    if len(view) >= MIN_POOLED:
+        recv_pool().filled(view)
+
+
 def _alloc(n: int) -> memoryview:
     if n >= MIN_POOLED:
         # A warm buffer a frame before used: its pages are in place (see handoff.recvbuf).
@@ -809,6 +815,7 @@ class Peer:
                 elif isinstance(d, wire.Inline):
                     view = _alloc(d.n)
                     await t.read_into(view)
+                    _filled(view)
                     frames.append(ReceivedFrame("inline", view))
                 elif isinstance(d, wire.TicketDesc):
                     frames.append(ReceivedFrame("ticket", Ticket(self.node, d, self.node._owner_label(d)), d.lease))
@@ -868,6 +875,7 @@ class Peer:
         view = _alloc(h.n)
         if not entry[3] or h.n < STREAM_DIGEST_MIN:
             await self.transport.read_into(view, "pulled bytes")
+            _filled(view)
             self._answer(h.req, ("bytes", view, None))
             return
         # A whole redemption: hashed while it arrives, its digest checked by the node.
@@ -877,6 +885,7 @@ class Peer:
         except BaseException:
             hashing.cancel()
             raise
+        _filled(view)
         self._answer(h.req, ("bytes", view, hashing.finish()))
 
     def _answer(self, req: int, result: tuple) -> None:

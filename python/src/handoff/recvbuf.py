@@ -15,6 +15,10 @@ and reads the next frame of a fitting size into one of them, with its pages in p
   holds it, and when the last is gone the buffer comes back to the pool. A frame never
   shows more than its own ``n`` bytes, and it is filled completely before anything
   sees it (a frame that is cut short fails its connection and is never delivered).
+- Only a buffer whose frame was filled (:meth:`RecvPool.filled`) comes back to the pool.
+  The buffer of a frame cut short — a peer that announced a large frame and stalled —
+  is unmapped when its last view is gone, so what a stalled peer made the node touch is
+  not kept after its connection failed.
 - A buffer is reused for a frame of ``n`` bytes if it holds at least ``n`` and at most
   ``n + n / 4`` bytes (or ``n`` rounded up to 2 MiB): the bytes the frame is charged
   for (§9.1), and a little more.
@@ -77,6 +81,8 @@ class RecvPool:
         self._idle: list = []
         self.idle_bytes = 0
         self._timer: Optional[threading.Timer] = None
+        #: Whether each busy buffer's frame was filled, by the id of its exporter.
+        self._filled: dict = {}
         self.created = 0
         self.reused = 0
         self.freed = 0
@@ -111,12 +117,30 @@ class RecvPool:
             with self._lock:
                 self.created += 1
         exporter = np.frombuffer(buf, dtype=np.uint8, count=n)
-        fin = weakref.finalize(exporter, self._give_back, buf)
+        filled = [False]
+        with self._lock:
+            self._filled[id(exporter)] = filled
+        fin = weakref.finalize(exporter, self._give_back, buf, id(exporter), filled)
         fin.atexit = False
         return memoryview(exporter)
 
-    def _give_back(self, buf: mmap.mmap) -> None:
-        """The last view of a frame in ``buf`` is gone: keep it idle, or free it."""
+    def filled(self, view: memoryview) -> None:
+        """Says that the frame of ``view`` (from :meth:`take`) was read whole: its buffer may
+        come back to the pool. Any other view is left alone."""
+        with self._lock:
+            flag = self._filled.get(id(view.obj))
+        if flag is not None:
+            flag[0] = True
+
+    def _give_back(self, buf: mmap.mmap, key: int, filled: list) -> None:
+        """The last view of a frame in ``buf`` is gone: keep it idle if its frame was
+        filled, else free it."""
+        with self._lock:
+            if self._filled.get(key) is filled:
+                del self._filled[key]
+        if not filled[0]:
+            self._free(buf)
+            return
         now = time.monotonic()
         drop = []
         with self._lock:
