@@ -404,7 +404,8 @@ pub fn try_make_payload(id: u64, len: u64) -> std::io::Result<Payload> {
     Ok(Payload {
         id,
         digest: Buffer::copy_from_slice(digest.as_bytes()),
-        data,
+        // Hashed here already: a ticket for it need not hash it again.
+        data: data.with_digest(*digest.as_bytes()),
         prepare_seconds: started.elapsed().as_secs_f64(),
     })
 }

@@ -24,10 +24,14 @@ use crate::codec;
 /// (the same-host `shm` channel) sends a handle to it instead of the bytes, and a
 /// received view can be forwarded on without a copy. Equality, ordering and hashing
 /// look at the bytes only.
+///
+/// A buffer may also carry its BLAKE3 digest, when whoever made it computed that already
+/// ([`Buffer::with_digest`]): a node that sends it as a ticket then does not hash it again.
 #[derive(Clone, Default)]
 pub struct Buffer {
     bytes: Bytes,
     origin: Option<Origin>,
+    digest: Option<Arc<[u8; 32]>>,
 }
 
 /// Where a buffer's bytes live, for channels that can hand the resource itself on
@@ -40,6 +44,7 @@ impl Buffer {
         Buffer {
             bytes: Bytes::new(),
             origin: None,
+            digest: None,
         }
     }
 
@@ -48,6 +53,7 @@ impl Buffer {
         Buffer {
             bytes: Bytes::from_static(bytes),
             origin: None,
+            digest: None,
         }
     }
 
@@ -61,7 +67,25 @@ impl Buffer {
         Buffer {
             bytes,
             origin: Some(origin),
+            digest: None,
         }
+    }
+
+    /// The same buffer, carrying `digest` as the BLAKE3 hash (32-byte output) of its bytes.
+    ///
+    /// For a producer that hashed the bytes anyway (a content-addressed store, a payload that
+    /// carries its own digest): a node that sends the buffer as a ticket puts this digest in
+    /// the ticket instead of hashing the bytes again. The caller vouches for it: a wrong digest
+    /// makes every redemption of such a ticket fail its check. A [`slice`](Buffer::slice) of
+    /// the buffer does not carry it.
+    pub fn with_digest(mut self, digest: [u8; 32]) -> Buffer {
+        self.digest = Some(Arc::new(digest));
+        self
+    }
+
+    /// The digest given with [`with_digest`](Buffer::with_digest), if any.
+    pub fn known_digest(&self) -> Option<[u8; 32]> {
+        self.digest.as_deref().copied()
     }
 
     /// The resource the bytes live in, if the runtime recorded one.
@@ -84,6 +108,7 @@ impl Buffer {
         Buffer {
             bytes: self.bytes.slice(range),
             origin: self.origin.clone(),
+            digest: None,
         }
     }
 
@@ -113,7 +138,11 @@ impl AsRef<[u8]> for Buffer {
 
 impl From<Bytes> for Buffer {
     fn from(bytes: Bytes) -> Buffer {
-        Buffer { bytes, origin: None }
+        Buffer {
+            bytes,
+            origin: None,
+            digest: None,
+        }
     }
 }
 

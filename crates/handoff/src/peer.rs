@@ -317,7 +317,7 @@ impl Peer {
                 || lazy
                 || (self.channel() == Channel::Tcp && node.ticket_threshold.is_some_and(|t| frame.len() >= t));
             if wanted && takes_tickets && !frame.is_empty() {
-                let known_digest = on_demand.and_then(|o| o.digest);
+                let known_digest = on_demand.and_then(|o| o.digest).or_else(|| frame.known_digest());
                 let issued = node.leases.issue(&frame, known_digest, to, self.name()).await?;
                 out.push(Planned::Ticket(TicketClaim {
                     len: frame.len() as u64,

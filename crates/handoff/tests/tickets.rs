@@ -80,6 +80,37 @@ async fn large_pulls_hashed_behind_the_reads_deliver_exact_bytes() {
     wait_until("every lease ends", || a.ticket_leases().count == 0).await;
 }
 
+/// A buffer that carries the digest its producer computed is ticketed under that digest, not
+/// hashed again: the right one redeems, and a wrong one (the producer's mistake) fails every
+/// redemption with `Corrupt`, which shows the owner used it.
+#[tokio::test]
+async fn a_known_digest_goes_into_the_ticket_as_given() {
+    let a = node("digest-a", Redeem::Eager).await;
+    let b = node("digest-b", Redeem::Lazy).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    let bytes = data(1 << 20);
+    let right = *blake3::hash(&bytes).as_bytes();
+    for (digest, ok) in [(right, true), ([7u8; 32], false)] {
+        peer.send_by_ticket(Blob {
+            name: "d".into(),
+            data: bytes.clone().with_digest(digest),
+        })
+        .await
+        .unwrap();
+        let blob: Blob = b.recv_timeout(T).await.unwrap().decode().unwrap();
+        let ticket = Ticket::of(&blob.data).expect("a placeholder for a ticket");
+        match ticket.redeem().await {
+            Ok(got) => assert!(ok && got == bytes, "only the right digest redeems"),
+            Err(e) => assert!(!ok && matches!(e, Error::Corrupt { .. }), "{e}"),
+        }
+    }
+    assert_eq!(
+        bytes.clone().with_digest(right).slice(1..).known_digest(),
+        None,
+        "a slice carries none"
+    );
+}
+
 #[tokio::test]
 async fn lazy_redemption_pulls_on_first_use_and_ranges_pull_only_the_range() {
     let a = node("lazy-a", Redeem::Eager).await;
