@@ -31,6 +31,7 @@ and reads the next frame of a fitting size into one of them, with its pages in p
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import sys
@@ -219,9 +220,16 @@ def recv_pool() -> RecvPool:
     pid = os.getpid()
     with _POOL_LOCK:
         if _POOL is None or _POOL_PID != pid:
+            raw = os.environ.get("HANDOFF_RECV_POOL_BYTES")
             try:
-                cap = int(os.environ.get("HANDOFF_RECV_POOL_BYTES", DEFAULT_IDLE_BYTES))
+                cap = DEFAULT_IDLE_BYTES if raw is None else int(raw)
             except ValueError:
+                # A receive must not fail for it: say what was wrong, once, and keep the default.
+                logging.getLogger("handoff").warning(
+                    "HANDOFF_RECV_POOL_BYTES=%r is not a whole number of bytes; keeping %d idle bytes",
+                    raw,
+                    DEFAULT_IDLE_BYTES,
+                )
                 cap = DEFAULT_IDLE_BYTES
             _POOL = RecvPool(cap)
             _POOL_PID = pid
