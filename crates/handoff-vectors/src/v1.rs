@@ -189,6 +189,22 @@ pub(crate) fn vectors() -> Vec<Vector> {
             "header": {"k": "error", "code": "auth-failed", "msg": "wrong cluster secret"}, "frames": [],
         }),
     });
+    let tls_msg = "this node requires TLS: connect with TLS on (a certificate, its key and the cluster's CA)";
+    v.push(Vector {
+        name: "error-tls-required",
+        bytes: message(
+            &Header::Error {
+                code: "tls-required".into(),
+                message: tls_msg.into(),
+            },
+            &[],
+        ),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "What a node that requires TLS (WIRE.md §3.1) sends, in plain text and before any preamble, to a peer that connected without TLS; then it closes.",
+            "header": {"k": "error", "code": "tls-required", "msg": tls_msg}, "frames": [],
+        }),
+    });
 
     let ping = handoff_wire::encode(&json!({"seq": 7}), None).expect("encode");
     v.push(Vector {
