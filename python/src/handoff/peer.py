@@ -18,9 +18,11 @@ import os
 import sys
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from . import wire
+from .bounds import Bounds
+from .budget import Budget
 from .codec import OnDemand, encode_body
 from .envelope import Envelope, ReceivedFrame
 from .errors import CapReached, HandoffError, PeerClosed, PeerRefused
@@ -29,16 +31,16 @@ from .inbox import ConnectionQueue
 from .mapcache import Kept, MapCache
 from .pool import Segment, pool
 from .recvbuf import MIN_POOLED, recv_pool
+from .resources import Resources
 from .route import Route
 from .shm import PooledFrame, SharedFrame, map_received, sealed_copy, segment_info
-from .tickets import STREAM_DIGEST_MIN, Refusal, StreamDigest, Ticket
+from .throttle import WarningThrottle
+from .ticket_client import TicketClient
+from .tickets import STREAM_DIGEST_MIN, LeaseTable, Refusal, StreamDigest, Ticket
 from .transport import MAX_FDS_PER_READ, Transport
 from .turns import after_new_input
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .node import Node
-
-__all__ = ["Peer"]
+__all__ = ["Peer", "PeerNode"]
 
 log = logging.getLogger("handoff")
 
@@ -62,6 +64,46 @@ _HUGE_FRAME = 4 << 20
 #: trip would wait behind them (issue 11).
 _READ_SLICE = 100e-6
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+class PeerNode(Protocol):
+    """What a connection uses of its node: a :class:`handoff.node.Node`, which sits above
+    this module (it makes the peers). Its settings, the budget and bounds every
+    connection shares, the owner's lease table, the ticket client, and the calls a
+    connection makes when a message arrives or the connection ends."""
+
+    name: str
+    node_id: str
+    host_id: str
+    process_id: str
+    listen_addr: Optional[str]
+    caps: list
+    loop: asyncio.AbstractEventLoop
+    bounds: Bounds
+    limits: wire.Limits
+    per_connection: bool
+    redeem: str
+    frame_threshold: int
+    ticket_threshold: Optional[int]
+    shm_threshold: int
+    shm_pool: bool
+    shm_private: bool
+    resources: Resources
+    leases: LeaseTable
+    _budget: Budget
+    _throttle: WarningThrottle
+    _tickets: TicketClient
+    _closed: bool
+
+    def _spawn(self, coro: Any) -> asyncio.Task: ...
+
+    def _check_type(self, type_name: str) -> None: ...
+
+    async def _deliver(self, env: Envelope) -> None: ...
+
+    def _remove_peer(self, peer: "Peer") -> None: ...
+
+    def _holder_disconnected(self, node_id: str, name: str) -> None: ...
 
 
 def _filled(view: memoryview) -> None:
@@ -167,7 +209,7 @@ class Peer:
     On a node built with ``per_connection=True`` each connection delivers its messages to
     its own queue, taken with :meth:`recv`, instead of the node's inbox."""
 
-    def __init__(self, node: "Node", transport: Transport, ident: wire.Ident, channel: str, version: int = 2):
+    def __init__(self, node: PeerNode, transport: Transport, ident: wire.Ident, channel: str, version: int = 2):
         self.node = node
         self.transport = transport
         #: What the peer said about itself in the handshake (its ident, or its v1 hello's fields).
@@ -338,7 +380,7 @@ class Peer:
                     if source.desc.owner == self.node_id:
                         view = await source.redeem()  # back to its owner: send the bytes
                     else:
-                        descs.append(await self.node._forward(source, self.node_id))
+                        descs.append(await self.node._tickets.forward(source, self.node_id))
                         continue
                 elif isinstance(source, SharedFrame):
                     view = source.view
@@ -818,7 +860,9 @@ class Peer:
                     _filled(view)
                     frames.append(ReceivedFrame("inline", view))
                 elif isinstance(d, wire.TicketDesc):
-                    frames.append(ReceivedFrame("ticket", Ticket(self.node, d, self.node._owner_label(d)), d.lease))
+                    frames.append(
+                        ReceivedFrame("ticket", Ticket(self.node, d, self.node._tickets.owner_label(d)), d.lease)
+                    )
         finally:
             for fd in fds:
                 os.close(fd)
@@ -850,7 +894,7 @@ class Peer:
             delivered = False
             try:
                 if self.node.redeem == "eager":
-                    await self.node._redeem_all(env)
+                    await self.node._tickets.redeem_all(env)
                 await self.node._deliver(env)
                 delivered = True
             finally:
