@@ -4,12 +4,19 @@ A node speaks the wire format of spec/WIRE.md v1 with any implementation: over T
 and with a same-host peer (equal host ids) over a Unix socket that carries shared
 memory, switching to it after connecting over TCP as the reference does (§7.1). It
 issues and redeems tickets (§7.5–§7.9).
+
+This module is the façade that starts and joins the parts: listening and accepting,
+connecting, the handshake of each connection and its registration as a :class:`Peer`,
+delivery of what the peers receive, and the node's statistics. The parts that can be read
+alone sit below it: which connections get in (:mod:`handoff.admission`), addresses
+(:mod:`handoff.addresses`), the holder side of tickets (:mod:`handoff.ticket_client`), a
+connection (:mod:`handoff.peer`). It is over 600 lines mostly for the :class:`Node`
+docstring and its options, which a reader wants in one place.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import errno
 import logging
@@ -20,6 +27,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from . import identity, pins, wire
+from .admission import Admission
 from .addresses import check_peer_uid, sanitize_name, split_host_port, strip_scheme
 from .bounds import DEFAULT_BOUNDS, Bounds
 from .budget import Budget
@@ -47,17 +55,6 @@ HANDSHAKE_TIMEOUT = DEFAULT_BOUNDS.handshake_timeout
 _LISTEN_BACKLOG = 1024
 #: Longest the accept loop accepts waiting connections before other input goes first (s).
 _ACCEPT_SLICE = 100e-6
-
-
-class _Handshaking:
-    """An accepted connection whose handshake is in progress (for the cap on them, §9.1)."""
-
-    __slots__ = ("transport", "task", "evicted")
-
-    def __init__(self, transport: Transport, task: Optional[asyncio.Task]):
-        self.transport = transport
-        self.task = task
-        self.evicted = False
 
 
 class Node:
@@ -176,8 +173,8 @@ class Node:
         self._throttle = WarningThrottle(
             log, bounds.warnings_per_period, bounds.warning_period, total=bounds.warnings_in_all_per_period
         )
-        self._handshaking: "collections.OrderedDict[int, _Handshaking]" = collections.OrderedDict()
-        self._claims: dict = {}  # node id -> process id, between step 6 of a handshake and registering
+        #: Which connections get in: the caps on handshakes and connections, and node-id claims.
+        self._admission = Admission(self.node_id, bounds, self.peer_by_id, lambda: len(self._all_peers))
         #: The holder side of the tickets this node receives (:mod:`handoff.ticket_client`).
         self._tickets = TicketClient(self, bounds.max_owner_dials)
         #: This node's local resources: resource keys in received bodies bind to them (§8.3).
@@ -386,64 +383,12 @@ class Node:
             limits=self.handshake_limits,
             listen=self.listen_addr,
             unix=self.unix_addr,
-            admit=self._admit_connection,
-            check_peer=(lambda ident: self._check_node_id(ident, transport)) if transport is not None else None,
+            admit=self._admission.room,
+            check_peer=(lambda ident: self._admission.check_node_id(ident, transport))
+            if transport is not None
+            else None,
             preamble=self.preamble,
         )
-
-    def _admit_connection(self) -> Optional[tuple]:
-        """After the preambles: room for one more established connection? (§9.1)"""
-        if len(self._all_peers) >= self.bounds.max_connections:
-            # Said to a peer that proved nothing: no name, nothing that identifies us.
-            return (
-                "overloaded",
-                f"this node has {len(self._all_peers)} connections, the most it allows; try again later",
-            )
-        return None
-
-    def _check_node_id(self, ident: wire.Ident, transport: Transport) -> Optional[str]:
-        """The step before ``ready`` (§5.1 step 6, §5.4 step 7): a node id names one node in one process.
-
-        A node id connected (or passing this step on another connection) from another
-        process is refused; the same process may open a second connection. ``ident`` is
-        the peer's ident (v2) or its hello's identity (v1), sent by a peer that proved the secret."""
-        if ident.node == self.node_id:
-            return f"the peer claims this node's own node id {ident.node}"
-        other = self.peer_by_id(ident.node)
-        claim = self._claims.get(ident.node)
-        proc = other.ident.proc if other is not None else claim[0] if claim is not None else None
-        if proc is not None and proc != ident.proc:
-            return (
-                f"node id {ident.node} is already connected from another process (proc {proc}, this one says "
-                f"{ident.proc}): two processes claim one node id (a copied configuration? a forked process?)"
-            )
-        if claim is None or claim[0] != ident.proc:
-            claim = self._claims[ident.node] = [ident.proc, 0]
-        claim[1] += 1
-        transport.claimed = ident.node
-        return None
-
-    def _unclaim(self, transport: Transport) -> None:
-        node = getattr(transport, "claimed", None)
-        if node is None:
-            return
-        transport.claimed = None
-        claim = self._claims.get(node)
-        if claim is not None:
-            claim[1] -= 1
-            if claim[1] <= 0:
-                del self._claims[node]
-
-    def _begin_handshake(self, transport: Transport) -> _Handshaking:
-        """Registers an accepted connection's handshake, closing the oldest beyond the cap (§9.1)."""
-        while len(self._handshaking) >= self.bounds.max_handshakes:
-            _, oldest = self._handshaking.popitem(last=False)
-            oldest.evicted = True
-            if oldest.task is not None:
-                oldest.task.cancel()
-        entry = _Handshaking(transport, asyncio.current_task())
-        self._handshaking[id(entry)] = entry
-        return entry
 
     def _warn_about(self, source: str, fmt: str, *args) -> None:
         self._throttle.warn(source, "%s: " + fmt, self.name, *args)
@@ -454,7 +399,7 @@ class Node:
         """Handshakes on a fresh connection, registers the peer and starts its reader."""
         transport = Transport(sock, label, self.bounds)
         transport.peer_pid = peer_pid
-        entry = self._begin_handshake(transport) if accepted else None
+        entry = self._admission.begin_handshake(transport) if accepted else None
         timeout = self.bounds.handshake_timeout
         try:
             try:
@@ -485,9 +430,9 @@ class Node:
                 raise
         finally:
             if entry is not None:
-                self._handshaking.pop(id(entry), None)
+                self._admission.end_handshake(entry)
             if transport.closed:
-                self._unclaim(transport)
+                self._admission.unclaim(transport)
         channel = "shm" if transport.unix else "tcp"
         ident = done.ident
         if transport.unix and ident.host != self.host_id:
@@ -500,7 +445,7 @@ class Node:
         peer = Peer(self, transport, ident, channel, done.version)
         peer.accepted = accepted
         self._add_peer(peer)
-        self._unclaim(transport)  # the established connection speaks for the node id now
+        self._admission.unclaim(transport)  # the established connection speaks for the node id now
         peer.reader = self.loop.create_task(peer.read_loop())
         return peer
 
