@@ -6,6 +6,12 @@ reads or maps its frames, and stops reading while there is no room; ticket answe
 go out through one writer per connection (no task per request), and the loop stops
 reading while too many of them wait; shared-memory leases kept for the peer are
 capped; warnings about the peer are rate-limited.
+
+The shared-memory leases kept for the peer (:mod:`handoff.shm_leases`) and the writer of
+ticket answers (:mod:`handoff.control`) live below this module; what the peer uses of its
+node is :class:`PeerNode`. What stays is one connection, sending and reading: the read
+loop and the send path share the connection's state (leases, pending requests, the
+charge of the message being read), which is why they are one class in one file.
 """
 
 from __future__ import annotations
