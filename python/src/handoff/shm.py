@@ -29,10 +29,13 @@ import mmap
 import os
 from typing import TYPE_CHECKING, Any, Optional
 
-from .memfd import (
+from .memfd import (  # noqa: F401  (the seal bits were defined here before memfd.py: still importable from here)
     F_ADD_SEALS,
     F_GET_SEALS,
+    F_SEAL_GROW,
+    F_SEAL_SEAL,
     F_SEAL_SHRINK,
+    F_SEAL_WRITE,
     SEALS_ALL,
     SEALS_FIXED,
     SEALS_REQUIRED,
