@@ -284,10 +284,10 @@ async fn run_cases(plan: Plan, only: Option<&str>) -> Result<Vec<Case>> {
             bar.set_message(format!("{name} {}", table::size(size)));
             let measured = match name {
                 // A cached blob read, against a plain read of the same file.
-                "blob-hit" => handoff_data::bench::blob_hit(size as usize).await.map(|t| (t, "file")),
+                "blob-hit" => crate::data_bench::blob_hit(size as usize).await.map(|t| (t, "file")),
                 // A first fetch from a local S3-compatible server (moto) into an empty cache,
                 // against a plain object_store GET of the same object.
-                _ => handoff_data::bench::blob_cold(size as usize).await.map(|t| (t, "s3")),
+                _ => crate::data_bench::blob_cold(size as usize).await.map(|t| (t, "s3")),
             };
             match measured {
                 Ok(((ours, baseline), channel)) => out.push(case(name, channel, size, ours, baseline)),

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use handoff::{Message as _, Node, Peer};
-use handoff_data::testkit::HttpFileServer;
 use handoff_data::{BlobHandle, Cache, CacheConfig, Catalog};
+use handoff_testkit::HttpFileServer;
 
 use crate::demo::{Row, TempDir};
 use crate::protocol::{self, BlobReceipt, BlobWork};

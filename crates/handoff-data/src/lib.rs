@@ -16,18 +16,15 @@
 
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod blob;
 pub mod cache;
 pub mod catalog;
-pub mod data_cli;
 pub mod embedded;
 pub mod error;
 pub mod handle;
 mod relpath;
 pub mod source;
 pub mod tag;
-pub mod testkit;
 pub mod tree;
 
 pub use blob::{Blob, BlobMap, BlobReader, LocalPath, Origin};

@@ -122,8 +122,9 @@ impl Source {
         }
     }
 
-    /// The object path of `rel` (already normalized) below the store root.
-    pub(crate) fn object_path(&self, rel: &str) -> StorePath {
+    /// The object path of `rel` (already normalized) below the store root; `object_path("")` is the root, under
+    /// which the cache's entries for this dataset lie (`handoff data ls` counts them so).
+    pub fn object_path(&self, rel: &str) -> StorePath {
         match &self.backend {
             Backend::Store { root, .. } => join_store_path(root, rel),
             Backend::Local { .. } => StorePath::from(rel),

@@ -1,4 +1,5 @@
-//! Benchmarks that `handoff bench` runs: reading a blob through the cache against the plain operation it wraps.
+//! The data cases that `handoff bench` runs (`blob-hit`, `blob-cold`): reading a blob through the cache against the
+//! plain operation it wraps.
 //!
 //! Each returns `(ours_seconds, baseline_seconds)`, medians of several alternating runs; efficiency is
 //! `baseline / ours`.
@@ -10,9 +11,8 @@ use anyhow::Context;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStoreExt, PutPayload};
 
-use crate::cache::{Cache, CacheConfig};
-use crate::catalog::Catalog;
-use crate::testkit::MotoServer;
+use handoff_data::{Cache, CacheConfig, Catalog};
+use handoff_testkit::MotoServer;
 
 /// Runs per measurement.
 const RUNS: usize = 5;
