@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::OnceCell;
 
 use crate::cache::{blocking, Cache, CachedFile, ColdRequest, Fetched, Meta, ObjectKey, Request};
-use crate::catalog::DataSet;
+use crate::dataset::DataSet;
 use crate::error::{Error, Result};
 use crate::source::Backend;
 use crate::tag::BlobTag;

@@ -19,11 +19,14 @@
 pub mod blob;
 pub mod cache;
 pub mod catalog;
+mod dataset;
 pub mod embedded;
 pub mod error;
 pub mod handle;
+mod kind;
 mod relpath;
 pub mod source;
+mod storage;
 pub mod tag;
 pub mod tree;
 

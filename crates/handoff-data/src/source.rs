@@ -9,7 +9,8 @@ use std::time::Duration;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, RetryConfig};
 
-use crate::catalog::StorageConfig;
+use crate::relpath::join_store_path;
+use crate::storage::StorageConfig;
 
 /// Url schemes enabled by this build's cargo features beyond s3, http(s), file and memory.
 #[cfg(all(feature = "gcp", feature = "azure"))]
@@ -130,13 +131,6 @@ impl Source {
             Backend::Local { .. } => StorePath::from(rel),
         }
     }
-}
-
-/// `root/rel` as an object path; `rel` is normalized (no `.`/`..`, no empty parts).
-pub(crate) fn join_store_path(root: &StorePath, rel: &str) -> StorePath {
-    rel.split('/')
-        .filter(|p| !p.is_empty())
-        .fold(root.clone(), |acc, part| acc.clone().join(part))
 }
 
 fn retry() -> RetryConfig {
