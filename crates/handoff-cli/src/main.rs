@@ -2,13 +2,14 @@
 
 mod bench;
 mod chaos;
-mod data_bench;
 mod data_cmd;
 mod demo;
 mod demo_data;
+mod demo_row;
 mod hostile;
 mod node_cmd;
 mod protocol;
+mod scratch;
 mod serve;
 mod stats;
 mod table;
