@@ -24,6 +24,7 @@ pub mod embedded;
 pub mod error;
 pub mod handle;
 mod kind;
+mod pinned;
 mod relpath;
 pub mod source;
 mod storage;
