@@ -1,7 +1,7 @@
 """handoff, from Rust and from the Python peer.
 
 Rust: runs ``handoff bench --json --sizes … --reps … --only CASE`` (crates/handoff-cli/
-src/bench.rs) and turns its cases into rows: ``shm-view``, ``shm-read``, ``shm-copy-in``
+src/bench/) and turns its cases into rows: ``shm-view``, ``shm-read``, ``shm-copy-in``
 (same host), ``tcp-read``, ``ticket-pull``, ``ticket-3party`` (remote), ``shm-rtt`` and
 ``tcp-rtt``. Their sender and receiver are two nodes of one process joined by a real
 Unix socket (memfds passed with SCM_RIGHTS, mapped by the receiver) or TCP connection

@@ -5,11 +5,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use handoff::{Channel, Message as _, Node, Peer};
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+use crate::demo_row::Row;
 use crate::node_cmd::read_ready_line;
 use crate::protocol::{self, Payload, Receipt, SendRequest};
+use crate::scratch::{write_secret, TempDir};
 use crate::table;
 
 /// Options of `handoff demo`.
@@ -30,87 +31,12 @@ pub struct DemoArgs {
     pub bytes: u64,
 }
 
-/// One transfer of the demo (keys are a public interface: keep them stable).
-#[derive(Debug, Serialize, Deserialize)]
-pub struct Row {
-    /// Sending node.
-    pub from: String,
-    /// Receiving node.
-    pub to: String,
-    /// `same-process`, `same-host` or `remote`.
-    pub locality: String,
-    /// `inproc`, `shm` or `tcp`.
-    pub channel: String,
-    /// Bytes of the large buffer.
-    pub bytes: u64,
-    /// Seconds from send until the receiver held the decoded value.
-    pub seconds: f64,
-    /// Whether the receiver's digest of the bytes matched the sender's.
-    pub verified: bool,
-    /// Data-handle rows: the dataset sent as a handle.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<String>,
-    /// Data-handle rows: where the receiver's bytes came from (`storage`, `shared-cache`,
-    /// `remote-blob`, …).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub path: Option<String>,
-    /// Data-handle rows: GET requests the storage server saw during the row.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub storage_gets: Option<u64>,
-    /// Dask rows (an array between two Dask workers on `handoff://`): seconds the same
-    /// transfer took between two workers on Dask's `tcp://`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dask_tcp_seconds: Option<f64>,
-}
-
 const WAIT: Duration = Duration::from_secs(60);
 
 /// A child process running `handoff node`, killed when dropped.
 struct Child {
     child: tokio::process::Child,
     _dir: TempDir,
-}
-
-/// A private temporary folder, removed when dropped.
-pub(crate) struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    /// The folder.
-    pub(crate) fn path(&self) -> &std::path::Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A fresh private folder (0700) under the system's temporary folder.
-pub(crate) fn private_dir() -> Result<TempDir> {
-    use std::os::unix::fs::DirBuilderExt;
-    let dir = std::env::temp_dir().join(format!("handoff-demo-{}-{}", std::process::id(), rand::random::<u32>()));
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&dir)
-        .with_context(|| format!("creating {}", dir.display()))?;
-    Ok(TempDir(dir))
-}
-
-/// Writes the cluster secret into a fresh private folder (0700, file 0600) for a child node.
-pub(crate) fn write_secret(secret: &str) -> Result<(TempDir, std::path::PathBuf)> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = private_dir()?;
-    let path = dir.path().join("secret");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    std::io::Write::write_all(&mut f, secret.as_bytes())?;
-    Ok((dir, path))
 }
 
 /// What runs a child node: this executable (`handoff node`) or a Python interpreter

@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use handoff::{Message as _, Node, Peer};
-use handoff_data::testkit::HttpFileServer;
 use handoff_data::{BlobHandle, Cache, CacheConfig, Catalog};
+use handoff_testkit::HttpFileServer;
 
-use crate::demo::{Row, TempDir};
+use crate::demo_row::Row;
 use crate::protocol::{self, BlobReceipt, BlobWork};
+use crate::scratch::{private_dir, TempDir};
 
 const WAIT: Duration = Duration::from_secs(120);
 const SHARED_UUID: &str = "6c6f6361-6c68-4f73-8464-656d6f626c62";
@@ -46,7 +47,7 @@ fn write_pattern(path: &std::path::Path, bytes: u64, seed: u64) -> Result<Vec<u8
 /// Creates the storage (an object of `bytes` behind an HTTP server), the catalogs and alpha's cache, and makes
 /// alpha's catalog answer for handles alpha receives.
 pub(crate) async fn setup(alpha: &Node, bytes: u64) -> Result<DataSetup> {
-    let dir = crate::demo::private_dir()?;
+    let dir = private_dir()?;
     let root = dir.path().to_path_buf();
     let shared = write_pattern(&root.join("storage/demo/blob.bin"), bytes, 11)?;
     let local_file = root.join("alpha-only/notes.bin");

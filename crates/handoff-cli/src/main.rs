@@ -2,11 +2,14 @@
 
 mod bench;
 mod chaos;
+mod data_cmd;
 mod demo;
 mod demo_data;
+mod demo_row;
 mod hostile;
 mod node_cmd;
 mod protocol;
+mod scratch;
 mod serve;
 mod stats;
 mod table;
@@ -35,7 +38,7 @@ enum Command {
     /// Ask a running node for its leases (count, bytes, oldest), shared memory and peers.
     Stats(stats::StatsArgs),
     /// Datasets of a catalog (Data.toml): list, fetch into the cache, verify, evict.
-    Data(handoff_data::data_cli::Args),
+    Data(data_cmd::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -62,7 +65,7 @@ fn main() -> std::process::ExitCode {
             Command::Bench(args) => bench::run(args).await,
             Command::Chaos(args) => chaos::run(args).await,
             Command::Stats(args) => stats::run(args).await,
-            Command::Data(args) => handoff_data::data_cli::run(args).await,
+            Command::Data(args) => data_cmd::run(args).await,
         }
     });
     match result {

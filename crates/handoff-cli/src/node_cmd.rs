@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use handoff::tickets::{LeaseConfig, WhenFull};
 use handoff::{Bounds, Node, Redeem};
 
-use crate::protocol::{self, Stats};
+use crate::protocol;
 use crate::serve::{serve_with, ServeBounds};
 
 /// Options of `handoff node`.
@@ -259,21 +259,6 @@ pub async fn read_ready_line(
     let v: serde_json::Value = serde_json::from_str(&line).with_context(|| format!("child said {line:?}"))?;
     anyhow::ensure!(v["event"] == "ready", "unexpected first line from child: {line}");
     Ok(v)
-}
-
-/// The node's statistics, as `handoff stats` shows them.
-pub fn stats(node: &Node) -> Stats {
-    Stats {
-        node: node.name().to_string(),
-        ticket_leases: node.ticket_leases(),
-        shm_leases: node.leases(),
-        shm_pool: handoff::shm::pool().stats(),
-        peers: node
-            .peers()
-            .iter()
-            .map(|p| (p.name().to_string(), p.channel().to_string()))
-            .collect(),
-    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, Semaphore};
 
 use crate::protocol::{
     self, Blob, BlobReceipt, BlobWork, Disconnect, Forward, Held, Hold, Issue, Payload, Ping, RawSend, Receipt,
-    Release, Report, SendRequest, StatsRequest, Take,
+    Release, Report, SendRequest, Stats, StatsRequest, Take,
 };
 
 /// What `handoff node` bounds in the requests it serves (spec Appendix A).
@@ -367,7 +367,7 @@ impl Server {
             }
             StatsRequest::TYPE_NAME => {
                 env.decode::<StatsRequest>()?;
-                self.queues.reply(&from, crate::node_cmd::stats(&self.node));
+                self.queues.reply(&from, stats(&self.node));
             }
             Disconnect::TYPE_NAME => {
                 let d: Disconnect = env.decode()?;
@@ -560,5 +560,20 @@ async fn report(node: &Node, id: u64, (outcome, detail): (String, String)) {
                 detail,
             })
             .await;
+    }
+}
+
+/// The node's statistics, as `handoff stats` shows them.
+pub fn stats(node: &Node) -> Stats {
+    Stats {
+        node: node.name().to_string(),
+        ticket_leases: node.ticket_leases(),
+        shm_leases: node.leases(),
+        shm_pool: handoff::shm::pool().stats(),
+        peers: node
+            .peers()
+            .iter()
+            .map(|p| (p.name().to_string(), p.channel().to_string()))
+            .collect(),
     }
 }

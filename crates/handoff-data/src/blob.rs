@@ -1,23 +1,22 @@
 //! `Blob`: a lazy handle to one object of a dataset. Nothing is read until it is used; then the bytes come from
 //! the node's cache, fetched from storage on first use (FileSystem datasets are read in place).
 
-use std::ops::{Deref, Range};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt};
-use tokio::io::{AsyncRead, ReadBuf};
 use tokio::sync::OnceCell;
 
 use crate::cache::{blocking, Cache, CachedFile, ColdRequest, Fetched, Meta, ObjectKey, Request};
-use crate::catalog::DataSet;
+use crate::dataset::DataSet;
 use crate::error::{Error, Result};
 use crate::source::Backend;
 use crate::tag::BlobTag;
+
+pub use crate::pinned::{BlobMap, BlobReader, LocalPath};
 
 /// A lazy handle to one object. Cloning is cheap; clones share what the handle learned (size, version, digest).
 ///
@@ -553,73 +552,5 @@ pub(crate) fn store_error(ds: &DataSet, location: &StorePath, e: object_store::E
             store: ds.source().identity().to_string(),
             source: Box::new(source),
         },
-    }
-}
-
-/// An async reader of a blob's content; the cache entry stays pinned while it lives.
-#[derive(Debug)]
-pub struct BlobReader {
-    file: tokio::fs::File,
-    path: PathBuf,
-    _pin: Option<CachedFile>,
-}
-
-impl BlobReader {
-    /// The file being read.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl AsyncRead for BlobReader {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.file).poll_read(cx, buf)
-    }
-}
-
-/// A local path to a blob's content; the cache entry stays pinned (not evicted) while this guard lives.
-#[derive(Debug)]
-pub struct LocalPath {
-    path: PathBuf,
-    _pin: Option<CachedFile>,
-}
-
-impl LocalPath {
-    /// The path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Deref for LocalPath {
-    type Target = Path;
-    fn deref(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl AsRef<Path> for LocalPath {
-    fn as_ref(&self) -> &Path {
-        &self.path
-    }
-}
-
-/// A read-only memory map of a blob; the cache entry stays pinned while it lives.
-#[derive(Debug)]
-pub struct BlobMap {
-    map: memmap2::Mmap,
-    _pin: Option<CachedFile>,
-}
-
-impl Deref for BlobMap {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        &self.map
-    }
-}
-
-impl AsRef<[u8]> for BlobMap {
-    fn as_ref(&self) -> &[u8] {
-        &self.map
     }
 }

@@ -34,7 +34,8 @@ use object_store::memory::InMemory;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
-use crate::catalog::DataKind;
+use crate::kind::DataKind;
+use crate::relpath::join_store_path;
 
 /// Folders nested deeper than this in an embedded tree are refused (a catalog is small).
 pub const MAX_DEPTH: usize = 64;
@@ -117,7 +118,7 @@ impl Embedded {
             Embedded::Tree(t) => {
                 let root = StorePath::from("tree");
                 for (path, b) in t {
-                    put(crate::source::join_store_path(&root, path), b)?;
+                    put(join_store_path(&root, path), b)?;
                 }
                 root
             }

@@ -16,18 +16,19 @@
 
 #![warn(missing_docs)]
 
-pub mod bench;
 pub mod blob;
 pub mod cache;
 pub mod catalog;
-pub mod data_cli;
+mod dataset;
 pub mod embedded;
 pub mod error;
 pub mod handle;
+mod kind;
+mod pinned;
 mod relpath;
 pub mod source;
+mod storage;
 pub mod tag;
-pub mod testkit;
 pub mod tree;
 
 pub use blob::{Blob, BlobMap, BlobReader, LocalPath, Origin};

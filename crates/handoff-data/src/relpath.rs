@@ -2,7 +2,8 @@
 
 use std::path::{Component, Path};
 
-use crate::catalog::DataSet;
+use object_store::path::Path as StorePath;
+
 use crate::error::{Error, Result};
 
 fn refuse(dataset: &str, path: &str, reason: impl Into<String>) -> Error {
@@ -64,10 +65,10 @@ pub(crate) fn join(dataset: &str, base: &str, rel: &str) -> Result<String> {
     })
 }
 
-/// For datasets on the local file system, refuses a path whose existing part resolves (through symlinks) outside
-/// the dataset's folder.
-pub(crate) fn check_local_symlinks(ds: &DataSet, rel: &str) -> Result<()> {
-    let Some(root) = ds.source().local_root() else {
+/// For datasets on the local file system (`root` is their folder; `None` for other storage), refuses a path whose
+/// existing part resolves (through symlinks) outside the dataset's folder.
+pub(crate) fn check_local_symlinks(dataset: &str, root: Option<&Path>, rel: &str) -> Result<()> {
+    let Some(root) = root else {
         return Ok(());
     };
     let Ok(root_real) = root.canonicalize() else {
@@ -84,7 +85,7 @@ pub(crate) fn check_local_symlinks(ds: &DataSet, rel: &str) -> Result<()> {
         };
         if !resolved.starts_with(&root_real) {
             return Err(refuse(
-                ds.name(),
+                dataset,
                 rel,
                 format!(
                     "it resolves through a symlink to {}, outside the tree {}",
@@ -95,6 +96,13 @@ pub(crate) fn check_local_symlinks(ds: &DataSet, rel: &str) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `root/rel` as an object path; `rel` is normalized (no `.`/`..`, no empty parts).
+pub(crate) fn join_store_path(root: &StorePath, rel: &str) -> StorePath {
+    rel.split('/')
+        .filter(|p| !p.is_empty())
+        .fold(root.clone(), |acc, part| acc.clone().join(part))
 }
 
 #[cfg(test)]

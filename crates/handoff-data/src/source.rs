@@ -9,7 +9,8 @@ use std::time::Duration;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, RetryConfig};
 
-use crate::catalog::StorageConfig;
+use crate::relpath::join_store_path;
+use crate::storage::StorageConfig;
 
 /// Url schemes enabled by this build's cargo features beyond s3, http(s), file and memory.
 #[cfg(all(feature = "gcp", feature = "azure"))]
@@ -122,20 +123,14 @@ impl Source {
         }
     }
 
-    /// The object path of `rel` (already normalized) below the store root.
-    pub(crate) fn object_path(&self, rel: &str) -> StorePath {
+    /// The object path of `rel` (already normalized) below the store root; `object_path("")` is the root, under
+    /// which the cache's entries for this dataset lie (`handoff data ls` counts them so).
+    pub fn object_path(&self, rel: &str) -> StorePath {
         match &self.backend {
             Backend::Store { root, .. } => join_store_path(root, rel),
             Backend::Local { .. } => StorePath::from(rel),
         }
     }
-}
-
-/// `root/rel` as an object path; `rel` is normalized (no `.`/`..`, no empty parts).
-pub(crate) fn join_store_path(root: &StorePath, rel: &str) -> StorePath {
-    rel.split('/')
-        .filter(|p| !p.is_empty())
-        .fold(root.clone(), |acc, part| acc.clone().join(part))
 }
 
 fn retry() -> RetryConfig {

@@ -7,7 +7,7 @@ use object_store::ObjectStore;
 
 use crate::blob::{store_error, Blob};
 use crate::cache::{blocking, Cache};
-use crate::catalog::DataSet;
+use crate::dataset::DataSet;
 use crate::error::{Error, Result};
 use crate::relpath;
 use crate::source::Backend;
@@ -58,7 +58,7 @@ impl BlobTree {
 
     fn resolve(&self, rel: &str) -> Result<String> {
         let joined = relpath::join(self.dataset.name(), &self.rel, rel)?;
-        relpath::check_local_symlinks(&self.dataset, &joined)?;
+        relpath::check_local_symlinks(self.dataset.name(), self.dataset.source().local_root(), &joined)?;
         Ok(joined)
     }
 

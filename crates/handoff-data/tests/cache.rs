@@ -1,5 +1,5 @@
-//! The cache across handles, tasks and processes: size cap and pins, gc, one download for two processes, and the
-//! `handoff data` commands.
+//! The cache across handles, tasks and processes: size cap and pins, gc, one download for two processes. (The
+//! `handoff data` commands are tested in handoff-cli, where they live.)
 
 mod common;
 
@@ -7,7 +7,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{pattern, Env, Kind};
-use handoff_data::data_cli::{self, Args, Command as DataCommand};
 use handoff_data::{Cache, CacheConfig, Catalog};
 
 /// Eviction keeps the cache under its cap, least recently used first, and never evicts what is in use.
@@ -153,92 +152,4 @@ async fn two_processes_share_one_download_http() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_share_one_download_s3() {
     processes_share_one_download(Kind::S3).await;
-}
-
-fn args(env: &Env, command: DataCommand) -> Args {
-    Args {
-        catalog: Some(env.catalog_file.clone()),
-        cache_dir: Some(env.cache_dir()),
-        offline: false,
-        command,
-    }
-}
-
-async fn cli(env: &Env, command: DataCommand) -> (anyhow::Result<()>, String) {
-    let mut out = Vec::new();
-    let res = data_cli::run_to(args(env, command), &mut out).await;
-    (res, String::from_utf8(out).unwrap())
-}
-
-/// `handoff data ls | fetch | verify | gc` against a file:// store.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn data_commands() {
-    let env = Env::new(Kind::Fs).await;
-    env.put("blob.bin", &b"blob"[..]).await;
-    env.put("big.bin", pattern(1 << 20, 1)).await;
-    env.put("tree/x.txt", &b"x"[..]).await;
-    env.put("tree/y/z.txt", &b"zz"[..]).await;
-
-    let (res, out) = cli(&env, DataCommand::Ls).await;
-    res.unwrap();
-    assert!(
-        out.contains("blob") && out.contains("BlobTree") && out.contains("cached: 0 objects"),
-        "{out}"
-    );
-
-    let (res, out) = cli(
-        &env,
-        DataCommand::Fetch {
-            names: vec!["big".into(), "tree".into()],
-        },
-    )
-    .await;
-    res.unwrap();
-    assert!(
-        out.contains("fetched big: 1.0 MiB") && out.contains("fetched tree/y/z.txt"),
-        "{out}"
-    );
-    assert!(out.contains("3 GETs"), "{out}");
-
-    let (res, out) = cli(&env, DataCommand::Ls).await;
-    res.unwrap();
-    let big_line = out.lines().find(|l| l.starts_with("big ")).unwrap();
-    assert!(big_line.contains("cached: 1 objects, 1.0 MiB"), "{out}");
-    let tree_line = out.lines().find(|l| l.starts_with("tree ")).unwrap();
-    assert!(tree_line.contains("cached: 2 objects"), "{out}");
-
-    let (res, out) = cli(&env, DataCommand::Verify { repair: false }).await;
-    res.unwrap();
-    assert!(out.contains("verified 3 files") && out.contains("0 corrupt"), "{out}");
-
-    // Corrupt one object file: verify reports it and fails; --repair removes it.
-    let path = env
-        .catalog
-        .blob("big")
-        .unwrap()
-        .local_path()
-        .await
-        .unwrap()
-        .path()
-        .to_path_buf();
-    let mut perm = std::fs::metadata(&path).unwrap().permissions();
-    #[allow(clippy::permissions_set_readonly_false)]
-    perm.set_readonly(false);
-    std::fs::set_permissions(&path, perm).unwrap();
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes[7] ^= 1;
-    std::fs::write(&path, bytes).unwrap();
-    let (res, out) = cli(&env, DataCommand::Verify { repair: false }).await;
-    assert!(
-        res.is_err() && out.contains("CORRUPT") && out.contains("1 corrupt"),
-        "{out}"
-    );
-    let (res, out) = cli(&env, DataCommand::Verify { repair: true }).await;
-    res.unwrap();
-    assert!(out.contains("removed"), "{out}");
-
-    let (res, out) = cli(&env, DataCommand::Gc { to: "0".into() }).await;
-    res.unwrap();
-    assert!(out.contains("-> 0 B"), "{out}");
-    assert_eq!(env.catalog.cache().usage(), 0);
 }

@@ -9,10 +9,11 @@ use bytes::{Bytes, BytesMut};
 use futures::{StreamExt, TryStreamExt};
 use object_store::GetOptions;
 
+use super::base::{blocking, bump, Cache, Request};
 use super::entry::{read_json, BlockMeta};
 use super::fill::{storage_error, wrong_length};
 use super::layout::write_atomic;
-use super::{blocking, bump, lock, Cache, Request};
+use super::lock;
 use crate::error::{Error, Result};
 
 /// How many blocks of one read are fetched at once.

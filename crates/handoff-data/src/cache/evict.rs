@@ -4,9 +4,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
+use super::base::{bump, Cache};
 use super::entry::{read_json, IndexEntry};
 use super::layout::is_digest;
-use super::{bump, lock, Cache};
+use super::lock;
 use crate::error::{Error, Result};
 
 /// What an eviction pass did.

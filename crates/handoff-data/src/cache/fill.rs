@@ -10,9 +10,10 @@ use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use object_store::GetOptions;
 
+use super::base::{blocking, bump, Cache, Request};
 use super::entry::{IndexEntry, Seal};
 use super::layout::write_atomic;
-use super::{blocking, bump, Cache, Request};
+use super::layout::ObjectKey;
 use crate::error::{Error, Result};
 
 /// Storage answered with another number of bytes than asked for or announced.
@@ -168,7 +169,7 @@ impl Cache {
 
     /// Moves a complete, hashed temporary file under its digest, seals it, writes the index entry and drops other
     /// versions of the same object.
-    fn install(&self, tmp: &PathBuf, digest: &str, key: &super::ObjectKey, entry: &IndexEntry) -> Result<()> {
+    fn install(&self, tmp: &PathBuf, digest: &str, key: &ObjectKey, entry: &IndexEntry) -> Result<()> {
         let dest = self.layout.object(digest);
         let io_err = |e| Error::io("cannot install cache file", &dest, e);
         if self.open_digest(digest).map_err(io_err)?.is_some() {

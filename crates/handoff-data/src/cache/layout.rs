@@ -156,7 +156,7 @@ mod tests {
             version: "e:\"0\"".into(),
         };
         assert_eq!(embedded.path_key(), "718942a0ec0abc644a049104f3693dcb");
-        let path = crate::source::join_store_path(&object_store::path::Path::from("tree"), "a b/c~d.txt");
+        let path = crate::relpath::join_store_path(&object_store::path::Path::from("tree"), "a b/c~d.txt");
         assert_eq!(path.as_ref(), "tree/a b/c%7Ed.txt");
     }
 }

@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 
+use super::base::{bump, hash_file, Cache};
 use super::layout::is_digest;
-use super::{bump, hash_file, Cache};
 use crate::error::{Error, Result};
 
 /// A cached file whose content does not match its digest.

@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_data::testkit::{CountingProxy, HttpFileServer, MotoServer, RequestCounter};
 use handoff_data::{Cache, CacheConfig, Catalog};
+use handoff_testkit::{CountingProxy, HttpFileServer, MotoServer, RequestCounter};
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 

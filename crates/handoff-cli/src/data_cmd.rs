@@ -1,6 +1,6 @@
-//! `handoff data ls|fetch|verify|gc`: the data commands, as a library the `handoff` binary mounts.
+//! `handoff data ls|fetch|verify|gc`: the data commands over a catalog and its cache.
 //!
-//! The binary adds `Data(handoff_data::data_cli::Args)` to its subcommands and calls [`run`].
+//! `main` mounts [`Args`] as the `data` subcommand and calls [`run`].
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -9,9 +9,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
-use crate::cache::{Cache, CacheConfig};
-use crate::catalog::{Catalog, DataKind, DataSet, StorageConfig, DRIVERS};
-use crate::Blob;
+use handoff_data::{Blob, Cache, CacheConfig, Catalog, DataKind, DataSet, StorageConfig, DRIVERS};
 
 /// Arguments of `handoff data`.
 #[derive(clap::Args, Debug, Clone)]
@@ -314,6 +312,195 @@ pub fn human(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
+
+    /// A folder removed when dropped.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(what: &str) -> TempDir {
+            static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let p = std::env::temp_dir().join(format!("handoff-data-cmd-{what}-{}-{n}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            TempDir(p)
+        }
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// Deterministic bytes that differ per offset.
+    fn pattern(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| ((i * 31 + (i >> 13)) as u8) ^ seed).collect()
+    }
+
+    /// A `file://` store under `dir` with a catalog over it: datasets `blob`, `big`, `tree` (a BlobTree) and
+    /// `missing`; returns the catalog file.
+    fn file_store_catalog(dir: &Path) -> PathBuf {
+        let root = dir.join("store/base");
+        let mut toml = String::from("data_config_version = 1\n");
+        for (name, uuid, ty, rel) in [
+            ("blob", "11111111-1111-4111-8111-111111111111", "Blob", "blob.bin"),
+            ("big", "22222222-2222-4222-8222-222222222222", "Blob", "big.bin"),
+            ("tree", "33333333-3333-4333-8333-333333333333", "BlobTree", "tree"),
+            (
+                "missing",
+                "44444444-4444-4444-8444-444444444444",
+                "Blob",
+                "nothing-here.bin",
+            ),
+        ] {
+            toml.push_str(&format!(
+                "\n[[datasets]]\nname = \"{name}\"\nuuid = \"{uuid}\"\n\n[datasets.storage]\ndriver = \"ObjectStore\"\n\
+                 type = \"{ty}\"\nurl = \"file://{}/{rel}\"\n",
+                root.display()
+            ));
+        }
+        let put = |rel: &str, data: &[u8]| {
+            let p = root.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, data).unwrap();
+        };
+        put("blob.bin", b"blob");
+        put("big.bin", &pattern(1 << 20, 1));
+        put("tree/x.txt", b"x");
+        put("tree/y/z.txt", b"zz");
+        let file = dir.join("Data.toml");
+        std::fs::write(&file, toml).unwrap();
+        file
+    }
+
+    async fn cli(catalog: &Path, cache_dir: &Path, command: Command) -> (anyhow::Result<()>, String) {
+        let args = Args {
+            catalog: Some(catalog.to_path_buf()),
+            cache_dir: Some(cache_dir.to_path_buf()),
+            offline: false,
+            command,
+        };
+        let mut out = Vec::new();
+        let res = run_to(args, &mut out).await;
+        (res, String::from_utf8(out).unwrap())
+    }
+
+    /// `handoff data ls | fetch | verify | gc` against a file:// store.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn data_commands() {
+        let tmp = TempDir::new("commands");
+        let file = file_store_catalog(tmp.path());
+        let cache_dir = tmp.path().join("cache");
+
+        let (res, out) = cli(&file, &cache_dir, Command::Ls).await;
+        res.unwrap();
+        assert!(
+            out.contains("blob") && out.contains("BlobTree") && out.contains("cached: 0 objects"),
+            "{out}"
+        );
+
+        let (res, out) = cli(
+            &file,
+            &cache_dir,
+            Command::Fetch {
+                names: vec!["big".into(), "tree".into()],
+            },
+        )
+        .await;
+        res.unwrap();
+        assert!(
+            out.contains("fetched big: 1.0 MiB") && out.contains("fetched tree/y/z.txt"),
+            "{out}"
+        );
+        assert!(out.contains("3 GETs"), "{out}");
+
+        let (res, out) = cli(&file, &cache_dir, Command::Ls).await;
+        res.unwrap();
+        let big_line = out.lines().find(|l| l.starts_with("big ")).unwrap();
+        assert!(big_line.contains("cached: 1 objects, 1.0 MiB"), "{out}");
+        let tree_line = out.lines().find(|l| l.starts_with("tree ")).unwrap();
+        assert!(tree_line.contains("cached: 2 objects"), "{out}");
+
+        let (res, out) = cli(&file, &cache_dir, Command::Verify { repair: false }).await;
+        res.unwrap();
+        assert!(out.contains("verified 3 files") && out.contains("0 corrupt"), "{out}");
+
+        // Corrupt one object file: verify reports it and fails; --repair removes it.
+        let cache = Cache::open(CacheConfig::new(&cache_dir)).unwrap();
+        let catalog = Catalog::load(&file, cache).unwrap();
+        let path = catalog
+            .blob("big")
+            .unwrap()
+            .local_path()
+            .await
+            .unwrap()
+            .path()
+            .to_path_buf();
+        let mut perm = std::fs::metadata(&path).unwrap().permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perm.set_readonly(false);
+        std::fs::set_permissions(&path, perm).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[7] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let (res, out) = cli(&file, &cache_dir, Command::Verify { repair: false }).await;
+        assert!(
+            res.is_err() && out.contains("CORRUPT") && out.contains("1 corrupt"),
+            "{out}"
+        );
+        let (res, out) = cli(&file, &cache_dir, Command::Verify { repair: true }).await;
+        res.unwrap();
+        assert!(out.contains("removed"), "{out}");
+
+        let (res, out) = cli(&file, &cache_dir, Command::Gc { to: "0".into() }).await;
+        res.unwrap();
+        assert!(out.contains("-> 0 B"), "{out}");
+        assert_eq!(catalog.cache().usage(), 0);
+    }
+
+    /// `handoff data ls`, `fetch` and `verify` on a DataSets.jl catalog with a driver handoff lacks (the fixture
+    /// is handoff-data's).
+    #[tokio::test]
+    async fn data_ls_marks_what_this_build_cannot_read() {
+        let embedded = Path::new(env!("CARGO_MANIFEST_DIR")).join("../handoff-data/tests/fixtures/julia/Embedded.toml");
+        let tmp = TempDir::new("embedded");
+        let cache_dir = tmp.path().join("cache");
+        let run = |command| cli(&embedded, &cache_dir, command);
+        let (res, out) = run(Command::Ls).await;
+        res.unwrap();
+        let old = out.lines().find(|l| l.starts_with("old_backend_blob")).expect("listed");
+        assert!(
+            old.contains("driver OldBackendAPI") && old.contains("not available here"),
+            "{out}"
+        );
+        let blob = out.lines().find(|l| l.starts_with("embedded_blob")).expect("listed");
+        assert!(blob.contains("TomlDataStorage (in the catalog: 8 bytes)"), "{out}");
+
+        let (res, out) = run(Command::Fetch { names: vec![] }).await;
+        res.unwrap();
+        assert!(
+            out.contains("skipped old_backend_blob: its driver OldBackendAPI is not available here")
+                && out.contains("fetched embedded_tree/d02/b.txt"),
+            "{out}"
+        );
+        let (res, out) = run(Command::Verify { repair: false }).await;
+        res.unwrap();
+        assert!(out.contains("0 corrupt"), "{out}");
+        let (res, _) = run(Command::Fetch {
+            names: vec!["old_backend_blob".into()],
+        })
+        .await;
+        let msg = format!("{:#}", res.unwrap_err());
+        assert!(
+            msg.contains("OldBackendAPI") && msg.contains("this build reads"),
+            "{msg}"
+        );
+    }
 
     #[test]
     fn sizes() {

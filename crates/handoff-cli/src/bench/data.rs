@@ -1,4 +1,5 @@
-//! Benchmarks that `handoff bench` runs: reading a blob through the cache against the plain operation it wraps.
+//! The data cases that `handoff bench` runs (`blob-hit`, `blob-cold`): reading a blob through the cache against the
+//! plain operation it wraps.
 //!
 //! Each returns `(ours_seconds, baseline_seconds)`, medians of several alternating runs; efficiency is
 //! `baseline / ours`.
@@ -10,9 +11,8 @@ use anyhow::Context;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStoreExt, PutPayload};
 
-use crate::cache::{Cache, CacheConfig};
-use crate::catalog::Catalog;
-use crate::testkit::MotoServer;
+use handoff_data::{Cache, CacheConfig, Catalog};
+use handoff_testkit::MotoServer;
 
 /// Runs per measurement.
 const RUNS: usize = 5;
@@ -61,7 +61,7 @@ fn one_blob_catalog(url: &str, options: &str) -> String {
 
 /// Reading a cached blob of `size` bytes (`Blob::read_all` on a fresh handle: index lookup, revalidation against a
 /// local `file://` store, pinned read) against `std::fs::read` of the same cached file.
-pub async fn blob_hit(size: usize) -> anyhow::Result<(f64, f64)> {
+pub(super) async fn blob_hit(size: usize) -> anyhow::Result<(f64, f64)> {
     let dir = Scratch::new("hit")?;
     let src = dir.0.join("store");
     std::fs::create_dir_all(&src)?;
@@ -98,7 +98,7 @@ fn touch(data: &[u8]) -> u64 {
 /// A first fetch of a `size`-byte object from a local S3-compatible server (moto) into an empty cache, as a buffer
 /// (`Blob::buffer`: HEAD, one streamed GET hashed and written to the cache by a second thread, then mapped) against
 /// a plain `object_store` GET of the same object into memory; both then touch every page of the bytes.
-pub async fn blob_cold(size: usize) -> anyhow::Result<(f64, f64)> {
+pub(super) async fn blob_cold(size: usize) -> anyhow::Result<(f64, f64)> {
     let moto = MotoServer::start()
         .await
         .map_err(anyhow::Error::msg)

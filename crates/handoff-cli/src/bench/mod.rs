@@ -1,0 +1,198 @@
+//! `handoff bench`: each channel against a raw baseline measured in the same run.
+//!
+//! Every case reports `ours` and `baseline` as the median seconds per operation over
+//! several repetitions, and `efficiency = baseline / ours` (1.0 = as fast as the raw
+//! baseline). Case names and JSON keys are a public interface: keep them stable.
+//!
+//! This file runs the cases and reports them; each family of cases lives in its own file below it:
+//! `case` (the result row, the plan of sizes and repetitions), `messages` (inproc-msg, tcp-rtt,
+//! tcp-stream), `shm` (shm-rtt, shm-view, shm-read, tcp-read, shm-copy-in), `tickets`
+//! (ticket-pull, ticket-3party) and `data` (blob-hit, blob-cold).
+
+mod case;
+mod data;
+mod messages;
+mod shm;
+mod tickets;
+
+use anyhow::{Context, Result};
+use handoff::Node;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::protocol;
+use crate::table;
+use case::{case, parse_size, Case, Plan};
+use shm::ShmBench;
+use tickets::TicketBench;
+
+/// Options of `handoff bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Print the results as a JSON array.
+    #[arg(long)]
+    pub json: bool,
+    /// A short run (under 30 seconds): fewer sizes and repetitions.
+    #[arg(long)]
+    pub quick: bool,
+    /// Run only the cases whose name contains this text.
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Sizes to measure the size-dependent cases at, comma-separated (`1K,64K,16M,1G`:
+    /// powers of 1024); ticket cases only at sizes of 64 KiB and up (the owner's ticket
+    /// threshold). Default: the built-in lists.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
+    pub sizes: Option<Vec<u64>>,
+    /// Measured repetitions per case, after one warm-up (default 7, 3 with --quick).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reps: Option<u64>,
+}
+
+/// Runs the benchmark and prints the table or JSON.
+pub async fn run(args: BenchArgs) -> Result<()> {
+    let plan = Plan::new(args.quick, args.sizes.as_deref(), args.reps);
+    let cases = run_cases(plan, args.only.as_deref()).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&cases)?);
+    } else {
+        let rows: Vec<Vec<String>> = cases
+            .iter()
+            .map(|c| {
+                vec![
+                    c.case.clone(),
+                    c.channel.clone(),
+                    table::size(c.bytes),
+                    table::duration(c.ours),
+                    table::duration(c.baseline),
+                    format!("{:.2}", c.efficiency),
+                    if c.bytes >= 1 << 20 {
+                        table::throughput(c.bytes, c.ours)
+                    } else {
+                        String::new()
+                    },
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            table::render(
+                &[
+                    "case",
+                    "channel",
+                    "bytes",
+                    "ours",
+                    "baseline",
+                    "efficiency",
+                    "throughput"
+                ],
+                &rows
+            )
+        );
+    }
+    Ok(())
+}
+
+/// Measures every case (or those matching `only`).
+async fn run_cases(plan: Plan, only: Option<&str>) -> Result<Vec<Case>> {
+    let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
+    let shm_cases = ["shm-view", "shm-read", "tcp-read", "shm-copy-in"];
+    let ticket_cases = ["ticket-pull", "ticket-3party"];
+    let blob_cases = ["blob-hit", "blob-cold"];
+    let total = [wanted("inproc-msg"), wanted("tcp-rtt"), wanted("shm-rtt")]
+        .iter()
+        .filter(|w| **w)
+        .count()
+        + if wanted("tcp-stream") { plan.sizes.len() } else { 0 }
+        + shm_cases.iter().filter(|c| wanted(c)).count() * plan.shm_sizes.len()
+        + ticket_cases.iter().filter(|c| wanted(c)).count() * plan.ticket_sizes.len()
+        + blob_cases.iter().filter(|c| wanted(c)).count() * plan.blob_sizes.len();
+    let bar = ProgressBar::new(total as u64);
+    bar.set_style(ProgressStyle::with_template("{spinner} bench [{bar:30}] {pos}/{len} {msg}").expect("template"));
+    let secret = hex::encode(rand::random::<[u8; 16]>());
+    let mut out = Vec::new();
+
+    if wanted("inproc-msg") {
+        bar.set_message("inproc-msg");
+        out.push(messages::inproc_msg(&plan, &secret).await?);
+        bar.inc(1);
+    }
+    if wanted("tcp-rtt") || wanted("tcp-stream") {
+        let server = protocol::register_all(
+            Node::builder("bench-server")
+                .listen("127.0.0.1:0")
+                .secret(secret.clone()),
+        )
+        .host_id("bench-host-b")
+        .build()
+        .await?;
+        let client = protocol::register_all(Node::builder("bench-client").secret(secret.clone()))
+            .host_id("bench-host-a")
+            .build()
+            .await?;
+        let serving = server.clone();
+        let server_task = tokio::spawn(async move { crate::serve::serve(&serving).await });
+        let peer = client.connect(server.listen_addr().context("listen address")?).await?;
+        if wanted("tcp-rtt") {
+            bar.set_message("tcp-rtt");
+            out.push(messages::tcp_rtt(&plan, &client, &peer).await?);
+            bar.inc(1);
+        }
+        if wanted("tcp-stream") {
+            for &size in &plan.sizes {
+                bar.set_message(format!("tcp-stream {}", table::size(size)));
+                out.push(messages::tcp_stream(&plan, &client, &peer, size).await?);
+                bar.inc(1);
+            }
+        }
+        server.shutdown();
+        client.shutdown();
+        let _ = server_task.await;
+    }
+    if wanted("shm-rtt") {
+        bar.set_message("shm-rtt");
+        out.push(shm::shm_rtt(&plan, &secret).await?);
+        bar.inc(1);
+    }
+    if shm_cases.iter().any(|c| wanted(c)) {
+        let bench = ShmBench::start(&secret).await?;
+        for name in shm_cases.into_iter().filter(|c| wanted(c)) {
+            for &size in &plan.shm_sizes {
+                bar.set_message(format!("{name} {}", table::size(size)));
+                out.push(bench.run(name, size, plan.reps).await?);
+                bar.inc(1);
+            }
+        }
+        bench.stop();
+    }
+    if ticket_cases.iter().any(|c| wanted(c)) {
+        let bench = TicketBench::start(&secret).await?;
+        for name in ticket_cases.into_iter().filter(|c| wanted(c)) {
+            for &size in &plan.ticket_sizes {
+                bar.set_message(format!("{name} {}", table::size(size)));
+                out.push(bench.run(name, size, plan.ticket_reps).await?);
+                bar.inc(1);
+            }
+        }
+        bench.stop();
+    }
+    for name in blob_cases.into_iter().filter(|c| wanted(c)) {
+        for &size in &plan.blob_sizes {
+            bar.set_message(format!("{name} {}", table::size(size)));
+            let measured = match name {
+                // A cached blob read, against a plain read of the same file.
+                "blob-hit" => data::blob_hit(size as usize).await.map(|t| (t, "file")),
+                // A first fetch from a local S3-compatible server (moto) into an empty cache,
+                // against a plain object_store GET of the same object.
+                _ => data::blob_cold(size as usize).await.map(|t| (t, "s3")),
+            };
+            match measured {
+                Ok(((ours, baseline), channel)) => out.push(case(name, channel, size, ours, baseline)),
+                Err(e) => {
+                    bar.suspend(|| eprintln!("note: {name} skipped: {e:#}"));
+                }
+            }
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(out)
+}
