@@ -96,8 +96,17 @@ impl ModuleTree {
                 syn::Item::Use(u) => self.read_use(&u.tree, Vec::new(), module),
                 other => {
                     if let Some(name) = item_name(other) {
-                        let target = if is_exported_macro(other) { 0 } else { module };
-                        self.modules[target].items.insert(name);
+                        self.modules[module].items.insert(name.clone());
+                        if is_exported_macro(other) && module != 0 {
+                            // `#[macro_export]` puts the name at the crate root; what uses it
+                            // depends on the file that defines it, as for a re-export.
+                            let origin = WrittenPath {
+                                module,
+                                segments: vec!["self".into(), name.clone()],
+                                line: other.span().start().line,
+                            };
+                            self.modules[0].imports.entry(name).or_insert(origin);
+                        }
                     }
                     let mut collector = PathCollector {
                         module,
@@ -288,7 +297,7 @@ fn item_attrs(item: &syn::Item) -> &[syn::Attribute] {
     }
 }
 
-/// `#[macro_export] macro_rules! name` lands at the crate root.
+/// `#[macro_export] macro_rules! name`: named at the crate root, defined where it is written.
 fn is_exported_macro(item: &syn::Item) -> bool {
     matches!(item, syn::Item::Macro(m) if m.attrs.iter().any(|a| a.path().is_ident("macro_export")))
 }

@@ -84,3 +84,15 @@ fn a_missing_module_file_is_a_clear_error() {
     assert!(error.contains("mod nowhere;"), "{error}");
     assert!(error.contains("nowhere.rs"), "{error}");
 }
+
+#[test]
+fn an_exported_macro_belongs_to_the_file_that_defines_it() {
+    // node.rs names `crate::warn_once!`, which `#[macro_export]` puts at the root; the root
+    // re-exports node. The use is of log.rs, so there is no ring through lib.rs.
+    assert!(rings("exported_macro").is_empty());
+    let report = check_crate(&fixture("exported_macro")).unwrap();
+    assert!(report
+        .edges
+        .iter()
+        .any(|e| e.from.ends_with("node.rs") && e.to.ends_with("log.rs")));
+}
