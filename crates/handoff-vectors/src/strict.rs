@@ -6,11 +6,13 @@
 //! produces. Each `strict-…` vector breaks exactly one rule of a header that is otherwise
 //! valid, most of them in a way a lenient decoder (the serde one before it, for one) would
 //! have accepted; the `…-at-limit` ones sit exactly on a limit and are valid.
+//!
+//! One table of vectors and the byte writer they share: long, but one idea, so one file.
 
 use handoff_wire::{Limits, HANDSHAKE_HEADER_BYTES};
 use serde_json::json;
 
-use crate::{
+use crate::fixtures::{
     beta_token, bin_json, hello_fixture, hello_json, invalid, raw_message, ticket_fixture, Vector, TICKET_DIGEST,
     TWO_FRAME_REFS,
 };

@@ -5,7 +5,7 @@
 use handoff_wire::{auth, Header, Ident, Preamble};
 use serde_json::{json, Value as Json};
 
-use crate::{
+use crate::fixtures::{
     bin_json, hello_fixture, hello_fixture_b, invalid, map, message, msgpack, preamble_vector, raw_message, s, Vector,
 };
 

@@ -7,10 +7,6 @@ use std::ops::{Deref, RangeBounds};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
-use serde::{Deserialize, Serialize, Serializer};
-
-use crate::codec;
 
 /// Immutable, cheaply cloned bytes that travel beside a message, never inside its body.
 ///
@@ -193,50 +189,5 @@ impl Ord for Buffer {
 impl Hash for Buffer {
     fn hash<H: Hasher>(&self, state: &mut H) {
         self.bytes.hash(state)
-    }
-}
-
-impl Serialize for Buffer {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        match codec::push_frame(self) {
-            Some(index) => codec::serialize_frame_ref(index, serializer),
-            None => serializer.serialize_bytes(&self.bytes),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Buffer {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Buffer, D::Error> {
-        deserializer.deserialize_any(BufferVisitor)
-    }
-}
-
-struct BufferVisitor;
-
-impl<'de> Visitor<'de> for BufferVisitor {
-    type Value = Buffer;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("bytes, a sequence of byte values, or a handoff frame reference")
-    }
-
-    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Buffer, E> {
-        Ok(Buffer::copy_from_slice(v))
-    }
-
-    fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Buffer, E> {
-        Ok(Buffer::from(v))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Buffer, A::Error> {
-        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 20));
-        while let Some(byte) = seq.next_element::<u8>()? {
-            out.push(byte);
-        }
-        Ok(Buffer::from(out))
-    }
-
-    fn visit_newtype_struct<D: Deserializer<'de>>(self, deserializer: D) -> Result<Buffer, D::Error> {
-        codec::deserialize_frame_ref(deserializer)
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod auth;
 mod buffer;
+mod buffer_serde;
 pub mod codec;
 mod error;
 pub mod framing;

@@ -15,11 +15,14 @@ pub fn process_id() -> &'static str {
     ID.get_or_init(random_id)
 }
 
-/// The host identity of this machine: a hash of the kernel's machine id and boot id.
+/// The host identity of this machine: a hash of the kernel's machine id, its boot id and
+/// this process's network namespace (`spec/WIRE.md` §5.2).
 ///
-/// Two processes on one machine (and one boot) get the same value; the environment
-/// variable `HANDOFF_HOST_ID` overrides it, as does `NodeBuilder::host_id`, so that tests
-/// can make several "hosts" on one machine.
+/// Two processes on one machine (and one boot) in one network namespace get the same
+/// value; processes in different network namespaces (containers, the hosts of
+/// `scripts/netlab`) get different values and talk over TCP. The environment variable
+/// `HANDOFF_HOST_ID` overrides it, as does `NodeBuilder::host_id`, so that tests can make
+/// several "hosts" in one namespace.
 pub fn host_id() -> String {
     if let Ok(id) = std::env::var("HANDOFF_HOST_ID") {
         if !id.is_empty() {
@@ -40,15 +43,59 @@ pub fn host_id() -> String {
             machine
         };
         let boot = read("/proc/sys/kernel/random/boot_id");
-        let mut h = Sha256::new();
-        h.update(b"handoff-host-id\0");
-        h.update(machine.as_bytes());
-        h.update([0]);
-        h.update(boot.as_bytes());
-        if machine.is_empty() && boot.is_empty() {
-            h.update(read("/etc/hostname").as_bytes());
-        }
-        hex::encode(&h.finalize()[..8])
+        let hostname = if machine.is_empty() && boot.is_empty() {
+            read("/etc/hostname")
+        } else {
+            String::new()
+        };
+        let netns = std::fs::read_link("/proc/self/ns/net")
+            .ok()
+            .and_then(|target| target.to_str().map(str::to_string))
+            .unwrap_or_default();
+        derive_host_id(&machine, &boot, &hostname, &netns)
     })
     .clone()
+}
+
+/// The reference derivation of §5.2 from its inputs: the lower-case hex of the first 8 bytes
+/// of `SHA-256("handoff-host-id\0" | machine | 00 | boot [| hostname] | 00 | netns)`, where
+/// `hostname` is used only when `machine` and `boot` are both empty.
+pub fn derive_host_id(machine: &str, boot: &str, hostname: &str, netns: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(b"handoff-host-id\0");
+    h.update(machine.as_bytes());
+    h.update([0]);
+    h.update(boot.as_bytes());
+    if machine.is_empty() && boot.is_empty() {
+        h.update(hostname.as_bytes());
+    }
+    h.update([0]);
+    h.update(netns.as_bytes());
+    hex::encode(&h.finalize()[..8])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::derive_host_id;
+
+    /// The worked examples of `spec/WIRE.md` §5.2; the Python peer checks the same ones.
+    #[test]
+    fn the_reference_derivation_gives_the_specs_examples() {
+        let machine = "0123456789abcdef0123456789abcdef";
+        let boot = "5f2c1b7e-9a3d-4c8e-b1f0-2d6e8a4c9b37";
+        assert_eq!(
+            derive_host_id(machine, boot, "", "net:[4026531840]"),
+            "911174bd877e6514"
+        );
+        assert_eq!(
+            derive_host_id(machine, boot, "", "net:[4026532999]"),
+            "194d7c9652d9d136"
+        );
+        assert_eq!(derive_host_id("", "", "box7", "net:[4026531840]"), "988b8172d433bebc");
+        // The hostname counts only when machine and boot ids are both missing.
+        assert_eq!(
+            derive_host_id(machine, boot, "box7", "net:[4026531840]"),
+            derive_host_id(machine, boot, "", "net:[4026531840]")
+        );
+    }
 }

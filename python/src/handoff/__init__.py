@@ -1,23 +1,32 @@
 """handoff for Python: the wire format of spec/WIRE.md (v1) and an asyncio node.
 
-Modules, one job each:
+Modules, one job each, from the bottom up (python/pyproject.toml's import contracts
+keep every import pointing down):
 
 - :mod:`handoff.wire` — sans-IO: preamble, framing, headers, descriptors, limits, auth proof.
-- :mod:`handoff.codec` — bodies: Python values ↔ msgpack with out-of-band frames.
+- :mod:`handoff.memfd`, :mod:`handoff.pool`, :mod:`handoff.shm` — memfds and their seals,
+  the process's pool of reused segments, segments to send and mappings of received ones.
 - :mod:`handoff.resources` — resource keys and the node's registry of local objects.
-- :mod:`handoff.data` — data handles: tags bound to local sources, or pulled from the sender.
-- :mod:`handoff.transport` — a connection's socket: buffered reads, frames, SCM_RIGHTS.
-- :mod:`handoff.handshake` — preambles, challenges (v1: hellos), proofs, idents, ready.
-- :mod:`handoff.shm` — memfd segments to send, read-only mappings of received ones.
 - :mod:`handoff.tickets` — the owner's leases and the holder's :class:`Ticket`.
+- :mod:`handoff.buffers` — :class:`Buffer` and :class:`OnDemand`: how a buffer travels.
+- :mod:`handoff.data` — data handles: tags bound to local sources, or pulled from the sender.
 - :mod:`handoff.route` — routes, and types that encode themselves by route
   (``serialize(obj, source, destination)``); :mod:`handoff.pins` — leases on what such a
   type sends a reference to; :mod:`handoff.spilled` — :class:`SpilledFile`, the example.
-- :mod:`handoff.peer`, :mod:`handoff.node`, :mod:`handoff.envelope` — the runtime.
+- :mod:`handoff.codec` — bodies: Python values ↔ msgpack with out-of-band frames.
+- :mod:`handoff.transport` — a connection's socket: buffered reads, frames, SCM_RIGHTS.
+- :mod:`handoff.handshake` — preambles, challenges (v1: hellos), proofs, idents, ready.
+- :mod:`handoff.envelope` — what a node receives.
+- :mod:`handoff.ticket_client` — the holder side of tickets: pull, renew, forward, unlease.
+- :mod:`handoff.shm_leases`, :mod:`handoff.control` — a connection's shared-memory leases
+  and its writer of ticket answers; :mod:`handoff.peer` — a connection.
+- :mod:`handoff.admission`, :mod:`handoff.addresses` — which connections get in; addresses.
+- :mod:`handoff.node` — the node: listens, connects, delivers.
 - :mod:`handoff.bounds` — what peers can make a node hold (spec §9.1), in one place;
   :mod:`handoff.budget` (buffered bytes, backpressure) and :mod:`handoff.throttle`
   (rate-limited warnings) enforce two of them.
-- :mod:`handoff.worker` — ``python -m handoff.worker``: the demo protocol of Appendix A.
+- :mod:`handoff.demo_server` — the demo protocol of Appendix A, served by a node;
+  :mod:`handoff.worker` — ``python -m handoff.worker``, its command line.
 """
 
 from .bounds import Bounds

@@ -30,6 +30,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import msgpack
 
+from .buffers import Buffer, OnDemand, as_bytes_view
+from .buffers import is_ndarray as _is_ndarray
+from .data import BlobHandle, is_handle_map
 from .msgpack_read import Ext, MsgpackError, too_deep, unpack_one
 from .resources import EXT_RESOURCE_KEY, Resource, ResourceKey, Resources
 from .route import _CURRENT, MARKER, Route, _by_name, _by_type, RouteError, codec_for, decode_value, encode_value
@@ -58,43 +61,6 @@ DEFAULT_FRAME_THRESHOLD = 1024
 _INDEX = struct.Struct(">I")
 
 
-class Buffer:
-    """Marks a bytes-like object (bytes, bytearray, memoryview, mmap, numpy array …) to
-    travel as a frame whatever its size, like the Rust reference's ``Buffer``."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: Any):
-        self.data = data
-
-    def __len__(self) -> int:
-        return as_bytes_view(self.data).nbytes
-
-    def __repr__(self) -> str:
-        return f"Buffer({len(self)} bytes)"
-
-
-class OnDemand(Buffer):
-    """Marks a bytes-like object to travel only as an on-demand ticket (like the reference's
-    ``tickets::on_demand``): to a peer that takes tickets it is sent as a ticket flagged
-    ``lazy``, which the receiver pulls only when the bytes are used, even if it redeems
-    other tickets eagerly — for a fallback the receiver may never need, such as the bytes
-    behind a data handle. A peer without tickets gets the bytes.
-
-    ``digest``, if given, is the BLAKE3 hash of the bytes (32 bytes), so the owner does not
-    hash them again when it issues the ticket.
-    """
-
-    __slots__ = ("digest",)
-
-    def __init__(self, data: Any, digest: Optional[bytes] = None):
-        super().__init__(data)
-        self.digest = digest
-
-    def __repr__(self) -> str:
-        return f"OnDemand({len(self)} bytes)"
-
-
 def _numpy():
     try:
         import numpy
@@ -102,26 +68,6 @@ def _numpy():
         return numpy
     except ImportError:  # pragma: no cover - numpy is optional
         return None
-
-
-def _is_ndarray(value: Any) -> bool:
-    # No import: if numpy is not loaded yet, nothing can be one of its arrays.
-    np = sys.modules.get("numpy")
-    return np is not None and isinstance(value, np.ndarray)
-
-
-def as_bytes_view(value: Any) -> memoryview:
-    """A flat, byte-typed memoryview of a bytes-like value (a C-contiguous copy for strided numpy arrays)."""
-    if isinstance(value, Buffer):
-        value = value.data
-    if _is_ndarray(value) and not value.flags.c_contiguous:
-        value = sys.modules["numpy"].ascontiguousarray(value)
-    view = value if isinstance(value, memoryview) else memoryview(value)
-    if view.format != "B" or view.ndim != 1:
-        if not view.c_contiguous:
-            view = memoryview(view.tobytes())
-        view = view.cast("B")
-    return view
 
 
 class Bin(bytes):
@@ -460,7 +406,6 @@ def decode_routed(value: Any, route: Optional[Route]) -> Any:
 def bind_resources(value: Any, resources: Resources) -> Any:
     """Binds the resource keys in a decoded body to ``resources`` (in document order), and
     turns data handles into :class:`~handoff.data.BlobHandle`; see :func:`decode_body`."""
-    from .data import BlobHandle, is_handle_map
 
     def walk(v: Any) -> Any:
         if isinstance(v, ResourceKey):

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Optional
 
-from .codec import OnDemand
+from .buffers import OnDemand
 from .errors import HandoffError
 from .resources import ResourceError, ResourceKey, Resources
 from .tickets import Ticket, digest

@@ -1,14 +1,16 @@
-"""What a node receives: :class:`Envelope` (sender, type name, body) and its frames."""
+"""What a node receives: :class:`Envelope` (sender, type name, body) and its frames.
+
+Envelopes sit below the peers that make them: the sender is a :class:`handoff.peer.Peer`,
+of which an envelope reads only ``name``, and ``node.resources`` and ``inbound_route`` to
+decode the body.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from .codec import decode_body
 from .tickets import Ticket
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .peer import Peer
 
 __all__ = ["Envelope", "ReceivedFrame"]
 
@@ -45,7 +47,7 @@ class Envelope:
     soon as no other view (a slice, a numpy array) remains.
     """
 
-    def __init__(self, sender: "Peer", type_name: str, body: bytes, frames: list):
+    def __init__(self, sender: Any, type_name: str, body: bytes, frames: list):
         self.sender = sender
         self.type_name = type_name
         self.frames: list = frames

@@ -8,7 +8,7 @@ import secrets
 import stat
 from pathlib import Path
 
-__all__ = ["random_id", "process_id", "host_id", "runtime_dir"]
+__all__ = ["random_id", "process_id", "host_id", "derive_host_id", "runtime_dir"]
 
 
 def random_id() -> str:
@@ -37,20 +37,36 @@ def _read_trimmed(path: str) -> str:
 
 
 def host_id() -> str:
-    """The host identity: ``$HANDOFF_HOST_ID`` if set and non-empty, else the reference derivation:
-    hex of the first 8 bytes of SHA-256("handoff-host-id\\0" | machine-id | 00 | boot_id [| hostname])."""
+    """The host identity (spec §5.2): ``$HANDOFF_HOST_ID`` if set and non-empty, else the reference
+    derivation from the machine id, the boot id and this process's network namespace, so that
+    processes in different network namespaces (containers, the hosts of ``scripts/netlab``) count as
+    different hosts."""
     env = os.environ.get("HANDOFF_HOST_ID")
     if env:
         return env
     machine = _read_trimmed("/etc/machine-id") or _read_trimmed("/var/lib/dbus/machine-id")
     boot = _read_trimmed("/proc/sys/kernel/random/boot_id")
+    hostname = _read_trimmed("/etc/hostname") if not machine and not boot else ""
+    try:
+        netns = os.readlink("/proc/self/ns/net")
+    except OSError:
+        netns = ""
+    return derive_host_id(machine, boot, hostname, netns)
+
+
+def derive_host_id(machine: str, boot: str, hostname: str, netns: str) -> str:
+    """The reference derivation of §5.2: hex of the first 8 bytes of
+    SHA-256("handoff-host-id\\0" | machine | 00 | boot [| hostname] | 00 | netns); the hostname
+    counts only when the machine and boot ids are both empty."""
     h = hashlib.sha256()
     h.update(b"handoff-host-id\x00")
     h.update(machine.encode())
     h.update(b"\x00")
     h.update(boot.encode())
     if not machine and not boot:
-        h.update(_read_trimmed("/etc/hostname").encode())
+        h.update(hostname.encode())
+    h.update(b"\x00")
+    h.update(netns.encode())
     return h.digest()[:8].hex()
 
 

@@ -4,36 +4,43 @@ A node speaks the wire format of spec/WIRE.md v1 with any implementation: over T
 and with a same-host peer (equal host ids) over a Unix socket that carries shared
 memory, switching to it after connecting over TCP as the reference does (§7.1). It
 issues and redeems tickets (§7.5–§7.9).
+
+This module is the façade that starts and joins the parts: listening and accepting,
+connecting, the handshake of each connection and its registration as a :class:`Peer`,
+delivery of what the peers receive, and the node's statistics. The parts that can be read
+alone sit below it: which connections get in (:mod:`handoff.admission`), addresses
+(:mod:`handoff.addresses`), the holder side of tickets (:mod:`handoff.ticket_client`), a
+connection (:mod:`handoff.peer`). It is over 600 lines mostly for the :class:`Node`
+docstring and its options, which a reader wants in one place.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import errno
-import ipaddress
 import logging
 import os
-import re
 import socket
-import struct
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 from . import identity, pins, wire
+from .admission import Admission
+from .addresses import check_peer_uid, sanitize_name, split_host_port, strip_scheme
 from .bounds import DEFAULT_BOUNDS, Bounds
 from .budget import Budget
 from .envelope import Envelope
 from .inbox import Inbox
-from .errors import HandoffError, OwnerLost, PeerClosed, TicketCorrupt, TicketRefused
+from .errors import HandoffError
 from .handshake import OurSide, handshake, send_error
 from .peer import Peer
 from .pins import DEFAULT_PIN_BOUNDS, PinBounds, PinOutbox, PinTable
 from .resources import Resources
 from .throttle import WarningThrottle
-from .tickets import LeaseTable, Ticket, digest
+from .ticket_client import TicketClient
+from .tickets import LeaseTable, Ticket
 from .turns import after_new_input
 from .transport import Transport
 
@@ -48,33 +55,6 @@ HANDSHAKE_TIMEOUT = DEFAULT_BOUNDS.handshake_timeout
 _LISTEN_BACKLOG = 1024
 #: Longest the accept loop accepts waiting connections before other input goes first (s).
 _ACCEPT_SLICE = 100e-6
-_LOCAL_HOSTS = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
-
-
-class _Handshaking:
-    """An accepted connection whose handshake is in progress (for the cap on them, §9.1)."""
-
-    __slots__ = ("transport", "task", "evicted")
-
-    def __init__(self, transport: Transport, task: Optional[asyncio.Task]):
-        self.transport = transport
-        self.task = task
-        self.evicted = False
-
-
-def _split_host_port(addr: str) -> tuple[str, int]:
-    m = re.fullmatch(r"\[([^\]]+)\]:(\d+)|([^:]+):(\d+)", addr)
-    if not m:
-        raise ValueError(f"not a host:port address: {addr!r}")
-    return (m.group(1) or m.group(3), int(m.group(2) or m.group(4)))
-
-
-def _strip(addr: str, scheme: str) -> str:
-    return addr[len(scheme) :] if addr.startswith(scheme) else addr
-
-
-def _sanitize(name: str) -> str:
-    return "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "_" for c in name)[:32]
 
 
 class Node:
@@ -193,10 +173,10 @@ class Node:
         self._throttle = WarningThrottle(
             log, bounds.warnings_per_period, bounds.warning_period, total=bounds.warnings_in_all_per_period
         )
-        self._handshaking: "collections.OrderedDict[int, _Handshaking]" = collections.OrderedDict()
-        self._claims: dict = {}  # node id -> process id, between step 6 of a handshake and registering
-        self._dial_slots = asyncio.Semaphore(bounds.max_owner_dials)
-        self._dialing: dict = {}  # (owner, addr) -> task connecting to it
+        #: Which connections get in: the caps on handshakes and connections, and node-id claims.
+        self._admission = Admission(self.node_id, bounds, self.peer_by_id, lambda: len(self._all_peers))
+        #: The holder side of the tickets this node receives (:mod:`handoff.ticket_client`).
+        self._tickets = TicketClient(self, bounds.max_owner_dials)
         #: This node's local resources: resource keys in received bodies bind to them (§8.3).
         self.resources = Resources(name)
         #: What this node keeps for peers under a lease, as route-aware values asked (:mod:`handoff.pins`).
@@ -210,7 +190,6 @@ class Node:
         self._listeners: list = []
         self._accept_tasks: list = []
         self._tasks: set = set()
-        self._next_req = 1
         self._started = False
         self._closed = False
 
@@ -232,7 +211,7 @@ class Node:
         self._inbox = Inbox(self.bounds.message_overhead)
         self._peers_changed = asyncio.Condition()
         if self._listen is not None:
-            host, port = _split_host_port(_strip(self._listen, "tcp://"))
+            host, port = split_host_port(strip_scheme(self._listen, "tcp://"))
             infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
             family, _, _, _, sockaddr = infos[0]
             lsock = socket.socket(family, socket.SOCK_STREAM)
@@ -247,7 +226,7 @@ class Node:
             self._listeners.append(lsock)
             self._accept_tasks.append(self._spawn(self._accept_loop(lsock, unix=False)))
         if self.shm:
-            path = identity.runtime_dir() / f"{_sanitize(self.name)}-{self.node_id[:12]}.sock"
+            path = identity.runtime_dir() / f"{sanitize_name(self.name)}-{self.node_id[:12]}.sock"
             try:
                 path.unlink()
             except FileNotFoundError:
@@ -404,64 +383,12 @@ class Node:
             limits=self.handshake_limits,
             listen=self.listen_addr,
             unix=self.unix_addr,
-            admit=self._admit_connection,
-            check_peer=(lambda ident: self._check_node_id(ident, transport)) if transport is not None else None,
+            admit=self._admission.room,
+            check_peer=(lambda ident: self._admission.check_node_id(ident, transport))
+            if transport is not None
+            else None,
             preamble=self.preamble,
         )
-
-    def _admit_connection(self) -> Optional[tuple]:
-        """After the preambles: room for one more established connection? (§9.1)"""
-        if len(self._all_peers) >= self.bounds.max_connections:
-            # Said to a peer that proved nothing: no name, nothing that identifies us.
-            return (
-                "overloaded",
-                f"this node has {len(self._all_peers)} connections, the most it allows; try again later",
-            )
-        return None
-
-    def _check_node_id(self, ident: wire.Ident, transport: Transport) -> Optional[str]:
-        """The step before ``ready`` (§5.1 step 6, §5.4 step 7): a node id names one node in one process.
-
-        A node id connected (or passing this step on another connection) from another
-        process is refused; the same process may open a second connection. ``ident`` is
-        the peer's ident (v2) or its hello's identity (v1), sent by a peer that proved the secret."""
-        if ident.node == self.node_id:
-            return f"the peer claims this node's own node id {ident.node}"
-        other = self.peer_by_id(ident.node)
-        claim = self._claims.get(ident.node)
-        proc = other.ident.proc if other is not None else claim[0] if claim is not None else None
-        if proc is not None and proc != ident.proc:
-            return (
-                f"node id {ident.node} is already connected from another process (proc {proc}, this one says "
-                f"{ident.proc}): two processes claim one node id (a copied configuration? a forked process?)"
-            )
-        if claim is None or claim[0] != ident.proc:
-            claim = self._claims[ident.node] = [ident.proc, 0]
-        claim[1] += 1
-        transport.claimed = ident.node
-        return None
-
-    def _unclaim(self, transport: Transport) -> None:
-        node = getattr(transport, "claimed", None)
-        if node is None:
-            return
-        transport.claimed = None
-        claim = self._claims.get(node)
-        if claim is not None:
-            claim[1] -= 1
-            if claim[1] <= 0:
-                del self._claims[node]
-
-    def _begin_handshake(self, transport: Transport) -> _Handshaking:
-        """Registers an accepted connection's handshake, closing the oldest beyond the cap (§9.1)."""
-        while len(self._handshaking) >= self.bounds.max_handshakes:
-            _, oldest = self._handshaking.popitem(last=False)
-            oldest.evicted = True
-            if oldest.task is not None:
-                oldest.task.cancel()
-        entry = _Handshaking(transport, asyncio.current_task())
-        self._handshaking[id(entry)] = entry
-        return entry
 
     def _warn_about(self, source: str, fmt: str, *args) -> None:
         self._throttle.warn(source, "%s: " + fmt, self.name, *args)
@@ -472,7 +399,7 @@ class Node:
         """Handshakes on a fresh connection, registers the peer and starts its reader."""
         transport = Transport(sock, label, self.bounds)
         transport.peer_pid = peer_pid
-        entry = self._begin_handshake(transport) if accepted else None
+        entry = self._admission.begin_handshake(transport) if accepted else None
         timeout = self.bounds.handshake_timeout
         try:
             try:
@@ -503,9 +430,9 @@ class Node:
                 raise
         finally:
             if entry is not None:
-                self._handshaking.pop(id(entry), None)
+                self._admission.end_handshake(entry)
             if transport.closed:
-                self._unclaim(transport)
+                self._admission.unclaim(transport)
         channel = "shm" if transport.unix else "tcp"
         ident = done.ident
         if transport.unix and ident.host != self.host_id:
@@ -518,7 +445,7 @@ class Node:
         peer = Peer(self, transport, ident, channel, done.version)
         peer.accepted = accepted
         self._add_peer(peer)
-        self._unclaim(transport)  # the established connection speaks for the node id now
+        self._admission.unclaim(transport)  # the established connection speaks for the node id now
         peer.reader = self.loop.create_task(peer.read_loop())
         return peer
 
@@ -531,9 +458,9 @@ class Node:
         if not self._started:
             await self.start()
         if addr.startswith("unix://"):
-            return await self._connect_unix(_strip(addr, "unix://"))
-        target = _strip(addr, "tcp://")
-        host, port = _split_host_port(target)
+            return await self._connect_unix(strip_scheme(addr, "unix://"))
+        target = strip_scheme(addr, "tcp://")
+        host, port = split_host_port(target)
         infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         last: Optional[Exception] = None
         sock = None
@@ -565,7 +492,7 @@ class Node:
                 raise HandoffError(f"cannot use shm with {peer.name}: {why_not}")
             return peer
         try:
-            shm_peer = await self._connect_unix(_strip(peer.ident.unix, "unix://"))
+            shm_peer = await self._connect_unix(strip_scheme(peer.ident.unix, "unix://"))
         except Exception as e:
             if channel == "shm":
                 await peer.close()
@@ -587,7 +514,7 @@ class Node:
         sock.setblocking(False)
         try:
             await self.loop.sock_connect(sock, path)
-            pid = _check_peer_uid(sock)
+            pid = check_peer_uid(sock)
         except BaseException:
             sock.close()
             raise
@@ -630,7 +557,7 @@ class Node:
 
     async def _accepted(self, conn: socket.socket, label: str, unix: bool, source: str) -> None:
         try:
-            pid = _check_peer_uid(conn) if unix else None
+            pid = check_peer_uid(conn) if unix else None
             peer = await self._open(conn, label, accepted=True, peer_pid=pid)
             log.info("%s: accepted peer %s (%s, %s)", self.name, peer.name, peer.locality, peer.channel)
         except asyncio.CancelledError:
@@ -703,200 +630,19 @@ class Node:
 
     # ------------------------------------------------------------------ tickets (holder side)
 
-    def _owner_label(self, desc: wire.TicketDesc) -> str:
-        p = self.peer_by_id(desc.owner)
-        if p is not None:
-            return f"{p.name} ({desc.addr})" if desc.addr else p.name
-        return f"{desc.owner[:12]} ({desc.addr})" if desc.addr else desc.owner
-
-    def _is_own_address(self, host: str, port: int) -> bool:
-        """Whether ``host:port`` is this node's own listen address (or plainly reaches it)."""
-        if self.listen_addr is None:
-            return False
-        own_host, own_port = _split_host_port(_strip(self.listen_addr, "tcp://"))
-        if port != own_port:
-            return False
-        if host == own_host:
-            return True
-
-        def local(h: str) -> bool:
-            if h.lower() in _LOCAL_HOSTS:
-                return True
-            try:
-                ip = ipaddress.ip_address(h)
-            except ValueError:
-                return False
-            return ip.is_loopback or ip.is_unspecified
-
-        # A node that listens on a loopback or every address is reached by any local one.
-        return local(own_host) and local(host)
-
-    def _dial_refusal(self, desc: wire.TicketDesc) -> Optional[str]:
-        """Why a holder must not dial this ticket's ``addr`` (§9.1), or ``None``."""
-        if desc.owner == self.node_id:
-            return "the ticket names this node itself as its owner; a node does not dial itself"
-        if not desc.addr:
-            return "not connected to the owner, and the ticket has no address"
-        if not desc.addr.startswith("tcp://"):
-            return f"its address {desc.addr!r} is not a tcp:// address"
-        try:
-            host, port = _split_host_port(_strip(desc.addr, "tcp://"))
-        except ValueError:
-            return f"its address {desc.addr!r} is not a tcp://HOST:PORT address"
-        if self._is_own_address(host, port):
-            return f"its address {desc.addr} is this node's own listen address; a node does not dial itself"
-        return None
-
-    async def _dial_owner(self, desc: wire.TicketDesc) -> Peer:
-        # At most ``max_owner_dials`` at once (§9.1); the wait counts in the caller's timeout.
-        async with self._dial_slots:
-            # Pinned to TCP: pulled bytes travel inline on any channel, and switching to the
-            # owner's Unix socket would close the TCP connection, which owners may take as
-            # the loss of this node's hold (the reference does, §7.7).
-            p = await asyncio.wait_for(self.connect(desc.addr, channel="tcp"), self.pull_timeout)
-        if p.node_id != desc.owner:
-            await p.close()
-            raise HandoffError(f"the node at {desc.addr} is {p.node_id}, not the ticket's owner")
-        return p
-
-    async def _owner_peer(self, ticket: Ticket) -> Peer:
-        desc = ticket.desc
-        p = self.peer_by_id(desc.owner)
-        if p is not None:
-            return p
-        why = self._dial_refusal(desc)
-        if why is not None:
-            raise OwnerLost(ticket.owner_label, desc.lease, desc.n, why)
-        key = (desc.owner, desc.addr)
-        task = self._dialing.get(key)
-        if task is None:  # one dial per owner and address, whoever waits for it
-            task = self._dialing[key] = self._spawn(self._dial_owner(desc))
-            task.add_done_callback(lambda t, key=key: (self._dialing.pop(key, None), t.cancelled() or t.exception()))
-        try:
-            return await asyncio.wait_for(asyncio.shield(task), self.pull_timeout)
-        except asyncio.TimeoutError:
-            raise OwnerLost(
-                ticket.owner_label, desc.lease, desc.n, f"connecting took over {self.pull_timeout}s"
-            ) from None
-        except asyncio.CancelledError:
-            if task.cancelled() and not self._closed:
-                raise OwnerLost(
-                    ticket.owner_label, desc.lease, desc.n, "the connection attempt was cancelled"
-                ) from None
-            raise
-        except OwnerLost:
-            raise
-        except Exception as e:
-            raise OwnerLost(ticket.owner_label, desc.lease, desc.n, f"cannot connect: {e}") from None
-
-    async def _request(
-        self, ticket: Ticket, what: str, make, expect: Optional[int] = None, whole: bool = False
-    ) -> tuple:
-        desc = ticket.desc
-        peer = await self._owner_peer(ticket)
-        req = self._next_req
-        self._next_req += 1
-        fut = self.loop.create_future()
-        peer.pending[req] = (fut, what, expect, whole)
-        self._budget.wake()  # its reader, if it waits for room, may now go over the bounds
-        try:
-            await peer._send_control(make(req))
-        except PeerClosed as e:
-            peer.pending.pop(req, None)
-            raise OwnerLost(ticket.owner_label, desc.lease, desc.n, f"sending the {what}: {e}") from None
-        try:
-            result = await asyncio.wait_for(fut, self.pull_timeout)
-        except asyncio.TimeoutError:
-            peer.pending.pop(req, None)
-            raise OwnerLost(
-                ticket.owner_label, desc.lease, desc.n, f"no answer to the {what} within {self.pull_timeout}s"
-            ) from None
-        if result[0] == "refused":
-            raise TicketRefused(ticket.owner_label, desc.lease, what, result[1], result[2])
-        if result[0] == "lost":
-            raise OwnerLost(ticket.owner_label, desc.lease, desc.n, result[1])
-        return result
+    # What a received Ticket asks of its node (handoff.tickets.Redeemer), and what the
+    # connections ask: the ticket client does it.
 
     async def _pull(self, ticket: Ticket, off: int, n: int, whole: bool) -> memoryview:
-        if ticket.released:
-            raise HandoffError(f"the ticket for lease {ticket.lease} was released")
-        desc = ticket.desc
-        result = await self._request(
-            ticket, "pull", lambda req: wire.Pull(req, desc.lease, desc.token, off, n), n, whole
-        )
-        if result[0] != "bytes":
-            raise OwnerLost(ticket.owner_label, desc.lease, desc.n, "answered a pull with a token")
-        view, hashed = result[1], result[2]
-        if len(view) != n:
-            raise OwnerLost(ticket.owner_label, desc.lease, desc.n, f"asked for {n} bytes, got {len(view)}")
-        if whole:
-            if hashed is not None:  # hashed while it arrived (handoff.tickets.StreamDigest)
-                got = await asyncio.wrap_future(hashed)
-            elif n >= (8 << 20):
-                got = await asyncio.get_running_loop().run_in_executor(None, digest, view)
-            else:
-                got = digest(view)
-            if got != desc.digest:
-                raise TicketCorrupt(ticket.owner_label, desc.lease)
-        return view
+        return await self._tickets.pull(ticket, off, n, whole)
 
     async def _renew(self, ticket: Ticket) -> None:
-        peer = await self._owner_peer(ticket)
-        await peer._send_control(wire.Renew(ticket.desc.lease, ticket.desc.token))
-
-    async def _forward(self, ticket: Ticket, to: str) -> wire.TicketDesc:
-        desc = ticket.desc
-        result = await self._request(ticket, "forward", lambda req: wire.Forward(req, desc.lease, desc.token, to))
-        if result[0] != "token":
-            raise OwnerLost(ticket.owner_label, desc.lease, desc.n, "answered a forward with bytes")
-        return wire.TicketDesc(
-            n=desc.n,
-            owner=desc.owner,
-            addr=desc.addr,
-            lease=desc.lease,
-            token=result[1],
-            digest=desc.digest,
-            ttl=desc.ttl,
-            lazy=desc.lazy,
-        )
+        await self._tickets.renew(ticket)
 
     def _ticket_released(self, desc: wire.TicketDesc, label: str) -> None:
-        """A ticket handle was released or collected: send ``unlease`` (any thread)."""
-        try:
-            self.loop.call_soon_threadsafe(self._unlease, desc)
-        except (RuntimeError, AttributeError):
-            pass
+        self._tickets.released(desc, label)
 
-    def _unlease(self, desc: wire.TicketDesc) -> None:
-        p = self.peer_by_id(desc.owner)
-        if p is None:
-            log.debug(
-                "%s: not connected to the owner of lease %d; its deadline will end the hold", self.name, desc.lease
-            )
-            return
-        p._queue_control(wire.Unlease(desc.lease, desc.token))
-
-    async def _redeem_all(self, env: Envelope) -> None:
-        """Eager redemption: pulls every ticket of the message, then ends each hold (§7.6).
-
-        Tickets the sender marked ``lazy`` are left for the application to pull on use."""
-        for f in env.frames:
-            if f.kind != "ticket" or not isinstance(f.view, Ticket) or f.view.desc.lazy:
-                continue
-            ticket = f.view
-            try:
-                f.view = await ticket.redeem()
-            except Exception as e:
-                self._warn_about(
-                    f"peer {env.sender.name}", "a ticket from %s could not be redeemed: %s", env.sender.name, e
-                )
-                env.error = e.with_traceback(None)
-                for g in env.frames:
-                    if isinstance(g.view, Ticket):
-                        g.view.release()
-                return
-            finally:
-                ticket.release()
+    # ------------------------------------------------------------------ tickets (owner side)
 
     def _holder_disconnected(self, node_id: str, name: str) -> None:
         def drop() -> None:
@@ -947,12 +693,3 @@ class Node:
             "shm_pool": {"segments": shm["count"], "bytes": shm["bytes"], "idle_segments": 0, "idle_bytes": 0},
             "peers": [[p.name, p.channel] for p in self.peers],
         }
-
-
-def _check_peer_uid(sock: socket.socket) -> int:
-    """Refuses a same-host peer that runs as another user (SO_PEERCRED, §7.1); returns its pid."""
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, _gid = struct.unpack("3i", creds)
-    if uid != os.geteuid():
-        raise PermissionError(f"refusing a same-host peer running as uid {uid} (we are uid {os.geteuid()}, pid {pid})")
-    return pid

@@ -6,50 +6,53 @@ reads or maps its frames, and stops reading while there is no room; ticket answe
 go out through one writer per connection (no task per request), and the loop stops
 reading while too many of them wait; shared-memory leases kept for the peer are
 capped; warnings about the peer are rate-limited.
+
+The shared-memory leases kept for the peer (:mod:`handoff.shm_leases`) and the writer of
+ticket answers (:mod:`handoff.control`) live below this module; what the peer uses of its
+node is :class:`PeerNode`. What stays is one connection, sending and reading: the read
+loop and the send path share the connection's state (leases, pending requests, the
+charge of the message being read), which is why they are one class in one file.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import mmap
 import os
 import sys
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 from . import wire
+from .bounds import Bounds
+from .budget import Budget
 from .codec import OnDemand, encode_body
+from .control import ControlWriter
 from .envelope import Envelope, ReceivedFrame
-from .errors import CapReached, HandoffError, PeerClosed, PeerRefused
+from .errors import HandoffError, PeerClosed, PeerRefused
 from .handshake import send_error
 from .inbox import ConnectionQueue
 from .mapcache import Kept, MapCache
-from .pool import Segment, pool
 from .recvbuf import MIN_POOLED, recv_pool
+from .resources import Resources
 from .route import Route
+from .shm_leases import PooledLease, ShmLeases, pooled_copy
 from .shm import PooledFrame, SharedFrame, map_received, sealed_copy, segment_info
-from .tickets import STREAM_DIGEST_MIN, Refusal, StreamDigest, Ticket
+from .throttle import WarningThrottle
+from .ticket_client import TicketClient
+from .tickets import STREAM_DIGEST_MIN, LeaseTable, Refusal, StreamDigest, Ticket
 from .transport import MAX_FDS_PER_READ, Transport
 from .turns import after_new_input
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .node import Node
-
-__all__ = ["Peer"]
+__all__ = ["Peer", "PeerNode"]
 
 log = logging.getLogger("handoff")
 
 #: Frames at least this large are read into memory that is not zero-filled first (a numpy
 #: array, else an anonymous mapping).
 _MMAP_FRAME = 1 << 20
-#: Copies into a pooled segment at least this large run in a thread (numpy releases the GIL).
-_COPY_IN_THREAD = 8 << 20
-#: How long a closed connection's pooled segments wait for the peer process to exit (then
-#: they come back to the pool) before they are retired (the peer may still map them).
-_EXIT_WAIT = 2.0
 
 
 #: Frames at least this large are received into memory advised for transparent huge pages
@@ -62,6 +65,46 @@ _HUGE_FRAME = 4 << 20
 #: trip would wait behind them (issue 11).
 _READ_SLICE = 100e-6
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+class PeerNode(Protocol):
+    """What a connection uses of its node: a :class:`handoff.node.Node`, which sits above
+    this module (it makes the peers). Its settings, the budget and bounds every
+    connection shares, the owner's lease table, the ticket client, and the calls a
+    connection makes when a message arrives or the connection ends."""
+
+    name: str
+    node_id: str
+    host_id: str
+    process_id: str
+    listen_addr: Optional[str]
+    caps: list
+    loop: asyncio.AbstractEventLoop
+    bounds: Bounds
+    limits: wire.Limits
+    per_connection: bool
+    redeem: str
+    frame_threshold: int
+    ticket_threshold: Optional[int]
+    shm_threshold: int
+    shm_pool: bool
+    shm_private: bool
+    resources: Resources
+    leases: LeaseTable
+    _budget: Budget
+    _throttle: WarningThrottle
+    _tickets: TicketClient
+    _closed: bool
+
+    def _spawn(self, coro: Any) -> asyncio.Task: ...
+
+    def _check_type(self, type_name: str) -> None: ...
+
+    async def _deliver(self, env: Envelope) -> None: ...
+
+    def _remove_peer(self, peer: "Peer") -> None: ...
+
+    def _holder_disconnected(self, node_id: str, name: str) -> None: ...
 
 
 def _filled(view: memoryview) -> None:
@@ -115,59 +158,13 @@ def _kept_released(peer_ref: "weakref.ref[Peer]", kept: Kept, lease: int) -> Non
         pass  # the event loop is closed
 
 
-class _PooledLease:
-    """A lease on a window of a pooled segment (:mod:`handoff.pool`)."""
-
-    __slots__ = ("segment", "size")
-
-    def __init__(self, segment: Segment):
-        self.segment = segment
-        self.size = segment.size
-
-    def close(self, reusable: bool = True) -> None:
-        self.segment.let_go(reusable)
-
-
-def _end_lease(kept: Any, reusable: bool) -> None:
-    if isinstance(kept, _PooledLease):
-        kept.close(reusable)
-    else:
-        kept.close()
-
-
-async def _process_exited(pid: int, wait: float) -> bool:
-    """Whether process ``pid`` has exited (it holds no mapping then), waiting up to ``wait`` s.
-
-    A process that closed its socket by dying releases its memory before its files, and
-    becomes waitable (its pidfd readable) after both, so a short wait suffices. A live
-    process, or a pid taken by another one since, reads as not exited: the safe answer."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return True
-    except (OSError, AttributeError):
-        return False
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    try:
-        loop.add_reader(pidfd, lambda: done.done() or done.set_result(True))
-        try:
-            return await asyncio.wait_for(done, wait)
-        except asyncio.TimeoutError:
-            return False
-        finally:
-            loop.remove_reader(pidfd)
-    finally:
-        os.close(pidfd)
-
-
 class Peer:
     """A connected node. Get one from :meth:`Node.connect`, :meth:`Node.peer` or ``envelope.sender``.
 
     On a node built with ``per_connection=True`` each connection delivers its messages to
     its own queue, taken with :meth:`recv`, instead of the node's inbox."""
 
-    def __init__(self, node: "Node", transport: Transport, ident: wire.Ident, channel: str, version: int = 2):
+    def __init__(self, node: PeerNode, transport: Transport, ident: wire.Ident, channel: str, version: int = 2):
         self.node = node
         self.transport = transport
         #: What the peer said about itself in the handshake (its ident, or its v1 hello's fields).
@@ -178,10 +175,8 @@ class Peer:
         self.protocol_version = version
         self.closed = False
         self.pending: dict = {}  # req -> (future, what, bytes expected for a pull or None, whole redemption)
-        self._leases: dict = {}  # shm lease -> SharedFrame kept for the peer
-        self._leased_bytes = 0
-        self._leases_changed: Optional[asyncio.Event] = None
-        self._next_lease = 1
+        #: The shared-memory leases this node keeps for the peer (:mod:`handoff.shm_leases`).
+        self._shm = ShmLeases()
         self._releases: list = []
         self._release_task: Optional[asyncio.Task] = None
         #: Whole-segment private mappings kept for the next frame (:mod:`handoff.mapcache`).
@@ -195,10 +190,13 @@ class Peer:
         self.messages = 0
         self._charge = 0  # of the message being read
         # Ticket answers and other control headers waiting for the writer (one task).
-        self._control: collections.deque = collections.deque()
-        self._control_task: Optional[asyncio.Task] = None
-        self._control_room: Optional[asyncio.Event] = None
-        self._pulls_queued = 0
+        self._control = ControlWriter(
+            self._send_control,
+            lambda: self.node.bounds,
+            lambda: self.closed,
+            node.loop,
+            lambda: (self.node.name, self.name),
+        )
         self._tasks: set = set()
         self.reader: Optional[asyncio.Task] = None
         self.done = asyncio.Event()
@@ -267,42 +265,12 @@ class Peer:
 
     def shm_leases(self) -> dict:
         """Shared-memory leases this node holds for the peer: ``{count, bytes}``."""
-        return {"count": len(self._leases), "bytes": self._leased_bytes}
+        return self._shm.stats()
 
-    def _shm_full(self, size: int) -> Optional[str]:
-        b = self.node.bounds
-        if len(self._leases) + 1 > b.max_shm_leases_per_peer:
-            return f"{len(self._leases)} shared-memory leases (the most allowed: {b.max_shm_leases_per_peer})"
-        if self._leased_bytes + size > b.max_shm_bytes_per_peer:
-            return f"{self._leased_bytes} of {b.max_shm_bytes_per_peer} bytes in shared-memory leases"
-        return None
-
-    async def _shm_room(self, size: int) -> None:
-        """Waits until one more lease of ``size`` bytes fits the caps for this peer (§7.4),
-        at most the bounds' ``lease_wait``; then fails the send with ``CapReached``."""
-        reason = self._shm_full(size)
-        if reason is None:
-            return
-        wait = self.node.bounds.lease_wait
-        deadline = time.monotonic() + wait
-        while reason is not None:
-            left = deadline - time.monotonic()
-            if left <= 0 or self.closed:
-                raise CapReached(
-                    f"cannot send {size} bytes to {self.name} in shared memory: it holds {reason}; "
-                    f"waited {wait:g} s for it to release some (it must send `release` for frames it dropped)"
-                )
-            if self._leases_changed is None:
-                self._leases_changed = asyncio.Event()
-            try:
-                await asyncio.wait_for(self._leases_changed.wait(), left)
-            except asyncio.TimeoutError:
-                pass
-            reason = self._shm_full(size)
-
-    def _keep_lease(self, lease: int, shared: SharedFrame) -> None:
-        self._leases[lease] = shared
-        self._leased_bytes += shared.size
+    @property
+    def _leases(self) -> dict:
+        """Lease id -> what it keeps, for tests that look inside (:attr:`ShmLeases.kept`)."""
+        return self._shm.kept
 
     def _ticket_wanted(self, n: int, by_ticket: bool) -> bool:
         if n == 0:
@@ -338,7 +306,7 @@ class Peer:
                     if source.desc.owner == self.node_id:
                         view = await source.redeem()  # back to its owner: send the bytes
                     else:
-                        descs.append(await self.node._forward(source, self.node_id))
+                        descs.append(await self.node._tickets.forward(source, self.node_id))
                         continue
                 elif isinstance(source, SharedFrame):
                     view = source.view
@@ -364,27 +332,25 @@ class Peer:
                 shared = None
                 if self.channel == "shm" and len(fds) < MAX_FDS_PER_READ and n > 0:
                     if isinstance(source, PooledFrame):
-                        await self._shm_room(source.size)
+                        await self._shm.room(source.size, self.node.bounds, self.name, lambda: self.closed)
                         if source.segment is None:
                             raise ValueError("the pooled frame is closed")
                         source.segment.hold()  # this lease's, let go when it ends
-                        shared = _PooledLease(source.segment)
+                        shared = PooledLease(source.segment)
                     elif isinstance(source, SharedFrame):
-                        await self._shm_room(source.size)
+                        await self._shm.room(source.size, self.node.bounds, self.name, lambda: self.closed)
                         shared = SharedFrame(source.dup_fd(), source.size, source.sealed)
                     elif n >= self.node.shm_threshold and self.node.shm_pool:
                         # Pooled (§7.4): never waits for room; a peer at its cap gets the bytes inline.
-                        if self._shm_full(n) is None:
-                            shared = await self._pooled_copy(view)
+                        if self._shm.full(n, self.node.bounds) is None:
+                            shared = await pooled_copy(view)
                     elif n >= self.node.shm_threshold:
-                        await self._shm_room(n)
+                        await self._shm.room(n, self.node.bounds, self.name, lambda: self.closed)
                         shared = sealed_copy(view)
                 if shared is not None:
-                    lease = self._next_lease
-                    self._next_lease += 1
-                    self._keep_lease(lease, shared)  # before sending: the release may come back at once
+                    lease = self._shm.keep(shared)  # before sending: the release may come back at once
                     new_shm.append(lease)
-                    if isinstance(shared, _PooledLease):
+                    if isinstance(shared, PooledLease):
                         descs.append(wire.Shm(n=n, off=0, size=shared.size, lease=lease, sealed=False))
                         fds.append(shared.segment.fd)
                     else:
@@ -395,7 +361,7 @@ class Peer:
                 inline.append(view)
         except BaseException:
             # Nothing left: what this message had leased for the peer was never promised to it.
-            self._end_leases(new_shm)
+            self._shm.end(new_shm)
             for lease in new_tickets:
                 self.node.leases.withdraw(lease)
             raise
@@ -435,86 +401,17 @@ class Peer:
             self.closed = True
             raise
 
-    async def _pooled_copy(self, view: memoryview) -> _PooledLease:
-        """Copies a buffer into a segment of the process's pool (a thread does large copies)."""
-        seg = pool().take(view.nbytes)
-        try:
-            if view.nbytes >= _COPY_IN_THREAD:
-                await self.node.loop.run_in_executor(None, seg.write, view)
-            else:
-                seg.write(view)
-        except BaseException:
-            seg.let_go(True)
-            raise
-        return _PooledLease(seg)
-
     async def _send_control(self, header, payload: Any = None) -> None:
         chunks = [wire.frame_header(wire.encode_header(header))]
         if payload is not None and len(payload):
             chunks.append(payload)
         await self.transport.send(chunks)
 
-    def _end_leases(self, leases, reusable: bool = True) -> int:
-        """Ends leases: released by the peer (``reusable``), or by the connection's end."""
-        ended = 0
-        for lease in leases:
-            sf = self._leases.pop(lease, None)
-            if sf is not None:
-                self._leased_bytes -= sf.size
-                _end_lease(sf, reusable)
-                ended += 1
-        if ended and self._leases_changed is not None:
-            self._leases_changed.set()
-            self._leases_changed = None
-        return ended
-
     # ------------------------------------------------------------------ ticket answers and other control headers
 
     def _queue_control(self, header, payload: Any = None) -> None:
         """Queues a header (and a ``pulled``'s bytes) for the connection's one control writer."""
-        if self.closed:
-            return
-        if isinstance(header, wire.Pulled):
-            self._pulls_queued += 1
-        self._control.append((header, payload))
-        if self._control_task is None:
-            self._control_task = self.node.loop.create_task(self._write_control())
-
-    def _control_full(self) -> bool:
-        b = self.node.bounds
-        return self._pulls_queued >= b.max_pulls_in_flight or len(self._control) >= b.max_control_queued
-
-    async def _control_has_room(self) -> None:
-        """Stops reading (the caller waits) while too many answers wait to be written (§9.1)."""
-        while self._control_full() and not self.closed:
-            if self._control_room is None:
-                self._control_room = asyncio.Event()
-            await self._control_room.wait()
-
-    async def _write_control(self) -> None:
-        try:
-            while self._control and not self.closed:
-                header, payload = self._control[0]
-                try:
-                    await self._send_control(header, payload)
-                except PeerClosed as e:
-                    log.debug("%s: could not answer %s: %s", self.node.name, self.name, e)
-                    self._control.clear()
-                    self._pulls_queued = 0
-                    return
-                finally:
-                    if self._control and self._control[0][0] is header:
-                        self._control.popleft()
-                        if isinstance(header, wire.Pulled):
-                            self._pulls_queued -= 1
-                    if self._control_room is not None and not self._control_full():
-                        self._control_room.set()
-                        self._control_room = None
-        finally:
-            self._control_task = None
-            if self._control_room is not None:
-                self._control_room.set()
-                self._control_room = None
+        self._control.queue(header, payload)
 
     # ------------------------------------------------------------------ releasing received shm frames
 
@@ -566,8 +463,7 @@ class Peer:
         self.closed = True
         self.transport.shutdown()
         self.node._budget.wake()
-        if self._control_room is not None:
-            self._control_room.set()
+        self._control.wake()
         self._drop_queued()
 
     async def close(self) -> None:
@@ -576,8 +472,7 @@ class Peer:
         self._drop_queued()
         self.transport.shutdown()
         self.node._budget.wake()  # a reader waiting for room sees the close
-        if self._control_room is not None:
-            self._control_room.set()
+        self._control.wake()
         if self.reader is not None and self.reader is not asyncio.current_task():
             try:
                 await asyncio.wait_for(asyncio.shield(self.done.wait()), 5)
@@ -636,10 +531,10 @@ class Peer:
                         await self._on_pulled(h)
                     elif isinstance(h, (wire.Pull, wire.Forward, wire.Unlease, wire.Renew)):
                         self._on_owner_op(h)
-                        if self._control_full():
+                        if self._control.full():
                             budget.release(self, self._charge)
                             self._charge = 0
-                            await self._control_has_room()
+                            await self._control.has_room()
                     elif isinstance(h, wire.Forwarded):
                         self._answer(h.req, ("token", h.token))
                     elif isinstance(h, wire.TicketError):
@@ -649,7 +544,7 @@ class Peer:
                             raise wire.WireError(
                                 "handshake", "handshake failed: a release on a connection without shared memory"
                             )
-                        self._end_leases(h.leases)
+                        self._shm.end(h.leases)
                     elif isinstance(h, wire.Error):
                         raise PeerRefused(self.name, h.code, h.msg)
                     else:
@@ -688,18 +583,16 @@ class Peer:
         # (a same-host peer that switches from TCP to our Unix socket closes the TCP one
         # right after its new handshake: give that a moment to register).
         self.node._holder_disconnected(self.node_id, self.name)
-        self._end_leases_at_close()
+        self._shm.end_at_close(
+            self.transport.peer_pid, not self.node._closed, self.node._spawn, f"{self.node.name}: {self.name}"
+        )
         if self._maps is not None:
             self._maps.close()
         self._releases.clear()
-        self._control.clear()
-        self._pulls_queued = 0
-        if self._control_room is not None:
-            self._control_room.set()
+        self._control.stop()
         for task in list(self._tasks):
             task.cancel()
-        if self._control_task is not None:
-            self._control_task.cancel()
+        self._control.cancel()
         if self._deliveries is not None:
             # Messages that waited for their tickets are dropped with the connection:
             # give their buffered bytes back.
@@ -711,38 +604,6 @@ class Peer:
         if self.queue is not None:
             self.queue.close()  # what arrived stays readable; then recv() raises PeerClosed
         self.done.set()
-
-    def _end_leases_at_close(self) -> None:
-        """The connection ended: every lease ends (§7.3). Pooled segments come back to the
-        pool only if the peer process is gone (it maps nothing then); a live peer may still
-        hold views, so they are retired instead (:mod:`handoff.pool`)."""
-        pooled = [lease for lease, kept in self._leases.items() if isinstance(kept, _PooledLease)]
-        others = [lease for lease, kept in self._leases.items() if not isinstance(kept, _PooledLease)]
-        self._end_leases(others)
-        if not pooled:
-            return
-        pid = self.transport.peer_pid
-        kept = [self._leases.pop(lease) for lease in pooled]
-        self._leased_bytes -= sum(k.size for k in kept)
-        if self._leases_changed is not None:
-            self._leases_changed.set()
-            self._leases_changed = None
-        if not pid or pid == os.getpid() or self.node._closed:
-            for k in kept:
-                k.close(False)
-            return
-
-        async def recycle_when_gone() -> None:
-            gone = False
-            try:
-                gone = await _process_exited(pid, _EXIT_WAIT)
-            finally:
-                for k in kept:
-                    k.close(gone)
-                if gone:
-                    log.debug("%s: %s exited: %d pooled segments come back", self.node.name, self.name, len(kept))
-
-        self.node._spawn(recycle_when_gone())
 
     def _waits_for_answers(self) -> bool:
         """Whether this node waits for answers from the peer (then its reader may go over the bounds)."""
@@ -818,7 +679,9 @@ class Peer:
                     _filled(view)
                     frames.append(ReceivedFrame("inline", view))
                 elif isinstance(d, wire.TicketDesc):
-                    frames.append(ReceivedFrame("ticket", Ticket(self.node, d, self.node._owner_label(d)), d.lease))
+                    frames.append(
+                        ReceivedFrame("ticket", Ticket(self.node, d, self.node._tickets.owner_label(d)), d.lease)
+                    )
         finally:
             for fd in fds:
                 os.close(fd)
@@ -850,7 +713,7 @@ class Peer:
             delivered = False
             try:
                 if self.node.redeem == "eager":
-                    await self.node._redeem_all(env)
+                    await self.node._tickets.redeem_all(env)
                 await self.node._deliver(env)
                 delivered = True
             finally:

@@ -40,14 +40,11 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from . import wire
 from .errors import CapReached
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .node import Node
-    from .route import Route
+from .route import Route, RouteError
 
 __all__ = [
     "TYPE_UPDATE",
@@ -249,10 +246,23 @@ class PinTable:
 # ------------------------------------------------------------------ holder side
 
 
+class PinNode(Protocol):
+    """What pins use of a node: a :class:`handoff.node.Node` (pins sit below nodes, which
+    keep a :class:`PinTable` and a :class:`PinOutbox` and register here when they start)."""
+
+    node_id: str
+    loop: Any
+    pins: PinTable
+    _pin_out: "PinOutbox"
+    _closed: bool
+
+    def peer_by_id(self, node_id: str) -> Any: ...
+
+
 class PinOutbox:
     """A holder node's claims and releases, sent batched to each owner (loop thread only)."""
 
-    def __init__(self, node: "Node"):
+    def __init__(self, node: "PinNode"):
         self.node = node
         self._out: dict = {}  # owner -> ([claims], [releases])
         self._scheduled = False
@@ -279,7 +289,7 @@ class PinOutbox:
                 peer._queue_control(wire.Msg(TYPE_UPDATE, body, []))
 
 
-def _post(node_ref: "weakref.ref[Node]", owner: str, kind: str, pin_id: int) -> None:
+def _post(node_ref: "weakref.ref[PinNode]", owner: str, kind: str, pin_id: int) -> None:
     """Queues a claim or a release from any thread (a finalizer, Dask's offload thread)."""
     node = node_ref()
     if node is None or node._closed:
@@ -294,7 +304,7 @@ class Pin:
     """A pin this node holds: its owner keeps something for it until :meth:`release`
     (or until this handle is garbage-collected). Made by :func:`hold`, which claims it."""
 
-    def __init__(self, node: "Node", owner: str, pin_id: int):
+    def __init__(self, node: "PinNode", owner: str, pin_id: int):
         self.owner = owner
         self.id = pin_id
         ref = weakref.ref(node)
@@ -316,20 +326,20 @@ class Pin:
 
 # ------------------------------------------------------------------ for encoders and decoders
 
-_nodes: "weakref.WeakValueDictionary[str, Node]" = weakref.WeakValueDictionary()
+_nodes: "weakref.WeakValueDictionary[str, PinNode]" = weakref.WeakValueDictionary()
 
 
-def register_node(node: "Node") -> None:
+def register_node(node: "PinNode") -> None:
     """Called by a node when it starts: routes name nodes by id."""
     _nodes[node.node_id] = node
 
 
-def unregister_node(node: "Node") -> None:
+def unregister_node(node: "PinNode") -> None:
     if _nodes.get(node.node_id) is node:
         del _nodes[node.node_id]
 
 
-def node_by_id(node_id: Any) -> Optional["Node"]:
+def node_by_id(node_id: Any) -> Optional["PinNode"]:
     """The started, open node of this process with this id, if any."""
     node = _nodes.get(node_id) if isinstance(node_id, str) else None
     return node if node is not None and not node._closed else None
@@ -339,8 +349,6 @@ def pin(route: "Route", keep: Any, *, on_end: Optional[Callable[[], None]] = Non
     """For an encoder: keeps ``keep`` on the sending node for the route's recipient, and
     returns the reference to put in the header: ``{"owner", "pin", "to"}`` (node ids and
     the pin id). Raises ``CapReached`` beyond the bounds, ``RouteError`` without a route."""
-    from .route import RouteError
-
     node = node_by_id(route.sender.node) if route.known else None
     if node is None:
         raise RouteError(f"no node of this process sends on {route}: nothing can keep {what or 'the object'}")

@@ -30,7 +30,7 @@ import sys
 import threading
 from typing import Any, Optional
 
-from .shm import SEALS_FIXED, F_ADD_SEALS
+from .memfd import F_ADD_SEALS, SEALS_FIXED, memfd
 
 __all__ = ["Segment", "SegmentPool", "pool", "MIN_SEGMENT", "DEFAULT_MAX_IDLE_BYTES"]
 
@@ -52,9 +52,8 @@ class Segment:
     __slots__ = ("id", "fd", "size", "map", "holders", "inode", "_pool", "__weakref__")
 
     def __init__(self, pool: "SegmentPool", seg_id: int, size: int):
-        fd = os.memfd_create("handoff-segment", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        fd = memfd(size)
         try:
-            os.ftruncate(fd, size)
             fcntl.fcntl(fd, F_ADD_SEALS, SEALS_FIXED)
             self.map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
             st = os.fstat(fd)

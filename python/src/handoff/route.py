@@ -61,13 +61,10 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from . import identity
 from .errors import CapReached, HandoffError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .peer import Peer
 
 __all__ = [
     "SAME_PROCESS",
@@ -218,8 +215,10 @@ class Route:
             _CURRENT.reset(token)
 
     @classmethod
-    def outbound(cls, peer: "Peer") -> "Route":
-        """The route of what this node sends to ``peer``."""
+    def outbound(cls, peer: Any) -> "Route":
+        """The route of what this node sends to ``peer``, a :class:`handoff.peer.Peer`
+        (read for its ``node``, ``ident``, ``locality``, ``channel`` and
+        ``protocol_version``; routes sit below peers, which make them)."""
         node = peer.node
         ours = Endpoint(node.node_id, node.name, node.host_id, node.process_id, os.getpid(), "python", tuple(node.caps))
         h = peer.ident

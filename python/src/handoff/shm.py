@@ -29,6 +29,19 @@ import mmap
 import os
 from typing import TYPE_CHECKING, Any, Optional
 
+from .memfd import (  # noqa: F401  (the seal bits were defined here before memfd.py: still importable from here)
+    F_ADD_SEALS,
+    F_GET_SEALS,
+    F_SEAL_GROW,
+    F_SEAL_SEAL,
+    F_SEAL_SHRINK,
+    F_SEAL_WRITE,
+    SEALS_ALL,
+    SEALS_FIXED,
+    SEALS_REQUIRED,
+)
+from .memfd import memfd as _memfd
+from .pool import pool
 from .wire import WireError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,32 +58,10 @@ __all__ = [
     "SEALS_FIXED",
 ]
 
-F_SEAL_SEAL = getattr(fcntl, "F_SEAL_SEAL", 0x0001)
-F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
-F_SEAL_GROW = getattr(fcntl, "F_SEAL_GROW", 0x0004)
-F_SEAL_WRITE = getattr(fcntl, "F_SEAL_WRITE", 0x0008)
-F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
-F_GET_SEALS = getattr(fcntl, "F_GET_SEALS", 1034)
-#: What a segment announced as ``sealed`` must carry (§7.2).
-SEALS_REQUIRED = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW
-SEALS_ALL = SEALS_REQUIRED | F_SEAL_SEAL
-#: What every segment carries at least (§7.2 rule 1 needs the first), and what an unsealed
-#: segment of a fixed size is given before it is passed (§7.4).
-SEALS_FIXED = F_SEAL_SHRINK | F_SEAL_GROW
 #: A segment this much larger than its window (beyond twice the window) is mapped only
 #: around the window (the reference's rule, §7.2 step 4).
 _WHOLE_SEGMENT_SLACK = 1 << 20
 _MADV_DONTFORK = getattr(mmap, "MADV_DONTFORK", None)
-
-
-def _memfd(size: int, name: str = "handoff-segment") -> int:
-    fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        os.ftruncate(fd, size)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
 
 
 class SharedFrame:
@@ -167,8 +158,6 @@ class ShmBuffer:
         self.size = size
         self._segment = None
         if pooled:
-            from .pool import pool
-
             self._segment = pool().take(size)
             self.fd = self._segment.fd
             self._map = self._segment.map

@@ -22,17 +22,14 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import blake3
 
 from . import wire
-from .errors import CapReached
+from .errors import CapReached, PeerClosed
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .node import Node
-
-__all__ = ["LeaseTable", "Refusal", "Ticket", "digest", "StreamDigest", "STREAM_DIGEST_MIN"]
+__all__ = ["LeaseTable", "Refusal", "Redeemer", "Ticket", "digest", "StreamDigest", "STREAM_DIGEST_MIN"]
 
 
 def digest(data: Any) -> bytes:
@@ -371,7 +368,18 @@ class LeaseTable:
 # --------------------------------------------------------------------------- holder side
 
 
-def _send_unlease(node_ref: "weakref.ref[Node]", desc: wire.TicketDesc, label: str) -> None:
+class Redeemer(Protocol):
+    """What a :class:`Ticket` asks of the node that received it (a :class:`handoff.node.Node`,
+    above this module): pull bytes from the owner, renew the hold, end it."""
+
+    async def _pull(self, ticket: "Ticket", off: int, n: int, whole: bool) -> memoryview: ...
+
+    async def _renew(self, ticket: "Ticket") -> None: ...
+
+    def _ticket_released(self, desc: wire.TicketDesc, label: str) -> None: ...
+
+
+def _send_unlease(node_ref: "weakref.ref[Redeemer]", desc: wire.TicketDesc, label: str) -> None:
     node = node_ref()
     if node is not None:
         node._ticket_released(desc, label)
@@ -385,7 +393,7 @@ class Ticket:
     ticket is garbage-collected.
     """
 
-    def __init__(self, node: "Node", desc: wire.TicketDesc, owner_label: str):
+    def __init__(self, node: Redeemer, desc: wire.TicketDesc, owner_label: str):
         self.desc = desc
         self.owner_label = owner_label
         #: Taken over by a data handle (its fallback): the envelope's release leaves it alone.
@@ -410,11 +418,9 @@ class Ticket:
     def __len__(self) -> int:
         return self.desc.n
 
-    def _node_or_fail(self) -> "Node":
+    def _node_or_fail(self) -> Redeemer:
         node = self._node()
         if node is None:
-            from .errors import PeerClosed
-
             raise PeerClosed("the node that received this ticket is closed")
         return node
 

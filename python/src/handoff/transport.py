@@ -14,6 +14,9 @@ fails with ``timeout``; a write that makes no progress for ``write_timeout`` clo
 the connection, so only that peer's sends fail. Closing after an error (§11.3) shuts
 down the sending side first and drains what still arrives for a moment, so that the
 peer reads our ``error`` instead of a reset.
+
+One class, :class:`Transport`, whose reads, writes and close share the socket, its
+buffer, its descriptors and its timers: it stays whole although it is about 600 lines.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 //! One test per decoding rule of `spec/WIRE.md` §6, per header limit of §9 and per step of
 //! the order of checks of §11.2, on hand-written msgpack (canonical or not).
+//!
+//! Long, but one idea (the rule-by-rule table of the header decoder's tests), so one file.
 
 use super::*;
 use crate::msgpack::{write_array_len, write_bin, write_map_len, write_str, write_uint};

@@ -75,9 +75,14 @@ def _received(arr) -> tuple:
 
 
 def _counters() -> dict:
-    import handoff.dask
+    """This process's comm counters (what ``handoff.dask.stats()["counters"]`` says).
 
-    return dict(handoff.dask.stats()["counters"])
+    Imported when called, by absolute name: run as ``python -m handoff.dask.demo`` this
+    module is ``__main__``, whose functions Dask sends to its workers by value, and a
+    module-level name would carry the client's counters instead of the worker's."""
+    from handoff.dask.comm import counters
+
+    return dict(counters)
 
 
 def _fetch_seconds(key, dask_worker=None):

@@ -22,7 +22,8 @@ from distributed.comm.core import BaseListener, CommClosedError
 from distributed.comm.utils import ensure_concrete_host
 
 from ..errors import PeerClosed
-from ..node import Node, _split_host_port, _strip
+from ..addresses import split_host_port, strip_scheme
+from ..node import Node
 from ..peer import Peer
 from .comm import HandoffComm
 from .config import settings
@@ -82,7 +83,7 @@ class HandoffListener(BaseListener):
         node = make_node(settings(), "listen", listen=listen, on_accept=self._accepted)
         await node.start()
         self.node = node
-        self._bound = _split_host_port(_strip(node.listen_addr, "tcp://"))
+        self._bound = split_host_port(strip_scheme(node.listen_addr, "tcp://"))
 
     def stop(self) -> None:
         self._stopped = True

@@ -11,21 +11,19 @@ storage (``storage``), or its files read in place (``read-in-place``).
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..data import BlobError, BlobRangeError, BlobTag
 from ..tickets import digest
 from . import paths
 from .cache import Cache, CachedFile
+from .dataset import DataSet
 from .stores import Entry
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .catalog import DataSet
 
 __all__ = ["Blob", "BlobTree", "DatasetSource"]
 
 
-def _origin(dataset: "DataSet") -> str:
+def _origin(dataset: DataSet) -> str:
     return "read-in-place" if dataset.source.local is not None else "storage"
 
 
@@ -34,9 +32,7 @@ class Blob:
     dataset) or a file of a ``BlobTree`` dataset. Reads go to the dataset's storage, through
     the catalog's cache when it has one (spec/CACHE.md); local files are read in place."""
 
-    def __init__(
-        self, dataset: "DataSet", path: str = "", tag: Optional[BlobTag] = None, cache: Optional[Cache] = None
-    ):
+    def __init__(self, dataset: DataSet, path: str = "", tag: Optional[BlobTag] = None, cache: Optional[Cache] = None):
         self.dataset = dataset
         self.path = path
         #: What the sender said of this object, for a blob bound from a received tag: its
@@ -153,7 +149,7 @@ class Blob:
 class BlobTree:
     """A folder (or prefix) of a ``BlobTree`` dataset: lists its files and opens them."""
 
-    def __init__(self, dataset: "DataSet", path: str = "", cache: Optional[Cache] = None):
+    def __init__(self, dataset: DataSet, path: str = "", cache: Optional[Cache] = None):
         self.dataset = dataset
         self.path = path
         self.cache = cache
@@ -192,7 +188,7 @@ class DatasetSource:
     """A dataset of this node's catalog as a data handle's local source (spec §8.5): a
     received tag binds to it, and the handle reads through it."""
 
-    def __init__(self, catalog, dataset: "DataSet"):
+    def __init__(self, catalog, dataset: DataSet):
         self.catalog = catalog
         self.dataset = dataset
         self.origin = _origin(dataset)

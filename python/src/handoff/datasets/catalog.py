@@ -19,7 +19,6 @@ the sender's bytes with the reason.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -27,6 +26,7 @@ from ..data import DATASET_PREFIX, BlobError, BlobTag
 from . import embedded, paths
 from .blob import Blob, BlobTree, DatasetSource
 from .cache import Cache
+from .dataset import DataSet
 from .stores import Source, local, open_url
 
 if sys.version_info >= (3, 11):
@@ -56,26 +56,6 @@ class Ambiguous(CatalogError):
 
 class DriverUnavailable(CatalogError):
     """The dataset's storage driver is not one this peer has."""
-
-
-@dataclass
-class DataSet:
-    """One dataset of a catalog, as written, and its opened storage."""
-
-    name: str
-    uuid: str
-    description: Optional[str]
-    kind: str  # "Blob" or "BlobTree"
-    driver: str
-    #: ``[datasets.storage]`` as written (keys handoff does not use included).
-    storage: Dict[str, Any]
-    #: The opened storage; ``None`` when the driver is not available here.
-    source: Optional[Source] = field(repr=False, default=None)
-
-    @property
-    def available(self) -> bool:
-        """Whether this peer can read it (its driver is one of :data:`DRIVERS`)."""
-        return self.source is not None
 
 
 def _check_uuid(s: str) -> Optional[str]:
