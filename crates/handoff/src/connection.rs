@@ -1,39 +1,40 @@
-//! Setting up connections: connecting (inproc, unix, tcp with the switch to shm), and
-//! the handshake-then-register step that connecting and accepting share.
+//! Setting up connections: connecting (unix, tcp with the switch to shm; in-process peers
+//! in `inproc`), and the handshake-then-register step that connecting and accepting share.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use handoff_wire::{Channel, Endpoint, Ident, Locality, WireError};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::handshake::{handshake, Handshaken, OurSide};
+use crate::inproc;
 use crate::io::MessageReader;
 use crate::link::{Link, ShmLink};
-use crate::node::{directory, strip_scheme, NodeInner};
-use crate::peer::{PeerAddrs, PeerInner};
+use crate::peer::PeerAddrs;
 use crate::receive::{read_loop, release_loop};
+use crate::state::NodeInner;
 use crate::unix::{self, FdReader, UnixWriter};
 use crate::{Error, Peer, Result};
 
 /// Connects `node` to `addr` (see `Node::connect_with`).
 pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<Channel>) -> Result<Peer> {
-    if node.is_shut_down() {
+    if node.ctx.is_shut_down() {
         return Err(Error::NodeClosed);
     }
     if let Some(name) = addr.strip_prefix("inproc://") {
-        return connect_inproc(node, name);
+        return inproc::connect(node, name);
     }
     if let Some(path) = addr.strip_prefix("unix://") {
         return connect_unix(node, path).await;
     }
     let target = strip_scheme(addr, "tcp://");
-    let stream = tokio::time::timeout(node.bounds.handshake_timeout, TcpStream::connect(target))
+    let stream = tokio::time::timeout(node.ctx.bounds.handshake_timeout, TcpStream::connect(target))
         .await
         .map_err(|_| {
             Error::Timeout(format!(
                 "connecting to {addr} took over {:?}",
-                node.bounds.handshake_timeout
+                node.ctx.bounds.handshake_timeout
             ))
         })?
         .map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
@@ -44,7 +45,7 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
     }
     let why_not = if peer.locality() == Locality::Remote {
         Some("it is on another host".to_string())
-    } else if node.unix_path.is_none() {
+    } else if node.ctx.unix_path.is_none() {
         Some("this node has shared memory turned off".to_string())
     } else if !peer.endpoint().has_capability("shm") || peer.unix_addr().is_none() {
         Some("it offers no Unix socket".to_string())
@@ -62,7 +63,7 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
     match connect_unix(node, strip_scheme(&path, "unix://")).await {
         Ok(shm_peer) => {
             close(&peer).await;
-            tracing::info!(node = %node.me.name, peer = %shm_peer.name(), "same-host peer: using shm");
+            tracing::info!(node = %node.ctx.me.name, peer = %shm_peer.name(), "same-host peer: using shm");
             Ok(shm_peer)
         }
         Err(e) if channel == Some(Channel::Shm) => {
@@ -71,7 +72,7 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
         }
         Err(e) => {
             tracing::warn!(
-                node = %node.me.name,
+                node = %node.ctx.me.name,
                 peer = %peer.name(),
                 "same-host peer, but its Unix socket {path} cannot be reached ({e}); falling back to tcp"
             );
@@ -88,64 +89,9 @@ async fn connect_unix(node: &Arc<NodeInner>, path: &str) -> Result<Peer> {
     open_unix(node.clone(), stream, label, None).await
 }
 
-fn connect_inproc(node: &Arc<NodeInner>, name: &str) -> Result<Peer> {
-    let other = directory::lookup(name)
-        .ok_or_else(|| Error::Config(format!("no node named {name:?} in this process (inproc://{name})")))?;
-    if Arc::ptr_eq(&other, node) {
-        return Err(Error::Config("a node cannot connect to itself".into()));
-    }
-    if !constant_time_eq(&other.secret, &node.secret) {
-        return Err(Error::Wire(WireError::AuthFailed(format!(
-            "node {name:?} has a different cluster secret"
-        ))));
-    }
-    let force = node.force_encode_inproc || other.force_encode_inproc;
-    let ours = Peer::new(
-        node,
-        other.me.clone(),
-        PeerAddrs {
-            listen: other.listen_addr.clone(),
-            unix: other.unix_addr(),
-            version: None,
-        },
-        Channel::Inproc,
-        Link::Inproc {
-            target: Arc::downgrade(&other),
-            reverse: OnceLock::new(),
-        },
-        force,
-    );
-    let theirs = Peer::new(
-        &other,
-        node.me.clone(),
-        PeerAddrs {
-            listen: node.listen_addr.clone(),
-            unix: node.unix_addr(),
-            version: None,
-        },
-        Channel::Inproc,
-        Link::Inproc {
-            target: Arc::downgrade(node),
-            reverse: OnceLock::new(),
-        },
-        force,
-    );
-    set_reverse(&ours.0, &theirs.0);
-    set_reverse(&theirs.0, &ours.0);
-    other.add_peer(theirs);
-    node.add_peer(ours.clone());
-    tracing::debug!(from = %node.me.name, to = %name, "connected in-process");
-    Ok(ours)
-}
-
-fn set_reverse(peer: &Arc<PeerInner>, reverse: &Arc<PeerInner>) {
-    if let Link::Inproc { reverse: slot, .. } = &peer.link {
-        let _ = slot.set(Arc::downgrade(reverse));
-    }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// `addr` without its `scheme` prefix, if it has one.
+pub(crate) fn strip_scheme<'a>(addr: &'a str, scheme: &str) -> &'a str {
+    addr.strip_prefix(scheme).unwrap_or(addr)
 }
 
 /// Closes our side of a connection (the peer sees the end of the stream and closes too).
@@ -171,7 +117,7 @@ fn endpoint_of(ident: &Ident) -> Endpoint {
 /// It runs on an identity the peer sent after proving the secret (v2) or covered by its
 /// proof (v1), so what it says goes only to a member of the cluster.
 fn admit(node: &NodeInner, ident: &Ident) -> std::result::Result<(), WireError> {
-    if ident.node_id == node.me.node_id {
+    if ident.node_id == node.ctx.me.node_id {
         return Err(WireError::Handshake(format!(
             "the peer presents this node's own id {} (a connection to itself, or a copied id)",
             ident.node_id
@@ -203,15 +149,15 @@ where
 {
     let check = |ident: &Ident| admit(node, ident);
     let ours = OurSide {
-        me: &node.me,
-        listen: node.listen_addr.clone(),
-        unix: node.unix_addr(),
-        secret: &node.secret,
-        limits: &node.limits,
-        deadline: tokio::time::Instant::now() + node.bounds.handshake_timeout,
-        write_timeout: node.bounds.write_timeout,
+        me: &node.ctx.me,
+        listen: node.ctx.listen_addr.clone(),
+        unix: node.ctx.unix_addr(),
+        secret: &node.ctx.secret,
+        limits: &node.ctx.limits,
+        deadline: tokio::time::Instant::now() + node.ctx.bounds.handshake_timeout,
+        write_timeout: node.ctx.bounds.write_timeout,
         admit: &check,
-        preamble: node.preamble,
+        preamble: node.ctx.preamble,
     };
     handshake(reader, writer, ours, label, evicted).await
 }
@@ -227,7 +173,7 @@ pub(crate) async fn open_tcp(
         .set_nodelay(true)
         .map_err(|e| Error::io(format!("setting TCP_NODELAY for {label}"), e))?;
     let (read_half, mut write_half) = stream.into_split();
-    let mut reader = MessageReader::new(read_half, label.clone(), node.bounds.progress_timeout);
+    let mut reader = MessageReader::new(read_half, label.clone(), node.ctx.bounds.progress_timeout);
     let Handshaken { ident, version } = run_handshake(&node, &mut reader, &mut write_half, &label, evicted).await?;
     let peer = Peer::new(
         &node,
@@ -244,7 +190,7 @@ pub(crate) async fn open_tcp(
         false,
     );
     node.add_peer(peer.clone());
-    tracing::debug!(node = %node.me.name, peer = %peer.name(), locality = %peer.locality(), "tcp peer ready");
+    tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), locality = %peer.locality(), "tcp peer ready");
     tokio::spawn(read_loop(node, peer.clone(), reader, None));
     Ok(peer)
 }
@@ -261,20 +207,20 @@ pub(crate) async fn open_unix(
     let mut reader = MessageReader::new(
         FdReader::new(stream.clone()),
         label.clone(),
-        node.bounds.progress_timeout,
+        node.ctx.bounds.progress_timeout,
     );
     let mut writer = UnixWriter::new(stream);
     let Handshaken { ident, version } = run_handshake(&node, &mut reader, &mut writer, &label, evicted).await?;
-    if ident.host_id != node.me.host_id {
+    if ident.host_id != node.ctx.me.host_id {
         crate::limited_warn!(
-            node.accept_log,
-            node = %node.me.name,
+            node.ctx.accept_log,
+            node = %node.ctx.me.name,
             peer = %ident.name,
             "peer on our Unix socket claims another host id ({}); it shares our memory all the same",
             ident.host_id
         );
     }
-    let link = Arc::new(ShmLink::new(writer, &node));
+    let link = Arc::new(ShmLink::new(writer, &node.ctx));
     let peer = Peer::new(
         &node,
         endpoint_of(&ident),
@@ -288,10 +234,10 @@ pub(crate) async fn open_unix(
         false,
     );
     node.add_peer(peer.clone());
-    tracing::debug!(node = %node.me.name, peer = %peer.name(), "shm peer ready");
+    tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), "shm peer ready");
     let (release_tx, release_rx) = mpsc::unbounded_channel();
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(release_loop(link, release_rx, closed_rx, node.bounds.write_timeout));
+    tokio::spawn(release_loop(link, release_rx, closed_rx, node.ctx.bounds.write_timeout));
     let reading = peer.clone();
     tokio::spawn(async move {
         read_loop(node, reading, reader, Some(release_tx)).await;

@@ -3,21 +3,11 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use handoff_wire::{Buffer, Channel, Resources, Route};
+use handoff_wire::{Channel, Resources, Route};
 
 use crate::message::TypeRegistry;
+use crate::payload::Payload;
 use crate::{Error, Message, Peer, Result};
-
-/// What an envelope carries: a moved value (in-process) or encoded bytes.
-pub(crate) enum Payload {
-    /// The value itself, moved from the sender: nothing was serialized.
-    Value(Box<dyn Any + Send>),
-    /// A msgpack body and its frames.
-    Encoded { body: Bytes, frames: Vec<Buffer> },
-    /// The message could not be completed (a ticket could not be redeemed).
-    Failed(Error),
-}
 
 /// A received message: who sent it, its type name, and the value, decoded on demand.
 pub struct Envelope {
@@ -108,7 +98,7 @@ impl Envelope {
 /// resource keys in the body bind to that node's objects.
 fn with_resources<R>(from: &Peer, f: impl FnOnce() -> R) -> R {
     match from.0.local.upgrade() {
-        Some(node) => Resources::with(&node.resources, f),
+        Some(node) => Resources::with(&node.context().resources, f),
         None => f(),
     }
 }

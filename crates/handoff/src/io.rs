@@ -299,18 +299,6 @@ impl FdSource for tokio::net::tcp::OwnedReadHalf {
     }
 }
 
-impl FdSource for crate::unix::FdReader {
-    fn take_fds(&mut self, n: usize) -> Option<Vec<std::os::fd::OwnedFd>> {
-        crate::unix::FdReader::take_fds(self, n)
-    }
-    fn pending_fds(&self) -> usize {
-        crate::unix::FdReader::pending_fds(self)
-    }
-    fn take_fd_error(&mut self) -> Option<String> {
-        self.take_error()
-    }
-}
-
 /// Writes every byte of `head` and `frames` with vectored writes straight from their
 /// memory. Each write must make progress within `stall` (a peer that reads nothing cannot
 /// hold the writer forever): past it the write fails with `TimedOut`.

@@ -26,29 +26,46 @@
 
 #![warn(missing_docs)]
 
+// The modules, bottom up; each uses only modules below it.
+// - leaves: error, bounds, budget, pool, hashing, log_limit, message, identity, payload,
+//   io, unix, shm, handshake, handshakes, tickets::{owner, modes, pending};
+// - context: what the parts of a running node share (`Context`), and `LocalNode`, the node
+//   as its peers and tickets reach it;
+// - link (how bytes reach a peer), tickets::holder (received tickets), peer, envelope, inbox;
+// - state: `NodeInner`, a running node (context, peers, inbox); directory (nodes by name);
+// - receive (read loops), inproc and connection (connecting), tickets::{client, tasks}, accept;
+// - builder (settings) and node (the `Node` façade, which starts everything).
 mod accept;
 mod bounds;
 mod budget;
+mod builder;
 mod connection;
+mod context;
+mod directory;
 mod envelope;
 mod error;
 mod handshake;
+mod handshakes;
 mod hashing;
 pub mod identity;
 mod inbox;
+mod inproc;
 mod io;
 mod link;
 pub mod log_limit;
 mod message;
 mod node;
+mod payload;
 mod peer;
 mod pool;
 mod receive;
 pub mod shm;
+mod state;
 pub mod tickets;
 mod unix;
 
 pub use bounds::Bounds;
+pub use builder::NodeBuilder;
 pub use envelope::Envelope;
 pub use error::{Error, Result};
 pub use handoff_wire::resource::Resolver;
@@ -58,7 +75,7 @@ pub use handoff_wire::{
 pub use link::LeaseStats;
 pub use log_limit::LogLimiter;
 pub use message::{Message, TypeRegistry};
-pub use node::{Node, NodeBuilder};
+pub use node::Node;
 pub use peer::Peer;
 pub use shm::SharedBufMut;
 pub use tickets::{Redeem, Ticket};

@@ -6,9 +6,11 @@
 //! only that peer's sends fail (spec §9.1).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex as StdMutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use handoff_wire::framing::encode_header_into;
@@ -17,24 +19,37 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{Mutex, Notify};
 
-use crate::node::NodeInner;
+use crate::context::Context;
+use crate::payload::Payload;
 use crate::shm::{self, Held};
-use crate::tickets::WhenFull;
+use crate::tickets::owner::WhenFull;
 use crate::unix::UnixWriter;
 use crate::{Error, Result};
 
 /// How messages reach a peer.
 pub(crate) enum Link {
     /// A node in this process: envelopes go straight into its inbox.
-    Inproc {
-        target: Weak<NodeInner>,
-        /// The target's `Peer` for us, set once both sides exist (the sender of replies).
-        reverse: OnceLock<Weak<crate::peer::PeerInner>>,
-    },
+    Inproc(Arc<dyn InprocTarget>),
     /// A TCP connection; the reader task owns the read half.
     Tcp { writer: Mutex<OwnedWriteHalf> },
     /// A Unix socket to a same-host node; large buffers go as shared memory.
     Shm(Arc<ShmLink>),
+}
+
+/// Where an in-process link delivers: the receiving node's inbox, with the receiving node's
+/// peer for us as the sender. A trait so that a link need not know nodes and peers; the
+/// in-process connection implements it (`inproc::InprocRoute`).
+pub(crate) trait InprocTarget: Send + Sync {
+    /// Whether the receiving node takes messages named `type_name`, and if so whether it
+    /// wants them encoded (its test switch); fails if it or its peer for us is gone.
+    fn accepts(&self, type_name: &str) -> Result<bool>;
+
+    /// Puts a message into the receiving node's inbox once its receive budget has room.
+    fn deliver(
+        &self,
+        type_name: &'static str,
+        payload: Payload,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + '_>>;
 }
 
 /// Shuts a socket down in both directions: pending and later reads and writes on it end
@@ -70,7 +85,7 @@ impl Link {
                 }
                 r
             }
-            Link::Inproc { .. } => Err(std::io::Error::other("no wire protocol between in-process nodes")),
+            Link::Inproc(_) => Err(std::io::Error::other("no wire protocol between in-process nodes")),
         }
     }
 
@@ -90,7 +105,7 @@ impl Link {
                     let _ = tokio::time::timeout(limit, w.shutdown()).await;
                 }
             }
-            Link::Inproc { .. } => {}
+            Link::Inproc(_) => {}
         }
     }
 
@@ -107,7 +122,7 @@ impl Link {
                     let _ = tokio::time::timeout(limit, w.shutdown()).await;
                 }
             }
-            Link::Inproc { .. } => {}
+            Link::Inproc(_) => {}
         }
     }
 }
@@ -148,18 +163,18 @@ pub(crate) struct ShmLink {
 }
 
 impl ShmLink {
-    pub(crate) fn new(writer: UnixWriter, node: &NodeInner) -> ShmLink {
+    pub(crate) fn new(writer: UnixWriter, ctx: &Context) -> ShmLink {
         ShmLink {
             writer: Mutex::new(writer),
             leases: StdMutex::default(),
             released: Notify::new(),
             next_lease: AtomicU64::new(1),
-            threshold: node.shm_threshold,
-            sealed: node.shm_sealed,
-            max_bytes: node.bounds.max_shm_lease_bytes_per_peer,
-            max_leases: node.bounds.max_shm_leases_per_peer,
-            when_full: node.leases.config.when_full,
-            write_timeout: node.bounds.write_timeout,
+            threshold: ctx.shm_threshold,
+            sealed: ctx.shm_sealed,
+            max_bytes: ctx.bounds.max_shm_lease_bytes_per_peer,
+            max_leases: ctx.bounds.max_shm_leases_per_peer,
+            when_full: ctx.leases.config.when_full,
+            write_timeout: ctx.bounds.write_timeout,
         }
     }
 

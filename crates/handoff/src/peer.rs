@@ -11,12 +11,13 @@ use handoff_wire::{Buffer, Channel, Descriptor, Endpoint, Header, Locality, Rout
 use tokio::sync::Semaphore;
 
 use crate::budget::Account;
-use crate::envelope::{Envelope, Payload};
+use crate::context::LocalNode;
 use crate::link::{LeaseStats, Link, Planned};
 use crate::log_limit::LogLimiter;
-use crate::node::NodeInner;
-use crate::tickets::client::Pending;
-use crate::tickets::{OnDemand, Ticket};
+use crate::payload::Payload;
+use crate::tickets::holder::Ticket;
+use crate::tickets::modes::OnDemand;
+use crate::tickets::pending::Pending;
 use crate::{Error, Message, Result};
 
 pub(crate) struct PeerInner {
@@ -32,7 +33,7 @@ pub(crate) struct PeerInner {
     /// Encode even in-process (the test switch that keeps both paths equal).
     pub(crate) force_encode: bool,
     /// The node this peer belongs to (for tickets: its leases and settings).
-    pub(crate) local: Weak<NodeInner>,
+    pub(crate) local: Weak<dyn LocalNode>,
     /// Ticket requests sent on this connection, waiting for the owner's answer.
     pub(crate) pending: StdMutex<HashMap<u64, Pending>>,
     /// This peer's share of the node's receive budget.
@@ -81,15 +82,16 @@ pub(crate) struct PeerAddrs {
 }
 
 impl Peer {
-    pub(crate) fn new(
-        node: &Arc<NodeInner>,
+    pub(crate) fn new<N: LocalNode + 'static>(
+        node: &Arc<N>,
         remote: Endpoint,
         addrs: PeerAddrs,
         channel: Channel,
         link: Link,
         force_encode: bool,
     ) -> Peer {
-        let local = &node.me;
+        let ctx = node.context();
+        let local = &ctx.me;
         let locality = Locality::between(local, &remote);
         let outbound = Arc::new(Route {
             from: local.clone(),
@@ -113,16 +115,16 @@ impl Peer {
             link,
             closed: AtomicBool::new(false),
             force_encode,
-            local: Arc::downgrade(node),
+            local: Arc::downgrade(node) as Weak<dyn LocalNode>,
             pending: StdMutex::default(),
             account: Arc::default(),
             log: LogLimiter::under(
-                node.node_log.clone(),
-                node.bounds.warnings_per_period,
-                node.bounds.warning_period,
+                ctx.node_log.clone(),
+                ctx.bounds.warnings_per_period,
+                ctx.bounds.warning_period,
             ),
-            pull_answers: Arc::new(Semaphore::new(node.bounds.max_pull_answers.max(1))),
-            write_timeout: node.bounds.write_timeout,
+            pull_answers: Arc::new(Semaphore::new(ctx.bounds.max_pull_answers.max(1))),
+            write_timeout: ctx.bounds.write_timeout,
         }))
     }
 
@@ -208,16 +210,9 @@ impl Peer {
             return Err(Error::PeerClosed(self.name().to_string()));
         }
         match &self.0.link {
-            Link::Inproc { target, reverse } => {
-                let target = target
-                    .upgrade()
-                    .ok_or_else(|| Error::PeerClosed(self.name().to_string()))?;
-                let reverse = reverse
-                    .get()
-                    .and_then(Weak::upgrade)
-                    .ok_or_else(|| Error::PeerClosed(self.name().to_string()))?;
-                target.registry.check(T::TYPE_NAME)?;
-                let payload = if self.0.force_encode || target.force_encode_inproc {
+            Link::Inproc(target) => {
+                let wants_encoded = target.accepts(T::TYPE_NAME)?;
+                let payload = if self.0.force_encode || wants_encoded {
                     let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
                     Payload::Encoded {
                         body: Bytes::from(encoded.body),
@@ -226,20 +221,7 @@ impl Peer {
                 } else {
                     Payload::Value(Box::new(value))
                 };
-                // In-process values count against the receiver's budget like any message
-                // (their overhead only: the value is the sender's memory, moved).
-                let permit = target
-                    .budget
-                    .acquire(&reverse.account, crate::bounds::MESSAGE_OVERHEAD, 1)
-                    .await;
-                target
-                    .deliver(Envelope {
-                        from: Peer(reverse),
-                        type_name: T::TYPE_NAME.to_string(),
-                        payload,
-                        permit: Some(permit),
-                    })
-                    .await
+                target.deliver(T::TYPE_NAME, payload).await
             }
             Link::Tcp { .. } => {
                 let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
@@ -296,6 +278,7 @@ impl Peer {
     /// registers the peer first), large or requested buffers are leased and sent as tickets.
     async fn plan(&self, frames: Vec<Buffer>, by_ticket: bool) -> Result<Vec<Planned>> {
         let node = self.0.local.upgrade().ok_or(Error::NodeClosed)?;
+        let ctx = node.context();
         let to = &self.0.remote.node_id;
         // A peer that did not announce `ticket` gets bytes, never tickets.
         let takes_tickets = self.0.remote.has_capability("ticket");
@@ -307,7 +290,8 @@ impl Peer {
                     // Back to its owner, or to a peer without tickets: send the bytes.
                     out.push(Planned::Bytes(ticket.redeem().await?));
                 } else {
-                    out.push(Planned::Ticket(node.forward_claim(&ticket.0, to).await?));
+                    let (claim, owner) = (&ticket.0.claim, &ticket.0.owner_label);
+                    out.push(Planned::Ticket(node.clone().forward(claim, owner, to).await?));
                 }
                 continue;
             }
@@ -315,18 +299,18 @@ impl Peer {
             let lazy = on_demand.is_some();
             let wanted = by_ticket
                 || lazy
-                || (self.channel() == Channel::Tcp && node.ticket_threshold.is_some_and(|t| frame.len() >= t));
+                || (self.channel() == Channel::Tcp && ctx.ticket_threshold.is_some_and(|t| frame.len() >= t));
             if wanted && takes_tickets && !frame.is_empty() {
                 let known_digest = on_demand.and_then(|o| o.digest).or_else(|| frame.known_digest());
-                let issued = node.leases.issue(&frame, known_digest, to, self.name()).await?;
+                let issued = ctx.leases.issue(&frame, known_digest, to, self.name()).await?;
                 out.push(Planned::Ticket(TicketClaim {
                     len: frame.len() as u64,
-                    owner: node.me.node_id.clone(),
-                    addr: node.listen_addr.clone(),
+                    owner: ctx.me.node_id.clone(),
+                    addr: ctx.listen_addr.clone(),
                     lease: issued.lease,
                     token: issued.token.to_vec(),
                     digest: issued.digest.to_vec(),
-                    ttl_ms: node.leases.config.ttl.as_millis() as u64,
+                    ttl_ms: ctx.leases.config.ttl.as_millis() as u64,
                     lazy,
                 }));
             } else {

@@ -17,16 +17,18 @@ use tokio::sync::mpsc;
 
 use crate::bounds::{MESSAGE_OVERHEAD, SMALL_HEADER};
 use crate::budget::Permit;
-use crate::envelope::{Envelope, Payload};
+use crate::envelope::Envelope;
 use crate::handshake::{DRAIN_BYTES, DRAIN_TIME};
 use crate::io::{FdSource, MessageReader};
 use crate::limited_warn;
 use crate::link::{Link, ShmLink};
-use crate::node::NodeInner;
+use crate::payload::Payload;
 use crate::shm::{self, RemoteView};
-use crate::tickets::client::Answer;
-use crate::tickets::holder::{TicketHandle, TicketOrigin};
-use crate::tickets::{Redeem, Ticket};
+use crate::state::NodeInner;
+use crate::tickets::holder::{Ticket, TicketHandle, TicketOrigin};
+use crate::tickets::modes::Redeem;
+use crate::tickets::owner::Refusal;
+use crate::tickets::pending::Answer;
 use crate::{Error, Peer, Result};
 
 /// Sends `release` messages for the leases whose last local view was dropped.
@@ -68,7 +70,7 @@ pub(crate) async fn read_loop<R>(
     R: AsyncRead + FdSource + Unpin,
 {
     let _counted = node.connection_guard();
-    let mut shutdown = node.shutdown.subscribe();
+    let mut shutdown = node.ctx.shutdown.subscribe();
     let result = tokio::select! {
         r = read_messages(&node, &peer, &mut reader, releases.as_ref()) => r,
         _ = shutdown.changed() => Ok(()),
@@ -81,22 +83,22 @@ pub(crate) async fn read_loop<R>(
     // A node may hold a second connection to us (the switch from TCP to its Unix socket):
     // its holds end with the last one.
     if node.peer_by_id(&peer.0.remote.node_id).is_none() {
-        let ended = node.leases.drop_holder(&peer.0.remote.node_id);
+        let ended = node.ctx.leases.drop_holder(&peer.0.remote.node_id);
         if ended > 0 {
-            tracing::info!(node = %node.me.name, peer = %peer.name(), "peer gone: its holds on {ended} ticket leases ended");
+            tracing::info!(node = %node.ctx.me.name, peer = %peer.name(), "peer gone: its holds on {ended} ticket leases ended");
         }
     }
     match result {
         Ok(()) => {
-            tracing::debug!(node = %node.me.name, peer = %peer.name(), "connection closed");
+            tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), "connection closed");
             peer.0.shutdown_writing().await;
         }
         Err(Error::Refused { code, message, .. }) => {
-            limited_warn!(peer.0.log, node = %node.me.name, peer = %peer.name(), "peer closed the connection: {message} [{code}]");
+            limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "peer closed the connection: {message} [{code}]");
             peer.0.shutdown_writing().await;
         }
         Err(Error::Wire(w)) => {
-            limited_warn!(peer.0.log, node = %node.me.name, peer = %peer.name(), "closing connection: {w}");
+            limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "closing connection: {w}");
             // The error first, our sending side shut, and what the peer still sends read
             // and dropped for a moment, so the error is not reset away (spec §11.3).
             peer.0.link.send_error_and_shutdown(&w, DRAIN_TIME).await;
@@ -105,16 +107,16 @@ pub(crate) async fn read_loop<R>(
             }
         }
         Err(e) => {
-            limited_warn!(peer.0.log, node = %node.me.name, peer = %peer.name(), "closing connection: {e}");
+            limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "closing connection: {e}");
             peer.0.shutdown_writing().await;
         }
     }
     if let Link::Shm(link) = &peer.0.link {
         let freed = link.release_all();
         if freed > 0 {
-            tracing::info!(node = %node.me.name, peer = %peer.name(), "peer gone: {freed} shared-memory leases ended");
+            tracing::info!(node = %node.ctx.me.name, peer = %peer.name(), "peer gone: {freed} shared-memory leases ended");
         }
-        node.mappings.forget_idle();
+        node.ctx.mappings.forget_idle();
     }
 }
 
@@ -140,11 +142,11 @@ async fn room(
 ) -> Option<Permit> {
     let mut permit = permit;
     loop {
-        let freed = node.budget.freed();
+        let freed = node.ctx.budget.freed();
         tokio::pin!(freed);
         freed.as_mut().enable();
         let asking = !peer.0.pending.lock().expect("pending lock").is_empty();
-        let slack = if asking { node.budget.max_per_peer() } else { 0 };
+        let slack = if asking { node.ctx.budget.max_per_peer() } else { 0 };
         match permit.as_deref_mut() {
             Some(p) => {
                 if p.try_expand(bytes, messages, slack) {
@@ -152,7 +154,7 @@ async fn room(
                 }
             }
             None => {
-                if let Some(p) = node.budget.try_acquire(&peer.0.account, bytes, messages, slack) {
+                if let Some(p) = node.ctx.budget.try_acquire(&peer.0.account, bytes, messages, slack) {
                     return Some(p);
                 }
             }
@@ -173,7 +175,7 @@ where
     let supported: &[&str] = if releases.is_some() { UNIX_KINDS } else { TCP_KINDS };
     let mut delivery: Option<Delivery> = None;
     loop {
-        let Some(len) = reader.next_header_len(&node.limits).await? else {
+        let Some(len) = reader.next_header_len(&node.ctx.limits).await? else {
             return Ok(());
         };
         // A large header takes room before it is read: the connection waits, not the node.
@@ -185,14 +187,14 @@ where
         if let Some(problem) = reader.stream_mut().take_fd_error() {
             return Err(WireError::BadShm(problem).into());
         }
-        let header = Header::decode(&header_bytes, &node.limits)?;
+        let header = Header::decode(&header_bytes, &node.ctx.limits)?;
         match header {
             Header::Msg {
                 type_name,
                 body,
                 frames,
             } => {
-                node.registry.check(type_name)?;
+                node.ctx.registry.check(type_name)?;
                 let lengths = inline_frame_lengths(&frames, supported)?;
                 // The whole message takes room before any frame is read or mapped.
                 let frame_bytes: u64 = frames
@@ -229,7 +231,7 @@ where
                     permit: Some(message_permit),
                 };
                 let queued = delivery.as_ref().is_some_and(Delivery::busy);
-                if (tickets && node.redeem == Redeem::Eager) || queued {
+                if (tickets && node.ctx.redeem == Redeem::Eager) || queued {
                     // Redeemed by a task of its own, so this loop keeps reading the owner's
                     // answers; later messages queue behind it to keep their order. The queue
                     // is bounded by the budget: each envelope in it holds its room.
@@ -246,7 +248,7 @@ where
                     let ended = link.release(&leases);
                     if ended < leases.len() {
                         tracing::debug!(
-                            node = %node.me.name,
+                            node = %node.ctx.me.name,
                             peer = %peer.name(),
                             "{} released leases were unknown (already ended)",
                             leases.len() - ended
@@ -303,6 +305,7 @@ where
             } => {
                 let fd = fds.next().expect("counted above");
                 let (mapping, at) = node
+                    .ctx
                     .mappings
                     .map(fd, *size, *sealed, *offset, *len)
                     .map_err(|e| WireError::BadShm(e.0))?;
@@ -328,12 +331,12 @@ where
                 };
                 let handle = Arc::new(TicketHandle {
                     claim: claim.clone(),
-                    node: Arc::downgrade(node),
+                    node: peer.0.local.clone(),
                     owner_label,
                 });
                 Buffer::with_origin(Bytes::new(), Arc::new(TicketOrigin(handle)))
             }
-            _ => Buffer::from(reader.read_frame(len, &node.pool).await?),
+            _ => Buffer::from(reader.read_frame(len, &node.ctx.pool).await?),
         };
         received.push(buffer);
     }
@@ -352,8 +355,8 @@ where
     R: AsyncRead + FdSource + Unpin,
 {
     let holder = peer.0.remote.node_id.as_str();
-    let refused = |req: u64, r: crate::tickets::owner::Refusal, what: &str| {
-        limited_warn!(peer.0.log, node = %node.me.name, peer = %peer.name(), "refused a {what}: {} [{}]", r.message, r.code);
+    let refused = |req: u64, r: Refusal, what: &str| {
+        limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a {what}: {} [{}]", r.message, r.code);
         TicketOp::Refused {
             req,
             code: r.code.to_string(),
@@ -367,7 +370,7 @@ where
             token,
             offset,
             len,
-        } => match node.leases.pull(lease, holder, &token, offset, len) {
+        } => match node.ctx.leases.pull(lease, holder, &token, offset, len) {
             Ok(slice) => {
                 // Written by a task: a large answer must not stop this loop from reading.
                 // Only so many at once: past that, this loop waits, and so reads no more
@@ -395,7 +398,11 @@ where
             }
         },
         TicketOp::Forward { req, lease, token, to } => {
-            let answer = match node.leases.forward(lease, holder, &token, &to, &node.me.node_id) {
+            let answer = match node
+                .ctx
+                .leases
+                .forward(lease, holder, &token, &to, &node.ctx.me.node_id)
+            {
                 Ok(token) => TicketOp::Forwarded {
                     req,
                     token: token.to_vec(),
@@ -405,13 +412,13 @@ where
             peer.write_control(&Header::Ticket(answer), &[]).await?;
         }
         TicketOp::Unlease { lease, token } => {
-            if let Err(r) = node.leases.unlease(lease, holder, &token) {
-                tracing::debug!(node = %node.me.name, peer = %peer.name(), "ignored a release: {} [{}]", r.message, r.code);
+            if let Err(r) = node.ctx.leases.unlease(lease, holder, &token) {
+                tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), "ignored a release: {} [{}]", r.message, r.code);
             }
         }
         TicketOp::Renew { lease, token } => {
-            if let Err(r) = node.leases.renew(lease, holder, &token) {
-                limited_warn!(peer.0.log, node = %node.me.name, peer = %peer.name(), "refused a renewal: {} [{}]", r.message, r.code);
+            if let Err(r) = node.ctx.leases.renew(lease, holder, &token) {
+                limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a renewal: {} [{}]", r.message, r.code);
             }
         }
         TicketOp::Pulled { req, len } => {
@@ -425,7 +432,7 @@ where
             match waiting {
                 Some((Some(asked), hash)) if asked == len => {
                     let mut hasher = hash.then(blake3::Hasher::new);
-                    let bytes = reader.read_frame_hashing(len, &node.pool, hasher.as_mut()).await?;
+                    let bytes = reader.read_frame_hashing(len, &node.ctx.pool, hasher.as_mut()).await?;
                     let digest = hasher.map(|h| *h.finalize().as_bytes());
                     answer(peer, req, Ok(Answer::Bytes(bytes, digest)));
                 }

@@ -16,6 +16,7 @@ use rustix::net::{
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::UnixStream;
 
+use crate::io::FdSource;
 use crate::{Error, Result};
 
 /// Most descriptors accepted with one read; more is a protocol error.
@@ -98,6 +99,18 @@ impl AsyncRead for FdReader {
                 Err(e) => return Poll::Ready(Err(e)),
             }
         }
+    }
+}
+
+impl FdSource for FdReader {
+    fn take_fds(&mut self, n: usize) -> Option<Vec<OwnedFd>> {
+        FdReader::take_fds(self, n)
+    }
+    fn pending_fds(&self) -> usize {
+        FdReader::pending_fds(self)
+    }
+    fn take_fd_error(&mut self) -> Option<String> {
+        self.take_error()
     }
 }
 

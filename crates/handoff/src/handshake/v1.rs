@@ -7,7 +7,7 @@
 use handoff_wire::{auth, Header, Hello, Ident, WireError};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{check_capabilities, Conversation};
+use super::conversation::{check_capabilities, Conversation};
 use crate::io::FdSource;
 use crate::Result;
 

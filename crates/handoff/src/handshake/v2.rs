@@ -10,7 +10,7 @@ use handoff_wire::preamble::PREAMBLE_LEN;
 use handoff_wire::{Header, Ident, WireError};
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use super::{check_capabilities, Conversation};
+use super::conversation::{check_capabilities, Conversation};
 use crate::io::FdSource;
 use crate::Result;
 

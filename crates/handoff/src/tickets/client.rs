@@ -1,38 +1,18 @@
-//! Talking to owners: finding (or connecting to) the owner of a ticket, asking it to pull,
-//! forward or renew, and releasing holds in the background when handles are dropped.
+//! Talking to owners: finding (or connecting to) the owner of a ticket, and asking it to
+//! pull, forward or renew; the node's side of [`LocalNode`].
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use handoff_wire::{Header, TicketClaim, TicketOp};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
-use crate::node::NodeInner;
-use crate::tickets::holder::TicketHandle;
+use crate::connection;
+use crate::context::{Context, LocalNode, NodeFuture};
+use crate::state::NodeInner;
+use crate::tickets::pending::{Answer, Pending};
 use crate::{Error, Peer, Result};
-
-/// An owner's answer to a pull or forward.
-pub(crate) enum Answer {
-    /// Pulled bytes (and their BLAKE3, when asked for).
-    Bytes(Bytes, Option<[u8; 32]>),
-    /// A new holder's token.
-    Token(Vec<u8>),
-    /// An answer that does not fit the request (bytes of another length, bytes to a
-    /// forward): read past and dropped; says what came.
-    Mismatch(String),
-}
-
-/// A request waiting for its answer on one connection.
-pub(crate) struct Pending {
-    pub(crate) tx: oneshot::Sender<Result<Answer>>,
-    /// Hash the pulled bytes as they arrive (a whole-buffer redemption checks the digest).
-    pub(crate) hash: bool,
-    /// For a pull, the bytes asked for: a `pulled` of any other length is not read into
-    /// memory (spec §9.1).
-    pub(crate) len: Option<u64>,
-}
 
 fn lost(claim: &TicketClaim, owner: &str, reason: impl Into<String>) -> Error {
     Error::OwnerLost {
@@ -44,19 +24,9 @@ fn lost(claim: &TicketClaim, owner: &str, reason: impl Into<String>) -> Error {
 }
 
 impl NodeInner {
-    /// The connected peer with node id `id`.
-    pub(crate) fn peer_by_id(&self, id: &str) -> Option<Peer> {
-        self.peers
-            .read()
-            .expect("peers lock")
-            .get(id)
-            .filter(|p| !p.is_closed())
-            .cloned()
-    }
-
     /// A connection to the ticket's owner: the one we have, or a new one to its address.
     pub(crate) async fn owner_peer(self: &Arc<Self>, claim: &TicketClaim, owner: &str) -> Result<Peer> {
-        if claim.owner == self.me.node_id {
+        if claim.owner == self.ctx.me.node_id {
             return Err(lost(claim, owner, "the ticket names this node as its owner"));
         }
         if let Some(p) = self.peer_by_id(&claim.owner) {
@@ -70,28 +40,34 @@ impl NodeInner {
             )
         })?;
         self.may_dial(addr).map_err(|why| lost(claim, owner, why))?;
-        let deadline = tokio::time::Instant::now() + self.pull_timeout;
+        let deadline = tokio::time::Instant::now() + self.ctx.pull_timeout;
         // Only so many dials at once (spec §9.1): a flood of tickets cannot make this node
         // open connections without bound.
-        let _dialing = tokio::time::timeout_at(deadline, self.ticket_dials.acquire())
+        let _dialing = tokio::time::timeout_at(deadline, self.ctx.ticket_dials.acquire())
             .await
             .map_err(|_| {
                 lost(
                     claim,
                     owner,
-                    format!("no turn to connect within {:?}", self.pull_timeout),
+                    format!("no turn to connect within {:?}", self.ctx.pull_timeout),
                 )
             })?
             .expect("the semaphore is never closed");
         if let Some(p) = self.peer_by_id(&claim.owner) {
             return Ok(p);
         }
-        let peer = tokio::time::timeout_at(deadline, crate::connection::connect(self, addr, None))
+        let peer = tokio::time::timeout_at(deadline, connection::connect(self, addr, None))
             .await
-            .map_err(|_| lost(claim, owner, format!("connecting took over {:?}", self.pull_timeout)))?
+            .map_err(|_| {
+                lost(
+                    claim,
+                    owner,
+                    format!("connecting took over {:?}", self.ctx.pull_timeout),
+                )
+            })?
             .map_err(|e| lost(claim, owner, format!("cannot connect: {e}")))?;
         if peer.endpoint().node_id != claim.owner {
-            crate::connection::close(&peer).await;
+            connection::close(&peer).await;
             return Err(lost(
                 claim,
                 owner,
@@ -110,7 +86,7 @@ impl NodeInner {
         let Some(target) = addr.strip_prefix("tcp://") else {
             return Err(format!("the ticket's address {addr:?} is not a tcp:// address"));
         };
-        let ours = self.listen_addr.as_deref().and_then(|l| l.strip_prefix("tcp://"));
+        let ours = self.ctx.listen_addr.as_deref().and_then(|l| l.strip_prefix("tcp://"));
         let same = |a: &str, b: &str| {
             a == b
                 || matches!((a.parse::<std::net::SocketAddr>(), b.parse::<std::net::SocketAddr>()),
@@ -125,15 +101,15 @@ impl NodeInner {
     /// Sends a ticket request and waits (at most the pull timeout) for the owner's answer.
     pub(crate) async fn ticket_request(
         self: &Arc<Self>,
-        handle: &TicketHandle,
+        claim: &TicketClaim,
+        owner: &str,
         what: &'static str,
         hash: bool,
         len: Option<u64>,
         op: impl FnOnce(u64) -> TicketOp,
     ) -> Result<Answer> {
-        let claim = &handle.claim;
-        let peer = self.owner_peer(claim, &handle.owner_label).await?;
-        let req = self.next_req.fetch_add(1, Ordering::Relaxed);
+        let peer = self.owner_peer(claim, owner).await?;
+        let req = self.ctx.next_req.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         peer.0
             .pending
@@ -142,12 +118,12 @@ impl NodeInner {
             .insert(req, Pending { tx, hash, len });
         if let Err(e) = peer.write_control(&Header::Ticket(op(req)), &[]).await {
             peer.0.pending.lock().expect("pending lock").remove(&req);
-            return Err(lost(claim, &handle.owner_label, format!("sending the {what}: {e}")));
+            return Err(lost(claim, owner, format!("sending the {what}: {e}")));
         }
-        match tokio::time::timeout(self.pull_timeout, rx).await {
+        match tokio::time::timeout(self.ctx.pull_timeout, rx).await {
             Ok(Ok(answer)) => answer.map_err(|e| match e {
                 Error::TicketRefused { code, message, .. } => Error::TicketRefused {
-                    owner: handle.owner_label.clone(),
+                    owner: owner.to_string(),
                     lease: claim.lease,
                     what,
                     code,
@@ -155,17 +131,13 @@ impl NodeInner {
                 },
                 other => other,
             }),
-            Ok(Err(_)) => Err(lost(
-                claim,
-                &handle.owner_label,
-                "the connection closed before it answered",
-            )),
+            Ok(Err(_)) => Err(lost(claim, owner, "the connection closed before it answered")),
             Err(_) => {
                 peer.0.pending.lock().expect("pending lock").remove(&req);
                 Err(lost(
                     claim,
                     peer.name(),
-                    format!("no answer to the {what} within {:?}", self.pull_timeout),
+                    format!("no answer to the {what} within {:?}", self.ctx.pull_timeout),
                 ))
             }
         }
@@ -175,14 +147,14 @@ impl NodeInner {
     /// their BLAKE3, computed while they arrive.
     pub(crate) async fn pull(
         self: &Arc<Self>,
-        handle: &TicketHandle,
+        claim: &TicketClaim,
+        owner: &str,
         offset: u64,
         len: u64,
         hash: bool,
     ) -> Result<(Bytes, Option<[u8; 32]>)> {
-        let claim = &handle.claim;
         let answer = self
-            .ticket_request(handle, "pull", hash, Some(len), |req| TicketOp::Pull {
+            .ticket_request(claim, owner, "pull", hash, Some(len), |req| TicketOp::Pull {
                 req,
                 lease: claim.lease,
                 token: claim.token.clone(),
@@ -198,15 +170,19 @@ impl NodeInner {
                 format!("asked for {len} bytes, got {}", b.len()),
             )),
             Answer::Token(_) => Err(lost(claim, &claim.owner, "answered a pull with a token")),
-            Answer::Mismatch(why) => Err(lost(claim, &handle.owner_label, why)),
+            Answer::Mismatch(why) => Err(lost(claim, owner, why)),
         }
     }
 
     /// Registers node `to` with the owner as a holder of the claim's lease; returns `to`'s claim.
-    pub(crate) async fn forward_claim(self: &Arc<Self>, handle: &TicketHandle, to: &str) -> Result<TicketClaim> {
-        let claim = &handle.claim;
+    pub(crate) async fn forward_claim(
+        self: &Arc<Self>,
+        claim: &TicketClaim,
+        owner: &str,
+        to: &str,
+    ) -> Result<TicketClaim> {
         let answer = self
-            .ticket_request(handle, "forward", false, None, |req| TicketOp::Forward {
+            .ticket_request(claim, owner, "forward", false, None, |req| TicketOp::Forward {
                 req,
                 lease: claim.lease,
                 token: claim.token.clone(),
@@ -215,37 +191,50 @@ impl NodeInner {
             .await?;
         match answer {
             Answer::Token(token) => Ok(TicketClaim { token, ..claim.clone() }),
-            Answer::Bytes(..) => Err(lost(claim, &handle.owner_label, "answered a forward with bytes")),
-            Answer::Mismatch(why) => Err(lost(claim, &handle.owner_label, why)),
+            Answer::Bytes(..) => Err(lost(claim, owner, "answered a forward with bytes")),
+            Answer::Mismatch(why) => Err(lost(claim, owner, why)),
         }
     }
 
-    /// Queues the release of a hold whose last handle was dropped.
-    pub(crate) fn ticket_released(&self, claim: &TicketClaim) {
-        let _ = self.unlease_tx.send(claim.clone());
-    }
-}
-
-/// Sends `unlease` for dropped handles, on a connection we have to the owner: it never
-/// dials just to release (the hold's deadline ends it, spec §9.1), and a write that takes
-/// long is given up, so one owner that reads nothing cannot hold up the releases to others.
-pub(crate) async fn unlease_loop(node: std::sync::Weak<NodeInner>, mut rx: mpsc::UnboundedReceiver<TicketClaim>) {
-    while let Some(claim) = rx.recv().await {
-        let Some(node) = node.upgrade() else { return };
-        if node.is_shut_down() {
-            return;
-        }
-        let Some(peer) = node.peer_by_id(&claim.owner) else {
-            tracing::debug!(node = %node.me.name, lease = claim.lease, "not connected to the owner of lease {}; its deadline will end the hold", claim.lease);
-            continue;
-        };
-        let op = TicketOp::Unlease {
+    /// Extends this node's hold on the claim's lease by the lease's ttl.
+    pub(crate) async fn renew(self: &Arc<Self>, claim: &TicketClaim, owner: &str) -> Result<()> {
+        let op = TicketOp::Renew {
             lease: claim.lease,
             token: claim.token.clone(),
         };
-        let sent = tokio::time::timeout(Duration::from_secs(1), peer.write_control(&Header::Ticket(op), &[])).await;
-        if !matches!(sent, Ok(Ok(()))) {
-            tracing::debug!(node = %node.me.name, lease = claim.lease, "could not release a ticket hold; its deadline will");
-        }
+        self.owner_peer(claim, owner)
+            .await?
+            .write_control(&Header::Ticket(op), &[])
+            .await
+    }
+}
+
+impl LocalNode for NodeInner {
+    fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    fn pull<'a>(
+        self: Arc<Self>,
+        claim: &'a TicketClaim,
+        owner: &'a str,
+        offset: u64,
+        len: u64,
+        hash: bool,
+    ) -> NodeFuture<'a, (Bytes, Option<[u8; 32]>)> {
+        Box::pin(async move { NodeInner::pull(&self, claim, owner, offset, len, hash).await })
+    }
+
+    fn forward<'a>(
+        self: Arc<Self>,
+        claim: &'a TicketClaim,
+        owner: &'a str,
+        to: &'a str,
+    ) -> NodeFuture<'a, TicketClaim> {
+        Box::pin(async move { self.forward_claim(claim, owner, to).await })
+    }
+
+    fn renew<'a>(self: Arc<Self>, claim: &'a TicketClaim, owner: &'a str) -> NodeFuture<'a, ()> {
+        Box::pin(async move { NodeInner::renew(&self, claim, owner).await })
     }
 }

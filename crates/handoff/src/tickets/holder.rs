@@ -5,15 +5,16 @@ use std::ops::Range;
 use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
-use handoff_wire::{Buffer, TicketClaim, TicketOp};
+use handoff_wire::{Buffer, TicketClaim};
 
-use crate::node::NodeInner;
+use crate::context::LocalNode;
 use crate::{Error, Result};
 
 /// One hold on a lease at its owner; the hold is released when the last handle drops.
 pub(crate) struct TicketHandle {
     pub(crate) claim: TicketClaim,
-    pub(crate) node: Weak<NodeInner>,
+    /// The node that holds it, which asks the owner.
+    pub(crate) node: Weak<dyn LocalNode>,
     /// How errors name the owner: its node name (if we knew it) and address.
     pub(crate) owner_label: String,
 }
@@ -21,7 +22,7 @@ pub(crate) struct TicketHandle {
 impl Drop for TicketHandle {
     fn drop(&mut self) {
         if let Some(node) = self.node.upgrade() {
-            node.ticket_released(&self.claim);
+            node.context().ticket_released(&self.claim);
         }
     }
 }
@@ -74,14 +75,16 @@ impl Ticket {
         self.0.claim.lazy
     }
 
-    fn node(&self) -> Result<Arc<NodeInner>> {
+    fn node(&self) -> Result<Arc<dyn LocalNode>> {
         self.0.node.upgrade().ok_or(Error::NodeClosed)
     }
 
     /// Pulls the whole buffer from the owner and checks it against the ticket's digest.
     pub async fn redeem(&self) -> Result<Buffer> {
         let node = self.node()?;
-        let (bytes, digest) = node.pull(&self.0, 0, self.0.claim.len, true).await?;
+        let (bytes, digest) = node
+            .pull(&self.0.claim, &self.0.owner_label, 0, self.0.claim.len, true)
+            .await?;
         let digest = digest.unwrap_or_else(|| *blake3::hash(&bytes).as_bytes());
         if digest[..] != self.0.claim.digest[..] {
             return Err(Error::Corrupt {
@@ -102,20 +105,14 @@ impl Ticket {
     pub async fn read(&self, range: Range<u64>) -> Result<Bytes> {
         let node = self.node()?;
         let len = range.end.saturating_sub(range.start);
-        node.pull(&self.0, range.start, len, false).await.map(|(b, _)| b)
+        node.pull(&self.0.claim, &self.0.owner_label, range.start, len, false)
+            .await
+            .map(|(b, _)| b)
     }
 
     /// Extends this node's hold by the lease's ttl.
     pub async fn renew(&self) -> Result<()> {
-        let node = self.node()?;
-        let op = TicketOp::Renew {
-            lease: self.0.claim.lease,
-            token: self.0.claim.token.clone(),
-        };
-        node.owner_peer(&self.0.claim, &self.0.owner_label)
-            .await?
-            .write_control(&handoff_wire::Header::Ticket(op), &[])
-            .await
+        self.node()?.renew(&self.0.claim, &self.0.owner_label).await
     }
 }
 

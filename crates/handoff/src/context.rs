@@ -1,0 +1,126 @@
+//! What the parts of a running node share: its identity and settings, type registry,
+//! resources, lease table, receive budget, pools and counters ([`Context`]), and the node as
+//! its peers and the tickets it holds reach it ([`LocalNode`]).
+//!
+//! Nothing here knows peers, connections or the inbox, so that connections, read loops,
+//! peers and tickets can all build on it.
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use handoff_wire::{Endpoint, Limits, Preamble, Resources, TicketClaim};
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::bounds::Bounds;
+use crate::budget::Budget;
+use crate::handshakes::Handshakes;
+use crate::log_limit::LogLimiter;
+use crate::message::TypeRegistry;
+use crate::pool::RecvPool;
+use crate::shm::MappingCache;
+use crate::tickets::modes::Redeem;
+use crate::tickets::owner::LeaseTable;
+use crate::Result;
+
+/// The settings and shared state of a running node, apart from its peers and inbox.
+pub(crate) struct Context {
+    pub(crate) me: Endpoint,
+    pub(crate) secret: Vec<u8>,
+    pub(crate) limits: Limits,
+    pub(crate) registry: TypeRegistry,
+    pub(crate) force_encode_inproc: bool,
+    pub(crate) listen_addr: Option<String>,
+    pub(crate) unix_path: Option<PathBuf>,
+    pub(crate) shm_threshold: usize,
+    pub(crate) shm_sealed: bool,
+    pub(crate) mappings: MappingCache,
+    /// What peers can make this node hold (spec §9.1).
+    pub(crate) bounds: Bounds,
+    /// Bytes and messages received and not yet taken by the application.
+    pub(crate) budget: Arc<Budget>,
+    /// Handshakes in progress on accepted connections.
+    pub(crate) handshakes: Arc<Handshakes>,
+    /// Established connections (their read loops).
+    pub(crate) connections: AtomicUsize,
+    /// Connections being opened to reach owners of received tickets.
+    pub(crate) ticket_dials: Arc<Semaphore>,
+    /// Warnings about refused connections, at most so many per period.
+    pub(crate) accept_log: LogLimiter,
+    /// Every warning about peers passes this one too: at most so many per period in all,
+    /// however many connections a peer opens.
+    pub(crate) node_log: Arc<LogLimiter>,
+    pub(crate) pool: RecvPool,
+    pub(crate) shutdown: watch::Sender<bool>,
+    /// Leases on buffers we sent as tickets.
+    pub(crate) leases: LeaseTable,
+    pub(crate) ticket_threshold: Option<usize>,
+    pub(crate) redeem: Redeem,
+    pub(crate) pull_timeout: Duration,
+    /// Ids of ticket requests we send.
+    pub(crate) next_req: AtomicU64,
+    pub(crate) unlease_tx: mpsc::UnboundedSender<TicketClaim>,
+    /// Local objects that values refer to by key (bound while decoding).
+    pub(crate) resources: Arc<Resources>,
+    /// The preamble this node sends: version 2 only, or 1 and 2 with `accept_v1` (spec §3).
+    pub(crate) preamble: Preamble,
+}
+
+impl Context {
+    /// Whether the node was shut down.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
+    /// The address same-host peers connect to: `unix://PATH`, if the node has a Unix socket.
+    pub(crate) fn unix_addr(&self) -> Option<String> {
+        self.unix_path.as_ref().map(|p| format!("unix://{}", p.display()))
+    }
+
+    /// Established connections now.
+    pub(crate) fn connections(&self) -> usize {
+        self.connections.load(Ordering::Acquire)
+    }
+
+    /// Queues the release of a hold whose last handle was dropped.
+    pub(crate) fn ticket_released(&self, claim: &TicketClaim) {
+        let _ = self.unlease_tx.send(claim.clone());
+    }
+}
+
+/// A future that a [`LocalNode`] returns, boxed so that the trait can be used as an object.
+pub(crate) type NodeFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+
+/// A running node as its peers and the tickets it holds reach it: its [`Context`], and the
+/// requests to the owner of a ticket, which may open a connection to that owner.
+///
+/// Peers and tickets hold their node weakly (they may outlive it) through this trait, so
+/// that they need not know the node's peers and connections; the node implements it in
+/// `tickets::client`. Each request names the ticket by its claim and the owner as errors
+/// should name it.
+pub(crate) trait LocalNode: Send + Sync {
+    /// What the node's parts share.
+    fn context(&self) -> &Context;
+
+    /// Pulls `len` bytes from `offset` of the claim's buffer; with `hash`, also returns
+    /// their BLAKE3, computed while they arrive.
+    fn pull<'a>(
+        self: Arc<Self>,
+        claim: &'a TicketClaim,
+        owner: &'a str,
+        offset: u64,
+        len: u64,
+        hash: bool,
+    ) -> NodeFuture<'a, (Bytes, Option<[u8; 32]>)>;
+
+    /// Registers node `to` with the owner as a holder of the claim's lease; returns `to`'s claim.
+    fn forward<'a>(self: Arc<Self>, claim: &'a TicketClaim, owner: &'a str, to: &'a str)
+        -> NodeFuture<'a, TicketClaim>;
+
+    /// Extends this node's hold on the claim's lease by the lease's ttl.
+    fn renew<'a>(self: Arc<Self>, claim: &'a TicketClaim, owner: &'a str) -> NodeFuture<'a, ()>;
+}

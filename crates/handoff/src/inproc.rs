@@ -1,0 +1,126 @@
+//! In-process peers: connecting two nodes of this process, and delivering a message straight
+//! into the other node's inbox (no socket; a value may travel unencoded).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock, Weak};
+
+use handoff_wire::{Channel, WireError};
+
+use crate::bounds::MESSAGE_OVERHEAD;
+use crate::directory;
+use crate::envelope::Envelope;
+use crate::link::{InprocTarget, Link};
+use crate::payload::Payload;
+use crate::peer::{PeerAddrs, PeerInner};
+use crate::state::NodeInner;
+use crate::{Error, Peer, Result};
+
+/// Connects `node` to the node of this process named `name` (`inproc://NAME`): each gets a
+/// peer for the other, whose sends go straight into the other's inbox.
+pub(crate) fn connect(node: &Arc<NodeInner>, name: &str) -> Result<Peer> {
+    let other = directory::lookup(name)
+        .ok_or_else(|| Error::Config(format!("no node named {name:?} in this process (inproc://{name})")))?;
+    if Arc::ptr_eq(&other, node) {
+        return Err(Error::Config("a node cannot connect to itself".into()));
+    }
+    if !constant_time_eq(&other.ctx.secret, &node.ctx.secret) {
+        return Err(Error::Wire(WireError::AuthFailed(format!(
+            "node {name:?} has a different cluster secret"
+        ))));
+    }
+    let force = node.ctx.force_encode_inproc || other.ctx.force_encode_inproc;
+    let to_other = InprocRoute::to(&other);
+    let to_us = InprocRoute::to(node);
+    let ours = Peer::new(
+        node,
+        other.ctx.me.clone(),
+        PeerAddrs {
+            listen: other.ctx.listen_addr.clone(),
+            unix: other.ctx.unix_addr(),
+            version: None,
+        },
+        Channel::Inproc,
+        Link::Inproc(to_other.clone()),
+        force,
+    );
+    let theirs = Peer::new(
+        &other,
+        node.ctx.me.clone(),
+        PeerAddrs {
+            listen: node.ctx.listen_addr.clone(),
+            unix: node.ctx.unix_addr(),
+            version: None,
+        },
+        Channel::Inproc,
+        Link::Inproc(to_us.clone()),
+        force,
+    );
+    let _ = to_other.reverse.set(Arc::downgrade(&theirs.0));
+    let _ = to_us.reverse.set(Arc::downgrade(&ours.0));
+    other.add_peer(theirs);
+    node.add_peer(ours.clone());
+    tracing::debug!(from = %node.ctx.me.name, to = %name, "connected in-process");
+    Ok(ours)
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// One direction of an in-process connection: the receiving node, and its peer for the
+/// sender (the `from` of what it receives).
+pub(crate) struct InprocRoute {
+    target: Weak<NodeInner>,
+    /// The receiving node's name: how errors name the peer.
+    name: String,
+    /// The target's `Peer` for us, set once both sides exist (the sender of replies).
+    reverse: OnceLock<Weak<PeerInner>>,
+}
+
+impl InprocRoute {
+    fn to(target: &Arc<NodeInner>) -> Arc<InprocRoute> {
+        Arc::new(InprocRoute {
+            target: Arc::downgrade(target),
+            name: target.ctx.me.name.clone(),
+            reverse: OnceLock::new(),
+        })
+    }
+
+    /// The receiving node and its peer for us, while both live.
+    fn ends(&self) -> Result<(Arc<NodeInner>, Arc<PeerInner>)> {
+        let closed = || Error::PeerClosed(self.name.clone());
+        let target = self.target.upgrade().ok_or_else(closed)?;
+        let reverse = self.reverse.get().and_then(Weak::upgrade).ok_or_else(closed)?;
+        Ok((target, reverse))
+    }
+}
+
+impl InprocTarget for InprocRoute {
+    fn accepts(&self, type_name: &str) -> Result<bool> {
+        let (target, _) = self.ends()?;
+        target.ctx.registry.check(type_name)?;
+        Ok(target.ctx.force_encode_inproc)
+    }
+
+    fn deliver(
+        &self,
+        type_name: &'static str,
+        payload: Payload,
+    ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + '_>> {
+        Box::pin(async move {
+            let (target, reverse) = self.ends()?;
+            // In-process values count against the receiver's budget like any message
+            // (their overhead only: the value is the sender's memory, moved).
+            let permit = target.ctx.budget.acquire(&reverse.account, MESSAGE_OVERHEAD, 1).await;
+            target
+                .deliver(Envelope {
+                    from: Peer(reverse),
+                    type_name: type_name.to_string(),
+                    payload,
+                    permit: Some(permit),
+                })
+                .await
+        })
+    }
+}
