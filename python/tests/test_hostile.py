@@ -1,4 +1,5 @@
 """Hostile peers against a real victim process (issue 11: no peer can take a node down).
+One test per class of attack against one victim: long, but one idea, so one file.
 
 Each test starts ``python -m handoff.worker`` with small bounds as the victim, attacks
 it from this process with raw sockets that speak the wire format by hand, and checks,

@@ -1,5 +1,7 @@
 """The strict header decoder: one test per decoding rule of spec §6, the type table, the
-fixed header limits of §9, the order of §11.2, and non-canonical encodings accepted."""
+fixed header limits of §9, the order of §11.2, and non-canonical encodings accepted.
+
+One test per rule makes a long file, but one idea: the decoder's rules, read in spec order."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-//! Property-based fuzzing of the decoder: preamble, framing, header and codec.
+//! Property-based fuzzing of the decoder: preamble, framing, header and codec. One property
+//! after another for one decoder: long, but one idea, so one file.
 //!
 //! Every property here holds for *any* input bytes a peer could send: the decoder
 //! returns `Ok` or a [`WireError`] with the right code, and never panics, on a TCP
