@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from handoff import Bounds, Node, TlsConfig, TlsError, wire
 from handoff.tls import TLS_REQUIRED_MESSAGE
+from conftest import SECRET as CHILD_SECRET
 from helpers import eventually
 from tls_certs import Pki, make_pki
 
@@ -243,3 +244,20 @@ def test_worker_flags_all_or_none(pki):
     )
     assert r.returncode != 0
     assert "--tls-cert, --tls-key and --tls-ca" in r.stderr, r.stderr
+
+
+async def test_worker_with_tls(pki, spawn_py_worker):
+    """Worker processes with the TLS flags: a TLS node pings one; a worker without TLS
+    connecting to it (``--connect``) fails clearly, naming TLS."""
+    c = pki.a
+    flags = ["--tls-cert", str(c.cert), "--tls-key", str(c.key), "--tls-ca", str(pki.ca)]
+    worker = await spawn_py_worker("py-tls", "--host-id", "worker-host", *flags)
+    async with Node("client", secret=CHILD_SECRET, host_id="client-host", tls=config(pki, "b")) as n:
+        peer = await n.connect(worker.listen)
+        assert peer.transport.tls and peer.name == "py-tls"
+        await peer.send("handoff.bench.Ping", {"seq": 1, "data": b"x" * 100})
+        env = await n.recv(20)
+        assert env.type_name == "handoff.bench.Ping" and env.body == {"seq": 1, "data": b"x" * 100}
+    with pytest.raises(AssertionError) as e:
+        await spawn_py_worker("py-plain", "--host-id", "plain-host", "--connect", worker.listen)
+    assert "requires TLS" in str(e.value) and "--tls-cert" in str(e.value), e.value

@@ -112,9 +112,7 @@ def _write(folder: Path, name: str, pair) -> Cert:
     cert, key = pair
     k = folder / f"{name}.key"
     k.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     k.chmod(0o600)
     return Cert(_write_cert(folder / f"{name}.crt", cert), k)

@@ -174,7 +174,13 @@ _UNTRUSTED = {2, 18, 19, 20, 21, 24, 27, 28}
 _NAME_MISMATCH = {62, 63, 64}
 
 # Reasons of a record that is not TLS: the peer answered in plain text.
-_NOT_TLS = {"WRONG_VERSION_NUMBER", "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE", "UNKNOWN_PROTOCOL", "HTTP_REQUEST"}
+_NOT_TLS = {
+    "WRONG_VERSION_NUMBER",
+    "PACKET_LENGTH_TOO_LONG",
+    "RECORD_LAYER_FAILURE",
+    "UNKNOWN_PROTOCOL",
+    "HTTP_REQUEST",
+}
 
 
 def _alert(reason: str) -> Optional[str]:
