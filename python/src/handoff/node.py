@@ -433,6 +433,9 @@ class Node:
         try:
             await tls_layer.run_handshake(transport.sock)
         except (ssl.SSLError, OSError) as e:
+            # TLS sent its alert: the close drains input first, so that the peer reads the
+            # alert rather than a reset (§11.3), as after an error message.
+            transport.error_sent = True
             raise tls_layer.explain(e, label, accepted, name) from None
         transport.tls_ready = True
         try:

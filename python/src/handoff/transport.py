@@ -467,7 +467,12 @@ class Transport:
         while len(view):
             try:
                 sent = self.sock.send(view, self._send_flags)
-            except self._would_block:
+            except self._would_block as e:
+                if type(e) is ssl.SSLWantReadError:
+                    # TLS wants to read before it writes (its peer renegotiates): the reader
+                    # reads; waiting for the socket to be writable would spin.
+                    await asyncio.sleep(0.001)
+                    continue
                 await self._writable()
                 continue
             view = view[sent:]
@@ -580,8 +585,10 @@ class Transport:
         if self.closed or self.send_lock.locked():
             return
         if self.tls:
-            # A TLS write that stops half way must be finished with the same bytes.
-            self.send_now(data)
+            # A TLS write that stops half way must be finished with the same bytes; and
+            # before its handshake completed there is nothing to say in plain text.
+            if self.tls_ready:
+                self.send_now(data)
             return
         try:
             self.sock.send(data, self._send_flags)
