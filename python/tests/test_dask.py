@@ -377,3 +377,72 @@ async def test_p2p_shuffle_results_equal_the_same_run_on_tcp():
     assert sum(len(k) for k in keys) == len(set().union(*keys))
     every = pd.concat(on_handoff).sort_values(["k", "v"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(every, df.sort_values(["k", "v"]).reset_index(drop=True))
+
+
+# ---------------------------------------------------------------- TLS (Dask's own settings)
+
+
+@pytest.fixture(scope="module")
+def dask_pki(tmp_path_factory):
+    from tls_certs import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("dask-pki"))
+
+
+def _security(pki, require_encryption=True):
+    from distributed.security import Security
+
+    return Security(
+        tls_ca_file=str(pki.ca),
+        tls_client_cert=str(pki.a.cert),
+        tls_client_key=str(pki.a.key),
+        tls_scheduler_cert=str(pki.b.cert),
+        tls_scheduler_key=str(pki.b.key),
+        tls_worker_cert=str(pki.a.cert),
+        tls_worker_key=str(pki.a.key),
+        require_encryption=require_encryption,
+    )
+
+
+# Shared memory off: every comm is a TCP connection, each inside TLS.
+_TLS_TCP = {**SECRET, "distributed.comm.handoff.shm": False}
+
+
+@gen_test(timeout=120)
+async def test_a_cluster_with_a_security_object_computes_over_tls(dask_pki):
+    sec = _security(dask_pki)
+    with dask.config.set(_TLS_TCP):
+        async with Scheduler(protocol="handoff", host="127.0.0.1", dashboard_address=":0", security=sec) as s:
+            assert s.address.startswith("handoff://")
+            async with Worker(s.address, nthreads=1, security=sec) as w:
+                async with Client(s.address, asynchronous=True, security=sec) as c:
+                    x = da.arange(1_000_000, chunks=100_000)
+                    assert await c.compute((x * 2).sum()) == 2 * sum(range(1_000_000))
+                    assert w.address.startswith("handoff://")
+                    (listener,) = s.listeners
+                    peers = listener.node.peers
+                    assert peers and all(p.channel == "tcp" and p.transport.tls for p in peers)
+
+
+@gen_test(timeout=60)
+async def test_a_plain_client_is_refused_by_a_tls_scheduler_clearly(dask_pki):
+    with dask.config.set(_TLS_TCP):
+        async with Scheduler(
+            protocol="handoff", host="127.0.0.1", dashboard_address=":0", security=_security(dask_pki)
+        ) as s:
+            t0 = time.monotonic()
+            with pytest.raises(Exception, match="requires TLS"):
+                async with Client(s.address, asynchronous=True, timeout=20):
+                    pass
+            assert time.monotonic() - t0 < 15  # refused, not retried until the timeout
+            (listener,) = s.listeners
+            assert listener.node.tls_refusals >= 1
+
+
+@gen_test(timeout=30)
+async def test_required_encryption_without_a_tls_context_fails_clearly():
+    with dask.config.set(SECRET):
+        with pytest.raises(RuntimeError, match="encryption required"):
+            await connect("handoff://127.0.0.1:1", timeout=5, require_encryption=True)
+        with pytest.raises(RuntimeError, match="encryption required"):
+            listen("handoff://127.0.0.1", lambda comm: None, require_encryption=True)

@@ -41,10 +41,12 @@ from .errors import (
     PeerClosed,
     PeerRefused,
     TicketCorrupt,
+    TlsError,
     TicketFailure,
     TicketRefused,
 )
 from .node import Node
+from .tls import TlsConfig
 from .peer import Peer
 from .pins import Pin, PinBounds
 from .resources import Resource, ResourceError, ResourceKey, Resources
@@ -94,4 +96,6 @@ __all__ = [
     "OwnerLost",
     "TicketCorrupt",
     "CapReached",
+    "TlsError",
+    "TlsConfig",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from .wire import WireError
 
 __all__ = [
@@ -15,6 +17,7 @@ __all__ = [
     "OwnerLost",
     "TicketCorrupt",
     "CapReached",
+    "TlsError",
 ]
 
 
@@ -77,3 +80,15 @@ class CapReached(HandoffError):
     """A send waited for room under one of the node's caps (leases pinned for a peer,
     spec §7.4, §7.9, §9.1) and none appeared in time; says which cap, how much is
     pinned and for whom."""
+
+
+class TlsError(HandoffError):
+    """TLS between hosts (spec §3.1) failed: a certificate that does not verify (expired,
+    not yet valid, not signed by a trusted CA, another name), a peer that refused ours or
+    sent none, a peer without TLS, or a node that requires TLS refusing a plain
+    connection (``tls-required``). The message says which, and what to fix; ``code`` is
+    the wire code when a peer sent one (``tls-required``), else ``None``."""
+
+    def __init__(self, message: str, code: Optional[str] = None):
+        super().__init__(message)
+        self.code = code

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from . import wire
-from .errors import AuthenticationError, PeerClosed, PeerRefused
+from .errors import AuthenticationError, PeerClosed, PeerRefused, TlsError
 from .transport import Transport
 
 __all__ = ["OurSide", "Handshaken", "handshake", "send_error", "IMPLEMENTATION"]
@@ -115,6 +115,13 @@ async def _expect(transport: Transport, header, step: str) -> None:
             raise AuthenticationError(
                 f"authentication failed: {transport.label} refused our proof: {header.msg} [auth-failed] "
                 "(do both sides use the same cluster secret?)"
+            )
+        if header.code == "tls-required":
+            raise TlsError(
+                f"{transport.label} requires TLS and refused this plain connection: {header.msg} [tls-required]; "
+                "turn TLS on for this node (Node(tls=TlsConfig.from_files(cert, key, ca)), or the worker's "
+                "--tls-cert, --tls-key and --tls-ca)",
+                code="tls-required",
             )
         raise PeerRefused(transport.label, header.code, header.msg)
     await _fail(
@@ -206,10 +213,18 @@ async def handshake(transport: Transport, ours: OurSide) -> Handshaken:
     """Runs the handshake; returns what the peer said about itself and the version."""
     own_preamble = ours.preamble.encode()
     await transport.send([own_preamble])
+    peer_preamble = b""
     try:
         peer_preamble = bytes(await transport.read_preamble())
         version = ours.preamble.negotiate(wire.Preamble.decode(peer_preamble))
     except wire.WireError as e:
+        if e.code == "bad-magic" and peer_preamble[:1] == b"\x16":
+            # A TLS handshake record (§3.1): say so, in the log and to the peer.
+            e = wire.WireError(
+                "bad-magic",
+                f"{e.message}; the first byte 0x16 starts a TLS handshake: the peer speaks TLS and this node "
+                "has no TLS (turn TLS on here too, or off there)",
+            )
         await _fail(transport, e)
     await _check_fds(transport)
     if ours.admit is not None:

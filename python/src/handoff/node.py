@@ -22,18 +22,19 @@ import errno
 import logging
 import os
 import socket
+import ssl
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from . import identity, pins, wire
+from . import identity, pins, tls as tls_layer, wire
 from .admission import Admission
 from .addresses import check_peer_uid, sanitize_name, split_host_port, strip_scheme
 from .bounds import DEFAULT_BOUNDS, Bounds
 from .budget import Budget
 from .envelope import Envelope
 from .inbox import Inbox
-from .errors import HandoffError
+from .errors import HandoffError, PeerClosed, TlsError
 from .handshake import OurSide, handshake, send_error
 from .peer import Peer
 from .pins import DEFAULT_PIN_BOUNDS, PinBounds, PinOutbox, PinTable
@@ -41,6 +42,7 @@ from .resources import Resources
 from .throttle import WarningThrottle
 from .ticket_client import TicketClient
 from .tickets import LeaseTable, Ticket
+from .tls import TlsConfig
 from .turns import after_new_input
 from .transport import Transport
 
@@ -101,6 +103,13 @@ class Node:
     ``shm_private`` maps received segments private and writable (copy-on-write)
     instead of shared and read-only (:func:`handoff.shm.map_received`).
 
+    ``tls`` (a :class:`~handoff.tls.TlsConfig`) runs every TCP connection inside TLS, those
+    it opens (tickets' pulls from an owner too) and those it accepts (spec §3.1): both
+    sides present certificates signed by a CA the other trusts, and the connecting side
+    checks the name. A plain peer that connects gets this node's preamble and the error
+    ``tls-required`` (counted in :attr:`tls_refusals`); the Unix socket of same-host
+    peers never uses TLS.
+
     Route-aware types (:mod:`handoff.route`) in a body are encoded for the peer's route
     and decoded with the inbound one; what they keep for a peer under a lease (a file
     sent as its path) is in :attr:`pins` (:mod:`handoff.pins`), bounded by ``pins``
@@ -131,6 +140,7 @@ class Node:
         shm_pool: bool = False,
         shm_private: bool = False,
         pins: PinBounds = DEFAULT_PIN_BOUNDS,
+        tls: Optional[TlsConfig] = None,
     ):
         if not name:
             raise ValueError("a node needs a name")
@@ -146,6 +156,10 @@ class Node:
         self.shm_threshold = max(1, shm_threshold)
         self.shm_pool = shm_pool
         self.shm_private = shm_private
+        #: TLS on TCP connections (spec §3.1), or ``None``.
+        self.tls = tls
+        #: How many plain peers this node refused with ``tls-required``.
+        self.tls_refusals = 0
         self.per_connection = per_connection
         self.on_accept = on_accept
         self.frame_threshold = frame_threshold
@@ -393,18 +407,75 @@ class Node:
     def _warn_about(self, source: str, fmt: str, *args) -> None:
         self._throttle.warn(source, "%s: " + fmt, self.name, *args)
 
+    async def _handshake_tls(self, transport: Transport, accepted: bool, host: Optional[str]):
+        """TLS first (spec §3.1), then the handshake inside it; an accepted plain peer is
+        answered ``tls-required``."""
+        config = self.tls
+        label = transport.label
+        if accepted:
+            first = await tls_layer.peek_first_byte(transport.sock)
+            if first is None:
+                raise PeerClosed(f"{label} closed the connection before sending a byte")
+            if first == tls_layer.PREAMBLE_FIRST_BYTE:
+                # A plain peer: our preamble and the error it reads like any refusal (§3.1).
+                self.tls_refusals += 1
+                await transport.send([self.preamble.encode()])
+                await send_error(transport, "tls-required", tls_layer.TLS_REQUIRED_MESSAGE)
+                raise tls_layer.refused_plain(label)
+            ctx, name = config.server, None
+            if ctx is None:
+                raise TlsError(f"TLS with {label}: this node has no server TLS context to accept connections with")
+        else:
+            ctx, name = config.client, config.server_name or host
+            if ctx is None:
+                raise TlsError(f"TLS with {label}: this node has no client TLS context to connect with")
+        transport.use_tls(tls_layer.wrap(ctx, transport.sock, accepted, name))
+        try:
+            await tls_layer.run_handshake(transport.sock)
+        except (ssl.SSLError, OSError) as e:
+            # TLS sent its alert: the close drains input first, so that the peer reads the
+            # alert rather than a reset (§11.3), as after an error message.
+            transport.error_sent = True
+            raise tls_layer.explain(e, label, accepted, name) from None
+        transport.tls_ready = True
+        try:
+            return await handshake(transport, self._our_side(transport))
+        except Exception as e:
+            if transport.tls_failure is not None and not isinstance(e, TlsError):
+                # A TLS 1.3 client learns that the peer refused its certificate on its first read.
+                raise tls_layer.explain(transport.tls_failure, label, accepted, name) from None
+            raise
+
     async def _open(
-        self, sock: socket.socket, label: str, accepted: bool = False, peer_pid: Optional[int] = None
+        self,
+        sock: socket.socket,
+        label: str,
+        accepted: bool = False,
+        peer_pid: Optional[int] = None,
+        host: Optional[str] = None,
     ) -> Peer:
-        """Handshakes on a fresh connection, registers the peer and starts its reader."""
+        """Handshakes on a fresh connection (TLS first on TCP when the node has it, spec
+        §3.1; ``host``: the host part of the dialed address), registers the peer and starts
+        its reader."""
         transport = Transport(sock, label, self.bounds)
         transport.peer_pid = peer_pid
         entry = self._admission.begin_handshake(transport) if accepted else None
         timeout = self.bounds.handshake_timeout
+        secure = self.tls is not None and not transport.unix
         try:
             try:
-                done = await asyncio.wait_for(handshake(transport, self._our_side(transport)), timeout)
+                if secure:
+                    done = await asyncio.wait_for(self._handshake_tls(transport, accepted, host), timeout)
+                else:
+                    done = await asyncio.wait_for(handshake(transport, self._our_side(transport)), timeout)
             except asyncio.TimeoutError:
+                if secure and not transport.tls_ready:
+                    # Nothing to say in plain text inside a TLS handshake: close.
+                    await transport.aclose()
+                    raise TlsError(
+                        f"TLS with {label}: the TLS handshake did not complete within {timeout:g} s "
+                        "(the handshake timeout); the peer stalled"
+                    ) from None
                 msg = f"the handshake did not complete within {timeout:g} s"
                 await send_error(transport, "timeout", f"timed out: {msg}")
                 await transport.aclose(drain=self.bounds.drain_seconds)
@@ -476,7 +547,7 @@ class Node:
                 last = e
         if sock is None:
             raise ConnectionError(f"connecting to {addr}: {last}")
-        peer = await self._open(sock, addr)
+        peer = await self._open(sock, addr, host=host)
         if channel == "tcp":
             return peer
         why_not = None

@@ -26,6 +26,7 @@ import asyncio
 import collections
 import os
 import socket
+import ssl
 import time
 from typing import Optional, Sequence
 
@@ -45,6 +46,11 @@ _ANC_SPACE = socket.CMSG_SPACE(MAX_FDS_PER_READ * array.array("i").itemsize)
 _RECV_FLAGS = int(getattr(socket, "MSG_CMSG_CLOEXEC", 0))
 _SEND_FLAGS = int(getattr(socket, "MSG_NOSIGNAL", 0))
 _MSG_CTRUNC = int(getattr(socket, "MSG_CTRUNC", 0))
+#: A plain socket that cannot go on now raises one of these …
+_WOULD_BLOCK = (BlockingIOError, InterruptedError)
+#: … a TLS socket one of these as well (its record needs the socket readable or writable).
+_TLS_WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
+_TLS_WOULD_BLOCK = _WOULD_BLOCK + _TLS_WANT
 
 
 def _wake(fut: asyncio.Future) -> None:
@@ -58,7 +64,20 @@ def _expire(fut: asyncio.Future) -> None:
 
 
 class Transport:
-    """One connection's socket (TCP or Unix stream)."""
+    """One connection's socket (TCP or Unix stream), or the TLS socket over it (:meth:`use_tls`)."""
+
+    #: The flags of every ``send`` (a TLS socket refuses any), and what a write that
+    #: cannot go on now raises: both are class attributes that :meth:`use_tls` shadows, so
+    #: a plain connection does no work for TLS (an ``except`` evaluates its classes only
+    #: when something was raised).
+    _send_flags = _SEND_FLAGS
+    _would_block = _WOULD_BLOCK
+    #: Whether the connection runs inside TLS (spec §3.1).
+    tls = False
+    #: Whether its TLS handshake completed (set by the node).
+    tls_ready = False
+    #: The TLS error a read failed with, if one did (the node explains it).
+    tls_failure: Optional[ssl.SSLError] = None
 
     def __init__(self, sock: socket.socket, label: str, bounds: Bounds = DEFAULT_BOUNDS):
         sock.setblocking(False)
@@ -251,6 +270,45 @@ class Transport:
             self._received += len(data)
         return data
 
+    def use_tls(self, sock: ssl.SSLSocket) -> None:
+        """From now on reads and writes go through ``sock``, the TLS socket over this
+        connection's TCP socket (wrapped before its handshake, so that closing the
+        transport closes it whatever happens next). Only before the first byte is read."""
+        self.sock = sock
+        self.tls = True
+        self._send_flags = 0
+        self._would_block = _TLS_WOULD_BLOCK
+        self._recv_now = self._tls_recv_now
+        self._recv_into_now = self._tls_recv_into_now
+
+    # On a TLS socket a receive may return one record's bytes while more are decrypted and
+    # waiting inside it, where the loop's poll of the descriptor cannot see them: every
+    # wait in this class comes after a receive that found nothing (``_recv``,
+    # ``_recv_into``, ``_drain``), so none is left unread. A record that needs more bytes
+    # raises ``SSLWantReadError``, which reads as a plain socket's ``BlockingIOError``.
+
+    def _tls_recv_now(self, nbytes: int) -> bytes:
+        try:
+            data = self.sock.recv(nbytes)
+        except _TLS_WANT:
+            raise BlockingIOError from None
+        except ssl.SSLError as e:
+            self.tls_failure = e
+            raise
+        self._received += len(data)
+        return data
+
+    def _tls_recv_into_now(self, view: memoryview) -> int:
+        try:
+            n = self.sock.recv_into(view)
+        except _TLS_WANT:
+            raise BlockingIOError from None
+        except ssl.SSLError as e:
+            self.tls_failure = e
+            raise
+        self._received += n
+        return n
+
     def _recv_into_now(self, view: memoryview) -> int:
         if self.unix:
             n, anc, flags, _ = self.sock.recvmsg_into([view], _ANC_SPACE, _RECV_FLAGS)
@@ -408,8 +466,13 @@ class Transport:
         view = memoryview(data).cast("B")
         while len(view):
             try:
-                sent = self.sock.send(view, _SEND_FLAGS)
-            except (BlockingIOError, InterruptedError):
+                sent = self.sock.send(view, self._send_flags)
+            except self._would_block as e:
+                if type(e) is ssl.SSLWantReadError:
+                    # TLS wants to read before it writes (its peer renegotiates): the reader
+                    # reads; waiting for the socket to be writable would spin.
+                    await asyncio.sleep(0.001)
+                    continue
                 await self._writable()
                 continue
             view = view[sent:]
@@ -418,8 +481,8 @@ class Transport:
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
         while True:
             try:
-                return self.sock.sendmsg([head], ancillary, _SEND_FLAGS)
-            except (BlockingIOError, InterruptedError):
+                return self.sock.sendmsg([head], ancillary, self._send_flags)
+            except self._would_block:
                 await self._writable()
 
     async def send(self, chunks: Sequence, fds: Sequence[int] = ()) -> None:
@@ -433,7 +496,7 @@ class Transport:
             # before this returns (nothing can come between: there is no await before it).
             data = chunks[0]
             try:
-                sent = self.sock.send(data, _SEND_FLAGS)
+                sent = self.sock.send(data, self._send_flags)
             except OSError:
                 sent = 0  # full, or broken: the path below waits, or says why
             if sent == len(data):
@@ -488,9 +551,13 @@ class Transport:
         if not self._may_write_now():
             return False
         try:
-            sent = self.sock.send(data, _SEND_FLAGS)
-        except OSError:
-            return False  # full, or broken: the caller's send waits, or says why
+            sent = self.sock.send(data, self._send_flags)
+        except OSError as e:
+            if not (self.tls and isinstance(e, _TLS_WANT)):
+                return False  # full, or broken: the caller's send waits, or says why
+            # TLS may have taken a part of it into a record it must finish with the same
+            # bytes: they go out from the tail, like any rest.
+            sent = 0
         if sent < len(data):
             self._tail = memoryview(data)[sent:]
             self._tail_task = self.loop.create_task(self._flush_tail())
@@ -517,8 +584,14 @@ class Transport:
         """Writes ``data`` if the socket takes it at once (best effort, never waits)."""
         if self.closed or self.send_lock.locked():
             return
+        if self.tls:
+            # A TLS write that stops half way must be finished with the same bytes; and
+            # before its handshake completed there is nothing to say in plain text.
+            if self.tls_ready:
+                self.send_now(data)
+            return
         try:
-            self.sock.send(data, _SEND_FLAGS)
+            self.sock.send(data, self._send_flags)
         except OSError:
             pass
 

@@ -35,6 +35,11 @@ do is bounded, each bound a flag (``--help`` lists them with their defaults):
   their own, so a peer that does not read fills only its own queue, whose further
   answers are dropped with a warning until it drains.
 
+TLS (spec WIRE.md §3.1): ``--tls-cert``, ``--tls-key`` and ``--tls-ca`` (PEM files: this
+node's certificate chain, its key, the CA trusted for peers' certificates; all three or
+none) run every TCP connection inside mutual TLS; ``--tls-server-name`` is the name to
+expect in the certificates of the nodes it connects to, instead of each address's host.
+
 A body that does not decode, or any request that fails, is logged (at most 10
 warnings per peer per 10 s, then a count) and the worker keeps serving. ``--delay``
 makes it wait before handling each message, as a slow application would (for tests).
@@ -83,6 +88,7 @@ from .demo_server import (  # noqa: F401  (importable from here, as before the s
     read_blob_work,
 )
 from .node import Node
+from .tls import TlsConfig
 
 log = logging.getLogger("handoff.worker")
 
@@ -126,6 +132,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[],
         metavar="UUID=PATH",
         help="a dataset this node reads itself: data handles for UUID bind to the file or directory PATH (repeatable)",
+    )
+    t = p.add_argument_group(
+        "TLS",
+        "TLS on every TCP connection, opened or accepted (spec WIRE.md §3.1): all three of --tls-cert, "
+        "--tls-key and --tls-ca, or none. A peer without TLS is refused with tls-required.",
+    )
+    t.add_argument("--tls-cert", metavar="PEM", default=None, help="this node's certificate chain")
+    t.add_argument("--tls-key", metavar="PEM", default=None, help="the private key of --tls-cert")
+    t.add_argument("--tls-ca", metavar="PEM", default=None, help="the CA (or CAs) trusted for peers' certificates")
+    t.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        default=None,
+        help="the name to expect in the certificates of the nodes this one connects to "
+        "(default: the host part of each address dialed)",
     )
     g = p.add_argument_group(
         "bounds",
@@ -225,6 +246,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--delay-ms", parse_ms, 0.0, "MS", "wait this long before handling each message: a slow application, for tests"
     )
     args = p.parse_args(argv)
+    given = [f for f in ("tls_cert", "tls_key", "tls_ca") if getattr(args, f)]
+    if given and len(given) < 3:
+        missing = ", ".join("--" + f.replace("_", "-") for f in ("tls_cert", "tls_key", "tls_ca") if f not in given)
+        p.error(f"TLS needs all of --tls-cert, --tls-key and --tls-ca, or none; missing {missing}")
+    if args.tls_server_name and not given:
+        p.error("--tls-server-name needs TLS on (--tls-cert, --tls-key and --tls-ca)")
     for ds in args.dataset:
         if "=" not in ds:
             p.error(f"--dataset wants UUID=PATH, got {ds!r}")
@@ -320,6 +347,11 @@ def _raise_fd_limit() -> None:
 async def run(args: argparse.Namespace) -> None:
     _raise_fd_limit()
     secret = read_secret(args.secret_file) if args.secret_file else b""
+    tls = (
+        TlsConfig.from_files(args.tls_cert, args.tls_key, args.tls_ca, server_name=args.tls_server_name)
+        if args.tls_cert
+        else None
+    )
     node = Node(
         args.name,
         host_id=args.host_id,
@@ -333,6 +365,7 @@ async def run(args: argparse.Namespace) -> None:
         pull_timeout=args.pull_timeout_ms / 1000,
         bounds=args.bounds,
         accept_v1=args.accept_v1,
+        tls=tls,
     )
     for d in args.dataset:
         uuid, path = d.split("=", 1)

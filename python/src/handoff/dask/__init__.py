@@ -46,6 +46,12 @@ Design, and why:
   :mod:`handoff.dask.serialize` (the ``handoff`` serialization family, also dispatched
   by Dask's ``dask`` family); :class:`handoff.SpilledFile` travels to a same-host worker
   as its path under a pin (:mod:`handoff.pins`), to others as its bytes.
+- **TLS.** Dask's own TLS settings apply (``distributed.comm.tls.*``, or a
+  ``distributed.security.Security`` with TLS files given to the scheduler, workers and
+  client): the contexts Dask passes in ``connection_args`` run every TCP connection of a
+  listener's or connector's node inside TLS (spec §3.1), same-host Unix comms excepted;
+  ``require_encryption`` without a context fails rather than talk plain text
+  (:mod:`handoff.dask.security`).
 
 Configuration: ``distributed.comm.handoff`` (``handoff.yaml``: secret, secret-file,
 host-id, shm, shm-threshold, pool-idle-bytes, kept-map-bytes). :func:`stats` counts this process's comms

@@ -10,8 +10,11 @@ forgotten and TCP is dialed again). The first message on the connection is
 
 Errors: what cannot reach the listener (refused, unreachable, a handshake that fails or
 is refused as ``overloaded``) raises ``OSError``/``CommClosedError``, which Dask retries
-until its connect timeout; a wrong cluster secret raises ``FatalCommClosedError``, which
-it does not retry. Unknown keyword arguments (security, ``server_hostname``, …) are ignored.
+until its connect timeout; a wrong cluster secret or a TLS failure (a certificate that
+does not verify, a listener that requires TLS when this side has none, or the reverse)
+raises ``FatalCommClosedError``, which it does not retry. Dask's TLS settings
+(``ssl_context``, ``require_encryption``, ``server_hostname`` of ``connection_args``) are
+honoured (:mod:`handoff.dask.security`); other keyword arguments are ignored.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 from distributed.comm.addressing import parse_host_port, unparse_host_port
 from distributed.comm.core import CommClosedError, Connector, FatalCommClosedError
 
-from ..errors import AuthenticationError, HandoffError, PeerClosed, PeerRefused
+from ..errors import AuthenticationError, HandoffError, PeerClosed, PeerRefused, TlsError
 from ..node import Node
 from ..peer import Peer
 from ..wire import WireError
@@ -30,6 +33,7 @@ from .config import SECTION, settings
 from .frames import TYPE_OPEN
 from .listener import PREFIX
 from .nodes import connector_node
+from .security import tls_from_connection_args
 
 __all__ = ["HandoffConnector"]
 
@@ -73,7 +77,8 @@ class HandoffConnector(Connector):
 
     async def connect(self, address: str, deserialize: bool = True, **connection_args) -> HandoffComm:
         host, port = parse_host_port(address)
-        lease = await connector_node(settings())
+        tls = tls_from_connection_args(connection_args, server=False)
+        lease = await connector_node(settings(), tls)
         try:
             try:
                 peer = await _dial(lease.node, address, host, port)
@@ -81,6 +86,8 @@ class HandoffConnector(Connector):
                 raise FatalCommClosedError(
                     f"handoff://{address}: {e} (both sides need the same {SECTION}.secret)"
                 ) from None
+            except TlsError as e:
+                raise FatalCommClosedError(f"handoff://{address}: {e}") from None
             except PeerRefused as e:
                 if e.code == "auth-failed":
                     raise FatalCommClosedError(f"handoff://{address}: {e}") from None

@@ -29,6 +29,7 @@ from .comm import HandoffComm
 from .config import settings
 from .frames import TYPE_OPEN
 from .nodes import make_node, spawn
+from .security import tls_from_connection_args
 
 __all__ = ["HandoffListener", "PREFIX"]
 
@@ -51,7 +52,8 @@ def _address(value, fallback: str) -> str:
 
 
 class HandoffListener(BaseListener):
-    """Listens on ``handoff://host:port``; unknown keyword arguments (security, …) are ignored."""
+    """Listens on ``handoff://host:port``, with TLS on TCP if Dask's ``connection_args``
+    carry an ``ssl_context`` (:mod:`handoff.dask.security`); other keyword arguments are ignored."""
 
     prefix = PREFIX
 
@@ -67,6 +69,7 @@ class HandoffListener(BaseListener):
     ):
         super().__init__()
         self.ip, self.port = parse_host_port(address, default_port)
+        self.tls = tls_from_connection_args(connection_args, server=True)
         self.default_host = default_host
         self.comm_handler = comm_handler
         self.deserialize = deserialize
@@ -80,7 +83,7 @@ class HandoffListener(BaseListener):
     async def start(self) -> None:
         host = self.ip or "0.0.0.0"
         listen = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
-        node = make_node(settings(), "listen", listen=listen, on_accept=self._accepted)
+        node = make_node(settings(), "listen", listen=listen, on_accept=self._accepted, tls=self.tls)
         await node.start()
         self.node = node
         self._bound = split_host_port(strip_scheme(node.listen_addr, "tcp://"))

@@ -9,7 +9,9 @@ one, because a process may connect to its own listener (a scheduler and its work
 one process, as in ``gen_cluster``), and a node never connects to itself (§5.1).
 
 Every node is built from :func:`handoff.dask.config.settings`: the cluster secret, the
-host id, shared memory on or off and its threshold; it delivers each connection's
+host id, shared memory on or off and its threshold; and with the TLS of Dask's
+``connection_args`` (:mod:`handoff.dask.security`): a connector node per loop, settings
+and client context; it delivers each connection's
 messages to that connection (one comm, one stream), sends from the process's pool of
 shared segments, and maps what it receives private and writable (Dask's deserializers
 keep a writable frame as it is; a read-only one they copy).
@@ -27,6 +29,7 @@ from .. import mapcache
 from ..bounds import DEFAULT_BOUNDS
 from ..node import Node
 from ..pool import pool
+from ..tls import TlsConfig
 from ..peer import Peer
 from .config import Settings
 from .frames import TYPE_FRAMES, TYPE_OPEN
@@ -53,9 +56,14 @@ def spawn(loop: asyncio.AbstractEventLoop, make) -> Optional[asyncio.Task]:
 
 
 def make_node(
-    settings: Settings, role: str, listen: Optional[str] = None, on_accept: Optional[Callable[[Peer], None]] = None
+    settings: Settings,
+    role: str,
+    listen: Optional[str] = None,
+    on_accept: Optional[Callable[[Peer], None]] = None,
+    tls: Optional[TlsConfig] = None,
 ) -> Node:
-    """A node for a Dask listener (``listen``, ``on_accept``) or for connecting (neither)."""
+    """A node for a Dask listener (``listen``, ``on_accept``) or for connecting (neither),
+    with ``tls`` on its TCP connections if given."""
     if settings.pool_idle_bytes is not None:
         pool().max_idle_bytes = settings.pool_idle_bytes
     if settings.kept_map_bytes is not None:
@@ -73,6 +81,7 @@ def make_node(
         shm_pool=True,
         shm_private=True,
         bounds=BOUNDS,
+        tls=tls,
     )
 
 
@@ -84,7 +93,7 @@ class _Shared:
         self.refs = 0
 
 
-# event loop -> {settings -> the connector node of that loop}
+# event loop -> {(settings, client TLS context, server name) -> the connector node of that loop}
 _connectors: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = weakref.WeakKeyDictionary()
 _closing: set = set()
 
@@ -94,7 +103,7 @@ class ConnectorLease:
 
     __slots__ = ("node", "_shared", "_key", "_loop")
 
-    def __init__(self, shared: _Shared, key: Settings, loop: asyncio.AbstractEventLoop):
+    def __init__(self, shared: _Shared, key: tuple, loop: asyncio.AbstractEventLoop):
         self.node = shared.node
         self._shared = shared
         self._key = key
@@ -116,15 +125,18 @@ class ConnectorLease:
             task.add_done_callback(_closing.discard)
 
 
-async def connector_node(settings: Settings) -> ConnectorLease:
-    """The connector node of the running loop for these settings, started, held once."""
+async def connector_node(settings: Settings, tls: Optional[TlsConfig] = None) -> ConnectorLease:
+    """The connector node of the running loop for these settings and this TLS, started,
+    held once. Dask makes a client context once per connection pool (``rpc``), so a
+    process has a handful of them: one node each."""
     loop = asyncio.get_running_loop()
     per_loop = _connectors.setdefault(loop, {})
-    shared = per_loop.get(settings)
+    key = (settings, tls.client, tls.server_name) if tls is not None else (settings, None, None)
+    shared = per_loop.get(key)
     if shared is None or shared.node._closed:
-        shared = per_loop[settings] = _Shared(make_node(settings, "connect"))
+        shared = per_loop[key] = _Shared(make_node(settings, "connect", tls=tls))
     shared.refs += 1
-    lease = ConnectorLease(shared, settings, loop)
+    lease = ConnectorLease(shared, key, loop)
     try:
         await shared.node.start()  # without a TCP listener this does not wait: no race
     except BaseException:

@@ -1,0 +1,263 @@
+"""TLS between hosts (spec §3.1): Python nodes on loopback with certificates made here."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from handoff import Bounds, Node, TlsConfig, TlsError, wire
+from handoff.tls import TLS_REQUIRED_MESSAGE
+from conftest import SECRET as CHILD_SECRET
+from helpers import eventually
+from tls_certs import Pki, make_pki
+
+REPO = Path(__file__).resolve().parents[2]
+MIB = 1 << 20
+SECRET = b"tls secret"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def config(pki: Pki, which: str = "a", ca=None, server_name=None) -> TlsConfig:
+    c = getattr(pki, which)
+    return TlsConfig.from_files(c.cert, c.key, ca or pki.ca, server_name=server_name)
+
+
+def node(name: str, tls=None, **kw) -> Node:
+    kw.setdefault("listen", "127.0.0.1:0")
+    kw.setdefault("host_id", f"host-{name}")  # another host: TCP, not the Unix socket
+    return Node(name, secret=SECRET, tls=tls, **kw)
+
+
+async def test_round_trip_over_tls(pki):
+    a, b = node("a", config(pki, "a")), node("b", config(pki, "b"))
+    async with a, b:
+        peer = await b.connect(a.listen_addr)
+        assert peer.channel == "tcp" and peer.transport.tls
+        assert isinstance(peer.transport.sock, ssl.SSLSocket)
+        payload = os.urandom(3 * MIB + 17)
+        await peer.send("t.X", {"d": payload, "small": b"x" * 10})
+        env = await a.recv(10)
+        assert bytes(env.body["d"]) == payload and env.body["small"] == b"x" * 10
+        # and back, on the accepted side
+        back = await a.wait_for_peer("b")
+        assert back.transport.tls
+        await back.send("t.Y", {"d": payload[::-1]})
+        assert bytes((await b.recv(10)).body["d"]) == payload[::-1]
+        # many small messages, both ways at once
+        for i in range(200):
+            await peer.send("t.N", {"i": i})
+        got = [(await a.recv(10)).body["i"] for _ in range(200)]
+        assert got == list(range(200))
+
+
+async def test_same_host_still_uses_shm(pki):
+    a = node("a", config(pki, "a"), host_id="same")
+    b = node("b", config(pki, "b"), host_id="same")
+    async with a, b:
+        peer = await b.connect(a.listen_addr)
+        assert peer.channel == "shm" and not peer.transport.tls
+        await peer.send("t.X", {"d": os.urandom(MIB)})
+        assert len((await a.recv(10)).body["d"]) == MIB
+        assert (await a.wait_for_peer("b", channel="shm")).channel == "shm"
+
+
+async def test_server_certificate_from_another_ca(pki):
+    a = node("a", TlsConfig.from_files(pki.foreign.cert, pki.foreign.key, pki.ca))
+    b = node("b", config(pki, "b"))
+    async with a, b:
+        with pytest.raises(TlsError) as e:
+            await b.connect(a.listen_addr)
+        assert "not signed by a CA this node trusts" in str(e.value), e.value
+
+
+async def test_client_certificate_from_another_ca(pki, caplog):
+    # a trusts only our CA; b presents a certificate of another CA (and trusts ours).
+    a = node("a", config(pki, "a"))
+    b = node("b", TlsConfig.from_files(pki.foreign.cert, pki.foreign.key, pki.ca))
+    async with a, b:
+        with caplog.at_level(logging.WARNING, logger="handoff"):
+            with pytest.raises(TlsError) as e:
+                await b.connect(a.listen_addr)
+            assert "refused" in str(e.value) and "CA" in str(e.value), e.value
+            assert await eventually(lambda: "not signed by a CA this node trusts" in caplog.text), caplog.text
+
+
+async def test_client_without_certificate(pki, caplog):
+    a = node("a", config(pki, "a"))
+    bare = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    bare.load_verify_locations(pki.ca)
+    b = node("b", TlsConfig(client=bare))
+    async with a, b:
+        with caplog.at_level(logging.WARNING, logger="handoff"):
+            with pytest.raises(TlsError) as e:
+                await b.connect(a.listen_addr)
+            assert "sent none" in str(e.value), e.value
+            assert await eventually(lambda: "sent no certificate" in caplog.text), caplog.text
+
+
+@pytest.mark.parametrize("which,words", [("expired", "has expired"), ("not_yet", "is not valid yet")])
+async def test_certificate_out_of_its_dates(pki, which, words):
+    a = node("a", config(pki, which))
+    b = node("b", config(pki, "b"))
+    async with a, b:
+        with pytest.raises(TlsError) as e:
+            await b.connect(a.listen_addr)
+        assert words in str(e.value), e.value
+
+
+async def test_expired_client_certificate(pki, caplog):
+    a = node("a", config(pki, "a"))
+    b = node("b", config(pki, "expired"))
+    async with a, b:
+        with caplog.at_level(logging.WARNING, logger="handoff"):
+            with pytest.raises(TlsError) as e:
+                await b.connect(a.listen_addr)
+            assert "expired" in str(e.value), e.value
+            assert await eventually(lambda: "has expired" in caplog.text), caplog.text
+
+
+async def test_name_mismatch_and_server_name(pki):
+    a = node("a", config(pki, "other_name"))
+    async with a:
+        b = node("b", config(pki, "b"))
+        async with b:
+            with pytest.raises(TlsError) as e:
+                await b.connect(a.listen_addr)
+            assert "does not name '127.0.0.1'" in str(e.value), e.value
+        c = node("c", config(pki, "b", server_name="other.example"))
+        async with c:
+            peer = await c.connect(a.listen_addr)
+            assert peer.transport.tls and peer.name == "a"
+
+
+async def test_plain_peer_gets_tls_required(pki, caplog):
+    a = node("a", config(pki, "a"))
+    plain = node("plain")
+    b = node("b", config(pki, "b"))
+    async with a, plain, b:
+        with caplog.at_level(logging.WARNING, logger="handoff"):
+            with pytest.raises(TlsError) as e:
+                await plain.connect(a.listen_addr)
+            assert e.value.code == "tls-required"
+            assert "requires TLS" in str(e.value) and "tls-required" in str(e.value), e.value
+            assert await eventually(lambda: a.tls_refusals == 1)
+            assert await eventually(lambda: "connected without TLS" in caplog.text), caplog.text
+        # a keeps serving others
+        peer = await b.connect(a.listen_addr)
+        await peer.send("t.X", {"n": 1})
+        assert (await a.recv(5)).body == {"n": 1}
+
+
+def test_tls_required_bytes_match_the_vector(pki):
+    """What a plain peer reads: the node's preamble, then exactly the vector's message."""
+    vector = (REPO / "spec" / "vectors" / "error-tls-required.bin").read_bytes()
+    assert wire.encode_message(wire.Error("tls-required", TLS_REQUIRED_MESSAGE)) == vector
+
+    async def main():
+        a = node("a", config(pki, "a"))
+        async with a:
+            host, port = a.listen_addr[len("tcp://") :].rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(wire.OUR_PREAMBLE.encode())
+            got = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+            return got
+
+    got = asyncio.run(main())
+    assert got[: wire.PREAMBLE_LEN] == wire.our_preamble(False).encode()
+    assert got[wire.PREAMBLE_LEN :] == vector
+
+
+async def test_tls_node_to_plain_node(pki, caplog):
+    plain = node("plain")
+    b = node("b", config(pki, "b"))
+    async with plain, b:
+        with caplog.at_level(logging.WARNING, logger="handoff"):
+            with pytest.raises(TlsError) as e:
+                await b.connect(plain.listen_addr)
+            assert "does not speak TLS" in str(e.value), e.value
+            assert await eventually(lambda: "the peer speaks TLS and this node has no TLS" in caplog.text), caplog.text
+
+
+async def test_ticket_pulled_over_tls(pki):
+    a = node("a", config(pki, "a"), redeem="lazy")
+    b = node("b", config(pki, "b"), redeem="lazy")
+    c = node("c", config(pki, "b"), redeem="lazy")
+    async with a, b, c:
+        await b.connect(a.listen_addr)
+        to_c = await b.connect(c.listen_addr)
+        data = os.urandom(2 * MIB)
+        await (await a.wait_for_peer("b")).send("t.X", {"d": data}, by_ticket=True)
+        ticket = (await b.recv(5)).body["d"]
+        await to_c.send("t.Y", {"d": ticket})
+        ticket.release()
+        got = (await c.recv(5)).body["d"]
+        assert bytes(await got.redeem()) == data  # c dials a by itself, over TLS
+        owners = [p for p in c.peers if p.name == "a"]
+        assert owners and all(p.transport.tls for p in owners)
+        got.release()
+
+
+async def test_stalled_tls_peer_hits_the_handshake_timeout(pki, caplog):
+    bounds = dataclasses.replace(Bounds(), handshake_timeout=0.5)
+    a = node("a", config(pki, "a"), bounds=bounds)
+    async with a:
+        host, port = a.listen_addr[len("tcp://") :].rsplit(":", 1)
+        with caplog.at_level(logging.WARNING, logger="handoff"):
+            # Starts a TLS handshake (a record header and a few bytes) and stalls.
+            s = socket.create_connection((host, int(port)))
+            s.sendall(b"\x16\x03\x01\x02\x00\x01\x00")
+            s.settimeout(5)
+            assert await asyncio.to_thread(s.recv, 100) == b""  # closed by a, not left hanging
+            s.close()
+            assert await eventually(lambda: "did not complete within 0.5 s" in caplog.text), caplog.text
+        # The connecting side: a listener that accepts and never answers.
+        quiet = socket.socket()
+        quiet.bind(("127.0.0.1", 0))
+        quiet.listen()
+        b = node("b", config(pki, "b"), bounds=bounds)
+        async with b:
+            with pytest.raises(TlsError) as e:
+                await asyncio.wait_for(b.connect(f"127.0.0.1:{quiet.getsockname()[1]}"), 5)
+            assert "did not complete within 0.5 s" in str(e.value)
+        quiet.close()
+
+
+def test_worker_flags_all_or_none(pki):
+    r = subprocess.run(
+        [sys.executable, "-m", "handoff.worker", "--name", "w", "--tls-cert", str(pki.a.cert)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode != 0
+    assert "--tls-cert, --tls-key and --tls-ca" in r.stderr, r.stderr
+
+
+async def test_worker_with_tls(pki, spawn_py_worker):
+    """Worker processes with the TLS flags: a TLS node pings one; a worker without TLS
+    connecting to it (``--connect``) fails clearly, naming TLS."""
+    c = pki.a
+    flags = ["--tls-cert", str(c.cert), "--tls-key", str(c.key), "--tls-ca", str(pki.ca)]
+    worker = await spawn_py_worker("py-tls", "--host-id", "worker-host", *flags)
+    async with Node("client", secret=CHILD_SECRET, host_id="client-host", tls=config(pki, "b")) as n:
+        peer = await n.connect(worker.listen)
+        assert peer.transport.tls and peer.name == "py-tls"
+        await peer.send("handoff.bench.Ping", {"seq": 1, "data": b"x" * 100})
+        env = await n.recv(20)
+        assert env.type_name == "handoff.bench.Ping" and env.body == {"seq": 1, "data": b"x" * 100}
+    with pytest.raises(AssertionError) as e:
+        await spawn_py_worker("py-plain", "--host-id", "plain-host", "--connect", worker.listen)
+    assert "requires TLS" in str(e.value) and "--tls-cert" in str(e.value), e.value
