@@ -13,7 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from handoff import Bounds, Node, TlsConfig, TlsError, wire
+import numpy as np
+from handoff import Bounds, Buffer, Node, TlsConfig, TlsError, wire
+from handoff.tickets import digest
 from handoff.tls import TLS_REQUIRED_MESSAGE
 from conftest import SECRET as CHILD_SECRET
 from helpers import eventually
@@ -34,10 +36,10 @@ def config(pki: Pki, which: str = "a", ca=None, server_name=None) -> TlsConfig:
     return TlsConfig.from_files(c.cert, c.key, ca or pki.ca, server_name=server_name)
 
 
-def node(name: str, tls=None, **kw) -> Node:
+def node(name: str, tls=None, secret_override=None, **kw) -> Node:
     kw.setdefault("listen", "127.0.0.1:0")
     kw.setdefault("host_id", f"host-{name}")  # another host: TCP, not the Unix socket
-    return Node(name, secret=SECRET, tls=tls, **kw)
+    return Node(name, secret=secret_override or SECRET, tls=tls, **kw)
 
 
 async def test_round_trip_over_tls(pki):
@@ -261,3 +263,71 @@ async def test_worker_with_tls(pki, spawn_py_worker):
     with pytest.raises(AssertionError) as e:
         await spawn_py_worker("py-plain", "--host-id", "plain-host", "--connect", worker.listen)
     assert "requires TLS" in str(e.value) and "--tls-cert" in str(e.value), e.value
+
+
+# ---------------------------------------------------------------- with the Rust node
+
+
+async def test_python_and_rust_talk_over_tls_both_ways(pki, spawn_rust, rust_stats):
+    c = pki.b
+    rust = await spawn_rust(
+        "rs-tls", "--host-id", "rust-host", "--tls-cert", str(c.cert), "--tls-key", str(c.key), "--tls-ca", str(pki.ca)
+    )
+    async with node("py-tls", config(pki, "a"), secret_override=CHILD_SECRET) as py:
+        peer = await py.connect(rust.listen)
+        assert peer.channel == "tcp" and peer.transport.tls
+        # Python -> Rust: the Rust node checks the digest.
+        data = np.random.default_rng(3).integers(0, 256, 4 * MIB, dtype=np.uint8)
+        await peer.send(
+            "handoff.demo.Payload", {"id": 1, "digest": Buffer(digest(data)), "data": data, "prepare_seconds": 0.0}
+        )
+        env = await py.recv(30)
+        assert env.type_name == "handoff.demo.Receipt" and env.body["verified"] is True, env.body
+        # Rust -> Python.
+        await peer.send("handoff.demo.SendRequest", {"id": 2, "bytes": 4 * MIB})
+        env = await py.recv(30)
+        assert env.type_name == "handoff.demo.Payload"
+        with env:
+            assert digest(env.body["data"]) == bytes(env.body["digest"])
+    # The Rust node's own client side: `handoff stats` without TLS is refused, clearly.
+    with pytest.raises(AssertionError) as e:
+        await rust_stats(rust.listen)
+    assert "requires TLS" in str(e.value), e.value
+
+
+async def test_a_plain_python_node_is_told_that_the_rust_node_requires_tls(pki, spawn_rust):
+    c = pki.b
+    rust = await spawn_rust(
+        "rs-tls-req",
+        "--host-id",
+        "rust-host",
+        "--tls-cert",
+        str(c.cert),
+        "--tls-key",
+        str(c.key),
+        "--tls-ca",
+        str(pki.ca),
+    )
+    async with node("py-plain", secret_override=CHILD_SECRET) as py:
+        with pytest.raises(TlsError) as e:
+            await py.connect(rust.listen)
+        assert e.value.code == "tls-required" and "requires TLS" in str(e.value), e.value
+
+
+async def test_a_rust_node_with_a_certificate_from_another_ca_is_refused(pki, spawn_rust):
+    c = pki.foreign
+    rust = await spawn_rust(
+        "rs-foreign",
+        "--host-id",
+        "rust-host",
+        "--tls-cert",
+        str(c.cert),
+        "--tls-key",
+        str(c.key),
+        "--tls-ca",
+        str(pki.ca),
+    )
+    async with node("py-tls2", config(pki, "a"), secret_override=CHILD_SECRET) as py:
+        with pytest.raises(TlsError) as e:
+            await py.connect(rust.listen)
+        assert "CA" in str(e.value), e.value

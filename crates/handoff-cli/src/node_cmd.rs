@@ -52,6 +52,19 @@ pub struct NodeArgs {
     /// such peers are refused with `unsupported-version`.
     #[arg(long)]
     pub accept_v1: bool,
+    /// TLS for every TCP connection (spec WIRE.md §3.1): this node's certificate chain, PEM.
+    /// Needs --tls-key and --tls-ca; a peer without TLS is then refused (`tls-required`).
+    #[arg(long, requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM.
+    #[arg(long, requires_all = ["tls_cert", "tls_ca"])]
+    pub tls_key: Option<PathBuf>,
+    /// The certificate authorities that peers' certificates must chain to, PEM.
+    #[arg(long, requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    /// Expect this name in every peer's certificate instead of the host it is dialed at.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_server_name: Option<String>,
     /// What peers can make this node hold (spec WIRE.md §9.1 and Appendix A).
     #[command(flatten)]
     pub bounds: BoundsArgs,
@@ -215,6 +228,13 @@ pub async fn run(args: NodeArgs) -> Result<()> {
     }
     if let Some(f) = &args.secret_file {
         builder = builder.secret(read_secret(f)?);
+    }
+    if let (Some(cert), Some(key), Some(ca)) = (&args.tls_cert, &args.tls_key, &args.tls_ca) {
+        let mut tls = handoff::TlsConfig::from_pem_files(cert, key, ca).context("--tls-cert/--tls-key/--tls-ca")?;
+        if let Some(name) = &args.tls_server_name {
+            tls = tls.expect_server_name(name);
+        }
+        builder = builder.tls(tls);
     }
     let node = builder.build().await.context("starting the node")?;
     if let Some(file) = &args.catalog {

@@ -20,7 +20,10 @@ pub enum WireError {
         available: u64,
     },
     /// The connection did not start with the handoff magic bytes.
-    #[error("bad preamble: expected magic {expected:02x?}, got {got:02x?} (is the peer a handoff node?)")]
+    #[error(
+        "bad preamble: expected magic {expected:02x?}, got {got:02x?} ({})",
+        bad_magic_hint(got)
+    )]
     BadMagic {
         /// The magic we expect.
         expected: [u8; 8],
@@ -166,5 +169,16 @@ impl WireError {
             WireError::Timeout(_) => "timeout",
             WireError::Overloaded(_) => "overloaded",
         }
+    }
+}
+
+/// What a wrong preamble most likely means: a peer that started a TLS handshake (a record
+/// `16 03 ..`, spec §3.1) where this node expected plain bytes, or something that is not a
+/// handoff node at all.
+fn bad_magic_hint(got: &[u8; 8]) -> &'static str {
+    if got[0] == 0x16 && got[1] == 0x03 {
+        "the peer started a TLS handshake, and this node has no TLS configured"
+    } else {
+        "is the peer a handoff node?"
     }
 }

@@ -9,7 +9,8 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use crate::connection::{open_tcp, open_unix};
 use crate::handshake::refuse_overloaded;
 use crate::state::NodeInner;
-use crate::{limited_warn, Peer, Result};
+use crate::tcp::TcpConn;
+use crate::{limited_warn, Error, Peer, Result};
 
 /// A listening socket of a node: TCP for any peer, Unix for same-host peers.
 pub(crate) enum Listening {
@@ -52,6 +53,21 @@ fn log_accept(node: &NodeInner, label: &str, result: &Result<Peer>) {
     }
 }
 
+/// An accepted TCP stream as the handshake gets it: plain, or after the TLS handshake when
+/// the node has TLS (spec §3.1; a plain peer is then refused with `tls-required`). The TLS
+/// handshake counts against the same deadline as the handoff handshake.
+async fn tcp_conn(node: &NodeInner, stream: TcpStream, label: &str) -> Result<TcpConn> {
+    let Some(tls) = &node.ctx.tls else {
+        return Ok(TcpConn::Plain(stream));
+    };
+    let _ = stream.set_nodelay(true);
+    let limit = node.ctx.bounds.handshake_timeout;
+    let tls_stream = tokio::time::timeout(limit, tls.accept(stream, label))
+        .await
+        .map_err(|_| Error::Timeout(format!("the TLS handshake with {label} took over {limit:?}")))??;
+    Ok(TcpConn::Tls(Box::new(tokio_rustls::TlsStream::Server(tls_stream))))
+}
+
 /// Accepts connections until the node shuts down; each handshakes in a task of its own.
 pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: Listening) {
     let mut shutdown = node.ctx.shutdown.subscribe();
@@ -80,7 +96,10 @@ pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: Listening) {
                     let (slot, evicted) = node.ctx.handshakes.enter();
                     let (label, result) = match conn {
                         Accepted::Tcp(stream, label) => {
-                            let r = open_tcp(node.clone(), stream, label.clone(), Some(evicted)).await;
+                            let r = match tcp_conn(&node, stream, &label).await {
+                                Ok(conn) => open_tcp(node.clone(), conn, label.clone(), Some(evicted)).await,
+                                Err(e) => Err(e),
+                            };
                             (label, r)
                         }
                         Accepted::Unix(stream, label) => {

@@ -9,6 +9,7 @@ use crate::bounds::Bounds;
 use crate::message::TypeRegistry;
 use crate::tickets::modes::Redeem;
 use crate::tickets::owner::LeaseConfig;
+use crate::tls::TlsConfig;
 use crate::Message;
 
 /// Default size from which buffers to a same-host peer travel as shared memory.
@@ -35,6 +36,7 @@ pub struct NodeBuilder {
     pub(crate) pull_timeout: Duration,
     pub(crate) accept_v1: bool,
     pub(crate) preamble: Option<Preamble>,
+    pub(crate) tls: Option<TlsConfig>,
 }
 
 impl NodeBuilder {
@@ -59,7 +61,20 @@ impl NodeBuilder {
             pull_timeout: Duration::from_secs(30),
             accept_v1: false,
             preamble: None,
+            tls: None,
         }
+    }
+
+    /// Runs every TCP connection of this node inside TLS (`spec/WIRE.md` §3.1; default: off).
+    ///
+    /// Both sides present certificates that must chain to the configured CA, and the
+    /// connecting side checks the accepting side's name (the host part of the address it
+    /// dialed, or the name set by [`TlsConfig::expect_server_name`]). A peer that connects
+    /// without TLS is refused with `tls-required`. Same-host connections on the Unix socket
+    /// (shared memory) are not affected. The cluster secret is still proven inside TLS.
+    pub fn tls(mut self, config: TlsConfig) -> Self {
+        self.tls = Some(config);
+        self
     }
 
     /// Also accept peers that speak only protocol version 1 (default: off).

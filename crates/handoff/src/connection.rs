@@ -14,6 +14,7 @@ use crate::link::{Link, ShmLink};
 use crate::peer::PeerAddrs;
 use crate::receive::{read_loop, release_loop};
 use crate::state::NodeInner;
+use crate::tcp::TcpConn;
 use crate::unix::{self, FdReader, UnixWriter};
 use crate::{Error, Peer, Result};
 
@@ -39,7 +40,23 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
         })?
         .map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
     let label = addr.to_string();
-    let peer = open_tcp(node.clone(), stream, label, None).await?;
+    let conn = match &node.ctx.tls {
+        None => TcpConn::Plain(stream),
+        Some(tls) => {
+            set_nodelay(&stream, &label)?;
+            let host = target.rsplit_once(':').map_or(target, |(host, _port)| host);
+            let tls_stream = tokio::time::timeout(node.ctx.bounds.handshake_timeout, tls.connect(stream, host))
+                .await
+                .map_err(|_| {
+                    Error::Timeout(format!(
+                        "the TLS handshake with {addr} took over {:?}",
+                        node.ctx.bounds.handshake_timeout
+                    ))
+                })??;
+            TcpConn::Tls(Box::new(tokio_rustls::TlsStream::Client(tls_stream)))
+        }
+    };
+    let peer = open_tcp(node.clone(), conn, label, None).await?;
     if channel == Some(Channel::Tcp) {
         return Ok(peer);
     }
@@ -162,19 +179,35 @@ where
     handshake(reader, writer, ours, label, evicted).await
 }
 
-/// Handshakes on a fresh TCP stream, registers the peer and starts its reader.
+fn set_nodelay(stream: &TcpStream, label: &str) -> Result<()> {
+    stream
+        .set_nodelay(true)
+        .map_err(|e| Error::io(format!("setting TCP_NODELAY for {label}"), e))
+}
+
+/// Handshakes on a fresh TCP connection (plain, or after its TLS handshake), registers the
+/// peer and starts its reader.
 pub(crate) async fn open_tcp(
     node: Arc<NodeInner>,
-    stream: TcpStream,
+    conn: TcpConn,
     label: String,
     evicted: Option<oneshot::Receiver<()>>,
 ) -> Result<Peer> {
-    stream
-        .set_nodelay(true)
-        .map_err(|e| Error::io(format!("setting TCP_NODELAY for {label}"), e))?;
-    let (read_half, mut write_half) = stream.into_split();
+    let tls = matches!(conn, TcpConn::Tls(_));
+    if let TcpConn::Plain(stream) = &conn {
+        set_nodelay(stream, &label)?;
+    }
+    let (read_half, mut write_half) = conn.split();
     let mut reader = MessageReader::new(read_half, label.clone(), node.ctx.bounds.progress_timeout);
-    let Handshaken { ident, version } = run_handshake(&node, &mut reader, &mut write_half, &label, evicted).await?;
+    let handshaken = run_handshake(&node, &mut reader, &mut write_half, &label, evicted).await;
+    let Handshaken { ident, version } = match handshaken {
+        // In TLS 1.3 the peer checks our certificate after its handshake: its refusal (an
+        // alert) arrives with the first read of ours.
+        Err(Error::Io { source, .. }) if tls && crate::tls::explain_io(&source, &label).is_some() => {
+            return Err(crate::tls::explain_io(&source, &label).expect("checked"));
+        }
+        other => other?,
+    };
     let peer = Peer::new(
         &node,
         endpoint_of(&ident),

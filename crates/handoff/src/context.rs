@@ -25,6 +25,7 @@ use crate::pool::RecvPool;
 use crate::shm::MappingCache;
 use crate::tickets::modes::Redeem;
 use crate::tickets::owner::LeaseTable;
+use crate::tls::TlsConfig;
 use crate::Result;
 
 /// The settings and shared state of a running node, apart from its peers and inbox.
@@ -68,6 +69,8 @@ pub(crate) struct Context {
     pub(crate) resources: Arc<Resources>,
     /// The preamble this node sends: version 2 only, or 1 and 2 with `accept_v1` (spec §3).
     pub(crate) preamble: Preamble,
+    /// TLS for TCP connections (spec §3.1), if the node has it: then required of every TCP peer.
+    pub(crate) tls: Option<TlsConfig>,
 }
 
 impl Context {

@@ -103,6 +103,14 @@ pub enum Error {
     /// A setting or address is not usable.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The TLS handshake with a peer failed (`spec/WIRE.md` §3.1).
+    #[error("TLS with {peer} failed: {reason}")]
+    Tls {
+        /// The peer's address.
+        peer: String,
+        /// What went wrong, and what to fix.
+        reason: String,
+    },
 }
 
 impl Error {

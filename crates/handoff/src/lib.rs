@@ -61,7 +61,9 @@ mod pool;
 mod receive;
 pub mod shm;
 mod state;
+mod tcp;
 pub mod tickets;
+pub mod tls;
 mod unix;
 
 pub use bounds::Bounds;
@@ -79,6 +81,7 @@ pub use node::Node;
 pub use peer::Peer;
 pub use shm::SharedBufMut;
 pub use tickets::{Redeem, Ticket};
+pub use tls::TlsConfig;
 
 /// The wire-format crate, for lower-level use (codec, headers, vectors).
 pub use handoff_wire as wire;

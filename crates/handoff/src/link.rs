@@ -16,12 +16,12 @@ use std::time::Duration;
 use handoff_wire::framing::encode_header_into;
 use handoff_wire::{Buffer, Descriptor, Header, TicketClaim};
 use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{Mutex, Notify};
 
 use crate::context::Context;
 use crate::payload::Payload;
 use crate::shm::{self, Held};
+use crate::tcp::TcpWriter;
 use crate::tickets::owner::WhenFull;
 use crate::unix::UnixWriter;
 use crate::{Error, Result};
@@ -30,8 +30,8 @@ use crate::{Error, Result};
 pub(crate) enum Link {
     /// A node in this process: envelopes go straight into its inbox.
     Inproc(Arc<dyn InprocTarget>),
-    /// A TCP connection; the reader task owns the read half.
-    Tcp { writer: Mutex<OwnedWriteHalf> },
+    /// A TCP connection, plain or inside TLS; the reader task owns the read half.
+    Tcp { writer: Mutex<TcpWriter> },
     /// A Unix socket to a same-host node; large buffers go as shared memory.
     Shm(Arc<ShmLink>),
 }
@@ -73,7 +73,7 @@ impl Link {
                 let mut w = writer.lock().await;
                 let r = crate::io::write_all_vectored(&mut *w, head, frames, stall).await;
                 if r.is_err() {
-                    abort_socket(w.as_ref().as_fd());
+                    abort_socket(w.socket());
                 }
                 r
             }

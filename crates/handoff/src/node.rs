@@ -133,6 +133,7 @@ impl NodeBuilder {
             unlease_tx,
             resources: Arc::new(Resources::new(self.name.clone())),
             preamble: self.preamble.unwrap_or(Preamble::ours(self.accept_v1)),
+            tls: self.tls,
         };
         let inner = Arc::new(NodeInner {
             ctx,
