@@ -121,6 +121,12 @@ impl TlsConfig {
         self
     }
 
+    /// The rustls configurations of the two sides (client, server), for tools that measure
+    /// or embed handoff's TLS, such as `handoff bench`'s raw TLS baseline.
+    pub fn rustls_configs(&self) -> (Arc<ClientConfig>, Arc<ServerConfig>) {
+        (self.client.clone(), self.server.clone())
+    }
+
     /// The TLS handshake of the connecting side, on a fresh TCP connection to `dialed_host`
     /// (the host part of the address: a name or an IP address).
     pub(crate) async fn connect(&self, tcp: TcpStream, dialed_host: &str) -> Result<ClientStream> {

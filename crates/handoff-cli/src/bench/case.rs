@@ -6,7 +6,7 @@ use serde::Serialize;
 /// One result row (keys are a public interface: keep them stable).
 #[derive(Debug, Clone, Serialize)]
 pub struct Case {
-    /// Case name: `inproc-msg`, `tcp-rtt`, `shm-rtt`, `tcp-stream`, `shm-view`, `shm-read`,
+    /// Case name: `inproc-msg`, `tcp-rtt`, `shm-rtt`, `tcp-stream`, `tls-stream`, `shm-view`, `shm-read`,
     /// `tcp-read`, `shm-copy-in`, `ticket-pull`, `ticket-3party`, `blob-hit`, `blob-cold`.
     pub case: String,
     /// Channel measured.

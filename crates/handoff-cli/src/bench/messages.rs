@@ -1,12 +1,12 @@
-//! Small messages and streams: `inproc-msg` (against a tokio channel), `tcp-rtt` (against a raw TCP ping-pong)
-//! and `tcp-stream` (against a raw TCP stream with the same acknowledgements), and the round-trip loop that
-//! `shm-rtt` shares.
+//! Small messages and streams: `inproc-msg` (against a tokio channel), `tcp-rtt` (against a
+//! raw TCP ping-pong), `tcp-stream` (against a raw TCP stream with the same acknowledgements)
+//! and `tls-stream` (against a raw rustls stream), and the round-trip loop that `shm-rtt` shares.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use handoff::{Buffer, Node, Peer};
+use handoff::{Buffer, Node, Peer, TlsConfig};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -126,10 +126,28 @@ async fn raw_echo_pair(record: usize) -> Result<(TcpStream, tokio::task::JoinHan
 
 /// Back-to-back buffers of `size` bytes over TCP, against a raw TCP stream of the same bytes.
 pub(super) async fn tcp_stream(plan: &Plan, client: &Node, peer: &Peer, size: u64) -> Result<Case> {
+    let raw = RawStream::start(size as usize, None).await?;
+    stream_case(plan, client, peer, size, raw, ("tcp-stream", "tcp")).await
+}
+
+/// As `tcp-stream` with both nodes' TCP inside TLS, against a raw TLS stream of the same
+/// bytes made with the same TLS library and certificates (rustls).
+pub(super) async fn tls_stream(plan: &Plan, client: &Node, peer: &Peer, size: u64, tls: &TlsConfig) -> Result<Case> {
+    let raw = RawStream::start(size as usize, Some(tls)).await?;
+    stream_case(plan, client, peer, size, raw, ("tls-stream", "tls")).await
+}
+
+async fn stream_case(
+    plan: &Plan,
+    client: &Node,
+    peer: &Peer,
+    size: u64,
+    mut raw: RawStream,
+    (name, channel): (&'static str, &'static str),
+) -> Result<Case> {
     let count = ((1u64 << 30) / size).clamp(4, 64);
     let count = if plan.reps <= 3 { count.min(8) } else { count };
     let data = Buffer::from(vec![0xa5u8; size as usize]);
-    let mut raw = RawStream::start(size as usize).await?;
     let mut ours = Vec::new();
     let mut base = Vec::new();
     for rep in 0..=plan.reps {
@@ -154,34 +172,55 @@ pub(super) async fn tcp_stream(plan: &Plan, client: &Node, peer: &Peer, size: u6
             base.push(t_base);
         }
     }
-    Ok(case_runs("tcp-stream", "tcp", size, ours, base))
+    Ok(case_runs(name, channel, size, ours, base))
 }
 
-/// The raw baseline: a TCP stream whose receiver reads each record into one reused
-/// buffer and acknowledges it with 8 bytes, as the handoff server acknowledges each blob.
+/// A stream of the raw baselines: plain TCP or TLS over TCP.
+trait RawIo: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> RawIo for T {}
+
+/// The raw baseline: a TCP stream (inside TLS, for `tls-stream`) whose receiver reads each
+/// record into one reused buffer and acknowledges it with 8 bytes, as the handoff server
+/// acknowledges each blob.
 struct RawStream {
-    stream: TcpStream,
+    stream: Box<dyn RawIo>,
     _reader: tokio::task::JoinHandle<()>,
 }
 
 impl RawStream {
-    async fn start(record: usize) -> Result<RawStream> {
+    async fn start(record: usize, tls: Option<&TlsConfig>) -> Result<RawStream> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
+        let acceptor = tls.map(|t| tokio_rustls::TlsAcceptor::from(t.rustls_configs().1));
         let reader = tokio::spawn(async move {
-            let Ok((mut s, _)) = listener.accept().await else {
+            let Ok((s, _)) = listener.accept().await else {
                 return;
             };
             let _ = s.set_nodelay(true);
+            let mut s: Box<dyn RawIo> = match acceptor {
+                None => Box::new(s),
+                Some(acceptor) => match acceptor.accept(s).await {
+                    Ok(t) => Box::new(t),
+                    Err(_) => return,
+                },
+            };
             let mut buf = vec![1u8; record];
             while s.read_exact(&mut buf).await.is_ok() {
-                if s.write_all(&[1u8; 8]).await.is_err() {
+                if s.write_all(&[1u8; 8]).await.is_err() || s.flush().await.is_err() {
                     return;
                 }
             }
         });
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
+        let stream: Box<dyn RawIo> = match tls {
+            None => Box::new(stream),
+            Some(t) => {
+                let name = rustls::pki_types::ServerName::try_from("127.0.0.1").context("server name")?;
+                let connector = tokio_rustls::TlsConnector::from(t.rustls_configs().0);
+                Box::new(connector.connect(name, stream).await.context("raw TLS handshake")?)
+            }
+        };
         Ok(RawStream {
             stream,
             _reader: reader,
@@ -191,11 +230,12 @@ impl RawStream {
     /// Seconds to push `count` copies of `data` and receive every acknowledgement.
     async fn run(&mut self, data: &Buffer, count: u64) -> Result<f64> {
         let started = Instant::now();
-        let (mut rd, mut wr) = self.stream.split();
+        let (mut rd, mut wr) = tokio::io::split(&mut self.stream);
         let write = async {
             for _ in 0..count {
                 wr.write_all(data).await?;
             }
+            wr.flush().await?;
             anyhow::Ok(())
         };
         let acks = async {

@@ -6,7 +6,7 @@
 //!
 //! This file runs the cases and reports them; each family of cases lives in its own file below it:
 //! `case` (the result row, the plan of sizes and repetitions), `messages` (inproc-msg, tcp-rtt,
-//! tcp-stream), `shm` (shm-rtt, shm-view, shm-read, tcp-read, shm-copy-in), `tickets`
+//! tcp-stream, tls-stream; `tls` makes the latter its throwaway certificates), `shm` (shm-rtt, shm-view, shm-read, tcp-read, shm-copy-in), `tickets`
 //! (ticket-pull, ticket-3party) and `data` (blob-hit, blob-cold).
 
 mod case;
@@ -14,6 +14,7 @@ mod data;
 mod messages;
 mod shm;
 mod tickets;
+mod tls;
 
 use anyhow::{Context, Result};
 use handoff::Node;
@@ -102,6 +103,7 @@ async fn run_cases(plan: Plan, only: Option<&str>) -> Result<Vec<Case>> {
         .filter(|w| **w)
         .count()
         + if wanted("tcp-stream") { plan.sizes.len() } else { 0 }
+        + if wanted("tls-stream") { plan.sizes.len() } else { 0 }
         + shm_cases.iter().filter(|c| wanted(c)).count() * plan.shm_sizes.len()
         + ticket_cases.iter().filter(|c| wanted(c)).count() * plan.ticket_sizes.len()
         + blob_cases.iter().filter(|c| wanted(c)).count() * plan.blob_sizes.len();
@@ -142,6 +144,37 @@ async fn run_cases(plan: Plan, only: Option<&str>) -> Result<Vec<Case>> {
                 out.push(messages::tcp_stream(&plan, &client, &peer, size).await?);
                 bar.inc(1);
             }
+        }
+        server.shutdown();
+        client.shutdown();
+        let _ = server_task.await;
+    }
+    if wanted("tls-stream") {
+        let tls = tls::throwaway_tls()?;
+        let server = protocol::register_all(
+            Node::builder("bench-tls-server")
+                .listen("127.0.0.1:0")
+                .secret(secret.clone())
+                .tls(tls.clone()),
+        )
+        .host_id("bench-host-b")
+        .build()
+        .await?;
+        let client = protocol::register_all(
+            Node::builder("bench-tls-client")
+                .secret(secret.clone())
+                .tls(tls.clone()),
+        )
+        .host_id("bench-host-a")
+        .build()
+        .await?;
+        let serving = server.clone();
+        let server_task = tokio::spawn(async move { crate::serve::serve(&serving).await });
+        let peer = client.connect(server.listen_addr().context("listen address")?).await?;
+        for &size in &plan.sizes {
+            bar.set_message(format!("tls-stream {}", table::size(size)));
+            out.push(messages::tls_stream(&plan, &client, &peer, size, &tls).await?);
+            bar.inc(1);
         }
         server.shutdown();
         client.shutdown();
