@@ -34,6 +34,12 @@ pub struct ChaosArgs {
     /// Largest buffer an iteration sends, in bytes.
     #[arg(long, default_value_t = 32 << 20)]
     pub max_bytes: u64,
+    /// Run the nodes on the hosts of a network-namespace lab and add partitions (a link down,
+    /// then up, at a random moment) to the faults. Run inside host 1 of a lab of three hosts:
+    /// `scripts/netlab run --hosts 3 -- ip netns exec hlab-h1 handoff chaos --lab` (reads
+    /// the lab from `NETLAB` and `NETLAB_HOSTS`, which `netlab run` sets).
+    #[arg(long, conflicts_with = "hostile")]
+    pub lab: bool,
     /// Instead of ticket faults, run the hostile-peer suite: attacks (one per class of
     /// issue 11) on a real victim node with small bounds, checking that it lives, stays
     /// within its memory bounds and keeps serving a legitimate peer.
@@ -101,6 +107,8 @@ enum Fault {
     KillThird,
     DropConnection,
     LostRelease,
+    /// The owner's host is cut off (its link down), then comes back.
+    Partition,
 }
 
 impl Fault {
@@ -112,6 +120,7 @@ impl Fault {
             Fault::KillThird => "kill-third",
             Fault::DropConnection => "drop-connection",
             Fault::LostRelease => "lost-release",
+            Fault::Partition => "partition",
         }
     }
 }
@@ -121,10 +130,81 @@ struct Child {
     listen: String,
 }
 
-async fn spawn(name: &str, secret: &std::path::Path, extra: &[&str]) -> Result<Child> {
+/// The lab the nodes run in (`--lab`): its name and its hosts' addresses, from the
+/// environment `scripts/netlab run` sets.
+pub struct Lab {
+    name: String,
+    hosts: BTreeMap<u32, String>,
+}
+
+/// The host of the lab each role runs on: the driver and `c` on host 1, the owner on host 2
+/// (the one partitions cut off), `b` on host 3.
+const OWNER_HOST: u32 = 2;
+
+impl Lab {
+    /// Reads `NETLAB` and `NETLAB_HOSTS` (`LAB-hN=ADDRESS ...`).
+    pub fn from_env() -> Result<Lab> {
+        let name = std::env::var("NETLAB").map_err(|_| {
+            anyhow::anyhow!(
+                "--lab: not in a lab (NETLAB is not set); run inside host 1 of one: \
+                 scripts/netlab run --hosts 3 -- ip netns exec hlab-h1 handoff chaos --lab"
+            )
+        })?;
+        let mut hosts = BTreeMap::new();
+        for entry in std::env::var("NETLAB_HOSTS").unwrap_or_default().split_whitespace() {
+            let (ns, addr) = entry
+                .split_once('=')
+                .with_context(|| format!("NETLAB_HOSTS entry {entry:?}: expected NAMESPACE=ADDRESS"))?;
+            let n = ns
+                .rsplit_once("-h")
+                .and_then(|(_, n)| n.parse().ok())
+                .with_context(|| format!("NETLAB_HOSTS entry {entry:?}: the namespace does not end in -hN"))?;
+            hosts.insert(n, addr.to_string());
+        }
+        anyhow::ensure!(
+            (1..=3).all(|n| hosts.contains_key(&n)),
+            "--lab needs hosts 1, 2 and 3; NETLAB_HOSTS has {:?}",
+            hosts.keys().collect::<Vec<_>>()
+        );
+        Ok(Lab { name, hosts })
+    }
+
+    fn address(&self, host: u32) -> &str {
+        &self.hosts[&host]
+    }
+
+    /// Takes `host`'s link down or up (the switch's port towards it).
+    async fn link(&self, host: u32, up: bool) -> Result<()> {
+        let status = tokio::process::Command::new("ip")
+            .args(["-n", &format!("{}-sw", self.name), "link", "set", &format!("p{host}")])
+            .arg(if up { "up" } else { "down" })
+            .status()
+            .await
+            .context("running ip link set")?;
+        anyhow::ensure!(status.success(), "ip link set p{host} failed ({status})");
+        Ok(())
+    }
+}
+
+/// Starts `handoff node` as `name`: here, or on `host` of the lab.
+async fn spawn(name: &str, secret: &std::path::Path, extra: &[&str], lab: Option<(&Lab, u32)>) -> Result<Child> {
     let exe = std::env::current_exe().context("finding the handoff executable")?;
-    let mut child = tokio::process::Command::new(exe)
-        .args(["node", "--name", name, "--host-id", &format!("chaos-{name}")])
+    let mut command = match lab {
+        None => {
+            let mut c = tokio::process::Command::new(&exe);
+            c.args(["node", "--name", name, "--host-id", &format!("chaos-{name}")]);
+            c
+        }
+        Some((lab, host)) => {
+            // The host id comes from the namespace: nodes on different hosts use TCP.
+            let mut c = tokio::process::Command::new("ip");
+            c.args(["netns", "exec", &format!("{}-h{host}", lab.name)])
+                .arg(&exe)
+                .args(["node", "--name", name, "--listen", &format!("{}:0", lab.address(host))]);
+            c
+        }
+    };
+    let mut child = command
         .arg("--secret-file")
         .arg(secret)
         .args(["--lease-ttl-ms", &LEASE_TTL_MS.to_string()])
@@ -186,7 +266,9 @@ impl Tally {
                 let refused = matches!(kind, "unknown-lease" | "expired" | "bad-token");
                 // A holder whose connection was dropped lost its hold by design; a refusal
                 // anywhere else, with the owner alive, is a hold that ended too early.
-                let explained = fault == Fault::DropConnection && report.node == b_name;
+                // A partition likewise: a holder cut off from the owner cannot renew, and
+                // the owner ends its lease by the deadline, as it must.
+                let explained = (fault == Fault::DropConnection && report.node == b_name) || fault == Fault::Partition;
                 if refused && owner_alive && !explained {
                     summary.premature_frees += 1;
                     tracing::error!(
@@ -219,7 +301,8 @@ pub async fn run(args: ChaosArgs) -> Result<()> {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
     });
-    let summary = run_iterations(args.iterations, seed, args.max_bytes).await?;
+    let lab = if args.lab { Some(Lab::from_env()?) } else { None };
+    let summary = run_iterations(args.iterations, seed, args.max_bytes, lab.as_ref()).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
@@ -243,7 +326,7 @@ pub async fn run(args: ChaosArgs) -> Result<()> {
 }
 
 /// Runs `iterations` iterations from `seed`.
-pub async fn run_iterations(iterations: u32, seed: u64, max_bytes: u64) -> Result<Summary> {
+pub async fn run_iterations(iterations: u32, seed: u64, max_bytes: u64, lab: Option<&Lab>) -> Result<Summary> {
     let started = Instant::now();
     let mut rng = Rng(seed);
     let secret = hex::encode(rand::random::<[u8; 16]>());
@@ -251,19 +334,30 @@ pub async fn run_iterations(iterations: u32, seed: u64, max_bytes: u64) -> Resul
     std::fs::create_dir_all(&dir)?;
     let secret_file = dir.join("secret");
     std::fs::write(&secret_file, &secret)?;
-    let chaos = protocol::register_all(Node::builder("chaos").listen("127.0.0.1:0").secret(secret.clone()))
-        .host_id("chaos-driver")
-        .build()
-        .await?;
+    let listen = lab.map_or("127.0.0.1:0".to_string(), |l| format!("{}:0", l.address(1)));
+    let mut driver = protocol::register_all(Node::builder("chaos").listen(listen).secret(secret.clone()));
+    if lab.is_none() {
+        driver = driver.host_id("chaos-driver");
+    }
+    let chaos = driver.build().await?;
     let chaos_addr = chaos.listen_addr().context("listen")?.to_string();
     let mut summary = Summary {
         seed,
         ..Summary::default()
     };
     for i in 0..iterations {
-        iteration(&chaos, &chaos_addr, &secret_file, i, &mut rng, max_bytes, &mut summary)
-            .await
-            .with_context(|| format!("iteration {i}"))?;
+        iteration(
+            &chaos,
+            &chaos_addr,
+            &secret_file,
+            i,
+            &mut rng,
+            max_bytes,
+            lab,
+            &mut summary,
+        )
+        .await
+        .with_context(|| format!("iteration {i}"))?;
         summary.iterations += 1;
     }
     chaos.shutdown();
@@ -279,6 +373,7 @@ async fn iteration(
     i: u32,
     rng: &mut Rng,
     max_bytes: u64,
+    lab: Option<&Lab>,
     summary: &mut Summary,
 ) -> Result<()> {
     let (owner_name, b_name, c_name) = (format!("owner-{i}"), format!("b-{i}"), format!("c-{i}"));
@@ -301,18 +396,26 @@ async fn iteration(
             Fault::LostRelease,
         ]
     };
-    let fault = faults[rng.below(faults.len() as u64) as usize];
+    // In a lab, half the iterations cut the owner's host off; the rest draw as elsewhere.
+    let fault = if lab.is_some() && rng.below(2) == 0 {
+        Fault::Partition
+    } else {
+        faults[rng.below(faults.len() as u64) as usize]
+    };
+    let partition_ms = 100 + rng.below(1_400);
     let bytes = 64 * 1024 + rng.below(max_bytes.saturating_sub(64 * 1024).max(1));
     let delay = Duration::from_micros(rng.below(6_000));
     let on_received = rng.below(2) == 0;
     *summary.faults.entry(fault.name().into()).or_default() += 1;
 
-    let mut owner = spawn(&owner_name, secret, &["--connect", chaos_addr]).await?;
+    let on = |host: u32| lab.map(|l| (l, host));
+    let mut owner = spawn(&owner_name, secret, &["--connect", chaos_addr], on(OWNER_HOST)).await?;
     let owner_listen = owner.listen.clone();
     let mut c = spawn(
         &c_name,
         secret,
         &["--redeem", "lazy", "--connect", chaos_addr, "--connect", &owner_listen],
+        on(1),
     )
     .await?;
     let mut b = spawn(
@@ -328,6 +431,7 @@ async fn iteration(
             "--connect",
             &c.listen,
         ],
+        on(3),
     )
     .await?;
     let to_owner = chaos.wait_for_peer(&owner_name, Duration::from_secs(20)).await?;
@@ -364,6 +468,12 @@ async fn iteration(
         Fault::KillHolder => b.child.kill().await?,
         Fault::KillThird => c.child.kill().await?,
         Fault::DropConnection => to_owner.send(Disconnect { peer: b_name.clone() }).await?,
+        Fault::Partition => {
+            let lab = lab.context("a partition needs the lab")?;
+            lab.link(OWNER_HOST, false).await?;
+            tokio::time::sleep(Duration::from_millis(partition_ms)).await;
+            lab.link(OWNER_HOST, true).await?;
+        }
         Fault::None | Fault::LostRelease => {}
     }
 
@@ -417,8 +527,17 @@ async fn iteration(
     if owner_alive {
         let deadline = Instant::now() + Duration::from_millis(LEASE_TTL_MS * 3 + 1000);
         let mut left = u64::MAX;
+        let mut to_owner = to_owner;
         while Instant::now() < deadline {
-            to_owner.send(StatsRequest {}).await?;
+            if to_owner.send(StatsRequest {}).await.is_err() {
+                // The driver's own connection to the owner did not outlive a partition:
+                // connect again (the owner lives; its leases are what is checked).
+                to_owner = chaos
+                    .connect(&owner_listen)
+                    .await
+                    .context("reconnecting to the owner")?;
+                continue;
+            }
             let stats = loop {
                 let env = chaos.recv_timeout(Duration::from_secs(5)).await?;
                 if env.type_name() == Stats::TYPE_NAME {
