@@ -345,19 +345,16 @@ pub async fn run_iterations(iterations: u32, seed: u64, max_bytes: u64, lab: Opt
         seed,
         ..Summary::default()
     };
+    let harness = Harness {
+        chaos: &chaos,
+        chaos_addr: &chaos_addr,
+        secret: &secret_file,
+        lab,
+    };
     for i in 0..iterations {
-        iteration(
-            &chaos,
-            &chaos_addr,
-            &secret_file,
-            i,
-            &mut rng,
-            max_bytes,
-            lab,
-            &mut summary,
-        )
-        .await
-        .with_context(|| format!("iteration {i}"))?;
+        iteration(&harness, i, &mut rng, max_bytes, &mut summary)
+            .await
+            .with_context(|| format!("iteration {i}"))?;
         summary.iterations += 1;
     }
     chaos.shutdown();
@@ -366,16 +363,22 @@ pub async fn run_iterations(iterations: u32, seed: u64, max_bytes: u64, lab: Opt
     Ok(summary)
 }
 
-async fn iteration(
-    chaos: &Node,
-    chaos_addr: &str,
-    secret: &std::path::Path,
-    i: u32,
-    rng: &mut Rng,
-    max_bytes: u64,
-    lab: Option<&Lab>,
-    summary: &mut Summary,
-) -> Result<()> {
+/// What every iteration works with: the driver node and its address, the secret's file,
+/// and the lab when there is one.
+struct Harness<'a> {
+    chaos: &'a Node,
+    chaos_addr: &'a str,
+    secret: &'a std::path::Path,
+    lab: Option<&'a Lab>,
+}
+
+async fn iteration(harness: &Harness<'_>, i: u32, rng: &mut Rng, max_bytes: u64, summary: &mut Summary) -> Result<()> {
+    let Harness {
+        chaos,
+        chaos_addr,
+        secret,
+        lab,
+    } = *harness;
     let (owner_name, b_name, c_name) = (format!("owner-{i}"), format!("b-{i}"), format!("c-{i}"));
     let forward = rng.below(2) == 0;
     let faults: &[Fault] = if forward {
