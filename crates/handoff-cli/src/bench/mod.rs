@@ -118,67 +118,30 @@ async fn run_cases(plan: Plan, only: Option<&str>) -> Result<Vec<Case>> {
         bar.inc(1);
     }
     if wanted("tcp-rtt") || wanted("tcp-stream") {
-        let server = protocol::register_all(
-            Node::builder("bench-server")
-                .listen("127.0.0.1:0")
-                .secret(secret.clone()),
-        )
-        .host_id("bench-host-b")
-        .build()
-        .await?;
-        let client = protocol::register_all(Node::builder("bench-client").secret(secret.clone()))
-            .host_id("bench-host-a")
-            .build()
-            .await?;
-        let serving = server.clone();
-        let server_task = tokio::spawn(async move { crate::serve::serve(&serving).await });
-        let peer = client.connect(server.listen_addr().context("listen address")?).await?;
+        let pair = ServingPair::start(&secret, None).await?;
         if wanted("tcp-rtt") {
             bar.set_message("tcp-rtt");
-            out.push(messages::tcp_rtt(&plan, &client, &peer).await?);
+            out.push(messages::tcp_rtt(&plan, &pair.client, &pair.peer).await?);
             bar.inc(1);
         }
         if wanted("tcp-stream") {
             for &size in &plan.sizes {
                 bar.set_message(format!("tcp-stream {}", table::size(size)));
-                out.push(messages::tcp_stream(&plan, &client, &peer, size).await?);
+                out.push(messages::tcp_stream(&plan, &pair.client, &pair.peer, size).await?);
                 bar.inc(1);
             }
         }
-        server.shutdown();
-        client.shutdown();
-        let _ = server_task.await;
+        pair.stop().await;
     }
     if wanted("tls-stream") {
         let tls = tls::throwaway_tls()?;
-        let server = protocol::register_all(
-            Node::builder("bench-tls-server")
-                .listen("127.0.0.1:0")
-                .secret(secret.clone())
-                .tls(tls.clone()),
-        )
-        .host_id("bench-host-b")
-        .build()
-        .await?;
-        let client = protocol::register_all(
-            Node::builder("bench-tls-client")
-                .secret(secret.clone())
-                .tls(tls.clone()),
-        )
-        .host_id("bench-host-a")
-        .build()
-        .await?;
-        let serving = server.clone();
-        let server_task = tokio::spawn(async move { crate::serve::serve(&serving).await });
-        let peer = client.connect(server.listen_addr().context("listen address")?).await?;
+        let pair = ServingPair::start(&secret, Some(tls.clone())).await?;
         for &size in &plan.sizes {
             bar.set_message(format!("tls-stream {}", table::size(size)));
-            out.push(messages::tls_stream(&plan, &client, &peer, size, &tls).await?);
+            out.push(messages::tls_stream(&plan, &pair.client, &pair.peer, size, &tls).await?);
             bar.inc(1);
         }
-        server.shutdown();
-        client.shutdown();
-        let _ = server_task.await;
+        pair.stop().await;
     }
     if wanted("shm-rtt") {
         bar.set_message("shm-rtt");
@@ -228,4 +191,41 @@ async fn run_cases(plan: Plan, only: Option<&str>) -> Result<Vec<Case>> {
     }
     bar.finish_and_clear();
     Ok(out)
+}
+
+/// Two nodes of different host ids over TCP (inside TLS, with `tls`): a server running the
+/// `handoff node` serve loop and a client connected to it.
+struct ServingPair {
+    server: Node,
+    client: Node,
+    peer: handoff::Peer,
+    server_task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl ServingPair {
+    async fn start(secret: &str, tls: Option<handoff::TlsConfig>) -> Result<ServingPair> {
+        let mut server = Node::builder("bench-server").listen("127.0.0.1:0").secret(secret);
+        let mut client = Node::builder("bench-client").secret(secret);
+        if let Some(tls) = tls {
+            server = server.tls(tls.clone());
+            client = client.tls(tls);
+        }
+        let server = protocol::register_all(server).host_id("bench-host-b").build().await?;
+        let client = protocol::register_all(client).host_id("bench-host-a").build().await?;
+        let serving = server.clone();
+        let server_task = tokio::spawn(async move { crate::serve::serve(&serving).await });
+        let peer = client.connect(server.listen_addr().context("listen address")?).await?;
+        Ok(ServingPair {
+            server,
+            client,
+            peer,
+            server_task,
+        })
+    }
+
+    async fn stop(self) {
+        self.server.shutdown();
+        self.client.shutdown();
+        let _ = self.server_task.await;
+    }
 }
