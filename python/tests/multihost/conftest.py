@@ -2,10 +2,11 @@
 
 These tests run inside host 1 of a lab that `scripts/netlab` made: `./scripts/test` runs
 
-    scripts/netlab run --lab LAB --hosts 3 -- ip netns exec LAB-h1 PYTHON -m pytest tests/multihost
+    scripts/netlab run --lab LAB --hosts 3 -- ip netns exec LAB-h1 PYTHON -m pytest python/tests/multihost
 
 so this process is host 1. The tests start `handoff node` on any host with `ip netns exec`.
-Each host is a network namespace with its own address (10.77.0.N), so nodes on different
+The fixtures of ``python/tests/conftest.py`` (a runtime folder per test, the secret file)
+apply here too. Each host is a network namespace with its own address (10.77.0.N), so nodes on different
 hosts count as different hosts (the host id includes the network namespace, WIRE.md §5.2)
 and talk over TCP across the lab's bridge; nodes on one host use shared memory.
 """
@@ -17,15 +18,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 NETLAB = REPO / "scripts" / "netlab"
-SECRET = b"multi-host secret"
 
 
 @dataclass
@@ -80,24 +79,6 @@ def _find_handoff_bin() -> Path:
         if p.exists():
             return p
     pytest.fail("no handoff binary: set HANDOFF_BIN or run cargo build -p handoff-cli")
-
-
-@pytest.fixture(autouse=True)
-def runtime_dir(tmp_path_factory, monkeypatch):
-    """Each test's node sockets in a folder of their own; host ids from the machine."""
-    d = tmp_path_factory.mktemp("run")
-    d.chmod(0o700)
-    monkeypatch.setenv("HANDOFF_RUNTIME_DIR", str(d))
-    monkeypatch.delenv("HANDOFF_HOST_ID", raising=False)
-    return d
-
-
-@pytest.fixture
-def secret_file(tmp_path) -> Path:
-    p = tmp_path / "secret"
-    p.write_bytes(SECRET + b"\n")
-    p.chmod(0o600)
-    return p
 
 
 class RustNode:
@@ -161,7 +142,13 @@ async def spawn_node(lab, tmp_path, secret_file):
 
 
 @pytest.fixture
-def rust_stats(secret_file):
+def secret(secret_file) -> bytes:
+    """The cluster secret of the nodes the tests start (what ``secret_file`` holds)."""
+    return secret_file.read_bytes().rstrip(b"\n")
+
+
+@pytest.fixture
+def lab_stats(secret_file):
     """`handoff stats --connect ADDR --json` from this host, as a dict."""
     binary = _find_handoff_bin()
 
@@ -175,15 +162,3 @@ def rust_stats(secret_file):
         return json.loads(out)
 
     return stats
-
-
-async def eventually(check, timeout: float = 10.0, interval: float = 0.1):
-    """Waits until `check()` (sync or async) is truthy; returns its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value or time.monotonic() > deadline:
-            return value
-        await asyncio.sleep(interval)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from conftest import SECRET, eventually
+from helpers import eventually
 from handoff import Node
 from handoff.identity import host_id
 
@@ -30,13 +30,13 @@ def finished(name: str):
     return lambda got: any(r["node"] == name and r["outcome"] not in ("received", "issued") for r in got)
 
 
-async def test_route_is_tcp_across_hosts_and_shm_within_one(lab, spawn_node):
+async def test_route_is_tcp_across_hosts_and_shm_within_one(lab, spawn_node, secret):
     here = await spawn_node(1, "rs-h1")
     there = await spawn_node(2, "rs-h2")
     # Host ids: equal within a host, different across hosts, with no HANDOFF_HOST_ID set.
     assert here.ready["host_id"] == host_id()
     assert there.ready["host_id"] != host_id()
-    async with Node("py-h1", secret=SECRET, listen=f"{lab.hosts[1]}:0") as node:
+    async with Node("py-h1", secret=secret, listen=f"{lab.hosts[1]}:0") as node:
         far = await node.connect(there.listen)
         assert (far.channel, far.locality) == ("tcp", "remote")
         near = await node.connect(here.listen)
@@ -50,13 +50,13 @@ async def test_route_is_tcp_across_hosts_and_shm_within_one(lab, spawn_node):
                 assert len(env.body["data"]) == 4 * MIB
 
 
-async def test_a_ticket_forwarded_over_three_hosts_is_pulled_from_its_owner(lab, spawn_node, rust_stats):
+async def test_a_ticket_forwarded_over_three_hosts_is_pulled_from_its_owner(lab, spawn_node, lab_stats, secret):
     # The owner on host 2 sends a ticket to b on host 3, b forwards it to c on host 1, and c
     # pulls the bytes from the owner across the bridge.
     c = await spawn_node(1, "c", "--redeem", "lazy")
     owner = await spawn_node(2, "owner", "--ticket-threshold", "1")
     b = await spawn_node(3, "b", "--redeem", "lazy", "--connect", c.listen, "--connect", owner.listen)
-    async with Node("chaos", secret=SECRET, listen=f"{lab.hosts[1]}:0") as node:
+    async with Node("chaos", secret=secret, listen=f"{lab.hosts[1]}:0") as node:
         to_owner = await node.connect(owner.listen)
         await node.connect(b.listen)
         await node.connect(c.listen)
@@ -67,21 +67,23 @@ async def test_a_ticket_forwarded_over_three_hosts_is_pulled_from_its_owner(lab,
         outcome = {r["node"]: r["outcome"] for r in got if r["outcome"] not in ("received", "issued")}
         assert outcome == {"b": "forwarded", "c": "ok"}, got
         # c released its hold: the owner keeps no lease.
-        assert await eventually(lambda: _leases(rust_stats, owner.listen), timeout=10) == "none"
+        assert await eventually(lambda: _leases(lab_stats, owner.listen), timeout=10) == "none"
 
 
-async def _leases(rust_stats, addr: str) -> str | bool:
-    stats = await rust_stats(addr)
+async def _leases(lab_stats, addr: str) -> str | bool:
+    stats = await lab_stats(addr)
     return "none" if stats["ticket_leases"]["count"] == 0 else False
 
 
-async def test_a_partition_during_a_pull_ends_in_owner_lost_and_the_lease_by_its_deadline(lab, spawn_node, rust_stats):
+async def test_a_partition_during_a_pull_ends_in_owner_lost_and_the_lease_by_its_deadline(
+    lab, spawn_node, lab_stats, secret
+):
     # A slow link to the owner's host, so that the pull is still running when the link goes down.
     lab.shape(2, "--rate", "80mbit")
     try:
         owner = await spawn_node(2, "owner", "--ticket-threshold", "1", "--lease-ttl-ms", "2000")
         b = await spawn_node(3, "b", "--redeem", "lazy", "--pull-timeout-ms", "3000", "--connect", owner.listen)
-        async with Node("chaos", secret=SECRET, listen=f"{lab.hosts[1]}:0") as node:
+        async with Node("chaos", secret=secret, listen=f"{lab.hosts[1]}:0") as node:
             to_owner = await node.connect(owner.listen)
             await node.connect(b.listen)
             await to_owner.send(
@@ -100,13 +102,13 @@ async def test_a_partition_during_a_pull_ends_in_owner_lost_and_the_lease_by_its
             assert [r["outcome"] for r in ends] == ["owner-lost"], got
             assert took < 3.0 + 2.0, f"owner-lost after {took:.1f} s, the pull timeout is 3 s"
             # The owner, reachable again, has no lease left: it ended by its deadline.
-            assert await eventually(lambda: _leases(rust_stats, owner.listen), timeout=10) == "none"
+            assert await eventually(lambda: _leases(lab_stats, owner.listen), timeout=10) == "none"
 
         # After the link came back, the owner serves new transfers: a new holder on host 3
         # (b's own connection to the owner may or may not have outlived the partition).
         lab.shape(2)
         b2 = await spawn_node(3, "b2", "--redeem", "lazy", "--connect", owner.listen)
-        async with Node("chaos", secret=SECRET, listen=f"{lab.hosts[1]}:0") as node:
+        async with Node("chaos", secret=secret, listen=f"{lab.hosts[1]}:0") as node:
             to_owner = await node.connect(owner.listen)
             await node.connect(b2.listen)
             await to_owner.send(
