@@ -268,11 +268,14 @@ async def test_worker_with_tls(pki, spawn_py_worker):
 # ---------------------------------------------------------------- with the Rust node
 
 
+async def spawn_tls_rust(spawn_rust, name: str, pki: Pki, cert):
+    """``handoff node`` with TLS: ``cert`` (a :class:`tls_certs.Cert`) and the cluster CA."""
+    flags = ("--tls-cert", str(cert.cert), "--tls-key", str(cert.key), "--tls-ca", str(pki.ca))
+    return await spawn_rust(name, "--host-id", "rust-host", *flags)
+
+
 async def test_python_and_rust_talk_over_tls_both_ways(pki, spawn_rust, rust_stats):
-    c = pki.b
-    rust = await spawn_rust(
-        "rs-tls", "--host-id", "rust-host", "--tls-cert", str(c.cert), "--tls-key", str(c.key), "--tls-ca", str(pki.ca)
-    )
+    rust = await spawn_tls_rust(spawn_rust, "rs-tls", pki, pki.b)
     async with node("py-tls", config(pki, "a"), secret_override=CHILD_SECRET) as py:
         peer = await py.connect(rust.listen)
         assert peer.channel == "tcp" and peer.transport.tls
