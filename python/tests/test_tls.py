@@ -299,18 +299,7 @@ async def test_python_and_rust_talk_over_tls_both_ways(pki, spawn_rust, rust_sta
 
 
 async def test_a_plain_python_node_is_told_that_the_rust_node_requires_tls(pki, spawn_rust):
-    c = pki.b
-    rust = await spawn_rust(
-        "rs-tls-req",
-        "--host-id",
-        "rust-host",
-        "--tls-cert",
-        str(c.cert),
-        "--tls-key",
-        str(c.key),
-        "--tls-ca",
-        str(pki.ca),
-    )
+    rust = await spawn_tls_rust(spawn_rust, "rs-tls-req", pki, pki.b)
     async with node("py-plain", secret_override=CHILD_SECRET) as py:
         with pytest.raises(TlsError) as e:
             await py.connect(rust.listen)
@@ -318,18 +307,7 @@ async def test_a_plain_python_node_is_told_that_the_rust_node_requires_tls(pki, 
 
 
 async def test_a_rust_node_with_a_certificate_from_another_ca_is_refused(pki, spawn_rust):
-    c = pki.foreign
-    rust = await spawn_rust(
-        "rs-foreign",
-        "--host-id",
-        "rust-host",
-        "--tls-cert",
-        str(c.cert),
-        "--tls-key",
-        str(c.key),
-        "--tls-ca",
-        str(pki.ca),
-    )
+    rust = await spawn_tls_rust(spawn_rust, "rs-foreign", pki, pki.foreign)
     async with node("py-tls2", config(pki, "a"), secret_override=CHILD_SECRET) as py:
         with pytest.raises(TlsError) as e:
             await py.connect(rust.listen)
