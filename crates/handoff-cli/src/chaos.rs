@@ -438,8 +438,14 @@ async fn iteration(harness: &Harness<'_>, i: u32, rng: &mut Rng, max_bytes: u64,
     )
     .await?;
     let to_owner = chaos.wait_for_peer(&owner_name, Duration::from_secs(20)).await?;
-    chaos.wait_for_peer(&b_name, Duration::from_secs(20)).await?;
+    let to_b = chaos.wait_for_peer(&b_name, Duration::from_secs(20)).await?;
     chaos.wait_for_peer(&c_name, Duration::from_secs(20)).await?;
+    // The holders dial at start, each on its own: wait until the owner knows b (and b knows
+    // c), or the ticket would go to no one and the iteration test nothing.
+    wait_connected(chaos, &to_owner, &b_name).await?;
+    if forward {
+        wait_connected(chaos, &to_b, &c_name).await?;
+    }
 
     to_owner
         .send(Issue {
@@ -565,4 +571,27 @@ async fn iteration(harness: &Harness<'_>, i: u32, rng: &mut Rng, max_bytes: u64,
         let _ = child.child.kill().await;
     }
     Ok(())
+}
+
+/// Waits until the node behind `to` lists `name` among its peers (its statistics say so).
+async fn wait_connected(chaos: &Node, to: &handoff::Peer, name: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        to.send(StatsRequest {}).await?;
+        let stats = loop {
+            let env = chaos.recv_timeout(Duration::from_secs(5)).await?;
+            if env.type_name() == Stats::TYPE_NAME {
+                break env.decode::<Stats>()?;
+            }
+        };
+        if stats.peers.iter().any(|(peer, _)| peer == name) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{} did not connect to {name} within 20 s",
+            stats.node
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
