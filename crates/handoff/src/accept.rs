@@ -93,10 +93,18 @@ pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: Listening) {
                         }
                         return;
                     }
-                    let (slot, evicted) = node.ctx.handshakes.enter();
+                    let (slot, mut evicted) = node.ctx.handshakes.enter();
                     let (label, result) = match conn {
                         Accepted::Tcp(stream, label) => {
-                            let r = match tcp_conn(&node, stream, &label).await {
+                            // The TLS handshake holds the handshake's place too: a newer
+                            // handshake that needs it ends this one here as well.
+                            let tls = tokio::select! {
+                                conn = tcp_conn(&node, stream, &label) => conn,
+                                _ = &mut evicted => Err(Error::Timeout(format!(
+                                    "the TLS handshake with {label} made way for a newer one"
+                                ))),
+                            };
+                            let r = match tls {
                                 Ok(conn) => open_tcp(node.clone(), conn, label.clone(), Some(evicted)).await,
                                 Err(e) => Err(e),
                             };

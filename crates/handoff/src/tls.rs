@@ -156,9 +156,10 @@ impl TlsConfig {
                     message: "the peer connected without TLS; this node requires it".into(),
                 })
             }
-            Some(other) => Err(Error::Config(format!(
-                "{peer} sent neither a TLS handshake nor a handoff preamble (first byte {other:#04x})"
-            ))),
+            Some(other) => Err(Error::Tls {
+                peer: peer.to_string(),
+                reason: format!("it sent neither a TLS handshake nor a handoff preamble (first byte {other:#04x})"),
+            }),
             None => Err(Error::PeerClosed(peer.to_string())),
         }
     }

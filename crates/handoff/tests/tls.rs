@@ -290,3 +290,44 @@ async fn a_peer_that_stalls_in_the_tls_handshake_is_dropped_at_the_handshake_dea
     let other = self::node("stall-other", Some(ca.config(&["127.0.0.1"]))).await;
     other.connect(node.listen_addr().unwrap()).await.unwrap();
 }
+
+#[tokio::test]
+async fn stalled_tls_handshakes_count_against_the_handshake_cap() {
+    use tokio::io::AsyncWriteExt;
+    let ca = Ca::new("cluster CA");
+    let node = Node::builder("cap-target")
+        .secret(SECRET)
+        .host_id("host-cap")
+        .listen("127.0.0.1:0")
+        .bounds(handoff::Bounds {
+            max_handshakes: 2,
+            ..handoff::Bounds::DEFAULT
+        })
+        .tls(ca.config(&["127.0.0.1"]))
+        .build()
+        .await
+        .unwrap();
+    let addr = node.listen_addr().unwrap().trim_start_matches("tcp://").to_string();
+    let mut stalled = Vec::new();
+    for _ in 0..5 {
+        let mut raw = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        raw.write_all(&[0x16, 0x03, 0x01]).await.unwrap();
+        stalled.push(raw);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        assert!(node.handshakes_in_progress() <= 2, "{}", node.handshakes_in_progress());
+    }
+    // The three oldest made way for newer ones: the node closed them, long before the
+    // handshake deadline (10 s by default).
+    for raw in stalled.iter_mut().take(3) {
+        use tokio::io::AsyncReadExt;
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(2), raw.read(&mut byte)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "an evicted TLS handshake is closed: {read:?}"
+        );
+    }
+    // A real peer still gets in: it takes the place of the oldest stalled one.
+    let other = self::node("cap-other", Some(ca.config(&["127.0.0.1"]))).await;
+    other.connect(node.listen_addr().unwrap()).await.unwrap();
+}
