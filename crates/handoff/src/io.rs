@@ -323,7 +323,7 @@ pub(crate) async fn write_all_vectored<W: AsyncWrite + Unpin>(
         }
         IoSlice::advance_slices(&mut rest, n);
     }
-    Ok(())
+    flush_within(stream, stall).await
 }
 
 /// Writes a preamble or a whole small message, each write within `stall` as above.
@@ -342,7 +342,15 @@ pub(crate) async fn write_all<W: AsyncWrite + Unpin>(
         }
         rest = &rest[n..];
     }
-    Ok(())
+    flush_within(stream, stall).await
+}
+
+/// Flushes what the stream buffers itself: nothing for a socket, the last TLS records for a
+/// TLS stream (which may hold them when the socket was full), within `stall` as above.
+async fn flush_within<W: AsyncWrite + Unpin>(stream: &mut W, stall: Duration) -> std::io::Result<()> {
+    tokio::time::timeout(stall, stream.flush())
+        .await
+        .map_err(|_| stalled_write(stall))?
 }
 
 /// The error of a write that made no progress for `stall`.

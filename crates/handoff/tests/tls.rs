@@ -331,3 +331,21 @@ async fn stalled_tls_handshakes_count_against_the_handshake_cap() {
     let other = self::node("cap-other", Some(ca.config(&["127.0.0.1"]))).await;
     other.connect(node.listen_addr().unwrap()).await.unwrap();
 }
+
+#[tokio::test]
+async fn large_messages_back_to_back_all_arrive() {
+    // TLS keeps records it could not write yet; every message must still reach the peer
+    // without waiting for the next one (the writer flushes them).
+    let ca = Ca::new("cluster CA");
+    let a = node("burst-a", Some(ca.config(&["127.0.0.1"]))).await;
+    let b = node("burst-b", Some(ca.config(&["127.0.0.1"]))).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    let data = payload(2 << 20);
+    for _ in 0..24 {
+        peer.send(Blob { data: data.clone() }).await.unwrap();
+    }
+    for _ in 0..24 {
+        let got: Blob = b.recv_timeout(T).await.unwrap().decode().unwrap();
+        assert_eq!(got.data.len(), data.len());
+    }
+}
