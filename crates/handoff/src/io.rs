@@ -347,10 +347,20 @@ pub(crate) async fn write_all<W: AsyncWrite + Unpin>(
 
 /// Flushes what the stream buffers itself: nothing for a socket, the last TLS records for a
 /// TLS stream (which may hold them when the socket was full), within `stall` as above.
+/// A socket is flushed at its first poll, so no timer is set for it: only a flush that has
+/// to wait (TLS behind a full socket) is timed.
 async fn flush_within<W: AsyncWrite + Unpin>(stream: &mut W, stall: Duration) -> std::io::Result<()> {
-    tokio::time::timeout(stall, stream.flush())
-        .await
-        .map_err(|_| stalled_write(stall))?
+    let at_once = std::future::poll_fn(|cx| match std::pin::Pin::new(&mut *stream).poll_flush(cx) {
+        std::task::Poll::Ready(r) => std::task::Poll::Ready(Some(r)),
+        std::task::Poll::Pending => std::task::Poll::Ready(None),
+    })
+    .await;
+    match at_once {
+        Some(r) => r,
+        None => tokio::time::timeout(stall, stream.flush())
+            .await
+            .map_err(|_| stalled_write(stall))?,
+    }
 }
 
 /// The error of a write that made no progress for `stall`.
