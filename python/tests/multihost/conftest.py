@@ -13,8 +13,6 @@ and talk over TCP across the lab's bridge; nodes on one host use shared memory.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import subprocess
 import sys
@@ -22,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import Child, _spawn  # the suite's conftest, one folder up
 
 REPO = Path(__file__).resolve().parents[3]
 NETLAB = REPO / "scripts" / "netlab"
@@ -70,69 +69,16 @@ def lab() -> Lab:
     return Lab(name, hosts)
 
 
-def _find_handoff_bin() -> Path:
-    env = os.environ.get("HANDOFF_BIN")
-    if env:
-        return Path(env)
-    for profile in ("debug", "release"):
-        p = REPO / "target" / profile / "handoff"
-        if p.exists():
-            return p
-    pytest.fail("no handoff binary: set HANDOFF_BIN or run cargo build -p handoff-cli")
-
-
-class RustNode:
-    """A `handoff node` process on one host of the lab."""
-
-    def __init__(self, proc: subprocess.Popen, err: Path, ready: dict, host: int):
-        self.proc, self.err, self.ready, self.host = proc, err, ready, host
-
-    @property
-    def listen(self) -> str:
-        return self.ready["listen"]
-
-    @property
-    def name(self) -> str:
-        return self.ready["name"]
-
-    def stderr(self) -> str:
-        return self.err.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 @pytest.fixture
-async def spawn_node(lab, tmp_path, secret_file):
-    """Starts `handoff node --name NAME` on host HOST, listening on the host's address."""
-    binary = _find_handoff_bin()
-    nodes: list[RustNode] = []
+async def spawn_node(lab, tmp_path, secret_file, handoff_bin):
+    """Starts `handoff node --name NAME` on host HOST, listening on the host's address (the
+    suite's `_spawn`, run inside the host's namespace)."""
+    nodes: list[Child] = []
 
-    async def spawn(host: int, name: str, *args: str) -> RustNode:
-        err = tmp_path / f"{name}.stderr"
-        cmd = ["ip", "netns", "exec", lab.namespace(host), str(binary), "node", "--name", name]
+    async def spawn(host: int, name: str, *args: str) -> Child:
+        cmd = ["ip", "netns", "exec", lab.namespace(host), str(handoff_bin), "node", "--name", name]
         cmd += ["--listen", f"{lab.hosts[host]}:0", "--secret-file", str(secret_file), *args]
-        proc = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=open(err, "wb"),
-            stdin=subprocess.DEVNULL,
-            env=os.environ | {"HANDOFF_LOG": "warn"},
-        )
-        loop = asyncio.get_running_loop()
-        line = await asyncio.wait_for(loop.run_in_executor(None, proc.stdout.readline), 30)
-        if not line:
-            proc.wait()
-            raise AssertionError(f"{name} on host {host} exited before it was ready: {err.read_text()}")
-        ready = json.loads(line)
-        assert ready["event"] == "ready", line
-        node = RustNode(proc, err, ready, host)
+        node = await _spawn(cmd, tmp_path, {"HANDOFF_LOG": "warn"}, f"{name}-h{host}")
         nodes.append(node)
         return node
 
@@ -145,20 +91,3 @@ async def spawn_node(lab, tmp_path, secret_file):
 def secret(secret_file) -> bytes:
     """The cluster secret of the nodes the tests start (what ``secret_file`` holds)."""
     return secret_file.read_bytes().rstrip(b"\n")
-
-
-@pytest.fixture
-def lab_stats(secret_file):
-    """`handoff stats --connect ADDR --json` from this host, as a dict."""
-    binary = _find_handoff_bin()
-
-    async def stats(addr: str, timeout: float = 20) -> dict:
-        proc = await asyncio.create_subprocess_exec(
-            str(binary), "stats", "--connect", addr, "--secret-file", str(secret_file), "--json",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-        assert proc.returncode == 0, err.decode()
-        return json.loads(out)
-
-    return stats

@@ -50,7 +50,7 @@ async def test_route_is_tcp_across_hosts_and_shm_within_one(lab, spawn_node, sec
                 assert len(env.body["data"]) == 4 * MIB
 
 
-async def test_a_ticket_forwarded_over_three_hosts_is_pulled_from_its_owner(lab, spawn_node, lab_stats, secret):
+async def test_a_ticket_forwarded_over_three_hosts_is_pulled_from_its_owner(lab, spawn_node, rust_stats, secret):
     # The owner on host 2 sends a ticket to b on host 3, b forwards it to c on host 1, and c
     # pulls the bytes from the owner across the bridge.
     c = await spawn_node(1, "c", "--redeem", "lazy")
@@ -67,16 +67,16 @@ async def test_a_ticket_forwarded_over_three_hosts_is_pulled_from_its_owner(lab,
         outcome = {r["node"]: r["outcome"] for r in got if r["outcome"] not in ("received", "issued")}
         assert outcome == {"b": "forwarded", "c": "ok"}, got
         # c released its hold: the owner keeps no lease.
-        assert await eventually(lambda: _leases(lab_stats, owner.listen), timeout=10) == "none"
+        assert await eventually(lambda: _leases(rust_stats, owner.listen), timeout=10) == "none"
 
 
-async def _leases(lab_stats, addr: str) -> str | bool:
-    stats = await lab_stats(addr)
+async def _leases(rust_stats, addr: str) -> str | bool:
+    stats = await rust_stats(addr)
     return "none" if stats["ticket_leases"]["count"] == 0 else False
 
 
 async def test_a_partition_during_a_pull_ends_in_owner_lost_and_the_lease_by_its_deadline(
-    lab, spawn_node, lab_stats, secret
+    lab, spawn_node, rust_stats, secret
 ):
     # A slow link to the owner's host, so that the pull is still running when the link goes down.
     lab.shape(2, "--rate", "80mbit")
@@ -102,7 +102,7 @@ async def test_a_partition_during_a_pull_ends_in_owner_lost_and_the_lease_by_its
             assert [r["outcome"] for r in ends] == ["owner-lost"], got
             assert took < 3.0 + 2.0, f"owner-lost after {took:.1f} s, the pull timeout is 3 s"
             # The owner, reachable again, has no lease left: it ended by its deadline.
-            assert await eventually(lambda: _leases(lab_stats, owner.listen), timeout=10) == "none"
+            assert await eventually(lambda: _leases(rust_stats, owner.listen), timeout=10) == "none"
 
         # After the link came back, the owner serves new transfers: a new holder on host 3
         # (b's own connection to the owner may or may not have outlived the partition).
