@@ -258,22 +258,32 @@ fn bad_pem_is_a_clear_configuration_error() {
     assert!(format!("{e}").contains("does not fit"), "{e}");
 }
 
+/// A TLS node with the given bounds, for the tests of what a stalled peer can hold.
+async fn bounded_tls_node(name: &str, ca: &Ca, bounds: handoff::Bounds) -> Node {
+    Node::builder(name)
+        .secret(SECRET)
+        .host_id(format!("host-{name}"))
+        .listen("127.0.0.1:0")
+        .bounds(bounds)
+        .tls(ca.config(&["127.0.0.1"]))
+        .build()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn a_peer_that_stalls_in_the_tls_handshake_is_dropped_at_the_handshake_deadline() {
     use tokio::io::AsyncWriteExt;
     let ca = Ca::new("cluster CA");
-    let node = Node::builder("stall-target")
-        .secret(SECRET)
-        .host_id("host-stall")
-        .listen("127.0.0.1:0")
-        .bounds(handoff::Bounds {
+    let node = bounded_tls_node(
+        "stall-target",
+        &ca,
+        handoff::Bounds {
             handshake_timeout: Duration::from_millis(300),
             ..handoff::Bounds::DEFAULT
-        })
-        .tls(ca.config(&["127.0.0.1"]))
-        .build()
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     let addr = node.listen_addr().unwrap().trim_start_matches("tcp://").to_string();
     // The first bytes of a TLS record, then silence.
     let mut raw = tokio::net::TcpStream::connect(&addr).await.unwrap();
@@ -295,18 +305,15 @@ async fn a_peer_that_stalls_in_the_tls_handshake_is_dropped_at_the_handshake_dea
 async fn stalled_tls_handshakes_count_against_the_handshake_cap() {
     use tokio::io::AsyncWriteExt;
     let ca = Ca::new("cluster CA");
-    let node = Node::builder("cap-target")
-        .secret(SECRET)
-        .host_id("host-cap")
-        .listen("127.0.0.1:0")
-        .bounds(handoff::Bounds {
+    let node = bounded_tls_node(
+        "cap-target",
+        &ca,
+        handoff::Bounds {
             max_handshakes: 2,
             ..handoff::Bounds::DEFAULT
-        })
-        .tls(ca.config(&["127.0.0.1"]))
-        .build()
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     let addr = node.listen_addr().unwrap().trim_start_matches("tcp://").to_string();
     let mut stalled = Vec::new();
     for _ in 0..5 {
