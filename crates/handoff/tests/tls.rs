@@ -356,3 +356,41 @@ async fn large_messages_back_to_back_all_arrive() {
         assert_eq!(got.data.len(), data.len());
     }
 }
+
+#[tokio::test]
+async fn a_plain_peer_that_keeps_sending_after_the_refusal_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca = Ca::new("cluster CA");
+    let node = self::node("drain-target", Some(ca.config(&["127.0.0.1"]))).await;
+    let addr = node.listen_addr().unwrap().trim_start_matches("tcp://").to_string();
+    let raw = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (mut rd, mut wr) = raw.into_split();
+    // A plain preamble, then junk without end: the node reads at most 64 KiB or 1 s of it.
+    let flood = tokio::spawn(async move {
+        let junk = vec![b'H'; 16 << 10];
+        let mut sent = 0usize;
+        while wr.write_all(&junk).await.is_ok() {
+            sent += junk.len();
+            if sent > (64 << 20) {
+                break;
+            }
+        }
+        sent
+    });
+    // It hears the refusal, then the connection ends.
+    let mut got = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), rd.read_to_end(&mut got)).await;
+    assert!(read.is_ok(), "the refused connection ends within the drain limit");
+    assert!(got.windows(12).any(|w| w == b"tls-required"), "{} bytes", got.len());
+    let sent = tokio::time::timeout(Duration::from_secs(5), flood)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        sent < (64 << 20),
+        "the writer was stopped, not left to fill the node: {sent} bytes"
+    );
+    // The node keeps serving TLS peers.
+    let other = self::node("drain-other", Some(ca.config(&["127.0.0.1"]))).await;
+    other.connect(node.listen_addr().unwrap()).await.unwrap();
+}
