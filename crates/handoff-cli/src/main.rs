@@ -9,6 +9,7 @@ mod demo_row;
 mod hostile;
 mod node_cmd;
 mod protocol;
+mod raw_serve;
 mod scratch;
 mod serve;
 mod stats;

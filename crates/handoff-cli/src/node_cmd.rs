@@ -65,6 +65,11 @@ pub struct NodeArgs {
     /// Expect this name in every peer's certificate instead of the host it is dialed at.
     #[arg(long, requires = "tls_cert")]
     pub tls_server_name: Option<String>,
+    /// Also serve `handoff bench --remote`'s raw baseline on this address: plain TCP, no
+    /// handshake and no secret (an 8-byte request, answered with that many bytes or an echo;
+    /// at most 16 connections and --max-request-bytes per answer). Only for benchmarks.
+    #[arg(long)]
+    pub raw_listen: Option<String>,
     /// What peers can make this node hold (spec WIRE.md §9.1 and Appendix A).
     #[command(flatten)]
     pub bounds: BoundsArgs,
@@ -253,6 +258,14 @@ pub async fn run(args: NodeArgs) -> Result<()> {
             .with_context(|| format!("connecting to {addr}"))?;
         tracing::info!(peer = %peer.name(), locality = %peer.locality(), channel = %peer.channel(), "connected");
     }
+    let raw_listen = match &args.raw_listen {
+        Some(addr) => Some(
+            crate::raw_serve::start(addr, args.bounds.max_request_bytes)
+                .await?
+                .to_string(),
+        ),
+        None => None,
+    };
     // One machine-readable line so that a parent process knows where we listen.
     println!(
         "{}",
@@ -262,6 +275,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
             "listen": node.listen_addr(),
             "host_id": node.endpoint().host_id,
             "pid": std::process::id(),
+            "raw_listen": raw_listen,
         })
     );
     serve_with(&node, args.bounds.serve()).await
