@@ -195,3 +195,79 @@ fn bad_command_lines_get_clear_errors() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid value 'lots'"));
 }
+
+#[test]
+fn bench_remote_measures_a_node_elsewhere_against_its_raw_listener() {
+    let dir = std::env::temp_dir().join(format!("handoff-cli-remote-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "remote bench\n").unwrap();
+    let secret = secret.to_str().unwrap();
+    let (mut far, ready) = start_node(&[
+        "--name",
+        "far",
+        "--host-id",
+        "far-host",
+        "--raw-listen",
+        "127.0.0.1:0",
+        "--ticket-threshold",
+        "65536",
+        "--secret-file",
+        secret,
+    ]);
+    let (addr, raw) = (ready["listen"].as_str().unwrap(), ready["raw_listen"].as_str().unwrap());
+    let remote = ["--remote", addr, "--raw-remote", raw, "--secret-file", secret];
+    let mut args = vec!["bench", "--only", "remote", "--json", "--sizes", "1M", "--reps", "1"];
+    args.extend(remote);
+    let cases = run_json(&args);
+    let cases = cases.as_array().expect("an array");
+    let names: Vec<&str> = cases.iter().map(|c| c["case"].as_str().unwrap()).collect();
+    assert_eq!(names, ["remote-rtt", "remote-ticket-pull"], "{cases:?}");
+    for c in cases {
+        assert_eq!(c["channel"], "tcp", "{c}");
+        assert!(
+            c["ours"].as_f64().unwrap() > 0.0 && c["baseline"].as_f64().unwrap() > 0.0,
+            "{c}"
+        );
+    }
+    let pull = &cases[1];
+    assert_eq!(pull["bytes"], 1 << 20);
+    let (ours, base, rtt) = (
+        pull["ours"].as_f64().unwrap(),
+        pull["baseline"].as_f64().unwrap(),
+        pull["round_trip"].as_f64().unwrap(),
+    );
+    assert!(rtt > 0.0, "{pull}");
+    assert!((pull["extra_round_trips"].as_f64().unwrap() - (ours - base) / rtt).abs() < 1e-9);
+
+    // Without the remote's addresses the remote cases are refused, with a clear error.
+    let out = handoff().args(["bench", "--only", "remote-rtt"]).output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("need --remote"), "{err}");
+    // A node that sends inline (no ticket threshold) is named as the cause.
+    let (mut inline, ready) = start_node(&[
+        "--name",
+        "inline",
+        "--host-id",
+        "inline-host",
+        "--raw-listen",
+        "127.0.0.1:0",
+        "--secret-file",
+        secret,
+    ]);
+    let (addr, raw) = (ready["listen"].as_str().unwrap(), ready["raw_listen"].as_str().unwrap());
+    let out = handoff()
+        .args(["bench", "--only", "remote-ticket-pull", "--sizes", "1M", "--reps", "1"])
+        .args(["--remote", addr, "--raw-remote", raw, "--secret-file", secret])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--ticket-threshold"), "{err}");
+    for child in [&mut far, &mut inline] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -7,7 +7,8 @@ use serde::Serialize;
 #[derive(Debug, Clone, Serialize)]
 pub struct Case {
     /// Case name: `inproc-msg`, `tcp-rtt`, `shm-rtt`, `tcp-stream`, `tls-stream`, `shm-view`, `shm-read`,
-    /// `tcp-read`, `shm-copy-in`, `ticket-pull`, `ticket-3party`, `blob-hit`, `blob-cold`.
+    /// `tcp-read`, `shm-copy-in`, `ticket-pull`, `ticket-3party`, `blob-hit`, `blob-cold`; with
+    /// `--remote`, `remote-rtt` and `remote-ticket-pull`.
     pub case: String,
     /// Channel measured.
     pub channel: String,
@@ -26,6 +27,14 @@ pub struct Case {
     /// Seconds per operation of each repetition of the baseline (`baseline` is their median).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub baseline_runs: Vec<f64>,
+    /// `remote-ticket-pull` only: the median raw round trip (100 bytes) to the same node,
+    /// measured in the same run, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub round_trip: Option<f64>,
+    /// `remote-ticket-pull` only: `(ours - baseline) / round_trip`, the round trips a
+    /// redemption took over the raw request-response.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub extra_round_trips: Option<f64>,
 }
 
 /// What to measure: repetitions, message counts and the sizes of each family of cases.
@@ -86,7 +95,8 @@ impl Plan {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The median of `v` (the upper one of an even count).
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
@@ -102,6 +112,8 @@ pub(super) fn case(name: &str, channel: &str, bytes: u64, ours: f64, baseline: f
         efficiency: if ours > 0.0 { baseline / ours } else { 0.0 },
         ours_runs: Vec::new(),
         baseline_runs: Vec::new(),
+        round_trip: None,
+        extra_round_trips: None,
     }
 }
 

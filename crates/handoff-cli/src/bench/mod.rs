@@ -7,11 +7,13 @@
 //! This file runs the cases and reports them; each family of cases lives in its own file below it:
 //! `case` (the result row, the plan of sizes and repetitions), `messages` (inproc-msg, tcp-rtt,
 //! tcp-stream, tls-stream; `tls` makes the latter its throwaway certificates), `shm` (shm-rtt, shm-view, shm-read, tcp-read, shm-copy-in), `tickets`
-//! (ticket-pull, ticket-3party) and `data` (blob-hit, blob-cold).
+//! (ticket-pull, ticket-3party), `data` (blob-hit, blob-cold) and, with `--remote`, `remote`
+//! (remote-rtt, remote-ticket-pull against a node on another host).
 
 mod case;
 mod data;
 mod messages;
+mod remote;
 mod shm;
 mod tickets;
 mod tls;
@@ -46,12 +48,35 @@ pub struct BenchArgs {
     /// Measured repetitions per case, after one warm-up (default 7, 3 with --quick).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub reps: Option<u64>,
+    /// Also measure against a `handoff node` on another host, at this address
+    /// (`tcp://HOST:PORT`): the cases `remote-rtt` and `remote-ticket-pull`. That node needs
+    /// `--ticket-threshold 65536` (or lower) and `--raw-listen`, the raw baseline, whose
+    /// address goes in --raw-remote.
+    #[arg(long, requires_all = ["raw_remote", "secret_file"])]
+    pub remote: Option<String>,
+    /// The remote node's raw baseline address (its `--raw-listen`), `HOST:PORT`.
+    #[arg(long, requires = "remote")]
+    pub raw_remote: Option<String>,
+    /// The cluster secret's file, for --remote.
+    #[arg(long, requires = "remote")]
+    pub secret_file: Option<std::path::PathBuf>,
 }
 
 /// Runs the benchmark and prints the table or JSON.
 pub async fn run(args: BenchArgs) -> Result<()> {
     let plan = Plan::new(args.quick, args.sizes.as_deref(), args.reps);
-    let cases = run_cases(plan, args.only.as_deref()).await?;
+    let remote = match (&args.remote, &args.raw_remote, &args.secret_file) {
+        (Some(addr), Some(raw_addr), Some(secret_file)) => Some(remote::Remote {
+            addr,
+            raw_addr,
+            secret_file,
+        }),
+        _ => None,
+    };
+    if remote.is_none() && args.only.as_deref().is_some_and(|o| o.starts_with("remote")) {
+        anyhow::bail!("the remote cases need --remote, --raw-remote and --secret-file");
+    }
+    let cases = run_cases(plan, args.only.as_deref(), remote.as_ref()).await?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&cases)?);
     } else {
@@ -88,13 +113,23 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                 &rows
             )
         );
+        for c in cases.iter().filter(|c| c.extra_round_trips.is_some()) {
+            println!(
+                "{} {}: {:+.2} round trips of {} over the raw request-response",
+                c.case,
+                table::size(c.bytes),
+                c.extra_round_trips.unwrap_or_default(),
+                table::duration(c.round_trip.unwrap_or_default()),
+            );
+        }
     }
     Ok(())
 }
 
-/// Measures every case (or those matching `only`).
-async fn run_cases(plan: Plan, only: Option<&str>) -> Result<Vec<Case>> {
-    let wanted = |name: &str| only.is_none_or(|o| name.contains(o));
+/// Measures every case (or those matching `only`); the remote cases only with `remote`.
+async fn run_cases(plan: Plan, only: Option<&str>, remote: Option<&remote::Remote<'_>>) -> Result<Vec<Case>> {
+    let wanted =
+        |name: &str| only.is_none_or(|o| name.contains(o)) && (remote.is_some() || !name.starts_with("remote"));
     let shm_cases = ["shm-view", "shm-read", "tcp-read", "shm-copy-in"];
     let ticket_cases = ["ticket-pull", "ticket-3party"];
     let blob_cases = ["blob-hit", "blob-cold"];
@@ -106,7 +141,13 @@ async fn run_cases(plan: Plan, only: Option<&str>) -> Result<Vec<Case>> {
         + if wanted("tls-stream") { plan.sizes.len() } else { 0 }
         + shm_cases.iter().filter(|c| wanted(c)).count() * plan.shm_sizes.len()
         + ticket_cases.iter().filter(|c| wanted(c)).count() * plan.ticket_sizes.len()
-        + blob_cases.iter().filter(|c| wanted(c)).count() * plan.blob_sizes.len();
+        + blob_cases.iter().filter(|c| wanted(c)).count() * plan.blob_sizes.len()
+        + usize::from(wanted("remote-rtt"))
+        + if wanted("remote-ticket-pull") {
+            plan.ticket_sizes.len()
+        } else {
+            0
+        };
     let bar = ProgressBar::new(total as u64);
     bar.set_style(ProgressStyle::with_template("{spinner} bench [{bar:30}] {pos}/{len} {msg}").expect("template"));
     let secret = hex::encode(rand::random::<[u8; 16]>());
@@ -188,6 +229,22 @@ async fn run_cases(plan: Plan, only: Option<&str>) -> Result<Vec<Case>> {
             }
             bar.inc(1);
         }
+    }
+    if let Some(remote) = remote.filter(|_| wanted("remote-rtt") || wanted("remote-ticket-pull")) {
+        let mut bench = remote::RemoteBench::start(remote).await?;
+        if wanted("remote-rtt") {
+            bar.set_message("remote-rtt");
+            out.push(bench.rtt(&plan).await?);
+            bar.inc(1);
+        }
+        if wanted("remote-ticket-pull") {
+            for &size in &plan.ticket_sizes {
+                bar.set_message(format!("remote-ticket-pull {}", table::size(size)));
+                out.push(bench.ticket_pull(&plan, size).await?);
+                bar.inc(1);
+            }
+        }
+        bench.stop();
     }
     bar.finish_and_clear();
     Ok(out)
