@@ -11,11 +11,20 @@ then times, alternating, at every size:
   own preparation time subtracted, as in `bench/peers`).
 The ratio is the raw time divided by handoff's: 1.0 means as fast as the raw stream.
 
-    sudo bench/lab.py [--cases rate,loss] [--sizes 64M,256M] [--reps 5] [--json] [--out FILE]
+The `delay` case puts the same link (10 Gbit/s) behind a TCP delay line (`delay-line`,
+crates/handoff-testkit: this kernel has no netem) that holds every byte 0.5 ms in each
+direction, and runs `handoff bench --remote` on host 1 against a Rust `handoff node` on
+host 2, both through the line:
+- `remote-rtt`: 100-byte messages there and back, against raw 100-byte echoes from the
+  node's `--raw-listen` server; floor: at most 1.1x raw;
+- `remote-ticket-pull`: redeeming a ticket of the node's, against a raw request for the same
+  bytes; floor: at most one extra round trip over the raw request-response.
+It also runs the same two cases on the link without the line (`via: direct`), for scale.
 
-Cases: `rate` (the link shaped to 10 Gbit/s), `loss` (the same link dropping 0.1 % of its
-packets). Needs root (network namespaces) and a built `handoff` ($HANDOFF_BIN, else
-target/release/handoff, else target/debug/handoff).
+    sudo bench/lab.py [--cases rate,loss,delay] [--sizes 64M,256M] [--reps 5] [--json] [--out FILE]
+
+Needs root (network namespaces) and a built `handoff` ($HANDOFF_BIN, else
+target/release/handoff, else target/debug/handoff), and for `delay` the `delay-line` beside it.
 """
 
 from __future__ import annotations
@@ -36,13 +45,20 @@ REPO = Path(__file__).resolve().parents[1]
 NETLAB = REPO / "scripts" / "netlab"
 REQUEST = struct.Struct(">Q")
 SECRET = b"lab bench secret"
+DELAY_MS = 0.5
 CASES = {
     "rate": {"what": "link shaped to 10 Gbit/s (htb)", "args": ["--rate", "10gbit"]},
     "loss": {
         "what": "link shaped to 10 Gbit/s, 0.1 % of packets dropped",
         "args": ["--rate", "10gbit", "--loss", "0.1"],
     },
+    "delay": {
+        "what": f"link shaped to 10 Gbit/s, behind a TCP delay line of {DELAY_MS} ms each way",
+        "args": ["--rate", "10gbit"],
+    },
 }
+RTT_FLOOR = 1.1  # remote-rtt: at most this many times raw
+EXTRA_RTT_FLOOR = 1.0  # remote-ticket-pull: at most this many round trips over raw
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
 
@@ -61,6 +77,13 @@ def find_bin() -> Path:
         if p.exists():
             return p
     raise SystemExit("bench/lab.py: no handoff binary (set HANDOFF_BIN or cargo build --release -p handoff-cli)")
+
+
+def find_delay_line() -> Path:
+    p = find_bin().parent / "delay-line"
+    if not p.exists():
+        raise SystemExit(f"bench/lab.py: no {p} (cargo build -p handoff-testkit, same profile as handoff)")
+    return p
 
 
 # --- the raw far end (runs on host 2) ------------------------------------------------------
@@ -172,6 +195,71 @@ async def run_case(lab: str, sizes: list[int], reps: int) -> dict:
         secret.unlink(missing_ok=True)
 
 
+# --- the delay case: handoff bench --remote on host 1, against a node on host 2 ---------------
+
+
+def first_line(proc: subprocess.Popen, what: str) -> dict:
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"{what} exited before it said where it listens")
+    return json.loads(line)
+
+
+def run_delay_case(lab: str, sizes: list[int], reps: int) -> list[dict]:
+    """`handoff bench --remote` from host 1, through the delay line and directly."""
+    there = "10.77.0.2"
+    secret = Path(f"/tmp/{lab}-secret")
+    secret.write_bytes(SECRET)
+    secret.chmod(0o600)
+    env = os.environ | {"HANDOFF_LOG": "warn"}
+    far = in_host(
+        lab, 2, [str(find_bin()), "node", "--name", "lab-far", "--listen", f"{there}:0", "--raw-listen", f"{there}:0",
+                 "--ticket-threshold", "65536", "--secret-file", str(secret)],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    line = None
+    try:
+        ready = first_line(far, "handoff node")
+        node_addr = ready["listen"].removeprefix("tcp://")
+        line = in_host(
+            lab, 2, [str(find_delay_line()), "--delay-ms", str(DELAY_MS),
+                     "--forward", f"{there}:0={node_addr}", "--forward", f"{there}:0={ready['raw_listen']}"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        forwards = first_line(line, "delay-line")["forwards"]
+        rows = []
+        for via, node, raw in (
+            ("delay-line", forwards[0]["listen"], forwards[1]["listen"]),
+            ("direct", node_addr, ready["raw_listen"]),
+        ):
+            bench = subprocess.run(
+                ["ip", "netns", "exec", f"{lab}-h1", str(find_bin()), "bench", "--only", "remote", "--json",
+                 "--remote", f"tcp://{node}", "--raw-remote", raw, "--secret-file", str(secret),
+                 "--sizes", ",".join(str(n) for n in sizes), "--reps", str(reps)],
+                capture_output=True, text=True, env=env, timeout=1800,
+            )  # fmt: skip
+            if bench.returncode != 0:
+                raise RuntimeError(f"handoff bench --remote ({via}) failed: {bench.stderr[-2000:]}")
+            for row in json.loads(bench.stdout):
+                row["via"] = via
+                if via != "delay-line":
+                    pass  # the floors are the delay line's; direct rows are for scale
+                elif row["case"] == "remote-rtt":
+                    row["floor"] = f"<= {RTT_FLOOR}x raw"
+                    row["holds"] = row["ours"] <= RTT_FLOOR * row["baseline"]
+                else:
+                    row["floor"] = f"<= {EXTRA_RTT_FLOOR} extra round trip"
+                    row["holds"] = row["extra_round_trips"] <= EXTRA_RTT_FLOOR
+                rows.append(row)
+        return rows
+    finally:
+        for p in (line, far):
+            if p is not None:
+                p.terminate()
+                p.wait(10)
+        secret.unlink(missing_ok=True)
+
+
 # --- the outer run ---------------------------------------------------------------------------
 
 
@@ -214,6 +302,14 @@ def main() -> int:
         try:
             shaping = json.loads(made.stdout)["shaping"]
             print(f"== {case}: {CASES[case]['what']} ({shaping['how']})", file=sys.stderr, flush=True)
+            if case == "delay":
+                try:
+                    rows = run_delay_case(lab, sizes, args.reps)
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    print(f"bench/lab.py: delay failed: {e}", file=sys.stderr)
+                    return 1
+                result["cases"].append({"case": case, "what": CASES[case]["what"], "shaping": shaping, "rows": rows})
+                continue
             inner = subprocess.run(
                 ["ip", "netns", "exec", f"{lab}-h1", sys.executable, __file__, "--inside", lab]
                 + ["--sizes", args.sizes, "--reps", str(args.reps)],
@@ -234,10 +330,28 @@ def main() -> int:
         print(f"{'case':6} {'size':>9} {'raw TCP':>10} {'handoff':>10} {'ratio':>6}")
         for case in result["cases"]:
             for r in case["rows"]:
+                if case["case"] == "delay":
+                    print(delay_row(r))
+                    continue
                 size = f"{r['bytes'] >> 20} MiB"
                 raw_ms, ours_ms = r["raw_median"] * 1e3, r["handoff_median"] * 1e3
                 print(f"{case['case']:6} {size:>9} {raw_ms:8.1f} ms {ours_ms:8.1f} ms {r['ratio']:6.2f}")
     return 0
+
+
+def delay_row(r: dict) -> str:
+    """One line of the delay case: the bench row, its floor and whether it holds."""
+    size = f"{r['bytes']} B" if r["bytes"] < 1 << 20 else f"{r['bytes'] >> 20} MiB"
+    unit, scale = ("us", 1e6) if r["bytes"] < 1 << 20 else ("ms", 1e3)
+    line = (
+        f"delay  {size:>9} {r['baseline'] * scale:8.1f} {unit} {r['ours'] * scale:8.1f} {unit} "
+        f"{r['efficiency']:6.2f}  {r['case']} via {r['via']}"
+    )
+    if "extra_round_trips" in r:
+        line += f", {r['extra_round_trips']:+.2f} round trips of {r['round_trip'] * 1e6:.0f} us"
+    if r["via"] == "delay-line":
+        line += f"; floor {r['floor']}: {'holds' if r['holds'] else 'DOES NOT HOLD'}"
+    return line
 
 
 if __name__ == "__main__":
