@@ -11,13 +11,14 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use crate::io::FdSource;
+use crate::tls::TlsSocket;
 
 /// A TCP connection after its TLS handshake, if it has one.
 pub(crate) enum TcpConn {
     /// Plain TCP.
     Plain(TcpStream),
     /// Inside TLS (either side of the TLS handshake).
-    Tls(Box<tokio_rustls::TlsStream<TcpStream>>),
+    Tls(Box<tokio_rustls::TlsStream<TlsSocket>>),
 }
 
 impl TcpConn {
@@ -30,7 +31,7 @@ impl TcpConn {
                 (TcpReader::Plain(r), TcpWriter::Plain(w))
             }
             TcpConn::Tls(stream) => {
-                let fd = stream.get_ref().0.as_raw_fd();
+                let fd = stream.get_ref().0.get_ref().as_raw_fd();
                 let (r, w) = tokio::io::split(*stream);
                 (TcpReader::Tls(r), TcpWriter::Tls { half: w, fd })
             }
@@ -41,7 +42,7 @@ impl TcpConn {
 /// The read half of a TCP connection.
 pub(crate) enum TcpReader {
     Plain(OwnedReadHalf),
-    Tls(ReadHalf<tokio_rustls::TlsStream<TcpStream>>),
+    Tls(ReadHalf<tokio_rustls::TlsStream<TlsSocket>>),
 }
 
 /// The write half of a TCP connection.
@@ -49,7 +50,7 @@ pub(crate) enum TcpWriter {
     Plain(OwnedWriteHalf),
     /// `fd` is the socket's descriptor, valid while this half lives (it keeps the stream).
     Tls {
-        half: WriteHalf<tokio_rustls::TlsStream<TcpStream>>,
+        half: WriteHalf<tokio_rustls::TlsStream<TlsSocket>>,
         fd: RawFd,
     },
 }
