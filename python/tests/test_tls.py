@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import numpy as np
-from handoff import Bounds, Buffer, Node, TlsConfig, TlsError, wire
+from handoff import Bounds, Buffer, Node, PeerClosed, TlsConfig, TlsError, wire
 from handoff.tickets import digest
 from handoff.tls import TLS_REQUIRED_MESSAGE
 from conftest import SECRET as CHILD_SECRET
@@ -312,3 +312,61 @@ async def test_a_rust_node_with_a_certificate_from_another_ca_is_refused(pki, sp
         with pytest.raises(TlsError) as e:
             await py.connect(rust.listen)
         assert "CA" in str(e.value), e.value
+
+
+async def _tls_transport_pair(pki, bounds: Bounds):
+    """Two transports over a loopback TCP connection inside TLS (handshakes done)."""
+    from handoff import tls as tls_layer
+    from handoff.transport import Transport
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    near = socket.create_connection(listener.getsockname())
+    far, _ = listener.accept()
+    listener.close()
+    t_near, t_far = Transport(near, "near", bounds), Transport(far, "far", bounds)
+    t_near.use_tls(tls_layer.wrap(config(pki, "a").server, t_near.sock, True, None))
+    t_far.use_tls(tls_layer.wrap(config(pki, "b").client, t_far.sock, False, "127.0.0.1"))
+    await asyncio.wait_for(
+        asyncio.gather(tls_layer.run_handshake(t_near.sock), tls_layer.run_handshake(t_far.sock)), 10
+    )
+    t_near.tls_ready = t_far.tls_ready = True
+    return t_near, t_far
+
+
+async def test_tls_frame_read_record_after_record(pki):
+    """A large frame over TLS is read record after record in one loop: every byte in order,
+    progress reported as records arrive, bytes read ahead with the header used first; a
+    peer that stalls in the middle hits the progress timeout, one that closes ends the read."""
+    bounds = dataclasses.replace(Bounds(), progress_timeout=0.5)
+    near, far = await _tls_transport_pair(pki, bounds)
+    payload = os.urandom(3 * MIB + 5)
+    seen = []
+    dest = memoryview(bytearray(len(payload)))
+    sending = asyncio.ensure_future(far.send([b"head", payload]))
+    assert await near._fill(4, "header", True)
+    assert near._take(4) == b"head"
+    await near.read_into(dest, "frame", seen.append)
+    await sending
+    assert bytes(dest) == payload
+    assert seen == sorted(seen) and seen[-1] == len(payload) and len(seen) > 3 * MIB // (16 << 10) // 2
+    # In pieces with pauses shorter than the progress timeout: still whole.
+    dest = memoryview(bytearray(100_000))
+
+    async def slowly():
+        for at in range(0, 100_000, 25_000):
+            await far.send([payload[at : at + 25_000]])
+            await asyncio.sleep(0.1)
+
+    await asyncio.gather(near.read_into(dest), slowly())
+    assert bytes(dest) == payload[:100_000]
+    # Half a frame, then silence: the progress timeout.
+    await far.send([payload[:1000]])
+    with pytest.raises(wire.WireError) as stalled:
+        await near.read_into(memoryview(bytearray(5000)))
+    assert stalled.value.code == "timeout"
+    # Half a frame, then the peer closes: the read ends with an error, not a hang.
+    await far.send([payload[:1000]])
+    far.sock.close()
+    with pytest.raises((wire.WireError, PeerClosed)):
+        await asyncio.wait_for(near.read_into(memoryview(bytearray(5000))), 5)
+    await near.aclose()

@@ -58,6 +58,7 @@ mod node;
 mod payload;
 mod peer;
 mod pool;
+mod read_ahead;
 mod receive;
 pub mod shm;
 mod state;

@@ -22,6 +22,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::error::{Error, Result};
+use crate::read_ahead::ReadAhead;
 
 /// The first byte of a TLS handshake record (a ClientHello starts with it).
 const TLS_HANDSHAKE_RECORD: u8 = 0x16;
@@ -32,10 +33,17 @@ const PREAMBLE_FIRST_BYTE: u8 = b'H';
 pub const TLS_REQUIRED_MESSAGE: &str =
     "this node requires TLS: connect with TLS on (a certificate, its key and the cluster's CA)";
 
+/// Bytes a TLS connection reads from its socket at a time once its TLS handshake is done:
+/// rustls takes them 4 KiB at a time from this buffer instead of from the socket (one
+/// buffer of this size per TLS connection, fixed).
+pub const TLS_READ_AHEAD: usize = 64 << 10;
+
+/// The TCP socket under a TLS stream, read through a buffer of [`TLS_READ_AHEAD`] bytes.
+pub(crate) type TlsSocket = ReadAhead<TcpStream>;
 /// A TCP stream inside TLS, as the connecting side holds it.
-pub type ClientStream = tokio_rustls::client::TlsStream<TcpStream>;
+pub(crate) type ClientStream = tokio_rustls::client::TlsStream<TlsSocket>;
 /// A TCP stream inside TLS, as the accepting side holds it.
-pub type ServerStream = tokio_rustls::server::TlsStream<TcpStream>;
+pub(crate) type ServerStream = tokio_rustls::server::TlsStream<TlsSocket>;
 
 /// A node's TLS settings: its certificate chain and key, and the certificate authorities
 /// its peers' certificates must chain to. Cheap to clone.
@@ -133,10 +141,12 @@ impl TlsConfig {
         let expected = self.server_name.as_deref().unwrap_or(dialed_host);
         let name = ServerName::try_from(expected.trim_start_matches('[').trim_end_matches(']').to_string())
             .map_err(|_| Error::Config(format!("TLS: {expected:?} is not a DNS name or an IP address")))?;
-        tokio_rustls::TlsConnector::from(self.client.clone())
-            .connect(name, tcp)
+        let mut stream = tokio_rustls::TlsConnector::from(self.client.clone())
+            .connect(name, ReadAhead::new(tcp))
             .await
-            .map_err(|e| handshake_error(e, dialed_host, "connecting to"))
+            .map_err(|e| handshake_error(e, dialed_host, "connecting to"))?;
+        stream.get_mut().0.read_ahead(TLS_READ_AHEAD);
+        Ok(stream)
     }
 
     /// The accepting side: reads the first byte without taking it. A TLS handshake record
@@ -144,10 +154,15 @@ impl TlsConfig {
     /// preamble and an `error` of code `tls-required`, and refused.
     pub(crate) async fn accept(&self, tcp: TcpStream, peer: &str) -> Result<ServerStream> {
         match first_byte(&tcp).await {
-            Some(TLS_HANDSHAKE_RECORD) => tokio_rustls::TlsAcceptor::from(self.server.clone())
-                .accept(tcp)
-                .await
-                .map_err(|e| handshake_error(e, peer, "accepting")),
+            Some(TLS_HANDSHAKE_RECORD) => {
+                let mut stream = tokio_rustls::TlsAcceptor::from(self.server.clone())
+                    .accept(ReadAhead::new(tcp))
+                    .await
+                    .map_err(|e| handshake_error(e, peer, "accepting"))?;
+                // Only a peer whose certificate checked out gets the read-ahead buffer.
+                stream.get_mut().0.read_ahead(TLS_READ_AHEAD);
+                Ok(stream)
+            }
             Some(PREAMBLE_FIRST_BYTE) => {
                 refuse_plain(tcp).await;
                 Err(Error::Refused {

@@ -394,3 +394,43 @@ async fn a_plain_peer_that_keeps_sending_after_the_refusal_is_cut_off() {
     let other = self::node("drain-other", Some(ca.config(&["127.0.0.1"]))).await;
     other.connect(node.listen_addr().unwrap()).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_directions_stream_at_once_over_one_tls_connection() {
+    // The read loop and the link of each side take turns on one TLS session; a half that
+    // finds it taken waits as a task and is woken when the other lets go: nothing stalls
+    // when both sides send large messages at the same time.
+    let ca = Ca::new("cluster CA");
+    let a = node("duplex-a", Some(ca.config(&["127.0.0.1"]))).await;
+    let b = node("duplex-b", Some(ca.config(&["127.0.0.1"]))).await;
+    let to_b = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    to_b.send(Blob { data: payload(10) }).await.unwrap();
+    let env = b.recv_timeout(T).await.unwrap();
+    let to_a = env.from().clone();
+    let _: Blob = env.decode().unwrap();
+    let data = payload(2 << 20);
+    let send = |peer: handoff::Peer, data: Buffer| async move {
+        for _ in 0..16 {
+            peer.send(Blob { data: data.clone() }).await.unwrap();
+        }
+    };
+    let receive = |node: Node| async move {
+        for _ in 0..16 {
+            let got: Blob = node.recv_timeout(T).await.unwrap().decode().unwrap();
+            assert_eq!(got.data.len(), 2 << 20);
+        }
+    };
+    let all = async {
+        tokio::join!(
+            tokio::spawn(send(to_b, data.clone())),
+            tokio::spawn(send(to_a, data.clone())),
+            tokio::spawn(receive(a.clone())),
+            tokio::spawn(receive(b.clone())),
+        )
+    };
+    let (s1, s2, r1, r2) = tokio::time::timeout(T, all).await.expect("both directions finish");
+    s1.unwrap();
+    s2.unwrap();
+    r1.unwrap();
+    r2.unwrap();
+}

@@ -417,6 +417,8 @@ class Transport:
                 self._buf.clear()
                 self._pos = 0
         pos = have
+        if self.tls and pos < n:
+            pos = await self._tls_read_into(dest, pos, what, progress)
         while pos < n:
             got = await self._recv_into(dest[pos:], self.bounds.progress_timeout, what)
             if not got:
@@ -424,6 +426,36 @@ class Transport:
             pos += got
             if progress is not None:
                 progress(pos)
+
+    async def _tls_read_into(self, dest: memoryview, pos: int, what: str, progress) -> int:
+        """:meth:`read_into` on a TLS socket: fills ``dest`` from ``pos`` on, record after
+        record (a TLS receive returns at most one record, 16 KiB), in one loop that waits
+        only when no record is ready, instead of a coroutine per record. Returns ``len(dest)``;
+        raises as :meth:`_recv_into` does."""
+        n = len(dest)
+        read = self.sock.read
+        timeout = self.bounds.progress_timeout
+        try:
+            while pos < n:
+                try:
+                    got = read(n - pos, dest[pos:])
+                except _TLS_WANT:
+                    await self._readable(timeout, what)
+                    continue
+                except ssl.SSLError as e:
+                    self.tls_failure = e
+                    raise
+                if not got:
+                    raise WireError("truncated", f"truncated input: {what} needs {n} bytes, only {pos} present")
+                pos += got
+                self._received += got
+                if progress is not None:
+                    progress(pos)
+        except (ConnectionError, OSError) as e:
+            if self.closed:
+                raise WireError("truncated", f"truncated input: {what} needs {n} bytes, only {pos} present") from None
+            raise PeerClosed(f"reading from {self.label}: {e}") from None
+        return pos
 
     async def skip(self, n: int, what: str) -> None:
         """Reads and drops the next ``n`` bytes through a small scratch buffer (nothing allocated for them)."""
