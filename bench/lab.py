@@ -302,6 +302,8 @@ def main() -> int:
         try:
             shaping = json.loads(made.stdout)["shaping"]
             print(f"== {case}: {CASES[case]['what']} ({shaping['how']})", file=sys.stderr, flush=True)
+            if case == "delay" and find_bin().parent.name == "debug":
+                print("   (a debug build: the floors below are judged for a release build)", file=sys.stderr)
             if case == "delay":
                 try:
                     rows = run_delay_case(lab, sizes, args.reps)
