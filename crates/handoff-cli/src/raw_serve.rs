@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use handoff::{limited_warn, Bounds, LogLimiter};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -62,20 +63,25 @@ pub async fn start(addr: &str, max_bytes: u64) -> Result<std::net::SocketAddr> {
     let bound = listener.local_addr()?;
     let slots = Arc::new(Semaphore::new(MAX_RAW_CONNECTIONS));
     let shared: Shared = Arc::default();
+    // Warnings come from peers that prove nothing: as many as a node's, no more.
+    let log = Arc::new(LogLimiter::new(
+        Bounds::DEFAULT.warnings_per_period,
+        Bounds::DEFAULT.warning_period,
+    ));
     tokio::spawn(async move {
         loop {
             let Ok((stream, from)) = listener.accept().await else {
                 continue;
             };
             let Ok(slot) = slots.clone().try_acquire_owned() else {
-                tracing::warn!(%from, "raw baseline: over {MAX_RAW_CONNECTIONS} connections; closed a new one");
+                limited_warn!(log, %from, "raw baseline: over {MAX_RAW_CONNECTIONS} connections; closed a new one");
                 continue;
             };
-            let shared = shared.clone();
+            let (shared, log) = (shared.clone(), log.clone());
             tokio::spawn(async move {
                 let _slot = slot;
                 if let Err(e) = serve(stream, max_bytes, shared).await {
-                    tracing::warn!(%from, "raw baseline: {e:#}");
+                    limited_warn!(log, %from, "raw baseline: {e:#}");
                 }
             });
         }
@@ -150,5 +156,41 @@ mod tests {
         a.write_all(&bulk_request(10)).await.unwrap();
         let mut ten = [0u8; 10];
         a.read_exact(&mut ten).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_cap_are_closed_and_a_freed_place_is_served_again() {
+        let addr = start("127.0.0.1:0", 1 << 20).await.unwrap();
+        let mut held = Vec::new();
+        for _ in 0..MAX_RAW_CONNECTIONS {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            // Answered, so the connection holds its place.
+            c.write_all(&bulk_request(1)).await.unwrap();
+            c.read_exact(&mut [0u8; 1]).await.unwrap();
+            held.push(c);
+        }
+        let mut over = TcpStream::connect(addr).await.unwrap();
+        let _ = over.write_all(&bulk_request(1)).await;
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(5), over.read_to_end(&mut rest)).await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "a connection over the cap was served: {closed:?}"
+        );
+        // The held ones are still served, and a freed place takes a new connection.
+        held[0].write_all(&bulk_request(3)).await.unwrap();
+        held[0].read_exact(&mut [0u8; 3]).await.unwrap();
+        drop(held.pop());
+        let served = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                let mut c = TcpStream::connect(addr).await.unwrap();
+                if c.write_all(&bulk_request(2)).await.is_ok() && c.read_exact(&mut [0u8; 2]).await.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        assert!(served.is_ok(), "a freed place was not given to a new connection");
     }
 }
