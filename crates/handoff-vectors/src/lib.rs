@@ -19,6 +19,7 @@ mod fixtures;
 mod strict;
 mod v1;
 mod v2;
+mod v3;
 
 pub use fixtures::Vector;
 pub use v1::{BLOB_DATASET, TREE_DATASET};
@@ -28,6 +29,7 @@ pub fn all() -> Vec<Vector> {
     let mut v = v1::vectors();
     v.extend(strict::vectors());
     v.extend(v2::vectors());
+    v.extend(v3::vectors());
     v
 }
 

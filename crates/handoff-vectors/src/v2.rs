@@ -3,6 +3,11 @@
 //! handshake headers. Every vector of version 1 holds in version 2 as well.
 
 use handoff_wire::{auth, Header, Ident, Preamble};
+
+/// What a version-2 implementation announces by default.
+const V2: Preamble = Preamble::V2_ONLY;
+/// What a version-2 implementation that accepts version-1 peers announces.
+const V2_ACCEPTING_V1: Preamble = Preamble::range(1, 2);
 use serde_json::{json, Value as Json};
 
 use crate::fixtures::{
@@ -10,14 +15,14 @@ use crate::fixtures::{
 };
 
 /// The secret of the `auth` and `auth-v2` vectors.
-const SECRET: &[u8] = b"correct horse battery staple";
+pub(crate) const SECRET: &[u8] = b"correct horse battery staple";
 
 /// Alpha's identity: the fields of the `hello` vector but `v` and `nonce`.
-fn ident_fixture() -> Ident {
+pub(crate) fn ident_fixture() -> Ident {
     hello_fixture().ident()
 }
 
-fn ident_json(i: &Ident) -> Json {
+pub(crate) fn ident_json(i: &Ident) -> Json {
     let mut j = json!({
         "k": "ident", "node": i.node_id, "name": i.name, "host": i.host_id, "pid": i.pid,
         "proc": i.process_id, "lang": i.language, "impl": i.implementation, "caps": i.capabilities,
@@ -39,7 +44,7 @@ fn challenge(nonce: &[u8]) -> Header<'static> {
     }
 }
 
-fn valid_message(name: &'static str, header: &Header<'_>, view: Json, what: &str) -> Vector {
+pub(crate) fn valid_message(name: &'static str, header: &Header<'_>, view: Json, what: &str) -> Vector {
     Vector {
         name,
         bytes: message(header, &[]),
@@ -48,7 +53,7 @@ fn valid_message(name: &'static str, header: &Header<'_>, view: Json, what: &str
 }
 
 /// The identity fields of the `ident` vector as raw msgpack pairs, for the invalid ones.
-fn ident_pairs() -> Vec<(&'static str, rmpv::Value)> {
+pub(crate) fn ident_pairs() -> Vec<(&'static str, rmpv::Value)> {
     let i = ident_fixture();
     vec![
         ("k", s("ident")),
@@ -63,11 +68,11 @@ fn ident_pairs() -> Vec<(&'static str, rmpv::Value)> {
     ]
 }
 
-fn without(pairs: Vec<(&'static str, rmpv::Value)>, key: &str) -> Vec<(&'static str, rmpv::Value)> {
+pub(crate) fn without(pairs: Vec<(&'static str, rmpv::Value)>, key: &str) -> Vec<(&'static str, rmpv::Value)> {
     pairs.into_iter().filter(|(k, _)| *k != key).collect()
 }
 
-fn raw(pairs: Vec<(&str, rmpv::Value)>) -> Vec<u8> {
+pub(crate) fn raw(pairs: Vec<(&str, rmpv::Value)>) -> Vec<u8> {
     raw_message(&msgpack(&map(pairs)), &[])
 }
 
@@ -76,26 +81,26 @@ pub(crate) fn vectors() -> Vec<Vector> {
     let mut v = vec![
         preamble_vector(
             "preamble-v2",
-            Preamble::OURS,
-            Preamble::OURS,
+            V2,
+            V2,
             "The preamble a version-2 implementation sends by default: version 2 only, so that a peer that has not proven the secret never gets a v1 hello out of it. Against itself: version 2.",
         ),
         preamble_vector(
             "preamble-accept-v1",
-            Preamble::ACCEPTING_V1,
+            V2_ACCEPTING_V1,
             Preamble::V1_ONLY,
             "The preamble of a version-2 node whose user accepts version-1 peers (1..=2), met by a version-1 implementation: both use version 1, whose hello reveals the node's identity before any proof.",
         ),
         preamble_vector(
             "preamble-v2-meets-accept-v1",
-            Preamble::ACCEPTING_V1,
-            Preamble::OURS,
+            V2_ACCEPTING_V1,
+            V2,
             "A node that accepts version-1 peers (1..=2) meets a default version-2 node (2..=2): both use version 2.",
         ),
         preamble_vector(
             "preamble-v1-only-peer",
             Preamble::V1_ONLY,
-            Preamble::OURS,
+            V2,
             "A version-1-only peer (1..=1) meets a default version-2 node (2..=2): no common version, on both sides alike.",
         ),
     ];
@@ -129,7 +134,7 @@ pub(crate) fn vectors() -> Vec<Vector> {
     ));
 
     // The version-2 proof: alpha sent 2..=2, beta (which accepts v1) 1..=2; they use v2.
-    let (alpha_preamble, beta_preamble) = (Preamble::OURS.encode(), Preamble::ACCEPTING_V1.encode());
+    let (alpha_preamble, beta_preamble) = (V2.encode(), V2_ACCEPTING_V1.encode());
     let alpha_bytes = alpha_challenge.encode();
     let beta_bytes = challenge(&beta.nonce).encode();
     let alpha_sent = auth::Sent {

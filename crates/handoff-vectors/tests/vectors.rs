@@ -2,7 +2,7 @@
 //! one decodes to what its JSON says (or fails with the error code it names).
 
 use handoff_vectors::{all, decode_to_json, description_on_disk, json_view, vectors_dir, Vector};
-use handoff_wire::auth::{self, Sent};
+use handoff_wire::auth::{self, Sent, Transcript};
 use handoff_wire::framing::{decode_message_on, TCP_KINDS, UNIX_KINDS};
 use handoff_wire::{Header, Limits, Preamble};
 use serde_json::Value as Json;
@@ -104,7 +104,31 @@ fn auth_vector_proofs_verify() {
 fn auth_v2_vector_proofs_verify() {
     let disk = on_disk();
     let bytes = |name: &str| disk.iter().find(|(n, _, _)| n == name).unwrap().1.clone();
-    let json = &disk.iter().find(|(n, _, _)| n == "auth-v2").unwrap().2;
+    check_v2_proof(&disk.iter().find(|(n, _, _)| n == "auth-v2").unwrap().2);
+    let a = &disk.iter().find(|(n, _, _)| n == "auth-v2").unwrap().2["auth"];
+    let bin = |v: &Json| hex::decode(v["$bin"].as_str().unwrap()).unwrap();
+    // The inputs are the other vectors: alpha's preamble and challenge, beta's preamble.
+    assert_eq!(bin(&a["prover_preamble"]), bytes("preamble-v2"));
+    assert_eq!(bin(&a["verifier_preamble"]), bytes("preamble-accept-v1"));
+    assert_eq!(bin(&a["prover_challenge"]), bytes("challenge")[4..].to_vec());
+}
+
+/// The attack of WIRE.md §5.6 on version 2 is real: the proof an attacker without the secret
+/// got out of node N on one connection verifies as the attacker's on the other.
+#[test]
+fn the_v2_interleaving_attack_vector_verifies() {
+    let disk = on_disk();
+    let json = &disk.iter().find(|(n, _, _)| n == "auth-v2-interleaved").unwrap().2;
+    check_v2_proof(json);
+    let a = &json["auth"];
+    assert_eq!(
+        a["prover_preamble"], a["verifier_preamble"],
+        "the attacker sent N's own preamble"
+    );
+}
+
+/// Checks a vector's `auth` object as a version-2 proof.
+fn check_v2_proof(json: &Json) {
     let bin = |v: &Json| hex::decode(v["$bin"].as_str().unwrap()).unwrap();
     let a = &json["auth"];
     let secret = bin(&a["secret"]);
@@ -132,10 +156,84 @@ fn auth_v2_vector_proofs_verify() {
     };
     assert!(auth::verify_v2(&secret, &mac, downgraded, verifier).is_err());
     assert!(auth::verify(&secret, &mac, &pc, &vc).is_err(), "not a v1 proof");
-    // The inputs are the other vectors: alpha's preamble and challenge, beta's preamble.
-    assert_eq!(pp.to_vec(), bytes("preamble-v2"));
-    assert_eq!(vp.to_vec(), bytes("preamble-accept-v1"));
-    assert_eq!(pc, bytes("challenge")[4..].to_vec());
+}
+
+/// The version-3 proofs (WIRE.md §5.7): the two that verify do so only as their own role and
+/// with the secret; the reflected and interleaved ones do not verify at all.
+#[test]
+fn v3_proof_vectors_verify_exactly_as_described() {
+    let disk = on_disk();
+    let bytes = |name: &str| disk.iter().find(|(n, _, _)| n == name).unwrap().1.clone();
+    let bin = |v: &Json| hex::decode(v["$bin"].as_str().unwrap()).unwrap();
+    let mut seen = Vec::new();
+    for (name, _, json) in &disk {
+        let Some(p) = json.get("proof_v3") else {
+            continue;
+        };
+        seen.push(name.clone());
+        let secret = bin(&p["secret"]);
+        let preamble = |key: &str| -> [u8; 16] { bin(&p[key]).try_into().expect("16 bytes") };
+        let (dp, ap) = (preamble("dialer_preamble"), preamble("acceptor_preamble"));
+        let (dc, ac) = (bin(&p["dialer_challenge"]), bin(&p["acceptor_challenge"]));
+        let t = Transcript {
+            dialer: Sent {
+                preamble: &dp,
+                challenge: &dc,
+            },
+            acceptor: Sent {
+                preamble: &ap,
+                challenge: &ac,
+            },
+        };
+        let mac = bin(&json["header"]["mac"]);
+        let verifies = p["verifies"].as_bool().expect("verifies");
+        let (expected, as_role, as_other) = match p["role"].as_str() {
+            Some("dialer") => (
+                auth::dialer_proof(&secret, &t).to_vec(),
+                auth::verify_dialer(&secret, &mac, &t),
+                auth::verify_acceptor(&secret, &mac, &t, &mac),
+            ),
+            Some("acceptor") => {
+                let d = bin(&p["dialer_proof"]);
+                (
+                    auth::acceptor_proof(&secret, &t, &d).to_vec(),
+                    auth::verify_acceptor(&secret, &mac, &t, &d),
+                    auth::verify_dialer(&secret, &mac, &t),
+                )
+            }
+            other => panic!("{name}: role {other:?}"),
+        };
+        assert_eq!(expected == mac, verifies, "{name}");
+        assert_eq!(as_role.is_ok(), verifies, "{name}");
+        if let Err(e) = as_role {
+            assert_eq!(e.code(), "auth-failed", "{name}");
+        }
+        if verifies {
+            assert!(as_other.is_err(), "{name}: verifies as the other role too");
+            assert!(auth::verify_dialer(b"wrong", &mac, &t).is_err());
+        }
+    }
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "auth-v3-acceptor",
+            "auth-v3-dialer",
+            "auth-v3-interleaved",
+            "auth-v3-reflected"
+        ],
+        "the proof vectors"
+    );
+    // The story's inputs are the other vectors.
+    let dialer = &disk.iter().find(|(n, _, _)| n == "auth-v3-dialer").unwrap().2["proof_v3"];
+    assert_eq!(bin(&dialer["dialer_preamble"]), bytes("preamble-v3"));
+    assert_eq!(bin(&dialer["acceptor_preamble"]), bytes("preamble-accept-v2"));
+    assert_eq!(bin(&dialer["dialer_challenge"]), bytes("challenge-v3")[4..].to_vec());
+    let acceptor = &disk.iter().find(|(n, _, _)| n == "auth-v3-acceptor").unwrap().2;
+    assert_eq!(
+        acceptor["proof_v3"]["dialer_proof"],
+        disk.iter().find(|(n, _, _)| n == "auth-v3-dialer").unwrap().2["header"]["mac"]
+    );
 }
 
 /// What the reference sends is what the preamble vectors say.
@@ -143,8 +241,16 @@ fn auth_v2_vector_proofs_verify() {
 fn our_preambles_are_the_vectors() {
     let disk = on_disk();
     let bytes = |name: &str| disk.iter().find(|(n, _, _)| n == name).unwrap().1.clone();
-    assert_eq!(Preamble::OURS.encode().to_vec(), bytes("preamble-v2"));
-    assert_eq!(Preamble::ours(true).encode().to_vec(), bytes("preamble-accept-v1"));
+    assert_eq!(Preamble::OURS.encode().to_vec(), bytes("preamble-v3"));
+    assert_eq!(
+        Preamble::ours(false, true).encode().to_vec(),
+        bytes("preamble-accept-v2")
+    );
+    assert_eq!(
+        Preamble::ours(true, false).encode().to_vec(),
+        bytes("preamble-v3-meets-accept-v1")
+    );
+    assert_eq!(Preamble::V2_ONLY.encode().to_vec(), bytes("preamble-v2"));
     assert_eq!(Preamble::V1_ONLY.encode().to_vec(), bytes("preamble-v1"));
 }
 

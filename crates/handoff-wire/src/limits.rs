@@ -9,6 +9,27 @@ pub const HANDSHAKE_HEADER_BYTES: u32 = 65_536;
 /// hello holds about 30; a peer that has proven nothing gets little work done for it.
 pub const HANDSHAKE_HEADER_VALUES: u32 = 1024;
 
+/// The lengths of the identity fields of a `hello` or an `ident` (`spec/WIRE.md` §5.2), in
+/// bytes of UTF-8: a longer one is `malformed-header`, and a node refuses to start with one.
+pub mod identity {
+    /// `node` and `proc` (ids are 32 characters).
+    pub const ID_BYTES: u32 = 64;
+    /// `name`.
+    pub const NAME_BYTES: u32 = 256;
+    /// `host`.
+    pub const HOST_BYTES: u32 = 256;
+    /// `lang`.
+    pub const LANG_BYTES: u32 = 32;
+    /// `impl`.
+    pub const IMPL_BYTES: u32 = 128;
+    /// Entries of `caps`.
+    pub const CAPS: u32 = 32;
+    /// Bytes of one entry of `caps`.
+    pub const CAP_BYTES: u32 = 64;
+    /// `listen` and `unix`.
+    pub const ADDR_BYTES: u32 = 1024;
+}
+
 /// Limits a receiver enforces on every message, before it allocates for it.
 ///
 /// A message that exceeds one is rejected with the matching [`WireError`](crate::WireError)
@@ -50,8 +71,82 @@ impl Limits {
     }
 }
 
+impl Limits {
+    /// Checks an outgoing message against these limits before it is written (spec §9: a
+    /// node never sends what a receiver with these limits must refuse): the header's length
+    /// and the frames' count, sizes and sum, in the order a receiver checks them.
+    pub fn check_outgoing(
+        &self,
+        header_len: usize,
+        frames: impl ExactSizeIterator<Item = u64>,
+    ) -> Result<(), crate::WireError> {
+        use crate::WireError;
+        if header_len as u64 > u64::from(self.max_header_bytes) {
+            return Err(WireError::HeaderTooLarge {
+                len: header_len as u64,
+                limit: self.max_header_bytes.into(),
+            });
+        }
+        if frames.len() as u64 > u64::from(self.max_frames) {
+            return Err(WireError::TooManyFrames {
+                count: frames.len() as u64,
+                limit: self.max_frames.into(),
+            });
+        }
+        let mut total: u64 = 0;
+        for (index, len) in frames.enumerate() {
+            if len > self.max_frame_bytes {
+                return Err(WireError::FrameTooLarge {
+                    index,
+                    len,
+                    limit: self.max_frame_bytes,
+                });
+            }
+            total = total.saturating_add(len);
+            if total > self.max_message_bytes {
+                return Err(WireError::MessageTooLarge {
+                    len: total,
+                    limit: self.max_message_bytes,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits::DEFAULT
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outgoing_messages_are_held_to_what_a_receiver_accepts() {
+        let l = Limits::DEFAULT;
+        assert!(
+            l.check_outgoing(16 << 20, [4u64 << 30].into_iter()).is_ok(),
+            "at the limits"
+        );
+        let code = |r: Result<(), crate::WireError>| r.unwrap_err().code();
+        assert_eq!(
+            code(l.check_outgoing((16 << 20) + 1, [].into_iter())),
+            "header-too-large"
+        );
+        assert_eq!(
+            code(l.check_outgoing(10, vec![1u64; 1025].into_iter())),
+            "too-many-frames"
+        );
+        assert_eq!(
+            code(l.check_outgoing(10, [(4u64 << 30) + 1].into_iter())),
+            "frame-too-large"
+        );
+        assert_eq!(
+            code(l.check_outgoing(10, vec![4u64 << 30; 5].into_iter())),
+            "message-too-large"
+        );
     }
 }

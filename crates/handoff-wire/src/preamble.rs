@@ -9,7 +9,7 @@ pub const PREAMBLE_LEN: usize = 16;
 /// Lowest protocol version this implementation speaks (when its user accepts v1 peers).
 pub const MIN_VERSION: u16 = 1;
 /// Highest protocol version this implementation speaks.
-pub const MAX_VERSION: u16 = 2;
+pub const MAX_VERSION: u16 = 3;
 
 /// The preamble: magic, the range of versions a side speaks, and reserved flags.
 ///
@@ -20,40 +20,48 @@ pub struct Preamble {
     pub min_version: u16,
     /// Highest version spoken.
     pub max_version: u16,
-    /// Reserved; version 1 and 2 senders write 0 and receivers ignore it.
+    /// Reserved; version 1, 2 and 3 senders write 0 and receivers ignore it.
     pub flags: u32,
 }
 
 impl Preamble {
-    /// The preamble this implementation sends by default: version 2 only (`spec/WIRE.md`
-    /// §3), so that a peer that has not proven the secret never gets a v1 hello out of it.
-    pub const OURS: Preamble = Preamble {
-        min_version: 2,
-        max_version: MAX_VERSION,
-        flags: 0,
-    };
+    /// The preamble this implementation sends by default: version 3 only (`spec/WIRE.md`
+    /// §3). Versions 1 and 2 let a peer without the secret authenticate by reflecting the
+    /// nodes' own proofs (§5.6), and version 1 says who the node is before any proof.
+    pub const OURS: Preamble = Preamble::range(3, MAX_VERSION);
 
-    /// The preamble of a node whose user accepts version-1 peers: versions 1 and 2. With a
-    /// v1-only peer it runs the v1 handshake, whose hello reveals the node's identity before
-    /// any proof (§5.4).
-    pub const ACCEPTING_V1: Preamble = Preamble {
-        min_version: MIN_VERSION,
-        max_version: MAX_VERSION,
-        flags: 0,
-    };
+    /// The preamble of a node whose user accepts version-2 peers while a cluster upgrades:
+    /// versions 2 and 3. Any peer can then choose version 2, and with it the attack of §5.6.
+    pub const ACCEPTING_V2: Preamble = Preamble::range(2, MAX_VERSION);
+
+    /// The preamble of a node whose user accepts version-1 peers: versions 1 to 3 (which
+    /// accepts version 2 as well; a range has no holes). With a v1-only peer it runs the v1
+    /// handshake, whose hello reveals the node's identity before any proof (§5.4).
+    pub const ACCEPTING_V1: Preamble = Preamble::range(MIN_VERSION, MAX_VERSION);
+
+    /// What a version-2 implementation sends by default (for tests, vectors and tools that
+    /// play one).
+    pub const V2_ONLY: Preamble = Preamble::range(2, 2);
 
     /// What an implementation of version 1 only sends (for tests and tools that play one).
-    pub const V1_ONLY: Preamble = Preamble {
-        min_version: 1,
-        max_version: 1,
-        flags: 0,
-    };
+    pub const V1_ONLY: Preamble = Preamble::range(1, 1);
+
+    /// The preamble that announces the versions `min..=max`, with no flags.
+    pub const fn range(min: u16, max: u16) -> Preamble {
+        Preamble {
+            min_version: min,
+            max_version: max,
+            flags: 0,
+        }
+    }
 
     /// The preamble to send: [`Preamble::ACCEPTING_V1`] if the user accepts v1 peers, else
-    /// [`Preamble::OURS`].
-    pub const fn ours(accept_v1: bool) -> Preamble {
+    /// [`Preamble::ACCEPTING_V2`] if it accepts v2 peers, else [`Preamble::OURS`].
+    pub const fn ours(accept_v1: bool, accept_v2: bool) -> Preamble {
         if accept_v1 {
             Preamble::ACCEPTING_V1
+        } else if accept_v2 {
+            Preamble::ACCEPTING_V2
         } else {
             Preamble::OURS
         }
@@ -121,33 +129,41 @@ mod tests {
     fn round_trip_and_negotiate() {
         let p = Preamble::OURS;
         assert_eq!(Preamble::decode(&p.encode()).unwrap(), p);
-        assert_eq!(p.negotiate(&p).unwrap(), 2);
-        let future = Preamble {
-            min_version: 3,
-            max_version: 4,
-            flags: 0,
-        };
+        assert_eq!(p.negotiate(&p).unwrap(), 3);
+        let future = Preamble::range(4, 5);
         assert_eq!(p.negotiate(&future).unwrap_err().code(), "unsupported-version");
-        let newer_but_compatible = Preamble {
-            min_version: 1,
-            max_version: 5,
-            flags: 0,
-        };
-        assert_eq!(p.negotiate(&newer_but_compatible).unwrap(), 2);
+        let newer_but_compatible = Preamble::range(1, 5);
+        assert_eq!(p.negotiate(&newer_but_compatible).unwrap(), 3);
         assert_eq!(Preamble::V1_ONLY.negotiate(&newer_but_compatible).unwrap(), 1);
     }
 
     #[test]
-    fn version_1_only_by_consent() {
-        // The default refuses a v1-only peer, on both sides alike.
-        let v1 = Preamble::V1_ONLY;
-        assert_eq!(Preamble::OURS.negotiate(&v1).unwrap_err().code(), "unsupported-version");
-        assert_eq!(v1.negotiate(&Preamble::OURS).unwrap_err().code(), "unsupported-version");
-        // A node that accepts v1 runs v1 with it, and v2 with any node that speaks it.
-        assert_eq!(Preamble::ours(true).negotiate(&v1).unwrap(), 1);
-        assert_eq!(v1.negotiate(&Preamble::ours(true)).unwrap(), 1);
-        assert_eq!(Preamble::ours(true).negotiate(&Preamble::OURS).unwrap(), 2);
-        assert_eq!(Preamble::ours(false), Preamble::OURS);
+    fn older_versions_only_by_consent() {
+        // The default refuses peers that speak nothing newer than 1 or 2, on both sides alike.
+        for old in [Preamble::V1_ONLY, Preamble::V2_ONLY, Preamble::range(1, 2)] {
+            assert_eq!(
+                Preamble::OURS.negotiate(&old).unwrap_err().code(),
+                "unsupported-version"
+            );
+            assert_eq!(
+                old.negotiate(&Preamble::OURS).unwrap_err().code(),
+                "unsupported-version"
+            );
+        }
+        // Accepting v2 runs v2 with a v2 peer and v3 with any node that speaks it; not v1.
+        let v2 = Preamble::ours(false, true);
+        assert_eq!(v2.negotiate(&Preamble::V2_ONLY).unwrap(), 2);
+        assert_eq!(v2.negotiate(&Preamble::OURS).unwrap(), 3);
+        assert_eq!(
+            v2.negotiate(&Preamble::V1_ONLY).unwrap_err().code(),
+            "unsupported-version"
+        );
+        // Accepting v1 accepts v2 too (a range has no holes).
+        let v1 = Preamble::ours(true, false);
+        assert_eq!(v1.negotiate(&Preamble::V1_ONLY).unwrap(), 1);
+        assert_eq!(v1.negotiate(&Preamble::V2_ONLY).unwrap(), 2);
+        assert_eq!(v1.negotiate(&Preamble::OURS).unwrap(), 3);
+        assert_eq!(Preamble::ours(false, false), Preamble::OURS);
     }
 
     #[test]

@@ -174,6 +174,12 @@ fn text() -> impl Strategy<Value = String> {
     "(?s).{0,24}"
 }
 
+/// Text for an identity field: at most 8 characters, so at most 32 bytes of UTF-8, within
+/// every field's bound (spec §5.2; the bounds themselves have tests of their own).
+fn ident_text() -> impl Strategy<Value = String> {
+    "(?s).{0,8}"
+}
+
 fn msg_strategy() -> impl Strategy<Value = OwnedHeader> {
     (text(), vec(any::<u8>(), 0..256), vec(vec(any::<u8>(), 0..48), 0..8)).prop_map(|(type_name, body, frames)| {
         OwnedHeader::Msg {
@@ -186,14 +192,21 @@ fn msg_strategy() -> impl Strategy<Value = OwnedHeader> {
 
 fn hello_strategy() -> impl Strategy<Value = Hello> {
     (
-        (text(), text(), text(), any::<u32>(), text(), text()),
         (
-            text(),
+            ident_text(),
+            ident_text(),
+            ident_text(),
+            any::<u32>(),
+            ident_text(),
+            ident_text(),
+        ),
+        (
+            ident_text(),
             any::<u16>(),
-            vec(text(), 0..4),
+            vec(ident_text(), 0..4),
             vec(any::<u8>(), 32..=32),
-            proptest::option::of(text()),
-            proptest::option::of(text()),
+            proptest::option::of(ident_text()),
+            proptest::option::of(ident_text()),
         ),
     )
         .prop_map(
@@ -518,7 +531,10 @@ fn header_field(name: &'static str) -> BoxedStrategy<Mp> {
             any::<u32>().prop_map(|v| Mp::UInt(v as u64))
         ]
         .boxed(),
-        "caps" => vec(text().prop_map(Mp::Str), 0..3).prop_map(Mp::Arr).boxed(),
+        "caps" => vec(ident_text().prop_map(Mp::Str), 0..3).prop_map(Mp::Arr).boxed(),
+        "node" | "name" | "host" | "proc" | "lang" | "impl" | "listen" | "unix" => {
+            ident_text().prop_map(Mp::Str).boxed()
+        }
         "leases" => leases_strategy()
             .prop_map(|l| Mp::Arr(l.into_iter().map(Mp::UInt).collect()))
             .boxed(),

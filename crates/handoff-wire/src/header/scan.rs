@@ -277,6 +277,11 @@ fn value<'a>(
     }
     let slot = match ty {
         Type::Str => Slot::Str(r.read_text().map_err(fail)?),
+        Type::ShortStr(most) => {
+            let text = r.read_text().map_err(fail)?;
+            check_length(text, most, place, key)?;
+            Slot::Str(text)
+        }
         Type::Bin => Slot::Bin(r.read_bin().map_err(fail)?),
         Type::Bin32 => {
             let b = r.read_bin().map_err(fail)?;
@@ -291,11 +296,23 @@ fn value<'a>(
         }
         Type::U16 | Type::U32 | Type::U64 => Slot::Uint(r.read_uint(ty.bits()).map_err(fail)?),
         Type::Bool => Slot::Bool(r.read_bool().map_err(fail)?),
-        Type::StrArray | Type::U64Array | Type::Descriptors => {
+        Type::ShortStrArray { .. } | Type::U64Array | Type::Descriptors => {
             let at = r.pos();
             let len = r.read_array_len(level).map_err(fail)?;
             match ty {
-                Type::StrArray => (0..len).try_for_each(|_| r.read_text().map(drop).map_err(fail))?,
+                Type::ShortStrArray { entries, each } => {
+                    if len > entries {
+                        return Err(malformed(
+                            place,
+                            Some(key),
+                            format_args!("{len} entries; at most {entries} are allowed (spec §5.2)"),
+                        ));
+                    }
+                    for _ in 0..len {
+                        let text = r.read_text().map_err(fail)?;
+                        check_length(text, each, place, key)?;
+                    }
+                }
                 Type::U64Array => (0..len).try_for_each(|_| r.read_uint(64).map(drop).map_err(fail))?,
                 _ => {
                     // Each descriptor is checked as a map of its own; what it holds is read
@@ -310,4 +327,16 @@ fn value<'a>(
         }
     };
     Ok(Some(slot))
+}
+
+/// A bounded str (the identity fields, spec §5.2): at most `most` bytes of UTF-8.
+fn check_length(text: &[u8], most: u32, place: Place, key: &[u8]) -> Result<(), WireError> {
+    if text.len() > most as usize {
+        return Err(malformed(
+            place,
+            Some(key),
+            format_args!("{} bytes; at most {most} are allowed (spec §5.2)", text.len()),
+        ));
+    }
+    Ok(())
 }

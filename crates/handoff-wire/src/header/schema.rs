@@ -1,6 +1,8 @@
 //! The keys a receiver knows, and the type of each (`spec/WIRE.md` §6 rule 3, the type
-//! table, §6.1–§6.9 and §7). Versions 1 and 2 know the same keys: v2's `challenge` and
-//! `ident` use keys of v1's `hello`, with the same types.
+//! table, §6.1–§6.9 and §7). Versions 1, 2 and 3 know the same keys: the `challenge` and
+//! `ident` of versions 2 and 3 use keys of v1's `hello`, with the same types. The identity
+//! fields are bounded in length (§5.2), and the bound is part of their type, as a fixed
+//! length is.
 //!
 //! A receiver type-checks every known key present, whatever the kind of the header or of the
 //! descriptor, and ignores the others. Header maps and descriptor maps have their own sets:
@@ -13,6 +15,8 @@
 pub(crate) enum Type {
     /// The str family, valid UTF-8.
     Str,
+    /// The str family, valid UTF-8, of at most this many bytes (the identity fields, §5.2).
+    ShortStr(u32),
     /// The bin family, any length.
     Bin,
     /// The bin family, exactly 32 bytes: fixed lengths are part of a field's type (§6), so a
@@ -26,8 +30,13 @@ pub(crate) enum Type {
     U64,
     /// `c2` or `c3`.
     Bool,
-    /// An array of [`Type::Str`].
-    StrArray,
+    /// An array of at most `entries` strs of at most `each` bytes (`caps`, §5.2).
+    ShortStrArray {
+        /// Most elements.
+        entries: u32,
+        /// Most bytes of one element.
+        each: u32,
+    },
     /// An array of [`Type::U64`].
     U64Array,
     /// An array of descriptor maps (`f`), each checked against [`descriptor`]'s keys.
@@ -48,17 +57,42 @@ impl Type {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Type::Str => "str",
+            Type::ShortStr(_) => "str",
             Type::Bin => "bin",
             Type::Bin32 => "bin of 32 bytes",
             Type::U16 => "u16",
             Type::U32 => "u32",
             Type::U64 => "u64",
             Type::Bool => "bool",
-            Type::StrArray => "[str]",
+            Type::ShortStrArray { .. } => "[str]",
             Type::U64Array => "[u64]",
             Type::Descriptors => "[descriptor]",
         }
     }
+}
+
+/// The bounded identity fields of `spec/WIRE.md` §5.2, by the type each has.
+pub(crate) mod bounded {
+    use super::Type;
+    use crate::limits::identity as at_most;
+
+    /// `node` and `proc`.
+    pub(crate) const ID_STR: Type = Type::ShortStr(at_most::ID_BYTES);
+    /// `name`.
+    pub(crate) const NAME_STR: Type = Type::ShortStr(at_most::NAME_BYTES);
+    /// `host`.
+    pub(crate) const HOST_STR: Type = Type::ShortStr(at_most::HOST_BYTES);
+    /// `lang`.
+    pub(crate) const LANG_STR: Type = Type::ShortStr(at_most::LANG_BYTES);
+    /// `impl`.
+    pub(crate) const IMPL_STR: Type = Type::ShortStr(at_most::IMPL_BYTES);
+    /// `caps`.
+    pub(crate) const CAPS_LIST: Type = Type::ShortStrArray {
+        entries: at_most::CAPS,
+        each: at_most::CAP_BYTES,
+    };
+    /// `listen` and `unix`.
+    pub(crate) const ADDR_STR: Type = Type::ShortStr(at_most::ADDR_BYTES);
 }
 
 /// Generates, from one list of `SLOT = b"name": Type`, a module with a constant per slot, the
@@ -68,10 +102,13 @@ macro_rules! known_keys {
     ($(#[$doc:meta])* $module:ident { $($slot:ident = $name:literal: $ty:ident,)* }) => {
         $(#[$doc])*
         pub(crate) mod $module {
-            use super::Type;
+            #[allow(unused_imports)]
+            use super::bounded::*;
+            #[allow(unused_imports)]
+            use super::Type::{self, *};
 
             /// Name and type of each known key, by slot.
-            pub(crate) const KEYS: &[(&[u8], Type)] = &[$(($name, Type::$ty)),*];
+            pub(crate) const KEYS: &[(&[u8], Type)] = &[$(($name, $ty)),*];
 
             /// How many keys are known.
             pub(crate) const COUNT: usize = KEYS.len();
@@ -102,18 +139,18 @@ known_keys! {
         T = b"t": Str,
         B = b"b": Bin,
         F = b"f": Descriptors,
-        NODE = b"node": Str,
-        NAME = b"name": Str,
-        HOST = b"host": Str,
+        NODE = b"node": ID_STR,
+        NAME = b"name": NAME_STR,
+        HOST = b"host": HOST_STR,
         PID = b"pid": U32,
-        PROC = b"proc": Str,
-        LANG = b"lang": Str,
-        IMPL = b"impl": Str,
+        PROC = b"proc": ID_STR,
+        LANG = b"lang": LANG_STR,
+        IMPL = b"impl": IMPL_STR,
         V = b"v": U16,
-        CAPS = b"caps": StrArray,
+        CAPS = b"caps": CAPS_LIST,
         NONCE = b"nonce": Bin32,
-        LISTEN = b"listen": Str,
-        UNIX = b"unix": Str,
+        LISTEN = b"listen": ADDR_STR,
+        UNIX = b"unix": ADDR_STR,
         MAC = b"mac": Bin32,
         LEASES = b"leases": U64Array,
         CODE = b"code": Str,
