@@ -46,12 +46,20 @@ pub struct NodeArgs {
     /// The cache folder for the catalog's datasets (nodes on one host may share one).
     #[arg(long, requires = "catalog")]
     pub cache_dir: Option<PathBuf>,
-    /// Also accept peers that speak only protocol version 1. Their handshake reveals this
-    /// node's id, name, host id, pid, listen address and socket path to anyone who
-    /// connects, before any proof of the cluster secret (spec WIRE.md §5.4); without it
-    /// such peers are refused with `unsupported-version`.
+    /// Also accept peers that speak only protocol version 1 (and version 2). Their handshake
+    /// reveals this node's id, name, host id, pid, listen address and socket path to anyone
+    /// who connects, before any proof of the cluster secret (spec WIRE.md §5.4), and lets a
+    /// peer without the secret authenticate by reflecting the nodes' proofs (§5.6); without
+    /// it such peers are refused with `unsupported-version`.
     #[arg(long)]
     pub accept_v1: bool,
+    /// Also accept peers that speak protocol version 2 at most, while a cluster upgrades.
+    /// In version 2 a peer WITHOUT the cluster secret can authenticate by crossing this
+    /// node's own challenges and proofs over two connections (spec WIRE.md §5.6), and with
+    /// this on any peer that can connect can choose version 2; without it such peers are
+    /// refused with `unsupported-version`. (--accept-v1 accepts version 2 as well.)
+    #[arg(long)]
+    pub accept_v2: bool,
     /// TLS for every TCP connection (spec WIRE.md §3.1): this node's certificate chain, PEM.
     /// Needs --tls-key and --tls-ca; a peer without TLS is then refused (`tls-required`).
     #[arg(long, requires_all = ["tls_key", "tls_ca"])]
@@ -227,6 +235,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         })
         .pull_timeout(Duration::from_millis(args.pull_timeout_ms))
         .accept_v1(args.accept_v1)
+        .accept_v2(args.accept_v2)
         .bounds(args.bounds.runtime());
     if let Some(h) = &args.host_id {
         builder = builder.host_id(h);

@@ -198,9 +198,17 @@ pub struct Stats {
     pub shm_leases: handoff::LeaseStats,
     /// Its process's segment pool.
     pub shm_pool: handoff::shm::PoolStats,
-    /// Connected peers (name and channel).
+    /// Connected peers (name and channel): at most [`STATS_PEERS`] of them (Appendix A).
     pub peers: Vec<(String, String)>,
+    /// How many peers are connected, listed or not (absent from older nodes: then the
+    /// length of `peers`).
+    #[serde(default)]
+    pub peers_total: Option<u64>,
 }
+
+/// The most peers a `Stats` answer lists (spec WIRE.md Appendix A): with names of at most
+/// 256 bytes, the answer stays far below the 16 MiB header limit of every receiver.
+pub const STATS_PEERS: usize = 4096;
 impl Message for Stats {
     const TYPE_NAME: &'static str = "handoff.admin.Stats";
 }

@@ -565,15 +565,17 @@ async fn report(node: &Node, id: u64, (outcome, detail): (String, String)) {
 
 /// The node's statistics, as `handoff stats` shows them.
 pub fn stats(node: &Node) -> Stats {
+    let peers = node.peers();
     Stats {
         node: node.name().to_string(),
         ticket_leases: node.ticket_leases(),
         shm_leases: node.leases(),
         shm_pool: handoff::shm::pool().stats(),
-        peers: node
-            .peers()
+        peers: peers
             .iter()
+            .take(crate::protocol::STATS_PEERS)
             .map(|p| (p.name().to_string(), p.channel().to_string()))
             .collect(),
+        peers_total: Some(peers.len() as u64),
     }
 }

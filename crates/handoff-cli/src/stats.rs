@@ -71,5 +71,9 @@ pub async fn run(args: StatsArgs) -> Result<()> {
     for (name, channel) in &stats.peers {
         println!("peer {name} via {channel}");
     }
+    let total = stats.peers_total.unwrap_or(stats.peers.len() as u64);
+    if total > stats.peers.len() as u64 {
+        println!("… and {} more peers", total - stats.peers.len() as u64);
+    }
     Ok(())
 }

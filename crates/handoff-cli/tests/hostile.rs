@@ -93,10 +93,16 @@ attacks! {
     frames_stalled_halfway => "stalled-frame",
     a_node_id_from_another_process => "reused-node-id",
     tickets_that_point_at_the_victim_itself => "ticket-addr",
+    challenges_and_proofs_crossed_over_two_connections => "reflection",
+    challenges_and_proofs_crossed_over_two_nodes => "interleaving-two-nodes",
+    a_recorded_proof_replayed_on_a_new_connection => "replay",
+    a_dialed_connection_relayed_back_into_the_victim => "relay-to-self",
+    preambles_changed_in_flight_to_version_2 => "downgrade",
 }
 
 /// A few of the attacks against the Python peer's worker, as a cross-check of the two
-/// implementations (python/tests/test_hostile.py attacks it from Python for every class).
+/// implementations (python/tests/test_hostile.py attacks it from Python for every class),
+/// and every attack on authentication (issue 24), which must hold in both.
 #[test]
 fn the_python_worker_survives_the_same_attacks() {
     let python = std::env::var("HANDOFF_PYTHON")
@@ -107,7 +113,17 @@ fn the_python_worker_survives_the_same_attacks() {
     }
     let summary = hostile(
         "python",
-        &["sigbus", "hello-bomb", "fds-before-handshake", "reused-node-id"],
+        &[
+            "sigbus",
+            "hello-bomb",
+            "fds-before-handshake",
+            "reused-node-id",
+            "reflection",
+            "interleaving-two-nodes",
+            "replay",
+            "relay-to-self",
+            "downgrade",
+        ],
     );
     for row in summary["attacks"].as_array().unwrap() {
         assert_eq!(row["ok"], true, "{row:#}");

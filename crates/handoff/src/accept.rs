@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
-use crate::connection::{open_tcp, open_unix};
+use crate::connection::{open_tcp, open_unix, Side};
 use crate::handshake::refuse_overloaded;
 use crate::state::NodeInner;
 use crate::tcp::TcpConn;
@@ -105,13 +105,15 @@ pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: Listening) {
                                 ))),
                             };
                             let r = match tls {
-                                Ok(conn) => open_tcp(node.clone(), conn, label.clone(), Some(evicted)).await,
+                                Ok(conn) => {
+                                    open_tcp(node.clone(), conn, label.clone(), Side::Accepted { evicted }).await
+                                }
                                 Err(e) => Err(e),
                             };
                             (label, r)
                         }
                         Accepted::Unix(stream, label) => {
-                            let r = open_unix(node.clone(), stream, label.clone(), Some(evicted)).await;
+                            let r = open_unix(node.clone(), stream, label.clone(), Side::Accepted { evicted }).await;
                             (label, r)
                         }
                     };

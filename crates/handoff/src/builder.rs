@@ -35,6 +35,7 @@ pub struct NodeBuilder {
     pub(crate) redeem: Redeem,
     pub(crate) pull_timeout: Duration,
     pub(crate) accept_v1: bool,
+    pub(crate) accept_v2: bool,
     pub(crate) preamble: Option<Preamble>,
     pub(crate) tls: Option<TlsConfig>,
 }
@@ -60,6 +61,7 @@ impl NodeBuilder {
             redeem: Redeem::Eager,
             pull_timeout: Duration::from_secs(30),
             accept_v1: false,
+            accept_v2: false,
             preamble: None,
             tls: None,
         }
@@ -77,22 +79,37 @@ impl NodeBuilder {
         self
     }
 
-    /// Also accept peers that speak only protocol version 1 (default: off).
+    /// Also accept peers that speak only protocol version 1, and version-2 peers too
+    /// (default: off).
     ///
     /// Version 1's hello tells anyone who connects this node's id, name, host id, pid,
     /// process id, listen address and socket path **before either side has proven the
-    /// cluster secret**; version 2, the default, says who the node is only to a peer whose
-    /// proof it verified (spec §5.4). With this on, the node announces versions 1 and 2 and
-    /// runs version 1 with a peer that speaks nothing newer (still version 2 with every
-    /// peer that does); with it off, a v1-only peer is refused with `unsupported-version`.
-    /// Turn it on only while such peers are being upgraded.
+    /// cluster secret** (spec §5.4), and in versions 1 and 2 a peer without the secret can
+    /// authenticate by reflecting the nodes' own proofs (§5.6). With this on, the node
+    /// announces versions 1 to 3 and runs the oldest one with a peer that speaks nothing
+    /// newer, so **anyone who can connect can choose it**; with it off, such peers are
+    /// refused with `unsupported-version`. Turn it on only while such peers are being
+    /// upgraded, inside a network you trust.
     pub fn accept_v1(mut self, on: bool) -> Self {
         self.accept_v1 = on;
         self
     }
 
+    /// Also accept peers that speak protocol version 2 at most (default: off).
+    ///
+    /// Version 3, the default, binds each proof to the prover's role and the whole
+    /// transcript (spec §5.7). In version 2 a peer **without the cluster secret** can
+    /// authenticate by opening two connections and crossing the node's own challenges and
+    /// proofs (§5.6); with this on, any peer that can connect can announce version 2 and do
+    /// so. The node announces versions 2 and 3 and runs version 3 with every peer that
+    /// speaks it. Turn it on only while a cluster upgrades, inside a network you trust.
+    pub fn accept_v2(mut self, on: bool) -> Self {
+        self.accept_v2 = on;
+        self
+    }
+
     /// Sends `preamble` in place of the node's own, whatever [`accept_v1`](Self::accept_v1)
-    /// says: for tests that play an older peer ([`Preamble::V1_ONLY`] makes a node that
+    /// and [`accept_v2`](Self::accept_v2) say: for tests that play an older peer ([`Preamble::V1_ONLY`] makes a node that
     /// speaks version 1 only). Not for production use.
     #[doc(hidden)]
     pub fn preamble(mut self, preamble: Preamble) -> Self {

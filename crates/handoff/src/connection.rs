@@ -17,6 +17,7 @@ use crate::state::NodeInner;
 use crate::tcp::TcpConn;
 use crate::unix::{self, FdReader, UnixWriter};
 use crate::{Error, Peer, Result};
+use handoff_wire::auth::Role;
 
 /// Connects `node` to `addr` (see `Node::connect_with`).
 pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<Channel>) -> Result<Peer> {
@@ -56,7 +57,7 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
             TcpConn::Tls(Box::new(tokio_rustls::TlsStream::Client(tls_stream)))
         }
     };
-    let peer = open_tcp(node.clone(), conn, label, None).await?;
+    let peer = open_tcp(node.clone(), conn, label, Side::Dialed).await?;
     if channel == Some(Channel::Tcp) {
         return Ok(peer);
     }
@@ -103,7 +104,7 @@ async fn connect_unix(node: &Arc<NodeInner>, path: &str) -> Result<Peer> {
         .await
         .map_err(|e| Error::io(format!("connecting to unix://{path}"), e))?;
     let label = format!("unix://{path}");
-    open_unix(node.clone(), stream, label, None).await
+    open_unix(node.clone(), stream, label, Side::Dialed).await
 }
 
 /// `addr` without its `scheme` prefix, if it has one.
@@ -151,14 +152,25 @@ fn admit(node: &NodeInner, ident: &Ident) -> std::result::Result<(), WireError> 
     }
 }
 
-/// Runs the handshake on a fresh connection's reader and writer; `evicted` fires when the
-/// node needs this handshake's place for a newer one (accepted connections only).
+/// How a fresh connection came to be: we dialed it, or we accepted it (and then the node may
+/// need its handshake's place for a newer one: `evicted` fires).
+pub(crate) enum Side {
+    /// We connected to the peer.
+    Dialed,
+    /// We accepted it from a listening socket.
+    Accepted {
+        /// Fires when the node evicts this handshake to make room (spec §9.1).
+        evicted: oneshot::Receiver<()>,
+    },
+}
+
+/// Runs the handshake on a fresh connection's reader and writer.
 async fn run_handshake<R, W>(
     node: &Arc<NodeInner>,
     reader: &mut MessageReader<R>,
     writer: &mut W,
     label: &str,
-    evicted: Option<oneshot::Receiver<()>>,
+    side: Side,
 ) -> Result<Handshaken>
 where
     R: tokio::io::AsyncRead + crate::io::FdSource + Unpin,
@@ -175,6 +187,15 @@ where
         write_timeout: node.ctx.bounds.write_timeout,
         admit: &check,
         preamble: node.ctx.preamble,
+        role: match side {
+            Side::Dialed => Role::Dialer,
+            Side::Accepted { .. } => Role::Acceptor,
+        },
+        dialed: &node.ctx.dialer_nonces,
+    };
+    let evicted = match side {
+        Side::Dialed => None,
+        Side::Accepted { evicted } => Some(evicted),
     };
     handshake(reader, writer, ours, label, evicted).await
 }
@@ -187,19 +208,14 @@ fn set_nodelay(stream: &TcpStream, label: &str) -> Result<()> {
 
 /// Handshakes on a fresh TCP connection (plain, or after its TLS handshake), registers the
 /// peer and starts its reader.
-pub(crate) async fn open_tcp(
-    node: Arc<NodeInner>,
-    conn: TcpConn,
-    label: String,
-    evicted: Option<oneshot::Receiver<()>>,
-) -> Result<Peer> {
+pub(crate) async fn open_tcp(node: Arc<NodeInner>, conn: TcpConn, label: String, side: Side) -> Result<Peer> {
     let tls = matches!(conn, TcpConn::Tls(_));
     if let TcpConn::Plain(stream) = &conn {
         set_nodelay(stream, &label)?;
     }
     let (read_half, mut write_half) = conn.split();
     let mut reader = MessageReader::new(read_half, label.clone(), node.ctx.bounds.progress_timeout);
-    let handshaken = run_handshake(&node, &mut reader, &mut write_half, &label, evicted).await;
+    let handshaken = run_handshake(&node, &mut reader, &mut write_half, &label, side).await;
     let Handshaken { ident, version } = match handshaken {
         // In TLS 1.3 the peer checks our certificate after its handshake: its refusal (an
         // alert) arrives with the first read of ours.
@@ -229,12 +245,7 @@ pub(crate) async fn open_tcp(
 }
 
 /// Handshakes on a Unix stream from or to a same-host node; the peer's uid must be ours.
-pub(crate) async fn open_unix(
-    node: Arc<NodeInner>,
-    stream: UnixStream,
-    label: String,
-    evicted: Option<oneshot::Receiver<()>>,
-) -> Result<Peer> {
+pub(crate) async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: String, side: Side) -> Result<Peer> {
     unix::check_peer_uid(&stream)?;
     let stream = Arc::new(stream);
     let mut reader = MessageReader::new(
@@ -243,7 +254,7 @@ pub(crate) async fn open_unix(
         node.ctx.bounds.progress_timeout,
     );
     let mut writer = UnixWriter::new(stream);
-    let Handshaken { ident, version } = run_handshake(&node, &mut reader, &mut writer, &label, evicted).await?;
+    let Handshaken { ident, version } = run_handshake(&node, &mut reader, &mut writer, &label, side).await?;
     if ident.host_id != node.ctx.me.host_id {
         crate::limited_warn!(
             node.ctx.accept_log,

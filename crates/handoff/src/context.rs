@@ -69,6 +69,8 @@ pub(crate) struct Context {
     pub(crate) resources: Arc<Resources>,
     /// The preamble this node sends: version 2 only, or 1 and 2 with `accept_v1` (spec §3).
     pub(crate) preamble: Preamble,
+    /// The nonces this node recently sent as a dialer (spec §5.7 step 3).
+    pub(crate) dialer_nonces: crate::handshake::nonces::DialerNonces,
     /// TLS for TCP connections (spec §3.1), if the node has it: then required of every TCP peer.
     pub(crate) tls: Option<TlsConfig>,
 }

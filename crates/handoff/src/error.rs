@@ -94,6 +94,20 @@ pub enum Error {
         /// Which cap, and how full it is.
         reason: String,
     },
+    /// A message this node will not send, because a receiver would have to refuse it
+    /// (`spec/WIRE.md` §9); nothing of it was written and the connection is unharmed.
+    #[error(
+        "not sending {type_name} to {peer}: {reason}; a receiver must refuse that (spec WIRE.md §9): \
+         send large data as buffers, or split the value"
+    )]
+    Unsendable {
+        /// The type of the value.
+        type_name: String,
+        /// The peer it was for.
+        peer: String,
+        /// The limit it breaks.
+        reason: Box<WireError>,
+    },
     /// An operation did not finish in time.
     #[error("timed out: {0}")]
     Timeout(String),

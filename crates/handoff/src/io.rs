@@ -31,7 +31,10 @@ pub(crate) struct MessageReader<R> {
     buf: BytesMut,
     label: String,
     /// During the handshake the read buffer grows only as needed (a connection that has
-    /// not proven anything costs a few bytes, not a read-ahead buffer).
+    /// not proven anything costs a few bytes, not a read-ahead buffer), and no read goes
+    /// past the end of the item being read: so every file descriptor that arrives before
+    /// the connection is established came with a handshake byte, and those of the first
+    /// message after `ready` are never taken for them (spec §5.1).
     handshaking: bool,
     progress_timeout: Duration,
 }
@@ -52,10 +55,12 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
         self.handshaking = false;
     }
 
-    /// One read from the stream into the buffer; inside a message it must make progress
-    /// within the progress timeout.
-    async fn read_more(&mut self, what: &'static str, inside: bool) -> Result<usize> {
-        let read = self.stream.read_buf(&mut self.buf);
+    /// One read from the stream into the buffer, of at most `most` bytes when given; inside
+    /// a message it must make progress within the progress timeout.
+    async fn read_more(&mut self, what: &'static str, inside: bool, most: Option<usize>) -> Result<usize> {
+        let most = most.map_or(u64::MAX, |m| m as u64);
+        let mut limited = (&mut self.stream).take(most);
+        let read = limited.read_buf(&mut self.buf);
         let n = if inside {
             tokio::time::timeout(self.progress_timeout, read)
                 .await
@@ -89,7 +94,8 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
             }
             // Waiting for the first byte of a message is idling, not a stall.
             let inside = !(at_boundary && self.buf.is_empty());
-            if self.read_more(what, inside).await? == 0 {
+            let most = self.handshaking.then_some(missing);
+            if self.read_more(what, inside, most).await? == 0 {
                 if at_boundary && self.buf.is_empty() {
                     return Ok(false);
                 }
@@ -150,7 +156,7 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
             if self.buf.capacity() < READ_CHUNK {
                 self.buf.reserve(READ_CHUNK);
             }
-            if self.read_more("discarded bytes", true).await? == 0 {
+            if self.read_more("discarded bytes", true, None).await? == 0 {
                 return Err(WireError::Truncated {
                     what: "pulled bytes",
                     needed: len,
@@ -281,6 +287,9 @@ impl<R> MessageReader<R> {
 pub(crate) trait FdSource {
     /// Takes the next `n` descriptors that arrived, in order (`None`: fewer arrived).
     fn take_fds(&mut self, n: usize) -> Option<Vec<std::os::fd::OwnedFd>>;
+    /// The handshake is over: descriptors may arrive from now on. Until then every one is
+    /// closed on arrival and fails the read (spec §5.1).
+    fn established(&mut self);
     /// Descriptors that arrived and no header has claimed.
     fn pending_fds(&self) -> usize;
     /// A problem with the descriptors seen while reading.
@@ -291,6 +300,7 @@ impl FdSource for tokio::net::tcp::OwnedReadHalf {
     fn take_fds(&mut self, n: usize) -> Option<Vec<std::os::fd::OwnedFd>> {
         (n == 0).then(Vec::new)
     }
+    fn established(&mut self) {}
     fn pending_fds(&self) -> usize {
         0
     }

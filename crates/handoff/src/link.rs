@@ -260,7 +260,14 @@ impl ShmLink {
     }
 
     /// Plans each frame (shared segment or inline), registers the leases, and writes the message.
-    pub(crate) async fn send(&self, type_name: &str, body: &[u8], frames: Vec<Planned>, label: &str) -> Result<()> {
+    pub(crate) async fn send(
+        &self,
+        type_name: &str,
+        body: &[u8],
+        frames: Vec<Planned>,
+        label: &str,
+        limits: &handoff_wire::Limits,
+    ) -> Result<()> {
         let mut descriptors = Vec::with_capacity(frames.len());
         let mut inline = Vec::new();
         // Local handles on what the fds belong to, so they stay open while we send.
@@ -281,6 +288,15 @@ impl ShmLink {
         };
         let mut head = Vec::with_capacity(body.len() + 64);
         encode_header_into(&header, &mut head);
+        // The exact header against what the receiver accepts (spec §9): not sent, nothing kept.
+        if let Err(reason) = limits.check_outgoing(head.len() - 4, std::iter::empty()) {
+            self.release(&leased);
+            return Err(Error::Unsendable {
+                type_name: type_name.to_string(),
+                peer: label.to_string(),
+                reason: Box::new(reason),
+            });
+        }
         let fds: Vec<_> = passing.iter().map(Held::fd).collect();
         let mut w = self.writer.lock().await;
         let sent = match w.send_with_fds(&head, &fds, self.write_timeout).await {

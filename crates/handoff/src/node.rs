@@ -40,6 +40,12 @@ impl NodeBuilder {
         if self.name.is_empty() {
             return Err(Error::Config("a node needs a name".into()));
         }
+        // What a node says about itself must fit what every peer accepts (spec §5.2).
+        use handoff_wire::identity_lengths as at_most;
+        check_length("name", &self.name, at_most::NAME_BYTES)?;
+        if let Some(host) = &self.host_id {
+            check_length("host id", host, at_most::HOST_BYTES)?;
+        }
         let secret = match self.secret {
             Some(s) => s,
             None => {
@@ -132,7 +138,8 @@ impl NodeBuilder {
             next_req: AtomicU64::new(1),
             unlease_tx,
             resources: Arc::new(Resources::new(self.name.clone())),
-            preamble: self.preamble.unwrap_or(Preamble::ours(self.accept_v1)),
+            preamble: self.preamble.unwrap_or(Preamble::ours(self.accept_v1, self.accept_v2)),
+            dialer_nonces: crate::handshake::nonces::DialerNonces::new(self.bounds.handshake_timeout),
             tls: self.tls,
         };
         let inner = Arc::new(NodeInner {
@@ -401,4 +408,15 @@ impl std::fmt::Debug for Node {
             .field("listen", &self.inner.ctx.listen_addr)
             .finish()
     }
+}
+
+/// Refuses an identity field of our own that peers would refuse (spec §5.2).
+fn check_length(what: &str, value: &str, most: u32) -> Result<()> {
+    if value.len() > most as usize {
+        return Err(Error::Config(format!(
+            "the node's {what} is {} bytes; peers accept at most {most} (spec WIRE.md §5.2)",
+            value.len()
+        )));
+    }
+    Ok(())
 }

@@ -225,6 +225,7 @@ impl Peer {
             }
             Link::Tcp { .. } => {
                 let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
+                self.check_sendable(T::TYPE_NAME, encoded.body.len(), &encoded.frames)?;
                 let planned = self.plan(encoded.frames, by_ticket).await?;
                 let mut descriptors = Vec::with_capacity(planned.len());
                 let mut inline = Vec::new();
@@ -244,6 +245,16 @@ impl Peer {
                 };
                 let mut head = Vec::with_capacity(encoded.body.len() + 64);
                 encode_header_into(&header, &mut head);
+                if let Err(e) = self.check_header(T::TYPE_NAME, head.len() - 4) {
+                    let Header::Msg { frames, .. } = header else {
+                        unreachable!("built above")
+                    };
+                    self.withdraw(frames.iter().filter_map(|d| match d {
+                        Descriptor::Ticket(claim) => Some(claim),
+                        _ => None,
+                    }));
+                    return Err(e);
+                }
                 self.0
                     .link
                     .write(&head, &inline, self.0.write_timeout)
@@ -255,15 +266,67 @@ impl Peer {
             }
             Link::Shm(link) => {
                 let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
+                self.check_sendable(T::TYPE_NAME, encoded.body.len(), &encoded.frames)?;
                 let planned = self.plan(encoded.frames, by_ticket).await?;
-                link.send(T::TYPE_NAME, &encoded.body, planned, self.name())
+                let tickets: Vec<TicketClaim> = planned
+                    .iter()
+                    .filter_map(|p| match p {
+                        Planned::Ticket(claim) => Some(claim.clone()),
+                        Planned::Bytes(_) => None,
+                    })
+                    .collect();
+                let limits = self.limits()?;
+                link.send(T::TYPE_NAME, &encoded.body, planned, self.name(), &limits)
                     .await
-                    .inspect_err(|e| {
-                        if matches!(e, Error::Io { .. }) {
-                            self.mark_closed();
-                        }
+                    .inspect_err(|e| match e {
+                        Error::Io { .. } => self.mark_closed(),
+                        Error::Unsendable { .. } => self.withdraw(tickets.iter()),
+                        _ => {}
                     })
             }
+        }
+    }
+
+    /// The limits a receiver enforces, as this node enforces them itself (spec §9).
+    fn limits(&self) -> Result<handoff_wire::Limits> {
+        let node = self.0.local.upgrade().ok_or(Error::NodeClosed)?;
+        Ok(node.context().limits)
+    }
+
+    /// Refuses, before anything is planned or leased, a message a receiver would have to
+    /// refuse: more frames, or larger ones, than it accepts, or a body that alone is over
+    /// its header limit (spec §9).
+    fn check_sendable(&self, type_name: &str, body_len: usize, frames: &[Buffer]) -> Result<()> {
+        let limits = self.limits()?;
+        limits
+            .check_outgoing(body_len, frames.iter().map(|f| f.len() as u64))
+            .map_err(|reason| Error::Unsendable {
+                type_name: type_name.to_string(),
+                peer: self.name().to_string(),
+                reason: Box::new(reason),
+            })
+    }
+
+    /// The exact header, once built, against the receiver's header limit.
+    fn check_header(&self, type_name: &str, header_len: usize) -> Result<()> {
+        let limits = self.limits()?;
+        limits
+            .check_outgoing(header_len, std::iter::empty())
+            .map_err(|reason| Error::Unsendable {
+                type_name: type_name.to_string(),
+                peer: self.name().to_string(),
+                reason: Box::new(reason),
+            })
+    }
+
+    /// Ends the leases of tickets we issued for a message that was not sent after all.
+    fn withdraw<'c>(&self, claims: impl Iterator<Item = &'c TicketClaim>) {
+        let Some(node) = self.0.local.upgrade() else {
+            return;
+        };
+        let ctx = node.context();
+        for claim in claims.filter(|c| c.owner == ctx.me.node_id) {
+            let _ = ctx.leases.unlease(claim.lease, &self.0.remote.node_id, &claim.token);
         }
     }
 

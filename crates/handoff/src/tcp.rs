@@ -147,6 +147,7 @@ impl FdSource for TcpReader {
     fn take_fds(&mut self, n: usize) -> Option<Vec<std::os::fd::OwnedFd>> {
         (n == 0).then(Vec::new)
     }
+    fn established(&mut self) {}
     fn pending_fds(&self) -> usize {
         0
     }

@@ -25,10 +25,15 @@ pub(crate) const MAX_FDS_PER_READ: usize = 64;
 pub(crate) const MAX_PENDING_FDS: usize = 2 * MAX_FDS_PER_READ;
 
 /// The read side: an `AsyncRead` that also collects the descriptors that arrive.
+///
+/// Until the connection is established no descriptor is welcome (spec §5.1): every one that
+/// arrives is closed at once, and the read fails, so that a peer that has proven nothing
+/// cannot make the node hold a single descriptor.
 pub(crate) struct FdReader {
     stream: Arc<UnixStream>,
     fds: VecDeque<OwnedFd>,
     error: Option<String>,
+    established: bool,
 }
 
 impl FdReader {
@@ -37,6 +42,7 @@ impl FdReader {
             stream,
             fds: VecDeque::new(),
             error: None,
+            established: false,
         }
     }
 
@@ -67,6 +73,15 @@ impl FdReader {
             if let RecvAncillaryMessage::ScmRights(fds) = m {
                 self.fds.extend(fds);
             }
+        }
+        if !self.established && (!self.fds.is_empty() || msg.flags.contains(rustix::net::ReturnFlags::CTRUNC)) {
+            // Closed here, before anything else happens to them.
+            self.fds.clear();
+            self.error = Some("file descriptors arrived before the handshake completed".into());
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "file descriptors arrived before the handshake completed",
+            ));
         }
         if msg.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
             self.error = Some(format!("a message carried more than {MAX_FDS_PER_READ} descriptors"));
@@ -105,6 +120,9 @@ impl AsyncRead for FdReader {
 impl FdSource for FdReader {
     fn take_fds(&mut self, n: usize) -> Option<Vec<OwnedFd>> {
         FdReader::take_fds(self, n)
+    }
+    fn established(&mut self) {
+        self.established = true;
     }
     fn pending_fds(&self) -> usize {
         FdReader::pending_fds(self)

@@ -79,7 +79,7 @@ async fn handshaken(target: &str) -> TcpStream {
         "00000000000000000000000000000def",
         &["inline"],
     );
-    let mut me = RawSide::v2(SECRET, ident);
+    let mut me = RawSide::v3(SECRET, ident);
     s.write_all(&me.preamble()).await.unwrap();
     let mut pre = [0u8; 16];
     s.read_exact(&mut pre).await.unwrap();

@@ -61,7 +61,7 @@ fn handshaken(path: &str) -> UnixStream {
         "000000000000000000000000000000bb",
         &["inline", "shm"],
     );
-    let mut me = RawSide::v2(SECRET, ident);
+    let mut me = RawSide::v3(SECRET, ident);
     s.write_all(&me.preamble()).unwrap();
     let mut pre = [0u8; 16];
     s.read_exact(&mut pre).unwrap();

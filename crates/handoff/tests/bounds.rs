@@ -122,3 +122,50 @@ async fn a_message_larger_than_the_bound_still_gets_through_alone() {
     let got: Chunk = receiver.recv_timeout(T).await.unwrap().decode().unwrap();
     assert_eq!(got.data.len(), 8 << 20);
 }
+
+/// A value whose bytes travel inside the message body, not as a frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Inline {
+    text: String,
+}
+impl Message for Inline {
+    const TYPE_NAME: &'static str = "test.Inline";
+}
+
+/// spec §9: a node never sends what the receiver must refuse. A body over the 16 MiB
+/// header limit, or more frames than the receiver takes, fails that send at the sender,
+/// naming the limit; the connection carries on, on TCP and on a Unix socket alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_a_receiver_must_refuse_is_never_sent() {
+    let receiver = node("refuses-nothing", Bounds::DEFAULT).await;
+    let sender = node("sends-too-much", Bounds::DEFAULT).await;
+    let addr = receiver.listen_addr().unwrap().to_string();
+    for channel in [Channel::Tcp, Channel::Shm] {
+        let peer = sender.connect_with(&addr, Some(channel)).await.unwrap();
+        let err = peer
+            .send(Inline {
+                text: "x".repeat(17 << 20),
+            })
+            .await
+            .expect_err("a 17 MiB body");
+        assert!(matches!(err, handoff::Error::Unsendable { .. }), "{err}");
+        assert!(err.to_string().contains("header"), "{err}");
+        let many = Many {
+            parts: (0..1025).map(|i| Buffer::from(vec![i as u8; 8])).collect(),
+        };
+        let err = peer.send(many).await.expect_err("1025 frames");
+        assert!(err.to_string().contains("1025 frames"), "{err}");
+        // The connection is unharmed.
+        peer.send(chunk("sends-too-much", 1, 1024)).await.unwrap();
+        let env = receiver.recv_timeout(T).await.unwrap();
+        assert_eq!(env.decode::<Chunk>().unwrap().seq, 1, "{channel:?}");
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Many {
+    parts: Vec<Buffer>,
+}
+impl Message for Many {
+    const TYPE_NAME: &'static str = "test.Many";
+}

@@ -1,6 +1,6 @@
-//! Protocol versions (spec §3, §5.4): version 2 by default, on TCP and after the switch to a
-//! Unix socket; version 1 only between nodes that accept it; a v1-only peer refused by a
-//! default node; and a peer that has proven nothing learns nothing but a nonce.
+//! Protocol versions (spec §3, §5.4, §5.7): version 3 by default, on TCP and after the switch
+//! to a Unix socket; versions 2 and 1 only between nodes that accept them; older peers
+//! refused by a default node; and a peer that has proven nothing learns nothing but a nonce.
 
 mod raw;
 
@@ -52,34 +52,65 @@ async fn both_ways(a: &Node, b: &Node, peer: &handoff::Peer) {
 }
 
 #[tokio::test]
-async fn version_2_by_default_on_tcp_and_after_the_switch_to_shm() {
-    let a = node("v2-a", |b| b).await;
-    let b = node("v2-b", |b| b).await;
+async fn version_3_by_default_on_tcp_and_after_the_switch_to_shm() {
+    let a = node("v3-a", |b| b).await;
+    let b = node("v3-b", |b| b).await;
     let tcp = a
         .connect_with(b.listen_addr().unwrap(), Some(Channel::Tcp))
         .await
         .unwrap();
-    assert_eq!((tcp.channel(), tcp.protocol_version()), (Channel::Tcp, Some(2)));
+    assert_eq!((tcp.channel(), tcp.protocol_version()), (Channel::Tcp, Some(3)));
     both_ways(&a, &b, &tcp).await;
 
-    let c = node("v2-c", |b| b).await;
+    let c = node("v3-c", |b| b).await;
     let shm = c.connect(b.listen_addr().unwrap()).await.unwrap();
-    assert_eq!((shm.channel(), shm.protocol_version()), (Channel::Shm, Some(2)));
+    assert_eq!((shm.channel(), shm.protocol_version()), (Channel::Shm, Some(3)));
     both_ways(&c, &b, &shm).await;
 }
 
 #[tokio::test]
-async fn nodes_that_accept_v1_still_use_v2_with_each_other() {
+async fn nodes_that_accept_older_versions_still_use_v3_with_each_other() {
     let a = node("both-a", |b| b.accept_v1(true)).await;
-    let b = node("both-b", |b| b.accept_v1(true)).await;
+    let b = node("both-b", |b| b.accept_v2(true)).await;
     let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
-    assert_eq!(peer.protocol_version(), Some(2));
+    assert_eq!(peer.protocol_version(), Some(3));
     both_ways(&a, &b, &peer).await;
     // And with a default node.
     let c = node("both-c", |b| b).await;
     let peer = c.connect(a.listen_addr().unwrap()).await.unwrap();
-    assert_eq!(peer.protocol_version(), Some(2));
+    assert_eq!(peer.protocol_version(), Some(3));
     both_ways(&c, &a, &peer).await;
+}
+
+#[tokio::test]
+async fn version_2_runs_only_when_the_node_accepts_it_on_tcp_and_shm() {
+    // An older peer: speaks version 2 only, as a default v2 implementation does.
+    let old = node("v2-old", |b| b.preamble(Preamble::V2_ONLY)).await;
+    let new = node("v2-new", |b| b.accept_v2(true)).await;
+    let tcp = old
+        .connect_with(new.listen_addr().unwrap(), Some(Channel::Tcp))
+        .await
+        .unwrap();
+    assert_eq!((tcp.channel(), tcp.protocol_version()), (Channel::Tcp, Some(2)));
+    both_ways(&old, &new, &tcp).await;
+    let shm = new.connect(old.listen_addr().unwrap()).await.unwrap();
+    assert_eq!((shm.channel(), shm.protocol_version()), (Channel::Shm, Some(2)));
+    both_ways(&new, &old, &shm).await;
+    // A default node refuses it, both ways.
+    let default = node("v2-refuses", |b| b).await;
+    for (from, to) in [(&old, &default), (&default, &old)] {
+        let err = from.connect(to.listen_addr().unwrap()).await.expect_err("refused");
+        assert_eq!(code_of(&err), "unsupported-version", "{err}");
+    }
+}
+
+/// The code of a connection's refusal, whichever side saw it first.
+fn code_of(err: &Error) -> String {
+    match err {
+        Error::Wire(e) => e.code().to_string(),
+        Error::Refused { code, .. } => code.clone(),
+        other => panic!("{other}"),
+    }
 }
 
 #[tokio::test]
@@ -107,12 +138,7 @@ async fn a_default_node_refuses_a_v1_only_peer_with_unsupported_version() {
         let Err(err) = from.connect(to.listen_addr().unwrap()).await else {
             panic!("a v1-only peer was accepted");
         };
-        let code = match &err {
-            Error::Wire(e) => e.code().to_string(),
-            Error::Refused { code, .. } => code.clone(),
-            other => panic!("{other}"),
-        };
-        assert_eq!(code, "unsupported-version", "{err}");
+        assert_eq!(code_of(&err), "unsupported-version", "{err}");
     }
     assert!(new.peers().is_empty() && old.peers().is_empty());
 }
@@ -165,7 +191,7 @@ fn error_code(bytes: &[u8]) -> Option<String> {
 /// everything the node sent until it closed the connection.
 async fn talk<S: AsyncReadExt + AsyncWriteExt + Unpin>(mut s: S, steps: Vec<Step>) -> Vec<u8> {
     let mut got = Vec::new();
-    let mut me = RawSide::v2(
+    let mut me = RawSide::v3(
         SECRET,
         raw::ident(&"ab".repeat(16), "prober", &"cd".repeat(16), &["inline"]),
     );
@@ -229,7 +255,12 @@ fn unproven_scripts() -> Vec<(&'static str, Vec<Step>, &'static str)> {
             "unsupported-version",
         ),
         (
-            "a hello on a v2 connection",
+            "a v2-only peer",
+            vec![Write(handoff::wire::Preamble::V2_ONLY.encode().to_vec()), ReadPreamble],
+            "unsupported-version",
+        ),
+        (
+            "a hello on a v3 connection",
             vec![Preamble, ReadPreamble, Write(hello)],
             "handshake",
         ),
@@ -304,4 +335,87 @@ async fn the_check_would_see_a_v1_hello() {
     let got = talk(s, steps).await;
     let seen = revealed(&got, &identity_of(&open));
     assert!(seen.contains(&open.endpoint().node_id), "{seen:?}");
+}
+
+// ------------------------------------------------------------------ refusals before a preamble
+
+/// Everything the node sends on a connection that says `sent` and then nothing, until it
+/// closes it.
+async fn answer_to(addr: &str, sent: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr.trim_start_matches("tcp://")).await.unwrap();
+    s.write_all(sent).await.unwrap();
+    let mut got = Vec::new();
+    tokio::time::timeout(T, s.read_to_end(&mut got))
+        .await
+        .expect("the node closes the connection")
+        .ok();
+    got
+}
+
+#[tokio::test]
+async fn no_error_goes_to_a_peer_whose_preamble_never_came_whole() {
+    // spec §3, §11.3: an error only after the preambles were exchanged.
+    let bounds = Bounds {
+        handshake_timeout: Duration::from_millis(300),
+        ..Bounds::DEFAULT
+    };
+    let victim = node("silent-peers", |b| b.bounds(bounds)).await;
+    let ours = Preamble::OURS.encode().to_vec();
+    for sent in [&b""[..], &Preamble::OURS.encode()[..8]] {
+        let got = answer_to(victim.listen_addr().unwrap(), sent).await;
+        assert_eq!(got, ours, "after {} bytes of a preamble: its preamble, then the close", sent.len());
+    }
+    // With the whole preamble, the timeout is said.
+    let got = answer_to(victim.listen_addr().unwrap(), &Preamble::OURS.encode()).await;
+    assert_eq!(error_code(&got).as_deref(), Some("timeout"));
+    // A node at its connection bound: `overloaded` only to a peer that sent its preamble.
+    let full = node("full-and-silent", |b| {
+        b.bounds(Bounds {
+            max_connections: 0,
+            ..Bounds::DEFAULT
+        })
+    })
+    .await;
+    let got = answer_to(full.listen_addr().unwrap(), b"").await;
+    assert_eq!(got, Preamble::OURS.encode().to_vec());
+    let got = answer_to(full.listen_addr().unwrap(), &Preamble::OURS.encode()).await;
+    assert_eq!(error_code(&got).as_deref(), Some("overloaded"));
+}
+
+#[tokio::test]
+async fn an_identity_longer_than_its_bounds_is_refused_and_never_kept() {
+    // spec §5.2: what a node learns about its peers, and repeats in answers, stays small.
+    let victim = node("bounded-idents", |b| b).await;
+    let mut s = TcpStream::connect(victim.listen_addr().unwrap().trim_start_matches("tcp://"))
+        .await
+        .unwrap();
+    let name = "n".repeat(300);
+    let mut me = RawSide::v3(
+        SECRET,
+        raw::ident(&"ab".repeat(16), &name, &"cd".repeat(16), &["inline"]),
+    );
+    s.write_all(&me.preamble()).await.unwrap();
+    let mut pre = [0u8; 16];
+    s.read_exact(&mut pre).await.unwrap();
+    s.write_all(&me.first()).await.unwrap();
+    let challenge = read_header(&mut s).await;
+    s.write_all(&me.auth(&pre, &challenge)).await.unwrap();
+    s.write_all(&me.ident()).await.unwrap();
+    let mut rest = Vec::new();
+    tokio::time::timeout(T, s.read_to_end(&mut rest)).await.unwrap().ok();
+    let mut all = pre.to_vec();
+    all.extend_from_slice(&rest);
+    assert_eq!(error_code(&all).as_deref(), Some("malformed-header"));
+    assert!(victim.peers().is_empty());
+    // And a node refuses to start with such a name of its own.
+    let err = Node::builder(&name).build().await.expect_err("a name of 300 bytes");
+    assert!(err.to_string().contains("at most 256"), "{err}");
+}
+
+async fn read_header(s: &mut TcpStream) -> Vec<u8> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await.unwrap();
+    let mut h = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut h).await.unwrap();
+    h
 }

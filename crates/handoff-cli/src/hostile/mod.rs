@@ -185,6 +185,10 @@ fn print_row(r: &AttackReport) {
 async fn attack(kind: Kind, python: &std::path::Path, name: &str) -> Result<AttackReport> {
     let started = Instant::now();
     let mut victim = Victim::start(kind, python, attacks::victim_args(name)).await?;
+    let second = match attacks::needs_second_victim(name) {
+        true => Some(Victim::start(kind, python, attacks::victim_args(name)).await?),
+        false => None,
+    };
     let unix = raw::Raw::tcp_handshaken(&victim.listen, &raw::Identity::fresh("scout"), &victim.secret)
         .await
         .context("a first handshake with the victim")?
@@ -201,6 +205,7 @@ async fn attack(kind: Kind, python: &std::path::Path, name: &str) -> Result<Atta
         secret: victim.secret.clone(),
         pid: victim.pid,
         bounds: victim::Bounds::SMALL,
+        second: second.as_ref().map(|v| v.listen.clone()),
     };
     let sampler = Sampler::start(victim.pid);
     prober.attack_begins();

@@ -1,9 +1,9 @@
 //! A peer that speaks the wire format by hand: it handshakes correctly (or not), then sends
 //! whatever an attack needs, byte for byte, with file descriptors on a Unix socket.
 //!
-//! It handshakes as protocol version 2 (the default of every node, spec §5.4) or, on
-//! request, as a version-1-only peer (§5.1), which only a victim that accepts v1 peers
-//! lets in. It keeps the first bytes the victim sends it, so that an attack can check what
+//! It handshakes as the dialer of protocol version 3 (the default of every node, spec
+//! §5.7) or, on request, as a version-2 or version-1-only peer (§5.4, §5.1), which only a
+//! victim that accepts such peers lets in. It keeps the first bytes the victim sends it, so that an attack can check what
 //! the victim revealed before the handshake completed.
 
 use std::io::IoSlice;
@@ -81,12 +81,14 @@ impl Identity {
     }
 }
 
-/// A challenge (version 2) with a fresh nonce.
+/// A challenge of version 3, the default, with a fresh nonce.
 pub fn challenge() -> Header<'static> {
-    Header::Challenge {
-        version: 2,
-        nonce: rand::random::<[u8; 32]>().to_vec(),
-    }
+    challenge_of(3, rand::random::<[u8; 32]>().to_vec())
+}
+
+/// A challenge of `version` (2 or 3) with `nonce`.
+pub fn challenge_of(version: u16, nonce: Vec<u8>) -> Header<'static> {
+    Header::Challenge { version, nonce }
 }
 
 /// The bytes of a header with its length prefix.
@@ -149,28 +151,35 @@ impl Raw {
         self.peer.as_ref().map_or("", |i| i.node_id.as_str())
     }
 
-    /// A correct handshake of version 2, the default; fails with the victim's error if it
-    /// refuses.
+    /// A correct handshake of version 3, the default, as the dialer; fails with the
+    /// victim's error if it refuses.
     pub async fn handshake(&mut self, who: &Identity, secret: &[u8]) -> Result<()> {
-        let own_preamble = Preamble::OURS.encode();
+        self.handshake_as(3, who, secret).await
+    }
+
+    /// A correct handshake of version 2 (or 3), as the dialer: only a victim that accepts
+    /// version 2 runs it.
+    pub async fn handshake_as(&mut self, version: u16, who: &Identity, secret: &[u8]) -> Result<()> {
+        let own_preamble = Preamble::range(version, version).encode();
         self.write(&own_preamble).await?;
-        let own = framed(&challenge());
+        let own = framed(&challenge_of(version, rand::random::<[u8; 32]>().to_vec()));
         self.write(&own).await?;
         let mut pre = [0u8; 16];
         self.read_exact(&mut pre).await?;
         let peer_challenge = self.read_header_bytes().await?;
         self.expect(&peer_challenge, "challenge")?;
-        let proof = auth::proof_v2(
-            secret,
-            auth::Sent {
-                preamble: &own_preamble,
-                challenge: &own[4..],
-            },
-            auth::Sent {
-                preamble: &pre,
-                challenge: &peer_challenge,
-            },
-        );
+        let ours = auth::Sent {
+            preamble: &own_preamble,
+            challenge: &own[4..],
+        };
+        let theirs = auth::Sent {
+            preamble: &pre,
+            challenge: &peer_challenge,
+        };
+        let proof = match version {
+            2 => auth::proof_v2(secret, ours, theirs),
+            _ => auth::dialer_proof(secret, &auth::Transcript::of(auth::Role::Dialer, ours, theirs)),
+        };
         self.write(&framed(&Header::Auth { mac: proof.to_vec() })).await?;
         let h = self.read_header_bytes().await?;
         self.expect(&h, "auth")?;
@@ -273,6 +282,28 @@ impl Raw {
         let keep = buf.len().min(SEEN_LIMIT.saturating_sub(self.seen.len()));
         self.seen.extend_from_slice(&buf[..keep]);
         Ok(())
+    }
+
+    /// Reads whatever the victim sends until it closes the connection (or resets it), or
+    /// `limit` passes; returns the bytes and whether it closed in time.
+    pub async fn until_closed(&mut self, limit: Duration) -> (Vec<u8>, bool) {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let read = async {
+                match &mut self.stream {
+                    Stream::Tcp(s) => s.read(&mut buf).await,
+                    Stream::Unix(s) => s.read(&mut buf).await,
+                    Stream::TcpWrite(_) => Err(std::io::Error::other("this half only writes")),
+                }
+            };
+            match tokio::time::timeout_at(deadline, read).await {
+                Ok(Ok(0)) | Ok(Err(_)) => break (got, true),
+                Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+                Err(_) => break (got, false),
+            }
+        }
     }
 
     /// The next header's bytes (without the prefix).

@@ -32,18 +32,28 @@ pub(crate) async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, err: &WireError
     let _ = write_all(w, &out, ERROR_WRITE_LIMIT).await;
 }
 
-/// Refuses a connection: the error, our sending side shut down first (so the error is
-/// delivered and not reset away), what the peer still sends read and dropped for a moment
-/// when it may still be talking, then the error returned (the caller drops the socket).
-async fn fail<R, W>(reader: &mut MessageReader<R>, writer: &mut W, err: WireError) -> Error
+/// Refuses a connection: the error (only to a peer that sent its whole preamble, spec §3,
+/// §11.3: one that has not shown it speaks the format gets none), our sending side shut
+/// down first (so the error is delivered and not reset away), what the peer still sends
+/// read and dropped for a moment when it may still be talking, then the error returned
+/// (the caller drops the socket).
+async fn fail<R, W>(reader: &mut MessageReader<R>, writer: &mut W, err: WireError, tell: bool) -> Error
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    send_error(writer, &err).await;
+    if tell {
+        send_error(writer, &err).await;
+    }
     let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, writer.shutdown()).await;
     // A silent or evicted peer has nothing to drain; waiting for it would only hold the slot.
-    if !matches!(err, WireError::Timeout(_) | WireError::Overloaded(_)) {
+    // Nor has one that sent descriptors before it proved anything: it is cut off at once.
+    if tell
+        && !matches!(
+            err,
+            WireError::Timeout(_) | WireError::Overloaded(_) | WireError::BadShm(_)
+        )
+    {
         reader.drain(DRAIN_BYTES, DRAIN_TIME).await;
     }
     err.into()
@@ -100,6 +110,8 @@ pub(super) struct Conversation<'r, 'w, 'e, R, W> {
     deadline: tokio::time::Instant,
     write_timeout: Duration,
     evicted: &'e mut Option<oneshot::Receiver<()>>,
+    /// Whether the peer's whole preamble arrived: only then may an `error` go out.
+    preamble_in: bool,
 }
 
 impl<'r, 'w, 'e, R, W> Conversation<'r, 'w, 'e, R, W>
@@ -126,6 +138,7 @@ where
             deadline,
             write_timeout,
             evicted,
+            preamble_in: false,
         }
     }
 
@@ -133,16 +146,33 @@ where
     pub(super) async fn read_preamble(&mut self) -> Result<bytes::Bytes> {
         let read = self.reader.read_preamble();
         let stop = step(self.deadline, self.evicted, read).await;
-        self.settle(stop).await
+        let read = self.settle(stop).await;
+        self.check_fds().await?;
+        let preamble = read?;
+        self.preamble_in = true;
+        Ok(preamble)
     }
 
-    /// The handshake is over: the reader takes the limits of an established connection.
+    /// The handshake is over: the reader takes the limits of an established connection, and
+    /// file descriptors are welcome from the next message on.
     pub(super) fn established(&mut self) {
         self.reader.established();
+        self.reader.stream_mut().established();
     }
 
     pub(super) async fn refuse<T>(&mut self, err: WireError) -> Result<T> {
-        Err(fail(self.reader, self.writer, err).await)
+        Err(fail(self.reader, self.writer, err, self.preamble_in).await)
+    }
+
+    /// Descriptors that came before the connection was established (spec §5.1): the reader
+    /// closed them as they arrived and failed its read; here the connection is refused.
+    async fn check_fds(&mut self) -> Result<()> {
+        let fds = self.reader.stream_mut();
+        if let Some(problem) = fds.take_fd_error() {
+            let e = WireError::BadShm(format!("{problem}; they were closed"));
+            return self.refuse(e).await;
+        }
+        Ok(())
     }
 
     /// Turns a stopped step into its result, refusing the connection on a timeout or an eviction.
@@ -186,7 +216,9 @@ where
         let limits = self.limits;
         let read = self.reader.read_header(&limits);
         let stop = step(self.deadline, self.evicted, read).await;
-        let header = match self.settle(stop).await {
+        let read = self.settle(stop).await;
+        self.check_fds().await?;
+        let header = match read {
             Ok(Some(h)) => h,
             Ok(None) => {
                 return Err(Error::PeerClosed(format!(
@@ -197,16 +229,11 @@ where
             Err(Error::Wire(e)) => return self.refuse(e).await,
             Err(other) => return Err(other),
         };
-        // Descriptors ride on the first byte of the message that carries them (spec §7.2), and
-        // a read that brings some ends with that message's bytes: while bytes after this
-        // header are buffered, waiting descriptors may be the next message's (after `ready`,
-        // a legitimate one), so they are judged at the next read, or by the read loop.
-        let ahead = self.reader.buffered();
-        let fds = self.reader.stream_mut();
-        if fds.take_fd_error().is_some() || (fds.pending_fds() > 0 && ahead == 0) {
-            let e = WireError::BadShm("file descriptors arrived before the handshake completed".into());
-            return self.refuse(e).await;
-        }
+        // No read of the handshake goes past the message it reads, so nothing of the next
+        // message (after `ready`, a legitimate one with descriptors) can have arrived; and the
+        // reader refuses every descriptor until it is established (checked above).
+        debug_assert_eq!(self.reader.buffered(), 0, "a handshake read went past its message");
+        debug_assert_eq!(self.reader.stream_mut().pending_fds(), 0);
         Ok(header)
     }
 

@@ -6,18 +6,24 @@
 //! little (spec §5.1): headers of at most 64 KiB, no file descriptors, a bounded time,
 //! and it can be told to give up its place to a newer connection.
 //!
-//! The versions differ only between the preambles and `ready` (spec §5.4): [`v1`] sends a
-//! hello, which says who we are before any proof; [`v2`] (the default) sends a challenge,
-//! proves the secret, and says who we are only to a peer whose proof it verified.
+//! The versions differ only between the preambles and `ready` (spec §5.4, §5.7): [`v1`]
+//! sends a hello, which says who we are before any proof; [`v2`] sends a challenge, proves
+//! the secret, and says who we are only to a peer whose proof it verified; [`v3`] (the
+//! default, and the only one a node runs unless its user accepts older peers) does the same
+//! with proofs bound to each side's role and the whole transcript, the acceptor proving
+//! second, so that a peer without the secret cannot reflect the nodes' own proofs (§5.6).
 
 mod conversation;
+pub(crate) mod nonces;
 mod v1;
 mod v2;
+mod v3;
 
 use std::time::Duration;
 
+use handoff_wire::auth::Role;
 use handoff_wire::{Endpoint, Header, Ident, Limits, Preamble, WireError};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 
 pub(crate) use conversation::{send_error, DRAIN_BYTES, DRAIN_TIME};
@@ -56,9 +62,13 @@ pub(crate) struct OurSide<'a> {
     pub(crate) write_timeout: Duration,
     /// The node-id check before `ready` (v1 step 6, v2 step 7).
     pub(crate) admit: Admit<'a>,
-    /// The preamble we send: by default version 2 only; versions 1 and 2 when the node
-    /// accepts v1 peers (spec §3).
+    /// The preamble we send: by default version 3 only; from version 2 or 1 when the node
+    /// accepts such peers (spec §3).
     pub(crate) preamble: Preamble,
+    /// Whether we dialed this connection or accepted it (version 3 depends on it, §5.7).
+    pub(crate) role: Role,
+    /// The nonces this node recently sent as a dialer (version 3, §5.7 step 3).
+    pub(crate) dialed: &'a nonces::DialerNonces,
 }
 
 /// Runs the handshake; on any failure the peer is told why (when possible) and an error returned.
@@ -83,6 +93,8 @@ where
         write_timeout,
         admit,
         preamble,
+        role,
+        dialed,
     } = ours;
     let mut talk = Conversation::new(
         reader,
@@ -113,12 +125,12 @@ where
         listen,
         unix,
     };
+    let peer_preamble: [u8; 16] = peer_preamble[..].try_into().expect("a preamble is 16 bytes");
+    let preambles = (&own_preamble, &peer_preamble);
     let peer = match version {
         1 => v1::exchange(&mut talk, secret, ident).await?,
-        2 => {
-            let peer_preamble: [u8; 16] = peer_preamble[..].try_into().expect("a preamble is 16 bytes");
-            v2::exchange(&mut talk, secret, (&own_preamble, &peer_preamble), ident).await?
-        }
+        2 => v2::exchange(&mut talk, secret, preambles, ident).await?,
+        3 => v3::exchange(&mut talk, secret, (role, dialed), preambles, ident).await?,
         other => {
             let e = WireError::Handshake(format!("no handshake for protocol version {other}"));
             return talk.refuse(e).await;
@@ -135,10 +147,20 @@ where
     Ok(Handshaken { ident: peer, version })
 }
 
-/// Refuses a connection the node cannot take at all (too many connections): our preamble
-/// and `error {code: "overloaded"}` (readable by every version, spec §12), then close.
-pub(crate) async fn refuse_overloaded<W: AsyncWrite + Unpin>(writer: &mut W, preamble: Preamble, why: String) {
-    let _ = write_all(writer, &preamble.encode(), ERROR_WRITE_LIMIT).await;
-    send_error(writer, &WireError::Overloaded(why)).await;
-    let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, writer.shutdown()).await;
+/// Refuses a connection the node cannot take at all (too many connections): our preamble,
+/// then, once the peer's whole preamble arrived (an error goes only to a peer that showed it
+/// speaks the format, spec §3, §11.3; we wait for it a second at most),
+/// `error {code: "overloaded"}` (readable by every version, §12), then close.
+pub(crate) async fn refuse_overloaded<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    preamble: Preamble,
+    why: String,
+) {
+    let _ = write_all(stream, &preamble.encode(), ERROR_WRITE_LIMIT).await;
+    let mut theirs = [0u8; handoff_wire::preamble::PREAMBLE_LEN];
+    let read = tokio::time::timeout(ERROR_WRITE_LIMIT, stream.read_exact(&mut theirs)).await;
+    if matches!(read, Ok(Ok(_))) {
+        send_error(stream, &WireError::Overloaded(why)).await;
+    }
+    let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, stream.shutdown()).await;
 }

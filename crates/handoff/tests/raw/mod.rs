@@ -2,7 +2,9 @@
 //! that then misbehave on purpose. It does no I/O: each step returns the bytes to write,
 //! given what the node sent; the tests read and write (blocking or async) around it.
 //!
-//! Version 2, the default: preamble, `challenge`, `auth`, `ident`, `ready`. Version 1, for
+//! Version 3, the default, as the dialer (the raw peer always connects): preamble,
+//! `challenge`, `auth` (the dialer proves first, §5.7), then the node's `auth`, `ident`,
+//! `ready`. Version 2, for nodes that accept v2 peers, in the same order. Version 1, for
 //! the tests of nodes that accept v1 peers: preamble, `hello`, `auth`, `ready`.
 
 #![allow(dead_code)]
@@ -44,7 +46,12 @@ pub struct RawSide {
 }
 
 impl RawSide {
-    /// A peer that speaks version 2 only, the default of every node.
+    /// A peer that speaks version 3 only, the default of every node.
+    pub fn v3(secret: &str, ident: Ident) -> RawSide {
+        RawSide::new(secret, ident, 3)
+    }
+
+    /// A peer that speaks version 2 only, as a default v2 implementation does.
     pub fn v2(secret: &str, ident: Ident) -> RawSide {
         RawSide::new(secret, ident, 2)
     }
@@ -64,26 +71,18 @@ impl RawSide {
         }
     }
 
-    /// The preamble to write first: `2..=2` or `1..=1`.
+    /// The preamble to write first: `3..=3`, `2..=2` or `1..=1`.
     pub fn preamble(&self) -> [u8; 16] {
-        self.own_preamble().encode()
+        Preamble::range(self.version, self.version).encode()
     }
 
-    fn own_preamble(&self) -> Preamble {
-        if self.version == 1 {
-            Preamble::V1_ONLY
-        } else {
-            Preamble::OURS
-        }
-    }
-
-    /// After the preambles: our `challenge` (v2) or `hello` (v1), framed.
+    /// After the preambles: our `challenge` (v2, v3) or `hello` (v1), framed.
     pub fn first(&mut self) -> Vec<u8> {
         let header = if self.version == 1 {
             Header::Hello(Hello::from_ident(self.ident.clone(), 1, self.nonce.to_vec()))
         } else {
             Header::Challenge {
-                version: 2,
+                version: self.version,
                 nonce: self.nonce.to_vec(),
             }
         };
@@ -94,27 +93,25 @@ impl RawSide {
 
     /// Given the node's preamble and its first handshake header (without prefix): our `auth`.
     pub fn auth(&self, peer_preamble: &[u8], peer_first: &[u8]) -> Vec<u8> {
-        let mac = if self.version == 1 {
-            auth::proof(&self.secret, &self.first, peer_first)
-        } else {
-            let own = self.preamble();
-            let peer: [u8; 16] = peer_preamble.try_into().expect("16 bytes");
-            auth::proof_v2(
-                &self.secret,
-                auth::Sent {
-                    preamble: &own,
-                    challenge: &self.first,
-                },
-                auth::Sent {
-                    preamble: &peer,
-                    challenge: peer_first,
-                },
-            )
+        let own = self.preamble();
+        let peer: [u8; 16] = peer_preamble.try_into().expect("16 bytes");
+        let ours = auth::Sent {
+            preamble: &own,
+            challenge: &self.first,
+        };
+        let theirs = auth::Sent {
+            preamble: &peer,
+            challenge: peer_first,
+        };
+        let mac = match self.version {
+            1 => auth::proof(&self.secret, &self.first, peer_first),
+            2 => auth::proof_v2(&self.secret, ours, theirs),
+            _ => auth::dialer_proof(&self.secret, &auth::Transcript::of(auth::Role::Dialer, ours, theirs)),
         };
         framed(&Header::Auth { mac: mac.to_vec() })
     }
 
-    /// After the node's `auth` (v2 only): our `ident`, framed.
+    /// After the node's `auth` (v2, v3): our `ident`, framed.
     pub fn ident(&self) -> Vec<u8> {
         framed(&Header::Ident(self.ident.clone()))
     }

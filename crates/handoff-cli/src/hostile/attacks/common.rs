@@ -40,6 +40,8 @@ pub struct Target {
     pub secret: Vec<u8>,
     pub pid: u32,
     pub bounds: Bounds,
+    /// A second node of the same cluster, for the attacks that need two.
+    pub second: Option<String>,
 }
 
 /// A `msg` whose body is `value` encoded as the reference does, with `frames` as given.

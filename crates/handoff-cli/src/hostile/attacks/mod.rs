@@ -11,6 +11,7 @@ mod common;
 mod handshake;
 mod identity;
 mod leases;
+mod reflection;
 mod refusals;
 mod segments;
 mod sizes;
@@ -40,9 +41,15 @@ pub const ALL: &[&str] = &[
     "stalled-frame",
     "reused-node-id",
     "ticket-addr",
+    "reflection",
+    "interleaving-two-nodes",
+    "replay",
+    "relay-to-self",
+    "downgrade",
 ];
 
-/// The issue-11 classes (numbered as in the issue) each attack exercises.
+/// The issue-11 classes (numbered as in the issue) each attack exercises; class 15 is
+/// issue 24's: authenticating without the cluster secret.
 pub fn classes(attack: &str) -> &'static [u8] {
     match attack {
         "bad-bodies" | "failed-redemptions" => &[1],
@@ -58,6 +65,7 @@ pub fn classes(attack: &str) -> &'static [u8] {
         "slowloris" | "fds-before-handshake" | "stalled-frame" => &[11],
         "reused-node-id" => &[12],
         "ticket-addr" => &[13],
+        "reflection" | "interleaving-two-nodes" | "replay" | "relay-to-self" | "downgrade" => &[15],
         _ => &[],
     }
 }
@@ -70,8 +78,15 @@ pub fn victim_args(attack: &str) -> &'static [&'static str] {
         "inbox-bytes" => &["--delay-ms", "50"],
         // Node-id uniqueness holds over both handshakes, for a victim that runs both.
         "reused-node-id" => &["--accept-v1"],
+        // The downgrade needs a victim that would run version 2 at all.
+        "downgrade" => &["--accept-v2"],
         _ => &[],
     }
+}
+
+/// Whether the attack needs a second victim, a node of the same cluster (same secret).
+pub fn needs_second_victim(attack: &str) -> bool {
+    attack == "interleaving-two-nodes"
 }
 
 /// Whether the attack makes the victim's application slow on purpose (`victim_args`).
@@ -100,6 +115,11 @@ pub async fn run(name: &str, target: &Target) -> Result<Findings> {
         "stalled-frame" => slow::stalled_frame(target, &mut f).await?,
         "reused-node-id" => identity::reused_node_id(target, &mut f).await?,
         "ticket-addr" => identity::ticket_addr(target, &mut f).await?,
+        "reflection" => reflection::reflection(target, &mut f).await?,
+        "interleaving-two-nodes" => reflection::interleaving_two_nodes(target, &mut f).await?,
+        "replay" => reflection::replay(target, &mut f).await?,
+        "relay-to-self" => reflection::relay_to_self(target, &mut f).await?,
+        "downgrade" => reflection::downgrade(target, &mut f).await?,
         other => bail!("no attack named {other:?}; attacks: {}", ALL.join(", ")),
     }
     Ok(f)

@@ -75,17 +75,66 @@ fn raise_fd_limit() {
     let _ = rustix::process::setrlimit(rustix::process::Resource::Nofile, raised);
 }
 
+/// Descriptors before the handshake (spec §5.1): closed at once, and the connection failed
+/// at once. First the attack of issue 24: 80 connections, each sending the preamble one byte
+/// at a time with 64 descriptors on every write and then holding the connection open; the
+/// victim's descriptor count, read while all 80 are open, stays where it was, each
+/// connection is closed within a second (not at the handshake timeout), none gets an
+/// `error` (its preamble never completed, §3), and a legitimate client connects meanwhile.
+/// Then descriptors on the challenge, after a whole preamble: `bad-shm`, said to the peer.
 pub(super) async fn fds_before_handshake(t: &Target, f: &mut Findings) -> Result<()> {
+    raise_fd_limit();
     let unix = t.unix.as_deref().context("the victim has no Unix socket")?;
     let before = open_fds(t.pid);
+    let fds: Vec<_> = (0..64).map(|_| memfd(4096, SealFlags::SHRINK)).collect::<Result<_>>()?;
+    let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
+    let preamble = handoff::wire::Preamble::OURS.encode();
+    let mut held = Vec::with_capacity(80);
+    for _ in 0..80 {
+        let mut raw = Raw::unix(unix).await?;
+        for byte in preamble {
+            // The victim closes the connection at the first of these: later writes fail.
+            if raw.write_with_fds(&[byte], &borrowed).await.is_err() {
+                break;
+            }
+        }
+        held.push((raw, Instant::now()));
+    }
+    let during = open_fds(t.pid);
+    let started = Instant::now();
+    let legit = Raw::unix_handshaken(unix, &Identity::fresh("legit"), &t.secret).await;
+    let took = started.elapsed();
+    f.check(
+        legit.is_ok() && took < Duration::from_secs(1),
+        format!("meanwhile a legitimate client connects in {took:?} ({:?})", legit.err()),
+    );
+    let (mut closed, mut told) = (0, 0);
+    for (raw, opened) in &mut held {
+        let (bytes, gone) = raw.until_closed(Duration::from_secs(1)).await;
+        closed += (gone && opened.elapsed() < Duration::from_secs(3)) as usize;
+        told += (bytes.len() > 16) as usize;
+    }
+    f.check(
+        during <= before + 8,
+        format!(
+            "with 80 connections holding the preamble's descriptors open, the victim's open descriptors went from {before} to {during}"
+        ),
+    );
+    f.check(
+        closed == 80,
+        format!("{closed} of 80 such connections were closed at once"),
+    );
+    f.check(
+        told == 0,
+        format!("{told} of them got more than the victim's preamble (an error before the peer's preamble is whole)"),
+    );
+    drop(held);
+
     let mut refused = 0;
     let rounds = 20;
     for _ in 0..rounds {
-        let fds: Vec<_> = (0..64).map(|_| memfd(4096, SealFlags::SHRINK)).collect::<Result<_>>()?;
-        let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
         let mut raw = Raw::unix(unix).await?;
-        raw.write_with_fds(&handoff::wire::Preamble::OURS.encode(), &borrowed)
-            .await?;
+        raw.write(&preamble).await?;
         raw.write_with_fds(&framed(&crate::hostile::raw::challenge()), &borrowed)
             .await?;
         raw.skip(16).await?; // its preamble
@@ -101,7 +150,7 @@ pub(super) async fn fds_before_handshake(t: &Target, f: &mut Findings) -> Result
     let after = open_fds(t.pid);
     f.check(
         refused == rounds,
-        format!("{refused} of {rounds} connections passing descriptors before the handshake were refused with bad-shm"),
+        format!("{refused} of {rounds} connections passing descriptors with their challenge were refused with bad-shm"),
     );
     f.check(
         after <= before + 8,
