@@ -41,10 +41,10 @@ class PeerError(Exception):
 class RawPeer:
     """A blocking socket that speaks the wire format by hand (run it in a thread).
 
-    It handshakes as protocol version 2, the default of every node (spec §5.4), or with
-    ``version=1`` as a peer that speaks only version 1 (§5.1), which only a node that
-    accepts v1 peers lets in. ``received`` keeps every byte read, to check what a node
-    revealed.
+    It handshakes as the dialer of protocol version 3, the default of every node (spec
+    §5.7), or with ``version=2`` or ``version=1`` as a peer that speaks only that version
+    (§5.4, §5.1), which only a node that accepts it lets in. ``received`` keeps every
+    byte read, to check what a node revealed.
     """
 
     def __init__(self, addr: str, timeout: float = 5.0):
@@ -97,9 +97,9 @@ class RawPeer:
         """A version-1 hello's header bytes."""
         return wire.encode_header(self.ident(**ident_args).hello(1, nonce or secrets.token_bytes(32)))
 
-    def challenge(self, nonce=None) -> bytes:
-        """A version-2 challenge's header bytes."""
-        return wire.encode_header(wire.Challenge(2, nonce or secrets.token_bytes(32)))
+    def challenge(self, nonce=None, v: int = 3) -> bytes:
+        """A challenge's header bytes (version 3 unless ``v`` says otherwise)."""
+        return wire.encode_header(wire.Challenge(v, nonce or secrets.token_bytes(32)))
 
     def _expect(self, header, kind):
         if isinstance(header, wire.Error):
@@ -107,13 +107,15 @@ class RawPeer:
         assert header.kind == kind, header
         return header
 
-    def handshake(self, secret: bytes, version: int = 2, **ident_args):
-        """The whole handshake; returns the peer's identity (``error`` raises ``PeerError``)."""
+    def handshake(self, secret: bytes, version: int = 3, **ident_args):
+        """The whole handshake, as the dialer; returns the peer's identity (``error`` raises ``PeerError``)."""
         if version == 1:
             return self._handshake_v1(secret, **ident_args)
-        own_preamble = wire.OUR_PREAMBLE.encode()
+        if version == 3:
+            return self._handshake_v3(secret, **ident_args)
+        own_preamble = wire.V2_DEFAULT.encode()
         self.send(own_preamble)
-        own = self.challenge()
+        own = self.challenge(v=2)
         self.send(wire.frame_header(own))
         peer_preamble = self.read_exact(16)
         wire.Preamble.decode(peer_preamble)
@@ -131,6 +133,32 @@ class RawPeer:
         _, ready = self.read_header()
         self._expect(ready, "ready")
         self.handshake_peer = ident
+        return ident
+
+    def _handshake_v3(self, secret: bytes, **ident_args):
+        own_preamble = wire.OUR_PREAMBLE.encode()
+        self.send(own_preamble)
+        own = self.challenge()
+        self.send(wire.frame_header(own))
+        peer_preamble = self.read_exact(16)
+        wire.Preamble.decode(peer_preamble)
+        peer_raw, peer = self.read_header()
+        self._expect(peer, "challenge")
+        transcript = wire.transcript_v3(own_preamble, peer_preamble, own, peer_raw)
+        mac = wire.dialer_proof(secret, transcript)
+        self.send(wire.encode_message(wire.Auth(mac)))
+        _, auth = self.read_header()
+        self._expect(auth, "auth")
+        wire.verify_acceptor_proof(secret, auth.mac, transcript, mac)
+        self.send(wire.encode_message(self.ident(**ident_args)))
+        _, ident = self.read_header()
+        self._expect(ident, "ident")
+        self.send(wire.encode_message(wire.Ready()))
+        _, ready = self.read_header()
+        self._expect(ready, "ready")
+        self.handshake_peer = ident
+        #: What this handshake sent and received, for tests that replay it.
+        self.transcript = {"preamble": own_preamble, "challenge": own, "mac": mac, "peer_mac": auth.mac}
         return ident
 
     def _handshake_v1(self, secret: bytes, **ident_args):

@@ -148,17 +148,66 @@ async def test_a_peer_without_inline_is_refused(version):
         assert err.code == "handshake" and "inline" in err.msg
 
 
+def memfds_held(tag: str) -> int:
+    """How many descriptors of this process point at a memfd named ``tag``."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{tag}"):
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+def tagged_memfds(tag: str, n: int) -> list:
+    fds = []
+    for _ in range(n):
+        fd = os.memfd_create(tag, os.MFD_ALLOW_SEALING)
+        os.ftruncate(fd, 4096)
+        fds.append(fd)
+    return fds
+
+
 async def test_descriptors_before_the_handshake_are_refused():
+    """Descriptors before the connection is established are closed on arrival and fail it
+    at once (§5.1): with the preamble, silently (the peer has not shown it speaks the
+    format, §3); after the preamble, with ``bad-shm``."""
     async with node("a") as a:
 
-        def pass_fds():
+        def with_the_preamble(tag):
             raw = RawPeer(a.unix_addr)
-            raw.send(wire.OUR_PREAMBLE.encode(), [memfd(4096) for _ in range(3)])
+            fds = tagged_memfds(tag, 3)
+            raw.send(wire.OUR_PREAMBLE.encode(), fds)
+            for fd in fds:
+                os.close(fd)
+            got = raw.read_exact(16)  # the node's preamble went out before it read ours
+            try:
+                rest = raw.sock.recv(1)
+            except ConnectionResetError:
+                rest = b""
+            return got, rest
+
+        got, rest = await asyncio.to_thread(with_the_preamble, "with-preamble")
+        assert got == a.preamble.encode() and rest == b"", "closed, with no error"
+        assert memfds_held("with-preamble") == 0, "the node keeps none of them"
+
+        def after_the_preamble(tag):
+            raw = RawPeer(a.unix_addr)
+            raw.send(wire.OUR_PREAMBLE.encode())
             raw.read_exact(16)
+            fds = tagged_memfds(tag, 3)
+            raw.send(wire.frame_header(raw.challenge()), fds)
+            for fd in fds:
+                os.close(fd)
             return raw.expect_error()
 
-        err = await asyncio.to_thread(pass_fds)
+        err = await asyncio.to_thread(after_the_preamble, "after-preamble")
         assert err.code == "bad-shm" and "before the connection was established" in err.msg
+        assert memfds_held("after-preamble") == 0
+        async with Node("b", secret=SECRET) as b:  # and the node still serves a member
+            peer = await b.connect(a.listen_addr)
+            assert peer.channel == "shm"
 
 
 async def test_handshake_timeout_sends_timeout():

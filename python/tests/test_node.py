@@ -176,7 +176,12 @@ async def test_handshake_headers_are_bounded_by_64_kib(stage):
             padded = padded[:-4] + struct.pack(">I", pad) + b"." * pad
             assert len(padded) == wire.HANDSHAKE_HEADER_BYTES
             raw.send(wire.frame_header(padded))
-            raw.read_header()  # its challenge, sent before it read ours
+            theirs, _ = raw.read_header()  # its challenge, sent before it read ours
+            # Our proof (version 3, as the dialer) covers the padded challenge as sent: the
+            # node's answer shows it read those exact bytes and accepted them.
+            preamble = wire.OUR_PREAMBLE.encode()
+            transcript = wire.transcript_v3(preamble, preamble, padded, theirs)
+            raw.send(wire.encode_message(wire.Auth(wire.dialer_proof(b"k", transcript))))
             _, h = raw.read_header()
             return h
 

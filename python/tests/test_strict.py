@@ -603,6 +603,10 @@ def model_decode(data: bytes, limits=wire.DEFAULT_LIMITS):
     def typed(v, t):
         if t == "str":
             return type(v) is str
+        if t.startswith("str<="):  # an identity field (§5.2): at most so many bytes of UTF-8
+            return type(v) is str and len(v.encode()) <= int(t[5:])
+        if t == "caps":
+            return type(v) is list and len(v) <= 32 and all(typed(x, "str<=64") for x in v)
         if t == "bin":
             return type(v) is bytes
         if t == "bin32":
@@ -616,9 +620,9 @@ def model_decode(data: bytes, limits=wire.DEFAULT_LIMITS):
         raise AssertionError(t)
 
     header_types = {
-        "k": "str", "t": "str", "b": "bin", "node": "str", "name": "str", "host": "str", "pid": "u32",
-        "proc": "str", "lang": "str", "impl": "str", "v": "u16", "caps": "[str]", "nonce": "bin32",
-        "listen": "str", "unix": "str", "leases": "[u64]", "mac": "bin32", "code": "str", "msg": "str",
+        "k": "str", "t": "str", "b": "bin", "node": "str<=64", "name": "str<=256", "host": "str<=256",
+        "pid": "u32", "proc": "str<=64", "lang": "str<=32", "impl": "str<=128", "v": "u16", "caps": "caps",
+        "nonce": "bin32", "listen": "str<=1024", "unix": "str<=1024", "leases": "[u64]", "mac": "bin32", "code": "str", "msg": "str",
         "req": "u64", "lease": "u64", "token": "bin32", "off": "u64", "n": "u64", "to": "str",
     }  # fmt: skip
     descriptor_types = {

@@ -12,6 +12,7 @@ from handoff import wire
 from handoff.codec import Buffer, decode_body, encode_body
 from handoff.msgpack_read import Ext, Pairs
 from handoff.resources import ResourceKey
+from handoff.wire.identity import field_problem
 
 #: spec/vectors/, or another set of vectors to check against (``HANDOFF_VECTORS=/path/to/vectors``).
 VECTORS = Path(os.environ.get("HANDOFF_VECTORS") or Path(__file__).resolve().parents[2] / "spec" / "vectors")
@@ -248,6 +249,13 @@ ENCODED_FROM_FIELDS = [
     "ident",
     "ident-same-host",
     "auth-v2",
+    "auth-v2-interleaved",
+    "challenge-v3",
+    "auth-v3-dialer",
+    "auth-v3-acceptor",
+    "auth-v3-reflected",
+    "auth-v3-interleaved",
+    "ident-name-at-limit",
     "ready",
     "error",
     "release",
@@ -276,7 +284,18 @@ def test_encoder_reproduces(name):
     assert wire.encode_message(header, frames) == data
 
 
-@pytest.mark.parametrize("name", ["preamble-v1", "preamble-newer-peer", "preamble-v2", "preamble-accept-v1"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "preamble-v1",
+        "preamble-newer-peer",
+        "preamble-v2",
+        "preamble-accept-v1",
+        "preamble-v3",
+        "preamble-accept-v2",
+        "preamble-v3-meets-accept-v1",
+    ],
+)
 def test_preamble_encoder_reproduces(name):
     data, desc = BY_NAME[name]
     d = desc["decoded"]
@@ -284,9 +303,13 @@ def test_preamble_encoder_reproduces(name):
 
 
 def test_our_preambles_are_the_vectors():
-    """What this implementation sends: v2 only by default, 1..=2 when it accepts v1 peers."""
-    assert wire.OUR_PREAMBLE.encode() == BY_NAME["preamble-v2"][0]
-    assert wire.our_preamble(accept_v1=True).encode() == BY_NAME["preamble-accept-v1"][0]
+    """What this implementation sends: v3 only by default, 2..=3 when it accepts v2 peers,
+    1..=3 when it accepts v1 peers; and what older implementations send, to play them."""
+    assert wire.OUR_PREAMBLE.encode() == wire.our_preamble().encode() == BY_NAME["preamble-v3"][0]
+    assert wire.our_preamble(accept_v2=True).encode() == BY_NAME["preamble-accept-v2"][0]
+    assert wire.our_preamble(accept_v1=True).encode() == BY_NAME["preamble-v3-meets-accept-v1"][0]
+    assert wire.V2_DEFAULT.encode() == BY_NAME["preamble-v2"][0]
+    assert wire.V2_ACCEPTING_V1.encode() == BY_NAME["preamble-accept-v1"][0]
     assert wire.V1_ONLY.encode() == BY_NAME["preamble-v1"][0]
 
 
@@ -326,3 +349,170 @@ def test_beta_hello_reproduces():
         nonce=bytes(range(100, 132)),
     )
     assert wire.encode_header(beta) == _bin(desc["auth"]["verifier_hello"])
+
+
+# ---------------------------------------------------------------- version 3 (WIRE.md §5.7, README "The version-3 proof vectors")
+
+#: Every vector the revision of version 3 added (WIRE.md §13): each must be on disk.
+V3_VECTORS = [
+    "preamble-v3",
+    "preamble-accept-v2",
+    "preamble-v3-meets-accept-v2",
+    "preamble-v2-peer-refused",
+    "preamble-v3-meets-accept-v1",
+    "challenge-v3",
+    "auth-v3-dialer",
+    "auth-v3-acceptor",
+    "auth-v3-reflected",
+    "auth-v3-interleaved",
+    "auth-v2-interleaved",
+    "ident-name-at-limit",
+    "ident-name-too-long",
+    "ident-too-many-caps",
+    "hello-listen-too-long",
+]
+PROOF_V3 = ["auth-v3-dialer", "auth-v3-acceptor", "auth-v3-reflected", "auth-v3-interleaved"]
+
+
+@pytest.mark.parametrize("name", V3_VECTORS)
+def test_the_version_3_vectors_are_there(name):
+    assert name in BY_NAME, f"vector {name} is missing from {VECTORS} (regenerate: cargo run -p handoff-vectors)"
+
+
+def _v3_inputs(p: dict) -> tuple:
+    secret = _bin(p["secret"])
+    transcript = wire.transcript_v3(
+        _bin(p["dialer_preamble"]),
+        _bin(p["acceptor_preamble"]),
+        _bin(p["dialer_challenge"]),
+        _bin(p["acceptor_challenge"]),
+    )
+    return secret, transcript
+
+
+def _verify_as(role: str, secret: bytes, mac: bytes, transcript: bytes, dialer_mac: bytes | None) -> None:
+    if role == "dialer":
+        wire.verify_dialer_proof(secret, mac, transcript)
+    else:
+        wire.verify_acceptor_proof(secret, mac, transcript, dialer_mac)
+
+
+@pytest.mark.parametrize("name", PROOF_V3)
+def test_proof_v3_vectors(name):
+    assert name in BY_NAME, f"vector {name} is missing"
+    _, desc = BY_NAME[name]
+    p = desc["proof_v3"]
+    role = p["role"]
+    assert role in ("dialer", "acceptor")
+    secret, transcript = _v3_inputs(p)
+    mac = _bin(desc["header"]["mac"])
+    dialer_mac = _bin(p["dialer_proof"]) if role == "acceptor" else None
+    expected = (
+        wire.dialer_proof(secret, transcript)
+        if role == "dialer"
+        else wire.acceptor_proof(secret, transcript, dialer_mac)
+    )
+    assert (expected == mac) is p["verifies"], name
+    if not p["verifies"]:
+        with pytest.raises(wire.WireError) as err:
+            _verify_as(role, secret, mac, transcript, dialer_mac)
+        assert err.value.code == "auth-failed"
+        return
+    _verify_as(role, secret, mac, transcript, dialer_mac)
+    for wrong in (b"wrong", secret + b"x", b""):
+        with pytest.raises(wire.WireError) as err:
+            _verify_as(role, wrong, mac, transcript, dialer_mac)
+        assert err.value.code == "auth-failed"
+    # As the other role, it fails: the labels differ (for the dialer's proof, the acceptor's
+    # check over it as the dialer proof; for the acceptor's, the dialer's check).
+    with pytest.raises(wire.WireError):
+        _verify_as("acceptor" if role == "dialer" else "dialer", secret, mac, transcript, mac)
+    # And as a proof of version 2 or 1 over the same inputs.
+    with pytest.raises(wire.WireError):
+        wire.verify_v2(
+            secret,
+            mac,
+            _bin(p["dialer_preamble"]),
+            _bin(p["acceptor_preamble"]),
+            _bin(p["dialer_challenge"]),
+            _bin(p["acceptor_challenge"]),
+        )
+    with pytest.raises(wire.WireError):
+        wire.verify(secret, mac, _bin(p["dialer_challenge"]), _bin(p["acceptor_challenge"]))
+
+
+def test_the_v3_story():
+    """The inputs are the other vectors: alpha (3..=3, `challenge-v3`) dials beta (2..=3,
+    nonce 100..131); the acceptor's proof covers the dialer's; the reflected proof is alpha's."""
+    dialer, acceptor = BY_NAME["auth-v3-dialer"][1], BY_NAME["auth-v3-acceptor"][1]
+    for d in (dialer, acceptor, BY_NAME["auth-v3-reflected"][1]):
+        p = d["proof_v3"]
+        assert _bin(p["dialer_preamble"]) == BY_NAME["preamble-v3"][0]
+        assert _bin(p["acceptor_preamble"]) == BY_NAME["preamble-accept-v2"][0]
+        assert _bin(p["dialer_challenge"]) == BY_NAME["challenge-v3"][0][4:]
+        assert _bin(p["acceptor_challenge"]) == wire.encode_header(wire.Challenge(3, bytes(range(100, 132))))
+    assert BY_NAME["challenge-v3"][0] == wire.encode_message(wire.Challenge(3, bytes(range(32))))
+    alpha = _bin(dialer["header"]["mac"])
+    assert _bin(acceptor["proof_v3"]["dialer_proof"]) == alpha
+    reflected = BY_NAME["auth-v3-reflected"][1]
+    assert _bin(reflected["header"]["mac"]) == alpha, "alpha's own proof, sent back to alpha"
+    # The transcript of the worked example: 152 bytes; the dialer's HMAC input 176.
+    secret, transcript = _v3_inputs(dialer["proof_v3"])
+    assert len(transcript) == 152 and len(wire.V3_DIALER_LABEL + transcript) == 176
+    assert len(wire.V3_DIALER_LABEL) == 24 and len(wire.V3_ACCEPTOR_LABEL) == 26
+    assert wire.V3_DIALER_LABEL[:12] != wire.V3_ACCEPTOR_LABEL[:12] != wire.AUTH_CONTEXT_V2[:12]
+
+
+def test_the_v3_interleaving_vector_is_the_acceptors_proof_on_the_other_connection():
+    """`auth-v3-interleaved`: N's acceptor proof on B (its challenges the other way round,
+    over a dialer proof of 32 bytes of aa), presented on A as the dialer's proof."""
+    _, desc = BY_NAME["auth-v3-interleaved"]
+    p = desc["proof_v3"]
+    secret = _bin(p["secret"])
+    pre = _bin(p["dialer_preamble"])
+    assert pre == _bin(p["acceptor_preamble"]) == wire.OUR_PREAMBLE.encode()
+    on_a = (_bin(p["dialer_challenge"]), _bin(p["acceptor_challenge"]))
+    assert wire.decode_header(on_a[0]).nonce == b"\x22" * 32 and wire.decode_header(on_a[1]).nonce == b"\x11" * 32
+    on_b = wire.transcript_v3(pre, pre, on_a[1], on_a[0])
+    assert wire.acceptor_proof(secret, on_b, b"\xaa" * 32) == _bin(desc["header"]["mac"])
+
+
+def test_the_v2_interleaving_vector_verifies():
+    """`auth-v2-interleaved`: the §5.6 attack on version 2 works. N's own proof on B is the
+    proof N expects from the attacker on A, and N's proof on A the one it expects on B."""
+    _, desc = BY_NAME["auth-v2-interleaved"]
+    a = desc["auth"]
+    secret = _bin(a["secret"])
+    pp, vp = _bin(a["prover_preamble"]), _bin(a["verifier_preamble"])
+    pc, vc = _bin(a["prover_challenge"]), _bin(a["verifier_challenge"])
+    mac = _bin(desc["header"]["mac"])
+    assert pp == vp == wire.V2_DEFAULT.encode(), "the attacker sent N's own preamble"
+    # On B, N's own challenge is what the attacker sent on A, and the attacker's is N's from A.
+    assert wire.proof_v2(secret, vp, pp, pc, vc) == mac, "N wrote it, on B"
+    wire.verify_v2(secret, mac, pp, vp, pc, vc)  # and accepts it on A
+    forwarded = _bin(a["verifier_proof"])
+    assert wire.proof_v2(secret, vp, pp, vc, pc) == forwarded, "N's proof on A"
+    wire.verify_v2(secret, forwarded, pp, vp, vc, pc)  # accepted on B
+    # The labels of version 3 defeat the same crossing.
+    t = wire.transcript_v3(pp, vp, pc, vc)
+    with pytest.raises(wire.WireError):
+        wire.verify_dialer_proof(secret, mac, t)
+
+
+@pytest.mark.parametrize("name", ["ident-name-too-long", "ident-too-many-caps", "hello-listen-too-long"])
+def test_identity_length_vectors_break_exactly_one_bound(name):
+    """Each invalid identity vector breaks a bound of §5.2 and nothing else: with the bounds
+    lifted, it would decode."""
+    assert name in BY_NAME, f"vector {name} is missing"
+    data, desc = BY_NAME[name]
+    assert not desc["valid"] and desc["error"] == "malformed-header"
+    header = wire.unpack_header_value(data[4:])
+    fields = dict(header)
+    bounded = [k for k in fields if k in wire.IDENTITY_BOUNDS or k == "caps"]
+    problems = [k for k in bounded if field_problem(k, fields[k])]
+    assert len(problems) == 1, problems
+
+
+def test_the_name_at_its_limit_is_256_bytes():
+    _, desc = BY_NAME["ident-name-at-limit"]
+    assert len(desc["header"]["name"].encode()) == wire.IDENTITY_BOUNDS["name"] == 256

@@ -1,10 +1,11 @@
-"""Protocol versions (spec §3, §5.4) in the Python peer and against the Rust binary.
+"""Protocol versions (spec §3, §5.4, §5.7) in the Python peer and against the Rust binary.
 
-Version 2 by default, on TCP and after the switch to a Unix socket, between Python nodes
-and with the Rust node both ways; version 1 only between nodes that accept it (the
-Python node, the Python worker's ``--accept-v1``, ``handoff node --accept-v1``); a v1-only
-peer refused by a default node with ``unsupported-version``; and a peer that has proven
-nothing learns nothing about a node but a nonce.
+Version 3 by default, on TCP and after the switch to a Unix socket, between Python nodes
+and with the Rust node both ways; versions 2 and 1 only between nodes that accept them
+(the Python node's ``accept_v2``/``accept_v1``, the Python worker's and ``handoff node``'s
+``--accept-v2``/``--accept-v1``); a v2-only or v1-only peer refused by a default node
+with ``unsupported-version``; and a peer that has proven nothing learns nothing about a
+node but a nonce.
 """
 
 from __future__ import annotations
@@ -42,15 +43,27 @@ def code_of(err: BaseException) -> str:
 # ---------------------------------------------------------------- Python ↔ Python
 
 
-async def test_python_nodes_speak_v2_on_tcp_and_after_the_switch_to_shm():
+async def test_python_nodes_speak_v3_on_tcp_and_after_the_switch_to_shm():
     async with py_node("a") as a, py_node("b") as b:
         tcp = await a.connect(b.listen_addr, channel="tcp")
-        assert (tcp.channel, tcp.protocol_version) == ("tcp", 2)
+        assert (tcp.channel, tcp.protocol_version) == ("tcp", 3)
         await exchange(a, b, tcp)
     async with py_node("c") as c, py_node("d") as d:
         shm = await c.connect(d.listen_addr)
-        assert (shm.channel, shm.protocol_version) == ("shm", 2)
+        assert (shm.channel, shm.protocol_version) == ("shm", 3)
         await exchange(c, d, shm)
+
+
+async def test_version_2_between_python_nodes_that_accept_it():
+    async with py_node("old", preamble=wire.V2_DEFAULT) as old, py_node("new", accept_v2=True) as new:
+        tcp = await old.connect(new.listen_addr, channel="tcp")
+        assert (tcp.channel, tcp.protocol_version) == ("tcp", 2)
+        await exchange(old, new, tcp)
+        shm = await new.connect(old.listen_addr)
+        assert (shm.channel, shm.protocol_version) == ("shm", 2)
+        await exchange(new, old, shm)
+    async with py_node("x", accept_v2=True) as x, py_node("y", accept_v1=True) as y:
+        assert (await x.connect(y.listen_addr)).protocol_version == 3  # the highest both speak
 
 
 async def test_version_1_between_python_nodes_that_accept_it():
@@ -62,11 +75,15 @@ async def test_version_1_between_python_nodes_that_accept_it():
         assert (shm.channel, shm.protocol_version) == ("shm", 1)
         await exchange(new, old, shm)
     async with py_node("x", accept_v1=True) as x, py_node("y", accept_v1=True) as y:
-        assert (await x.connect(y.listen_addr)).protocol_version == 2  # the highest both speak
+        assert (await x.connect(y.listen_addr)).protocol_version == 3  # the highest both speak
+    # Accepting v1 accepts v2 as well (a range has no holes).
+    async with py_node("v2", preamble=wire.V2_DEFAULT) as v2, py_node("z", accept_v1=True) as z:
+        assert (await v2.connect(z.listen_addr)).protocol_version == 2
 
 
-async def test_a_default_python_node_refuses_a_v1_only_peer():
-    async with py_node("old", preamble=wire.V1_ONLY) as old, py_node("new") as new:
+@pytest.mark.parametrize("older", [wire.V1_ONLY, wire.V2_DEFAULT, wire.V2_ACCEPTING_V1], ids=str)
+async def test_a_default_python_node_refuses_an_older_peer(older):
+    async with py_node("old", preamble=older) as old, py_node("new") as new:
         for a, b in ((old, new), (new, old)):
             with pytest.raises((wire.WireError, HandoffError)) as e:
                 await a.connect(b.listen_addr)
@@ -74,29 +91,51 @@ async def test_a_default_python_node_refuses_a_v1_only_peer():
         assert old.peers == [] and new.peers == []
 
 
+async def test_accepting_v2_refuses_a_v1_only_peer():
+    async with py_node("old", preamble=wire.V1_ONLY) as old, py_node("new", accept_v2=True) as new:
+        with pytest.raises((wire.WireError, HandoffError)) as e:
+            await old.connect(new.listen_addr)
+        assert code_of(e.value) == "unsupported-version", e.value
+
+
 # ---------------------------------------------------------------- with the Rust binary
 
 
-async def test_rust_and_python_speak_v2_both_ways_on_tcp_and_shm(spawn_rust):
-    rust = await spawn_rust("rs-v2")
-    async with Node("py-v2-tcp", secret=SECRET, host_id="py-host") as node:
+async def test_rust_and_python_speak_v3_both_ways_on_tcp_and_shm(spawn_rust):
+    rust = await spawn_rust("rs-v3")
+    async with Node("py-v3-tcp", secret=SECRET, host_id="py-host") as node:
         peer = await node.connect(rust.listen)
-        assert (peer.channel, peer.protocol_version) == ("tcp", 2)
-        await peer.send("handoff.bench.Ping", {"seq": 1, "data": b"v2"})
-        assert (await node.recv(10)).body == {"seq": 1, "data": b"v2"}
-    async with Node("py-v2-shm", secret=SECRET) as node:
+        assert (peer.channel, peer.protocol_version) == ("tcp", 3)
+        await peer.send("handoff.bench.Ping", {"seq": 1, "data": b"v3"})
+        assert (await node.recv(10)).body == {"seq": 1, "data": b"v3"}
+    async with Node("py-v3-shm", secret=SECRET) as node:
         peer = await node.connect(rust.listen)
-        assert (peer.channel, peer.protocol_version) == ("shm", 2)
-        await peer.send("handoff.bench.Ping", {"seq": 2, "data": b"v2"})
-        assert (await node.recv(10)).body == {"seq": 2, "data": b"v2"}
+        assert (peer.channel, peer.protocol_version) == ("shm", 3)
+        await peer.send("handoff.bench.Ping", {"seq": 2, "data": b"v3"})
+        assert (await node.recv(10)).body == {"seq": 2, "data": b"v3"}
     # Rust connects to Python: over TCP (other host ids), and switching to the Unix socket.
     for host, channel in (("py-host", "tcp"), (None, "shm")):
-        async with Node(f"py-v2-in-{channel}", secret=SECRET, listen="127.0.0.1:0", host_id=host) as node:
-            await spawn_rust(f"rs-v2-to-{channel}", "--connect", node.listen_addr)
-            peer = await node.wait_for_peer(f"rs-v2-to-{channel}", channel=channel)
-            assert peer.protocol_version == 2
+        async with Node(f"py-v3-in-{channel}", secret=SECRET, listen="127.0.0.1:0", host_id=host) as node:
+            await spawn_rust(f"rs-v3-to-{channel}", "--connect", node.listen_addr)
+            peer = await node.wait_for_peer(f"rs-v3-to-{channel}", channel=channel)
+            assert peer.protocol_version == 3
             await peer.send("handoff.bench.Ping", {"seq": 3, "data": b"in"})
             assert (await node.recv(10)).body == {"seq": 3, "data": b"in"}
+
+
+async def test_rust_accept_v2_runs_version_2_with_a_v2_only_python_peer(spawn_rust):
+    rust = await spawn_rust("rs-v2", "--accept-v2")
+    async with Node("py-v2", secret=SECRET, preamble=wire.V2_DEFAULT) as node:
+        peer = await node.connect(rust.listen)  # TCP, then the switch to the Unix socket
+        assert (peer.channel, peer.protocol_version) == ("shm", 2)
+        await peer.send("handoff.bench.Ping", {"seq": 7, "data": b"v2"})
+        assert (await node.recv(10)).body == {"seq": 7, "data": b"v2"}
+    async with Node("py-v2-in", secret=SECRET, listen="127.0.0.1:0", preamble=wire.V2_DEFAULT) as node:
+        await spawn_rust("rs-v2-out", "--accept-v2", "--connect", node.listen_addr)
+        peer = await node.wait_for_peer("rs-v2-out", channel="shm")
+        assert peer.protocol_version == 2
+        await peer.send("handoff.bench.Ping", {"seq": 8, "data": b"v2"})
+        assert (await node.recv(10)).body == {"seq": 8, "data": b"v2"}
 
 
 async def test_rust_accept_v1_runs_version_1_with_a_v1_only_python_peer(spawn_rust):
@@ -115,25 +154,31 @@ async def test_rust_accept_v1_runs_version_1_with_a_v1_only_python_peer(spawn_ru
         assert (await node.recv(10)).body == {"seq": 5, "data": b"v1"}
 
 
-async def test_a_default_rust_node_refuses_a_v1_only_python_peer(spawn_rust):
-    rust = await spawn_rust("rs-refuses-v1")
-    async with Node("py-v1-refused", secret=SECRET, preamble=wire.V1_ONLY) as node:
-        with pytest.raises((wire.WireError, HandoffError)) as e:
-            await node.connect(rust.listen)
-        assert code_of(e.value) == "unsupported-version", e.value
+async def test_a_default_rust_node_refuses_older_python_peers(spawn_rust):
+    rust = await spawn_rust("rs-refuses-old")
+    for older in (wire.V1_ONLY, wire.V2_DEFAULT):
+        async with Node("py-old-refused", secret=SECRET, preamble=older) as node:
+            with pytest.raises((wire.WireError, HandoffError)) as e:
+                await node.connect(rust.listen)
+            assert code_of(e.value) == "unsupported-version", (older, e.value)
 
 
-async def test_python_worker_accepts_v1_only_when_asked(spawn_py_worker):
+@pytest.mark.parametrize(
+    "flag, older, version", [("--accept-v1", wire.V1_ONLY, 1), ("--accept-v2", wire.V2_DEFAULT, 2)]
+)
+async def test_python_worker_accepts_an_older_version_only_when_asked(spawn_py_worker, flag, older, version):
     strict = await spawn_py_worker("py-w-strict", "--host-id", "w-host")
-    lenient = await spawn_py_worker("py-w-v1", "--host-id", "w-host", "--accept-v1")
-    async with Node("py-v1-client", secret=SECRET, host_id="c-host", preamble=wire.V1_ONLY) as node:
+    lenient = await spawn_py_worker(f"py-w-{flag}", "--host-id", "w-host", flag)
+    async with Node("py-old-client", secret=SECRET, host_id="c-host", preamble=older) as node:
         with pytest.raises((wire.WireError, HandoffError)) as e:
             await node.connect(strict.listen)
         assert code_of(e.value) == "unsupported-version", e.value
         peer = await node.connect(lenient.listen)
-        assert peer.protocol_version == 1
-        await peer.send("handoff.bench.Ping", {"seq": 6, "data": b"v1"})
-        assert (await node.recv(10)).body == {"seq": 6, "data": b"v1"}
+        assert peer.protocol_version == version
+        await peer.send("handoff.bench.Ping", {"seq": 6, "data": b"old"})
+        assert (await node.recv(10)).body == {"seq": 6, "data": b"old"}
+    async with Node("py-new-client", secret=SECRET, host_id="c-host") as node:
+        assert (await node.connect(lenient.listen)).protocol_version == 3  # still v3 with a v3 peer
 
 
 # ---------------------------------------------------------------- what a node reveals before proof
@@ -154,6 +199,8 @@ def unproven(addr: str, how: str) -> tuple:
     raw = RawPeer(addr)
     if how == "v1-only":
         raw.send(wire.V1_ONLY.encode())
+    elif how == "v2-only":
+        raw.send(wire.V2_DEFAULT.encode())
     else:
         raw.send(wire.OUR_PREAMBLE.encode())
     raw.read_exact(16)
@@ -175,6 +222,7 @@ def unproven(addr: str, how: str) -> tuple:
 CASES = [
     ("wrong-proof", "auth-failed"),
     ("v1-only", "unsupported-version"),
+    ("v2-only", "unsupported-version"),
     ("hello-on-v2", "handshake"),
     ("garbage", "malformed-header"),
     ("silence", "timeout"),

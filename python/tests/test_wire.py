@@ -144,12 +144,23 @@ def test_handshake_fields():
 
 
 def test_preamble():
-    assert wire.Preamble.decode(wire.OUR_PREAMBLE.encode()) == wire.Preamble(2, 2, 0)
-    # Version 1 only by consent, refused alike on both sides otherwise.
+    assert wire.Preamble.decode(wire.OUR_PREAMBLE.encode()) == wire.Preamble(3, 3, 0)
+    assert wire.our_preamble() == wire.OUR_PREAMBLE
+    assert wire.our_preamble(accept_v2=True) == wire.ACCEPTING_V2 == wire.Preamble(2, 3)
+    # Accepting v1 accepts v2 as well: a range has no holes.
+    assert wire.our_preamble(accept_v1=True) == wire.our_preamble(accept_v1=True, accept_v2=True) == wire.Preamble(1, 3)
+    # Versions 1 and 2 only by consent, refused alike on both sides otherwise.
     for a, b, expect in (
         (wire.OUR_PREAMBLE, wire.V1_ONLY, None),
+        (wire.OUR_PREAMBLE, wire.V2_DEFAULT, None),
+        (wire.OUR_PREAMBLE, wire.V2_ACCEPTING_V1, None),
+        (wire.ACCEPTING_V2, wire.V1_ONLY, None),
+        (wire.ACCEPTING_V2, wire.V2_DEFAULT, 2),
+        (wire.ACCEPTING_V2, wire.V2_ACCEPTING_V1, 2),
+        (wire.ACCEPTING_V2, wire.OUR_PREAMBLE, 3),
         (wire.ACCEPTING_V1, wire.V1_ONLY, 1),
-        (wire.ACCEPTING_V1, wire.OUR_PREAMBLE, 2),
+        (wire.ACCEPTING_V1, wire.V2_DEFAULT, 2),
+        (wire.ACCEPTING_V1, wire.OUR_PREAMBLE, 3),
     ):
         for x, y in ((a, b), (b, a)):
             if expect is None:
@@ -163,7 +174,7 @@ def test_preamble():
             wire.Preamble.decode(wire.Preamble(lo, hi).encode())
         assert e.value.code == "handshake"
     # Flags are ignored.
-    assert wire.Preamble.decode(b"HANDOFF\x00\x00\x01\x00\x03\xff\xff\xff\xff").negotiate(wire.OUR_PREAMBLE) == 2
+    assert wire.Preamble.decode(b"HANDOFF\x00\x00\x01\x00\x04\xff\xff\xff\xff").negotiate(wire.OUR_PREAMBLE) == 3
 
 
 def test_encoders_omit_absent_optional_keys_and_always_write_f():

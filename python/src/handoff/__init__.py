@@ -37,6 +37,7 @@ from .errors import (
     AuthenticationError,
     CapReached,
     HandoffError,
+    MessageTooLarge,
     OwnerLost,
     PeerClosed,
     PeerRefused,
@@ -96,6 +97,7 @@ __all__ = [
     "OwnerLost",
     "TicketCorrupt",
     "CapReached",
+    "MessageTooLarge",
     "TlsError",
     "TlsConfig",
 ]

@@ -17,6 +17,7 @@ __all__ = [
     "OwnerLost",
     "TicketCorrupt",
     "CapReached",
+    "MessageTooLarge",
     "TlsError",
 ]
 
@@ -80,6 +81,18 @@ class CapReached(HandoffError):
     """A send waited for room under one of the node's caps (leases pinned for a peer,
     spec §7.4, §7.9, §9.1) and none appeared in time; says which cap, how much is
     pinned and for whom."""
+
+
+class MessageTooLarge(HandoffError, ValueError):
+    """A send that a receiver with the default limits (or this node's smaller ones) would
+    have to refuse (spec §9): a header, a frame count, a frame or a message too large. It
+    fails locally, before any byte of it is written, and the connection carries on.
+    ``code`` is the error the receiver would have raised (``header-too-large``,
+    ``too-many-frames``, ``frame-too-large``, ``message-too-large``), ``limit`` the limit."""
+
+    def __init__(self, message: str, code: str, limit: int):
+        super().__init__(message)
+        self.code, self.limit = code, limit
 
 
 class TlsError(HandoffError):

@@ -1,21 +1,30 @@
 """The connection handshake: preambles, the sequence of the negotiated version, ready.
 
-Version 2 (spec §5.4, the default): challenges, proofs over both preambles and both
-challenges (§5.5), and only then the idents, so that a peer that has not proven the
-secret learns nothing about this node but a nonce. Version 1 (§5.1): hellos, which carry
-the identity before any proof, then proofs over them; run only with a peer that speaks
-nothing newer, when the node accepts v1 peers (``OurSide.preamble``).
+Version 3 (spec §5.7, the default): challenges, then proofs bound to the role of each
+side and to the whole transcript — the dialer proves first, the acceptor only after it
+verified the dialer's proof, over it — and only then the idents. A peer that merely
+connects gets no value computed with the secret, and no proof of one role or connection
+verifies as another's. A peer challenge that carries a nonce this node recently sent as
+a dialer (one of its own dialed handshakes relayed back into it, :mod:`handoff.nonces`)
+is refused. Version 2
+(§5.4): challenges, symmetric proofs over both preambles and both challenges (§5.5),
+then the idents; version 1 (§5.1): hellos, which carry the identity before any proof,
+then proofs over them. Both are run only with a peer that speaks nothing newer, when the
+node accepts them (``OurSide.preamble``): their proofs can be reflected (§5.6).
 
-Symmetric: each side sends before it waits on the previous read, so it cannot deadlock.
-On any failure the peer is told why (an ``error`` message, best effort) unless it was
-the peer that sent an ``error``; an ``error`` sent before the peer's proof is verified
-names neither this node nor its addresses.
+Each side sends before it waits on the previous read, so it cannot deadlock. On any
+failure the peer is told why (an ``error`` message, best effort) unless it was the peer
+that sent an ``error``, or the peer's whole preamble has not arrived (§3: nothing but our
+preamble goes to a peer that has not shown it speaks this format); an ``error`` sent
+before the peer's proof is verified names neither this node nor its addresses.
 
 Before the handshake completes a side accepts little (§5.1): headers of at most the
-handshake header limit (64 KiB, ``OurSide.limits``), no file descriptors (``bad-shm``),
-a peer whose ``caps`` include ``inline``; the node may refuse the connection after the
-preambles (``overloaded``, ``OurSide.admit``) and refuses, before ``ready``, a node id that
-is already connected from another process (``OurSide.check_peer``).
+handshake header limit (64 KiB, ``OurSide.limits``), reads of exactly the handshake's
+bytes and no file descriptors (each closed on arrival, ``bad-shm`` at once: see
+:class:`~handoff.transport.Transport`), a peer whose ``caps`` include ``inline``; the node
+may refuse the connection after the preambles (``overloaded``, ``OurSide.admit``) and
+refuses, before ``ready``, a node id that is already connected from another process
+(``OurSide.check_peer``).
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from typing import Callable, Optional
 
 from . import wire
 from .errors import AuthenticationError, PeerClosed, PeerRefused, TlsError
+from .nonces import DialerNonces
+from .outgoing import clip
 from .transport import Transport
 
 __all__ = ["OurSide", "Handshaken", "handshake", "send_error", "IMPLEMENTATION"]
@@ -39,7 +50,7 @@ IMPLEMENTATION = "handoff-py/0.1.0"
 class Handshaken:
     """What the handshake learnt about the peer."""
 
-    #: What the peer said about itself: its v2 ident, or its v1 hello's identity fields.
+    #: What the peer said about itself: its ident (v2, v3), or its v1 hello's identity fields.
     ident: wire.Ident
     #: The protocol version the preambles chose.
     version: int
@@ -61,13 +72,27 @@ class OurSide:
     #: Called before ``ready`` with the peer's verified identity (its ident, or its hello's
     #: fields in v1): a message refuses it (``handshake``).
     check_peer: Optional[Callable[[wire.Ident], Optional[str]]] = None
-    #: The preamble we send: version 2 only by default, 1..=2 to accept v1 peers (§3).
+    #: The preamble we send: version 3 only by default; 2..=3 to accept v2 peers, 1..=3 to
+    #: accept v1 peers too (§3).
     preamble: wire.Preamble = wire.OUR_PREAMBLE
+    #: Our role on this connection (§1): ``True`` if we accepted it from a listening socket
+    #: (the acceptor), ``False`` if we dialed it (the dialer). Version 3 depends on it (§5.7).
+    accepted: bool = False
+    #: The nonces this node recently sent as a dialer (version 3, §5.7 step 3); ``None``
+    #: remembers and checks none.
+    dialer_nonces: Optional[DialerNonces] = None
 
 
-async def send_error(transport: Transport, code: str, message: str) -> None:
-    """Sends an ``error`` message, best effort (a second at most), before the connection closes."""
-    data = wire.encode_message(wire.Error(code, message))
+async def send_error(transport: Transport, code: str, message: str, *, before_preamble: bool = False) -> None:
+    """Sends an ``error`` message, best effort (a second at most), before the connection closes.
+
+    Nothing is sent to a peer whose whole preamble has not arrived (§3, §11.3): it has not
+    shown that it speaks this format. ``before_preamble`` sends it all the same: only for
+    the ``tls-required`` answer of §3.1, which a node that requires TLS gives a plain peer
+    on the first byte of its preamble."""
+    if not (transport.preamble_received or before_preamble):
+        return
+    data = wire.encode_message(wire.Error(code, clip(message)))  # it may quote the peer: keep it small
     transport.error_sent = True
     try:
         await asyncio.wait_for(transport.send([data]), 1.0)
@@ -85,24 +110,15 @@ async def _fail(transport: Transport, err: wire.WireError) -> None:
     raise err
 
 
-async def _check_fds(transport: Transport) -> None:
-    """File descriptors that came with handshake bytes are ``bad-shm`` (§5.1)."""
-    problem = transport.take_fd_error()
-    if problem is None and transport.fds_arrived_by(transport.consumed):
-        problem = "file descriptors arrived before the connection was established"
-    if problem is not None:
-        transport.close_fds()
-        await _fail(transport, wire.WireError("bad-shm", f"bad shared-memory descriptor: {problem}"))
-
-
 async def _read(transport: Transport, limits: wire.Limits, step: str):
+    """One handshake message: its exact header bytes and the decoded header. The transport
+    reads exactly its bytes and fails at once on file descriptors (§5.1)."""
     try:
         data = await transport.read_header(limits)
     except wire.WireError as e:
         await _fail(transport, e)
     if data is None:
         raise PeerClosed(f"{transport.label} closed the connection during the handshake (waiting for {step})")
-    await _check_fds(transport)
     try:
         return data, wire.decode_header(data, limits)
     except wire.WireError as e:
@@ -134,7 +150,7 @@ def _fail_with(code: str, message: str) -> wire.WireError:
 
 
 async def _check_caps(transport: Transport, caps: list) -> None:
-    """The check on the peer's capabilities (v1: on its hello, step 3; v2: on its ident, step 7)."""
+    """The check on the peer's capabilities (v1: on its hello, step 3; v2, v3: on its ident)."""
     if "inline" not in caps:
         await _fail(
             transport,
@@ -144,19 +160,45 @@ async def _check_caps(transport: Transport, caps: list) -> None:
         )
 
 
-async def _check_nonce_and_version(transport: Transport, what: str, nonce: bytes, v: int, ours: bytes, version: int):
-    """Step 3: a reflected nonce, then the version (§5.1, §5.4)."""
+async def _check_nonce_and_version(
+    transport: Transport, what: str, nonce: bytes, v: int, ours: bytes, version: int, dialed=None
+) -> None:
+    """Step 3, in this order: a reflected nonce; in version 3 a nonce this node sent as a
+    dialer (``dialed``, §5.7: one of its own dialed handshakes relayed back into it); then
+    the version."""
     if nonce == ours:
         await _fail(transport, _fail_with("handshake", "the peer echoed our own nonce (a reflected handshake)"))
+    if dialed is not None and dialed.sent_as_dialer(nonce):
+        await _fail(
+            transport,
+            _fail_with(
+                "handshake",
+                f"the peer's {what} carries a nonce this node sent when it dialed a peer "
+                "(one of its own handshakes relayed back to it)",
+            ),
+        )
     if v != version:
         await _fail(
             transport, _fail_with("handshake", f"peer's {what} says version {v}, the preambles chose {version}")
         )
 
 
-async def _v1(transport: Transport, ours: OurSide, ident: wire.Ident, limits: wire.Limits) -> wire.Ident:
+async def _read_auth(transport: Transport, limits: wire.Limits) -> bytes:
+    _, peer_auth = await _read(transport, limits, "auth")
+    if not isinstance(peer_auth, wire.Auth):
+        await _expect(transport, peer_auth, "auth")
+    return peer_auth.mac
+
+
+async def _verify(transport: Transport, check: Callable[[], None]) -> None:
+    try:
+        check()
+    except wire.WireError as e:
+        await _fail(transport, e)
+
+
+async def _v1(transport: Transport, ours: OurSide, ident: wire.Ident, limits: wire.Limits, nonce: bytes):
     """Version 1, steps 2–5 (§5.1): hellos, then proofs over them; returns the peer's identity."""
-    nonce = secrets.token_bytes(32)
     own_hello = wire.encode_header(ident.hello(1, nonce))
     await transport.send([wire.frame_header(own_hello)])
     peer_hello_bytes, peer_hello = await _read(transport, limits, "hello")
@@ -167,46 +209,77 @@ async def _v1(transport: Transport, ours: OurSide, ident: wire.Ident, limits: wi
 
     mac = wire.proof(ours.secret, own_hello, peer_hello_bytes)
     await transport.send([wire.encode_message(wire.Auth(mac))])
-    _, peer_auth = await _read(transport, limits, "auth")
-    if not isinstance(peer_auth, wire.Auth):
-        await _expect(transport, peer_auth, "auth")
-    try:
-        wire.verify(ours.secret, peer_auth.mac, peer_hello_bytes, own_hello)
-    except wire.WireError as e:
-        await _fail(transport, e)
+    peer_mac = await _read_auth(transport, limits)
+    await _verify(transport, lambda: wire.verify(ours.secret, peer_mac, peer_hello_bytes, own_hello))
     return peer_hello.ident()
 
 
-async def _v2(
-    transport: Transport, ours: OurSide, ident: wire.Ident, limits: wire.Limits, preambles: tuple
-) -> wire.Ident:
-    """Version 2, steps 2–7 (§5.4): challenges, proofs, then idents; returns the peer's ident."""
-    own_preamble, peer_preamble = preambles
-    nonce = secrets.token_bytes(32)
-    own_challenge = wire.encode_header(wire.Challenge(2, nonce))
+async def _challenges(transport: Transport, limits: wire.Limits, version: int, nonce: bytes, dialed=None) -> tuple:
+    """Steps 2–3 of versions 2 and 3: our challenge out, the peer's in and checked; returns
+    both as header bytes, ours first."""
+    own_challenge = wire.encode_header(wire.Challenge(version, nonce))
     await transport.send([wire.frame_header(own_challenge)])
-    peer_challenge_bytes, peer_challenge = await _read(transport, limits, "challenge")
+    peer_bytes, peer_challenge = await _read(transport, limits, "challenge")
     if not isinstance(peer_challenge, wire.Challenge):
         await _expect(transport, peer_challenge, "challenge")
-    await _check_nonce_and_version(transport, "challenge", peer_challenge.nonce, peer_challenge.v, nonce, 2)
+    await _check_nonce_and_version(
+        transport, "challenge", peer_challenge.nonce, peer_challenge.v, nonce, version, dialed
+    )
+    return own_challenge, peer_bytes
 
-    mac = wire.proof_v2(ours.secret, own_preamble, peer_preamble, own_challenge, peer_challenge_bytes)
-    await transport.send([wire.encode_message(wire.Auth(mac))])
-    _, peer_auth = await _read(transport, limits, "auth")
-    if not isinstance(peer_auth, wire.Auth):
-        await _expect(transport, peer_auth, "auth")
-    try:
-        wire.verify_v2(ours.secret, peer_auth.mac, peer_preamble, own_preamble, peer_challenge_bytes, own_challenge)
-    except wire.WireError as e:
-        await _fail(transport, e)
 
-    # The peer proved the secret: now, and only now, say who we are.
+async def _idents(transport: Transport, ident: wire.Ident, limits: wire.Limits) -> wire.Ident:
+    """After the peer's proof verified: our ident out, the peer's in (caps checked)."""
     await transport.send([wire.encode_message(ident)])
     _, peer_ident = await _read(transport, limits, "ident")
     if not isinstance(peer_ident, wire.Ident):
         await _expect(transport, peer_ident, "ident")
     await _check_caps(transport, peer_ident.caps)
     return peer_ident
+
+
+async def _v2(
+    transport: Transport, ours: OurSide, ident: wire.Ident, limits: wire.Limits, preambles: tuple, nonce: bytes
+) -> wire.Ident:
+    """Version 2, steps 2–7 (§5.4): challenges, proofs, then idents; returns the peer's ident."""
+    own_preamble, peer_preamble = preambles
+    own_challenge, peer_challenge = await _challenges(transport, limits, 2, nonce)
+    mac = wire.proof_v2(ours.secret, own_preamble, peer_preamble, own_challenge, peer_challenge)
+    await transport.send([wire.encode_message(wire.Auth(mac))])
+    peer_mac = await _read_auth(transport, limits)
+    await _verify(
+        transport,
+        lambda: wire.verify_v2(ours.secret, peer_mac, peer_preamble, own_preamble, peer_challenge, own_challenge),
+    )
+    # The peer proved the secret: now, and only now, say who we are.
+    return await _idents(transport, ident, limits)
+
+
+async def _v3(
+    transport: Transport, ours: OurSide, ident: wire.Ident, limits: wire.Limits, preambles: tuple
+) -> wire.Ident:
+    """Version 3, steps 2–6 (§5.7), by role; returns the peer's ident."""
+    own_preamble, peer_preamble = preambles
+    dialed = ours.dialer_nonces
+    # Step 2: a dialer's nonce is remembered for the node's window.
+    nonce = dialed.fresh(not ours.accepted) if dialed is not None else secrets.token_bytes(32)
+    own_challenge, peer_challenge = await _challenges(transport, limits, 3, nonce, dialed)
+    secret = ours.secret
+    if ours.accepted:
+        # The acceptor proves second, over the dialer's proof, and only once it verified it.
+        transcript = wire.transcript_v3(peer_preamble, own_preamble, peer_challenge, own_challenge)
+        dialer_mac = await _read_auth(transport, limits)
+        await _verify(transport, lambda: wire.verify_dialer_proof(secret, dialer_mac, transcript))
+        mac = wire.acceptor_proof(secret, transcript, dialer_mac)
+        await transport.send([wire.encode_message(wire.Auth(mac))])
+    else:
+        transcript = wire.transcript_v3(own_preamble, peer_preamble, own_challenge, peer_challenge)
+        mac = wire.dialer_proof(secret, transcript)
+        await transport.send([wire.encode_message(wire.Auth(mac))])
+        acceptor_mac = await _read_auth(transport, limits)
+        await _verify(transport, lambda: wire.verify_acceptor_proof(secret, acceptor_mac, transcript, mac))
+    # The peer proved the secret: now, and only now, say who we are.
+    return await _idents(transport, ident, limits)
 
 
 async def handshake(transport: Transport, ours: OurSide) -> Handshaken:
@@ -226,7 +299,6 @@ async def handshake(transport: Transport, ours: OurSide) -> Handshaken:
                 "has no TLS (turn TLS on here too, or off there)",
             )
         await _fail(transport, e)
-    await _check_fds(transport)
     if ours.admit is not None:
         refusal = ours.admit()
         if refusal is not None:
@@ -246,10 +318,13 @@ async def handshake(transport: Transport, ours: OurSide) -> Handshaken:
     )
     # Until the connection is established, headers are bounded by the handshake limit (§5.1, §9).
     limits = ours.limits.during_handshake()
+    preambles = (own_preamble, peer_preamble[:16])
     if version == 1:
-        peer = await _v1(transport, ours, ident, limits)
+        peer = await _v1(transport, ours, ident, limits, secrets.token_bytes(32))
+    elif version == 2:
+        peer = await _v2(transport, ours, ident, limits, preambles, secrets.token_bytes(32))
     else:
-        peer = await _v2(transport, ours, ident, limits, (own_preamble, peer_preamble[:16]))
+        peer = await _v3(transport, ours, ident, limits, preambles)
     if ours.check_peer is not None:
         reason = ours.check_peer(peer)
         if reason is not None:
@@ -259,4 +334,5 @@ async def handshake(transport: Transport, ours: OurSide) -> Handshaken:
     _, ready = await _read(transport, limits, "ready")
     if not isinstance(ready, wire.Ready):
         await _expect(transport, ready, "ready")
+    transport.established()
     return Handshaken(peer, version)

@@ -1,6 +1,7 @@
 """The asyncio :class:`Node`: listens, connects, handshakes, sends and receives.
 
-A node speaks the wire format of spec/WIRE.md v1 with any implementation: over TCP,
+A node speaks the wire format of spec/WIRE.md (version 3 by default) with any
+implementation: over TCP,
 and with a same-host peer (equal host ids) over a Unix socket that carries shared
 memory, switching to it after connecting over TCP as the reference does (§7.1). It
 issues and redeems tickets (§7.5–§7.9).
@@ -34,8 +35,10 @@ from .bounds import DEFAULT_BOUNDS, Bounds
 from .budget import Budget
 from .envelope import Envelope
 from .inbox import Inbox
+from .nonces import DialerNonces
+from .outgoing import send_limits
 from .errors import HandoffError, PeerClosed, TlsError
-from .handshake import OurSide, handshake, send_error
+from .handshake import IMPLEMENTATION, OurSide, handshake, send_error
 from .peer import Peer
 from .pins import DEFAULT_PIN_BOUNDS, PinBounds, PinOutbox, PinTable
 from .resources import Resources
@@ -46,7 +49,7 @@ from .tls import TlsConfig
 from .turns import after_new_input
 from .transport import Transport
 
-__all__ = ["Node", "DEFAULT_SHM_THRESHOLD", "HANDSHAKE_TIMEOUT"]
+__all__ = ["Node", "DEFAULT_SHM_THRESHOLD", "HANDSHAKE_TIMEOUT", "STATS_MAX_PEERS"]
 
 log = logging.getLogger("handoff")
 
@@ -55,6 +58,8 @@ DEFAULT_SHM_THRESHOLD = 64 * 1024
 #: The default time to complete a handshake (``Bounds.handshake_timeout``).
 HANDSHAKE_TIMEOUT = DEFAULT_BOUNDS.handshake_timeout
 _LISTEN_BACKLOG = 1024
+#: The most connections ``handoff.admin.Stats`` lists (spec Appendix A); ``peers_total`` counts all.
+STATS_MAX_PEERS = 4096
 #: Longest the accept loop accepts waiting connections before other input goes first (s).
 _ACCEPT_SLICE = 100e-6
 
@@ -81,14 +86,23 @@ class Node:
     :meth:`recv` in an inbox that serves the connections fairly by bytes
     (:mod:`handoff.inbox`), bounded by the buffered bytes of ``bounds``.
 
-    ``accept_v1`` (default off) also accepts peers that speak only protocol version 1.
-    Version 1's hello tells anyone who connects this node's id, name, host id, pid,
-    process id, listen address and socket path **before either side has proven the
-    cluster secret**; version 2, the default, says who the node is only to a peer whose
-    proof it verified (spec §5.4). With it on, the node announces versions 1 and 2 and
-    runs version 1 with a peer that speaks nothing newer; with it off, such a peer is
-    refused with ``unsupported-version``. ``preamble`` (tests only) sends that preamble
-    instead, e.g. :data:`handoff.wire.V1_ONLY` to play a v1-only peer.
+    The node runs protocol version 3 (spec §5.7) and refuses peers that speak only an
+    older one with ``unsupported-version``. In versions 1 and 2 a peer **without the
+    cluster secret** can authenticate by reflecting the nodes' own proofs across two
+    connections (§5.6), so accepting them lets any attacker who can connect choose that
+    version and try that attack (§5.8): against a node that accepts version 2 it succeeds
+    with a node of the cluster that still speaks only version 2 as the other oracle.
+    ``accept_v2`` (default off) also accepts peers that speak only version 2 (it
+    announces versions 2 and 3): only while the nodes of a cluster upgrade, inside a
+    network you trust. ``accept_v1`` (default off) also accepts peers that speak
+    only version 1, and version 2 with it (it announces 1 to 3; a range has no holes):
+    version 1's hello moreover tells anyone who connects this node's id, name, host id,
+    pid, process id, listen address and socket path before either side has proven the
+    secret (§5.4). ``preamble`` (tests only) sends that preamble instead, e.g.
+    :data:`handoff.wire.V1_ONLY` or :data:`handoff.wire.V2_DEFAULT` to play an older peer.
+
+    The name, the host id and the addresses are bounded as the wire format bounds them
+    (§5.2: a name and a host id of at most 256 bytes): a longer one is a ``ValueError``.
 
     Options for a node whose connections are independent streams (such as the comms
     of :mod:`handoff.dask`): ``per_connection`` delivers each connection's messages to
@@ -134,6 +148,7 @@ class Node:
         types: Optional[Iterable[str]] = None,
         bounds: Bounds = DEFAULT_BOUNDS,
         accept_v1: bool = False,
+        accept_v2: bool = False,
         preamble: Optional[wire.Preamble] = None,
         per_connection: bool = False,
         on_accept: Optional[Callable[[Peer], None]] = None,
@@ -167,9 +182,12 @@ class Node:
         self.redeem = redeem
         self.pull_timeout = pull_timeout
         self.limits = limits
+        #: What this node sends within (§9): the default limits, or its own where smaller.
+        self.send_limits = send_limits(limits)
         self.bounds = bounds
-        #: The preamble this node sends: version 2 only, or 1 and 2 with ``accept_v1`` (§3).
-        self.preamble = preamble or wire.our_preamble(accept_v1)
+        #: The preamble this node sends (§3): version 3 only; 2..=3 with ``accept_v2``; 1..=3
+        #: with ``accept_v1``.
+        self.preamble = preamble or wire.our_preamble(accept_v1=accept_v1, accept_v2=accept_v2)
         #: What a header may be before a connection is established (§5.1, §9: 64 KiB, 1024 values).
         self.handshake_limits = dataclasses.replace(
             limits.during_handshake(),
@@ -184,6 +202,9 @@ class Node:
             wait=bounds.lease_wait,
         )
         self._budget = Budget(bounds)
+        #: The nonces this node sent as a dialer, remembered for twice the handshake timeout
+        #: (version 3, §5.7 step 3: one of its own handshakes relayed back into it is refused).
+        self.dialer_nonces = DialerNonces(2 * bounds.handshake_timeout)
         self._throttle = WarningThrottle(
             log, bounds.warnings_per_period, bounds.warning_period, total=bounds.warnings_in_all_per_period
         )
@@ -206,8 +227,28 @@ class Node:
         self._tasks: set = set()
         self._started = False
         self._closed = False
+        self._check_own_identity()
 
     # ------------------------------------------------------------------ life
+
+    def _own_ident(self) -> wire.Ident:
+        """What this node says about itself in an ident (the pid and caps as it sends them)."""
+        return wire.Ident(
+            node=self.node_id,
+            name=self.name,
+            host=self.host_id,
+            pid=os.getpid(),
+            proc=self.process_id,
+            lang="python",
+            impl=IMPLEMENTATION,
+            caps=self.caps,
+            listen=self.listen_addr,
+            unix=self.unix_addr,
+        )
+
+    def _check_own_identity(self) -> None:
+        """A ``ValueError`` naming the field if this node's identity breaks a bound of §5.2."""
+        wire.check_identity(self._own_ident())
 
     @property
     def caps(self) -> list:
@@ -253,6 +294,11 @@ class Node:
             self.unix_path = path
             self._listeners.append(usock)
             self._accept_tasks.append(self._spawn(self._accept_loop(usock, unix=True)))
+        try:
+            self._check_own_identity()  # the addresses are known now
+        except ValueError:
+            self.stop_listening()
+            raise
         self._spawn(self._reap_expired())
         self._started = True
         pins.register_node(self)
@@ -386,7 +432,7 @@ class Node:
         """Every open connection to the node ``node_id``, oldest first."""
         return [p for p in self._connections.get(node_id, []) if not p.closed]
 
-    def _our_side(self, transport: Optional[Transport] = None) -> OurSide:
+    def _our_side(self, transport: Optional[Transport] = None, accepted: bool = False) -> OurSide:
         return OurSide(
             node_id=self.node_id,
             name=self.name,
@@ -402,6 +448,8 @@ class Node:
             if transport is not None
             else None,
             preamble=self.preamble,
+            accepted=accepted,
+            dialer_nonces=self.dialer_nonces,
         )
 
     def _warn_about(self, source: str, fmt: str, *args) -> None:
@@ -420,7 +468,7 @@ class Node:
                 # A plain peer: our preamble and the error it reads like any refusal (§3.1).
                 self.tls_refusals += 1
                 await transport.send([self.preamble.encode()])
-                await send_error(transport, "tls-required", tls_layer.TLS_REQUIRED_MESSAGE)
+                await send_error(transport, "tls-required", tls_layer.TLS_REQUIRED_MESSAGE, before_preamble=True)
                 raise tls_layer.refused_plain(label)
             ctx, name = config.server, None
             if ctx is None:
@@ -439,7 +487,7 @@ class Node:
             raise tls_layer.explain(e, label, accepted, name) from None
         transport.tls_ready = True
         try:
-            return await handshake(transport, self._our_side(transport))
+            return await handshake(transport, self._our_side(transport, accepted))
         except Exception as e:
             if transport.tls_failure is not None and not isinstance(e, TlsError):
                 # A TLS 1.3 client learns that the peer refused its certificate on its first read.
@@ -467,7 +515,7 @@ class Node:
                 if secure:
                     done = await asyncio.wait_for(self._handshake_tls(transport, accepted, host), timeout)
                 else:
-                    done = await asyncio.wait_for(handshake(transport, self._our_side(transport)), timeout)
+                    done = await asyncio.wait_for(handshake(transport, self._our_side(transport, accepted)), timeout)
             except asyncio.TimeoutError:
                 if secure and not transport.tls_ready:
                     # Nothing to say in plain text inside a TLS handshake: close.
@@ -477,6 +525,7 @@ class Node:
                         "(the handshake timeout); the peer stalled"
                     ) from None
                 msg = f"the handshake did not complete within {timeout:g} s"
+                # (Sent only if the peer's whole preamble arrived, §3.)
                 await send_error(transport, "timeout", f"timed out: {msg}")
                 await transport.aclose(drain=self.bounds.drain_seconds)
                 raise HandoffError(f"handshake with {label}: {msg}") from None
@@ -484,17 +533,21 @@ class Node:
                 if entry is None or not entry.evicted:
                     await transport.aclose()
                     raise
-                # Closed to make room for a newer handshake: say so without waiting for anything.
-                transport.try_send_now(
-                    wire.encode_message(
-                        wire.Error(
-                            "overloaded",
-                            f"this node runs {self.bounds.max_handshakes} handshakes at once, "
-                            "the most it allows, and closed the oldest; try again later",
+                # Closed to make room for a newer handshake: say so without waiting for
+                # anything, if the peer has shown it speaks this format (its whole preamble, §3).
+                if transport.preamble_received:
+                    transport.try_send_now(
+                        wire.encode_message(
+                            wire.Error(
+                                "overloaded",
+                                f"this node runs {self.bounds.max_handshakes} handshakes at once, "
+                                "the most it allows, and closed the oldest; try again later",
+                            )
                         )
                     )
-                )
-                await transport.aclose(drain=0)
+                    await transport.aclose(drain=0)
+                else:
+                    await transport.aclose()
                 raise HandoffError(f"handshake with {label}: closed to make room for newer ones") from None
             except BaseException:
                 await transport.aclose(drain=self.bounds.drain_seconds if transport.error_sent else None)
@@ -755,12 +808,16 @@ class Node:
         return self.leases.stats()
 
     def stats(self) -> dict:
-        """What ``handoff.admin.Stats`` carries (spec Appendix A)."""
+        """What ``handoff.admin.Stats`` carries (spec Appendix A): ``peers`` lists at most
+        :data:`STATS_MAX_PEERS` connections, oldest first, and ``peers_total`` counts them
+        all, so that the answer stays small whatever the peers claim."""
         shm = self.shm_leases()
+        peers = self.peers
         return {
             "node": self.name,
             "ticket_leases": self.ticket_leases(),
             "shm_leases": shm,
             "shm_pool": {"segments": shm["count"], "bytes": shm["bytes"], "idle_segments": 0, "idle_bytes": 0},
-            "peers": [[p.name, p.channel] for p in self.peers],
+            "peers": [[p.name, p.channel] for p in peers[:STATS_MAX_PEERS]],
+            "peers_total": len(peers),
         }

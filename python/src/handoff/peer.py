@@ -35,6 +35,7 @@ from .errors import HandoffError, PeerClosed, PeerRefused
 from .handshake import send_error
 from .inbox import ConnectionQueue
 from .mapcache import Kept, MapCache
+from .outgoing import check_frames, check_header, clip
 from .recvbuf import MIN_POOLED, recv_pool
 from .resources import Resources
 from .route import Route
@@ -82,6 +83,8 @@ class PeerNode(Protocol):
     loop: asyncio.AbstractEventLoop
     bounds: Bounds
     limits: wire.Limits
+    #: What this node sends within: the defaults of §9, or its own limits where smaller.
+    send_limits: wire.Limits
     per_connection: bool
     redeem: str
     frame_threshold: int
@@ -164,14 +167,15 @@ class Peer:
     On a node built with ``per_connection=True`` each connection delivers its messages to
     its own queue, taken with :meth:`recv`, instead of the node's inbox."""
 
-    def __init__(self, node: PeerNode, transport: Transport, ident: wire.Ident, channel: str, version: int = 2):
+    def __init__(self, node: PeerNode, transport: Transport, ident: wire.Ident, channel: str, version: int = 3):
         self.node = node
         self.transport = transport
         #: What the peer said about itself in the handshake (its ident, or its v1 hello's fields).
         self.ident = ident
         #: ``tcp`` or ``shm`` (a Unix socket).
         self.channel = channel
-        #: The wire protocol version of the connection (§3): 2, or 1 with a v1-only peer.
+        #: The wire protocol version of the connection (§3): 3, or 2 or 1 with an older peer
+        #: that the node accepts.
         self.protocol_version = version
         self.closed = False
         self.pending: dict = {}  # req -> (future, what, bytes expected for a pull or None, whole redemption)
@@ -295,6 +299,9 @@ class Peer:
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
         enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
+        limits = self.node.send_limits
+        # Before anything is copied or leased for it: would a receiver take these frames? (§9)
+        check_frames((_frame_size(v, src) for v, src in zip(enc.frames, enc.sources)), limits, self.name)
         descs: list = []
         inline: list = []
         fds: list = []
@@ -359,16 +366,18 @@ class Peer:
                     continue
                 descs.append(wire.Inline(n))
                 inline.append(view)
+            check_frames((d.n for d in descs), limits, self.name)
+            if descs:
+                head = wire.frame_header(wire.encode_header(wire.Msg(type_name, enc.body, descs)))
+            else:
+                head = wire.frame_plain_msg(type_name, enc.body)
+            check_header(len(head) - wire.LEN_PREFIX, limits, self.name)
         except BaseException:
             # Nothing left: what this message had leased for the peer was never promised to it.
             self._shm.end(new_shm)
             for lease in new_tickets:
                 self.node.leases.withdraw(lease)
             raise
-        if descs:
-            head = wire.frame_header(wire.encode_header(wire.Msg(type_name, enc.body, descs)))
-        else:
-            head = wire.frame_plain_msg(type_name, enc.body)
         try:
             await self.transport.send([head] + inline, fds)
         except PeerClosed:
@@ -385,7 +394,10 @@ class Peer:
         enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
         if enc.frames:
             return False
-        return self.transport.send_now(wire.frame_plain_msg(type_name, enc.body))
+        head = wire.frame_plain_msg(type_name, enc.body)
+        if len(head) - wire.LEN_PREFIX > self.node.send_limits.max_header_bytes:
+            return False  # too large for a receiver: send() says so (MessageTooLarge)
+        return self.transport.send_now(head)
 
     async def send_packed(self, type_name: str, body: bytes) -> None:
         """Sends a message without frames whose body is already msgpack: what
@@ -395,6 +407,7 @@ class Peer:
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
         head = wire.frame_plain_msg(type_name, body)
+        check_header(len(head) - wire.LEN_PREFIX, self.node.send_limits, self.name)
         try:
             await self.transport.send((head,))
         except PeerClosed:
@@ -402,6 +415,8 @@ class Peer:
             raise
 
     async def _send_control(self, header, payload: Any = None) -> None:
+        if isinstance(header, wire.TicketError):
+            header = wire.TicketError(header.req, header.code, clip(header.msg))  # it may quote the peer
         chunks = [wire.frame_header(wire.encode_header(header))]
         if payload is not None and len(payload):
             chunks.append(payload)
@@ -783,6 +798,15 @@ class Peer:
                 leases.renew(h.lease, holder, h.token)
             except Refusal as r:
                 self._warn("ignored a renewal from %s: %s [%s]", self.name, r.message, r.code)
+
+
+def _frame_size(view: Any, source: Any) -> int:
+    """The bytes a frame of the body will announce (a ticket's, a segment's or a buffer's)."""
+    if isinstance(source, Ticket):
+        return source.desc.n
+    if isinstance(source, SharedFrame):
+        return len(source)
+    return view.nbytes
 
 
 def _is_node_frame(obj: Any) -> bool:

@@ -8,6 +8,14 @@ the descriptors that arrive (SCM_RIGHTS), in order, for the message headers to c
 interleave; a message's descriptors ride on the ``sendmsg`` that carries the first
 byte of its length prefix.
 
+Until its handshake completes (:attr:`Transport.handshaking`) a connection reads exactly
+the bytes of the handshake message it is reading, never beyond (spec §5.1), and on a
+Unix socket closes every descriptor the moment it arrives and fails the read with
+``bad-shm``: a peer that has proven nothing can make the node hold none, and the
+descriptors of the first message after ``ready`` (which ride on its first byte) are
+never read with handshake bytes. Whether the peer's whole preamble arrived
+(:attr:`Transport.preamble_received`) decides whether an ``error`` may be sent (§3, §11.3).
+
 Time is bounded both ways (spec §9.1): inside a message (after its first byte and
 before its last) a read that waits longer than ``progress_timeout`` for the next byte
 fails with ``timeout``; a write that makes no progress for ``write_timeout`` closes
@@ -91,8 +99,6 @@ class Transport:
         #: Bytes received from the socket so far (the stream offset of the next byte).
         self._received = 0
         self.fds: collections.deque = collections.deque()
-        #: For each descriptor in ``fds``: the stream offset at the end of the read that brought it.
-        self._fd_ends: collections.deque = collections.deque()
         self._fd_error: Optional[str] = None
         #: How many times a read waited for the socket (its reader then had no backlog).
         self.read_waits = 0
@@ -115,6 +121,14 @@ class Transport:
         self._broken: Optional[str] = None
         #: Whether an ``error`` message was sent (the close then drains input first, §11.3).
         self.error_sent = False
+        #: Until the handshake completes: reads take exactly the bytes asked for, and
+        #: descriptors are refused as they arrive (spec §5.1). The handshake clears it.
+        self.handshaking = True
+        #: Descriptors that arrived (and were closed at once) while :attr:`handshaking`.
+        self.refused_fds = 0
+        #: Whether the peer's whole 16-byte preamble was received: before that, nothing
+        #: but our own preamble goes out, not even an ``error`` (spec §3, §11.3).
+        self.preamble_received = False
         #: The node id this connection's handshake claimed in step 6, until it is registered.
         self.claimed: Optional[str] = None
         #: On a Unix socket: the peer's process id (``SO_PEERCRED``), set by the node.
@@ -149,19 +163,7 @@ class Transport:
         out = []
         for _ in range(n):
             out.append(self.fds.popleft())
-            self._fd_ends.popleft()
         return out
-
-    def fds_arrived_by(self, offset: int) -> int:
-        """How many waiting descriptors came with reads that ended at or before stream
-        ``offset``: they belong to bytes before it (a descriptor rides on the first byte
-        of the message that carries it, §7.2)."""
-        count = 0
-        for end in self._fd_ends:
-            if end > offset:
-                break
-            count += 1
-        return count
 
     def close_fds(self) -> None:
         while self.fds:
@@ -170,18 +172,30 @@ class Transport:
                 os.close(fd)
             except OSError:
                 pass
-        self._fd_ends.clear()
 
     def _collect(self, ancdata, flags) -> None:
         for level, kind, data in ancdata:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 fds = array.array("i")
                 fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                if self.handshaking:
+                    # Before the connection is established no message carries any (§5.1):
+                    # hold none of them, not even until the read returns.
+                    for fd in fds:
+                        try:
+                            os.close(fd)
+                        except OSError:
+                            pass
+                    self.refused_fds += len(fds)
+                    continue
                 for fd in fds:
                     if _RECV_FLAGS == 0:
                         os.set_inheritable(fd, False)
                     self.fds.append(fd)
-                    self._fd_ends.append(self._received)
+        if self.handshaking:
+            if flags & _MSG_CTRUNC:
+                self.refused_fds = max(self.refused_fds, MAX_FDS_PER_READ + 1)
+            return
         if flags & _MSG_CTRUNC:
             self._fd_error = f"a message carried more than {MAX_FDS_PER_READ} descriptors"
         elif len(self.fds) > self.bounds.max_pending_fds:
@@ -346,18 +360,33 @@ class Transport:
                 return 0
             raise PeerClosed(f"reading from {self.label}: {e}") from None
 
+    def _check_handshake_fds(self) -> None:
+        """Fails the read at once if descriptors arrived before the connection was established (§5.1)."""
+        if self.refused_fds:
+            raise WireError(
+                "bad-shm",
+                f"bad shared-memory descriptor: {self.refused_fds} file descriptors arrived from {self.label} "
+                "before the connection was established (each was closed on arrival)",
+            )
+
     async def _fill(self, n: int, what: str, at_boundary: bool) -> bool:
         """Buffers at least ``n`` bytes; ``False`` at a clean end of stream before any byte.
 
         Waiting for the first byte of a message (``at_boundary``, nothing buffered) has no
-        time limit; every later wait is bounded by the progress timeout."""
+        time limit; every later wait is bounded by the progress timeout. While the
+        connection :attr:`handshaking`, it receives exactly the bytes missing, never more,
+        and fails with ``bad-shm`` as soon as a read brought descriptors."""
         while len(self._buf) - self._pos < n:
             if self._pos:
                 del self._buf[: self._pos]
                 self._pos = 0
             idle = at_boundary and not self._buf
             timeout = None if idle else self.bounds.progress_timeout
-            data = await self._recv(max(READ_CHUNK, n - len(self._buf)), timeout, what)
+            if self.handshaking:
+                data = await self._recv(n - len(self._buf), timeout, what)
+                self._check_handshake_fds()
+            else:
+                data = await self._recv(max(READ_CHUNK, n - len(self._buf)), timeout, what)
             if not data:
                 if at_boundary and not self._buf:
                     return False
@@ -380,8 +409,15 @@ class Transport:
         return out
 
     async def read_preamble(self) -> bytes:
+        """The peer's 16 preamble bytes (then :attr:`preamble_received` is set)."""
         await self._fill(PREAMBLE_LEN, "preamble", False)
+        self.preamble_received = True
         return self._take(PREAMBLE_LEN)
+
+    def established(self) -> None:
+        """The handshake completed: reads go back to buffering ahead, and descriptors are
+        kept for the headers that claim them (§7.2)."""
+        self.handshaking = False
 
     async def read_length(self, limits: Limits) -> Optional[int]:
         """The next header's length (its prefix checked, §11.2 step 1), or ``None`` at a

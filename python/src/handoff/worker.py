@@ -1,7 +1,8 @@
 """``python -m handoff.worker``: a Python node that serves the demo protocol (spec Appendix A).
 
 Same options as ``handoff node`` (``--name``, ``--listen``, ``--host-id``,
-``--secret-file``, ``--connect`` …) and the same ready line on standard output,
+``--secret-file``, ``--connect``, ``--accept-v2``, ``--accept-v1`` …) and the same ready
+line on standard output,
 printed once its ``--connect`` connections are up (same-host ones switched to shm)::
 
     {"event": "ready", "name": "py-a", "listen": "tcp://127.0.0.1:40123", "host_id": "…", "pid": 1234}
@@ -121,10 +122,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pull-timeout-ms", type=int, default=30_000, help="how long a pull may wait for the owner")
     p.add_argument("--no-shm", action="store_true", help="no Unix socket, no shared memory")
     p.add_argument(
+        "--accept-v2",
+        action="store_true",
+        help="also accept peers that speak only protocol version 2 (announce 2..=3), while a cluster upgrades; "
+        "DANGEROUS: in version 2 a peer without the cluster secret can authenticate by reflecting the proofs of "
+        "the nodes themselves (spec WIRE.md §5.6, §5.8)",
+    )
+    p.add_argument(
         "--accept-v1",
         action="store_true",
-        help="also accept peers that speak only protocol version 1, whose handshake reveals this node's id, name, "
-        "host id, pid and addresses to anyone who connects, before any proof of the secret (spec WIRE.md §5.4)",
+        help="also accept peers that speak only protocol version 1, and version 2 with it (announce 1..=3); "
+        "DANGEROUS: as --accept-v2, and version 1's handshake reveals this node's id, name, host id, pid and "
+        "addresses to anyone who connects, before any proof of the secret (spec WIRE.md §5.4, §5.6)",
     )
     p.add_argument(
         "--dataset",
@@ -365,6 +374,7 @@ async def run(args: argparse.Namespace) -> None:
         pull_timeout=args.pull_timeout_ms / 1000,
         bounds=args.bounds,
         accept_v1=args.accept_v1,
+        accept_v2=args.accept_v2,
         tls=tls,
     )
     for d in args.dataset:

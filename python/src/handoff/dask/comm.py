@@ -184,7 +184,7 @@ class HandoffComm(Comm):
         )
         node = peer.node
         plan = plan_message(
-            frames, shm_threshold=node.shm_threshold if peer.channel == "shm" else None, limits=node.limits
+            frames, shm_threshold=node.shm_threshold if peer.channel == "shm" else None, limits=node.send_limits
         )
         try:
             if plan.inline and len(plan.parts) == 1:

@@ -6,6 +6,11 @@ register theirs, so ``dask.config.get("distributed.comm.handoff.secret")`` works
 process that loads the backend. The secret is looked up in this order: ``secret``,
 ``secret-file``, the environment variable ``HANDOFF_SECRET``; none means the empty secret
 (every node without one can connect).
+
+``accept-v2`` and ``accept-v1`` (default off) let the nodes of the process also accept
+peers of the older protocol versions, while a cluster upgrades: in versions 1 and 2 a
+peer without the secret can authenticate by reflecting the nodes' own proofs (spec
+WIRE.md §5.6), so turn them on only for the upgrade, inside a network you trust.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ class Settings:
     shm_threshold: int = 64 * 1024
     pool_idle_bytes: Optional[int] = None
     kept_map_bytes: Optional[int] = None
+    #: Also accept peers that speak only protocol version 2 (spec §3; dangerous, §5.6).
+    accept_v2: bool = False
+    #: Also accept peers that speak only protocol version 1 (and 2; dangerous, §5.4, §5.6).
+    accept_v1: bool = False
 
 
 def _get(key: str, default=None):
@@ -68,4 +77,19 @@ def settings() -> Settings:
         shm_threshold=parse_bytes(threshold) if isinstance(threshold, str) else int(threshold),
         pool_idle_bytes=None if idle in (None, "") else parse_bytes(idle) if isinstance(idle, str) else int(idle),
         kept_map_bytes=None if kept in (None, "") else parse_bytes(kept) if isinstance(kept, str) else int(kept),
+        accept_v2=_flag("accept-v2"),
+        accept_v1=_flag("accept-v1"),
     )
+
+
+def _flag(key: str) -> bool:
+    """A bool option: ``true``/``false`` (YAML), or the strings Dask's environment variables give."""
+    value = _get(key, False)
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("", "0", "false", "no", "off", "none", "null"):
+            return False
+        raise ValueError(f"{SECTION}.{key} is a bool (true or false), got {value!r}")
+    return bool(value)

@@ -9,10 +9,10 @@ one, because a process may connect to its own listener (a scheduler and its work
 one process, as in ``gen_cluster``), and a node never connects to itself (§5.1).
 
 Every node is built from :func:`handoff.dask.config.settings`: the cluster secret, the
-host id, shared memory on or off and its threshold; and with the TLS of Dask's
+host id, shared memory on or off and its threshold, the older protocol versions it
+accepts (``accept-v2``, ``accept-v1``: none by default); and with the TLS of Dask's
 ``connection_args`` (:mod:`handoff.dask.security`): a connector node per loop, settings
-and client context; it delivers each connection's
-messages to that connection (one comm, one stream), sends from the process's pool of
+and client context; it delivers each connection's messages to that connection (one comm, one stream), sends from the process's pool of
 shared segments, and maps what it receives private and writable (Dask's deserializers
 keep a writable frame as it is; a read-only one they copy).
 """
@@ -82,6 +82,8 @@ def make_node(
         shm_private=True,
         bounds=BOUNDS,
         tls=tls,
+        accept_v1=settings.accept_v1,
+        accept_v2=settings.accept_v2,
     )
 
 

@@ -1,4 +1,4 @@
-"""The handoff wire format, versions 1 and 2 (spec/WIRE.md), sans I/O.
+"""The handoff wire format, versions 1, 2 and 3 (spec/WIRE.md), sans I/O.
 
 Everything here works on bytes in memory: the preamble (§3), message framing (§4),
 the handshake's headers and the authentication proof (§5), every header kind (§6),
@@ -15,7 +15,8 @@ One module per job, each importing only those above it in this list:
 - :mod:`.errors` — :class:`WireError`;
 - :mod:`.limits` — :class:`Limits` and the fixed limits of §9;
 - :mod:`.preamble` — the preamble and version negotiation (§3);
-- :mod:`.auth` — the authentication proofs (v1 §5.3, v2 §5.5);
+- :mod:`.identity` — the bounds on the identity fields of a hello or an ident (§5.2);
+- :mod:`.auth` — the authentication proofs (v1 §5.3, v2 §5.5, v3 §5.7);
 - :mod:`.headers` — headers and descriptors as dataclasses (§6, §7);
 - :mod:`.framing` — the length prefix (§4);
 - :mod:`.reader` — a strict msgpack cursor for headers (§6 rules 1–5, §9);
@@ -23,7 +24,21 @@ One module per job, each importing only those above it in this list:
 - :mod:`.decode` — decoding and validation (§6, §7, §9, §11.2).
 """
 
-from .auth import AUTH_CONTEXT, AUTH_CONTEXT_V2, proof, proof_v2, verify, verify_v2
+from .auth import (
+    AUTH_CONTEXT,
+    AUTH_CONTEXT_V2,
+    V3_ACCEPTOR_LABEL,
+    V3_DIALER_LABEL,
+    acceptor_proof,
+    dialer_proof,
+    proof,
+    proof_v2,
+    transcript_v3,
+    verify,
+    verify_acceptor_proof,
+    verify_dialer_proof,
+    verify_v2,
+)
 from .decode import (
     DESCRIPTOR_KEYS,
     HEADER_KEYS,
@@ -75,20 +90,25 @@ from .limits import (
     MAX_MAP_ENTRIES,
     Limits,
 )
+from .identity import IDENTITY_BOUNDS, MAX_CAPS, MAX_CAP_BYTES, check_identity
 from .preamble import (
     ACCEPTING_V1,
+    ACCEPTING_V2,
     MAGIC,
     MAX_VERSION,
     MIN_VERSION,
     OUR_PREAMBLE,
     PREAMBLE_LEN,
     V1_ONLY,
+    V2_ACCEPTING_V1,
+    V2_DEFAULT,
     Preamble,
     our_preamble,
 )
 
 __all__ = [
     "ACCEPTING_V1",
+    "ACCEPTING_V2",
     "AUTH_CONTEXT",
     "AUTH_CONTEXT_V2",
     "DEFAULT_LIMITS",
@@ -97,9 +117,12 @@ __all__ = [
     "HANDSHAKE_HEADER_BYTES",
     "HEADER_KEYS",
     "HEADER_KINDS",
+    "IDENTITY_BOUNDS",
     "LEN_PREFIX",
     "MAGIC",
     "MAX_BODY_DEPTH",
+    "MAX_CAPS",
+    "MAX_CAP_BYTES",
     "MAX_HEADER_DEPTH",
     "MAX_HEADER_VALUES",
     "HANDSHAKE_HEADER_VALUES",
@@ -112,6 +135,10 @@ __all__ = [
     "TICKET_OPS",
     "UNIX_KINDS",
     "V1_ONLY",
+    "V2_ACCEPTING_V1",
+    "V2_DEFAULT",
+    "V3_ACCEPTOR_LABEL",
+    "V3_DIALER_LABEL",
     "Auth",
     "Challenge",
     "DecodedMessage",
@@ -137,10 +164,13 @@ __all__ = [
     "TicketError",
     "Unlease",
     "WireError",
+    "acceptor_proof",
     "carried_kinds",
+    "check_identity",
     "check_carried",
     "decode_header",
     "decode_message",
+    "dialer_proof",
     "encode_header",
     "encode_message",
     "frame_header",
@@ -150,7 +180,10 @@ __all__ = [
     "packer",
     "proof",
     "proof_v2",
+    "transcript_v3",
     "unpack_header_value",
     "verify",
+    "verify_acceptor_proof",
+    "verify_dialer_proof",
     "verify_v2",
 ]  # fmt: skip

@@ -1,8 +1,13 @@
-"""The authentication proofs of the handshake: version 1 (spec §5.3) and version 2 (§5.5).
+"""The authentication proofs of the handshake: version 1 (spec §5.3), version 2 (§5.5)
+and version 3 (§5.7).
 
 Version 1 covers both hellos; version 2 covers both preambles and both challenges, under
 another context string, so that a proof of one version never verifies in the other and a
-preamble changed in flight fails the proof.
+preamble changed in flight fails the proof. Neither says which side wrote it, so a peer
+without the secret can make a node write the proof it expects on another connection
+(§5.6). Version 3 labels each proof with the prover's role (dialer or acceptor) and
+computes it over the whole transcript, laid out by role; the acceptor's proof also covers
+the dialer's, which it answers.
 """
 
 from __future__ import annotations
@@ -13,10 +18,28 @@ import struct
 
 from .errors import WireError
 
-__all__ = ["AUTH_CONTEXT", "AUTH_CONTEXT_V2", "proof", "proof_v2", "verify", "verify_v2"]
+__all__ = [
+    "AUTH_CONTEXT",
+    "AUTH_CONTEXT_V2",
+    "V3_ACCEPTOR_LABEL",
+    "V3_DIALER_LABEL",
+    "acceptor_proof",
+    "dialer_proof",
+    "proof",
+    "proof_v2",
+    "transcript_v3",
+    "verify",
+    "verify_acceptor_proof",
+    "verify_dialer_proof",
+    "verify_v2",
+]
 
 AUTH_CONTEXT = b"handoff-v1-auth\x00"
 AUTH_CONTEXT_V2 = b"handoff-v2-auth\x00"
+#: The label of a version-3 dialer's proof (24 bytes, §5.7).
+V3_DIALER_LABEL = b"handoff-v3-dialer-proof\x00"
+#: The label of a version-3 acceptor's proof (26 bytes, §5.7).
+V3_ACCEPTOR_LABEL = b"handoff-v3-acceptor-proof\x00"
 
 
 def _with_len(mac, data: bytes) -> None:
@@ -76,4 +99,60 @@ def verify_v2(
     """Checks the peer's v2 proof in constant time (the peer is the prover); raises ``auth-failed``."""
     expected = proof_v2(secret, peer_preamble, own_preamble, peer_challenge, own_challenge)
     if not hmac.compare_digest(expected, bytes(peer_mac)):
+        raise _failed()
+
+
+# --------------------------------------------------------------------------- version 3 (§5.7)
+
+
+def transcript_v3(
+    dialer_preamble: bytes, acceptor_preamble: bytes, dialer_challenge: bytes, acceptor_challenge: bytes
+) -> bytes:
+    """The transcript both sides of a version-3 handshake build alike, ordered by role:
+    ``dialer preamble | acceptor preamble | u32 len | dialer challenge | u32 len | acceptor challenge``.
+
+    The preambles are the 16 bytes as each side sent them; the challenges their header
+    bytes without the length prefix, as sent and as received (never a re-encoding)."""
+    if len(dialer_preamble) != 16 or len(acceptor_preamble) != 16:
+        raise ValueError("a preamble is 16 bytes")
+    return b"".join(
+        (
+            bytes(dialer_preamble),
+            bytes(acceptor_preamble),
+            struct.pack(">I", len(dialer_challenge)),
+            bytes(dialer_challenge),
+            struct.pack(">I", len(acceptor_challenge)),
+            bytes(acceptor_challenge),
+        )
+    )
+
+
+def dialer_proof(secret: bytes, transcript: bytes) -> bytes:
+    """v3: HMAC-SHA256(secret, dialer label | transcript), the dialer's 32-byte ``auth.mac``."""
+    mac = hmac.new(bytes(secret), digestmod=hashlib.sha256)
+    mac.update(V3_DIALER_LABEL)
+    mac.update(bytes(transcript))
+    return mac.digest()
+
+
+def acceptor_proof(secret: bytes, transcript: bytes, dialer_mac: bytes) -> bytes:
+    """v3: HMAC-SHA256(secret, acceptor label | transcript | dialer proof): the acceptor's
+    ``auth.mac``, which answers exactly the dialer proof it verified."""
+    mac = hmac.new(bytes(secret), digestmod=hashlib.sha256)
+    mac.update(V3_ACCEPTOR_LABEL)
+    mac.update(bytes(transcript))
+    mac.update(bytes(dialer_mac))
+    return mac.digest()
+
+
+def verify_dialer_proof(secret: bytes, peer_mac: bytes, transcript: bytes) -> None:
+    """The acceptor's check of the dialer's v3 proof, in constant time; raises ``auth-failed``."""
+    if not hmac.compare_digest(dialer_proof(secret, transcript), bytes(peer_mac)):
+        raise _failed()
+
+
+def verify_acceptor_proof(secret: bytes, peer_mac: bytes, transcript: bytes, dialer_mac: bytes) -> None:
+    """The dialer's check of the acceptor's v3 proof (over the dialer proof it sent), in
+    constant time; raises ``auth-failed``."""
+    if not hmac.compare_digest(acceptor_proof(secret, transcript, dialer_mac), bytes(peer_mac)):
         raise _failed()

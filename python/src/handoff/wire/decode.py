@@ -8,7 +8,7 @@ well formed, and only what the kind needs is built after:
    the end of the header (rule 1); every key of it and of every descriptor map a str of
    valid UTF-8 (rule 2), none twice (rule 4), at most 64 entries (rule 5); every key the
    receiver knows type-checked whatever the kind, nil counting as absent (rule 3, the type
-   table, fixed lengths); every other value only stepped over, within the nesting and
+   table, fixed lengths, the lengths of the identity fields of §5.2); every other value only stepped over, within the nesting and
    value limits of §9. The known keys' values are kept (scalars and short arrays); ``f``
    is checked but not kept, unless the kind is already known to be ``msg`` and its length
    is within the frame limit.
@@ -26,6 +26,7 @@ from typing import Any
 from ..msgpack_read import unpack_one
 from .errors import WireError, malformed
 from .framing import LEN_PREFIX, header_length
+from .identity import MAX_CAP_BYTES, MAX_CAPS, field_problem
 from .headers import (
     DESCRIPTOR_KINDS,
     TCP_KINDS,
@@ -87,26 +88,60 @@ def _list_of(read: Callable, what: str) -> Callable:
     return read_list
 
 
+def _bounded_str(key: str) -> Callable:
+    """A reader of an identity field's type (§5.2): a str of at most its bound in UTF-8
+    bytes. The bound is part of the type, as a fixed length is: checked whatever the kind."""
+
+    def read_bounded(cur: Cursor, name: str) -> str | None:
+        value = cur.str_(name)
+        if value is not None:
+            problem = field_problem(key, value)
+            if problem is not None:
+                raise malformed(f"{problem} (spec §5.2)")
+        return value
+
+    return read_bounded
+
+
+def _read_caps(cur: Cursor, key: str) -> list | None:
+    """``caps``: an array of at most 32 strs of at most 64 bytes each (§5.2), none nil."""
+    n = cur.array_header(key, 2)
+    if n is None:
+        return None
+    if n > MAX_CAPS:
+        raise malformed(f"caps has {n} entries, at most {MAX_CAPS} are allowed (spec §5.2)")
+    out = []
+    for i in range(n):
+        v = cur.str_(key)
+        if v is None:
+            raise malformed(f"{key} must be an array of str, not one holding nil")
+        if len(v) * 4 > MAX_CAP_BYTES and len(v.encode()) > MAX_CAP_BYTES:
+            raise malformed(f"caps entry {i} is {len(v.encode())} bytes long, at most {MAX_CAP_BYTES} are allowed")
+        out.append(v)
+    return out
+
+
 #: The keys a receiver knows in a header (§6.1–§6.9) and the reader of each one's type: the
-#: same in versions 1 and 2 (``challenge`` and ``ident`` use keys of ``hello``, typed alike).
-#: ``f`` (None here) is read by :func:`_map_fields`.
+#: same in versions 1, 2 and 3 (``challenge`` and ``ident`` use keys of ``hello``, typed
+#: alike; the identity fields with their lengths, §5.2). ``f`` (None here) is read by
+#: :func:`_map_fields`.
 HEADER_KEYS: dict = {
     "k": Cursor.str_,
     "t": Cursor.str_,
     "b": Cursor.bin_,
     "f": None,
-    "node": Cursor.str_,
-    "name": Cursor.str_,
-    "host": Cursor.str_,
+    "node": _bounded_str("node"),
+    "name": _bounded_str("name"),
+    "host": _bounded_str("host"),
     "pid": Cursor.u32,
-    "proc": Cursor.str_,
-    "lang": Cursor.str_,
-    "impl": Cursor.str_,
+    "proc": _bounded_str("proc"),
+    "lang": _bounded_str("lang"),
+    "impl": _bounded_str("impl"),
     "v": Cursor.u16,
-    "caps": _list_of(Cursor.str_, "str"),
+    "caps": _read_caps,
     "nonce": Cursor.bin32_,
-    "listen": Cursor.str_,
-    "unix": Cursor.str_,
+    "listen": _bounded_str("listen"),
+    "unix": _bounded_str("unix"),
     "leases": _list_of(Cursor.u64, "integers"),
     "mac": Cursor.bin32_,
     "code": Cursor.str_,
