@@ -54,10 +54,11 @@ pub struct NodeArgs {
     #[arg(long)]
     pub accept_v1: bool,
     /// Also accept peers that speak protocol version 2 at most, while a cluster upgrades.
-    /// In version 2 a peer WITHOUT the cluster secret can authenticate by crossing this
-    /// node's own challenges and proofs over two connections (spec WIRE.md §5.6), and with
-    /// this on any peer that can connect can choose version 2; without it such peers are
-    /// refused with `unsupported-version`. (--accept-v1 accepts version 2 as well.)
+    /// In version 2 a peer WITHOUT the cluster secret can authenticate by crossing the
+    /// nodes' own challenges and proofs (spec WIRE.md §5.6): while any node of the old
+    /// version is reachable, it can use that node and this one as each other's oracle
+    /// (§5.8). Without it such peers are refused with `unsupported-version`. (--accept-v1
+    /// accepts version 2 as well.)
     #[arg(long)]
     pub accept_v2: bool,
     /// TLS for every TCP connection (spec WIRE.md §3.1): this node's certificate chain, PEM.

@@ -99,10 +99,12 @@ impl NodeBuilder {
     ///
     /// Version 3, the default, binds each proof to the prover's role and the whole
     /// transcript (spec §5.7). In version 2 a peer **without the cluster secret** can
-    /// authenticate by opening two connections and crossing the node's own challenges and
-    /// proofs (§5.6); with this on, any peer that can connect can announce version 2 and do
-    /// so. The node announces versions 2 and 3 and runs version 3 with every peer that
-    /// speaks it. Turn it on only while a cluster upgrades, inside a network you trust.
+    /// authenticate by opening two connections and crossing the nodes' own challenges and
+    /// proofs (§5.6). A node with this on announces versions 2 and 3, which its version-2
+    /// proofs cover, so it is no oracle on its own; but while any node of the old version
+    /// is reachable, an attacker uses each as the other's oracle and is let into both
+    /// (§5.8). It runs version 3 with every peer that speaks it. Turn it on only while a
+    /// cluster upgrades, inside a network you trust.
     pub fn accept_v2(mut self, on: bool) -> Self {
         self.accept_v2 = on;
         self

@@ -363,7 +363,12 @@ async fn no_error_goes_to_a_peer_whose_preamble_never_came_whole() {
     let ours = Preamble::OURS.encode().to_vec();
     for sent in [&b""[..], &Preamble::OURS.encode()[..8]] {
         let got = answer_to(victim.listen_addr().unwrap(), sent).await;
-        assert_eq!(got, ours, "after {} bytes of a preamble: its preamble, then the close", sent.len());
+        assert_eq!(
+            got,
+            ours,
+            "after {} bytes of a preamble: its preamble, then the close",
+            sent.len()
+        );
     }
     // With the whole preamble, the timeout is said.
     let got = answer_to(victim.listen_addr().unwrap(), &Preamble::OURS.encode()).await;

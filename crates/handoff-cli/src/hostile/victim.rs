@@ -194,6 +194,17 @@ pub fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
 }
 
+/// How many of a process's open descriptors are files whose link names contain `what`
+/// (`"memfd:handoff-hostile"`: the memfds an attacker passed it).
+pub fn open_fds_naming(pid: u32, what: &str) -> usize {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains(what))
+        .count()
+}
+
 /// Samples a process's memory every few milliseconds; keeps the peaks.
 pub struct Sampler {
     stop: Arc<AtomicBool>,

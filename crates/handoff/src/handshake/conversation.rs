@@ -19,13 +19,28 @@ pub(crate) const DRAIN_BYTES: usize = 1 << 20;
 /// How long we wait for that.
 pub(crate) const DRAIN_TIME: Duration = Duration::from_secs(1);
 
+/// The longest explanation an `error` carries (spec §6.5): it may quote what the peer sent.
+pub(crate) const MAX_ERROR_TEXT: usize = 1024;
+
+/// `text` cut to at most [`MAX_ERROR_TEXT`] bytes, on a character boundary, with a mark.
+fn clipped(text: String) -> String {
+    if text.len() <= MAX_ERROR_TEXT {
+        return text;
+    }
+    let mut keep = MAX_ERROR_TEXT - 32;
+    while !text.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    format!("{} … ({} more bytes)", &text[..keep], text.len() - keep)
+}
+
 /// Sends an `error` header to the peer, best effort and bounded in time, before we close.
 pub(crate) async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, err: &WireError) {
     let mut out = Vec::new();
     encode_header_into(
         &Header::Error {
             code: err.code().to_string(),
-            message: err.to_string(),
+            message: clipped(err.to_string()),
         },
         &mut out,
     );
@@ -259,5 +274,19 @@ where
                 self.refuse(e).await
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_explanations_are_clipped_on_a_character_boundary() {
+        assert_eq!(clipped("short".into()), "short");
+        let long = "é".repeat(2000);
+        let c = clipped(long);
+        assert!(c.len() <= MAX_ERROR_TEXT, "{}", c.len());
+        assert!(c.ends_with("more bytes)"));
     }
 }
