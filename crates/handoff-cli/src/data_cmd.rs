@@ -1,4 +1,4 @@
-//! `handoff data ls|fetch|verify|gc`: the data commands over a catalog and its cache.
+//! `handoff data ls|cat|fetch|verify|gc`: the data commands over a stack of catalogs and their cache.
 //!
 //! `main` mounts [`Args`] as the `data` subcommand and calls [`run`].
 
@@ -9,14 +9,15 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 
-use handoff_data::{Blob, Cache, CacheConfig, Catalog, DataKind, DataSet, StorageConfig, DRIVERS};
+use handoff_data::{Blob, Cache, CacheConfig, CatalogStack, DataSet, Opened, StorageConfig, TreeEntry, DRIVERS};
 
 /// Arguments of `handoff data`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// The catalog, a DataSets.jl Data.toml (default: $HANDOFF_CATALOG, else ./Data.toml).
+    /// A catalog, a DataSets.jl Data.toml (or a folder holding one); give it several times for a stack
+    /// searched in order (default: $HANDOFF_CATALOG, a `:`-separated list, else ./Data.toml).
     #[arg(long, global = true, value_name = "FILE")]
-    pub catalog: Option<PathBuf>,
+    pub catalog: Vec<PathBuf>,
     /// The cache directory (default: $HANDOFF_CACHE_DIR, else $XDG_CACHE_HOME/handoff/data).
     #[arg(long, global = true, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
@@ -31,11 +32,17 @@ pub struct Args {
 /// The data subcommands.
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum Command {
-    /// List the datasets and what the cache holds of each.
+    /// List the datasets, the catalog each comes from, and what the cache holds of each.
     Ls,
+    /// Write a blob's bytes to standard output (through the cache for remote storage), as Julia's
+    /// `open(String, dataset(spec))`. SPEC is `name[?query][#fragment]`; in a tree the fragment names the file.
+    Cat {
+        /// The dataset spec, e.g. `a_tree_example#1.csv`.
+        spec: String,
+    },
     /// Download datasets into the cache (all of them when none is named).
     Fetch {
-        /// Dataset names or uuids.
+        /// Dataset specs (names or uuids, with `#path` for part of a tree).
         names: Vec<String>,
     },
     /// Re-hash every cached file and report corrupt ones.
@@ -112,23 +119,32 @@ pub async fn run_to(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let given = args
-        .catalog
-        .clone()
-        .or_else(|| std::env::var_os("HANDOFF_CATALOG").map(PathBuf::from));
-    let catalog = match &given {
-        // The error names the file and what is wrong in it.
-        Some(file) => Catalog::load(file, cache.clone())?,
-        None => Catalog::load("Data.toml", cache.clone()).with_context(|| {
-            "no catalog was given, so Data.toml in the current folder was read; give one with --catalog FILE \
-             or $HANDOFF_CATALOG"
-        })?,
-    };
+    let stack = load_stack(&args.catalog, cache.clone())?;
     match args.command {
-        Command::Ls => ls(&catalog, out),
-        Command::Fetch { names } => fetch(&catalog, &names, out).await,
+        Command::Ls => ls(&stack, &cache, out),
+        Command::Cat { spec } => cat(&stack, &spec, out).await,
+        Command::Fetch { names } => fetch(&stack, &cache, &names, out).await,
         Command::Gc { .. } | Command::Verify { .. } => unreachable!("handled above"),
     }
+}
+
+/// The catalogs given with `--catalog`, else those `$HANDOFF_CATALOG` lists, else `./Data.toml`.
+fn load_stack(given: &[PathBuf], cache: Arc<Cache>) -> anyhow::Result<CatalogStack> {
+    if !given.is_empty() {
+        return Ok(CatalogStack::load(given, cache)?);
+    }
+    if let Some(list) = std::env::var_os("HANDOFF_CATALOG") {
+        let list = list.to_string_lossy();
+        let paths = CatalogStack::paths_of(&list);
+        if paths.is_empty() {
+            bail!("$HANDOFF_CATALOG is {list:?}, which names no catalog file");
+        }
+        return CatalogStack::load(&paths, cache).with_context(|| format!("loading $HANDOFF_CATALOG ({list})"));
+    }
+    CatalogStack::load(&[PathBuf::from("Data.toml")], cache).with_context(|| {
+        "no catalog was given, so Data.toml in the current folder was read; give one with --catalog FILE \
+         or $HANDOFF_CATALOG"
+    })
 }
 
 fn storage_text(ds: &DataSet) -> String {
@@ -140,18 +156,32 @@ fn storage_text(ds: &DataSet) -> String {
     }
 }
 
-fn ls(catalog: &Catalog, out: &mut dyn Write) -> anyhow::Result<()> {
-    let cache = catalog.cache();
+fn ls(stack: &CatalogStack, cache: &Cache, out: &mut dyn Write) -> anyhow::Result<()> {
     let entries = cache.entries();
     let blocks = cache.block_sets();
-    writeln!(
-        out,
-        "catalog {} ({} datasets)",
-        catalog.file().display(),
-        catalog.datasets().len()
-    )?;
-    for ds in catalog.datasets() {
-        let cached = if !ds.storage().is_available() {
+    let several = stack.catalogs().len() > 1;
+    for (i, c) in stack.catalogs().iter().enumerate() {
+        let number = if several { format!(" #{}", i + 1) } else { String::new() };
+        writeln!(
+            out,
+            "catalog{number} {} ({} datasets)",
+            c.file().display(),
+            c.datasets().len()
+        )?;
+    }
+    // A catalog by its place in the stack (the lines above say which file each is).
+    let place = |file: &std::path::Path| {
+        let i = stack.catalogs().iter().position(|c| c.file() == file).unwrap_or(0);
+        format!("#{}", i + 1)
+    };
+    let listed = stack.entries();
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    let mut notes: Vec<Option<String>> = Vec::new();
+    for e in &listed {
+        let ds = &e.dataset;
+        let cached = if let Some(why) = ds.invalid_name() {
+            format!("cannot be opened: {why}")
+        } else if !ds.storage().is_available() {
             format!("not available here: this build reads {}", DRIVERS.join(", "))
         } else if ds.object_store().is_none() {
             "local files, read in place".to_string()
@@ -173,16 +203,34 @@ fn ls(catalog: &Catalog, out: &mut dyn Write) -> anyhow::Result<()> {
             }
             s
         };
-        writeln!(
-            out,
-            "{:<24} {:<8} {}  {}  [{}]",
-            ds.name(),
-            ds.kind().as_str(),
-            ds.uuid(),
-            storage_text(ds),
-            cached
-        )?;
-        if let Some(d) = ds.description() {
+        let mut row = vec![
+            ds.name().to_string(),
+            ds.kind().as_str().to_string(),
+            ds.uuid().to_string(),
+        ];
+        if several {
+            let mut from = place(&e.catalog);
+            if let Some(by) = &e.shadowed_by {
+                from.push_str(&format!(" (shadowed by {})", place(by)));
+            }
+            row.push(from);
+        }
+        row.push(storage_text(ds));
+        row.push(format!("[{cached}]"));
+        rows.push(row);
+        notes.push(ds.description().map(str::to_string));
+    }
+    let header: &[&str] = if several {
+        &["NAME", "TYPE", "UUID", "CATALOG", "STORAGE", "CACHE"]
+    } else {
+        &["NAME", "TYPE", "UUID", "STORAGE", "CACHE"]
+    };
+    let lines = crate::table::render(header, &rows);
+    let mut lines = lines.lines();
+    writeln!(out, "{}", lines.next().unwrap_or_default())?;
+    for (line, note) in lines.zip(&notes) {
+        writeln!(out, "{line}")?;
+        if let Some(d) = note {
             writeln!(out, "    {d}")?;
         }
     }
@@ -191,37 +239,80 @@ fn ls(catalog: &Catalog, out: &mut dyn Write) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn fetch(catalog: &Catalog, names: &[String], out: &mut dyn Write) -> anyhow::Result<()> {
-    let selected: Vec<Arc<DataSet>> = if names.is_empty() {
-        // All that this build can read; the others are listed as skipped.
-        for ds in catalog.datasets().iter().filter(|d| !d.storage().is_available()) {
-            writeln!(
-                out,
-                "skipped {}: its driver {} is not available here",
-                ds.name(),
-                ds.storage().driver()
-            )?;
+/// `data cat SPEC`: the blob's bytes to `out`; a tree without a fragment fails, naming its entries.
+async fn cat(stack: &CatalogStack, spec: &str, out: &mut dyn Write) -> anyhow::Result<()> {
+    match stack.open(spec).await? {
+        Opened::Blob(blob) => {
+            let bytes = blob.read_all().await.with_context(|| format!("reading {spec}"))?;
+            out.write_all(&bytes)?;
+            out.flush()?;
+            Ok(())
         }
-        catalog
-            .datasets()
-            .iter()
-            .filter(|d| d.storage().is_available())
-            .cloned()
-            .collect()
+        Opened::Tree(tree) => {
+            let entries = tree.list().await?;
+            let names: Vec<String> = entries.iter().map(TreeEntry::shown).collect();
+            bail!(
+                "{spec} is a tree, not a blob: name a file in it with #path, e.g. {}#{}; it has: {}",
+                spec.split('#').next().unwrap_or(spec),
+                names
+                    .iter()
+                    .find(|n| !n.ends_with('/'))
+                    .map(String::as_str)
+                    .unwrap_or("FILE"),
+                if names.is_empty() {
+                    "nothing".to_string()
+                } else {
+                    names.join(", ")
+                }
+            )
+        }
+    }
+}
+
+async fn fetch(stack: &CatalogStack, cache: &Cache, names: &[String], out: &mut dyn Write) -> anyhow::Result<()> {
+    let specs: Vec<String> = if names.is_empty() {
+        // All that this build can read and a lookup finds; the others are listed as skipped.
+        let mut specs = Vec::new();
+        for e in stack.entries() {
+            let ds = &e.dataset;
+            if let Some(why) = ds.invalid_name() {
+                writeln!(out, "skipped {:?}: {why}", ds.name())?;
+            } else if let Some(by) = &e.shadowed_by {
+                writeln!(
+                    out,
+                    "skipped {} of {}: shadowed by {}",
+                    ds.name(),
+                    e.catalog.display(),
+                    by.display()
+                )?;
+            } else if !ds.storage().is_available() {
+                writeln!(
+                    out,
+                    "skipped {}: its driver {} is not available here",
+                    ds.name(),
+                    ds.storage().driver()
+                )?;
+            } else {
+                specs.push(ds.name().to_string());
+            }
+        }
+        specs
     } else {
-        names
-            .iter()
-            .map(|n| catalog.dataset(n).cloned())
-            .collect::<Result<_, _>>()?
+        names.to_vec()
     };
     let mut blobs: Vec<(String, Blob)> = Vec::new();
-    for ds in &selected {
-        match ds.kind() {
-            DataKind::Blob => blobs.push((ds.name().to_string(), catalog.blob(ds.name())?)),
-            DataKind::BlobTree => {
-                let tree = catalog.tree(ds.name())?;
+    for spec in &specs {
+        match stack.open(spec).await? {
+            Opened::Blob(blob) => blobs.push((spec.clone(), blob)),
+            Opened::Tree(tree) => {
+                let name = tree.dataset().name().to_string();
+                let base = if tree.path().is_empty() {
+                    name
+                } else {
+                    format!("{name}/{}", tree.path())
+                };
                 for e in tree.walk().await? {
-                    blobs.push((format!("{}/{}", ds.name(), e.path), tree.blob(&e.path)?));
+                    blobs.push((format!("{base}/{}", e.path), tree.blob(&e.path)?));
                 }
             }
         }
@@ -262,7 +353,7 @@ async fn fetch(catalog: &Catalog, names: &[String], out: &mut dyn Write) -> anyh
         }
         total += size;
     }
-    let s = catalog.cache().stats();
+    let s = cache.stats();
     writeln!(
         out,
         "{} in all; {} downloaded ({} GETs), {} already cached",
@@ -380,7 +471,7 @@ mod tests {
 
     async fn cli(catalog: &Path, cache_dir: &Path, command: Command) -> (anyhow::Result<()>, String) {
         let args = Args {
-            catalog: Some(catalog.to_path_buf()),
+            catalog: vec![catalog.to_path_buf()],
             cache_dir: Some(cache_dir.to_path_buf()),
             offline: false,
             command,
@@ -432,7 +523,7 @@ mod tests {
 
         // Corrupt one object file: verify reports it and fails; --repair removes it.
         let cache = Cache::open(CacheConfig::new(&cache_dir)).unwrap();
-        let catalog = Catalog::load(&file, cache).unwrap();
+        let catalog = handoff_data::Catalog::load(&file, cache).unwrap();
         let path = catalog
             .blob("big")
             .unwrap()
@@ -499,6 +590,111 @@ mod tests {
         assert!(
             msg.contains("OldBackendAPI") && msg.contains("this build reads"),
             "{msg}"
+        );
+    }
+
+    fn julia(file: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../handoff-data/tests/fixtures/julia")
+            .join(file)
+    }
+
+    async fn cli_stack(catalogs: &[PathBuf], cache_dir: &Path, command: Command) -> (anyhow::Result<()>, String) {
+        let args = Args {
+            catalog: catalogs.to_vec(),
+            cache_dir: Some(cache_dir.to_path_buf()),
+            offline: false,
+            command,
+        };
+        let mut out = Vec::new();
+        let res = run_to(args, &mut out).await;
+        (res, String::from_utf8_lossy(&out).into_owned())
+    }
+
+    /// `handoff data cat SPEC`: a blob's bytes, a file of a tree by its fragment, and a tree refused with its
+    /// entries; through a stack, the first catalog's dataset.
+    #[tokio::test]
+    async fn data_cat_writes_what_a_spec_selects() {
+        let tmp = TempDir::new("cat");
+        let cache_dir = tmp.path().join("cache");
+        let one = [julia("Data.toml")];
+        let cat = |spec: &str| Command::Cat { spec: spec.into() };
+        let (res, out) = cli_stack(&one, &cache_dir, cat("a_text_file")).await;
+        res.unwrap();
+        assert_eq!(out, "Hello world!\n");
+        let (res, out) = cli_stack(&one, &cache_dir, cat("a_tree_example#2.csv")).await;
+        res.unwrap();
+        assert!(out.starts_with("Name,Age\n"), "{out}");
+        let (res, _) = cli_stack(&one, &cache_dir, cat("a_tree_example")).await;
+        let msg = format!("{:#}", res.unwrap_err());
+        assert!(msg.contains("is a tree") && msg.contains("1.csv, 2.csv"), "{msg}");
+        let (res, _) = cli_stack(&one, &cache_dir, cat("a_tree_example#9.csv")).await;
+        assert!(format!("{:#}", res.unwrap_err()).contains("\"9.csv\""));
+        let (res, _) = cli_stack(&one, &cache_dir, cat("a text file")).await;
+        assert!(format!("{:#}", res.unwrap_err()).contains("invalid dataset specification"));
+        let stack = [julia("stack"), julia("Data.toml")];
+        let (res, out) = cli_stack(&stack, &cache_dir, cat("a_text_file")).await;
+        res.unwrap();
+        assert_eq!(out, "From the first catalog\n");
+    }
+
+    /// `data ls` over a stack: a CATALOG column that marks shadowed datasets, invalid names listed as such, and
+    /// every column aligned whatever the names' lengths and scripts.
+    #[tokio::test]
+    async fn data_ls_shows_each_catalog_and_keeps_its_columns() {
+        let tmp = TempDir::new("ls");
+        let cache_dir = tmp.path().join("cache");
+        let long = tmp.path().join("Long.toml");
+        std::fs::write(
+            &long,
+            format!(
+                "data_config_version = 1\n[[datasets]]\nname = \"{}\"\nuuid = \"5e1e7c2a-0000-4000-8000-000000000001\"\n\
+                 [datasets.storage]\ndriver = \"FileSystem\"\ntype = \"Blob\"\npath = \"{}\"\n\
+                 [[datasets]]\nname = \"données/été\"\nuuid = \"5e1e7c2a-0000-4000-8000-000000000002\"\n\
+                 [datasets.storage]\ndriver = \"FileSystem\"\ntype = \"Blob\"\npath = \"{}\"\n",
+                "a_really_long_dataset_name/with/many/segments/that_goes_on",
+                julia("data/file.txt").display(),
+                julia("data/file.txt").display(),
+            ),
+        )
+        .unwrap();
+        let stack = [long, julia("stack"), julia("Data.toml"), julia("Names.toml")];
+        let (res, out) = cli_stack(&stack, &cache_dir, Command::Ls).await;
+        res.unwrap();
+        let rows: Vec<&str> = out
+            .lines()
+            .skip_while(|l| !l.starts_with("NAME"))
+            .filter(|l| !l.starts_with("    ") && !l.starts_with("cache "))
+            .collect();
+        assert!(rows.len() >= 9, "{out}");
+        let column = |line: &str, word: &str| line.find(word).map(|b| line[..b].chars().count());
+        let uuid_at = column(rows[0], "UUID").unwrap();
+        for row in &rows[1..] {
+            let at = row
+                .char_indices()
+                .filter(|(_, c)| *c == '-')
+                .map(|(i, _)| i)
+                .find(|&i| {
+                    row.get(i.saturating_sub(8)..i)
+                        .is_some_and(|h| h.chars().all(|c| c.is_ascii_hexdigit()))
+                });
+            let at = at.map(|i| row[..i - 8].chars().count());
+            assert_eq!(at, Some(uuid_at), "the uuid column is aligned:\n{out}");
+        }
+        let first = rows
+            .iter()
+            .find(|l| l.starts_with("a_text_file") && l.contains("314996ef"))
+            .unwrap();
+        assert!(!first.contains("shadowed"), "{out}");
+        let second = rows
+            .iter()
+            .find(|l| l.starts_with("a_text_file") && l.contains("b498f769"))
+            .unwrap();
+        assert!(second.contains("shadowed by"), "{out}");
+        let bad = rows.iter().find(|l| l.starts_with("bad name")).unwrap();
+        assert!(
+            bad.contains("cannot be opened") && bad.contains("DataSets.jl's rule"),
+            "{out}"
         );
     }
 

@@ -40,9 +40,10 @@ pub struct NodeArgs {
     /// How long a pull may wait for the owner, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub pull_timeout_ms: u64,
-    /// A DataSets.jl `Data.toml` catalog: data handles this node receives bind to it.
+    /// A DataSets.jl `Data.toml` catalog: data handles this node receives bind to it. Give it several
+    /// times for a stack: the first catalog that has a dataset's uuid binds it.
     #[arg(long)]
-    pub catalog: Option<PathBuf>,
+    pub catalog: Vec<PathBuf>,
     /// The cache folder for the catalog's datasets (nodes on one host may share one).
     #[arg(long, requires = "catalog")]
     pub cache_dir: Option<PathBuf>,
@@ -252,14 +253,13 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         builder = builder.tls(tls);
     }
     let node = builder.build().await.context("starting the node")?;
-    if let Some(file) = &args.catalog {
+    if !args.catalog.is_empty() {
         let dir = args
             .cache_dir
             .clone()
             .unwrap_or_else(handoff_data::CacheConfig::default_dir);
         let cache = handoff_data::Cache::open(handoff_data::CacheConfig::new(dir))?;
-        let catalog = handoff_data::Catalog::load(file, cache)?;
-        std::sync::Arc::new(catalog).serve(node.resources());
+        handoff_data::CatalogStack::load(&args.catalog, cache)?.serve(node.resources());
     }
     for addr in &args.connect {
         let peer = node

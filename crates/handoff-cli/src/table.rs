@@ -1,18 +1,21 @@
 //! Plain-text tables for the CLI's human-readable output.
 
-/// Renders rows under a header, columns padded to their widest cell.
+use unicode_width::UnicodeWidthStr;
+
+/// Renders rows under a header, columns padded to their widest cell (by the width a terminal shows, so that
+/// names in any script stay aligned).
 pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.width()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
+            *w = (*w).max(cell.width());
         }
     }
     let line = |cells: Vec<&str>| {
         cells
             .iter()
             .zip(&widths)
-            .map(|(c, w)| format!("{c:<w$}"))
+            .map(|(c, w)| format!("{c}{}", " ".repeat(w.saturating_sub(c.width()))))
             .collect::<Vec<_>>()
             .join("  ")
             .trim_end()

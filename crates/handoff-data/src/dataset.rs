@@ -15,6 +15,7 @@ use crate::storage::StorageConfig;
 #[derive(Debug)]
 pub struct DataSet {
     name: String,
+    invalid_name: Option<String>,
     uuid: String,
     description: Option<String>,
     kind: DataKind,
@@ -28,6 +29,11 @@ impl DataSet {
     /// The dataset's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+    /// Why the name breaks DataSets.jl's rule ([`crate::name`]), if it does: such a dataset is listed and
+    /// cannot be opened.
+    pub fn invalid_name(&self) -> Option<&str> {
+        self.invalid_name.as_deref()
     }
     /// The dataset's uuid, lower case.
     pub fn uuid(&self) -> &str {
@@ -175,6 +181,7 @@ pub(crate) fn parse_dataset(
         message,
     })?;
     Ok(DataSet {
+        invalid_name: crate::name::check_name(&name).err(),
         name,
         uuid,
         description,

@@ -24,8 +24,8 @@ pub enum CatalogError {
         /// The parser's message (with line and column).
         message: String,
     },
-    /// `data_config_version` is missing or not 1.
-    #[error("catalog {file}: data_config_version is {found}; handoff reads DataSets.jl catalogs of version 1 (set `data_config_version = 1`)")]
+    /// `data_config_version` is missing, or neither 0 nor 1.
+    #[error("catalog {file}: data_config_version is {found}; handoff reads DataSets.jl catalogs of versions 0 and 1")]
     Version {
         /// The catalog file.
         file: PathBuf,
@@ -86,6 +86,39 @@ pub enum Error {
         /// The drivers that exist.
         drivers: String,
     },
+    /// A dataset specification (`name[?query][#fragment]`) that is not one.
+    #[error(transparent)]
+    InvalidSpec(#[from] crate::spec::SpecError),
+    /// The dataset's name breaks DataSets.jl's rule: it is listed, and cannot be opened.
+    #[error("catalog {file}: dataset {name:?} ({uuid}) cannot be opened: {reason}")]
+    InvalidName {
+        /// The catalog file.
+        file: PathBuf,
+        /// The dataset's name as written.
+        name: String,
+        /// Its uuid.
+        uuid: String,
+        /// What is wrong with the name.
+        reason: String,
+    },
+    /// A spec's fragment names a path that is not in the tree.
+    #[error("dataset {dataset}: the fragment {path:?} is no file or folder of the tree; its top level has: {entries}")]
+    NoSuchPath {
+        /// The dataset.
+        dataset: String,
+        /// The path the fragment names.
+        path: String,
+        /// What the tree's top level holds.
+        entries: String,
+    },
+    /// A spec gave a fragment for a dataset that is one blob.
+    #[error("dataset {dataset} is a Blob: a fragment (#{fragment}) selects a path only inside a BlobTree")]
+    FragmentOfBlob {
+        /// The dataset.
+        dataset: String,
+        /// The fragment given.
+        fragment: String,
+    },
     /// No dataset has the name or uuid asked for.
     #[error("catalog {file}: no dataset named or with uuid {key:?}; it has: {known}")]
     NoSuchDataset {
@@ -94,6 +127,16 @@ pub enum Error {
         /// What was asked for.
         key: String,
         /// The names it has.
+        known: String,
+    },
+    /// No catalog of a stack has the name or uuid asked for.
+    #[error("no dataset named or with uuid {key:?} in the catalogs {files}; they have: {known}")]
+    NoSuchDatasetInStack {
+        /// What was asked for.
+        key: String,
+        /// The catalogs searched, in order, `:`-separated.
+        files: String,
+        /// The names they have.
         known: String,
     },
     /// The dataset is a `Blob` but a `BlobTree` was asked for, or the reverse.

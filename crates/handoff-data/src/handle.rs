@@ -55,12 +55,17 @@ impl Resolver for CatalogResolver {
         self.catalog
             .datasets()
             .iter()
-            .any(|d| d.uuid() == uuid)
+            .any(|d| d.uuid() == uuid && d.invalid_name().is_none())
             .then(|| Ok(self.catalog.clone() as AnyResource))
     }
 
     fn keys(&self) -> Vec<String> {
-        self.catalog.datasets().iter().map(|d| dataset_key(d.uuid())).collect()
+        self.catalog
+            .datasets()
+            .iter()
+            .filter(|d| d.invalid_name().is_none())
+            .map(|d| dataset_key(d.uuid()))
+            .collect()
     }
 }
 

@@ -23,6 +23,17 @@ pub struct TreeEntry {
     pub size: Option<u64>,
 }
 
+impl TreeEntry {
+    /// The path as a listing shows it: a folder's with a final `/`.
+    pub fn shown(&self) -> String {
+        if self.is_dir {
+            format!("{}/", self.path)
+        } else {
+            self.path.clone()
+        }
+    }
+}
+
 /// A lazy handle to a tree of blobs. Paths joined to it are checked: `..` that escapes, absolute paths, and (for
 /// local trees) symlinks that lead outside are refused.
 #[derive(Clone)]
@@ -82,6 +93,28 @@ impl BlobTree {
             });
         }
         Ok(Blob::new(self.dataset.clone(), joined, self.cache.clone(), None))
+    }
+
+    /// What `rel` names in this tree: a file (`Blob`), a folder (`BlobTree`), or nothing (`None`). Found by
+    /// listing its parent folder, so it works alike for local folders, object stores and an offline cache.
+    pub async fn kind_of(&self, rel: &str) -> Result<Option<crate::kind::DataKind>> {
+        use crate::kind::DataKind;
+        let joined = self.resolve(rel)?;
+        if joined == self.rel {
+            return Ok(Some(DataKind::BlobTree));
+        }
+        let (parent, leaf) = joined.rsplit_once('/').unwrap_or(("", joined.as_str()));
+        let parent = BlobTree::new(self.dataset.clone(), parent.to_string(), self.cache.clone());
+        let entries = match parent.list().await {
+            Ok(entries) => entries,
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(Error::Io { source, .. }) if source.raw_os_error() == Some(20) => return Ok(None), // ENOTDIR
+            Err(e) => return Err(e),
+        };
+        Ok(entries
+            .iter()
+            .find(|e| e.path == leaf)
+            .map(|e| if e.is_dir { DataKind::BlobTree } else { DataKind::Blob }))
     }
 
     fn relative(&self, full: &str) -> String {
