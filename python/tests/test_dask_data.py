@@ -133,3 +133,52 @@ async def test_a_blob_binds_on_each_worker_to_its_own_catalog_and_cache(tmp_path
         server.shutdown()
         server.server_close()
         moto.stop()
+
+
+@gen_test(timeout=180)
+async def test_a_spec_selects_on_a_stack_and_the_handle_carries_it(tmp_path):
+    """``$HANDOFF_CATALOG`` as a ``:``-separated stack on every worker, a DataSets.jl spec
+    (``tree#file``) on one, read on the other: the handle carries the file it selected, and the
+    first catalog of the stack answers for a shadowed name on both."""
+    from pathlib import Path
+
+    from handoff.dask.data import OpenCatalog
+
+    def _produce(spec):
+        from handoff.dask.data import worker_catalog
+
+        return worker_catalog().blob(spec)
+
+    def _consume(blob):
+        from handoff.dask.data import read_all
+
+        return read_all(blob), blob.path, blob.last_origin
+
+    fixtures = Path(__file__).resolve().parents[2] / "crates" / "handoff-data" / "tests" / "fixtures" / "julia"
+    stack = f"{fixtures / 'stack'}:{fixtures / 'Data.toml'}"
+    env = {**os.environ, "DASK_DISTRIBUTED__COMM__HANDOFF__SECRET": SECRET["distributed.comm.handoff.secret"]}
+    scheduler, address = await start_dask_scheduler(tmp_path, env)
+    procs = [scheduler]
+    try:
+        for name in ("a", "b"):
+            procs.append(
+                dask_cli(
+                    "worker", address, "--name", name, "--nthreads", "1", "--no-dashboard", "--no-nanny",
+                    env={**env, "HANDOFF_CATALOG": stack}, log=tmp_path / f"{name}.log",
+                )
+            )  # fmt: skip
+        with dask.config.set(SECRET):
+            async with Client(address, asynchronous=True) as c:
+                await c.wait_for_workers(2, timeout=120)
+                await c.register_plugin(OpenCatalog(cache_dir=str(tmp_path / "cache-{host_id}")))
+                blob = c.submit(_produce, "a_tree_example#2.csv", workers=["a"], pure=False)
+                data, path, origin = await c.submit(_consume, blob, workers=["b"], pure=False)
+                assert (data, path) == ((fixtures / "data/csvset/2.csv").read_bytes(), "2.csv")
+                assert origin == "read-in-place", "b bound the tag to its own catalog"
+                blob = c.submit(_produce, "a_text_file", workers=["a"], pure=False)
+                data, _, _ = await c.submit(_consume, blob, workers=["b"], pure=False)
+                assert data == b"From the first catalog\n", "the first catalog of the stack answers"
+                with pytest.raises(Exception, match="invalid dataset specification"):
+                    await c.submit(_produce, "a tree example", workers=["a"], pure=False)
+    finally:
+        stop_processes(procs)

@@ -19,7 +19,10 @@ to its own catalog and cache (the Distributed.jl scenario of the DataSets.jl req
   worker, present and future. ``{host_id}`` in the cache folder is replaced by the
   worker's handoff host identity: workers that stand for different hosts on one machine
   keep their own folders, as different hosts would. Without a catalog path the worker's
-  ``$HANDOFF_CATALOG`` is used.
+  ``$HANDOFF_CATALOG`` is used. Several catalogs (a list, or a ``:``-separated string) make a
+  :class:`~handoff.datasets.CatalogStack` searched in order, as Julia's ``JULIA_DATASETS_PATH``.
+- **Specs** select as in DataSets.jl: ``worker_catalog().blob("a_tree_example#1.csv")`` is a
+  file of a tree, and the handle sent on carries that path.
 - **The route-aware codec** (:mod:`handoff.route`): a :class:`~handoff.datasets.Blob`
   travels as its tag (dataset uuid and name, path, size and digest when known) and the
   address of the worker that sent it. The receiving worker binds the tag to its own
@@ -38,7 +41,7 @@ event loop (where its catalog's cache keeps its locks) and wait for it.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from distributed import get_worker
 from distributed.diagnostics.plugin import WorkerPlugin
@@ -47,7 +50,8 @@ from distributed.utils import sync
 
 from .. import route as _route
 from ..data import BlobError, BlobTag
-from ..datasets import Blob, Cache, Catalog
+from ..datasets import Blob, Cache, CatalogStack
+from ..datasets.stack import paths_of
 
 __all__ = ["OpenCatalog", "RemoteBlob", "worker_catalog", "read_all", "read_range", "HANDLER"]
 
@@ -56,7 +60,7 @@ HANDLER = "handoff_blob_read"
 #: The most bytes one pull from a sending worker may ask for (larger reads fail, saying so).
 MAX_PULL = 4 << 30
 
-_catalogs: Dict[str, Catalog] = {}
+_catalogs: Dict[str, CatalogStack] = {}
 
 
 def _host_id() -> str:
@@ -67,23 +71,32 @@ def _host_id() -> str:
 
 
 class OpenCatalog(WorkerPlugin):
-    """Opens ``catalog`` (a DataSets.jl ``Data.toml``; default: the worker's
-    ``$HANDOFF_CATALOG``) with a cache in ``cache_dir`` on every worker."""
+    """Opens ``catalog`` (a DataSets.jl ``Data.toml``, a list of them, or a ``:``-separated
+    string of them; default: the worker's ``$HANDOFF_CATALOG``) with a cache in ``cache_dir``
+    on every worker. Several catalogs are a stack searched in order."""
 
     name = "handoff-catalog"
 
-    def __init__(self, catalog: Optional[str] = None, cache_dir: Optional[str] = None):
-        self.catalog = None if catalog is None else str(catalog)
+    def __init__(self, catalog: Union[None, str, os.PathLike, List[Any]] = None, cache_dir: Optional[str] = None):
+        if catalog is None:
+            self.catalogs: Optional[List[str]] = None
+        elif isinstance(catalog, (list, tuple)):
+            self.catalogs = [str(c) for c in catalog]
+        else:
+            self.catalogs = [str(p) for p in paths_of(str(catalog))]
         self.cache_dir = None if cache_dir is None else str(cache_dir)
 
     def setup(self, worker) -> None:
-        path = self.catalog or os.environ.get("HANDOFF_CATALOG")
-        if not path:
+        paths = self.catalogs
+        if paths is None:
+            value = os.environ.get("HANDOFF_CATALOG")
+            paths = [str(p) for p in paths_of(value)] if value else []
+        if not paths:
             raise ValueError("OpenCatalog: give a catalog, or set HANDOFF_CATALOG on the workers")
         cache = None
         if self.cache_dir is not None:
             cache = Cache(self.cache_dir.replace("{host_id}", _host_id()))
-        _catalogs[worker.address] = Catalog.load(path, cache)
+        _catalogs[worker.address] = CatalogStack.load(paths, cache)
 
         async def serve_read(tag: dict, start: int = 0, end: Optional[int] = None) -> Any:
             # As a frame of its own, not inside the msgpack of the answer.
@@ -96,8 +109,9 @@ class OpenCatalog(WorkerPlugin):
         worker.handlers.pop(HANDLER, None)
 
 
-def worker_catalog() -> Catalog:
-    """The catalog :class:`OpenCatalog` opened on the worker running this task."""
+def worker_catalog() -> CatalogStack:
+    """The catalogs :class:`OpenCatalog` opened on the worker running this task (a stack of
+    one or more, with ``blob``, ``tree``, ``open`` and ``dataset`` taking DataSets.jl specs)."""
     try:
         address = get_worker().address
     except ValueError:

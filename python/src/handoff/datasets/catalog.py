@@ -1,4 +1,4 @@
-"""Catalogs: DataSets.jl's ``Data.toml`` (``data_config_version = 1``), read as it is, with
+"""Catalogs: DataSets.jl's ``Data.toml`` (``data_config_version`` 0 or 1), read as it is, with
 the same drivers and the same meaning of urls and options as the Rust reference.
 
 - ``FileSystem``: a local ``path`` (``@__DIR__`` is the catalog's folder), read in place;
@@ -9,7 +9,13 @@ the same drivers and the same meaning of urls and options as the Rust reference.
 ``type`` is ``Blob`` or ``BlobTree`` (or the newer ``File`` and ``FileTree``). A dataset
 whose driver handoff does not have does not stop the catalog from loading: it is listed,
 and opening it says which drivers exist. Datasets may share a name or a uuid, as
-DataSets.jl allows; a lookup by a shared one is refused, naming the datasets.
+DataSets.jl allows; a lookup by a shared one is refused, naming the datasets. A dataset whose
+name breaks DataSets.jl's rule (:mod:`handoff.datasets.names`) is listed too, and opening it
+says why it cannot be.
+
+Lookups take DataSets.jl's specs, ``name[?query][#fragment]`` (:mod:`handoff.datasets.spec`):
+``a_tree_example#1.csv`` is the file ``1.csv`` of the tree ``a_tree_example``. A stack of
+catalogs searched in order is a :class:`handoff.datasets.stack.CatalogStack`.
 
 A node serves its catalog with :meth:`Catalog.serve`: a data handle it receives (spec
 §8.5) then binds to the dataset of the same uuid and reads it itself, else falls back on
@@ -27,6 +33,9 @@ from . import embedded, paths
 from .blob import Blob, BlobTree, DatasetSource
 from .cache import Cache
 from .dataset import DataSet
+from .names import check_name
+from .selection import Selection
+from .spec import InvalidSpec, parse_spec
 from .stores import Source, local, open_url
 
 if sys.version_info >= (3, 11):
@@ -34,7 +43,19 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["Catalog", "DataSet", "CatalogError", "DRIVERS", "DriverUnavailable", "Ambiguous", "NoSuchDataset"]
+__all__ = [
+    "Catalog",
+    "DataSet",
+    "CatalogError",
+    "DRIVERS",
+    "DriverUnavailable",
+    "Ambiguous",
+    "NoSuchDataset",
+    "InvalidName",
+    "InvalidSpec",
+    "NoSuchPath",
+    "open_selected",
+]
 
 #: The storage drivers this peer reads (``driver = ...``), as in the Rust reference.
 DRIVERS = ("FileSystem", "TomlDataStorage", "ObjectStore")
@@ -56,6 +77,14 @@ class Ambiguous(CatalogError):
 
 class DriverUnavailable(CatalogError):
     """The dataset's storage driver is not one this peer has."""
+
+
+class InvalidName(CatalogError):
+    """The dataset's name breaks DataSets.jl's rule: it is listed, and cannot be opened."""
+
+
+class NoSuchPath(CatalogError):
+    """A spec's fragment names no file or folder of the tree (or a fragment was given for a Blob)."""
 
 
 def _check_uuid(s: str) -> Optional[str]:
@@ -108,12 +137,13 @@ class Catalog:
             root = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise CatalogError(f"catalog {path} is not valid TOML: {e}") from None
+        # Version 0 (DataSets.jl <= 0.2.3) has the structure of version 1, which added '/' in names
+        # and [[drivers]]: DataSets.jl reads both with one parser, and so does handoff.
         version = root.get("data_config_version")
-        if version != 1 or isinstance(version, bool):
-            found = "missing" if version is None else repr(version)
+        if version not in (0, 1) or isinstance(version, bool):
+            found = "missing" if version is None else _toml_repr(version)
             raise CatalogError(
-                f"catalog {path}: data_config_version is {found}; handoff reads DataSets.jl catalogs of version 1 "
-                "(set `data_config_version = 1`)"
+                f"catalog {path}: data_config_version is {found}; handoff reads DataSets.jl catalogs of versions 0 and 1"
             )
         entries = root.get("datasets", [])
         if not isinstance(entries, list):
@@ -131,14 +161,31 @@ class Catalog:
             )
         return found[0] if found else None
 
-    def dataset(self, key: str) -> DataSet:
-        """The dataset with this name or uuid."""
+    def find(self, key: str) -> Optional[DataSet]:
+        """The dataset with this name or uuid, ``None`` if none has it; a shared key raises
+        :class:`Ambiguous`, a dataset whose name breaks the rule :class:`InvalidName`."""
         lower = key.lower()
         ds = self._only(key, lambda d: d.name == key or d.uuid == lower)
+        if ds is not None:
+            self._openable(ds)
+        return ds
+
+    def _openable(self, ds: DataSet) -> DataSet:
+        if ds.invalid_name is not None:
+            raise InvalidName(
+                f"catalog {self.file}: dataset {_quote(ds.name)} ({ds.uuid}) cannot be opened: {ds.invalid_name}"
+            )
+        return ds
+
+    def dataset(self, spec: str) -> Selection:
+        """The dataset a spec (``name[?query][#fragment]``) names by its name or uuid, with the
+        spec's query and fragment (:class:`~handoff.datasets.selection.Selection`)."""
+        parsed = parse_spec(spec)
+        ds = self.find(parsed.name)
         if ds is None:
             known = ", ".join(d.name for d in self.datasets) or "no datasets"
-            raise NoSuchDataset(f"catalog {self.file}: no dataset named or with uuid {key!r}; it has: {known}")
-        return ds
+            raise NoSuchDataset(f"catalog {self.file}: no dataset named or with uuid {parsed.name!r}; it has: {known}")
+        return Selection(ds, parsed)
 
     def _available(self, ds: DataSet) -> DataSet:
         if not ds.available:
@@ -152,17 +199,33 @@ class Catalog:
         if ds.kind != wanted:
             raise CatalogError(f"dataset {ds.name} is a {ds.kind}, not a {wanted}")
 
-    def blob(self, key: str) -> Blob:
-        """A lazy handle to a ``Blob`` dataset (nothing is read yet)."""
-        ds = self._available(self.dataset(key))
-        self._kind(ds, "Blob")
-        return Blob(ds, cache=self.cache)
+    def blob(self, spec: str) -> Blob:
+        """A lazy handle to a ``Blob`` dataset, or (with a fragment) to a file of a ``BlobTree``
+        dataset; nothing is read yet (:meth:`open` checks that the file exists)."""
+        sel = self.dataset(spec)
+        ds = self._available(sel.dataset)
+        if ds.kind == "Blob":
+            if sel.fragment is not None:
+                raise _fragment_of_blob(ds, sel.fragment)
+            return Blob(ds, cache=self.cache)
+        if sel.fragment is None:
+            self._kind(ds, "Blob")
+        return BlobTree(ds, cache=self.cache).blob(sel.fragment)
 
-    def tree(self, key: str) -> BlobTree:
-        """A lazy handle to a ``BlobTree`` dataset."""
-        ds = self._available(self.dataset(key))
+    def tree(self, spec: str) -> BlobTree:
+        """A lazy handle to a ``BlobTree`` dataset, or (with a fragment) to a folder of it."""
+        sel = self.dataset(spec)
+        ds = self._available(sel.dataset)
         self._kind(ds, "BlobTree")
-        return BlobTree(ds, cache=self.cache)
+        root = BlobTree(ds, cache=self.cache)
+        return root if sel.fragment is None else root.tree(sel.fragment)
+
+    async def open(self, spec: str):
+        """What DataSets.jl's ``open(dataset(project, spec))`` gives: the :class:`Blob` or the
+        :class:`BlobTree` the spec names; a fragment selects a file or a folder of a tree, and
+        one that names neither fails, naming it."""
+        sel = self.dataset(spec)
+        return await open_selected(self._available(sel.dataset), sel.fragment, self.cache)
 
     def open_tag(self, tag: BlobTag) -> Blob:
         """Binds a tag received from another node to this catalog: the dataset of its uuid,
@@ -174,6 +237,7 @@ class Catalog:
                 f"tag names dataset {tag.dataset} ({tag.name or 'no name given'}) but catalog {self.file} has no "
                 "such uuid; add it to the catalog (same uuid) or fetch the bytes from the sender"
             )
+        self._openable(ds)
         self._available(ds)
         if not tag.path:
             self._kind(ds, "Blob")
@@ -192,13 +256,13 @@ class Catalog:
             return None
         uuid = key[len(DATASET_PREFIX) :]
         ds = self._only(uuid, lambda d: d.uuid == uuid)
-        if ds is None:
+        if ds is None or ds.invalid_name is not None:
             return None
         return DatasetSource(self, self._available(ds))
 
     def keys(self) -> List[str]:
         """The resource keys this catalog answers for."""
-        return sorted({DATASET_PREFIX + d.uuid for d in self.datasets if d.available})
+        return sorted({DATASET_PREFIX + d.uuid for d in self.datasets if d.available and d.invalid_name is None})
 
     def serve(self, resources) -> "Catalog":
         """Answers for this catalog's datasets in ``resources`` (a node's): received data
@@ -277,7 +341,46 @@ def _parse_dataset(file: Path, index: int, entry: Any) -> DataSet:
                 raise CatalogError(f"catalog {file}, dataset {label}: cannot configure storage {url}: {e}") from None
     except CatalogError:
         raise
-    return DataSet(name, uuid, description, kind, driver, storage, source)
+    return DataSet(name, uuid, description, kind, driver, storage, source, check_name(name))
+
+
+def _quote(s: str) -> str:
+    import json
+
+    return json.dumps(s, ensure_ascii=False)
+
+
+def _toml_repr(v: Any) -> str:
+    """A value as TOML writes it (as the Rust reference names a bad version)."""
+    return _quote(v) if isinstance(v, str) else str(v)
+
+
+def _fragment_of_blob(ds: DataSet, fragment: str) -> NoSuchPath:
+    return NoSuchPath(f"dataset {ds.name} is a Blob: a fragment (#{fragment}) selects a path only inside a BlobTree")
+
+
+async def open_selected(ds: DataSet, fragment: Optional[str], cache: Optional[Cache]):
+    """Opens a selected dataset: the whole of it, or what the fragment names in a tree."""
+    if ds.kind == "Blob":
+        if fragment is not None:
+            raise _fragment_of_blob(ds, fragment)
+        return Blob(ds, cache=cache)
+    root = BlobTree(ds, cache=cache)
+    if fragment is None:
+        return root
+    rel = root._rel(fragment)
+    if not rel:
+        return root
+    kind = await ds.source.kind_of(ds.name, rel)
+    if kind == "Blob":
+        return Blob(ds, rel, cache=cache)
+    if kind == "BlobTree":
+        return BlobTree(ds, rel, cache)
+    names = await ds.source.top_level(ds.name)
+    raise NoSuchPath(
+        f"dataset {ds.name}: the fragment {_quote(fragment)} is no file or folder of the tree; its top level has: "
+        f"{', '.join(names) or 'nothing'}"
+    )
 
 
 def _embedded_source(content: embedded.Content) -> Source:

@@ -27,6 +27,9 @@ class DataSet:
     storage: Dict[str, Any]
     #: The opened storage; ``None`` when the driver is not available here.
     source: Optional[Source] = field(repr=False, default=None)
+    #: Why the name breaks DataSets.jl's rule (:mod:`handoff.datasets.names`), if it does: such
+    #: a dataset is listed and cannot be opened.
+    invalid_name: Optional[str] = None
 
     @property
     def available(self) -> bool:

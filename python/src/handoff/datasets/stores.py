@@ -194,6 +194,46 @@ class Source:
         out.sort(key=lambda e: e.path)
         return out
 
+    async def kind_of(self, dataset: str, rel: str) -> Optional[str]:
+        """What the tree path ``rel`` is: ``"Blob"`` (a file), ``"BlobTree"`` (a folder) or ``None``."""
+        if self.local is not None:
+            path = self.local_path(rel)
+            real, root = path.resolve(), self.local.resolve()
+            if real != root and root not in real.parents:
+                return None  # a symlink out of the tree is not in it
+            return "BlobTree" if real.is_dir() else "Blob" if real.is_file() else None
+        import obstore
+
+        prefix = self.object_path(rel)
+        try:
+            listed = await obstore.list_with_delimiter_async(self.store, prefix)
+            if any(m["path"] == prefix for m in listed["objects"]):
+                return "Blob"
+            listed = await obstore.list_with_delimiter_async(self.store, prefix + "/")
+        except Exception as e:
+            raise StorageError(f"dataset {dataset}: listing {prefix} in {self.identity} failed: {e}") from None
+        return "BlobTree" if listed["objects"] or listed["common_prefixes"] else None
+
+    async def top_level(self, dataset: str) -> List[str]:
+        """The files and folders (``name/``) at the top of the tree, sorted by name."""
+        if self.local is not None:
+            names = await asyncio.to_thread(os.listdir, self.local)
+            found = [(n, (self.local / n).is_dir()) for n in names]
+        else:
+            import obstore
+
+            prefix = self.object_path("")
+            cut = len(prefix) + 1 if prefix else 0
+            try:
+                listed = await obstore.list_with_delimiter_async(self.store, prefix or None)
+            except Exception as e:
+                raise StorageError(
+                    f"dataset {dataset}: listing {prefix or '/'} in {self.identity} failed: {e}"
+                ) from None
+            found = [(p[cut:].rstrip("/"), True) for p in listed["common_prefixes"]]
+            found += [(m["path"][cut:], False) for m in listed["objects"]]
+        return [n + "/" if is_dir else n for n, is_dir in sorted(found)]
+
     def _list_local(self, dataset: str, rel: str, recursive: bool) -> List[Entry]:
         base = self.local_path(rel)
         real_root = self.local.resolve()
