@@ -158,7 +158,9 @@ pub(crate) fn ticket_fixture() -> TicketClaim {
         addr: hello_fixture().listen,
         lease: 42,
         token: beta_token(),
-        digest: hex::decode(TICKET_DIGEST).expect("hex"),
+        digest: handoff_wire::TicketDigest::Blake3(
+            hex::decode(TICKET_DIGEST).expect("hex").try_into().expect("32 bytes"),
+        ),
         ttl_ms: 30_000,
         lazy: false,
     }

@@ -621,7 +621,7 @@ pub(crate) fn vectors() -> Vec<Vector> {
         .key("lazy")
         .nil()
         .key("digest")
-        .bin16(&t.digest)
+        .bin16(t.digest.as_bytes())
         .key("token")
         .bin32(&t.token)
         .key("lease")

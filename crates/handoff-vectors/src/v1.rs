@@ -338,6 +338,42 @@ pub(crate) fn vectors() -> Vec<Vector> {
         }),
     });
 
+    // The same ticket with an XXH3-128 digest (§7.5), for a receiver that announced `xxh3`.
+    let buffer = ticket_buffer();
+    let xxh3 = TicketClaim {
+        digest: handoff_wire::TicketDigest::xxh3_of(&buffer),
+        ..ticket.clone()
+    };
+    let xxh3_msg = Header::Msg {
+        type_name: "demo.Sample",
+        body: TWO_FRAME_REFS,
+        frames: vec![Descriptor::Ticket(xxh3.clone()), Descriptor::Inline { len: 3 }],
+    };
+    let hex_of = |d: handoff_wire::TicketDigest| hex::encode(d.as_bytes());
+    v.push(Vector {
+        name: "msg-ticket-xxh3",
+        bytes: message(&xxh3_msg, &[b"abc"]),
+        description: json!({
+            "kind": "message", "valid": true,
+            "description": "The ticket of msg-ticket with an XXH3-128 digest (`xxh3`, 16 bytes, canonical big-endian) in place of its BLAKE3 `digest`: sent only to a receiver that announced the capability `xxh3`, which checks the pulled bytes against it (§7.5). `digests` gives both hashes of the fixture buffer and of `abc`.",
+            "header": {"k": "msg", "t": "demo.Sample",
+                       "b": {"$bin": "82a464617461d60100000000a46d657461d60100000001"},
+                       "f": [{"k": "ticket", "n": 1048576, "owner": xxh3.owner, "addr": xxh3.addr,
+                              "lease": 42, "token": bin_json(&xxh3.token), "xxh3": {"$bin": hex_of(xxh3.digest)},
+                              "ttl": 30000},
+                             {"k": "inline", "n": 3}]},
+            "frames": [{"$bin": "616263"}],
+            "body": {"data": {"$frame": 0}, "meta": {"$frame": 1}},
+            "digests": {
+                "buffer": "1048576 bytes, byte i is i % 251",
+                "blake3": TICKET_DIGEST,
+                "xxh3_128": hex_of(xxh3.digest),
+                "abc": {"blake3": hex_of(handoff_wire::TicketDigest::blake3_of(b"abc")),
+                        "xxh3_128": hex_of(handoff_wire::TicketDigest::xxh3_of(b"abc"))},
+            },
+        }),
+    });
+
     // Resource keys: values that refer to the receiver's own objects (msgpack ext type 2).
     let query = Query {
         sql: "select 1".into(),
@@ -705,16 +741,22 @@ pub(crate) fn vectors() -> Vec<Vector> {
     v.push(no_lease);
     let ticket_desc = |drop: &str, token_len: usize| {
         let t = ticket_fixture();
-        let fields = vec![
+        let mut fields = vec![
             ("k", s("ticket")),
             ("n", t.len.into()),
             ("owner", s(&t.owner)),
             ("addr", s(t.addr.as_deref().unwrap_or_default())),
             ("lease", t.lease.into()),
             ("token", rmpv::Value::Binary(t.token[..token_len].to_vec())),
-            ("digest", rmpv::Value::Binary(t.digest)),
+            ("digest", rmpv::Value::Binary(t.digest.as_bytes().to_vec())),
             ("ttl", t.ttl_ms.into()),
         ];
+        // "+xxh3" adds an XXH3 digest beside the BLAKE3 one; "short-xxh3" puts a 15-byte one in its place.
+        if drop == "+xxh3" || drop == "short-xxh3" {
+            let n = if drop == "+xxh3" { 16 } else { 15 };
+            fields.push(("xxh3", rmpv::Value::Binary(vec![7; n])));
+        }
+        let drop = if drop == "short-xxh3" { "digest" } else { drop };
         map(fields.into_iter().filter(|(k, _)| *k != drop).collect())
     };
     v.push(invalid(
@@ -723,6 +765,27 @@ pub(crate) fn vectors() -> Vec<Vector> {
         raw_message(&msg_with(vec![ticket_desc("", 31)]), &[]),
         "malformed-header",
         "A ticket whose token is 31 bytes; tokens and digests are exactly 32.",
+    ));
+    v.push(invalid(
+        "msg-ticket-no-digest",
+        "message",
+        raw_message(&msg_with(vec![ticket_desc("digest", 32)]), &[]),
+        "malformed-header",
+        "A ticket with neither `digest` nor `xxh3`: a ticket carries exactly one of them.",
+    ));
+    v.push(invalid(
+        "msg-ticket-both-digests",
+        "message",
+        raw_message(&msg_with(vec![ticket_desc("+xxh3", 32)]), &[]),
+        "malformed-header",
+        "A ticket with both `digest` and `xxh3`: a ticket carries exactly one of them.",
+    ));
+    v.push(invalid(
+        "msg-ticket-short-xxh3",
+        "message",
+        raw_message(&msg_with(vec![ticket_desc("short-xxh3", 32)]), &[]),
+        "malformed-header",
+        "A ticket whose `xxh3` is 15 bytes; it is exactly 16.",
     ));
     v.push(invalid(
         "msg-ticket-missing-owner",

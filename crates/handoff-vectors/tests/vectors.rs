@@ -346,3 +346,29 @@ fn the_handshake_stage_lowers_the_header_limit() {
         }
     }
 }
+
+/// The `digests` of `msg-ticket-xxh3`: this implementation's BLAKE3 and XXH3-128 give the hashes the
+/// vector states, for the fixture buffer and for `abc` (spec §7.5).
+#[test]
+fn ticket_digests_match_the_vector() {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../spec/vectors/msg-ticket-xxh3.json"),
+    )
+    .unwrap();
+    let json: Json = serde_json::from_str(&text).unwrap();
+    let d = &json["digests"];
+    let buffer: Vec<u8> = (0..1u32 << 20).map(|i| (i % 251) as u8).collect();
+    let hex_of = |x: handoff_wire::TicketDigest| hex::encode(x.as_bytes());
+    assert_eq!(hex_of(handoff_wire::TicketDigest::blake3_of(&buffer)), d["blake3"]);
+    assert_eq!(hex_of(handoff_wire::TicketDigest::xxh3_of(&buffer)), d["xxh3_128"]);
+    assert_eq!(
+        hex_of(handoff_wire::TicketDigest::blake3_of(b"abc")),
+        d["abc"]["blake3"]
+    );
+    assert_eq!(
+        hex_of(handoff_wire::TicketDigest::xxh3_of(b"abc")),
+        d["abc"]["xxh3_128"]
+    );
+    // XXH3-128 of "abc" as xxhsum -H2 prints it (the canonical form): the spec's byte order.
+    assert_eq!(d["abc"]["xxh3_128"], "06b05ab6733a618578af5f94892f3950");
+}

@@ -139,7 +139,7 @@ fn typical_headers() -> Vec<(&'static str, Header<'static>)> {
         addr: Some("tcp://127.0.0.1:7070".into()),
         lease: 42,
         token: (64u8..96).collect(),
-        digest: vec![0x74; 32],
+        digest: handoff_wire::TicketDigest::Blake3([0x74; 32]),
         ttl_ms: 30_000,
         lazy: false,
     };

@@ -323,16 +323,20 @@ fn number() -> impl Strategy<Value = u64> {
     prop_oneof![0u64..1000, any::<u64>()]
 }
 
-/// A ticket with arbitrary fields (its token and digest are 32 bytes, as they must be), lazy
-/// or not.
+/// A ticket with arbitrary fields (its token 32 bytes, its digest BLAKE3's 32 or XXH3-128's 16,
+/// as they must be), lazy or not.
 fn ticket_claim() -> impl Strategy<Value = TicketClaim> {
+    let digest = prop_oneof![
+        any::<[u8; 32]>().prop_map(handoff_wire::TicketDigest::Blake3),
+        any::<[u8; 16]>().prop_map(handoff_wire::TicketDigest::Xxh3),
+    ];
     (
         number(),
         text(),
         proptest::option::of(text()),
         number(),
         token(),
-        token(),
+        digest,
         number(),
         any::<bool>(),
     )
@@ -775,7 +779,7 @@ fn check_result(input: &[u8], limits: &Limits, result: &Result<framing::DecodedM
                         assert!(offset.checked_add(*len).is_some_and(|end| end <= *size), "{d:?}");
                     }
                     // A ticket carries no bytes in the stream, on either channel.
-                    Descriptor::Ticket(t) => assert_eq!((t.token.len(), t.digest.len()), (32, 32)),
+                    Descriptor::Ticket(t) => assert_eq!(t.token.len(), 32),
                     other => panic!("accepted a descriptor no channel carries: {other:?}"),
                 }
                 assert!(d.len() <= limits.max_frame_bytes);
@@ -2126,7 +2130,7 @@ fn claim_fixture() -> TicketClaim {
         addr: Some("tcp://127.0.0.1:7000".into()),
         lease: 9,
         token: vec![0xab; 32],
-        digest: vec![0xcd; 32],
+        digest: handoff_wire::TicketDigest::Blake3([0xcd; 32]),
         lazy: false,
         ttl_ms: 30_000,
     }
@@ -2519,7 +2523,13 @@ fn claim_map(claim: &TicketClaim) -> Mp {
     fields.extend([
         ("lease", Mp::UInt(claim.lease)),
         ("token", Mp::Bin(claim.token.clone())),
-        ("digest", Mp::Bin(claim.digest.clone())),
+        (
+            match claim.digest {
+                handoff_wire::TicketDigest::Blake3(_) => "digest",
+                handoff_wire::TicketDigest::Xxh3(_) => "xxh3",
+            },
+            Mp::Bin(claim.digest.as_bytes().to_vec()),
+        ),
         ("ttl", Mp::UInt(claim.ttl_ms)),
     ]);
     if claim.lazy {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use handoff_wire::framing::encode_header_into;
-use handoff_wire::{Buffer, Channel, Descriptor, Endpoint, Header, Locality, Route, TicketClaim};
+use handoff_wire::{Buffer, Channel, Descriptor, Endpoint, Header, Locality, Route, TicketClaim, CAP_XXH3};
 use tokio::sync::Semaphore;
 
 use crate::budget::Account;
@@ -349,8 +349,10 @@ impl Peer {
         for frame in frames {
             if let Some(ticket) = Ticket::of(&frame) {
                 let claim = &ticket.0.claim;
-                if &claim.owner == to || !takes_tickets {
-                    // Back to its owner, or to a peer without tickets: send the bytes.
+                let digest_ok = claim.digest.sendable_to(&self.0.remote.capabilities);
+                if &claim.owner == to || !takes_tickets || !digest_ok {
+                    // Back to its owner, to a peer without tickets, or to one that would refuse
+                    // the ticket's XXH3 digest (§7.8): send the bytes.
                     out.push(Planned::Bytes(ticket.redeem().await?));
                 } else {
                     let (claim, owner) = (&ticket.0.claim, &ticket.0.owner_label);
@@ -365,14 +367,15 @@ impl Peer {
                 || (self.channel() == Channel::Tcp && ctx.ticket_threshold.is_some_and(|t| frame.len() >= t));
             if wanted && takes_tickets && !frame.is_empty() {
                 let known_digest = on_demand.and_then(|o| o.digest).or_else(|| frame.known_digest());
-                let issued = ctx.leases.issue(&frame, known_digest, to, self.name()).await?;
+                let xxh3 = self.0.remote.has_capability(CAP_XXH3);
+                let issued = ctx.leases.issue(&frame, known_digest, xxh3, to, self.name()).await?;
                 out.push(Planned::Ticket(TicketClaim {
                     len: frame.len() as u64,
                     owner: ctx.me.node_id.clone(),
                     addr: ctx.listen_addr.clone(),
                     lease: issued.lease,
                     token: issued.token.to_vec(),
-                    digest: issued.digest.to_vec(),
+                    digest: issued.digest,
                     ttl_ms: ctx.leases.config.ttl.as_millis() as u64,
                     lazy,
                 }));

@@ -7,6 +7,7 @@ use common::wait_until;
 use std::time::Duration;
 
 use handoff::tickets::{LeaseConfig, WhenFull};
+use handoff::wire::TicketDigest;
 use handoff::{Buffer, Channel, Error, Message, Node, Redeem, Ticket};
 use serde::{Deserialize, Serialize};
 
@@ -109,6 +110,38 @@ async fn a_known_digest_goes_into_the_ticket_as_given() {
         None,
         "a slice carries none"
     );
+}
+
+/// Between nodes that both announce `xxh3`, a ticket for a buffer without a known digest carries
+/// XXH3-128 (§7.5), the holder checks it (a pull whose bytes differ would fail), and a buffer whose
+/// producer gave its BLAKE3 keeps that BLAKE3.
+#[tokio::test]
+async fn a_ticket_to_an_xxh3_peer_carries_xxh3_and_redeems() {
+    let a = node("xxh3-a", Redeem::Eager).await;
+    let b = node("xxh3-b", Redeem::Lazy).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    assert!(
+        peer.endpoint().has_capability("xxh3"),
+        "every node of this version announces it"
+    );
+    let bytes = data(3 << 20);
+    for known in [false, true] {
+        let data = if known {
+            bytes.clone().with_digest(*blake3::hash(&bytes).as_bytes())
+        } else {
+            bytes.clone()
+        };
+        peer.send_by_ticket(Blob { name: "x".into(), data }).await.unwrap();
+        let blob: Blob = b.recv_timeout(T).await.unwrap().decode().unwrap();
+        let ticket = Ticket::of(&blob.data).expect("a placeholder for a ticket");
+        let want = if known {
+            TicketDigest::blake3_of(&bytes)
+        } else {
+            TicketDigest::xxh3_of(&bytes)
+        };
+        assert_eq!(ticket.digest(), want, "known digest: {known}");
+        assert_eq!(ticket.redeem().await.unwrap(), bytes);
+    }
 }
 
 #[tokio::test]

@@ -9,6 +9,7 @@
 use super::scan::{self, DescriptorFields, HeaderFields};
 use super::schema::{descriptor as d, header as h};
 use super::{Descriptor, Header, Hello, Ident, TicketClaim, TicketOp, MAX_HEADER_DEPTH};
+use crate::header::TicketDigest;
 use crate::msgpack::Reader;
 use crate::{Limits, WireError};
 
@@ -167,7 +168,16 @@ fn descriptor(index: usize, f: &DescriptorFields<'_>) -> Result<Descriptor, Wire
                 lease: f.uint(d::LEASE).ok_or_else(|| lacks(kind, "lease"))?,
                 // 32 bytes each: the first pass checked their lengths, which are part of their type.
                 token: f.bin(d::TOKEN).ok_or_else(|| lacks(kind, "token"))?.to_vec(),
-                digest: f.bin(d::DIGEST).ok_or_else(|| lacks(kind, "digest"))?.to_vec(),
+                digest: match (f.bin(d::DIGEST), f.bin(d::XXH3)) {
+                    (Some(b), None) => TicketDigest::Blake3(b.try_into().expect("32 bytes by type")),
+                    (None, Some(x)) => TicketDigest::Xxh3(x.try_into().expect("16 bytes by type")),
+                    (None, None) => return Err(lacks(kind, "digest")),
+                    (Some(_), Some(_)) => {
+                        return Err(WireError::MalformedHeader(format!(
+                        "frame {index}: \"ticket\" descriptor has both \"digest\" and \"xxh3\"; a ticket carries one"
+                    )))
+                    }
+                },
                 ttl_ms: f.uint(d::TTL).ok_or_else(|| lacks(kind, "ttl"))?,
                 lazy: f.bool(d::LAZY).unwrap_or(false),
             }))

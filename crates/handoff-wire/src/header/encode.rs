@@ -3,6 +3,7 @@
 //! Every implementation writes the same bytes for the same header; the vectors check it.
 
 use super::{Descriptor, Header, TicketOp};
+use crate::header::TicketDigest;
 use crate::msgpack::{write_array_len, write_bin, write_bool, write_map_len, write_str, write_uint};
 
 impl Header<'_> {
@@ -172,7 +173,10 @@ fn descriptor(w: &mut Writer<'_>, d: &Descriptor) {
             }
             w.uint("lease", t.lease);
             w.bin("token", &t.token);
-            w.bin("digest", &t.digest);
+            match &t.digest {
+                TicketDigest::Blake3(d) => w.bin("digest", d),
+                TicketDigest::Xxh3(x) => w.bin("xxh3", x),
+            }
             w.uint("ttl", t.ttl_ms);
             if t.lazy {
                 w.bool("lazy", true);

@@ -191,6 +191,61 @@ pub enum Descriptor {
     },
 }
 
+/// The digest a ticket carries (spec §7.5): BLAKE3 (`digest`, every node checks it) or XXH3-128
+/// (`xxh3`, sent only to a peer that announced the capability `xxh3`). Both catch accidental
+/// corruption; neither is what protects against an attacker, which is the channel's job (§7.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TicketDigest {
+    /// BLAKE3, 32-byte output (wire key `digest`).
+    Blake3([u8; 32]),
+    /// XXH3-128 with seed 0, its canonical big-endian 16 bytes (wire key `xxh3`).
+    Xxh3([u8; 16]),
+}
+
+/// The capability (§5.2) of a node that checks a ticket's `xxh3`.
+pub const CAP_XXH3: &str = "xxh3";
+
+impl TicketDigest {
+    /// BLAKE3 of `bytes`.
+    pub fn blake3_of(bytes: &[u8]) -> TicketDigest {
+        TicketDigest::Blake3(*blake3::hash(bytes).as_bytes())
+    }
+
+    /// XXH3-128 of `bytes`, in its canonical (big-endian) form.
+    pub fn xxh3_of(bytes: &[u8]) -> TicketDigest {
+        TicketDigest::Xxh3(xxhash_rust::xxh3::xxh3_128(bytes).to_be_bytes())
+    }
+
+    /// The same kind of digest, of `bytes`.
+    pub fn same_kind_of(&self, bytes: &[u8]) -> TicketDigest {
+        match self {
+            TicketDigest::Blake3(_) => TicketDigest::blake3_of(bytes),
+            TicketDigest::Xxh3(_) => TicketDigest::xxh3_of(bytes),
+        }
+    }
+
+    /// The digest's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            TicketDigest::Blake3(d) => d,
+            TicketDigest::Xxh3(d) => d,
+        }
+    }
+
+    /// The algorithm, as errors and logs name it.
+    pub fn algorithm(&self) -> &'static str {
+        match self {
+            TicketDigest::Blake3(_) => "BLAKE3",
+            TicketDigest::Xxh3(_) => "XXH3-128",
+        }
+    }
+
+    /// Whether a receiver with these capabilities may be sent this digest (§5.2, §7.5).
+    pub fn sendable_to(&self, caps: &[String]) -> bool {
+        matches!(self, TicketDigest::Blake3(_)) || caps.iter().any(|c| c == CAP_XXH3)
+    }
+}
+
 /// The fields of a `ticket` descriptor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TicketClaim {
@@ -204,8 +259,8 @@ pub struct TicketClaim {
     pub lease: u64,
     /// 32 random bytes, valid only for the node the ticket was issued to.
     pub token: Vec<u8>,
-    /// BLAKE3 of the whole buffer, 32 bytes.
-    pub digest: Vec<u8>,
+    /// The digest of the whole buffer the holder checks after a full pull (§7.5).
+    pub digest: TicketDigest,
     /// Milliseconds the hold lasts unless renewed.
     pub ttl_ms: u64,
     /// The sender asks the receiver to pull only on use, never on receipt: the ticket is a

@@ -283,13 +283,14 @@ fn value<'a>(
             Slot::Str(text)
         }
         Type::Bin => Slot::Bin(r.read_bin().map_err(fail)?),
-        Type::Bin32 => {
+        Type::Bin32 | Type::Bin16 => {
+            let want = if ty == Type::Bin32 { 32 } else { 16 };
             let b = r.read_bin().map_err(fail)?;
-            if b.len() != 32 {
+            if b.len() != want {
                 return Err(malformed(
                     place,
                     Some(key),
-                    format_args!("must be 32 bytes, got {}", b.len()),
+                    format_args!("must be {want} bytes, got {}", b.len()),
                 ));
             }
             Slot::Bin(b)

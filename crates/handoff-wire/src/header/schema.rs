@@ -22,6 +22,8 @@ pub(crate) enum Type {
     /// The bin family, exactly 32 bytes: fixed lengths are part of a field's type (§6), so a
     /// `nonce`, `mac`, `token` or `digest` of another length is malformed wherever it appears.
     Bin32,
+    /// The bin family, exactly 16 bytes (a ticket's `xxh3`, §7.5).
+    Bin16,
     /// An integer in `0..2^16`, in any msgpack integer encoding.
     U16,
     /// An integer in `0..2^32`, in any msgpack integer encoding.
@@ -60,6 +62,7 @@ impl Type {
             Type::ShortStr(_) => "str",
             Type::Bin => "bin",
             Type::Bin32 => "bin of 32 bytes",
+            Type::Bin16 => "bin of 16 bytes",
             Type::U16 => "u16",
             Type::U32 => "u32",
             Type::U64 => "u64",
@@ -177,6 +180,7 @@ known_keys! {
         ADDR = b"addr": Str,
         TOKEN = b"token": Bin32,
         DIGEST = b"digest": Bin32,
+        XXH3 = b"xxh3": Bin16,
         TTL = b"ttl": U64,
         LAZY = b"lazy": Bool,
         KEY = b"key": Str,
@@ -199,7 +203,7 @@ mod tests {
         assert_eq!(header::KEYS[header::TOKEN], (&b"token"[..], Type::Bin32));
         assert_eq!(descriptor::KEYS[descriptor::KEY], (&b"key"[..], Type::Str));
         assert_eq!(header::COUNT, 26);
-        assert_eq!(descriptor::COUNT, 13);
+        assert_eq!(descriptor::COUNT, 14);
         assert_eq!(header::lookup(b"x-future"), None);
         assert_eq!(header::lookup(b"sealed"), None, "descriptor keys are not header keys");
         assert_eq!(descriptor::lookup(b"pid"), None, "header keys are not descriptor keys");

@@ -726,7 +726,7 @@ fn non_canonical_encodings_are_accepted() {
                 addr: None,
                 lease: 42,
                 token: vec![7; 32],
-                digest: vec![9; 32],
+                digest: crate::TicketDigest::Blake3([9; 32]),
                 ttl_ms: 30_000,
                 lazy: false,
             }),
@@ -944,4 +944,18 @@ fn hello_and_ident_convert() {
         panic!("a hello")
     };
     assert_eq!(back, hello);
+}
+
+/// A ticket's XXH3 digest goes only to a receiver that announced `xxh3` (§7.5); BLAKE3 to anyone.
+#[test]
+fn an_xxh3_digest_is_sendable_only_to_a_peer_that_announced_it() {
+    use crate::{TicketDigest, CAP_XXH3};
+    let caps = |c: &[&str]| c.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let x = TicketDigest::xxh3_of(b"abc");
+    let b = TicketDigest::blake3_of(b"abc");
+    assert!(x.sendable_to(&caps(&["inline", "ticket", CAP_XXH3])));
+    assert!(!x.sendable_to(&caps(&["inline", "ticket"])));
+    assert!(b.sendable_to(&caps(&["inline", "ticket"])));
+    assert_eq!((x.as_bytes().len(), b.as_bytes().len()), (16, 32));
+    assert_ne!(x, x.same_kind_of(b"abd"));
 }

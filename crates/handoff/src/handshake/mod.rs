@@ -34,7 +34,7 @@ use crate::Result;
 
 /// Capabilities of this implementation, the same in protocol versions 1 and 2 (`shm` only
 /// where the node has a Unix socket for same-host peers).
-pub(crate) const CAPABILITIES: &[&str] = &["inline", "shm", "ticket"];
+pub(crate) const CAPABILITIES: &[&str] = &["inline", "shm", "ticket", handoff_wire::CAP_XXH3];
 
 /// What we know about the peer once the handshake succeeded.
 pub(crate) struct Handshaken {

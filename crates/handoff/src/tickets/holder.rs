@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
-use handoff_wire::{Buffer, TicketClaim};
+use handoff_wire::{Buffer, TicketClaim, TicketDigest};
 
 use crate::context::LocalNode;
 use crate::{Error, Result};
@@ -64,6 +64,11 @@ impl Ticket {
         &self.0.owner_label
     }
 
+    /// The digest the holder checks a full redemption against (§7.5).
+    pub fn digest(&self) -> TicketDigest {
+        self.0.claim.digest
+    }
+
     /// The owner's lease id.
     pub fn lease(&self) -> u64 {
         self.0.claim.lease
@@ -82,11 +87,17 @@ impl Ticket {
     /// Pulls the whole buffer from the owner and checks it against the ticket's digest.
     pub async fn redeem(&self) -> Result<Buffer> {
         let node = self.node()?;
+        let want = self.0.claim.digest;
+        // BLAKE3 is hashed while the bytes arrive (on a helper thread); XXH3 after, at memory speed.
+        let hash_behind = matches!(want, TicketDigest::Blake3(_));
         let (bytes, digest) = node
-            .pull(&self.0.claim, &self.0.owner_label, 0, self.0.claim.len, true)
+            .pull(&self.0.claim, &self.0.owner_label, 0, self.0.claim.len, hash_behind)
             .await?;
-        let digest = digest.unwrap_or_else(|| *blake3::hash(&bytes).as_bytes());
-        if digest[..] != self.0.claim.digest[..] {
+        let got = match digest {
+            Some(d) if hash_behind => TicketDigest::Blake3(d),
+            _ => want.same_kind_of(&bytes),
+        };
+        if got != want {
             return Err(Error::Corrupt {
                 owner: self.0.owner_label.clone(),
                 lease: self.0.claim.lease,

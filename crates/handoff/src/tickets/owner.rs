@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use handoff_wire::Buffer;
+use handoff_wire::{Buffer, TicketDigest};
 use tokio::sync::Notify;
 
 use crate::{Error, Result};
@@ -114,7 +114,7 @@ pub struct LeaseTableStats {
 pub(crate) struct Issued {
     pub(crate) lease: u64,
     pub(crate) token: [u8; 32],
-    pub(crate) digest: [u8; 32],
+    pub(crate) digest: TicketDigest,
 }
 
 pub(crate) struct LeaseTable {
@@ -173,15 +173,24 @@ impl LeaseTable {
     }
 
     /// Leases `buffer` to the node `holder` (its node id); waits for room or fails as configured.
+    ///
+    /// The ticket's digest is `known_digest` (BLAKE3, computed by whoever made the buffer) when
+    /// there is one; else XXH3-128 when the holder announced `xxh3` (§7.5: a tenth of the CPU),
+    /// else BLAKE3.
     pub(crate) async fn issue(
         &self,
         buffer: &Buffer,
         known_digest: Option<[u8; 32]>,
+        holder_takes_xxh3: bool,
         holder: &str,
         holder_name: &str,
     ) -> Result<Issued> {
         let bytes = buffer.len() as u64;
-        let digest = known_digest.unwrap_or_else(|| *blake3::hash(buffer).as_bytes());
+        let digest = match known_digest {
+            Some(d) => TicketDigest::Blake3(d),
+            None if holder_takes_xxh3 => TicketDigest::xxh3_of(buffer),
+            None => TicketDigest::blake3_of(buffer),
+        };
         let give_up = match self.config.when_full {
             WhenFull::Wait(d) => Some(tokio::time::Instant::now() + d),
             WhenFull::Fail => None,
@@ -494,7 +503,7 @@ mod tests {
     async fn a_lease_lives_until_its_last_holder_releases() {
         let t = table(60_000, 1 << 20, WhenFull::Fail);
         let buf = Buffer::from(vec![1u8; 1000]);
-        let i = t.issue(&buf, None, B, B).await.unwrap();
+        let i = t.issue(&buf, None, false, B, B).await.unwrap();
         assert_eq!(t.pull(i.lease, B, &i.token, 10, 5).unwrap(), buf.slice(10..15));
         let c_token = t.forward(i.lease, B, &i.token, C, OWNER).unwrap();
         t.unlease(i.lease, B, &i.token).unwrap();
@@ -525,8 +534,8 @@ mod tests {
     async fn deadlines_and_lost_holders_end_holds() {
         let t = table(50, 1 << 20, WhenFull::Fail);
         let buf = Buffer::from(vec![1u8; 10]);
-        let a = t.issue(&buf, None, B, B).await.unwrap();
-        let b = t.issue(&buf, None, C, C).await.unwrap();
+        let a = t.issue(&buf, None, false, B, B).await.unwrap();
+        let b = t.issue(&buf, None, false, C, C).await.unwrap();
         assert_eq!(t.drop_holder(C), 1);
         assert!(!t.is_alive(b.lease));
         tokio::time::sleep(Duration::from_millis(80)).await;
@@ -540,18 +549,18 @@ mod tests {
     async fn caps_wait_or_fail() {
         let t = std::sync::Arc::new(table(60_000, 100, WhenFull::Wait(Duration::from_secs(5))));
         let buf = Buffer::from(vec![1u8; 80]);
-        let first = t.issue(&buf, None, B, B).await.unwrap();
+        let first = t.issue(&buf, None, false, B, B).await.unwrap();
         let t2 = t.clone();
         let b2 = buf.clone();
-        let waiting = tokio::spawn(async move { t2.issue(&b2, None, B, B).await.map(|i| i.lease) });
+        let waiting = tokio::spawn(async move { t2.issue(&b2, None, false, B, B).await.map(|i| i.lease) });
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!waiting.is_finished(), "the second lease waits for room");
         t.unlease(first.lease, B, &first.token).unwrap();
         waiting.await.unwrap().unwrap();
 
         let failing = table(60_000, 100, WhenFull::Fail);
-        failing.issue(&buf, None, B, B).await.unwrap();
-        let err = failing.issue(&buf, None, B, B).await.unwrap_err();
+        failing.issue(&buf, None, false, B, B).await.unwrap();
+        let err = failing.issue(&buf, None, false, B, B).await.unwrap_err();
         assert!(err.to_string().contains("80 of 100 bytes"), "{err}");
     }
 
@@ -559,7 +568,7 @@ mod tests {
     async fn forwards_name_real_nodes_and_holders_are_capped() {
         let t = table(60_000, 1 << 20, WhenFull::Fail);
         let buf = Buffer::from(vec![1u8; 10]);
-        let i = t.issue(&buf, None, B, B).await.unwrap();
+        let i = t.issue(&buf, None, false, B, B).await.unwrap();
         let code = |to: &str| t.forward(i.lease, B, &i.token, to, OWNER).unwrap_err().code;
         assert_eq!(code("not-a-node"), "bad-holder");
         assert_eq!(code(&"A".repeat(32)), "bad-holder", "upper case is not a node id");
@@ -580,7 +589,7 @@ mod tests {
     async fn a_late_holder_learns_its_hold_expired_while_the_lease_lives() {
         let t = table(40, 1 << 20, WhenFull::Fail);
         let buf = Buffer::from(vec![1u8; 10]);
-        let i = t.issue(&buf, None, B, B).await.unwrap();
+        let i = t.issue(&buf, None, false, B, B).await.unwrap();
         tokio::time::sleep(Duration::from_millis(20)).await;
         let c = t.forward(i.lease, B, &i.token, C, OWNER).unwrap();
         tokio::time::sleep(Duration::from_millis(30)).await;

@@ -91,7 +91,7 @@ pub(super) fn ticket(owner: &str, addr: Option<String>, len: u64, digest: [u8; 3
         addr,
         lease: 1,
         token: rand::random::<[u8; 32]>().to_vec(),
-        digest: digest.to_vec(),
+        digest: handoff::wire::TicketDigest::Blake3(digest),
         ttl_ms: 30_000,
         lazy: false,
     })
