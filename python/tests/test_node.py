@@ -378,10 +378,13 @@ async def test_corrupt_and_lost_tickets():
         await b.connect(a.listen_addr, channel="tcp")
         await (await a.wait_for_peer("holder")).send("t.X", {"d": Buffer(b"y" * 4096)}, by_ticket=True)
         ticket = (await b.recv(5)).body["d"]
-        bad = Ticket(b, wire.TicketDesc(**{**ticket.desc.__dict__, "digest": bytes(32)}), "owner")
-        with pytest.raises(TicketCorrupt) as e:
-            await bad.redeem()
-        assert e.value.lease == ticket.lease and "owner" in str(e.value)
+        assert ticket.desc.xxh3 is not None and ticket.desc.digest is None, "both announce xxh3 (§7.5)"
+        # A wrong digest of either kind fails the redemption (each is checked by its own hash).
+        for wrong in ({"xxh3": bytes(16)}, {"xxh3": None, "digest": bytes(32)}):
+            bad = Ticket(b, wire.TicketDesc(**{**ticket.desc.__dict__, **wrong}), "owner")
+            with pytest.raises(TicketCorrupt) as e:
+                await bad.redeem()
+            assert e.value.lease == ticket.lease and "owner" in str(e.value)
         await a.close()
         with pytest.raises(OwnerLost) as e:
             await ticket.redeem()

@@ -611,6 +611,8 @@ def model_decode(data: bytes, limits=wire.DEFAULT_LIMITS):
             return type(v) is bytes
         if t == "bin32":
             return type(v) is bytes and len(v) == 32
+        if t == "bin16":
+            return type(v) is bytes and len(v) == 16
         if t == "bool":
             return type(v) is bool
         if t[0] == "u":
@@ -627,7 +629,8 @@ def model_decode(data: bytes, limits=wire.DEFAULT_LIMITS):
     }  # fmt: skip
     descriptor_types = {
         "k": "str", "n": "u64", "off": "u64", "size": "u64", "lease": "u64", "sealed": "bool", "key": "str",
-        "owner": "str", "addr": "str", "token": "bin32", "digest": "bin32", "ttl": "u64", "lazy": "bool",
+        "owner": "str", "addr": "str", "token": "bin32", "digest": "bin32", "xxh3": "bin16", "ttl": "u64",
+        "lazy": "bool",
     }  # fmt: skip
 
     def fields_of(m, types, nested):

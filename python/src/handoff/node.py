@@ -252,7 +252,8 @@ class Node:
 
     @property
     def caps(self) -> list:
-        return ["inline", "shm", "ticket"] if self.shm else ["inline", "ticket"]
+        # "xxh3": this node checks tickets that carry an XXH3-128 digest (§7.5).
+        return ["inline", "shm", "ticket", "xxh3"] if self.shm else ["inline", "ticket", "xxh3"]
 
     @property
     def unix_addr(self) -> Optional[str]:

@@ -310,8 +310,11 @@ class Peer:
         try:
             for view, source in zip(enc.frames, enc.sources):
                 if isinstance(source, Ticket):
-                    if source.desc.owner == self.node_id:
-                        view = await source.redeem()  # back to its owner: send the bytes
+                    # Back to its owner, or an XXH3 ticket to a peer that would refuse it (§7.8): the bytes.
+                    if source.desc.owner == self.node_id or (
+                        source.desc.xxh3 is not None and "xxh3" not in self.ident.caps
+                    ):
+                        view = await source.redeem()
                     else:
                         descs.append(await self.node._tickets.forward(source, self.node_id))
                         continue
@@ -321,7 +324,8 @@ class Peer:
                 lazy = isinstance(source, OnDemand) and n > 0 and "ticket" in self.ident.caps
                 if lazy or self._ticket_wanted(n, by_ticket):
                     known = source.digest if lazy else None
-                    lease, token, dg = await self.node.leases.issue(view, self.node_id, known, self.name)
+                    xxh3 = "xxh3" in self.ident.caps
+                    lease, token, dg = await self.node.leases.issue(view, self.node_id, known, self.name, xxh3=xxh3)
                     new_tickets.append(lease)
                     descs.append(
                         wire.TicketDesc(
@@ -330,9 +334,10 @@ class Peer:
                             addr=self.node.listen_addr,
                             lease=lease,
                             token=token,
-                            digest=dg,
+                            digest=dg if len(dg) == 32 else None,
                             ttl=int(self.node.leases.ttl * 1000),
                             lazy=lazy,
+                            xxh3=dg if len(dg) == 16 else None,
                         )
                     )
                     continue

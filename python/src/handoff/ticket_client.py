@@ -18,7 +18,7 @@ from . import wire
 from .addresses import is_own_address, split_host_port, strip_scheme
 from .envelope import Envelope
 from .errors import HandoffError, OwnerLost, PeerClosed, TicketCorrupt, TicketRefused
-from .tickets import Ticket, digest
+from .tickets import Ticket, check_digest
 
 __all__ = ["TicketClient", "ClientNode"]
 
@@ -153,8 +153,9 @@ class TicketClient:
         if ticket.released:
             raise HandoffError(f"the ticket for lease {ticket.lease} was released")
         desc = ticket.desc
+        # Only a BLAKE3 digest is hashed while the bytes arrive; XXH3 runs at memory speed after.
         result = await self._request(
-            ticket, "pull", lambda req: wire.Pull(req, desc.lease, desc.token, off, n), n, whole
+            ticket, "pull", lambda req: wire.Pull(req, desc.lease, desc.token, off, n), n, whole and desc.xxh3 is None
         )
         if result[0] != "bytes":
             raise OwnerLost(ticket.owner_label, desc.lease, desc.n, "answered a pull with a token")
@@ -162,13 +163,13 @@ class TicketClient:
         if len(view) != n:
             raise OwnerLost(ticket.owner_label, desc.lease, desc.n, f"asked for {n} bytes, got {len(view)}")
         if whole:
-            if hashed is not None:  # hashed while it arrived (handoff.tickets.StreamDigest)
-                got = await asyncio.wrap_future(hashed)
+            if hashed is not None:  # BLAKE3, hashed while it arrived (handoff.tickets.StreamDigest)
+                ok = await asyncio.wrap_future(hashed) == desc.digest
             elif n >= (8 << 20):
-                got = await asyncio.get_running_loop().run_in_executor(None, digest, view)
+                ok = await asyncio.get_running_loop().run_in_executor(None, check_digest, desc, view)
             else:
-                got = digest(view)
-            if got != desc.digest:
+                ok = check_digest(desc, view)
+            if not ok:
                 raise TicketCorrupt(ticket.owner_label, desc.lease)
         return view
 
@@ -190,6 +191,7 @@ class TicketClient:
             digest=desc.digest,
             ttl=desc.ttl,
             lazy=desc.lazy,
+            xxh3=desc.xxh3,
         )
 
     def released(self, desc: wire.TicketDesc, label: str) -> None:

@@ -167,6 +167,7 @@ DESCRIPTOR_KEYS: dict = {
     "addr": Cursor.str_,
     "token": Cursor.bin32_,
     "digest": Cursor.bin32_,
+    "xxh3": Cursor.bin16_,
     "ttl": Cursor.u64,
     "lazy": Cursor.bool_,
 }
@@ -301,7 +302,13 @@ def _descriptor(index: int, d: dict) -> Descriptor:
     if lease is None:
         raise malformed(f"{where} lacks field 'lease'")
     token = _bytes32(d, "token", where)
-    digest = _bytes32(d, "digest", where)
+    digest, xxh3 = d.get("digest"), d.get("xxh3")
+    if digest is None and xxh3 is None:
+        raise malformed(f"{where} lacks field 'digest'")
+    if digest is not None and xxh3 is not None:
+        raise malformed(f"{where} has both 'digest' and 'xxh3'; a ticket carries one")
+    if digest is not None:
+        digest = _bytes32(d, "digest", where)
     ttl = d.get("ttl")
     if ttl is None:
         raise malformed(f"{where} lacks field 'ttl'")
@@ -314,6 +321,7 @@ def _descriptor(index: int, d: dict) -> Descriptor:
         ttl=ttl,
         addr=d.get("addr"),
         lazy=d.get("lazy", False),
+        xxh3=None if xxh3 is None else bytes(xxh3),
     )
 
 

@@ -65,18 +65,27 @@ class TicketDesc:
     owner: str
     lease: int
     token: bytes
-    digest: bytes
+    #: BLAKE3 of the whole buffer (32 bytes), or ``None`` when the ticket carries :attr:`xxh3`.
+    digest: bytes | None
     ttl: int
     addr: str | None = None
     #: The sender asks the receiver to pull only on use, never on receipt (§7.5); written only when true.
     lazy: bool = False
+    #: XXH3-128 of the whole buffer (16 bytes, canonical big-endian), in place of ``digest``: sent
+    #: only to a peer that announced ``xxh3`` (§7.5).
+    xxh3: bytes | None = None
     kind: ClassVar[str] = "ticket"
 
     def to_map(self) -> dict:
         m: dict = {"k": "ticket", "n": self.n, "owner": self.owner}
         if self.addr is not None:
             m["addr"] = self.addr
-        m.update(lease=self.lease, token=bytes(self.token), digest=bytes(self.digest), ttl=self.ttl)
+        m.update(lease=self.lease, token=bytes(self.token))
+        if self.xxh3 is not None:
+            m["xxh3"] = bytes(self.xxh3)
+        else:
+            m["digest"] = bytes(self.digest)
+        m["ttl"] = self.ttl
         if self.lazy:
             m["lazy"] = True
         return m

@@ -276,6 +276,13 @@ class Cursor:
             raise malformed(f"{what} must be 32 bytes, got {len(value)}")
         return value
 
+    def bin16_(self, what: str) -> bytes | None:
+        """A bin of exactly 16 bytes (a ticket's ``xxh3``, §7.5)."""
+        value = self.bin_(what)
+        if value is not None and len(value) != 16:
+            raise malformed(f"{what} must be 16 bytes, got {len(value)}")
+        return value
+
     def uint(self, what: str, bits: int) -> int | None:
         """An integer in ``0 .. 2**bits``, in any msgpack integer encoding (signed ones included)."""
         buf = self.buf
