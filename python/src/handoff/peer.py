@@ -40,7 +40,7 @@ from .recvbuf import MIN_POOLED, recv_pool
 from .resources import Resources
 from .route import Route
 from .shm_leases import PooledLease, SealedLease, ShmLeases, pooled_copy
-from .shm import PooledFrame, SharedFrame, map_received, sealed_copy, segment_info
+from .shm import COPY_BELOW, PooledFrame, SharedFrame, map_received, read_received, sealed_copy, segment_info
 from .throttle import WarningThrottle
 from .ticket_client import TicketClient
 from .tickets import STREAM_DIGEST_MIN, LeaseTable, Refusal, StreamDigest, Ticket
@@ -137,6 +137,12 @@ def _alloc(n: int) -> memoryview:
                 pass
         return memoryview(m)
     return memoryview(bytearray(n))
+
+
+def _own(n: int) -> memoryview:
+    """A fresh buffer of its own for a small frame (a numpy array, as Dask's ``host_array``)."""
+    np = sys.modules.get("numpy")
+    return memoryview(np.empty(n, dtype=np.uint8) if np is not None else bytearray(n))
 
 
 def _shm_released(peer_ref: "weakref.ref[Peer]", lease: int) -> None:
@@ -695,7 +701,13 @@ class Peer:
         try:
             me = weakref.ref(self)
             for d in h.f:
-                if isinstance(d, wire.Shm):
+                if isinstance(d, wire.Shm) and 0 < d.n < COPY_BELOW:
+                    own = _own(d.n)
+                    info = read_received(fds.pop(0), d.size, d.sealed, d.off, own)
+                    self._queue_release(d.lease)  # read: the sender may reuse the segment now
+                    view = own if self.node.shm_private else own.toreadonly()
+                    frames.append(ReceivedFrame("shm", view, d.lease, segment_info(info, d.off)))
+                elif isinstance(d, wire.Shm):
                     mapping, start, info = map_received(
                         fds.pop(0), d.size, d.sealed, d.off, d.n, private=self.node.shm_private, keep=self._maps
                     )

@@ -75,6 +75,8 @@ DEFAULT_MAX_IDLE_BYTES = 1 << 30
 MAX_IDLE_SEGMENTS = 64
 #: An idle segment is retired after this many seconds unless ``HANDOFF_SHM_POOL_IDLE_SECONDS`` says otherwise.
 IDLE_SECONDS = 10.0
+#: A copy into a segment that is not mapped goes through windows of this size.
+WINDOW = 8 << 20
 #: Copies at least this large release the GIL (numpy) so the caller may run them in a thread.
 _BIG_COPY = 1 << 20
 _PAGE = mmap.PAGESIZE
@@ -146,11 +148,26 @@ class Segment:
         return self.region
 
     def write(self, data: Any) -> None:
-        """Copies a flat byte view to the start of the segment (numpy releases the GIL for it)."""
+        """Copies a flat byte view to the start of the segment (numpy releases the GIL for it).
+
+        A segment that is not mapped now (a copy to send) is written through windows of
+        :data:`WINDOW` bytes, each unmapped before the next: the sender's RSS grows by one
+        window during a copy, not by the frame."""
         view = memoryview(data).cast("B")
         n = view.nbytes
-        region = self.map
         np = sys.modules.get("numpy")
+        if self.region is None and n > WINDOW and np is not None:
+            if self.fd < 0:
+                raise ValueError("the segment is closed")
+            src = np.frombuffer(view, dtype=np.uint8)
+            for off in range(0, n, WINDOW):
+                w = min(WINDOW, n - off)
+                window = Region.map(self.fd, w, write=True, offset=off, populate=self.used)
+                np.copyto(window.array(), src[off : off + w])
+                del window
+            self.used = True
+            return
+        region = self.map
         if np is not None and n >= _BIG_COPY:
             dst = region.array()[:n]
             np.copyto(dst, np.frombuffer(view, dtype=np.uint8))

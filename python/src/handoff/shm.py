@@ -58,11 +58,19 @@ __all__ = [
     "PooledFrame",
     "sealed_copy",
     "map_received",
+    "read_received",
+    "COPY_BELOW",
     "segment_info",
     "SEALS_REQUIRED",
     "SEALS_FIXED",
 ]
 
+#: A received shm frame smaller than this is read into the receiver's own memory (one
+#: ``pread``, the lease released at once) instead of mapped: as cheap as the mapping's own
+#: system calls and page faults, and the frame is then a buffer of its own, as Dask's TCP
+#: comm reads each frame into one (a consumer that keeps some small frames and drops
+#: others frees what it drops; Dask's P2P relies on it), costing the sender no lease.
+COPY_BELOW = 1 << 20
 #: A segment this much larger than its window (beyond twice the window) is mapped only
 #: around the window (the reference's rule, §7.2 step 4).
 _WHOLE_SEGMENT_SLACK = 1 << 20
@@ -223,6 +231,50 @@ def _bad(message: str) -> WireError:
     return WireError("bad-shm", f"bad shared-memory descriptor: {message}")
 
 
+def _check(fd: int, size: int, sealed: bool) -> os.stat_result:
+    """The checks of §7.2 on a received descriptor: its seals, then its size (``bad-shm``)."""
+    try:
+        seals = fcntl.fcntl(fd, F_GET_SEALS)
+    except OSError as e:
+        raise _bad(
+            f"the received file descriptor is not a shared-memory segment that supports seals "
+            f"(a memfd), so it could shrink under the mapping: {e.strerror or e}"
+        ) from None
+    if not seals & F_SEAL_SHRINK:
+        raise _bad(
+            f"the segment is not sealed against shrinking (its seals are {seals:#x}); every segment "
+            "must carry F_SEAL_SHRINK before it is passed"
+        )
+    if sealed and seals & SEALS_REQUIRED != SEALS_REQUIRED:
+        raise _bad(f"the descriptor claims a sealed segment, but its seals are {seals:#x}")
+    st = os.fstat(fd)
+    if st.st_size != size:
+        raise _bad(f"the descriptor says the segment has {size} bytes, the received file has {st.st_size}")
+    return st
+
+
+def read_received(fd: int, size: int, sealed: bool, off: int, into: memoryview) -> dict:
+    """Checks a received segment as :func:`map_received` does, then reads its window
+    ``off .. off + len(into)`` into ``into`` (one ``pread``: no mapping, no descriptor
+    kept). Closes ``fd`` in every case; returns the segment's info."""
+    try:
+        st = _check(fd, size, sealed)
+        n = into.nbytes
+        if off < 0 or off + n > size:
+            raise _bad(f"the window {off}+{n} is not inside the segment of {size} bytes")
+        pos = 0
+        while pos < n:
+            got = os.preadv(fd, [into[pos:]], off + pos)
+            if got <= 0:
+                raise _bad(f"the segment ended after {pos} of {n} bytes")
+            pos += got
+        return {"device": st.st_dev, "inode": st.st_ino, "size": size, "sealed": sealed}
+    except OSError as e:
+        raise _bad(f"cannot read the received segment: {e}") from None
+    finally:
+        os.close(fd)
+
+
 def map_received(
     fd: int,
     size: int,
@@ -251,23 +303,7 @@ def map_received(
     if n is None:
         n = size - off
     try:
-        try:
-            seals = fcntl.fcntl(fd, F_GET_SEALS)
-        except OSError as e:
-            raise _bad(
-                f"the received file descriptor is not a shared-memory segment that supports seals "
-                f"(a memfd), so it could shrink under the mapping: {e.strerror or e}"
-            ) from None
-        if not seals & F_SEAL_SHRINK:
-            raise _bad(
-                f"the segment is not sealed against shrinking (its seals are {seals:#x}); every segment "
-                "must carry F_SEAL_SHRINK before it is passed"
-            )
-        if sealed and seals & SEALS_REQUIRED != SEALS_REQUIRED:
-            raise _bad(f"the descriptor claims a sealed segment, but its seals are {seals:#x}")
-        st = os.fstat(fd)
-        if st.st_size != size:
-            raise _bad(f"the descriptor says the segment has {size} bytes, the received file has {st.st_size}")
+        st = _check(fd, size, sealed)
         info = {"device": st.st_dev, "inode": st.st_ino, "size": size, "sealed": sealed}
         if n == 0:
             return None, 0, info
