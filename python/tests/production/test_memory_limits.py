@@ -68,7 +68,9 @@ if __name__ == "__main__":
         paused = sorted({w for w, lines in logs.items() for _, line in lines if "Pausing worker" in line})
         restarts = sorted({w for w, lines in nanny_logs.items() for _, line in lines
                            if "Restarting" in line or "memory budget" in line})
+        metric = c.scheduler_info()["workers"][a]["metrics"].get("handoff", {})
         print(json.dumps({
+            "metric": sorted(metric),
             "results": results, "paused": paused, "restarts": restarts,
             "same_workers": sorted(c.scheduler_info()["workers"]) == workers,
             "at_rest": [at_rest[a], at_rest[b]], "peaks": [peaks[a], peaks[b]],
@@ -85,6 +87,8 @@ def test_memory_limited_workers_neither_pause_nor_restart_and_hold_what_tcp_hold
     assert tcp["paused"] == [] and tcp["restarts"] == [] and tcp["same_workers"], tcp
     assert ho["results"] == tcp["results"]
     assert ho["paused"] == [] and ho["restarts"] == [] and ho["same_workers"], ho
+    # The shared bytes reach the scheduler with each heartbeat (handoff.dask.memory).
+    assert ho["metric"] == ["kept-idle", "pool-busy", "pool-fds", "pool-idle", "recv-idle"]
     for i, worker in enumerate("AB"):
         # The done-when of issue 25: a worker's peak within 10 % of its tcp:// peak.
         assert ho["peaks"][i] <= 1.1 * tcp["peaks"][i], (worker, ho["peaks"], tcp["peaks"])
