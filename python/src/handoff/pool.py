@@ -283,6 +283,7 @@ class SegmentPool:
             keep = (
                 seg.id not in self._tainted
                 and seg.fd >= 0
+                and self.fds <= self.max_fds
                 and self.idle_seconds > 0
                 and seg.size <= self.max_idle_bytes
             )

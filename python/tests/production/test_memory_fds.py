@@ -60,3 +60,44 @@ def test_3000_small_dependencies_under_ulimit_1024_finish_as_on_tcp(run_program)
         for worker, (n, limit) in r["fds"].items():
             assert limit == 1024, (scheme, worker, limit)  # nobody raised the limit
             assert n < limit, (scheme, worker, n)
+
+
+def _fds() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_held_received_mappings_keep_no_descriptor():
+    # 2000 received segments mapped and held (frames of 1 MiB and more are mapped, not
+    # read): no descriptor stays with any of them.
+    from handoff.shm import map_received, sealed_copy
+
+    before = _fds()
+    held = []
+    for i in range(2000):
+        frame = sealed_copy(bytes([i % 251]) * 4096)
+        fd, frame.fd = frame.fd, -1
+        mapping, start, _ = map_received(fd, frame.size, True)
+        whole = mapping.view() if hasattr(mapping, "view") else memoryview(mapping)  # (an mmap before)
+        held.append(whole[start : start + 4096])
+    assert _fds() == before
+    assert all(bytes(v[:1]) == bytes([i % 251]) for i, v in enumerate(held))
+
+
+def test_the_senders_pool_keeps_at_most_max_fds_descriptors():
+    from handoff.pool import SegmentPool
+
+    p = SegmentPool(max_fds=4)
+    before = _fds()
+    segs = [p.take(64 << 10) for _ in range(20)]
+    for s in segs:
+        s.write(b"x" * (64 << 10))
+        s.region = None
+        s.detach(s.turn)  # sent; the receivers hold all 20
+    assert p.stats()["fds"] <= 4 and _fds() <= before + 4
+    for s in segs:
+        s.let_go(True)
+    assert p.stats()["fds"] <= 4 and p.stats()["idle_segments"] <= 4
+    p.trim()
+    assert _fds() == before
