@@ -324,3 +324,13 @@ def stop_processes(procs: list) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def mapping_of(x):
+    """The shared-memory mapping (:class:`handoff.shmmap.Region`) a received view lies in,
+    following ``.obj`` and ``.base``; ``None`` if it lies in none."""
+    from handoff.shmmap import Region
+
+    while x is not None and not isinstance(x, Region):
+        x = getattr(x, "obj", None) if isinstance(x, memoryview) else getattr(x, "base", None)
+    return x

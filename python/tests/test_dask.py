@@ -26,6 +26,7 @@ from distributed.utils_test import gen_cluster, gen_test
 from handoff import Node
 from handoff.dask import HandoffComm, config
 from handoff.dask.frames import FramesError, plan_message, unpack_part
+from handoff.shmmap import Region
 from handoff.wire import Limits
 
 MIB = 1 << 20
@@ -44,6 +45,8 @@ def _owner(x):
 
 
 def _address(buf) -> int:
+    if isinstance(buf, Region):  # a received mapping: not a buffer itself, its arrays are
+        return buf.addr
     return np.frombuffer(buf, dtype=np.uint8).__array_interface__["data"][0]
 
 
@@ -169,13 +172,13 @@ async def test_numpy_arrays_arrive_zero_copy_in_a_private_writable_mapping(monke
         got = (await b.read())["x"]
         assert np.array_equal(got, arr) and got.flags.writeable
         mapping = _owner(got)
-        assert isinstance(mapping, mmap.mmap)  # not a copy: the array lies in the received mapping
+        assert isinstance(mapping, Region)  # not a copy: the array lies in the received mapping
         start = _address(mapping)
         assert start <= _address(got) and _address(got) + got.nbytes <= start + len(mapping)
         # The mapping is private: writing to it leaves the sender's segment as it was.
         [lease] = list(a.peer._leases.values())
         got[:16] = 0
-        assert bytes(lease.segment.map[:16]) == arr[:16].tobytes()
+        assert bytes(lease.segment.map.view()[:16]) == arr[:16].tobytes()
         # Dropping the array releases the lease: the segment is idle in the sender's pool.
         del got, mapping
         assert await _eventually(lambda: not a.peer._leases)
@@ -233,7 +236,7 @@ async def test_nodes_with_different_host_ids_talk_tcp_and_serializers_see_the_ro
         await a.write({"x": to_serialize(arr)})
         got = (await b.read())["x"]
         owner = _owner(got)  # the one buffer the frame was read into (numpy's, or a mapping)
-        assert np.array_equal(got, arr) and got.flags.writeable and isinstance(owner, (np.ndarray, mmap.mmap))
+        assert np.array_equal(got, arr) and got.flags.writeable and isinstance(owner, (np.ndarray, mmap.mmap, Region))
         assert memoryview(owner).nbytes >= arr.nbytes
     finally:
         await a.close()

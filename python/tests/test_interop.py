@@ -8,7 +8,6 @@ a wrong secret; and a Rust node connecting to the Python worker.
 from __future__ import annotations
 
 import asyncio
-import mmap
 import os
 
 import numpy as np
@@ -17,7 +16,7 @@ from conftest import SECRET
 from handoff import AuthenticationError, Buffer, Node, OwnerLost, Ticket, TicketRefused, as_numpy
 from handoff.identity import host_id
 from handoff.tickets import digest
-from helpers import eventually
+from helpers import eventually, mapping_of
 
 MIB = 1 << 20
 BIG = 16 * MIB
@@ -93,12 +92,12 @@ async def test_shm_rust_to_python_zero_copy_and_release(spawn_rust, rust_stats):
         # Zero copy: a read-only view straight over the mapping of the Rust node's segment
         # (through the frame's own exporter when the connection keeps the mapping of the
         # Rust node's pooled segment, handoff.mapcache).
-        mapping = data.obj if isinstance(data.obj, mmap.mmap) else data.obj.base.obj
-        assert isinstance(data, memoryview) and isinstance(mapping, mmap.mmap)
+        mapping = mapping_of(data)
+        assert isinstance(data, memoryview) and mapping is not None
         assert data.readonly and len(data) == BIG
         assert env.frames[1].kind == "shm" and env.segment_of(data)["size"] >= BIG
         array = as_numpy(data)
-        assert np.shares_memory(array, np.frombuffer(mapping, dtype=np.uint8))
+        assert np.shares_memory(array, mapping.array())
         assert digest(array) == bytes(env.body["digest"])
         # The Rust node keeps the segment under a lease while we hold a view of it.
         stats = await rust_stats(rust.listen)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import mmap
 import os
 
 from conftest import SECRET
 from handoff import Buffer, Node
 from handoff.tickets import digest
-from helpers import eventually
+from helpers import eventually, mapping_of
 
 MIB = 1 << 20
 
@@ -86,8 +85,8 @@ async def test_worker_sends_shared_memory_to_a_same_host_asker(spawn_py_worker):
         with await expect(node, "handoff.demo.Payload") as env:
             data = env.body["data"]
             # A pooled segment (unsealed, as the Rust node's): a mapping, or a kept one's exporter.
-            mapping = data.obj if isinstance(data.obj, mmap.mmap) else data.obj.base.obj
-            assert isinstance(mapping, mmap.mmap) and env.segment_of(data)["sealed"] is False
+            mapping = mapping_of(data)
+            assert mapping is not None and env.segment_of(data)["sealed"] is False
             assert digest(data) == bytes(env.body["digest"])
             del data
         await peer.send("handoff.demo.Hold", {"id": 8, "data": Buffer(os.urandom(MIB))})

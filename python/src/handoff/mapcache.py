@@ -26,26 +26,46 @@ Shared mappings need numpy only (the exporter of a frame is a numpy array).
 Bounds: a connection keeps at most :data:`MAX_KEPT` idle mappings; the process at most
 ``HANDOFF_SHM_KEEP_BYTES`` bytes of them (default :data:`DEFAULT_KEEP_BYTES`; or
 :func:`set_keep_bytes`, which the Dask backend calls with ``kept-map-bytes``), the least
-recently used going first; a connection's are unmapped when it closes. A kept mapping
-holds the segment's memory even if the sender has let go of it, and its pages count in
-this process's RSS (shared with the sender's).
+recently used going first; none idle longer than ``HANDOFF_SHM_KEEP_SECONDS`` (default
+:data:`KEEP_SECONDS`: a timer on the connection's event loop unmaps it); a connection's
+are unmapped when it closes, and :func:`trim_all` unmaps every idle one of the process
+(the Dask backend calls it when a worker's memory nears Dask's thresholds). A kept
+mapping holds the segment's memory even if the sender has let go of it, and its pages
+count in this process's RSS. Mappings keep no descriptor (:mod:`handoff.shmmap`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import mmap
 import os
 import sys
 import threading
+import time
+import weakref
 from collections import OrderedDict
 from typing import Any, Optional
 
-__all__ = ["MapCache", "Kept", "available", "set_keep_bytes", "MAX_KEPT", "DEFAULT_KEEP_BYTES"]
+from .shmmap import MADV_DONTNEED, Region
+
+__all__ = [
+    "MapCache",
+    "Kept",
+    "available",
+    "set_keep_bytes",
+    "trim_all",
+    "idle_bytes",
+    "MAX_KEPT",
+    "DEFAULT_KEEP_BYTES",
+    "KEEP_SECONDS",
+]
 
 #: Idle mappings one connection keeps.
 MAX_KEPT = 4
 #: Idle mapped bytes a process keeps unless ``HANDOFF_SHM_KEEP_BYTES`` says otherwise.
-DEFAULT_KEEP_BYTES = 2 << 30
+DEFAULT_KEEP_BYTES = 1 << 30
+#: An idle kept mapping is unmapped after this many seconds (``HANDOFF_SHM_KEEP_SECONDS``).
+KEEP_SECONDS = 10.0
 
 _PAGE = mmap.PAGESIZE
 _PM_PRESENT = 1 << 63
@@ -72,12 +92,36 @@ def _keep_bytes() -> int:
         return DEFAULT_KEEP_BYTES
 
 
-def _address(mapping: mmap.mmap) -> int:
-    np = sys.modules["numpy"]
-    return np.frombuffer(mapping, dtype=np.uint8, count=1).__array_interface__["data"][0]
+def _keep_seconds() -> float:
+    try:
+        return float(os.environ.get("HANDOFF_SHM_KEEP_SECONDS", KEEP_SECONDS))
+    except ValueError:
+        return KEEP_SECONDS
 
 
-def _scrub(mapping: mmap.mmap, addr: int, length: int) -> None:
+#: Every connection's cache in this process (for :func:`trim_all`).
+_caches: "weakref.WeakSet[MapCache]" = weakref.WeakSet()
+
+
+def idle_bytes() -> int:
+    """Bytes of idle kept mappings in this process."""
+    return _state["idle_bytes"]
+
+
+def trim_all() -> None:
+    """Unmaps every idle kept mapping of the process (each on its connection's event loop;
+    from any thread)."""
+    for cache in list(_caches):
+        loop = cache.loop
+        if loop is None:
+            continue
+        try:
+            loop.call_soon_threadsafe(cache.trim)
+        except RuntimeError:  # the loop is closed
+            pass
+
+
+def _scrub(mapping: Region, addr: int, length: int) -> None:
     """Drops the pages of ``mapping`` that are this process's own copies (see the module)."""
     np = sys.modules["numpy"]
     pages = length // _PAGE
@@ -93,7 +137,7 @@ def _scrub(mapping: mmap.mmap, addr: int, length: int) -> None:
     starts = np.concatenate((idx[:1], idx[breaks + 1]))
     ends = np.concatenate((idx[breaks], idx[-1:])) + 1
     for s, e in zip(starts.tolist(), ends.tolist()):
-        mapping.madvise(mmap.MADV_DONTNEED, s * _PAGE, (e - s) * _PAGE)
+        mapping.advise(MADV_DONTNEED, s * _PAGE, (e - s) * _PAGE)
 
 
 def _self_test() -> bool:
@@ -102,16 +146,13 @@ def _self_test() -> bool:
     try:
         os.ftruncate(fd, 4 * _PAGE)
         os.pwrite(fd, b"f" * (4 * _PAGE), 0)
-        m = mmap.mmap(fd, 4 * _PAGE, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        try:
-            addr = _address(m)
-            _ = m[0], m[_PAGE], m[3 * _PAGE]  # file pages, mapped
-            m[_PAGE : _PAGE + 3] = b"own"  # one page becomes ours
-            _scrub(m, addr, 4 * _PAGE)
-            os.pwrite(fd, b"new", _PAGE)  # the "sender" writes it again
-            return m[: 4 * _PAGE] == b"f" * _PAGE + b"new" + b"f" * (3 * _PAGE - 3)
-        finally:
-            m.close()
+        m = Region.map(fd, 4 * _PAGE, write=True, private=True)
+        a = m.array()
+        _ = a[0], a[_PAGE], a[3 * _PAGE]  # file pages, mapped
+        a[_PAGE : _PAGE + 3] = memoryview(b"own")  # one page becomes ours
+        _scrub(m, m.addr, 4 * _PAGE)
+        os.pwrite(fd, b"new", _PAGE)  # the "sender" writes it again
+        return a.tobytes() == b"f" * _PAGE + b"new" + b"f" * (3 * _PAGE - 3)
     finally:
         os.close(fd)
 
@@ -146,32 +187,37 @@ def _import_numpy() -> bool:
 class Kept:
     """A whole-segment mapping a connection keeps, busy while a frame uses it."""
 
-    __slots__ = ("key", "mapping", "size", "addr", "private", "busy", "__weakref__")
+    __slots__ = ("key", "mapping", "size", "addr", "private", "busy", "idle_since", "__weakref__")
 
-    def __init__(self, key: tuple, mapping: mmap.mmap, size: int, private: bool = True):
+    def __init__(self, key: tuple, mapping: Region, size: int, private: bool = True):
         self.key = key
-        self.mapping = mapping
+        self.mapping: Optional[Region] = mapping
         self.size = size
         self.private = private
         #: Where it is mapped (for scrubbing a private mapping).
-        self.addr = _address(mapping) if private else 0
+        self.addr = mapping.addr
         self.busy = True
+        self.idle_since = 0.0
 
     def exporter(self) -> Any:
-        """A fresh object exporting the whole mapping: its lifetime is one frame's views'."""
-        np = sys.modules["numpy"]
-        return np.frombuffer(self.mapping, dtype=np.uint8)
+        """A fresh object exporting the whole mapping (a numpy array, read-only for a shared
+        mapping): its lifetime is one frame's views'."""
+        return self.mapping.array()
 
 
 class MapCache:
     """One connection's kept mappings (used from its event loop's thread only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
         self._idle: "OrderedDict[tuple, Kept]" = OrderedDict()
         self._busy: dict = {}
         self.closed = False
+        #: The connection's event loop (its timer and :func:`trim_all` run there).
+        self.loop = loop
+        self._timer: Optional[asyncio.TimerHandle] = None
         #: Frames mapped through a kept mapping (for tests and stats).
         self.hits = 0
+        _caches.add(self)
 
     def take(self, key: tuple, size: int) -> Optional[Kept]:
         """The idle kept mapping of this segment, now busy; ``None`` if there is none."""
@@ -188,7 +234,7 @@ class MapCache:
         self.hits += 1
         return kept
 
-    def add(self, key: tuple, mapping: mmap.mmap, size: int, private: bool = True) -> Optional[Kept]:
+    def add(self, key: tuple, mapping: Region, size: int, private: bool = True) -> Optional[Kept]:
         """Keeps a new whole-segment mapping (busy; ``private``: copy-on-write, scrubbed when
         done); ``None`` if this segment is busy already (a sender that sends a segment again
         before its release: it gets a mapping of its own)."""
@@ -223,29 +269,59 @@ class MapCache:
                 return
         with _lock:
             _state["idle_bytes"] += kept.size
+        kept.idle_since = time.monotonic()
         self._idle[kept.key] = kept
         while len(self._idle) > MAX_KEPT or (self._idle and _state["idle_bytes"] > limit):
             _, oldest = self._idle.popitem(last=False)
             with _lock:
                 _state["idle_bytes"] -= oldest.size
             self._unmap(oldest)
+        self._arm()
 
-    def close(self) -> None:
-        """The connection closed: idle mappings are unmapped now, busy ones when done."""
-        self.closed = True
-        self._busy.clear()  # done() unmaps each when its frame's views are gone
+    def _arm(self) -> None:
+        if self._timer is not None or not self._idle or self.loop is None:
+            return
+        first = next(iter(self._idle.values()))
+        wait = max(0.05, _keep_seconds() - (time.monotonic() - first.idle_since))
+        try:
+            self._timer = self.loop.call_later(wait, self._expire)
+        except RuntimeError:  # pragma: no cover - the loop is closed
+            self._timer = None
+
+    def _expire(self) -> None:
+        """Unmaps the mappings idle for ``HANDOFF_SHM_KEEP_SECONDS``; runs again while some stay."""
+        self._timer = None
+        now = time.monotonic()
+        seconds = _keep_seconds()
+        for key in [k for k, kept in self._idle.items() if now - kept.idle_since >= seconds]:
+            kept = self._idle.pop(key)
+            with _lock:
+                _state["idle_bytes"] -= kept.size
+            self._unmap(kept)
+        self._arm()
+
+    def trim(self) -> None:
+        """Unmaps every idle mapping of this connection now (memory pressure)."""
         while self._idle:
             _, kept = self._idle.popitem()
             with _lock:
                 _state["idle_bytes"] -= kept.size
             self._unmap(kept)
 
+    def close(self) -> None:
+        """The connection closed: idle mappings are unmapped now, busy ones when done."""
+        self.closed = True
+        self._busy.clear()  # done() unmaps each when its frame's views are gone
+        self.trim()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
     @staticmethod
     def _unmap(kept: Kept) -> None:
-        try:
-            kept.mapping.close()
-        except (BufferError, ValueError):  # something still exports it: it goes with that
-            pass
+        # The region is unmapped when nothing else refers to it (an exporter still held
+        # goes on showing it until it is gone).
+        kept.mapping = None
 
     def stats(self) -> dict:
         return {"idle": len(self._idle), "busy": len(self._busy), "hits": self.hits}

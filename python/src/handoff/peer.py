@@ -39,8 +39,8 @@ from .outgoing import check_frames, check_header, clip
 from .recvbuf import MIN_POOLED, recv_pool
 from .resources import Resources
 from .route import Route
-from .shm_leases import PooledLease, ShmLeases, pooled_copy
-from .shm import PooledFrame, SharedFrame, map_received, sealed_copy, segment_info
+from .shm_leases import PooledLease, SealedLease, ShmLeases, pooled_copy
+from .shm import COPY_BELOW, PooledFrame, SharedFrame, map_received, read_received, sealed_copy, segment_info
 from .throttle import WarningThrottle
 from .ticket_client import TicketClient
 from .tickets import STREAM_DIGEST_MIN, LeaseTable, Refusal, StreamDigest, Ticket
@@ -139,6 +139,12 @@ def _alloc(n: int) -> memoryview:
     return memoryview(bytearray(n))
 
 
+def _own(n: int) -> memoryview:
+    """A fresh buffer of its own for a small frame (a numpy array, as Dask's ``host_array``)."""
+    np = sys.modules.get("numpy")
+    return memoryview(np.empty(n, dtype=np.uint8) if np is not None else bytearray(n))
+
+
 def _shm_released(peer_ref: "weakref.ref[Peer]", lease: int) -> None:
     """Called when the last view of a received shared frame is gone (any thread)."""
     peer = peer_ref()
@@ -184,7 +190,7 @@ class Peer:
         self._releases: list = []
         self._release_task: Optional[asyncio.Task] = None
         #: Whole-segment private mappings kept for the next frame (:mod:`handoff.mapcache`).
-        self._maps: Optional[MapCache] = MapCache()
+        self._maps: Optional[MapCache] = MapCache(node.loop)
         self._deliveries: Optional[asyncio.Queue] = None
         self._delivery_task: Optional[asyncio.Task] = None
         self._queued = 0
@@ -307,6 +313,11 @@ class Peer:
         fds: list = []
         new_shm: list = []
         new_tickets: list = []
+        # After the write, whatever it did: descriptors this send opened (sealed copies,
+        # duplicates of an application's segments) are closed, and the segments copied
+        # for it are unmapped here (the receiver maps them: see handoff.pool).
+        close_after: list = []
+        copies: list = []
         try:
             for view, source in zip(enc.frames, enc.sources):
                 if isinstance(source, Ticket):
@@ -342,6 +353,8 @@ class Peer:
                     )
                     continue
                 shared = None
+                fd = -1
+                sealed = False
                 if self.channel == "shm" and len(fds) < MAX_FDS_PER_READ and n > 0:
                     if isinstance(source, PooledFrame):
                         await self._shm.room(source.size, self.node.bounds, self.name, lambda: self.closed)
@@ -349,25 +362,39 @@ class Peer:
                             raise ValueError("the pooled frame is closed")
                         source.segment.hold()  # this lease's, let go when it ends
                         shared = PooledLease(source.segment)
+                        fd = source.segment.fd
                     elif isinstance(source, SharedFrame):
                         await self._shm.room(source.size, self.node.bounds, self.name, lambda: self.closed)
-                        shared = SharedFrame(source.dup_fd(), source.size, source.sealed)
+                        fd = source.dup_fd()
+                        close_after.append(fd)
+                        shared, sealed = SealedLease(source.size), source.sealed
                     elif n >= self.node.shm_threshold and self.node.shm_pool:
                         # Pooled (§7.4): never waits for room; a peer at its cap gets the bytes inline.
                         if self._shm.full(n, self.node.bounds) is None:
                             shared = await pooled_copy(view)
+                            fd = shared.segment.fd
                     elif n >= self.node.shm_threshold:
                         await self._shm.room(n, self.node.bounds, self.name, lambda: self.closed)
-                        shared = sealed_copy(view)
+                        frame = sealed_copy(view)
+                        fd, frame.fd = frame.fd, -1
+                        close_after.append(fd)
+                        shared, sealed = SealedLease(frame.size), True
                 if shared is not None:
-                    lease = self._shm.keep(shared)  # before sending: the release may come back at once
+                    try:
+                        # Before sending: the release may come back at once. After every
+                        # await above: the connection may have been cleaned up meanwhile,
+                        # and then keep() refuses (nothing would end the lease).
+                        lease = self._shm.keep(shared)
+                    except BaseException:
+                        _end_unkept(shared)
+                        raise
                     new_shm.append(lease)
                     if isinstance(shared, PooledLease):
+                        copies.append(shared)
                         descs.append(wire.Shm(n=n, off=0, size=shared.size, lease=lease, sealed=False))
-                        fds.append(shared.segment.fd)
                     else:
-                        descs.append(wire.Shm(n=n, off=0, size=shared.size, lease=lease, sealed=shared.sealed))
-                        fds.append(shared.fd)
+                        descs.append(wire.Shm(n=n, off=0, size=shared.size, lease=lease, sealed=sealed))
+                    fds.append(fd)
                     continue
                 descs.append(wire.Inline(n))
                 inline.append(view)
@@ -379,6 +406,7 @@ class Peer:
             check_header(len(head) - wire.LEN_PREFIX, limits, self.name)
         except BaseException:
             # Nothing left: what this message had leased for the peer was never promised to it.
+            _after_send(close_after, copies)
             self._shm.end(new_shm)
             for lease in new_tickets:
                 self.node.leases.withdraw(lease)
@@ -388,6 +416,8 @@ class Peer:
         except PeerClosed:
             self.closed = True
             raise
+        finally:
+            _after_send(close_after, copies)
 
     def send_now(self, type_name: str, body: Any) -> bool:
         """Sends a message whose body has no buffer that would travel as a frame, at once,
@@ -676,7 +706,13 @@ class Peer:
         try:
             me = weakref.ref(self)
             for d in h.f:
-                if isinstance(d, wire.Shm):
+                if isinstance(d, wire.Shm) and 0 < d.n < COPY_BELOW:
+                    own = _own(d.n)
+                    info = read_received(fds.pop(0), d.size, d.sealed, d.off, own)
+                    self._queue_release(d.lease)  # read: the sender may reuse the segment now
+                    view = own if self.node.shm_private else own.toreadonly()
+                    frames.append(ReceivedFrame("shm", view, d.lease, segment_info(info, d.off)))
+                elif isinstance(d, wire.Shm):
                     mapping, start, info = map_received(
                         fds.pop(0), d.size, d.sealed, d.off, d.n, private=self.node.shm_private, keep=self._maps
                     )
@@ -689,9 +725,11 @@ class Peer:
                         fin.atexit = False
                         view = memoryview(exporter)[start : start + d.n]
                     else:
+                        # The region is unmapped, and the lease released, when the frame's
+                        # last view is gone (the region keeps no descriptor).
                         fin = weakref.finalize(mapping, _shm_released, me, d.lease)
                         fin.atexit = False
-                        view = memoryview(mapping)[start : start + d.n]
+                        view = mapping.view()[start : start + d.n]
                     frames.append(ReceivedFrame("shm", view, d.lease, segment_info(info, d.off)))
                 elif isinstance(d, wire.Inline):
                     view = _alloc(d.n)
@@ -803,6 +841,22 @@ class Peer:
                 leases.renew(h.lease, holder, h.token)
             except Refusal as r:
                 self._warn("ignored a renewal from %s: %s [%s]", self.name, r.message, r.code)
+
+
+def _end_unkept(shared: Any) -> None:
+    """A lease made for a send that was never kept (the connection closed first): nothing
+    was sent on it, so a pooled segment is reusable at once."""
+    if isinstance(shared, PooledLease):
+        shared.close(True)
+
+
+def _after_send(close_after: list, copies: list) -> None:
+    for fd in close_after:
+        os.close(fd)
+    close_after.clear()
+    for c in copies:
+        c.sent()
+    copies.clear()
 
 
 def _frame_size(view: Any, source: Any) -> int:

@@ -40,6 +40,8 @@ import time
 import weakref
 from typing import Optional
 
+from .idletimer import IdleTimer
+
 __all__ = ["RecvPool", "recv_pool", "MIN_POOLED", "DEFAULT_IDLE_BYTES", "IDLE_SECONDS"]
 
 #: Frames at least this large come from the pool (smaller ones: ``malloc`` reuses its memory).
@@ -81,7 +83,7 @@ class RecvPool:
         #: Idle buffers, least recently returned first: (mapping, returned at).
         self._idle: list = []
         self.idle_bytes = 0
-        self._timer: Optional[threading.Timer] = None
+        self._timer = IdleTimer(self._expire)  # on the event loop that last took a buffer
         #: Whether each busy buffer's frame was filled, by the id of its exporter.
         self._filled: dict = {}
         self.created = 0
@@ -96,6 +98,8 @@ class RecvPool:
         np = _numpy()
         if np is None:
             return None
+        self._timer.seen()
+        self._expire_old()
         buf = None
         with self._lock:
             best = -1
@@ -151,21 +155,17 @@ class RecvPool:
                 m, _ = self._idle.pop(0)
                 self.idle_bytes -= len(m)
                 drop.append(m)
-            arm = bool(self._idle) and self._timer is None
-            if arm:
-                self._timer = threading.Timer(self.idle_seconds, self._expire)
-                self._timer.daemon = True
+            arm = bool(self._idle)
         for m in drop:
             self._free(m)
         if arm:
-            self._timer.start()
+            self._timer.arm(self.idle_seconds)
 
-    def _expire(self) -> None:
-        """Frees buffers idle for ``idle_seconds``; runs again while some stay idle."""
+    def _expire_old(self) -> float:
+        """Frees buffers idle for ``idle_seconds``; returns how long until the next is due (0: none idle)."""
         now = time.monotonic()
         drop = []
         with self._lock:
-            self._timer = None
             keep = []
             for m, at in self._idle:
                 if now - at >= self.idle_seconds:
@@ -174,13 +174,16 @@ class RecvPool:
                 else:
                     keep.append((m, at))
             self._idle = keep
-            if keep:
-                wait = max(0.1, self.idle_seconds - (now - keep[0][1]))
-                self._timer = threading.Timer(wait, self._expire)
-                self._timer.daemon = True
-                self._timer.start()
+            due = max(0.05, self.idle_seconds - (now - keep[0][1])) if keep else 0.0
         for m in drop:
             self._free(m)
+        return due
+
+    def _expire(self) -> None:
+        """The timer: frees what is due, and runs again while some buffers stay idle."""
+        due = self._expire_old()
+        if due:
+            self._timer.arm(due)
 
     def _free(self, m: mmap.mmap) -> None:
         self.freed += 1

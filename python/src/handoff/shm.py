@@ -14,8 +14,12 @@ byte copied). With ``private=True`` the mapping is private and writable instead
 (``MAP_PRIVATE``, copy-on-write): still no byte copied, but the receiver may write into
 the frame — its writes stay its own, the sender never sees them — which is what a
 consumer that expects writable buffers (Dask's deserializers copy a read-only frame
-whose header says writeable) needs to stay zero copy. Received mappings are not
-inherited by forked children (``MADV_DONTFORK``): a child never holds a sender's segment. A small window of a large segment maps only the pages that hold it.
+whose header says writeable) needs to stay zero copy. A small window of a large segment
+maps only the pages that hold it.
+
+Mappings keep no descriptor (:mod:`handoff.shmmap`): the received descriptor is closed
+as soon as it is mapped, so a held frame costs no descriptor. A forked child inherits
+received mappings like any memory and can read them (as it can read what arrived on TCP).
 Each frame gets a mapping of its own, so that the mapping's lifetime is the frame's:
 when the last view of it is gone, the mapping is freed and the frame's lease released —
 except that a receiver's connection may keep the mapping of a whole segment for the next
@@ -42,6 +46,7 @@ from .memfd import (  # noqa: F401  (the seal bits were defined here before memf
 )
 from .memfd import memfd as _memfd
 from .pool import pool
+from .shmmap import Region
 from .wire import WireError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,15 +58,22 @@ __all__ = [
     "PooledFrame",
     "sealed_copy",
     "map_received",
+    "read_received",
+    "COPY_BELOW",
     "segment_info",
     "SEALS_REQUIRED",
     "SEALS_FIXED",
 ]
 
+#: A received shm frame smaller than this is read into the receiver's own memory (one
+#: ``pread``, the lease released at once) instead of mapped: as cheap as the mapping's own
+#: system calls and page faults, and the frame is then a buffer of its own, as Dask's TCP
+#: comm reads each frame into one (a consumer that keeps some small frames and drops
+#: others frees what it drops; Dask's P2P relies on it), costing the sender no lease.
+COPY_BELOW = 1 << 20
 #: A segment this much larger than its window (beyond twice the window) is mapped only
 #: around the window (the reference's rule, §7.2 step 4).
 _WHOLE_SEGMENT_SLACK = 1 << 20
-_MADV_DONTFORK = getattr(mmap, "MADV_DONTFORK", None)
 
 
 class SharedFrame:
@@ -71,7 +83,7 @@ class SharedFrame:
     node sends it to a same-host peer by passing its descriptor: the peer maps the same pages.
     """
 
-    def __init__(self, fd: int, size: int, sealed: bool, mapping: Optional[mmap.mmap] = None):
+    def __init__(self, fd: int, size: int, sealed: bool, mapping: Optional[Region] = None):
         self.fd = fd
         self.size = size
         self.sealed = sealed
@@ -82,8 +94,8 @@ class SharedFrame:
         if self._map is None:
             if self.size == 0:
                 return memoryview(b"")
-            self._map = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        return memoryview(self._map)
+            self._map = Region.map(self.fd, self.size)
+        return self._map.view()
 
     def __len__(self) -> int:
         return self.size
@@ -118,7 +130,7 @@ class PooledFrame(SharedFrame):
     segment goes back to the pool when this handle and every lease sent on it are gone."""
 
     def __init__(self, segment: Any, n: int):
-        super().__init__(segment.fd, segment.size, False, segment.map)
+        super().__init__(segment.fd, segment.size, False, None)
         self.segment = segment
         self.n = n
 
@@ -126,7 +138,7 @@ class PooledFrame(SharedFrame):
     def view(self) -> memoryview:
         if self.segment is None:
             raise ValueError("the pooled frame is closed")
-        return memoryview(self.segment.map)[: self.n].toreadonly()
+        return self.segment.map.view()[: self.n].toreadonly()
 
     def __len__(self) -> int:
         return self.n
@@ -161,12 +173,12 @@ class ShmBuffer:
             self._segment = pool().take(size)
             self.fd = self._segment.fd
             self._map = self._segment.map
-            self.view = memoryview(self._map)[:size]
+            self.view = self._map.view()[:size]
             return
         self.fd = _memfd(size)
-        self._map = mmap.mmap(self.fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        self._map = Region.map(self.fd, size, write=True)
         #: The writable bytes; fill them in place before :meth:`freeze`.
-        self.view = memoryview(self._map)
+        self.view = self._map.view()
 
     def freeze(self, seal: bool = True) -> SharedFrame:
         """Ends writing; with ``seal`` the segment is sealed against any change (§7.4).
@@ -180,9 +192,13 @@ class ShmBuffer:
             seg, self._segment = self._segment, None
             self.fd = -1
             return PooledFrame(seg, self.size)
-        self._map.close()
+        self._map = None  # unmapped once nothing else views it (sealing needs it gone)
         fd, self.fd = self.fd, -1
-        fcntl.fcntl(fd, F_ADD_SEALS, SEALS_ALL if seal else SEALS_FIXED)
+        try:
+            fcntl.fcntl(fd, F_ADD_SEALS, SEALS_ALL if seal else SEALS_FIXED)
+        except OSError as e:
+            os.close(fd)
+            raise BufferError(f"cannot seal the shared buffer while views of it are held: {e}") from None
         return SharedFrame(fd, self.size, seal)
 
     def __len__(self) -> int:
@@ -215,6 +231,50 @@ def _bad(message: str) -> WireError:
     return WireError("bad-shm", f"bad shared-memory descriptor: {message}")
 
 
+def _check(fd: int, size: int, sealed: bool) -> os.stat_result:
+    """The checks of §7.2 on a received descriptor: its seals, then its size (``bad-shm``)."""
+    try:
+        seals = fcntl.fcntl(fd, F_GET_SEALS)
+    except OSError as e:
+        raise _bad(
+            f"the received file descriptor is not a shared-memory segment that supports seals "
+            f"(a memfd), so it could shrink under the mapping: {e.strerror or e}"
+        ) from None
+    if not seals & F_SEAL_SHRINK:
+        raise _bad(
+            f"the segment is not sealed against shrinking (its seals are {seals:#x}); every segment "
+            "must carry F_SEAL_SHRINK before it is passed"
+        )
+    if sealed and seals & SEALS_REQUIRED != SEALS_REQUIRED:
+        raise _bad(f"the descriptor claims a sealed segment, but its seals are {seals:#x}")
+    st = os.fstat(fd)
+    if st.st_size != size:
+        raise _bad(f"the descriptor says the segment has {size} bytes, the received file has {st.st_size}")
+    return st
+
+
+def read_received(fd: int, size: int, sealed: bool, off: int, into: memoryview) -> dict:
+    """Checks a received segment as :func:`map_received` does, then reads its window
+    ``off .. off + len(into)`` into ``into`` (one ``pread``: no mapping, no descriptor
+    kept). Closes ``fd`` in every case; returns the segment's info."""
+    try:
+        st = _check(fd, size, sealed)
+        n = into.nbytes
+        if off < 0 or off + n > size:
+            raise _bad(f"the window {off}+{n} is not inside the segment of {size} bytes")
+        pos = 0
+        while pos < n:
+            got = os.preadv(fd, [into[pos:]], off + pos)
+            if got <= 0:
+                raise _bad(f"the segment ended after {pos} of {n} bytes")
+            pos += got
+        return {"device": st.st_dev, "inode": st.st_ino, "size": size, "sealed": sealed}
+    except OSError as e:
+        raise _bad(f"cannot read the received segment: {e}") from None
+    finally:
+        os.close(fd)
+
+
 def map_received(
     fd: int,
     size: int,
@@ -233,7 +293,8 @@ def map_received(
     any failure is ``bad-shm``. The whole segment is mapped when ``size <= 2 * n + 1 MiB``,
     else only the pages around the window ``off .. off + n``.
 
-    Returns ``(mapping, start, info)``: the window is ``mapping[start : start + n]``;
+    Returns ``(mapping, start, info)``: the window is ``mapping.view()[start : start + n]``
+    (``mapping`` a :class:`~handoff.shmmap.Region`, which keeps no descriptor);
     ``mapping`` is ``None`` for an empty window (nothing to map). With ``keep`` (a
     connection's :class:`~handoff.mapcache.MapCache`), a whole-segment
     mapping comes from it or goes to it: ``mapping`` is then a
@@ -242,23 +303,7 @@ def map_received(
     if n is None:
         n = size - off
     try:
-        try:
-            seals = fcntl.fcntl(fd, F_GET_SEALS)
-        except OSError as e:
-            raise _bad(
-                f"the received file descriptor is not a shared-memory segment that supports seals "
-                f"(a memfd), so it could shrink under the mapping: {e.strerror or e}"
-            ) from None
-        if not seals & F_SEAL_SHRINK:
-            raise _bad(
-                f"the segment is not sealed against shrinking (its seals are {seals:#x}); every segment "
-                "must carry F_SEAL_SHRINK before it is passed"
-            )
-        if sealed and seals & SEALS_REQUIRED != SEALS_REQUIRED:
-            raise _bad(f"the descriptor claims a sealed segment, but its seals are {seals:#x}")
-        st = os.fstat(fd)
-        if st.st_size != size:
-            raise _bad(f"the descriptor says the segment has {size} bytes, the received file has {st.st_size}")
+        st = _check(fd, size, sealed)
         info = {"device": st.st_dev, "inode": st.st_ino, "size": size, "sealed": sealed}
         if n == 0:
             return None, 0, info
@@ -276,18 +321,10 @@ def map_received(
             kept = keep.take(key, size)
             if kept is not None:
                 return kept, off, info
-        flags, prot = (
-            (mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE) if private else (mmap.MAP_SHARED, mmap.PROT_READ)
-        )
         try:
-            mapping = mmap.mmap(fd, length, flags=flags, prot=prot, offset=start)
+            mapping = Region.map(fd, length, write=private, private=private, offset=start)
         except (OSError, ValueError, OverflowError) as e:
             raise _bad(f"cannot map the received segment: {e}") from None
-        if _MADV_DONTFORK is not None:
-            try:
-                mapping.madvise(_MADV_DONTFORK)
-            except OSError:  # pragma: no cover - advice only
-                pass
         if keep is not None:
             kept = keep.add(key, mapping, size, private)
             if kept is not None:

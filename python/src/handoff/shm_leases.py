@@ -17,10 +17,10 @@ import time
 from typing import Any, Callable, Optional
 
 from .bounds import Bounds
-from .errors import CapReached
+from .errors import CapReached, PeerClosed
 from .pool import Segment, pool
 
-__all__ = ["ShmLeases", "PooledLease", "pooled_copy"]
+__all__ = ["ShmLeases", "PooledLease", "SealedLease", "pooled_copy"]
 
 log = logging.getLogger("handoff")
 
@@ -32,16 +32,40 @@ _EXIT_WAIT = 2.0
 
 
 class PooledLease:
-    """A lease on a window of a pooled segment (:mod:`handoff.pool`)."""
+    """A lease on a window of a pooled segment (:mod:`handoff.pool`). ``copy``: the
+    segment holds a copy made for this send only (:func:`pooled_copy`), which the sender
+    unmaps once it is sent (:meth:`sent`)."""
 
-    __slots__ = ("segment", "size")
+    __slots__ = ("segment", "size", "copy", "turn")
 
-    def __init__(self, segment: Segment):
+    def __init__(self, segment: Segment, copy: bool = False):
         self.segment = segment
         self.size = segment.size
+        self.copy = copy
+        self.turn = segment.turn
+
+    def sent(self) -> None:
+        """The descriptor went out: a copy's segment is unmapped here (see :mod:`handoff.pool`)."""
+        if self.copy:
+            self.segment.detach(self.turn)
 
     def close(self, reusable: bool = True) -> None:
         self.segment.let_go(reusable)
+
+
+class SealedLease:
+    """A lease on a sealed segment sent to the peer: only its size, for the caps. The
+    descriptor was closed once it was sent (the receiver's mapping holds the memory;
+    nothing is written to a sealed segment again), so a held frame costs the sender no
+    descriptor."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def close(self) -> None:
+        pass
 
 
 def _end_lease(kept: Any, reusable: bool) -> None:
@@ -51,18 +75,46 @@ def _end_lease(kept: Any, reusable: bool) -> None:
         kept.close()
 
 
+def _write(seg: Segment, view: memoryview) -> None:
+    """Copies into the segment, then unmaps it at once: the bytes stay in the memfd's pages
+    (in no process's RSS until the receiver maps them), so that a message of many frames
+    never has all their copies mapped in the sender at the same time."""
+    seg.write(view)
+    seg.region = None
+
+
+def _copy_done(seg: Segment, job: asyncio.Future) -> None:
+    if not job.cancelled():
+        job.exception()  # retrieved: the send that wanted it is gone
+    seg.let_go(True)
+
+
 async def pooled_copy(view: memoryview) -> PooledLease:
-    """Copies a buffer into a segment of the process's pool (a thread does large copies)."""
+    """Copies a buffer into a segment of the process's pool (a thread does large copies).
+
+    If the caller is cancelled while a thread copies, the segment stays busy until that
+    thread is done: it goes back to the pool only then, so that the next send never gets a
+    segment another thread still writes into (issue 25, item 5)."""
     seg = pool().take(view.nbytes)
+    if view.nbytes < _COPY_IN_THREAD:
+        try:
+            _write(seg, view)
+        except BaseException:
+            seg.let_go(True)
+            raise
+        return PooledLease(seg, copy=True)
+    # Shielded: a cancellation of this coroutine does not cancel the copy (it could not
+    # stop the thread anyway); the copy's own future says when the thread is done.
+    job = asyncio.get_running_loop().run_in_executor(None, _write, seg, view)
     try:
-        if view.nbytes >= _COPY_IN_THREAD:
-            await asyncio.get_running_loop().run_in_executor(None, seg.write, view)
-        else:
-            seg.write(view)
+        await asyncio.shield(job)
     except BaseException:
-        seg.let_go(True)
+        if job.done():
+            seg.let_go(True)
+        else:  # cancelled while the thread writes: nobody was sent it, reusable once it is done
+            job.add_done_callback(lambda j: _copy_done(seg, j))
         raise
-    return PooledLease(seg)
+    return PooledLease(seg, copy=True)
 
 
 async def _process_exited(pid: int, wait: float) -> bool:
@@ -99,6 +151,8 @@ class ShmLeases:
         self._bytes = 0
         self._changed: Optional[asyncio.Event] = None
         self._next = 1
+        #: Set once the connection's leases ended (:meth:`end_at_close`): no lease is kept after.
+        self.closed = False
 
     @property
     def kept(self) -> dict:
@@ -142,7 +196,12 @@ class ShmLeases:
             reason = self.full(size, bounds)
 
     def keep(self, shared: Any) -> int:
-        """Keeps ``shared`` under a new lease; returns the lease id."""
+        """Keeps ``shared`` under a new lease; returns the lease id. Raises ``PeerClosed``
+        once the connection's leases have ended: a send that waited (for a copy in a
+        thread) while the connection was cleaned up must not add a lease that nothing
+        would end (issue 25, item 6); the caller ends ``shared`` itself."""
+        if self.closed:
+            raise PeerClosed("the connection closed while the frame was being prepared")
         lease = self._next
         self._next += 1
         self._leases[lease] = shared
@@ -173,6 +232,7 @@ class ShmLeases:
         may still hold views, so they are retired instead (:mod:`handoff.pool`). Without
         ``recycle`` (the node is closing) they are retired at once; else ``spawn`` runs the
         wait for the process to exit. ``label`` names the connection in the log."""
+        self.closed = True
         pooled = [lease for lease, kept in self._leases.items() if isinstance(kept, PooledLease)]
         others = [lease for lease, kept in self._leases.items() if not isinstance(kept, PooledLease)]
         self.end(others)

@@ -44,7 +44,6 @@ size is only compared with the file's: nothing is allocated by it.
 
 from __future__ import annotations
 
-import mmap
 import os
 import pickle
 import stat
@@ -56,6 +55,7 @@ from typing import Any, Optional
 
 from . import pins
 from .route import REMOTE, SAME_HOST, Route, RouteError, register
+from .shmmap import Region
 
 __all__ = ["SpilledFile", "NAME", "allowed_dirs", "allow_dir", "spill_dir"]
 
@@ -134,14 +134,8 @@ class _Backing:
         self.pins -= 1
 
     def close_mapping(self) -> None:
-        m = self.mapping
-        if isinstance(m, mmap.mmap):
-            try:
-                m.close()
-            except BufferError:
-                pass  # views of it are still out: it is unmapped when the last one goes
-            else:
-                self.mapping = None
+        if isinstance(self.mapping, Region):
+            self.mapping = None  # unmapped when the last view of it goes
 
 
 class _LocalFile(_Backing):
@@ -159,7 +153,8 @@ class _LocalFile(_Backing):
                 self.mapping = b""
             else:
                 with open(self.path, "rb") as f:
-                    self.mapping = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+                    # No descriptor kept by the mapping (handoff.shmmap).
+                    self.mapping = Region.map(f.fileno(), size)
         return self.mapping
 
 
@@ -270,9 +265,9 @@ class SpilledFile:
     def view(self) -> memoryview:
         """The bytes, read-only, without a copy (a mapping of the file, or the received frame)."""
         b = self._live()
-        if isinstance(b, _LocalFile):
-            return memoryview(b.map(self._size)).toreadonly()
-        m = b.mapping
+        m = b.map(self._size) if isinstance(b, _LocalFile) else b.mapping
+        if isinstance(m, Region):
+            return m.view()
         return memoryview(m if m is not None else b"").toreadonly()
 
     def read(self) -> bytes:
@@ -399,7 +394,7 @@ def _open_peer_file(header: dict, size: int, route: Route) -> SpilledFile:
                 raise ValueError(f"{path} is not the file the sender meant (another device or inode: replaced?)")
             if st.st_size != size:
                 raise ValueError(f"the header says {size} bytes, {path} has {st.st_size}")
-            mapping = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else b""
+            mapping = Region.map(fd, size) if size else b""
         finally:
             os.close(fd)
     except BaseException:

@@ -1,4 +1,7 @@
-"""``HandoffBackend``: the ``handoff`` scheme of ``distributed.comm`` (address handling as TCP's)."""
+"""``HandoffBackend``: the ``handoff`` scheme of ``distributed.comm`` (address handling as TCP's).
+
+The first connector or listener of a process starts :mod:`handoff.dask.memory` (the
+``handoff`` worker metric, and memory held for reuse given back under pressure)."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from distributed.comm.addressing import parse_host_port, unparse_host_port
 from distributed.comm.registry import Backend
 from distributed.utils import ensure_ip, get_ip
 
+from . import memory
 from .connector import HandoffConnector
 from .listener import HandoffListener
 
@@ -16,9 +20,11 @@ class HandoffBackend(Backend):
     """Dask's comm backend for ``handoff://host:port`` addresses."""
 
     def get_connector(self) -> HandoffConnector:
+        memory.start()  # the shared bytes reported to Dask, and given back under pressure
         return HandoffConnector()
 
     def get_listener(self, loc, handle_comm, deserialize, **connection_args) -> HandoffListener:
+        memory.start()
         return HandoffListener(loc, handle_comm, deserialize, **connection_args)
 
     def get_address_host(self, loc: str) -> str:

@@ -1,0 +1,147 @@
+"""Mappings of memfds that keep no descriptor: :class:`Region` (Linux, through libc).
+
+Python's ``mmap.mmap`` duplicates the descriptor it maps and keeps the copy open for
+the mapping's lifetime, so every received frame a program holds, and every segment a
+sender keeps, cost one descriptor: with ``ulimit -n 1024`` a worker that holds a few
+thousand received arrays runs out of them (issue 25, item 1). A :class:`Region` is made
+by calling libc's ``mmap`` itself; the caller closes the descriptor right after, and the
+pages stay mapped (the mapping holds the file, not a descriptor).
+
+The mapping's lifetime is the :class:`Region`'s: it is unmapped (``munmap``) when the
+region and every buffer made from it are gone. A buffer is a fresh numpy array over the
+region (:meth:`Region.array`, whose ``base`` is the region, through its
+``__array_interface__``), or without numpy a ctypes array that refers to the region;
+:meth:`Region.view` is a memoryview of one, read-only for a read-only mapping (a write
+through a writable view of a read-only mapping would crash the process, not raise).
+
+A mapping is inherited by a forked child like any other memory (no ``MADV_DONTFORK``):
+the child reads what its parent received, as it would on TCP.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+from typing import Any, Optional
+
+__all__ = [
+    "Region",
+    "PROT_READ",
+    "PROT_WRITE",
+    "MAP_SHARED",
+    "MAP_PRIVATE",
+    "MAP_POPULATE",
+    "MADV_DONTNEED",
+]
+
+PROT_READ = 0x1
+PROT_WRITE = 0x2
+MAP_SHARED = 0x01
+MAP_PRIVATE = 0x02
+#: Fill the page tables at once: for a memfd whose pages exist (a pooled segment used
+#: before), far faster than a fault per page on the first write.
+MAP_POPULATE = 0x8000
+MADV_DONTNEED = 4
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_mmap = _libc.mmap
+_mmap.restype = ctypes.c_void_p
+_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_munmap = _libc.munmap
+_munmap.restype = ctypes.c_int
+_munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_madvise = _libc.madvise
+_madvise.restype = ctypes.c_int
+_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def _error(what: str) -> OSError:
+    err = ctypes.get_errno()
+    return OSError(err, f"{what}: {os.strerror(err)}")
+
+
+class Region:
+    """One mapping of a file (``fd`` may be closed once it is made); see the module.
+
+    ``len(region)`` is its length, ``region.addr`` its address. Only :meth:`map` makes one."""
+
+    __slots__ = ("addr", "length", "readonly", "__weakref__")
+
+    def __init__(self, addr: int, length: int, readonly: bool):
+        self.addr = addr
+        self.length = length
+        self.readonly = readonly
+
+    @classmethod
+    def map(
+        cls,
+        fd: int,
+        length: int,
+        *,
+        write: bool = False,
+        private: bool = False,
+        offset: int = 0,
+        populate: bool = False,
+    ) -> "Region":
+        """Maps ``length`` bytes of ``fd`` from ``offset`` (a multiple of the page size):
+        shared (``MAP_SHARED``) or ``private`` (copy-on-write), writable with ``write``,
+        its page tables filled at once with ``populate``. Raises ``OSError``."""
+        if length <= 0:
+            raise ValueError("a mapping needs at least one byte")
+        if offset < 0:
+            raise ValueError("a negative offset")
+        prot = PROT_READ | (PROT_WRITE if write else 0)
+        flags = (MAP_PRIVATE if private else MAP_SHARED) | (MAP_POPULATE if populate else 0)
+        addr = _mmap(None, length, prot, flags, fd, offset)
+        if addr is None or addr == _MAP_FAILED:
+            raise _error(f"mmap of {length} bytes")
+        return cls(addr, length, not write)
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def __array_interface__(self) -> dict:
+        return {"data": (self.addr, self.readonly), "shape": (self.length,), "typestr": "|u1", "version": 3}
+
+    def array(self) -> Any:
+        """A fresh numpy ``uint8`` array over the whole mapping (read-only for a read-only
+        mapping); its views keep the mapping. Needs numpy."""
+        return sys.modules["numpy"].asarray(self)
+
+    def exporter(self) -> Any:
+        """A fresh object exporting the whole mapping through the buffer protocol: a numpy
+        array (:meth:`array`) if numpy is loaded, else a ctypes array that refers to this region."""
+        if "numpy" in sys.modules:
+            return self.array()
+        buf = (ctypes.c_ubyte * self.length).from_address(self.addr)
+        buf._region = self  # the ctypes array keeps the mapping alive
+        return buf
+
+    def view(self) -> memoryview:
+        """A memoryview of the whole mapping (read-only for a read-only mapping)."""
+        mv = memoryview(self.exporter()).cast("B")
+        return mv.toreadonly() if self.readonly else mv
+
+    def __getitem__(self, key: Any) -> Any:
+        """``region[i]`` or ``region[a:b]``: through a fresh :meth:`view`."""
+        return self.view()[key]
+
+    def advise(self, advice: int, off: int = 0, n: Optional[int] = None) -> None:
+        """``madvise`` over ``off .. off + n`` (page-aligned ``off``); raises ``OSError``."""
+        n = self.length - off if n is None else n
+        if off < 0 or n < 0 or off + n > self.length:
+            raise ValueError("the range is not inside the mapping")
+        if n and _madvise(self.addr + off, n, advice) != 0:
+            raise _error("madvise")
+
+    def __del__(self) -> None:
+        addr, self.addr = getattr(self, "addr", 0), 0
+        if addr:
+            _munmap(addr, self.length)
+
+    def __repr__(self) -> str:
+        return f"Region({self.length} bytes at {self.addr:#x}{', read-only' if self.readonly else ''})"
