@@ -47,7 +47,7 @@ from .ticket_client import TicketClient
 from .tickets import LeaseTable, Ticket
 from .tls import TlsConfig
 from .turns import after_new_input
-from .transport import Transport
+from .transport import Transport, keepalive_plan
 
 __all__ = ["Node", "DEFAULT_SHM_THRESHOLD", "HANDSHAKE_TIMEOUT", "STATS_MAX_PEERS"]
 
@@ -156,6 +156,7 @@ class Node:
         shm_private: bool = False,
         pins: PinBounds = DEFAULT_PIN_BOUNDS,
         tls: Optional[TlsConfig] = None,
+        tcp_timeout: Optional[float] = None,
     ):
         if not name:
             raise ValueError("a node needs a name")
@@ -173,6 +174,13 @@ class Node:
         self.shm_private = shm_private
         #: TLS on TCP connections (spec §3.1), or ``None``.
         self.tls = tls
+        #: Seconds within which a TCP peer that stopped answering (its host lost power,
+        #: or was cut off) fails the connection: keepalive and ``TCP_USER_TIMEOUT``
+        #: (:meth:`Transport.set_tcp_timeout <handoff.transport.Transport.set_tcp_timeout>`);
+        #: ``None``: the kernel's defaults (keepalive off).
+        self.tcp_timeout = tcp_timeout
+        if tcp_timeout is not None:
+            keepalive_plan(tcp_timeout)  # a ValueError now, not at the first connection
         #: How many plain peers this node refused with ``tls-required``.
         self.tls_refusals = 0
         self.per_connection = per_connection
@@ -508,6 +516,7 @@ class Node:
         its reader."""
         transport = Transport(sock, label, self.bounds)
         transport.peer_pid = peer_pid
+        transport.set_tcp_timeout(self.tcp_timeout)
         entry = self._admission.begin_handshake(transport) if accepted else None
         timeout = self.bounds.handshake_timeout
         secure = self.tls is not None and not transport.unix
@@ -600,10 +609,23 @@ class Node:
                 s.close()
                 last = e
         if sock is None:
+            if isinstance(last, OSError) and last.errno is not None:
+                raise type(last)(last.errno, f"connecting to {addr}: {last.strerror}")
             raise ConnectionError(f"connecting to {addr}: {last}")
         peer = await self._open(sock, addr, host=host)
         if channel == "tcp":
             return peer
+        try:
+            return await self._switch_to_unix(peer, channel)
+        except BaseException:
+            # Cancelled (or failed) after the handshake: nobody else holds this connection.
+            peer.abort()
+            raise
+
+    async def _switch_to_unix(self, peer: Peer, channel: Optional[str]) -> Peer:
+        """The same-host peer ``peer`` (over TCP) through its Unix socket, if it offers one
+        (then ``peer`` is closed), else ``peer``; a Unix connection that is cancelled before
+        it is returned is closed at once."""
         why_not = None
         if peer.ident.host != self.host_id:
             why_not = "it is on another host"
@@ -630,7 +652,11 @@ class Node:
                 e,
             )
             return peer
-        await peer.close()
+        try:
+            await peer.close()
+        except BaseException:
+            shm_peer.abort()
+            raise
         log.info("%s: same-host peer %s: using shm", self.name, shm_peer.name)
         return shm_peer
 

@@ -23,6 +23,14 @@ the connection, so only that peer's sends fail. Closing after an error (§11.3) 
 down the sending side first and drains what still arrives for a moment, so that the
 peer reads our ``error`` instead of a reset.
 
+Between messages a read waits without a limit of its own: a TCP connection given a
+timeout (:meth:`Transport.set_tcp_timeout`) has keepalive probes and ``TCP_USER_TIMEOUT``
+from it (:func:`keepalive_plan`), so that the kernel ends the wait with ``ETIMEDOUT``
+when the peer's host stops answering (lost power, cut off) within that timeout, as
+Dask's TCP comm does for ``distributed.comm.timeouts.tcp``. What ended a connection, an
+``OSError`` where there was one, is kept as :attr:`Transport.failure` for the layers
+above (a Dask comm raises it as its ``CommClosedError``'s cause).
+
 One class, :class:`Transport`, whose reads, writes and close share the socket, its
 buffer, its descriptors and its timers: it stays whole although it is about 600 lines.
 """
@@ -32,9 +40,11 @@ from __future__ import annotations
 import array
 import asyncio
 import collections
+import errno
 import os
 import socket
 import ssl
+import sys
 import time
 from typing import Optional, Sequence
 
@@ -43,7 +53,7 @@ from .errors import PeerClosed
 from .wire import LEN_PREFIX, PREAMBLE_LEN, Limits, WireError
 from .wire.framing import header_length_at
 
-__all__ = ["Transport", "MAX_FDS_PER_READ"]
+__all__ = ["Transport", "MAX_FDS_PER_READ", "keepalive_plan", "KEEPALIVE_PROBES"]
 
 READ_CHUNK = 64 * 1024
 #: Most descriptors accepted with one read (spec §7.2); more is ``bad-shm``.
@@ -59,6 +69,27 @@ _WOULD_BLOCK = (BlockingIOError, InterruptedError)
 #: … a TLS socket one of these as well (its record needs the socket readable or writable).
 _TLS_WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _TLS_WOULD_BLOCK = _WOULD_BLOCK + _TLS_WANT
+
+
+#: Keepalive probes sent before a silent peer is given up (Linux's default, and Dask's).
+KEEPALIVE_PROBES = 10
+#: Linux's ``TCP_USER_TIMEOUT`` (since 2.6.37), where the socket module lacks the name.
+_TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)
+
+
+def keepalive_plan(timeout: float) -> tuple[int, int, int]:
+    """``(idle, interval, probes)`` in whole seconds for a TCP connection that must notice a
+    silent peer within ``timeout`` seconds: ``idle + interval * probes == timeout``, with
+    ``probes`` = :data:`KEEPALIVE_PROBES`, a quarter of the timeout (at least 2 s) idle
+    before the first probe and the rest spread over the probes (at least 1 s apart) —
+    the values Dask's TCP comm derives from ``distributed.comm.timeouts.tcp``.
+    ``ValueError`` below ``probes + 1`` seconds, where no such plan exists."""
+    whole = int(timeout)
+    if whole < KEEPALIVE_PROBES + 1:
+        raise ValueError(f"a TCP timeout is at least {KEEPALIVE_PROBES + 1} s (one per keepalive probe), got {timeout}")
+    first = max(2, whole // 4)
+    interval = max(1, (whole - first) // KEEPALIVE_PROBES)
+    return whole - interval * KEEPALIVE_PROBES, interval, KEEPALIVE_PROBES
 
 
 def _wake(fut: asyncio.Future) -> None:
@@ -133,12 +164,42 @@ class Transport:
         self.claimed: Optional[str] = None
         #: On a Unix socket: the peer's process id (``SO_PEERCRED``), set by the node.
         self.peer_pid: Optional[int] = None
+        #: What ended the connection first, if it failed rather than closed: the
+        #: ``OSError`` of a read or a write (a reset, ``ETIMEDOUT`` from keepalive or the
+        #: user timeout, a broken pipe), or a ``TimeoutError`` with ``ETIMEDOUT`` for this
+        #: transport's own progress and write timeouts. ``None`` for a clean end.
+        self.failure: Optional[OSError] = None
         self.closed = False
         if not self.unix:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+
+    def _failed(self, error: OSError) -> None:
+        """Keeps the first error that ended the connection (:attr:`failure`)."""
+        if self.failure is None and not self.closed:
+            self.failure = error
+
+    def set_tcp_timeout(self, timeout: Optional[float]) -> None:
+        """Keepalive probes and ``TCP_USER_TIMEOUT`` so that a silent peer (its host lost
+        power or was cut off) fails reads and writes with ``ETIMEDOUT`` within ``timeout``
+        seconds (:func:`keepalive_plan`); nothing on a Unix socket or for ``None``. A
+        platform without one of the options keeps what it has (as Dask's TCP comm)."""
+        if self.unix or timeout is None:
+            return
+        idle, interval, probes = keepalive_plan(timeout)
+        sock = self.sock
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            if hasattr(socket, "TCP_KEEPIDLE"):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, probes)
+            if sys.platform.startswith("linux"):
+                sock.setsockopt(socket.IPPROTO_TCP, _TCP_USER_TIMEOUT, int(timeout) * 1000)
+        except OSError:
+            pass
 
     # ------------------------------------------------------------------ reading
 
@@ -224,7 +285,7 @@ class Transport:
                 return  # nothing after all: keep waiting
             except (ConnectionError, OSError) as e:
                 self._read_waiter = None
-                w.set_exception(e)
+                w.set_exception(e)  # the read records it (it may have been closed meanwhile)
                 return
             self._read_waiter = None
             w.set_result(data)
@@ -268,10 +329,9 @@ class Transport:
             if self._read_waiter is fut:
                 self._read_waiter = None
         if ok is False:
-            raise WireError(
-                "timeout",
-                f"timed out: no byte from {self.label} for {timeout:g} s in the middle of a message ({what})",
-            )
+            message = f"timed out: no byte from {self.label} for {timeout:g} s in the middle of a message ({what})"
+            self._failed(TimeoutError(errno.ETIMEDOUT, message))
+            raise WireError("timeout", message)
         return ok
 
     def _recv_now(self, nbytes: int) -> bytes:
@@ -346,6 +406,7 @@ class Transport:
         except (ConnectionError, OSError) as e:
             if self.closed:
                 return b""
+            self._failed(e)
             raise PeerClosed(f"reading from {self.label}: {e}") from None
 
     async def _recv_into(self, view: memoryview, timeout: Optional[float], what: str) -> int:
@@ -358,6 +419,7 @@ class Transport:
         except (ConnectionError, OSError) as e:
             if self.closed:
                 return 0
+            self._failed(e)
             raise PeerClosed(f"reading from {self.label}: {e}") from None
 
     def _check_handshake_fds(self) -> None:
@@ -490,6 +552,7 @@ class Transport:
         except (ConnectionError, OSError) as e:
             if self.closed:
                 raise WireError("truncated", f"truncated input: {what} needs {n} bytes, only {pos} present") from None
+            self._failed(e)
             raise PeerClosed(f"reading from {self.label}: {e}") from None
         return pos
 
@@ -527,6 +590,7 @@ class Transport:
                 f"writing to {self.label}: no progress for {timeout:g} s (the peer reads nothing); "
                 "the connection is closed"
             )
+            self._failed(TimeoutError(errno.ETIMEDOUT, self._broken))
             self.shutdown()
             raise PeerClosed(self._broken)
 
@@ -593,6 +657,8 @@ class Transport:
             except (ConnectionError, OSError, ValueError) as e:
                 if self._broken is None:
                     self._broken = f"writing to {self.label}: {e}"
+                if isinstance(e, OSError):
+                    self._failed(e)
                 raise PeerClosed(self._broken) from None
 
     def _may_write_now(self) -> bool:
@@ -647,6 +713,8 @@ class Transport:
             except (PeerClosed, ConnectionError, OSError, ValueError) as e:
                 if self._broken is None:
                     self._broken = f"writing to {self.label}: {e}"
+                if isinstance(e, OSError):
+                    self._failed(e)
 
     def try_send_now(self, data: bytes) -> None:
         """Writes ``data`` if the socket takes it at once (best effort, never waits)."""

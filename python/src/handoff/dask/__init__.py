@@ -59,8 +59,13 @@ and bytes by channel and shows its segment pool. The pool's idle segments (4 GiB
 by default) and the segments a worker received count in the RSS that Dask's memory
 monitor reads; a received segment's pages are shared with the sender, not copied.
 
+Failures: a comm whose peer died, reset, closed or timed out raises what Dask's TCP
+comm raises (``CommClosedError`` caused by the ``OSError``, :mod:`handoff.dask.failures`);
+TCP connections have keepalive and ``TCP_USER_TIMEOUT`` from
+``distributed.comm.timeouts.tcp``; ``close()`` lets writes in flight finish.
+
 Limits: a single frame over 4 GiB (a pickled buffer Dask does not shard) travels in
-pieces that are joined by a copy; a Unix comm's connecting end is ``handoff://HOST:0``;
+pieces that are joined by a copy, in Dask's offload thread (not on the event loop); a Unix comm's connecting end is ``handoff://HOST:0``;
 the Python wire code makes a small message's round trip between two workers 1.15–1.25×
 that of Dask's TCP comm (a task's round trip from a client is level with TCP's); kept
 mappings (at most 4 per connection, 2 GiB per process: ``kept-map-bytes``) hold

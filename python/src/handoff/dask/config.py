@@ -11,6 +11,14 @@ process that loads the backend. The secret is looked up in this order: ``secret`
 peers of the older protocol versions, while a cluster upgrades: in versions 1 and 2 a
 peer without the secret can authenticate by reflecting the nodes' own proofs (spec
 WIRE.md §5.6), so turn them on only for the upgrade, inside a network you trust.
+
+Time: every TCP connection gets keepalive and ``TCP_USER_TIMEOUT`` from Dask's own
+``distributed.comm.timeouts.tcp`` (as Dask's TCP comm does), so that a peer whose host
+lost power fails its comms within that timeout. ``progress-timeout`` (silence inside a
+message) and ``write-timeout`` (a write that makes no progress) bound the rest; empty:
+the node's defaults (:class:`handoff.bounds.Bounds`). ``max-frame-bytes`` lowers the
+size of one handoff frame (default: the wire format's 4 GiB, §9): a Dask frame above it
+travels in pieces joined by a copy off the event loop (:mod:`handoff.dask.frames`).
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from typing import Optional
 
 import dask.config
 import yaml
-from dask.utils import parse_bytes
+from dask.utils import parse_bytes, parse_timedelta
 
 __all__ = ["Settings", "settings", "SECTION"]
 
@@ -46,6 +54,13 @@ class Settings:
     accept_v2: bool = False
     #: Also accept peers that speak only protocol version 1 (and 2; dangerous, §5.4, §5.6).
     accept_v1: bool = False
+    #: Seconds for keepalive and ``TCP_USER_TIMEOUT`` (``distributed.comm.timeouts.tcp``).
+    tcp_timeout: Optional[float] = None
+    #: Seconds of silence inside a message, and of a write without progress (``None``: defaults).
+    progress_timeout: Optional[float] = None
+    write_timeout: Optional[float] = None
+    #: The largest handoff frame this process sends and takes (``None``: the wire's 4 GiB).
+    max_frame_bytes: Optional[int] = None
 
 
 def _get(key: str, default=None):
@@ -79,7 +94,29 @@ def settings() -> Settings:
         kept_map_bytes=None if kept in (None, "") else parse_bytes(kept) if isinstance(kept, str) else int(kept),
         accept_v2=_flag("accept-v2"),
         accept_v1=_flag("accept-v1"),
+        tcp_timeout=_seconds(
+            dask.config.get("distributed.comm.timeouts.tcp", default=None), "distributed.comm.timeouts.tcp"
+        ),
+        progress_timeout=_seconds(_get("progress-timeout"), f"{SECTION}.progress-timeout"),
+        write_timeout=_seconds(_get("write-timeout"), f"{SECTION}.write-timeout"),
+        max_frame_bytes=_size(_get("max-frame-bytes")),
     )
+
+
+def _seconds(value, key: str) -> Optional[float]:
+    """A duration (``30s``, ``2 minutes``, a number of seconds), or ``None`` if empty."""
+    if value in (None, ""):
+        return None
+    seconds = parse_timedelta(value, default="seconds")
+    if seconds is None or seconds <= 0:
+        raise ValueError(f"{key} is a positive duration, got {value!r}")
+    return float(seconds)
+
+
+def _size(value) -> Optional[int]:
+    if value in (None, ""):
+        return None
+    return parse_bytes(value) if isinstance(value, str) else int(value)
 
 
 def _flag(key: str) -> bool:

@@ -9,20 +9,24 @@ forgotten and TCP is dialed again). The first message on the connection is
 ``handoff.dask.Open`` with the addresses this comm uses at both ends.
 
 Errors: what cannot reach the listener (refused, unreachable, a handshake that fails or
-is refused as ``overloaded``) raises ``OSError``/``CommClosedError``, which Dask retries
-until its connect timeout; a wrong cluster secret or a TLS failure (a certificate that
+is refused as ``overloaded``) raises ``CommClosedError`` with the ``OSError`` as its
+cause, as Dask's TCP connector does (a name that does not resolve: ``socket.gaierror``,
+as there), which Dask retries until its connect timeout; a wrong cluster secret or a TLS failure (a certificate that
 does not verify, a listener that requires TLS when this side has none, or the reverse)
 raises ``FatalCommClosedError``, which it does not retry. Dask's TLS settings
 (``ssl_context``, ``require_encryption``, ``server_hostname`` of ``connection_args``) are
-honoured (:mod:`handoff.dask.security`); other keyword arguments are ignored.
+honoured (:mod:`handoff.dask.security`); other keyword arguments are ignored. A connect
+cancelled once the connection is up (a ``wait_for`` that ran out) closes it at once,
+instead of leaving the listener to wait for its ``Open``.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 
 from distributed.comm.addressing import parse_host_port, unparse_host_port
-from distributed.comm.core import CommClosedError, Connector, FatalCommClosedError
+from distributed.comm.core import Connector, FatalCommClosedError
 
 from ..errors import AuthenticationError, HandoffError, PeerClosed, PeerRefused, TlsError
 from ..node import Node
@@ -30,6 +34,7 @@ from ..peer import Peer
 from ..wire import WireError
 from .comm import HandoffComm
 from .config import SECTION, settings
+from .failures import comm_closed
 from .frames import TYPE_OPEN
 from .listener import PREFIX
 from .nodes import connector_node
@@ -79,6 +84,7 @@ class HandoffConnector(Connector):
         host, port = parse_host_port(address)
         tls = tls_from_connection_args(connection_args, server=False)
         lease = await connector_node(settings(), tls)
+        peer = None
         try:
             try:
                 peer = await _dial(lease.node, address, host, port)
@@ -91,16 +97,23 @@ class HandoffConnector(Connector):
             except PeerRefused as e:
                 if e.code == "auth-failed":
                     raise FatalCommClosedError(f"handoff://{address}: {e}") from None
-                raise CommClosedError(f"handoff://{address}: {e}") from None
-            except (PeerClosed, HandoffError, WireError) as e:
-                raise CommClosedError(f"handoff://{address}: {e}") from None
-            local = _local_address(peer, host)
+                err = comm_closed(f"handoff://{address}", None, e)
+                raise err from err.__cause__
+            except socket.gaierror:
+                raise
+            except (PeerClosed, HandoffError, WireError, OSError) as e:
+                err = comm_closed(f"handoff://{address}", None, e)
+                raise err from err.__cause__
             try:
+                local = _local_address(peer, host)
                 await peer.send(TYPE_OPEN, {"from": local, "to": PREFIX + address})
-            except PeerClosed as e:
-                peer.abort()
-                raise CommClosedError(f"handoff://{address}: {e}") from None
+            except (PeerClosed, OSError) as e:
+                err = comm_closed(f"handoff://{address}", peer.transport.failure, e)
+                raise err from err.__cause__
         except BaseException:
+            # Failed or cancelled: nobody else holds the connection (or the node for it).
+            if peer is not None:
+                peer.abort()
             lease.release()
             raise
         return HandoffComm(peer, local, PREFIX + address, deserialize, release=lease.release)

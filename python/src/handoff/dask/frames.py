@@ -18,7 +18,15 @@ and each entry is one of
   Dask then joins without a copy (``merge_memoryviews`` only joins slices of one
   buffer);
 - ``{"join": [ref, ...]}``: one Dask frame larger than a handoff frame may be (4 GiB),
-  in pieces (joined by a copy on receipt).
+  in pieces. The receiver must join them by a copy: they arrive in separate buffers (one
+  read or one mapping each), and Dask keeps a frame as one buffer. A copy of that size
+  (over 4 GiB) must not stall the event loop, so :func:`unpack_part` can leave a
+  :class:`Join` in its place for the caller to run in a thread (the comm runs it in
+  Dask's offload thread), and :meth:`Join.run` copies in slices of
+  :data:`JOIN_SLICE`, so that even in a thread the copy gives the interpreter lock up
+  between slices. (The alternative, pieces passed to Dask as consecutive frames, is
+  not open: Dask's deserializers take one frame per buffer, and its
+  ``merge_memoryviews`` joins without a copy only slices of one buffer.)
 
 A message is cut into parts so that each stays within the receiver's limits (§9:
 1024 frames, 16 GiB; §7.2: 64 shared segments) and its body within the header limit.
@@ -33,7 +41,7 @@ from typing import Any, Optional, Sequence
 from ..codec import Bin, Buffer
 from ..wire import DEFAULT_LIMITS, Limits
 
-__all__ = ["TYPE_OPEN", "TYPE_FRAMES", "Plan", "plan_message", "unpack_part", "FramesError", "SMALL"]
+__all__ = ["TYPE_OPEN", "TYPE_FRAMES", "Plan", "plan_message", "unpack_part", "FramesError", "SMALL", "Join"]
 
 #: The first message of every comm's connection, from the connecting side: its addresses.
 TYPE_OPEN = "handoff.dask.Open"
@@ -45,6 +53,8 @@ SMALL = 1024
 _MAX_SHM_PER_PART = 64
 #: At most this many body bytes per part (the header, which holds the body, is at most 16 MiB).
 _MAX_BODY_PER_PART = 8 << 20
+#: A :class:`Join` copies this many bytes at a time (a few milliseconds each).
+JOIN_SLICE = 16 << 20
 
 
 class FramesError(ValueError):
@@ -195,8 +205,36 @@ def _bytes_like(value: Any) -> bool:
     return isinstance(value, (bytes, bytearray, memoryview))
 
 
-def unpack_part(body: Any, out: list) -> bool:
+class Join:
+    """The pieces of one Dask frame sent as ``{"join": ...}``, to be joined by :meth:`run`."""
+
+    __slots__ = ("pieces", "nbytes")
+
+    def __init__(self, pieces: list):
+        self.pieces = [memoryview(p).cast("B") for p in pieces]
+        self.nbytes = sum(p.nbytes for p in self.pieces)
+
+    def run(self) -> memoryview:
+        """One writable buffer with the pieces' bytes, copied :data:`JOIN_SLICE` at a time
+        (from any thread); the pieces are let go."""
+        joined = bytearray(self.nbytes)
+        out = memoryview(joined)
+        pos = 0
+        for piece in self.pieces:
+            for start in range(0, piece.nbytes, JOIN_SLICE):
+                chunk = piece[start : start + JOIN_SLICE]
+                out[pos : pos + chunk.nbytes] = chunk
+                pos += chunk.nbytes
+        self.pieces = []
+        return out
+
+
+def unpack_part(body: Any, out: list, joins: Optional[list] = None) -> bool:
     """Appends the Dask frames of one received part to ``out``; returns whether more parts follow.
+
+    A frame sent in pieces is joined here, unless ``joins`` is given: then a
+    :class:`Join` takes its place in ``out`` and its index goes to ``joins``, for the
+    caller to replace by ``Join.run()`` (off the event loop).
 
     Raises :class:`FramesError` for a body this module would not send."""
     if not isinstance(body, dict) or not isinstance(body.get("f"), list):
@@ -226,13 +264,12 @@ def unpack_part(body: Any, out: list) -> bool:
             pieces = entry["join"]
             if not isinstance(pieces, list) or not all(_bytes_like(p) for p in pieces):
                 raise FramesError("a 'join' entry is a list of frames")
-            joined = bytearray(sum(memoryview(p).nbytes for p in pieces))
-            pos = 0
-            for p in pieces:
-                p = memoryview(p).cast("B")
-                joined[pos : pos + p.nbytes] = p
-                pos += p.nbytes
-            out.append(memoryview(joined))
+            join = Join(pieces)
+            if joins is None:
+                out.append(join.run())
+            else:
+                joins.append(len(out))
+                out.append(join)
         else:
             raise FramesError(f"unexpected entry of type {type(entry).__name__} in a {TYPE_FRAMES} body")
     return more

@@ -10,7 +10,9 @@ one process, as in ``gen_cluster``), and a node never connects to itself (§5.1)
 
 Every node is built from :func:`handoff.dask.config.settings`: the cluster secret, the
 host id, shared memory on or off and its threshold, the older protocol versions it
-accepts (``accept-v2``, ``accept-v1``: none by default); and with the TLS of Dask's
+accepts (``accept-v2``, ``accept-v1``: none by default), the timeouts (keepalive and
+``TCP_USER_TIMEOUT`` from ``distributed.comm.timeouts.tcp``; ``progress-timeout`` and
+``write-timeout``), the largest frame; and with the TLS of Dask's
 ``connection_args`` (:mod:`handoff.dask.security`): a connector node per loop, settings
 and client context; it delivers each connection's messages to that connection (one comm, one stream), sends from the process's pool of
 shared segments, and maps what it receives private and writable (Dask's deserializers
@@ -30,6 +32,7 @@ from ..bounds import DEFAULT_BOUNDS
 from ..node import Node
 from ..pool import pool
 from ..tls import TlsConfig
+from ..wire import DEFAULT_LIMITS
 from ..peer import Peer
 from .config import Settings
 from .frames import TYPE_FRAMES, TYPE_OPEN
@@ -68,6 +71,14 @@ def make_node(
         pool().max_idle_bytes = settings.pool_idle_bytes
     if settings.kept_map_bytes is not None:
         mapcache.set_keep_bytes(settings.kept_map_bytes)
+    bounds = BOUNDS
+    if settings.progress_timeout is not None:
+        bounds = dataclasses.replace(bounds, progress_timeout=settings.progress_timeout)
+    if settings.write_timeout is not None:
+        bounds = dataclasses.replace(bounds, write_timeout=settings.write_timeout)
+    limits = DEFAULT_LIMITS
+    if settings.max_frame_bytes is not None:
+        limits = dataclasses.replace(limits, max_frame_bytes=min(limits.max_frame_bytes, settings.max_frame_bytes))
     return Node(
         f"dask-{role}-{os.getpid()}",
         host_id=settings.host_id,
@@ -80,8 +91,10 @@ def make_node(
         on_accept=on_accept,
         shm_pool=True,
         shm_private=True,
-        bounds=BOUNDS,
+        bounds=bounds,
+        limits=limits,
         tls=tls,
+        tcp_timeout=settings.tcp_timeout,
         accept_v1=settings.accept_v1,
         accept_v2=settings.accept_v2,
     )
