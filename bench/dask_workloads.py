@@ -516,6 +516,7 @@ def _run_reps(args, sizes: dict, workloads: list, raw: dict, sessions: dict) -> 
 
 
 def run_all(args) -> dict:
+    load_start = list(os.getloadavg())
     sizes = sizes_for(args.scale)
     workloads = args.only
     raw: dict = {w: {s: [] for s in SCHEMES} for w in workloads}
@@ -537,6 +538,7 @@ def run_all(args) -> dict:
             "python": platform.python_version(),
             "dask": dask.__version__,
             "cpus": os.cpu_count(),
+            "loadavg_start": load_start,
             "loadavg_end": list(os.getloadavg()),
         },
         "options": {
