@@ -82,9 +82,7 @@ def _frame_digest(part: pd.DataFrame) -> pd.Series:
 def _block_digest(block: np.ndarray) -> np.ndarray:
     """One block's digest as a 1×1 block: a hash of its bytes and its shape."""
     data = np.ascontiguousarray(block)
-    return np.array(
-        [[_hash64(repr(data.shape).encode() + data.tobytes())]], dtype=np.uint64
-    )
+    return np.array([[_hash64(repr(data.shape).encode() + data.tobytes())]], dtype=np.uint64)
 
 
 def _array_digest(arr: np.ndarray) -> int:
@@ -128,19 +126,13 @@ def run_shuffle(client: Client, sizes: dict):
 
 def run_groupby(client: Client, sizes: dict):
     df = _frame(sizes)
-    out = (
-        df.groupby("key")
-        .agg({"x": "sum", "y": "max"}, split_out=sizes["split_out"])
-        .reset_index()
-    )
+    out = df.groupby("key").agg({"x": "sum", "y": "max"}, split_out=sizes["split_out"]).reset_index()
     digests = out.map_partitions(_frame_digest, meta=pd.Series(dtype="int64"))
     return client.compute(digests, sync=True).tolist()
 
 
 def _digest_blocks(client: Client, arr) -> list:
-    d = arr.map_blocks(
-        _block_digest, chunks=tuple((1,) * len(c) for c in arr.chunks), dtype=np.uint64
-    )
+    d = arr.map_blocks(_block_digest, chunks=tuple((1,) * len(c) for c in arr.chunks), dtype=np.uint64)
     return client.compute(d, sync=True).ravel().tolist()
 
 
@@ -173,14 +165,9 @@ def _inc(i: int) -> int:
 
 
 def run_tree(client: Client, sizes: dict):
-    level = client.map(
-        _leaf, range(sizes["tree_leaves"]), n=sizes["tree_leaf_bytes"] // 8, pure=False
-    )
+    level = client.map(_leaf, range(sizes["tree_leaves"]), n=sizes["tree_leaf_bytes"] // 8, pure=False)
     while len(level) > 1:
-        nxt = [
-            client.submit(_add, a, b, pure=False)
-            for a, b in zip(level[::2], level[1::2])
-        ]
+        nxt = [client.submit(_add, a, b, pure=False) for a, b in zip(level[::2], level[1::2])]
         level = nxt + ([level[-1]] if len(level) % 2 else [])
     return client.submit(_array_digest, level[0], pure=False).result()
 
@@ -238,9 +225,7 @@ class CountTcpWrites(WorkerPlugin):
         if getattr(tcp.TCP.write, "_bench_counted", False):
             return
         inner = tcp.TCP.write
-        tcp._bench_written = (
-            0  # on Dask's module: a by-value pickle of this one has its own globals
-        )
+        tcp._bench_written = 0  # on Dask's module: a by-value pickle of this one has its own globals
 
         async def write(self, msg, serializers=None, on_error="message"):
             n = await inner(self, msg, serializers=serializers, on_error=on_error)
@@ -333,11 +318,7 @@ class RssSampler:
 def _unmanaged_warnings(client: Client) -> int:
     """How many lines of the workers' logs say "Unmanaged memory use is high"."""
     logs = client.get_worker_logs()
-    return sum(
-        "Unmanaged memory use is high" in msg
-        for lines in logs.values()
-        for _level, msg in lines
-    )
+    return sum("Unmanaged memory use is high" in msg for lines in logs.values() for _level, msg in lines)
 
 
 def _memory_events(client: Client, since: float) -> dict:
@@ -348,11 +329,7 @@ def _memory_events(client: Client, since: float) -> dict:
         for ts, msg in evs:
             if ts < since or not isinstance(msg, dict):
                 continue
-            if (
-                topic != "all"
-                and msg.get("action") == "worker-status-change"
-                and msg.get("status") == "paused"
-            ):
+            if topic != "all" and msg.get("action") == "worker-status-change" and msg.get("status") == "paused":
                 paused += 1
             if topic == "all" and msg.get("action") == "remove-worker":
                 removed += 1
@@ -477,17 +454,11 @@ def _summarise(runs: list[Run]) -> dict:
     return {
         "seconds": statistics.median(r.seconds for r in runs),
         "seconds_runs": [r.seconds for r in runs],
-        "peak_rss": {
-            w: max(r.peak_rss.get(w, 0) for r in runs) for w in sorted(last.peak_rss)
-        },
-        "peak_rss_max": max(
-            (max(r.peak_rss.values(), default=0) for r in runs), default=0
-        ),
+        "peak_rss": {w: max(r.peak_rss.get(w, 0) for r in runs) for w in sorted(last.peak_rss)},
+        "peak_rss_max": max((max(r.peak_rss.values(), default=0) for r in runs), default=0),
         "shmem_at_peak": last.shmem_at_peak,
         "rest_rss": last.rest_rss,
-        "rest_rss_max": max(
-            (max(r.rest_rss.values(), default=0) for r in runs), default=0
-        ),
+        "rest_rss_max": max((max(r.rest_rss.values(), default=0) for r in runs), default=0),
         "bytes_written": last.bytes_written,
         "paused": sum(r.paused for r in runs),
         "removed": sum(r.removed for r in runs),
@@ -556,18 +527,14 @@ def run_all(args) -> dict:
     for w in workloads:
         per = {s: _summarise(raw[w][s]) for s in SCHEMES}
         digests = [d for s in SCHEMES for d in per[s]["digests"]]
-        equal = all(d is not None for d in digests) and all(
-            d == digests[0] for d in digests
-        )
+        equal = all(d is not None for d in digests) and all(d == digests[0] for d in digests)
         t, h = per["tcp"], per["handoff"]
         out["workloads"][w] = {
             "tcp": {k: v for k, v in t.items() if k != "digests"},
             "handoff": {k: v for k, v in h.items() if k != "digests"},
             "equal": equal,
             "time_ratio": h["seconds"] / t["seconds"] if t["seconds"] else None,
-            "peak_rss_ratio": (h["peak_rss_max"] / t["peak_rss_max"])
-            if t["peak_rss_max"]
-            else None,
+            "peak_rss_ratio": (h["peak_rss_max"] / t["peak_rss_max"]) if t["peak_rss_max"] else None,
         }
     return out
 
@@ -606,18 +573,14 @@ def main(argv=None) -> int:
         default=1.0,
         help="multiplies every size (0.02: a smoke run)",
     )
-    ap.add_argument(
-        "--repeat", type=int, default=1, help="runs of each workload on each scheme"
-    )
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each workload on each scheme")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument(
         "--memory-limit",
         default="2GiB",
         help="each worker's memory limit (Dask's memory_limit)",
     )
-    ap.add_argument(
-        "--only", default=",".join(WORKLOADS), help="workloads to run, in this order"
-    )
+    ap.add_argument("--only", default=",".join(WORKLOADS), help="workloads to run, in this order")
     ap.add_argument(
         "--sample-ms",
         type=float,
