@@ -554,15 +554,41 @@ def print_table(out: dict) -> None:
             f"{t['rest_rss_max'] / mib:10.0f}{h['rest_rss_max'] / mib:9.0f}"
             f"{t['bytes_written']['tcp'] / mib:9.0f}{h['bytes_written']['shm'] / mib:11.0f}"
             f"{h['bytes_written']['tcp'] / mib:11.0f}"
-            f"{t['paused']:>6}/{h['paused']:<5}{t['removed'] + t['restarted']:>7}/{h['removed'] + h['restarted']:<5}"
+            f"{t['paused']:>6}/{h['paused']:<5}{max(t['removed'], t['restarted']):>7}/{max(h['removed'], h['restarted']):<5}"
         )
         for s in SCHEMES:
             for e in r[s]["errors"]:
                 print(f"  {w} on {s}://: {e}")
     print(
         "peak and rest: the highest worker's RSS in MiB; h/t: handoff's over tcp's; MiB: bytes the workers wrote"
-        " (tcp:// through Dask's TCP comm; handoff:// by channel); paused and restart: tcp/handoff counts."
+        " (tcp:// through Dask's TCP comm; handoff:// by channel); paused: pauses, restart: workers removed or restarted"
+        " (tcp/handoff counts)."
     )
+
+
+# The issue's bar for a run (issue 25, "Done when"): no workload slower on handoff:// than 0.95×
+# its tcp:// speed, the ones that move large data between same-host workers faster, and no
+# worker's peak RSS more than 10 % over tcp://'s (the highest worker against the highest).
+MIN_SPEED = 0.95
+MUST_BE_FASTER = ("shuffle", "rechunk", "matmul")
+MAX_PEAK_RATIO = 1.10
+
+
+def check(out: dict) -> list[str]:
+    """The ways ``out`` misses the bar above, one line each (empty: it meets it)."""
+    misses = []
+    for w, r in out["workloads"].items():
+        t, h = r["tcp"]["seconds"], r["handoff"]["seconds"]
+        if not r["equal"]:
+            misses.append(f"{w}: results differ between the schemes (or a run failed)")
+        if h > 0 and t / h < MIN_SPEED:
+            misses.append(f"{w}: handoff:// runs at {t / h:.2f}× tcp://'s speed (< {MIN_SPEED})")
+        if w in MUST_BE_FASTER and h >= t:
+            misses.append(f"{w}: handoff:// ({h:.2f} s) is not faster than tcp:// ({t:.2f} s)")
+        ratio = r["peak_rss_ratio"]
+        if ratio is not None and ratio > MAX_PEAK_RATIO:
+            misses.append(f"{w}: highest worker peak RSS {ratio:.2f}× tcp://'s (> {MAX_PEAK_RATIO})")
+    return misses
 
 
 def main(argv=None) -> int:
@@ -601,6 +627,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--json", metavar="PATH", help="write every figure there as JSON")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    ap.add_argument("--check", action="store_true", help="exit 1 unless the run meets the issue's bar (time, RSS)")
     args = ap.parse_args(argv)
     args.only = [w.strip() for w in args.only.split(",") if w.strip()]
     unknown = [w for w in args.only if w not in RUNNERS]
@@ -613,6 +640,19 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1, sort_keys=True)
+    if not all(r["equal"] for r in out["workloads"].values()):
+        print("results differ between tcp:// and handoff:// (or a run failed)")
+        return 1
+    if args.check:
+        misses = check(out)
+        for m in misses:
+            print("below the bar:", m)
+        print(
+            "check:",
+            "missed" if misses else "met",
+            f"(speed >= {MIN_SPEED}x, {', '.join(MUST_BE_FASTER)} faster, peak RSS <= {MAX_PEAK_RATIO}x)",
+        )
+        return 1 if misses else 0
     return 0
 
 
