@@ -150,11 +150,18 @@ def test_the_secret_comes_from_config_then_a_file_then_the_environment(tmp_path,
             "distributed.comm.handoff.shm": False,
             "distributed.comm.handoff.pool-idle-bytes": "2GiB",
             "distributed.comm.handoff.kept-map-bytes": "1GiB",
+            "distributed.comm.handoff.pool-idle-seconds": "2s",
+            "distributed.comm.handoff.kept-map-seconds": 0,
         }
     ):
         s = config.settings()
         assert (s.shm_threshold, s.shm, s.pool_idle_bytes, s.kept_map_bytes) == (MIB, False, 2 << 30, 1 << 30)
-    assert config.settings().pool_idle_bytes is None and config.settings().kept_map_bytes is None
+        assert (s.pool_idle_seconds, s.kept_map_seconds) == (2.0, 0.0)
+    s = config.settings()
+    assert s.pool_idle_bytes is None and s.kept_map_bytes is None and s.pool_idle_seconds is None
+    with dask.config.set({"distributed.comm.handoff.pool-idle-seconds": "soon"}):
+        with pytest.raises(ValueError, match="pool-idle-seconds"):
+            config.settings()
 
 
 # ---------------------------------------------------------------- comms

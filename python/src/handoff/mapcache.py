@@ -73,7 +73,7 @@ _PM_SWAP = 1 << 62
 _PM_FILE = 1 << 61  # a page of the file (or shared anonymous), not one of our own copies
 
 _lock = threading.Lock()
-_state: dict = {"checked": False, "ok": False, "pagemap": -1, "idle_bytes": 0, "keep_bytes": None}
+_state: dict = {"checked": False, "ok": False, "pagemap": -1, "idle_bytes": 0, "keep_bytes": None, "keep_seconds": None}
 
 
 def set_keep_bytes(n: int) -> None:
@@ -92,7 +92,15 @@ def _keep_bytes() -> int:
         return DEFAULT_KEEP_BYTES
 
 
+def set_keep_seconds(seconds: float) -> None:
+    """How long an idle mapping stays mapped from now on (overrides
+    ``HANDOFF_SHM_KEEP_SECONDS``; timers armed before keep their time)."""
+    _state["keep_seconds"] = max(0.0, float(seconds))
+
+
 def _keep_seconds() -> float:
+    if _state["keep_seconds"] is not None:
+        return _state["keep_seconds"]
     try:
         return float(os.environ.get("HANDOFF_SHM_KEEP_SECONDS", KEEP_SECONDS))
     except ValueError:

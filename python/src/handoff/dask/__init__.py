@@ -54,10 +54,17 @@ Design, and why:
   (:mod:`handoff.dask.security`).
 
 Configuration: ``distributed.comm.handoff`` (``handoff.yaml``: secret, secret-file,
-host-id, shm, shm-threshold, pool-idle-bytes, kept-map-bytes). :func:`stats` counts this process's comms
-and bytes by channel and shows its segment pool. The pool's idle segments (4 GiB at most
-by default) and the segments a worker received count in the RSS that Dask's memory
-monitor reads; a received segment's pages are shared with the sender, not copied.
+host-id, shm, shm-threshold, pool-idle-bytes, pool-idle-seconds, kept-map-bytes,
+kept-map-seconds, the timeouts, max-frame-bytes). :func:`stats` counts this process's comms
+and bytes by channel and shows its segment pool.
+
+Memory (:mod:`handoff.dask.memory`): a sender unmaps a segment once it is written, so a
+shared page counts in one process's RSS (the receiver's), not in both; what is held only
+for reuse (the pool's idle segments, 1 GiB at most; the kept mappings, 1 GiB) is given
+back after 10 s idle and at once when a worker nears Dask's spill, pause or terminate
+threshold; the shared bytes reach the scheduler as the worker metric ``handoff``. A
+mapped segment keeps no descriptor, so a worker holding thousands of received frames
+needs none for them.
 
 Failures: a comm whose peer died, reset, closed or timed out raises what Dask's TCP
 comm raises (``CommClosedError`` caused by the ``OSError``, :mod:`handoff.dask.failures`);
@@ -68,8 +75,8 @@ Limits: a single frame over 4 GiB (a pickled buffer Dask does not shard) travels
 pieces that are joined by a copy, in Dask's offload thread (not on the event loop); a Unix comm's connecting end is ``handoff://HOST:0``;
 the Python wire code makes a small message's round trip between two workers 1.15–1.25×
 that of Dask's TCP comm (a task's round trip from a client is level with TCP's); kept
-mappings (at most 4 per connection, 2 GiB per process: ``kept-map-bytes``) hold
-their segments' memory and count in the receiver's RSS, shared with the sender's.
+mappings (at most 4 per connection, ``kept-map-bytes`` per process) hold their segments'
+memory, in the receiver's RSS, until their timer or memory pressure gives them back.
 """
 
 from __future__ import annotations

@@ -50,6 +50,9 @@ class Settings:
     shm_threshold: int = 64 * 1024
     pool_idle_bytes: Optional[int] = None
     kept_map_bytes: Optional[int] = None
+    #: Seconds an idle pooled segment, and an idle kept mapping, waits before it is given back.
+    pool_idle_seconds: Optional[float] = None
+    kept_map_seconds: Optional[float] = None
     #: Also accept peers that speak only protocol version 2 (spec §3; dangerous, §5.6).
     accept_v2: bool = False
     #: Also accept peers that speak only protocol version 1 (and 2; dangerous, §5.4, §5.6).
@@ -92,6 +95,8 @@ def settings() -> Settings:
         shm_threshold=parse_bytes(threshold) if isinstance(threshold, str) else int(threshold),
         pool_idle_bytes=None if idle in (None, "") else parse_bytes(idle) if isinstance(idle, str) else int(idle),
         kept_map_bytes=None if kept in (None, "") else parse_bytes(kept) if isinstance(kept, str) else int(kept),
+        pool_idle_seconds=_seconds(_get("pool-idle-seconds"), f"{SECTION}.pool-idle-seconds", zero=True),
+        kept_map_seconds=_seconds(_get("kept-map-seconds"), f"{SECTION}.kept-map-seconds", zero=True),
         accept_v2=_flag("accept-v2"),
         accept_v1=_flag("accept-v1"),
         tcp_timeout=_seconds(
@@ -103,13 +108,18 @@ def settings() -> Settings:
     )
 
 
-def _seconds(value, key: str) -> Optional[float]:
-    """A duration (``30s``, ``2 minutes``, a number of seconds), or ``None`` if empty."""
+def _seconds(value, key: str, zero: bool = False) -> Optional[float]:
+    """A duration (``30s``, ``2 minutes``, a number of seconds), or ``None`` if empty;
+    positive, or also 0 with ``zero``."""
     if value in (None, ""):
         return None
-    seconds = parse_timedelta(value, default="seconds")
-    if seconds is None or seconds <= 0:
-        raise ValueError(f"{key} is a positive duration, got {value!r}")
+    try:
+        seconds = parse_timedelta(value, default="seconds")
+    except (ValueError, TypeError, KeyError):
+        seconds = None
+    if seconds is None or seconds < 0 or (seconds == 0 and not zero):
+        kind = "a duration of 0 or more" if zero else "a positive duration"
+        raise ValueError(f"{key} is {kind}, got {value!r}")
     return float(seconds)
 
 

@@ -71,6 +71,10 @@ def make_node(
         pool().max_idle_bytes = settings.pool_idle_bytes
     if settings.kept_map_bytes is not None:
         mapcache.set_keep_bytes(settings.kept_map_bytes)
+    if settings.pool_idle_seconds is not None:
+        pool().idle_seconds = settings.pool_idle_seconds
+    if settings.kept_map_seconds is not None:
+        mapcache.set_keep_seconds(settings.kept_map_seconds)
     bounds = BOUNDS
     if settings.progress_timeout is not None:
         bounds = dataclasses.replace(bounds, progress_timeout=settings.progress_timeout)
