@@ -791,11 +791,17 @@ class Transport:
             except asyncio.CancelledError:
                 pass
         self.shutdown()
-        try:
-            await asyncio.wait_for(self.send_lock.acquire(), 5)
+        if not self.send_lock.locked():
+            # Free: taken without a turn of the loop, so that whoever waits for this
+            # connection's end (a comm's read) hears of it as soon as with a plain socket.
+            await self.send_lock.acquire()
             locked = True
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            locked = False
+        else:
+            try:
+                await asyncio.wait_for(self.send_lock.acquire(), 5)
+                locked = True
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                locked = False
         self.closed = True
         self._watching = False
         try:
