@@ -11,7 +11,6 @@ use crate::demo_row::Row;
 use crate::node_cmd::read_ready_line;
 use crate::protocol::{self, Payload, Receipt, SendRequest};
 use crate::scratch::{write_secret, TempDir};
-use crate::table;
 
 /// Options of `handoff demo`.
 ///
@@ -98,6 +97,9 @@ fn row(from: &Peer, to_name: &str, bytes: u64, seconds: f64, verified: bool, sen
         path: None,
         storage_gets: None,
         dask_tcp_seconds: None,
+        cold: true,
+        warm_seconds: None,
+        cold_seconds: None,
     }
 }
 
@@ -163,7 +165,39 @@ async fn receive_from_remote(dst: &Node, peer: &Peer, id: u64, bytes: u64) -> Re
         path: None,
         storage_gets: None,
         dask_tcp_seconds: None,
+        cold: true,
+        warm_seconds: None,
+        cold_seconds: None,
     })
+}
+
+/// Transfers after a route's first one, whose median is the row's warm figure.
+const WARM_REPS: u64 = 3;
+
+/// Runs `transfer` once (cold) and then [`WARM_REPS`] times more along the same route: the first
+/// transfer's row, with the median of the others as `warm_seconds` and verified only if all were.
+/// `transfer` gets the repetition (0 for the first) to make each message's id distinct.
+async fn cold_and_warm<F, Fut>(mut transfer: F) -> Result<Row>
+where
+    F: FnMut(u64) -> Fut,
+    Fut: std::future::Future<Output = Result<Row>>,
+{
+    let mut first = transfer(0).await?;
+    let mut warm = Vec::new();
+    for rep in 1..=WARM_REPS {
+        let again = transfer(rep).await?;
+        first.verified &= again.verified;
+        warm.push(again.seconds);
+    }
+    warm.sort_by(f64::total_cmp);
+    first.cold = true;
+    first.warm_seconds = Some(warm[warm.len() / 2]);
+    Ok(first)
+}
+
+/// The id of repetition `rep` of the transfer `id` (distinct from every other transfer's).
+fn rep_id(id: u64, rep: u64) -> u64 {
+    id + rep * 1000
 }
 
 /// The Python interpreter that has the Python peer installed: `$HANDOFF_PYTHON` (set by
@@ -254,45 +288,7 @@ pub async fn run(args: DemoArgs) -> Result<()> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else {
-        let cells: Vec<Vec<String>> = rows
-            .iter()
-            .map(|r| {
-                vec![
-                    r.from.clone(),
-                    r.to.clone(),
-                    r.locality.clone(),
-                    r.channel.clone(),
-                    table::size(r.bytes),
-                    table::duration(r.seconds),
-                    table::throughput(r.bytes, r.seconds),
-                    if r.verified { "yes".into() } else { "NO".into() },
-                    match (&r.data, &r.path, r.storage_gets, r.dask_tcp_seconds) {
-                        (Some(d), Some(p), Some(g), _) => {
-                            format!("{d} via {p} ({g} storage GET{})", if g == 1 { "" } else { "s" })
-                        }
-                        (_, _, _, Some(t)) => format!("Dask array (on tcp:// {})", table::duration(t)),
-                        _ => "value".into(),
-                    },
-                ]
-            })
-            .collect();
-        print!(
-            "{}",
-            table::render(
-                &[
-                    "from",
-                    "to",
-                    "locality",
-                    "channel",
-                    "bytes",
-                    "time",
-                    "throughput",
-                    "verified",
-                    "sent as"
-                ],
-                &cells
-            )
-        );
+        print!("{}", crate::demo_table::render(&rows, WARM_REPS));
     }
     if rows.iter().any(|r| !r.verified) {
         bail!("some transfers were not verified");
@@ -324,12 +320,12 @@ pub async fn run_rows(bytes: u64) -> Result<Vec<Row>> {
     let delta = wait_for_channel(&alpha, "delta", Channel::Shm).await?;
 
     let mut rows = Vec::new();
-    rows.push(inproc_transfer(&alpha, &beta, 1, bytes).await?);
-    rows.push(inproc_transfer(&beta, &alpha, 2, bytes).await?);
-    rows.push(send_to_remote(&alpha, &gamma, 3, bytes).await?);
-    rows.push(receive_from_remote(&alpha, &gamma, 4, bytes).await?);
-    rows.push(send_to_remote(&alpha, &delta, 5, bytes).await?);
-    rows.push(receive_from_remote(&alpha, &delta, 6, bytes).await?);
+    rows.push(cold_and_warm(|rep| inproc_transfer(&alpha, &beta, rep_id(1, rep), bytes)).await?);
+    rows.push(cold_and_warm(|rep| inproc_transfer(&beta, &alpha, rep_id(2, rep), bytes)).await?);
+    rows.push(cold_and_warm(|rep| send_to_remote(&alpha, &gamma, rep_id(3, rep), bytes)).await?);
+    rows.push(cold_and_warm(|rep| receive_from_remote(&alpha, &gamma, rep_id(4, rep), bytes)).await?);
+    rows.push(cold_and_warm(|rep| send_to_remote(&alpha, &delta, rep_id(5, rep), bytes)).await?);
+    rows.push(cold_and_warm(|rep| receive_from_remote(&alpha, &delta, rep_id(6, rep), bytes)).await?);
     rows.extend(data.rows(&alpha, &gamma, &delta).await?);
 
     // Python workers, one on another host identity (tcp) and one on ours (shm).
@@ -340,10 +336,10 @@ pub async fn run_rows(bytes: u64) -> Result<Vec<Row>> {
             let py_remote = alpha.wait_for_peer("py-remote", WAIT).await?;
             children.push(spawn_node(Runner::Python(&python), "py-local", &host, &secret, &listen, &[]).await?);
             let py_local = wait_for_channel(&alpha, "py-local", Channel::Shm).await?;
-            rows.push(send_to_remote(&alpha, &py_remote, 7, bytes).await?);
-            rows.push(receive_from_remote(&alpha, &py_remote, 8, bytes).await?);
-            rows.push(send_to_remote(&alpha, &py_local, 9, bytes).await?);
-            rows.push(receive_from_remote(&alpha, &py_local, 10, bytes).await?);
+            rows.push(cold_and_warm(|rep| send_to_remote(&alpha, &py_remote, rep_id(7, rep), bytes)).await?);
+            rows.push(cold_and_warm(|rep| receive_from_remote(&alpha, &py_remote, rep_id(8, rep), bytes)).await?);
+            rows.push(cold_and_warm(|rep| send_to_remote(&alpha, &py_local, rep_id(9, rep), bytes)).await?);
+            rows.push(cold_and_warm(|rep| receive_from_remote(&alpha, &py_local, rep_id(10, rep), bytes)).await?);
             // The Python worker has no catalog: a handle comes to it through the fallback.
             rows.push(data.send(&alpha, &py_remote, 104, "demo-blob").await?);
             match dask_rows(&python, bytes).await? {

@@ -148,6 +148,10 @@ impl DataSetup {
             path: Some(r.path),
             storage_gets: Some(self.storage_gets() - gets),
             dask_tcp_seconds: None,
+            // The first read of the handle; a second one would come from the receiver's own cache.
+            cold: true,
+            warm_seconds: None,
+            cold_seconds: None,
         })
     }
 

@@ -6,6 +6,7 @@ mod data_cmd;
 mod demo;
 mod demo_data;
 mod demo_row;
+mod demo_table;
 mod hostile;
 mod node_cmd;
 mod protocol;

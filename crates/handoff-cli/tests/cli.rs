@@ -80,6 +80,20 @@ fn demo_json_rows_cover_inproc_tcp_and_shm_and_are_verified() {
     if let Some(py) = rows.iter().find(|r| r["data"] == "demo-blob" && r["to"] == "py-remote") {
         assert_eq!(py["path"], "remote-blob", "the Python worker has no catalog: {py}");
     }
+    // Each value row is the route's first transfer (cold), with the warm median of its repeats beside it;
+    // a data-handle row is a first read, with no warm figure. (Dask's rows, where Dask is installed, are
+    // python/tests/test_demo.py's.)
+    for r in rows
+        .iter()
+        .filter(|r| !r["from"].as_str().unwrap().starts_with("dask-"))
+    {
+        assert_eq!(r["cold"], true, "{r}");
+        if r["data"].is_null() {
+            assert!(r["warm_seconds"].as_f64().is_some_and(|w| w > 0.0), "{r}");
+        } else {
+            assert!(r.get("warm_seconds").is_none(), "{r}");
+        }
+    }
     // Plain rows keep their keys only.
     assert!(rows
         .iter()

@@ -22,6 +22,8 @@ pub mod catalog;
 mod dataset;
 pub mod embedded;
 pub mod error;
+#[cfg(doctest)]
+mod guide_examples;
 pub mod handle;
 mod kind;
 pub mod name;

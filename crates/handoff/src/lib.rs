@@ -44,6 +44,8 @@ mod context;
 mod directory;
 mod envelope;
 mod error;
+#[cfg(doctest)]
+mod guide_examples;
 mod handshake;
 mod handshakes;
 mod hashing;

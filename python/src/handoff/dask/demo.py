@@ -4,7 +4,9 @@ every transfer verified, beside the time the same transfer takes on Dask's ``tcp
 
 ``python -m handoff.dask.demo [--bytes N] [--reps R]`` prints a JSON array of rows in the
 format of ``handoff demo --json`` (which runs it): ``from``, ``to``, ``locality``,
-``channel``, ``bytes``, ``seconds``, ``verified``, and ``dask_tcp_seconds``.
+``channel``, ``bytes``, ``seconds``, ``verified``, and ``dask_tcp_seconds``; ``cold`` says
+whether ``seconds`` is a first transfer (the data-handle rows) or warm (the array rows,
+which add ``warm_seconds``, the same median, and ``cold_seconds``, their warm-up).
 
 - **The clusters.** ``LocalCluster(protocol="handoff", n_workers=2, processes=True)``:
   workers ``dask-a`` and ``dask-b``, with this host's identity; and ``dask-r``, a
@@ -119,15 +121,18 @@ async def _transfer(client, a: str, b: str, nbytes: int, seed: int, protocol: st
 
 
 async def _series(client, a: str, b: str, nbytes: int, reps: int, protocol: str, channel: str, seed: int) -> dict:
-    times, why = [], []
+    times, why, first = [], [], None
     for i in range(reps + 1):
         seconds, ok, problem = await _transfer(client, a, b, nbytes, seed + i, protocol, channel)
         if not ok:
             why.append(problem)
-        if i and seconds is not None:
+        if i == 0:
+            first = seconds
+        elif seconds is not None:
             times.append(seconds)
         await asyncio.sleep(0.05)  # let the receiver drop the array (its segment goes back)
-    return {"seconds": statistics.median(times) if times else None, "verified": not why, "why": why}
+    median = statistics.median(times) if times else None
+    return {"seconds": median, "first": first, "verified": not why, "why": why}
 
 
 class _Storage:
@@ -248,6 +253,7 @@ async def _data_rows(client, a: str, workers: dict, storage: _Storage) -> list:
                 "data": "demo-data",
                 "path": origin,
                 "storage_gets": storage.gets - gets,
+                "cold": True,  # the first read of the handle (a second comes from the worker's own cache)
             }
         )
     del made
@@ -339,6 +345,10 @@ async def _clusters(nbytes: int, reps: int, storage: "_Storage") -> list:
                 "seconds": res["seconds"] if res["seconds"] is not None else 0.0,
                 "verified": res["verified"] and base["verified"] and res["seconds"] is not None,
                 "dask_tcp_seconds": base["seconds"],
+                # seconds is warm (the median after the warm-up); the warm-up itself is the cold figure.
+                "cold": False,
+                "warm_seconds": res["seconds"],
+                "cold_seconds": res["first"],
             }
         )
     return rows + data_rows
