@@ -15,16 +15,15 @@ import asyncio
 import dask
 import distributed.protocol.compression as compression
 import numpy as np
-from distributed.comm import connect, listen
 from distributed.protocol import to_serialize
+
+from .one_message import send_one
 
 SECRET = {"distributed.comm.handoff.secret": "production comm test secret"}
 
 
 async def _compression(scheme: str, host: str, monkeypatch) -> tuple:
     """(what each end's handshake chose, how many frames zlib compressed)."""
-    got: list = []
-    ends: list = []
     calls: list = []
     zlib = compression.compressions["zlib"]
 
@@ -34,28 +33,12 @@ async def _compression(scheme: str, host: str, monkeypatch) -> tuple:
 
     monkeypatch.setitem(compression.compressions, "zlib", zlib._replace(compress=counted))
 
-    async def handler(comm):
-        ends.append(comm.handshake_options.get("compression"))
-        try:
-            got.append(await comm.read())
-        except OSError:
-            pass
-
     with dask.config.set({**SECRET, "distributed.comm.compression": "zlib"}):
-        listener = listen(f"{scheme}://{host}:0", handler)
-        await listener.start()
-        try:
-            comm = await connect(listener.contact_address)
-            ends.append(comm.handshake_options.get("compression"))
-            await comm.write({"op": "data", "x": to_serialize(np.zeros(1 << 20, dtype=np.uint8))})
-            for _ in range(1000):
-                if got:
-                    break
-                await asyncio.sleep(0.01)
-            await comm.close()
-        finally:
-            listener.stop()
-    assert got and got[0]["x"].nbytes == 1 << 20
+        got, accepted, comm = await send_one(
+            f"{scheme}://{host}:0", {"op": "data", "x": to_serialize(np.zeros(1 << 20, dtype=np.uint8))}
+        )
+    ends = [comm.handshake_options.get("compression"), accepted.handshake_options.get("compression")]
+    assert got and got["x"].nbytes == 1 << 20
     return sorted(map(str, ends)), len(calls)
 
 

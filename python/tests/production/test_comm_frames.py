@@ -11,37 +11,19 @@ import hashlib
 import os
 
 import dask
-from distributed.comm import connect, listen
 from distributed.protocol import to_serialize
+
+from .one_message import send_one
 
 SECRET = {"distributed.comm.handoff.secret": "production comm test secret"}
 MIB = 1 << 20
 
 
 async def _received(scheme: str, payload: bytes, shm: bool) -> tuple:
-    got: list = []
-
-    async def handler(comm):
-        try:
-            got.append(await comm.read())
-        except OSError:
-            pass
-
     config = {**SECRET, "distributed.comm.handoff.max-frame-bytes": "1 MiB", "distributed.comm.handoff.shm": shm}
     with dask.config.set(config):
-        listener = listen(f"{scheme}://127.0.0.1:0", handler)
-        await listener.start()
-        try:
-            comm = await connect(listener.contact_address)
-            await comm.write({"op": "data", "x": to_serialize(bytearray(payload))})
-            for _ in range(1000):
-                if got:
-                    break
-                await asyncio.sleep(0.01)
-            await comm.close()
-        finally:
-            listener.stop()
-    data = got[0]["x"]
+        got, _, _ = await send_one(f"{scheme}://127.0.0.1:0", {"op": "data", "x": to_serialize(bytearray(payload))})
+    data = got["x"]
     return len(data), hashlib.sha256(data).hexdigest()
 
 
