@@ -55,6 +55,30 @@ async def test_channels_by_host_id():
         assert direct.channel == "shm"
 
 
+async def test_a_unix_connection_asks_for_a_send_buffer_that_holds_a_large_frame():
+    """Linux's default Unix send buffer (about 208 KiB) held less than one frame of a few
+    hundred KiB, which then crossed in several turns of both event loops; both ends of a
+    Unix connection ask for :data:`UNIX_SEND_BUFFER` (the kernel caps it at wmem_max)."""
+    from handoff.transport import UNIX_SEND_BUFFER
+
+    with open("/proc/sys/net/core/wmem_max") as f:
+        cap = int(f.read())
+    plain = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    default = plain.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    plain.close()
+    want = min(UNIX_SEND_BUFFER, cap)
+    if want * 2 <= default:
+        pytest.skip(f"this kernel's default Unix send buffer ({default}) is already larger")
+    a, b = nodes("a", "b")
+    async with a, b:
+        pa = await a.connect(b.listen_addr)
+        pb = await b.wait_for_peer("a", channel="shm")
+        for p in (pa, pb):
+            assert p.channel == "shm"
+            # Linux reports twice what was set (its bookkeeping overhead).
+            assert p.transport.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= 2 * want > default
+
+
 async def test_shm_frames_are_zero_copy_and_released():
     a, b = nodes("a", "b")
     async with a, b:

@@ -71,6 +71,22 @@ _TLS_WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _TLS_WOULD_BLOCK = _WOULD_BLOCK + _TLS_WANT
 
 
+#: The send buffer asked for on a Unix socket (``SO_SNDBUF``; the kernel caps it at
+#: ``net.core.wmem_max``): Linux's default (about 208 KiB) holds less than one frame of a
+#: few hundred KiB, so such a frame went over in several turns of both event loops, each
+#: a wakeup of the other process. ``HANDOFF_UNIX_SNDBUF`` sets it (0: the kernel's default).
+UNIX_SEND_BUFFER = int(os.environ.get("HANDOFF_UNIX_SNDBUF", 4 << 20))
+
+
+def _raise_send_buffer(sock: socket.socket) -> None:
+    """Asks for :data:`UNIX_SEND_BUFFER` on ``sock`` if its send buffer is smaller."""
+    try:
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) < UNIX_SEND_BUFFER:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SEND_BUFFER)
+    except OSError:
+        pass  # the kernel's default stays
+
+
 #: Keepalive probes sent before a silent peer is given up (Linux's default, and Dask's).
 KEEPALIVE_PROBES = 10
 #: Linux's ``TCP_USER_TIMEOUT`` (since 2.6.37), where the socket module lacks the name.
@@ -175,6 +191,8 @@ class Transport:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+        elif UNIX_SEND_BUFFER:
+            _raise_send_buffer(sock)
 
     def _failed(self, error: OSError) -> None:
         """Keeps the first error that ended the connection (:attr:`failure`)."""
