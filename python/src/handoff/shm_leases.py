@@ -76,9 +76,10 @@ def _end_lease(kept: Any, reusable: bool) -> None:
 
 
 def _write(seg: Segment, view: memoryview) -> None:
-    """Copies into the segment, then unmaps it at once: the bytes stay in the memfd's pages
-    (in no process's RSS until the receiver maps them), so that a message of many frames
-    never has all their copies mapped in the sender at the same time."""
+    """Copies into the segment (with ``pwrite``: it is not mapped here), and drops any
+    mapping it had: the bytes stay in the memfd's pages, in no process's RSS until the
+    receiver maps them, so that a message of many frames never has their copies mapped
+    in the sender."""
     seg.write(view)
     seg.region = None
 
