@@ -146,7 +146,7 @@ def test_the_secret_comes_from_config_then_a_file_then_the_environment(tmp_path,
             assert config.settings().secret == b"from-config"
     with dask.config.set(
         {
-            "distributed.comm.handoff.shm-threshold": "1MiB",
+            "distributed.comm.handoff.shm-threshold": "256KiB",
             "distributed.comm.handoff.shm": False,
             "distributed.comm.handoff.pool-idle-bytes": "2GiB",
             "distributed.comm.handoff.kept-map-bytes": "1GiB",
@@ -155,16 +155,50 @@ def test_the_secret_comes_from_config_then_a_file_then_the_environment(tmp_path,
         }
     ):
         s = config.settings()
-        assert (s.shm_threshold, s.shm, s.pool_idle_bytes, s.kept_map_bytes) == (MIB, False, 2 << 30, 1 << 30)
+        assert (s.shm_threshold, s.shm, s.pool_idle_bytes, s.kept_map_bytes) == (256 << 10, False, 2 << 30, 1 << 30)
         assert (s.pool_idle_seconds, s.kept_map_seconds) == (2.0, 0.0)
     s = config.settings()
     assert s.pool_idle_bytes is None and s.kept_map_bytes is None and s.pool_idle_seconds is None
+    assert s.shm_threshold == MIB  # the default: below it a frame goes inline on the Unix socket
     with dask.config.set({"distributed.comm.handoff.pool-idle-seconds": "soon"}):
         with pytest.raises(ValueError, match="pool-idle-seconds"):
             config.settings()
 
 
 # ---------------------------------------------------------------- comms
+
+
+_KEPT_PROBE = """
+import dask, sys
+from handoff import mapcache
+from handoff.dask import config
+from handoff.dask.nodes import make_node
+if sys.argv[1]:
+    dask.config.set({"distributed.comm.handoff.kept-map-bytes": sys.argv[1]})
+make_node(config.settings(), "t")
+print(mapcache._keep_bytes())
+"""
+
+
+@pytest.mark.parametrize(
+    "env, setting, kept",
+    [
+        ({}, "", 0),  # a Dask process keeps no received segment mapped unless told
+        ({"HANDOFF_SHM_KEEP_BYTES": "12345"}, "", 12345),  # the environment still says
+        ({"HANDOFF_SHM_KEEP_BYTES": "12345"}, "1MiB", 1 << 20),  # and Dask's config first
+    ],
+)
+def test_a_dask_process_keeps_no_received_mapping_by_default(env, setting, kept):
+    """Kept mappings count in the worker's RSS, which Dask's memory manager reads
+    (issue 25: with 1 GiB kept, worker peaks were up to 1.29× tcp://'s)."""
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HANDOFF_SHM_KEEP", "DASK_"))}
+    p = subprocess.run(
+        [sys.executable, "-c", _KEPT_PROBE, setting], env={**clean, **env}, capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0, p.stderr
+    assert int(p.stdout.split()[-1]) == kept
 
 
 @gen_test(timeout=60)

@@ -20,17 +20,18 @@ Design, and why:
   same-host peers on its own Unix socket); a process's outgoing comms come from one
   connector node per event loop, closed with its last comm (:mod:`handoff.dask.nodes`).
 - **Same host.** A connector that reaches a listener with its own host id switches to
-  the listener's Unix socket (§7.1) and remembers it for that address. Frames from 64
-  KiB go as shared-memory segments from the process's pool (:mod:`handoff.pool`) and
+  the listener's Unix socket (§7.1) and remembers it for that address. Frames from
+  ``shm-threshold`` (1 MiB) go as shared-memory segments from the process's pool
+  (:mod:`handoff.pool`, written with ``pwrite``; smaller ones inline on the socket) and
   arrive as private writable mappings (copy-on-write), which Dask's deserializers
   keep without a copy; the shards of one buffer travel as one segment so that they
   arrive as slices of one mapping, which Dask joins without a copy
   (:mod:`handoff.dask.frames`). A segment goes back to the sender's pool when the
   receiver drops its last view, or when the receiving process dies; a comm closed
-  under views the receiver keeps retires the segment instead. The receiving connection
-  keeps the mapping of a segment whose views are gone (its own writes scrubbed off), so
-  that the next frame the sender sends in that segment arrives with its pages mapped
-  already: its first read is not a page fault per 64 KiB (:mod:`handoff.mapcache`).
+  under views the receiver keeps retires the segment instead. With ``kept-map-bytes``
+  set (0 by default), the receiving connection keeps the mapping of a segment whose views
+  are gone (its own writes scrubbed off), so that the next frame the sender sends in that
+  segment arrives with its pages mapped already (:mod:`handoff.mapcache`).
   Another host: TCP, the frames inline, received into fresh writable buffers.
 - **Addresses.** ``listen_address`` is the bound ``host:port``; a wildcard listener is
   advertised as ``default_host`` or ``get_ip()``, as Dask's TCP. A Unix comm has no
@@ -74,9 +75,10 @@ TCP connections have keepalive and ``TCP_USER_TIMEOUT`` from
 Limits: a single frame over 4 GiB (a pickled buffer Dask does not shard) travels in
 pieces that are joined by a copy, in Dask's offload thread (not on the event loop); a Unix comm's connecting end is ``handoff://HOST:0``;
 the Python wire code makes a small message's round trip between two workers 1.15–1.25×
-that of Dask's TCP comm (a task's round trip from a client is level with TCP's); kept
-mappings (at most 4 per connection, ``kept-map-bytes`` per process) hold their segments'
-memory, in the receiver's RSS, until their timer or memory pressure gives them back.
+that of Dask's TCP comm (a task's round trip from a client is level with TCP's); a Dask
+process keeps no received mapping once its arrays are gone unless ``kept-map-bytes`` says
+(kept ones hold their segments' memory in the receiver's RSS until their timer or memory
+pressure gives them back).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class Settings:
     secret: bytes = b""
     host_id: Optional[str] = None
     shm: bool = True
-    shm_threshold: int = 64 * 1024
+    shm_threshold: int = 1 << 20
     pool_idle_bytes: Optional[int] = None
     kept_map_bytes: Optional[int] = None
     #: Seconds an idle pooled segment, and an idle kept mapping, waits before it is given back.
@@ -85,7 +85,7 @@ def _secret() -> bytes:
 
 def settings() -> Settings:
     """The current settings, from ``distributed.comm.handoff`` (and the environment)."""
-    threshold = _get("shm-threshold", "64KiB")
+    threshold = _get("shm-threshold", "1MiB")
     idle = _get("pool-idle-bytes")
     kept = _get("kept-map-bytes")
     return Settings(

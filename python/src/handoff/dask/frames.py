@@ -11,7 +11,7 @@ and each entry is one of
 
 - ``bin``: a frame smaller than 1 KiB, in the body itself;
 - a frame reference (§8.2): one frame, out of band (inline bytes on TCP; on a Unix
-  socket a shared-memory segment from 64 KiB up);
+  socket a shared-memory segment from ``shm-threshold`` up, 1 MiB by default);
 - ``{"cut": [n1, n2, ...], "f": ref}``: one out-of-band frame that holds consecutive
   Dask frames of these lengths — the shards of one buffer, sent as one piece so that
   the receiver gets them as slices of one buffer (one mapping, or one read), which

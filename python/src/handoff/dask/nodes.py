@@ -58,6 +58,14 @@ def spawn(loop: asyncio.AbstractEventLoop, make) -> Optional[asyncio.Task]:
         return None
 
 
+#: Received segments a Dask process keeps mapped when neither ``kept-map-bytes`` nor
+#: ``$HANDOFF_SHM_KEEP_BYTES`` says: none. A kept mapping counts in the worker's RSS, which
+#: Dask's memory manager reads, for a gain only when one segment carries array after
+#: array; Dask's workloads send new data each time (``bench/dask_workloads.py``: with 1 GiB
+#: kept, worker peaks were 1.09–1.29× tcp://'s; with none, at most 0.99×).
+KEPT_MAP_BYTES = 0
+
+
 def make_node(
     settings: Settings,
     role: str,
@@ -69,8 +77,11 @@ def make_node(
     with ``tls`` on its TCP connections if given."""
     if settings.pool_idle_bytes is not None:
         pool().max_idle_bytes = settings.pool_idle_bytes
-    if settings.kept_map_bytes is not None:
-        mapcache.set_keep_bytes(settings.kept_map_bytes)
+    kept = settings.kept_map_bytes
+    if kept is None and "HANDOFF_SHM_KEEP_BYTES" not in os.environ:
+        kept = KEPT_MAP_BYTES
+    if kept is not None:
+        mapcache.set_keep_bytes(kept)
     if settings.pool_idle_seconds is not None:
         pool().idle_seconds = settings.pool_idle_seconds
     if settings.kept_map_seconds is not None:
