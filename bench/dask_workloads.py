@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
 """Real Dask workloads on tcp:// and handoff://, side by side in one run.
 
-Six workloads, each on a fresh ``LocalCluster(protocol=P, n_workers=4, threads_per_worker=1,
+Six workloads on ``LocalCluster(protocol=P, n_workers=4, threads_per_worker=1,
 processes=True, memory_limit=--memory-limit)`` of this host, on ``tcp://`` and on
-``handoff://`` one after the other (the order alternates from one workload and repetition
-to the next, so that neither scheme always runs on a warmer machine):
+``handoff://``. By default (``--cluster per-workload``) each workload gets a fresh cluster
+of each scheme, both up at once; it runs ``--warmup`` times on each (reported as ``cold``:
+a cluster that has moved nothing yet, whose segment pools are empty), then ``--repeat``
+times on each, the schemes taking turns and the order flipping from one turn to the next,
+so that neither always runs on a warmer machine or right after the other's load. Runs on
+this 2-core machine vary by ±25 % from one to the next (the P2P workloads write their
+shards to the disk), so the figures are medians and the turns interleave the schemes:
 
 - ``shuffle``: a P2P shuffle of a dataframe on its ``key`` column (``shuffle_method="p2p"``);
 - ``rechunk``: a P2P rechunk of a 2-d array from column slabs to row slabs (``method="p2p"``);
@@ -438,8 +443,8 @@ def measure(workload: str, session: Session, sizes: dict, args) -> Run:
 
 
 def run_one(workload: str, scheme: str, sizes: dict, args, sessions: dict) -> Run:
-    """``workload`` on ``scheme``: on the scheme's shared cluster with ``--cluster per-scheme``,
-    else on a fresh cluster of its own."""
+    """``workload`` on ``scheme``: on the scheme's cluster in ``sessions`` if there is one,
+    else (``--cluster per-run``) on a fresh cluster of its own."""
     if scheme in sessions:
         return measure(workload, sessions[scheme], sizes, args)
     session = Session(scheme, args)
@@ -449,41 +454,78 @@ def run_one(workload: str, scheme: str, sizes: dict, args, sessions: dict) -> Ru
         session.close()
 
 
-def _summarise(runs: list[Run]) -> dict:
+def _summarise(runs: list[Run], cold: list[Run]) -> dict:
     last = runs[-1]
     return {
         "seconds": statistics.median(r.seconds for r in runs),
         "seconds_runs": [r.seconds for r in runs],
+        # The warm-up runs (on the same cluster, before the measured ones): what a workload
+        # costs on a cluster that has moved nothing yet (empty segment pools on handoff://).
+        "cold_seconds": [r.seconds for r in cold],
         "peak_rss": {w: max(r.peak_rss.get(w, 0) for r in runs) for w in sorted(last.peak_rss)},
         "peak_rss_max": max((max(r.peak_rss.values(), default=0) for r in runs), default=0),
+        "cold_peak_rss_max": max((max(r.peak_rss.values(), default=0) for r in cold), default=0),
         "shmem_at_peak": last.shmem_at_peak,
         "rest_rss": last.rest_rss,
         "rest_rss_max": max((max(r.rest_rss.values(), default=0) for r in runs), default=0),
         "bytes_written": last.bytes_written,
-        "paused": sum(r.paused for r in runs),
-        "removed": sum(r.removed for r in runs),
-        "restarted": sum(r.restarted for r in runs),
-        "unmanaged_warnings": sum(r.unmanaged_warnings for r in runs),
-        "errors": [r.error for r in runs if r.error],
-        "digests": [r.digest for r in runs],
+        "paused": sum(r.paused for r in runs + cold),
+        "removed": sum(r.removed for r in runs + cold),
+        "restarted": sum(r.restarted for r in runs + cold),
+        "unmanaged_warnings": sum(r.unmanaged_warnings for r in runs + cold),
+        "errors": [r.error for r in runs + cold if r.error],
+        "digests": [r.digest for r in runs + cold],
     }
 
 
-def _run_reps(args, sizes: dict, workloads: list, raw: dict, sessions: dict) -> None:
+def _order(turn: int) -> tuple:
+    """The schemes' order on one turn: tcp first on even turns, handoff first on odd ones,
+    so that neither always runs right after the other's load (or always first)."""
+    return SCHEMES if turn % 2 == 0 else SCHEMES[::-1]
+
+
+def _progress(args, w: str, scheme: str, r: Run, label: str = "") -> None:
+    if args.quiet:
+        return
+    peak = format_bytes(max(r.peak_rss.values(), default=0))
+    err = f"  ERROR {r.error}" if r.error else ""
+    print(f"  {w:8} {scheme:8} {r.seconds:8.2f} s  peak {peak}{label}{err}", file=sys.stderr, flush=True)
+
+
+def _run_workload(args, sizes: dict, w: str, raw: dict, cold: dict, sessions: dict, turn0: int) -> None:
+    """Warm-up runs, then ``--repeat`` measured runs, of ``w`` on both schemes, alternating."""
+    for k in range(args.warmup):
+        for scheme in _order(turn0 + k):
+            r = run_one(w, scheme, sizes, args, sessions)
+            cold[w][scheme].append(r)
+            _progress(args, w, scheme, r, "  (warm-up)")
     for rep in range(args.repeat):
+        for scheme in _order(turn0 + rep):
+            r = run_one(w, scheme, sizes, args, sessions)
+            raw[w][scheme].append(r)
+            _progress(args, w, scheme, r)
+
+
+def _run_reps(args, sizes: dict, workloads: list, raw: dict, cold: dict) -> None:
+    """Every workload on both schemes, on the clusters ``--cluster`` says."""
+    if args.cluster == "per-workload":
         for i, w in enumerate(workloads):
-            order = SCHEMES if (i + rep) % 2 == 0 else SCHEMES[::-1]
-            for scheme in order:
-                r = run_one(w, scheme, sizes, args, sessions)
-                raw[w][scheme].append(r)
-                if not args.quiet:
-                    peak = format_bytes(max(r.peak_rss.values(), default=0))
-                    err = f"  ERROR {r.error}" if r.error else ""
-                    print(
-                        f"  {w:8} {scheme:8} {r.seconds:8.2f} s  peak {peak}{err}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+            sessions = {s: Session(s, args) for s in SCHEMES}
+            try:
+                _run_workload(args, sizes, w, raw, cold, sessions, i)
+            finally:
+                for session in sessions.values():
+                    session.close()
+        return
+    sessions: dict = {}
+    try:
+        if args.cluster == "per-scheme":
+            sessions = {s: Session(s, args) for s in SCHEMES}
+        for i, w in enumerate(workloads):
+            _run_workload(args, sizes, w, raw, cold, sessions, i)
+    finally:
+        for session in sessions.values():
+            session.close()
 
 
 def run_all(args) -> dict:
@@ -491,17 +533,10 @@ def run_all(args) -> dict:
     sizes = sizes_for(args.scale)
     workloads = args.only
     raw: dict = {w: {s: [] for s in SCHEMES} for w in workloads}
+    cold: dict = {w: {s: [] for s in SCHEMES} for w in workloads}
     config = {"distributed.comm.handoff.secret": "bench-dask-workloads"}
-    sessions: dict = {}
     with dask.config.set(config):
-        try:
-            if args.cluster == "per-scheme":
-                for scheme in SCHEMES:
-                    sessions[scheme] = Session(scheme, args)
-            _run_reps(args, sizes, workloads, raw, sessions)
-        finally:
-            for session in sessions.values():
-                session.close()
+        _run_reps(args, sizes, workloads, raw, cold)
 
     out: dict = {
         "version": JSON_VERSION,
@@ -515,6 +550,7 @@ def run_all(args) -> dict:
         "options": {
             "scale": args.scale,
             "repeat": args.repeat,
+            "warmup": args.warmup,
             "workers": args.workers,
             "memory_limit": parse_bytes(args.memory_limit),
             "sample_ms": args.sample_ms,
@@ -525,7 +561,7 @@ def run_all(args) -> dict:
         "workloads": {},
     }
     for w in workloads:
-        per = {s: _summarise(raw[w][s]) for s in SCHEMES}
+        per = {s: _summarise(raw[w][s], cold[w][s]) for s in SCHEMES}
         digests = [d for s in SCHEMES for d in per[s]["digests"]]
         equal = all(d is not None for d in digests) and all(d == digests[0] for d in digests)
         t, h = per["tcp"], per["handoff"]
@@ -535,6 +571,11 @@ def run_all(args) -> dict:
             "equal": equal,
             "time_ratio": h["seconds"] / t["seconds"] if t["seconds"] else None,
             "peak_rss_ratio": (h["peak_rss_max"] / t["peak_rss_max"]) if t["peak_rss_max"] else None,
+            "cold_time_ratio": (
+                statistics.median(h["cold_seconds"]) / statistics.median(t["cold_seconds"])
+                if h["cold_seconds"] and t["cold_seconds"]
+                else None
+            ),
         }
     return out
 
@@ -599,7 +640,18 @@ def main(argv=None) -> int:
         default=1.0,
         help="multiplies every size (0.02: a smoke run)",
     )
-    ap.add_argument("--repeat", type=int, default=1, help="runs of each workload on each scheme")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="measured runs of each workload on each scheme (the figures are their medians)",
+    )
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=1,
+        help="runs of each workload on each scheme before the measured ones, reported as cold",
+    )
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument(
         "--memory-limit",
@@ -621,15 +673,18 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--cluster",
-        choices=("per-run", "per-scheme"),
-        default="per-run",
-        help="a fresh cluster for each run, or one per scheme for all the workloads (both up at once)",
+        choices=("per-workload", "per-run", "per-scheme"),
+        default="per-workload",
+        help="a fresh cluster per scheme for each workload (both up at once; the default), a fresh"
+        " cluster for each run, or one per scheme for all the workloads",
     )
     ap.add_argument("--json", metavar="PATH", help="write every figure there as JSON")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     ap.add_argument("--check", action="store_true", help="exit 1 unless the run meets the issue's bar (time, RSS)")
     args = ap.parse_args(argv)
     args.only = [w.strip() for w in args.only.split(",") if w.strip()]
+    if args.repeat < 1 or args.warmup < 0:
+        ap.error("--repeat must be at least 1 and --warmup at least 0")
     unknown = [w for w in args.only if w not in RUNNERS]
     if unknown:
         ap.error(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
