@@ -36,6 +36,17 @@ def handoff_bin() -> Path:
 
 
 @pytest.fixture(autouse=True)
+def process_kept_map_budget():
+    """Each test starts with the kept-mapping budget of the environment: a Dask node made
+    by an earlier test sets this process's to 0 (``handoff.dask.nodes.KEPT_MAP_BYTES``)."""
+    from handoff import mapcache
+
+    mapcache._state["keep_bytes"] = None
+    yield
+    mapcache._state["keep_bytes"] = None
+
+
+@pytest.fixture(autouse=True)
 def runtime_dir(tmp_path_factory, monkeypatch):
     """Each test's node sockets in a folder of their own; host ids from the machine."""
     d = tmp_path_factory.mktemp("run")

@@ -104,7 +104,9 @@ async def test_shm_rust_to_python_zero_copy_and_release(spawn_rust, rust_stats):
         assert stats["shm_leases"]["count"] >= 1
         env.release()
         assert (await rust_stats(rust.listen))["shm_leases"]["count"] >= 1  # the numpy array still holds it
-        del data, array, env
+        # The mapping too: without a kept mapping (HANDOFF_SHM_KEEP_BYTES=0, or after a Dask
+        # node set the process's budget to 0) it is the frame's region, which holds the lease.
+        del data, array, env, mapping
         assert await eventually(lambda: _count(rust_stats(rust.listen), "shm_leases"), timeout=10) == "zero"
 
 

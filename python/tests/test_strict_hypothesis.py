@@ -16,6 +16,9 @@ def u(bits: int):
 
 
 text = st.text(max_size=40)
+# What a node says about itself has bounds in bytes (spec §5.2; `lang` the smallest, 32):
+# 40 characters of text can be more in UTF-8.
+ident = st.text(max_size=40).filter(lambda v: len(v.encode()) <= 32)
 b32 = st.binary(min_size=32, max_size=32)
 
 descriptor = st.one_of(
@@ -34,8 +37,8 @@ descriptor = st.one_of(
 header = st.one_of(
     st.builds(
         wire.Hello,
-        node=text, name=text, host=text, pid=u(32), proc=text, lang=text, impl=text, v=u(16),
-        caps=st.lists(text, max_size=5), nonce=b32, listen=st.none() | text, unix=st.none() | text,
+        node=ident, name=ident, host=ident, pid=u(32), proc=ident, lang=ident, impl=ident, v=u(16),
+        caps=st.lists(ident, max_size=5), nonce=b32, listen=st.none() | text, unix=st.none() | text,
     ),
     st.builds(wire.Auth, b32),
     st.just(wire.Ready()),

@@ -47,7 +47,7 @@ from .ticket_client import TicketClient
 from .tickets import LeaseTable, Ticket
 from .tls import TlsConfig
 from .turns import after_new_input
-from .transport import Transport, keepalive_plan
+from .transport import Transport, keepalive_plan, raise_unix_send_buffer
 
 __all__ = ["Node", "DEFAULT_SHM_THRESHOLD", "HANDSHAKE_TIMEOUT", "STATS_MAX_PEERS"]
 
@@ -514,6 +514,8 @@ class Node:
         """Handshakes on a fresh connection (TLS first on TCP when the node has it, spec
         §3.1; ``host``: the host part of the dialed address), registers the peer and starts
         its reader."""
+        if sock.family == socket.AF_UNIX:
+            raise_unix_send_buffer(sock)
         transport = Transport(sock, label, self.bounds)
         transport.peer_pid = peer_pid
         transport.set_tcp_timeout(self.tcp_timeout)

@@ -53,7 +53,7 @@ from .errors import PeerClosed
 from .wire import LEN_PREFIX, PREAMBLE_LEN, Limits, WireError
 from .wire.framing import header_length_at
 
-__all__ = ["Transport", "MAX_FDS_PER_READ", "keepalive_plan", "KEEPALIVE_PROBES"]
+__all__ = ["Transport", "MAX_FDS_PER_READ", "keepalive_plan", "KEEPALIVE_PROBES", "raise_unix_send_buffer"]
 
 READ_CHUNK = 64 * 1024
 #: Most descriptors accepted with one read (spec §7.2); more is ``bad-shm``.
@@ -78,8 +78,12 @@ _TLS_WOULD_BLOCK = _WOULD_BLOCK + _TLS_WANT
 UNIX_SEND_BUFFER = int(os.environ.get("HANDOFF_UNIX_SNDBUF", 4 << 20))
 
 
-def _raise_send_buffer(sock: socket.socket) -> None:
-    """Asks for :data:`UNIX_SEND_BUFFER` on ``sock`` if its send buffer is smaller."""
+def raise_unix_send_buffer(sock: socket.socket) -> None:
+    """Asks for :data:`UNIX_SEND_BUFFER` on a Unix socket a node made or accepted, if its
+    send buffer is smaller (a :class:`Transport` leaves the buffers of the sockets it is
+    given as they are)."""
+    if not UNIX_SEND_BUFFER:
+        return
     try:
         if sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) < UNIX_SEND_BUFFER:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SEND_BUFFER)
@@ -191,8 +195,6 @@ class Transport:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
-        elif UNIX_SEND_BUFFER:
-            _raise_send_buffer(sock)
 
     def _failed(self, error: OSError) -> None:
         """Keeps the first error that ended the connection (:attr:`failure`)."""
