@@ -288,9 +288,13 @@ async def test_silence_inside_a_message_times_out():
         await still_served(a, b)
 
 
-async def test_a_peer_that_reads_nothing_fails_only_its_own_sends():
-    async with node("a", bounds=Bounds(write_timeout=0.5)) as a, Node("b", secret=SECRET, host_id="x") as b:
-        raw = await asyncio.to_thread(lambda: (r := RawPeer(a.listen_addr), r.handshake(SECRET))[0])
+# unix: the frames inline (a threshold above them), behind the 4 MiB send buffer asked for
+@pytest.mark.parametrize("channel", ["tcp", "unix"])
+async def test_a_peer_that_reads_nothing_fails_only_its_own_sends(channel):
+    bounds = Bounds(write_timeout=0.5)
+    async with node("a", bounds=bounds, shm_threshold=64 * MIB) as a, Node("b", secret=SECRET, host_id="x") as b:
+        addr = a.listen_addr if channel == "tcp" else a.unix_addr
+        raw = await asyncio.to_thread(lambda: (r := RawPeer(addr), r.handshake(SECRET))[0])
         deaf = await a.wait_for_peer("raw")
         sent = 0
         started = time.monotonic()

@@ -76,12 +76,10 @@ def _end_lease(kept: Any, reusable: bool) -> None:
 
 
 def _write(seg: Segment, view: memoryview) -> None:
-    """Copies into the segment (with ``pwrite``: it is not mapped here), and drops any
-    mapping it had: the bytes stay in the memfd's pages, in no process's RSS until the
-    receiver maps them, so that a message of many frames never has their copies mapped
-    in the sender."""
+    """Copies into a segment fresh from the pool, which is not mapped (``pwrite``): the
+    bytes stay in the memfd's pages, in no process's RSS until the receiver maps them, so
+    that a message of many frames never has their copies mapped in the sender."""
     seg.write(view)
-    seg.region = None
 
 
 def _copy_done(seg: Segment, job: asyncio.Future) -> None:

@@ -75,7 +75,21 @@ _TLS_WOULD_BLOCK = _WOULD_BLOCK + _TLS_WANT
 #: ``net.core.wmem_max``): Linux's default (about 208 KiB) holds less than one frame of a
 #: few hundred KiB, so such a frame went over in several turns of both event loops, each
 #: a wakeup of the other process. ``HANDOFF_UNIX_SNDBUF`` sets it (0: the kernel's default).
-UNIX_SEND_BUFFER = int(os.environ.get("HANDOFF_UNIX_SNDBUF", 4 << 20))
+def _unix_send_buffer(default: int = 4 << 20) -> int:
+    raw = os.environ.get("HANDOFF_UNIX_SNDBUF", "")
+    if not raw:
+        return default
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        print(
+            f"handoff: HANDOFF_UNIX_SNDBUF={raw!r} is not a number of bytes; asking for {default}",
+            file=sys.stderr,
+        )
+        return default
+
+
+UNIX_SEND_BUFFER = _unix_send_buffer()
 
 
 def raise_unix_send_buffer(sock: socket.socket) -> None:
