@@ -22,6 +22,8 @@ import pytest
 from handoff import Node
 from handoff.pool import Segment, pool
 
+from helpers import eventually
+
 MIB = 1 << 20
 SIZE = 256 * MIB
 
@@ -86,6 +88,8 @@ async def test_a_receiver_killed_during_a_large_copy_leaves_no_segment(copy_wait
         try:
             line = await asyncio.get_running_loop().run_in_executor(None, child.stdout.readline)
             assert line.startswith(b"connected")
+            # The child's side of the handshake can end before the owner's does.
+            assert await eventually(lambda: accepted, timeout=10)
             peer = accepted[0]
             await peer.recv(5)
             assert peer.channel == "shm"
