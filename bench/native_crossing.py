@@ -40,6 +40,8 @@ import subprocess
 import sys
 import time
 
+from python_rtt_floor import socket_pair  # a connected pair on unix or loopback TCP
+
 from handoff import _native as native
 
 MESSAGE_BYTES = 100
@@ -226,20 +228,6 @@ def make_conn(style: str, sock: socket.socket):
 
 
 # -- processes and sockets ---------------------------------------------------------------
-
-
-def socket_pair(channel: str) -> tuple[socket.socket, socket.socket]:
-    """A connected pair on a Unix socket or on loopback TCP with Nagle off."""
-    if channel == "unix":
-        return socket.socketpair()
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        a = socket.create_connection(listener.getsockname())
-        b, _ = listener.accept()
-    for s in (a, b):
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return a, b
 
 
 def spawn(role: str, style: str, sock: socket.socket, extra: list[str] = ()) -> subprocess.Popen:
