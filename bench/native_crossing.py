@@ -110,14 +110,16 @@ class LoopConn(_Frames):
         try:
             got = self.channel.read_frames()
         except (ConnectionError, ValueError) as e:
-            got, self.end = ([], False), str(e)
+            got, self.end = ([], False, False), str(e)
         if got is None:
             self.end = "eof"
         else:
-            frames, off_loop = got
+            frames, off_loop, more = got
             self.queue.extend(frames)
             if off_loop:
                 self.loop.remove_reader(self.fd)
+            elif more:  # whole frames wait in the channel: take them on the next turn
+                self.loop.call_soon(self._readable)
         if self.end is not None:
             self.loop.remove_reader(self.fd)
         self.wake()

@@ -26,6 +26,9 @@ pub mod thread_channel;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("MAX_FRAME_BYTES", frames::MAX_FRAME_BYTES)?;
+    m.add("FRAMES_PER_CALL", loop_channel::FRAMES_PER_CALL)?;
+    m.add("MAX_UNSENT", loop_channel::MAX_UNSENT)?;
+    m.add("MAX_UNDELIVERED", thread_channel::MAX_UNDELIVERED)?;
     m.add_class::<thread_channel::ThreadChannel>()?;
     m.add_class::<loop_channel::LoopChannel>()?;
     m.add_function(wrap_pyfunction!(crossing::post_from_thread, m)?)?;

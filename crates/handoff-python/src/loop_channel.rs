@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pyo3::exceptions::{PyConnectionError, PyValueError};
+use pyo3::exceptions::{PyBufferError, PyConnectionError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
@@ -32,6 +32,17 @@ const BODY_PROGRESS: Duration = Duration::from_secs(60);
 /// Bytes one `read_frames` call reads at most, so that one busy connection leaves the
 /// loop to the others between calls.
 const READ_BUDGET: usize = 16 * 1024 * 1024;
+
+/// Frames one `read_frames` call returns at most: a peer that sends empty frames would
+/// otherwise make one call build a list of `READ_BUDGET / 4` of them. The rest stay staged
+/// (at most one read's worth) and come out of the next call, which the caller makes at once
+/// when the call said `more`.
+pub const FRAMES_PER_CALL: usize = 1024;
+
+/// Bytes `send` keeps for a socket that does not take them, at most (beyond that it raises
+/// `BufferError`, and the caller waits for `flush`): a peer that reads nothing holds no
+/// more than this of the sender's memory.
+pub const MAX_UNSENT: usize = 64 * 1024 * 1024;
 
 struct State {
     reader: FrameReader,
@@ -103,6 +114,52 @@ fn spawn_body_reader(fd: Arc<OwnedFd>, mut frame: LargeFrame, off: Arc<OffLoop>,
     });
 }
 
+/// Where taking staged frames stopped.
+enum Staged {
+    /// The call returns [`FRAMES_PER_CALL`] frames: the rest wait for the next call.
+    Full,
+    /// A large body is now read off the loop.
+    OffLoop,
+    /// No whole frame is staged (or a large one waits for its body): read the socket.
+    NeedMore,
+}
+
+impl LoopChannel {
+    /// Moves the whole frames staged in `state` to `out`, up to [`FRAMES_PER_CALL`].
+    fn take_staged(&self, py: Python<'_>, state: &mut State, out: &Bound<'_, PyList>) -> PyResult<Staged> {
+        loop {
+            if out.len() >= FRAMES_PER_CALL {
+                return Ok(Staged::Full);
+            }
+            if state.large.is_some() {
+                break;
+            }
+            match state
+                .reader
+                .take_next()
+                .map_err(|e| PyValueError::new_err(e.to_string()))?
+            {
+                Next::Frame(f) => out.append(PyBytes::new(py, &f))?,
+                Next::Large { len, head } => {
+                    let frame = LargeFrame::new(py, len, &head)?;
+                    if let (false, Some(off)) = (frame.is_full() || len < OFF_LOOP_FROM, &self.off_loop) {
+                        self.body_reading.store(true, Ordering::Release);
+                        spawn_body_reader(self.fd.clone(), frame, off.clone(), self.body_reading.clone());
+                        return Ok(Staged::OffLoop);
+                    }
+                    if frame.is_full() {
+                        out.append(frame.into_object())?;
+                    } else {
+                        state.large = Some(frame);
+                    }
+                }
+                Next::NeedMore => break,
+            }
+        }
+        Ok(Staged::NeedMore)
+    }
+}
+
 fn connection_error(e: io::Error) -> PyErr {
     PyConnectionError::new_err(e.to_string())
 }
@@ -139,12 +196,14 @@ impl LoopChannel {
         self.fd.as_raw_fd()
     }
 
-    /// Reads what the socket has (up to a budget) and returns `(frames, off_loop)`: the
-    /// frames now whole, in order (`bytes` for small ones, `bytearray` for large ones), and
-    /// whether a body is now being read off the loop (stop watching the socket until
-    /// `on_body` is called). `None` at a clean end; `ConnectionError` for an end inside a
-    /// frame, `ValueError` for a frame over the bound.
-    fn read_frames<'py>(&self, py: Python<'py>) -> PyResult<Option<(Bound<'py, PyList>, bool)>> {
+    /// Reads what the socket has (up to a budget) and returns `(frames, off_loop, more)`:
+    /// the frames now whole, in order (`bytes` for small ones, `bytearray` for large ones),
+    /// at most [`FRAMES_PER_CALL`]; whether a body is now being read off the loop (stop
+    /// watching the socket until `on_body` is called); and whether whole frames are left
+    /// staged (call again now: the socket may not become readable for them). `None` at a
+    /// clean end; `ConnectionError` for an end inside a frame, `ValueError` for a frame
+    /// over the bound.
+    fn read_frames<'py>(&self, py: Python<'py>) -> PyResult<Option<(Bound<'py, PyList>, bool, bool)>> {
         if self.body_reading.load(Ordering::Acquire) {
             return Err(PyValueError::new_err(
                 "a body is being read off the loop: wait for on_body",
@@ -154,7 +213,16 @@ impl LoopChannel {
         let state = &mut *state;
         let out = PyList::empty(py);
         let mut read = 0usize;
-        while read < READ_BUDGET {
+        loop {
+            // What is staged first: frames a capped call left, then what this one read.
+            match self.take_staged(py, state, &out)? {
+                Staged::Full => return Ok(Some((out, false, true))),
+                Staged::OffLoop => return Ok(Some((out, true, false))),
+                Staged::NeedMore => {}
+            }
+            if read >= READ_BUDGET {
+                break;
+            }
             if let Some(frame) = state.large.as_mut() {
                 let fd = self.fd.as_fd();
                 let got = py.detach(|| sys::read_some(fd, frame.spare()));
@@ -183,45 +251,28 @@ impl LoopChannel {
                     return Ok(None);
                 }
                 if state.reader.staged() == 0 {
-                    return Ok(Some((out, false))); // the end comes on the next call
+                    return Ok(Some((out, false, false))); // the end comes on the next call
                 }
                 return Err(PyConnectionError::new_err("peer closed inside a frame"));
             }
             read += n;
             state.reader.push(&state.chunk[..n]);
-            loop {
-                match state
-                    .reader
-                    .take_next()
-                    .map_err(|e| PyValueError::new_err(e.to_string()))?
-                {
-                    Next::Frame(f) => out.append(PyBytes::new(py, &f))?,
-                    Next::Large { len, head } => {
-                        let frame = LargeFrame::new(py, len, &head)?;
-                        if let (false, Some(off)) = (frame.is_full() || len < OFF_LOOP_FROM, &self.off_loop) {
-                            self.body_reading.store(true, Ordering::Release);
-                            spawn_body_reader(self.fd.clone(), frame, off.clone(), self.body_reading.clone());
-                            return Ok(Some((out, true)));
-                        }
-                        if frame.is_full() {
-                            out.append(frame.into_object())?;
-                        } else {
-                            state.large = Some(frame);
-                            break;
-                        }
-                    }
-                    Next::NeedMore => break,
-                }
-            }
         }
-        Ok(Some((out, false)))
+        Ok(Some((out, false, false)))
     }
 
     /// Writes one frame, as much as the socket takes now. `True` when all of it is written;
-    /// `False` when the rest waits: call `flush` when the socket is writable.
+    /// `False` when the rest waits: call `flush` when the socket is writable. `BufferError`,
+    /// and nothing kept, when what waits would pass [`MAX_UNSENT`].
     fn send(&self, data: &[u8]) -> PyResult<bool> {
         let mut state = self.state.lock().expect("not poisoned");
         let prefix = (data.len() as u32).to_be_bytes();
+        if state.unsent.len() + PREFIX + data.len() > MAX_UNSENT && !state.unsent.is_empty() {
+            return Err(PyBufferError::new_err(format!(
+                "{} bytes wait for a socket that takes none (the bound is {MAX_UNSENT}): call flush when it is writable",
+                state.unsent.len()
+            )));
+        }
         if !state.unsent.is_empty() {
             state.unsent.extend_from_slice(&prefix);
             state.unsent.extend_from_slice(data);

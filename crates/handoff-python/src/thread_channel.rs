@@ -11,7 +11,7 @@ use pyo3::exceptions::{PyConnectionError, PyRuntimeError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 use tokio::io::unix::AsyncFd;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 use crate::frames::{self, FrameReader, Next, MAX_FRAME_BYTES};
@@ -24,13 +24,57 @@ pub const SEND_QUEUE: usize = 1024;
 /// Bytes asked of the kernel per read.
 const READ_CHUNK: usize = 256 * 1024;
 
+/// Bytes of received frames handed to the loop and not yet taken by it, at most, before the
+/// reader stops reading (the peer's sends then wait in the kernel's buffers): a loop that is
+/// busy, or a peer that sends faster than the program takes, holds no more than this plus
+/// one batch (one read, or one large frame).
+pub const MAX_UNDELIVERED: usize = 16 * 1024 * 1024;
+
 /// A connection whose reads and writes run on the extension's tokio thread.
 #[pyclass(module = "handoff._native")]
 pub struct ThreadChannel {
     fd: Arc<AsyncFd<OwnedFd>>,
     outgoing: mpsc::Sender<Vec<u8>>,
     queued: Arc<AtomicUsize>,
+    undelivered: Arc<Undelivered>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Bytes handed to the loop and not yet taken (the reader's backpressure).
+#[derive(Default)]
+struct Undelivered {
+    bytes: AtomicUsize,
+    taken: Notify,
+}
+
+impl Undelivered {
+    /// Waits until at most [`MAX_UNDELIVERED`] bytes wait for the loop.
+    async fn room(&self) {
+        loop {
+            let taken = self.taken.notified();
+            if self.bytes.load(Ordering::Acquire) <= MAX_UNDELIVERED {
+                return;
+            }
+            taken.await;
+        }
+    }
+}
+
+/// Runs on the loop: `on_frames(batch)`, after the batch's bytes are counted as taken.
+#[pyclass(module = "handoff._native")]
+struct Handover {
+    undelivered: Arc<Undelivered>,
+    on_frames: Py<PyAny>,
+}
+
+#[pymethods]
+impl Handover {
+    fn __call__(&self, py: Python<'_>, batch: Py<PyAny>, nbytes: usize) -> PyResult<()> {
+        self.undelivered.bytes.fetch_sub(nbytes, Ordering::AcqRel);
+        self.undelivered.taken.notify_waiters();
+        self.on_frames.call1(py, (batch,))?;
+        Ok(())
+    }
 }
 
 /// Where received frames go: `on_frames(list)` on the loop, and `on_frames(str)` once at
@@ -38,18 +82,38 @@ pub struct ThreadChannel {
 struct Deliver {
     event_loop: Py<PyAny>,
     on_frames: Py<PyAny>,
+    handover: Py<Handover>,
+    undelivered: Arc<Undelivered>,
 }
 
 impl Deliver {
     fn frames(&self, ready: Vec<Ready>) {
         Python::attach(|py| {
-            let items = ready.into_iter().map(|r| match r {
-                Ready::Small(b) => PyBytes::new(py, &b).into_any().unbind(),
-                Ready::Large(obj) => obj.into_any(),
-            });
-            match PyList::new(py, items) {
-                Ok(list) => self.call(py, list.into_any()),
-                Err(e) => e.print(py),
+            let mut nbytes = 0;
+            let items: Vec<Py<PyAny>> = ready
+                .into_iter()
+                .map(|r| match r {
+                    Ready::Small(b) => {
+                        nbytes += b.len();
+                        PyBytes::new(py, &b).into_any().unbind()
+                    }
+                    Ready::Large(obj) => {
+                        nbytes += obj.bind(py).len();
+                        obj.into_any()
+                    }
+                })
+                .collect();
+            let list = match PyList::new(py, items) {
+                Ok(list) => list,
+                Err(e) => return e.print(py),
+            };
+            self.undelivered.bytes.fetch_add(nbytes, Ordering::AcqRel);
+            let sent = self
+                .event_loop
+                .call_method1(py, "call_soon_threadsafe", (&self.handover, list, nbytes));
+            if let Err(e) = sent {
+                self.undelivered.bytes.fetch_sub(nbytes, Ordering::AcqRel);
+                e.print(py); // the loop is closed: nobody is left to tell
             }
         });
     }
@@ -147,6 +211,7 @@ async fn read_frames(fd: &AsyncFd<OwnedFd>, limit: usize, deliver: &Deliver) -> 
         }
         if !ready.is_empty() {
             deliver.frames(ready);
+            deliver.undelivered.room().await;
         }
     }
 }
@@ -180,7 +245,7 @@ impl ThreadChannel {
     /// `event_loop.call_soon_threadsafe`; the end reaches `on_frames(reason)`, once.
     #[new]
     #[pyo3(signature = (fd, event_loop, on_frames, max_frame=MAX_FRAME_BYTES))]
-    fn new(fd: i32, event_loop: Py<PyAny>, on_frames: Py<PyAny>, max_frame: usize) -> PyResult<Self> {
+    fn new(py: Python<'_>, fd: i32, event_loop: Py<PyAny>, on_frames: Py<PyAny>, max_frame: usize) -> PyResult<Self> {
         let owned = sys::adopt(fd)?;
         let rt = runtime();
         let _entered = rt.enter();
@@ -190,15 +255,34 @@ impl ThreadChannel {
         let fd = Arc::new(fd);
         let (tx, rx) = mpsc::channel(SEND_QUEUE);
         let queued = Arc::new(AtomicUsize::new(0));
-        let deliver = Deliver { event_loop, on_frames };
+        let undelivered = Arc::new(Undelivered::default());
+        let handover = Py::new(
+            py,
+            Handover {
+                undelivered: undelivered.clone(),
+                on_frames: on_frames.clone_ref(py),
+            },
+        )?;
+        let deliver = Deliver {
+            event_loop,
+            on_frames,
+            handover,
+            undelivered: undelivered.clone(),
+        };
         let reader = rt.spawn(read_loop(fd.clone(), max_frame, deliver));
         let writer = rt.spawn(write_loop(fd.clone(), rx, queued.clone()));
         Ok(Self {
             fd,
             outgoing: tx,
             queued,
+            undelivered,
             tasks: Mutex::new(vec![reader, writer]),
         })
+    }
+
+    /// Bytes of received frames handed to the loop that it has not taken yet.
+    fn undelivered(&self) -> usize {
+        self.undelivered.bytes.load(Ordering::Acquire)
     }
 
     /// Queues one frame for the writer task (a copy of `data`, behind its prefix).
