@@ -17,6 +17,7 @@ use pyo3::prelude::*;
 pub mod crossing;
 pub mod frames;
 pub mod loop_channel;
+pub mod plain;
 pub mod runtime;
 pub mod sys;
 pub mod thread_channel;
@@ -32,5 +33,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<thread_channel::ThreadChannel>()?;
     m.add_class::<loop_channel::LoopChannel>()?;
     m.add_function(wrap_pyfunction!(crossing::post_from_thread, m)?)?;
+    m.add_class::<plain::PlainCodec>()?;
+    m.add_function(wrap_pyfunction!(plain::plain_msg, m)?)?;
     Ok(())
 }

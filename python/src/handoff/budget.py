@@ -66,6 +66,16 @@ class Budget:
             return None
         return False
 
+    def admit_now(self, account: Any, n: int, over: bool = False) -> bool:
+        """Charges ``n`` bytes of a new message to ``account`` if they fit now (as
+        :meth:`admit` would without waiting); ``False``, and nothing charged, if not."""
+        if self._blocker(account, n, 0, over) is not False:
+            return False
+        account.buffered += n
+        account.messages += 1
+        self.total += n
+        return True
+
     async def admit(self, account: Any, n: int, own: int = 0, over: Callable[[], bool] = bool) -> None:
         """Charges ``n`` bytes to ``account``, waiting for room first (see the module).
 

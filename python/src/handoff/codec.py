@@ -36,7 +36,8 @@ from .data import BlobHandle, is_handle_map
 from .msgpack_read import Ext, MsgpackError, too_deep, unpack_one
 from .resources import EXT_RESOURCE_KEY, Resource, ResourceKey, Resources
 from .route import _CURRENT, MARKER, Route, _by_name, _by_type, RouteError, codec_for, decode_value, encode_value
-from .wire import MAX_BODY_DEPTH, WireError, packer
+from .native import ext as _native
+from .wire import MAX_BODY_DEPTH, WireError, frame_plain_msg, packer
 
 __all__ = [
     "EXT_FRAME_REF",
@@ -47,6 +48,7 @@ __all__ = [
     "Bin",
     "EncodedBody",
     "encode_body",
+    "plain_message",
     "decode_body",
     "as_bytes_view",
     "as_numpy",
@@ -134,6 +136,29 @@ def _is_plain(value: Any, frame_threshold: int) -> bool:
     return True
 
 
+#: The extension's packer of plain bodies (``None`` on the pure path): the same bytes as
+#: :func:`_is_plain` then msgpack, in one pass in Rust.
+_PLAIN = _native.PlainCodec(Bin, MAX_BODY_DEPTH) if _native is not None else None
+
+
+def _plain_native() -> bool:
+    """Whether the extension may pack plain bodies now: not while a route codec claims
+    bytes, :class:`Bin` or every object (then :func:`_is_plain` asks it)."""
+    return _PLAIN is not None and not (_by_type and (bytes in _by_type or Bin in _by_type or object in _by_type))
+
+
+def plain_message(type_name: str, value: Any, frame_threshold: int = DEFAULT_FRAME_THRESHOLD) -> Optional[bytes]:
+    """The framed header of a ``msg`` without frames of type ``type_name`` whose body is
+    ``value``, if ``value`` is plain (see :func:`_is_plain`); else ``None`` (then
+    :func:`encode_body` walks it). The same bytes as ``frame_plain_msg(type_name,
+    encode_body(value).body)``."""
+    if _plain_native():
+        return _PLAIN.message(type_name, value, frame_threshold)
+    if _is_plain(value, frame_threshold):
+        return frame_plain_msg(type_name, packer().pack(value))
+    return None
+
+
 def encode_body(
     value: Any,
     frame_threshold: int = DEFAULT_FRAME_THRESHOLD,
@@ -152,8 +177,13 @@ def encode_body(
     A value of plain types only (see :func:`_is_plain`) is packed as it is; ``fast=False``
     always walks it (the tests check that both give the same bytes).
     """
-    if fast and _is_plain(value, frame_threshold):
-        return EncodedBody(packer().pack(value), [], [])
+    if fast:
+        if _plain_native():
+            packed = _PLAIN.pack(value, frame_threshold)
+            if packed is not None:
+                return EncodedBody(packed, [], [])
+        elif _is_plain(value, frame_threshold):
+            return EncodedBody(packer().pack(value), [], [])
     frames: list = []
     sources: list = []
 

@@ -725,6 +725,14 @@ class Node:
     # ------------------------------------------------------------------ receiving
 
     async def _deliver(self, env: Envelope) -> None:
+        self._deliver_now(env)
+
+    def _delivers_now(self, peer: Peer) -> bool:
+        """Whether :meth:`_deliver_now` would deliver a message from ``peer`` (rather than
+        refuse it: an accepted connection's first message where nothing takes accepted ones)."""
+        return peer.queue is None or peer._delivered or not peer.accepted or self.on_accept is not None
+
+    def _deliver_now(self, env: Envelope) -> None:
         # The body is decoded when the application asks for it (§11.3 allows either): a peer
         # whose bodies are costly to decode (deeply nested, or invalid) then costs its own
         # turn in the application's loop, not the reading of every other connection.

@@ -28,7 +28,7 @@ from typing import Any, Optional, Protocol
 from . import wire
 from .bounds import Bounds
 from .budget import Budget
-from .codec import OnDemand, encode_body
+from .codec import OnDemand, encode_body, plain_message
 from .control import ControlWriter
 from .envelope import Envelope, ReceivedFrame
 from .errors import HandoffError, PeerClosed, PeerRefused
@@ -45,6 +45,7 @@ from .throttle import WarningThrottle
 from .ticket_client import TicketClient
 from .tickets import STREAM_DIGEST_MIN, LeaseTable, Refusal, StreamDigest, Ticket
 from .transport import MAX_FDS_PER_READ, Transport
+from .wire.framing import header_length_at
 from .turns import after_new_input
 
 __all__ = ["Peer", "PeerNode"]
@@ -104,6 +105,10 @@ class PeerNode(Protocol):
     def _check_type(self, type_name: str) -> None: ...
 
     async def _deliver(self, env: Envelope) -> None: ...
+
+    def _deliver_now(self, env: Envelope) -> None: ...
+
+    def _delivers_now(self, peer: "Peer") -> bool: ...
 
     def _remove_peer(self, peer: "Peer") -> None: ...
 
@@ -304,8 +309,17 @@ class Peer:
         """
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
-        enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
         limits = self.node.send_limits
+        head = plain_message(type_name, body, self.node.frame_threshold)
+        if head is not None:  # no frame, nothing to lease: the header is the message
+            check_header(len(head) - wire.LEN_PREFIX, limits, self.name)
+            try:
+                await self.transport.send((head,))
+            except PeerClosed:
+                self.closed = True
+                raise
+            return
+        enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
         # Before anything is copied or leased for it: would a receiver take these frames? (§9)
         check_frames((_frame_size(v, src) for v, src in zip(enc.frames, enc.sources)), limits, self.name)
         descs: list = []
@@ -426,10 +440,12 @@ class Peer:
         closed connection), and :meth:`send` must send it instead."""
         if self.closed:
             return False
-        enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
-        if enc.frames:
-            return False
-        head = wire.frame_plain_msg(type_name, enc.body)
+        head = plain_message(type_name, body, self.node.frame_threshold)
+        if head is None:
+            enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
+            if enc.frames:
+                return False
+            head = wire.frame_plain_msg(type_name, enc.body)
         if len(head) - wire.LEN_PREFIX > self.node.send_limits.max_header_bytes:
             return False  # too large for a receiver: send() says so (MessageTooLarge)
         return self.transport.send_now(head)
@@ -548,6 +564,8 @@ class Peer:
         overhead = self.node.bounds.message_overhead
         clock = time.perf_counter
         turn_began, waits = clock(), t.read_waits
+        if not t.tls:
+            t.on_messages = self._on_messages
         try:
             while True:
                 n = await t.read_length(limits)
@@ -620,7 +638,45 @@ class Peer:
         finally:
             await self._cleanup()
 
+    def _on_messages(self, data: bytes) -> int:
+        """Handles the whole messages without frames at the start of ``data``, which the
+        transport received while :meth:`read_loop` waits between messages, and returns the
+        bytes it handled: each is admitted and delivered as the reader would, here in the
+        loop's readable callback, and the reader is not woken for it. It stops at the first
+        byte of anything else — a partial message, one with frames or descriptors, a control
+        message, a header the decoder refuses, a message the buffered bounds have no room
+        for now, an unknown type — and the reader, woken with the rest, handles it (and
+        words any error) as if nothing had come before it."""
+        if self.closed or self._queued:
+            return 0
+        node = self.node
+        limits = node.limits
+        budget = node._budget
+        overhead = node.bounds.message_overhead
+        over = bool(self.pending)
+        pos, end = 0, len(data)
+        try:
+            while end - pos > wire.LEN_PREFIX:
+                start = pos + wire.LEN_PREFIX
+                n = header_length_at(data, pos, limits)
+                if start + n > end:
+                    break
+                h = wire.decode_header(data[start : start + n], limits)
+                if type(h) is not wire.Msg or h.f or not node._delivers_now(self):
+                    break
+                node._check_type(h.t)
+                if not budget.admit_now(self, n + overhead, over):
+                    break
+                env = Envelope(self, h.t, h.b, [])
+                env.charge = n + overhead
+                node._deliver_now(env)
+                pos = start + n
+        except wire.WireError:
+            pass  # the reader meets it again, and closes the connection over it
+        return pos
+
     async def _cleanup(self) -> None:
+        self.transport.on_messages = None
         self.closed = True
         drain = self.node.bounds.drain_seconds if self.transport.error_sent else None
         await self.transport.aclose(drain=drain)

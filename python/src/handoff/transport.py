@@ -46,7 +46,7 @@ import socket
 import ssl
 import sys
 import time
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .bounds import DEFAULT_BOUNDS, Bounds
 from .errors import PeerClosed
@@ -198,6 +198,14 @@ class Transport:
         self.claimed: Optional[str] = None
         #: On a Unix socket: the peer's process id (``SO_PEERCRED``), set by the node.
         self.peer_pid: Optional[int] = None
+        #: Set by the reader of an established connection: ``on_messages(data)`` handles
+        #: whole messages at the start of ``data`` and returns how many bytes it handled.
+        #: :meth:`_on_readable` offers it what it receives for a read that waits between
+        #: messages (:attr:`_idle_wait`), so that such a message is handled in the loop's
+        #: readable callback and the reader is not woken for it (a turn of the loop less).
+        self.on_messages: Optional[Callable[[bytes], int]] = None
+        #: Whether the waiting read waits for the first byte of a message, nothing buffered.
+        self._idle_wait = False
         #: What ended the connection first, if it failed rather than closed: the
         #: ``OSError`` of a read or a write (a reset, ``ETIMEDOUT`` from keepalive or the
         #: user timeout, a broken pipe), or a ``TimeoutError`` with ``ETIMEDOUT`` for this
@@ -321,6 +329,12 @@ class Transport:
                 self._read_waiter = None
                 w.set_exception(e)  # the read records it (it may have been closed meanwhile)
                 return
+            if self._idle_wait and data and self.on_messages is not None and not self.fds and self._fd_error is None:
+                used = self.on_messages(data)
+                if used == len(data):
+                    return  # all handled here: the read goes on waiting for the next message
+                if used:
+                    data = data[used:]
             self._read_waiter = None
             w.set_result(data)
             return
@@ -482,7 +496,11 @@ class Transport:
                 data = await self._recv(n - len(self._buf), timeout, what)
                 self._check_handshake_fds()
             else:
-                data = await self._recv(max(READ_CHUNK, n - len(self._buf)), timeout, what)
+                self._idle_wait = idle
+                try:
+                    data = await self._recv(max(READ_CHUNK, n - len(self._buf)), timeout, what)
+                finally:
+                    self._idle_wait = False
             if not data:
                 if at_boundary and not self._buf:
                     return False

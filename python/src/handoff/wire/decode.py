@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..msgpack_read import unpack_one
+from ..native import ext as _native
 from .errors import WireError, malformed
 from .framing import LEN_PREFIX, header_length
 from .identity import MAX_CAP_BYTES, MAX_CAPS, field_problem
@@ -363,6 +364,9 @@ _HELLO_FIELDS = ("node", "name", "host", "pid", "proc", "lang", "impl", "v", "ca
 _IDENT_FIELDS = ("node", "name", "host", "pid", "proc", "lang", "impl", "caps")
 
 
+#: The extension's reader of the same headers as :func:`_plain_msg` (``None`` on the pure path).
+_native_plain_msg = _native.plain_msg if _native is not None else None
+
 _PLAIN_MSG_HEAD = b"\x84\xa1k\xa3msg\xa1t"  # {"k": "msg", "t": ...
 _PLAIN_MSG_TAIL = b"\xa1f\x90"  # ..., "f": []}
 
@@ -422,9 +426,14 @@ def decode_header(data: Any, limits: Limits = DEFAULT_LIMITS) -> Header:
         and len(buf) > len(_PLAIN_MSG_HEAD) + len(_PLAIN_MSG_TAIL)
         and limits.max_header_values >= 16
     ):
-        plain = _plain_msg(buf)
-        if plain is not None:
-            return plain
+        if _native_plain_msg is not None:
+            got = _native_plain_msg(buf)
+            if got is not None:
+                return Msg(got[0], got[1], [])
+        else:
+            plain = _plain_msg(buf)
+            if plain is not None:
+                return plain
     return decode_header_strict(buf, limits)
 
 

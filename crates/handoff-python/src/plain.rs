@@ -1,0 +1,259 @@
+//! Plain messages: the `msg` headers without frames that most small messages are, encoded
+//! and recognized here in one call each instead of in Python.
+//!
+//! - [`PlainCodec::pack`] packs a body of plain Python values (what `handoff.codec`'s walk
+//!   would leave as it is) into the canonical msgpack of spec §2, or says it is not plain.
+//! - [`PlainCodec::message`] writes a whole framed `msg` header for such a body.
+//! - [`plain_msg`] reads a header laid out exactly as encoders write a frameless `msg`.
+//!
+//! Every answer is either exactly what the Python path gives or "not plain" (`None`), in
+//! which case the caller takes the Python path, which decides and words any error. The
+//! tests check both paths byte for byte (`python/tests/test_native_plain.py`).
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
+
+/// `{"k": "msg", "t": ` as encoders write it.
+const MSG_HEAD: &[u8] = b"\x84\xa1k\xa3msg\xa1t";
+/// `, "b": `
+const MSG_B: &[u8] = b"\xa1b";
+/// `, "f": []}`
+const MSG_TAIL: &[u8] = b"\xa1f\x90";
+
+/// Why a value is not packed here (the caller then walks it in Python).
+struct NotPlain;
+
+type Packed = Result<(), NotPlain>;
+
+/// Packs plain bodies and frameless messages (see the module).
+#[pyclass(module = "handoff._native", frozen)]
+pub struct PlainCodec {
+    /// `handoff.codec.Bin`: bytes that stay in the body whatever their size.
+    bin_type: Py<PyType>,
+    /// `handoff.wire.MAX_BODY_DEPTH`: a value nested deeper is not plain.
+    max_depth: usize,
+}
+
+fn write_len(out: &mut Vec<u8>, n: usize, fix: Option<(u8, usize)>, m8: Option<u8>, m16: u8, m32: u8) -> Packed {
+    match (fix, m8) {
+        (Some((base, below)), _) if n < below => out.push(base | n as u8),
+        (_, Some(tag)) if n < 1 << 8 => out.extend_from_slice(&[tag, n as u8]),
+        _ if n < 1 << 16 => {
+            out.push(m16);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        _ if n <= u32::MAX as usize => {
+            out.push(m32);
+            out.extend_from_slice(&(n as u32).to_be_bytes());
+        }
+        _ => return Err(NotPlain), // msgpack has no length for it: Python raises
+    }
+    Ok(())
+}
+
+fn write_str(out: &mut Vec<u8>, s: &str) -> Packed {
+    write_len(out, s.len(), Some((0xa0, 32)), Some(0xd9), 0xda, 0xdb)?;
+    out.extend_from_slice(s.as_bytes());
+    Ok(())
+}
+
+fn write_bin(out: &mut Vec<u8>, b: &[u8]) -> Packed {
+    write_len(out, b.len(), None, Some(0xc4), 0xc5, 0xc6)?;
+    out.extend_from_slice(b);
+    Ok(())
+}
+
+/// An integer in its shortest msgpack form (as msgpack-python's packer writes it).
+fn write_int(out: &mut Vec<u8>, v: &Bound<'_, PyAny>) -> Packed {
+    if let Ok(i) = v.extract::<i64>() {
+        if i >= 0 {
+            return write_uint(out, i as u64);
+        }
+        if i >= -32 {
+            out.push(i as i8 as u8);
+        } else if i >= -(1 << 7) {
+            out.extend_from_slice(&[0xd0, i as i8 as u8]);
+        } else if i >= -(1 << 15) {
+            out.push(0xd1);
+            out.extend_from_slice(&(i as i16).to_be_bytes());
+        } else if i >= -(1 << 31) {
+            out.push(0xd2);
+            out.extend_from_slice(&(i as i32).to_be_bytes());
+        } else {
+            out.push(0xd3);
+            out.extend_from_slice(&i.to_be_bytes());
+        }
+        return Ok(());
+    }
+    match v.extract::<u64>() {
+        Ok(u) => write_uint(out, u),
+        Err(_) => Err(NotPlain), // outside msgpack's range
+    }
+}
+
+fn write_uint(out: &mut Vec<u8>, u: u64) -> Packed {
+    if u < 1 << 7 {
+        out.push(u as u8);
+    } else if u < 1 << 8 {
+        out.extend_from_slice(&[0xcc, u as u8]);
+    } else if u < 1 << 16 {
+        out.push(0xcd);
+        out.extend_from_slice(&(u as u16).to_be_bytes());
+    } else if u < 1 << 32 {
+        out.push(0xce);
+        out.extend_from_slice(&(u as u32).to_be_bytes());
+    } else {
+        out.push(0xcf);
+        out.extend_from_slice(&u.to_be_bytes());
+    }
+    Ok(())
+}
+
+impl PlainCodec {
+    fn pack_value(&self, out: &mut Vec<u8>, v: &Bound<'_, PyAny>, depth: usize, threshold: usize) -> Packed {
+        if depth > self.max_depth {
+            return Err(NotPlain);
+        }
+        if v.is_none() {
+            out.push(0xc0);
+        } else if v.is_exact_instance_of::<PyBool>() {
+            out.push(if v.is_truthy().map_err(|_| NotPlain)? {
+                0xc3
+            } else {
+                0xc2
+            });
+        } else if v.is_exact_instance_of::<PyInt>() {
+            write_int(out, v)?;
+        } else if v.is_exact_instance_of::<PyFloat>() {
+            let f: f64 = v.extract().map_err(|_| NotPlain)?;
+            out.push(0xcb);
+            out.extend_from_slice(&f.to_be_bytes());
+        } else if let Ok(s) = v.cast_exact::<PyString>() {
+            // A str with lone surrogates has no UTF-8: msgpack raises, in Python.
+            write_str(out, s.to_str().map_err(|_| NotPlain)?)?;
+        } else if let Ok(b) = v.cast_exact::<PyBytes>() {
+            let bytes = b.as_bytes();
+            if bytes.len() >= threshold {
+                return Err(NotPlain); // a frame
+            }
+            write_bin(out, bytes)?;
+        } else if v.get_type().is(self.bin_type.bind(v.py())) {
+            write_bin(out, v.cast::<PyBytes>().map_err(|_| NotPlain)?.as_bytes())?;
+        } else if let Ok(d) = v.cast_exact::<PyDict>() {
+            write_len(out, d.len(), Some((0x80, 16)), None, 0xde, 0xdf)?;
+            for (k, x) in d.iter() {
+                self.pack_value(out, &k, depth + 1, threshold)?;
+                self.pack_value(out, &x, depth + 1, threshold)?;
+            }
+        } else if let Ok(l) = v.cast_exact::<PyList>() {
+            write_len(out, l.len(), Some((0x90, 16)), None, 0xdc, 0xdd)?;
+            for x in l.iter() {
+                self.pack_value(out, &x, depth + 1, threshold)?;
+            }
+        } else if let Ok(t) = v.cast_exact::<PyTuple>() {
+            write_len(out, t.len(), Some((0x90, 16)), None, 0xdc, 0xdd)?;
+            for x in t.iter() {
+                self.pack_value(out, &x, depth + 1, threshold)?;
+            }
+        } else {
+            return Err(NotPlain);
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl PlainCodec {
+    /// A codec for bodies whose `Bin` type is `bin_type`, nested at most `max_depth` deep.
+    #[new]
+    fn new(bin_type: Py<PyType>, max_depth: usize) -> Self {
+        Self { bin_type, max_depth }
+    }
+
+    /// The canonical msgpack of `value` if it is plain (no bytes of `frame_threshold` or
+    /// more, only exact dict, list, tuple, str, bytes, `Bin`, int, float, bool and None,
+    /// nested at most `max_depth` deep), else `None`.
+    fn pack<'py>(
+        &self,
+        py: Python<'py>,
+        value: &Bound<'py, PyAny>,
+        frame_threshold: usize,
+    ) -> Option<Bound<'py, PyBytes>> {
+        let mut out = Vec::with_capacity(64);
+        self.pack_value(&mut out, value, 1, frame_threshold).ok()?;
+        Some(PyBytes::new(py, &out))
+    }
+
+    /// The whole framed header (length prefix included) of a frameless `msg` of type
+    /// `type_name` whose body is `value`, if `value` is plain; else `None`.
+    fn message<'py>(
+        &self,
+        py: Python<'py>,
+        type_name: &Bound<'py, PyString>,
+        value: &Bound<'py, PyAny>,
+        frame_threshold: usize,
+    ) -> Option<Bound<'py, PyBytes>> {
+        let mut body = Vec::with_capacity(64);
+        self.pack_value(&mut body, value, 1, frame_threshold).ok()?;
+        let mut out = Vec::with_capacity(body.len() + 64);
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(MSG_HEAD);
+        write_str(&mut out, type_name.to_str().ok()?).ok()?;
+        out.extend_from_slice(MSG_B);
+        write_bin(&mut out, &body).ok()?;
+        out.extend_from_slice(MSG_TAIL);
+        let n = u32::try_from(out.len() - 4).ok()?;
+        out[..4].copy_from_slice(&n.to_be_bytes());
+        Some(PyBytes::new(py, &out))
+    }
+}
+
+/// The length of the str at `buf[pos]` and where its bytes start: fixstr, or str8 for 32
+/// bytes and more (the forms encoders write for a type name); `None` for anything else.
+fn read_str_len(buf: &[u8], pos: usize) -> Option<(usize, usize)> {
+    match *buf.get(pos)? {
+        tag @ 0xa0..=0xbf => Some(((tag & 0x1f) as usize, pos + 1)),
+        0xd9 => {
+            let n = *buf.get(pos + 1)? as usize;
+            (n >= 32).then_some((n, pos + 2))
+        }
+        _ => None,
+    }
+}
+
+/// The length of the bin at `buf[pos]` in its shortest form and where its bytes start.
+fn read_bin_len(buf: &[u8], pos: usize) -> Option<(usize, usize)> {
+    let (width, min) = match *buf.get(pos)? {
+        0xc4 => (1, 0),
+        0xc5 => (2, 1 << 8),
+        0xc6 => (4, 1 << 16),
+        _ => return None,
+    };
+    let bytes = buf.get(pos + 1..pos + 1 + width)?;
+    let n = bytes.iter().fold(0usize, |acc, &b| acc << 8 | b as usize);
+    (n >= min).then_some((n, pos + 1 + width))
+}
+
+/// `(t, b)` of a `msg` header without frames laid out exactly as encoders write it — a
+/// map of `k`, `t`, `b`, `f` in that order, `t` a str and `b` a bin each with its length in
+/// the shortest form, `f` empty, nothing after — or `None` (the same headers as
+/// `handoff.wire.decode._plain_msg` takes).
+#[pyfunction]
+pub fn plain_msg<'py>(py: Python<'py>, buf: &[u8]) -> Option<(Bound<'py, PyString>, Bound<'py, PyBytes>)> {
+    let end = buf.len().checked_sub(MSG_TAIL.len())?;
+    if !buf.starts_with(MSG_HEAD) || !buf.ends_with(MSG_TAIL) || end <= MSG_HEAD.len() {
+        return None;
+    }
+    let inner = &buf[..end];
+    let (n, pos) = read_str_len(inner, MSG_HEAD.len())?;
+    let t = std::str::from_utf8(inner.get(pos..pos + n)?).ok()?;
+    let pos = pos + n;
+    if inner.get(pos..pos + 2)? != MSG_B {
+        return None;
+    }
+    let (n, pos) = read_bin_len(inner, pos + 2)?;
+    if pos + n != end {
+        return None;
+    }
+    Some((PyString::new(py, t), PyBytes::new(py, &buf[pos..end])))
+}

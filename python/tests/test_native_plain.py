@@ -1,0 +1,189 @@
+"""The extension's plain-message codec (``handoff._native.PlainCodec``, ``plain_msg``)
+against the pure-Python path it replaces, byte for byte: every value either packs to what
+``_is_plain`` then msgpack give, or is "not plain" exactly where ``_is_plain`` says so;
+every header is read as ``_plain_msg`` reads it, or left to the strict decoder where it
+leaves it."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from handoff import codec, wire
+from handoff.codec import Bin
+from handoff.wire.decode import _plain_msg
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+native = pytest.importorskip("handoff._native")
+CODEC = native.PlainCodec(Bin, wire.MAX_BODY_DEPTH)
+THRESHOLD = 64
+
+
+class SubDict(dict):
+    pass
+
+
+class SubStr(str):
+    pass
+
+
+def expected(value, threshold=THRESHOLD):
+    if not codec._is_plain(value, threshold):
+        return None
+    try:
+        return wire.packer().pack(value)
+    except (ValueError, UnicodeEncodeError, OverflowError):
+        return None  # msgpack refuses it: the walk raises the same
+
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(1 << 70), max_value=1 << 70),
+    st.floats(allow_nan=False),
+    st.text(max_size=300),
+    st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3),
+    st.binary(max_size=2 * THRESHOLD),
+    st.binary(max_size=2 * THRESHOLD).map(Bin),
+    st.just(SubStr("sub")),
+    st.just(bytearray(b"ba")),
+    st.just(frozenset()),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=20),
+        st.lists(inner, max_size=5).map(tuple),
+        st.dictionaries(st.one_of(st.text(max_size=8), st.integers(-5, 5)), inner, max_size=18),
+        st.dictionaries(st.text(max_size=3), inner, max_size=2).map(SubDict),
+    ),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(values)
+def test_pack_is_the_pure_path_or_not_plain_where_it_is_not(value):
+    assert CODEC.pack(value, THRESHOLD) == expected(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        0,
+        127,
+        128,
+        255,
+        256,
+        65535,
+        65536,
+        (1 << 32) - 1,
+        1 << 32,
+        (1 << 64) - 1,
+        1 << 64,
+        -1,
+        -32,
+        -33,
+        -128,
+        -129,
+        -32768,
+        -32769,
+        -(1 << 31),
+        -(1 << 31) - 1,
+        -(1 << 63),
+        -(1 << 63) - 1,
+        "x" * 31,
+        "x" * 32,
+        "x" * 255,
+        "x" * 256,
+        "x" * 65536,
+        b"x" * 63,
+        b"x" * 64,
+        Bin(b"x" * 70000),
+        list(range(15)),
+        list(range(16)),
+        list(range(70000)),
+        {i: i for i in range(15)},
+        {i: i for i in range(16)},
+        {i: None for i in range(70000)},
+        1.5,
+        float("inf"),
+        float("nan"),
+        True,
+        False,
+        None,
+    ],
+)
+def test_every_length_form_matches_msgpack(value):
+    got = CODEC.pack(value, THRESHOLD)
+    want = expected(value)
+    if isinstance(value, float) and value != value:  # nan: equal bytes, not equal values
+        assert got == want
+    else:
+        assert got == want
+
+
+def test_depth_is_bounded_as_in_the_pure_path():
+    """Nested lists around a scalar: the native codec packs exactly the depths the pure
+    path packs, and stops where it stops (at MAX_BODY_DEPTH)."""
+    value, depth, plain_depths = 0, 1, []
+    while depth <= wire.MAX_BODY_DEPTH + 2:
+        assert CODEC.pack(value, THRESHOLD) == expected(value)
+        if expected(value) is not None:
+            plain_depths.append(depth)
+        value, depth = [value], depth + 1
+    assert plain_depths == list(range(1, wire.MAX_BODY_DEPTH + 1))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=300), values)
+def test_message_is_frame_plain_msg_of_the_packed_body(type_name, value):
+    body = expected(value)
+    got = CODEC.message(type_name, value, THRESHOLD)
+    if body is None:
+        assert got is None
+        return
+    try:
+        want = wire.frame_plain_msg(type_name, body)
+    except UnicodeEncodeError:
+        want = None
+    assert got == want
+
+
+def plain_header(t: str, b: bytes) -> bytes:
+    return wire.encode_header(wire.Msg(t, b, []))
+
+
+headers = st.builds(plain_header, st.text(max_size=70), st.binary(max_size=70000))
+
+
+@settings(max_examples=1500, deadline=None)
+@given(headers, st.data())
+def test_plain_msg_reads_what_the_pure_path_reads(header, data):
+    mutated = bytearray(header)
+    for _ in range(data.draw(st.integers(0, 3))):
+        op = data.draw(st.sampled_from(["flip", "cut", "add"]))
+        if op == "flip" and mutated:
+            i = data.draw(st.integers(0, len(mutated) - 1))
+            mutated[i] = data.draw(st.integers(0, 255))
+        elif op == "cut" and mutated:
+            del mutated[data.draw(st.integers(0, len(mutated) - 1)) :]
+        else:
+            mutated[data.draw(st.integers(0, len(mutated))) : 0] = data.draw(st.binary(min_size=1, max_size=4))
+    buf = bytes(mutated)
+    pure = None
+    if buf.startswith(b"\x84\xa1k\xa3msg\xa1t") and buf.endswith(b"\xa1f\x90") and len(buf) > 12:
+        pure = _plain_msg(buf)
+    got = native.plain_msg(buf)
+    assert (None if got is None else wire.Msg(got[0], got[1], [])) == pure
+
+
+def test_plain_msg_refuses_non_shortest_lengths_as_the_pure_path_does():
+    head, tail = b"\x84\xa1k\xa3msg\xa1t", b"\xa1f\x90"
+    for t_form in (b"\xa1x", b"\xd9\x01x", b"\xd9\x20" + b"x" * 32):
+        for b_form in (b"\xc4\x01z", b"\xc5\x00\x01z", b"\xc6" + struct.pack(">I", 1) + b"z"):
+            buf = head + t_form + b"\xa1b" + b_form + tail
+            got = native.plain_msg(buf)
+            pure = _plain_msg(buf)
+            assert (None if got is None else wire.Msg(got[0], got[1], [])) == pure
