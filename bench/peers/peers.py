@@ -31,9 +31,15 @@ sys.path.insert(0, str(HERE))
 
 from common import DEFAULT_SIZES, MiB, RepsPolicy, parse_size, size_arg  # noqa: E402
 
-SYSTEMS = ("raw", "handoff", "dask", "dask-handoff", "ray")
+SYSTEMS = ("raw", "handoff", "handoff-pure", "dask", "dask-handoff", "ray")
 #: Systems measured by another system's script: (script, its extra arguments).
-SCRIPTS = {"dask-handoff": ("dask", ["--protocol", "handoff"])}
+SCRIPTS = {
+    "dask-handoff": ("dask", ["--protocol", "handoff"]),
+    # The Python peer's rows again, on its pure-Python path (HANDOFF_NATIVE=0, docs/native.md).
+    "handoff-pure": ("handoff", ["--skip-rust", "--pure"]),
+}
+#: What a system's script runs with, beyond this process's environment.
+SCRIPT_ENV = {"handoff-pure": {"HANDOFF_NATIVE": "0"}}
 SMOKE_SIZES = [1 << 10, 64 << 10, 1 << 20]
 
 
@@ -81,6 +87,7 @@ def run_system(name: str, sizes: list, reps: RepsPolicy, rtt_reps: int, timeout:
         cmd = [sys.executable, str(script), "--sizes", ",".join(size_arg(s) for s in sizes)]
         cmd += ["--reps", reps.to_arg(), "--rtt-reps", str(rtt_reps), "--out", str(out), *extra]
         env = dict(os.environ, PYTHONPATH=str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env.update(SCRIPT_ENV.get(name, {}))
         print(f"== {name}: {' '.join(shlex.quote(c) for c in cmd[1:])}", file=sys.stderr, flush=True)
         load_before = loadavg()
         started = time.perf_counter()
@@ -129,7 +136,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--smoke",
         action="store_true",
-        help="tiny sizes, handoff and raw only, 2 repetitions, no BENCHMARKS.md (what the tests run)",
+        help="tiny sizes, handoff (both Python paths) and raw only, 2 repetitions, no BENCHMARKS.md (what the tests run)",
     )
     p.add_argument("--report-only", action="store_true", help="render the report again from OUT/peers.json")
     args = p.parse_args(argv)
@@ -146,7 +153,7 @@ def main(argv=None) -> int:
 
     if args.smoke:
         sizes, reps, rtt_reps = SMOKE_SIZES, RepsPolicy(fixed=args.reps or 2), args.rtt_reps or 2
-        systems = [s for s in args.systems.split(",") if s in ("raw", "handoff")]
+        systems = [s for s in args.systems.split(",") if s in ("raw", "handoff", "handoff-pure")]
     else:
         sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else list(DEFAULT_SIZES)
         if args.quick and not args.sizes:

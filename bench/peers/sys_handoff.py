@@ -196,8 +196,14 @@ async def fetch(node, peer, n: int, id_: int) -> tuple:
     return t1 - t0 - prep, t2 - t0 - prep, t3 - t0 - prep, kinds
 
 
-async def python_rows(binary: Path, sizes: list, reps, rtt_reps: int, result: dict) -> None:
+async def python_rows(binary: Path, sizes: list, reps, rtt_reps: int, result: dict, pure: bool = False) -> None:
+    """The Python peer's rows: on the native path, or with ``pure`` on the pure-Python one
+    (this process and the worker run with ``HANDOFF_NATIVE=0``; the series end in
+    " (pure Python)" and their system is ``handoff-python-pure``)."""
     from handoff import Bin, Node
+
+    system = "handoff-python-pure" if pure else "handoff-python"
+    suffix = " (pure Python)" if pure else ""
 
     tmp = tempfile.TemporaryDirectory()
     secret_file = Path(tmp.name) / "secret"
@@ -267,7 +273,7 @@ async def python_rows(binary: Path, sizes: list, reps, rtt_reps: int, result: di
                         how += "; the owner sends a ticket, the Python node redeems it eagerly (pull + BLAKE3 check)"
                     for i, read in ((1, "sample"), (2, "full")):
                         extra = " then reads 64 bytes" if read == "sample" else " then reads 64 bytes and every byte"
-                        x = row(series, "handoff-python", route, read, n, [r[i] for r in runs], how + ";" + extra)
+                        x = row(series + suffix, system, route, read, n, [r[i] for r in runs], how + ";" + extra)
                         x["frames"] = sorted(kinds)
                         result["transfers"].append(x)
                 # Round trips on the same connection (not for the ticket owner: same as tcp).
@@ -283,8 +289,8 @@ async def python_rows(binary: Path, sizes: list, reps, rtt_reps: int, result: di
                     runs, batch = await round_trips_async(one, rtt_reps)
                     result["rtt"].append(
                         row(
-                            series.replace("←", "↔"),
-                            "handoff-python",
+                            series.replace("←", "↔") + suffix,
+                            system,
                             route,
                             None,
                             None,
@@ -314,7 +320,14 @@ def main() -> int:
     p = common_args(__doc__.split("\n")[0])
     p.add_argument("--skip-rust", action="store_true", help="only the Python peer")
     p.add_argument("--skip-python", action="store_true", help="only the Rust benches")
+    p.add_argument(
+        "--pure", action="store_true", help="the Python peer's rows on its pure-Python path (needs HANDOFF_NATIVE=0)"
+    )
     args = p.parse_args()
+    import handoff.native
+
+    if args.pure and handoff.native.ENABLED:
+        p.error("--pure needs HANDOFF_NATIVE=0 in the environment (the path is chosen per process)")
     sizes, reps = parse_common(args)
     binary = find_bin()
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout.strip()
@@ -326,7 +339,7 @@ def main() -> int:
     source = f"git {described}" if described else f"built in {src}, not a git checkout"
     source = os.environ.get("HANDOFF_BIN_SOURCE", source)  # where a binary built elsewhere came from
     result = {
-        "system": "handoff",
+        "system": "handoff-pure" if args.pure else "handoff",
         "versions": {
             "handoff (Rust)": f"{version} ({source})",
             "handoff (Python peer)": f"{versions(['handoff'])['handoff']} (from {python_peer_source()})",
@@ -340,8 +353,9 @@ def main() -> int:
     if not args.skip_rust:
         rust_rows(binary, sizes, reps, args.rtt_reps, result)
     if not args.skip_python:
+        result["notes"].append(f"the Python peer runs {handoff.native.REASON}")
         try:
-            asyncio.run(python_rows(binary, sizes, reps, args.rtt_reps, result))
+            asyncio.run(python_rows(binary, sizes, reps, args.rtt_reps, result, pure=args.pure))
         except Exception as e:  # recorded, not hidden
             import traceback
 

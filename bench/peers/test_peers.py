@@ -38,7 +38,7 @@ def smoke(tmp_path_factory) -> tuple:
     out = tmp_path_factory.mktemp("peers")
     env = dict(os.environ, HANDOFF_BIN=handoff_bin(), HANDOFF_PEERS_PYTHON=sys.executable)
     proc = subprocess.run(
-        [str(HERE / "run"), "--smoke", "--out", str(out)], env=env, capture_output=True, text=True, timeout=120
+        [str(HERE / "run"), "--smoke", "--out", str(out)], env=env, capture_output=True, text=True, timeout=240
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, json.loads((out / "peers.json").read_text())
@@ -88,9 +88,13 @@ def test_round_trips_of_handoff_and_raw_sockets(smoke):
         "handoff Rust tcp",
         "handoff Python↔Rust shm",
         "handoff Python↔Python tcp",
+        "handoff Python↔Python tcp (pure Python)",
+        "handoff Python↔Python shm (pure Python)",
     ):
         assert name in names, name
     assert all(0 < r["median"] < 0.1 for r in data["rtt"])
+    pure = [r for r in data["rtt"] if r["series"].endswith("(pure Python)")]
+    assert pure and {r["system"] for r in pure} == {"handoff-python-pure"}
 
 
 def test_the_report_has_its_tables_and_updates_only_its_part_of_the_doc(smoke, tmp_path):
