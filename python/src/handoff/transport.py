@@ -69,6 +69,8 @@ _WOULD_BLOCK = (BlockingIOError, InterruptedError)
 #: … a TLS socket one of these as well (its record needs the socket readable or writable).
 _TLS_WANT = (ssl.SSLWantReadError, ssl.SSLWantWriteError)
 _TLS_WOULD_BLOCK = _WOULD_BLOCK + _TLS_WANT
+#: Pieces one ``sendmsg`` gathers at most (Linux's ``IOV_MAX``).
+_IOV_MAX = 1024
 
 
 #: The send buffer asked for on a Unix socket (``SO_SNDBUF``; the kernel caps it at
@@ -661,13 +663,29 @@ class Transport:
                 continue
             view = view[sent:]
 
-    async def _sendmsg_fds(self, head: memoryview, fds: Sequence[int]) -> int:
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-        while True:
+    async def _sendmsg_all(self, chunks: Sequence, fds: Sequence[int]) -> None:
+        """Writes ``chunks`` with gathering ``sendmsg`` calls (at most :data:`_IOV_MAX`
+        pieces each): a message of a header and its frames goes out in one system call
+        where the socket takes it, so the receiver wakes once for it, not once per piece.
+        ``fds`` ride on the call that sends the first byte (spec §7.2). Not for TLS,
+        whose socket has no ``sendmsg``."""
+        views = [v for v in (memoryview(c).cast("B") for c in chunks) if len(v)]
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())] if fds else []
+        first = 0
+        while first < len(views):
             try:
-                return self.sock.sendmsg([head], ancillary, self._send_flags)
+                sent = self.sock.sendmsg(views[first : first + _IOV_MAX], ancillary, self._send_flags)
             except self._would_block:
                 await self._writable()
+                continue
+            ancillary = []  # they went with the first byte
+            while sent:
+                n = len(views[first])
+                if sent < n:
+                    views[first] = views[first][sent:]
+                    break
+                sent -= n
+                first += 1
 
     async def send(self, chunks: Sequence, fds: Sequence[int] = ()) -> None:
         """Writes ``chunks`` (bytes-like, flat byte views) as one message; ``fds`` ride on its first byte.
@@ -698,14 +716,12 @@ class Transport:
                 raise PeerClosed(self._broken or f"the connection to {self.label} is closed")
             try:
                 await self._write_tail()
-                rest = list(chunks)
-                if fds:
-                    head = memoryview(rest[0]).cast("B")
-                    sent = await self._sendmsg_fds(head, fds)
-                    rest[0] = head[sent:]
-                for chunk in rest:
-                    if len(chunk):
-                        await self._sendall(chunk)
+                if not self.tls:
+                    await self._sendmsg_all(chunks, fds)
+                else:
+                    for chunk in chunks:
+                        if len(chunk):
+                            await self._sendall(chunk)
             except (ConnectionError, OSError, ValueError) as e:
                 if self._broken is None:
                     self._broken = f"writing to {self.label}: {e}"
