@@ -111,3 +111,30 @@ async def test_small_messages_do_not_wake_the_reader():
             assert back.body == i
             back.release()
         assert from_b.transport.read_waits - waits < 5
+
+
+async def test_a_burst_longer_than_one_slice_is_finished_by_the_reader_in_order():
+    """The callback handles one slice of work (100 µs) and hands the rest of what it
+    received to the reader: a burst of 3000 messages (64 KiB and more per receive, far
+    more than a slice's worth) is cut, and nothing is lost, doubled or reordered. (The
+    buffered bounds are raised so that only the slice can stop the callback.)"""
+    bounds = Bounds(max_buffered_messages_per_peer=1 << 20)
+    async with Node("a", secret=SECRET, listen="127.0.0.1:0", bounds=bounds) as a:
+        raw = await raw_peer(a)
+        assert await eventually(lambda: len(a.peers) == 1 and a.peers[0].transport.on_messages is not None)
+        transport = a.peers[0].transport
+        handled, calls = transport.on_messages, []
+
+        def recorded(data):
+            used = handled(data)
+            calls.append((len(data), used))
+            return used
+
+        transport.on_messages = recorded
+        raw.send(b"".join(msg("t.Seq", i) for i in range(3000)))
+        for i in range(3000):
+            env = await a.recv(5)
+            assert env.body == i
+            env.release()
+        assert calls and all(used < n // 2 for n, used in calls if n > 32 << 10), calls
+        raw.close()

@@ -642,8 +642,9 @@ class Peer:
         """Handles the whole messages without frames at the start of ``data``, which the
         transport received while :meth:`read_loop` waits between messages, and returns the
         bytes it handled: each is admitted and delivered as the reader would, here in the
-        loop's readable callback, and the reader is not woken for it. It stops at the first
-        byte of anything else — a partial message, one with frames or descriptors, a control
+        loop's readable callback, and the reader is not woken for it. It stops after one slice
+        of work (``_READ_SLICE``, as the reader yields after one), and at the first byte of
+        anything else — a partial message, one with frames or descriptors, a control
         message, a header the decoder refuses, a message the buffered bounds have no room
         for now, an unknown type — and the reader, woken with the rest, handles it (and
         words any error) as if nothing had come before it."""
@@ -655,8 +656,12 @@ class Peer:
         overhead = node.bounds.message_overhead
         over = bool(self.pending)
         pos, end = 0, len(data)
+        clock = time.perf_counter
+        began = clock()
         try:
-            while end - pos > wire.LEN_PREFIX:
+            # At most one slice of work, as the reader takes: what a burst brought beyond it
+            # goes to the reader, which resumes after what other connections sent meanwhile.
+            while end - pos > wire.LEN_PREFIX and clock() - began < _READ_SLICE:
                 start = pos + wire.LEN_PREFIX
                 n = header_length_at(data, pos, limits)
                 if start + n > end:
