@@ -187,3 +187,17 @@ def test_plain_msg_refuses_non_shortest_lengths_as_the_pure_path_does():
             got = native.plain_msg(buf)
             pure = _plain_msg(buf)
             assert (None if got is None else wire.Msg(got[0], got[1], [])) == pure
+
+
+def test_a_codec_deeper_than_its_recursion_allows_is_refused():
+    with pytest.raises(ValueError, match="deepest this codec packs"):
+        native.PlainCodec(Bin, 10**9)
+
+
+@pytest.mark.parametrize("threshold", [float("inf"), 4096.0, -1, 1 << 64])
+def test_any_threshold_the_pure_path_takes_is_taken(threshold):
+    """The native codec takes whole byte counts only: any other threshold goes the pure way."""
+    for value in ({"a": b"x" * 10, "n": 1}, [b"y" * 5000]):
+        want = codec.encode_body(value, threshold, fast=False)
+        got = codec.encode_body(value, threshold)
+        assert (got.body, [bytes(f) for f in got.frames]) == (want.body, [bytes(f) for f in want.frames])

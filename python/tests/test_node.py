@@ -428,3 +428,24 @@ async def test_eager_failure_is_reported_in_place_of_the_body():
             with pytest.raises(TicketRefused) as e:
                 _ = env.body
             assert e.value.code in ("expired", "unknown-lease") and "owner" in str(e.value)
+
+
+async def test_a_type_name_that_is_not_a_str_is_refused_before_anything_goes_out():
+    """Every receiver refuses a header whose ``t`` is not a str (spec §6.4), so no path sends one."""
+    async with (
+        Node("a", secret="k", listen="127.0.0.1:0") as a,
+        Node("b", secret="k", host_id="other-host") as b,
+    ):
+        peer = await b.connect(a.listen_addr)
+        for name in (5, b"t.Bytes", None):
+            for send in (
+                peer.send(name, {"x": 1}),
+                peer.send(name, {"x": b"y" * 5000}),
+                peer.send_packed(name, b"\x80"),
+            ):
+                with pytest.raises(TypeError, match="type name is a str"):
+                    await send
+            with pytest.raises(TypeError, match="type name is a str"):
+                peer.send_now(name, {"x": 1})
+        await peer.send("t.Fine", {"x": 1})
+        assert (await a.recv(5)).body == {"x": 1}

@@ -138,3 +138,31 @@ async def test_a_burst_longer_than_one_slice_is_finished_by_the_reader_in_order(
             env.release()
         assert calls and all(used < n // 2 for n, used in calls if n > 32 << 10), calls
         raw.close()
+
+
+async def test_an_application_callback_that_raises_closes_the_connection_in_order():
+    """``on_accept`` runs where the first message is delivered, here in the readable
+    callback: when it raises, the connection is closed (as the reader closes it), and no
+    message after it is lost or delivered out of order on a connection that carries on."""
+    peers = []
+
+    def on_accept(peer):
+        peers.append(peer)
+        raise RuntimeError("a bug in on_accept")
+
+    async with Node("a", secret=SECRET, listen="127.0.0.1:0", per_connection=True, on_accept=on_accept) as a:
+        raw = await raw_peer(a)
+        await asyncio.sleep(0.1)
+        raw.send(msg("t.Seq", 1) + msg("t.Seq", 2))
+        assert await eventually(lambda: peers and peers[0].closed)
+        got = []
+        while True:
+            try:
+                env = await peers[0].recv(1)
+            except Exception as e:
+                got.append(type(e).__name__)
+                break
+            got.append(env.body)
+        assert got in ([1, "PeerClosed"], ["PeerClosed"]), got
+        assert await asyncio.to_thread(raw.sock.recv, 100) == b""
+        raw.close()

@@ -10,6 +10,7 @@
 //! which case the caller takes the Python path, which decides and words any error. The
 //! tests check both paths byte for byte (`python/tests/test_native_plain.py`).
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 
@@ -19,6 +20,10 @@ const MSG_HEAD: &[u8] = b"\x84\xa1k\xa3msg\xa1t";
 const MSG_B: &[u8] = b"\xa1b";
 /// `, "f": []}`
 const MSG_TAIL: &[u8] = b"\xa1f\x90";
+
+/// The deepest nesting a codec may be made for: its recursion stays far inside any thread's
+/// stack (spec §2 bounds bodies at 127 levels).
+pub const MAX_DEPTH: usize = 1024;
 
 /// Why a value is not packed here (the caller then walks it in Python).
 struct NotPlain;
@@ -164,10 +169,16 @@ impl PlainCodec {
 
 #[pymethods]
 impl PlainCodec {
-    /// A codec for bodies whose `Bin` type is `bin_type`, nested at most `max_depth` deep.
+    /// A codec for bodies whose `Bin` type is `bin_type`, nested at most `max_depth` deep
+    /// (at most [`MAX_DEPTH`]: the packer recurses once per level).
     #[new]
-    fn new(bin_type: Py<PyType>, max_depth: usize) -> Self {
-        Self { bin_type, max_depth }
+    fn new(bin_type: Py<PyType>, max_depth: usize) -> PyResult<Self> {
+        if max_depth > MAX_DEPTH {
+            return Err(PyValueError::new_err(format!(
+                "max_depth {max_depth} is over {MAX_DEPTH}, the deepest this codec packs"
+            )));
+        }
+        Ok(Self { bin_type, max_depth })
     }
 
     /// The canonical msgpack of `value` if it is plain (no bytes of `frame_threshold` or

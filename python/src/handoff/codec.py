@@ -141,10 +141,16 @@ def _is_plain(value: Any, frame_threshold: int) -> bool:
 _PLAIN = _native.PlainCodec(Bin, MAX_BODY_DEPTH) if _native is not None else None
 
 
-def _plain_native() -> bool:
+def _plain_native(frame_threshold: Any) -> bool:
     """Whether the extension may pack plain bodies now: not while a route codec claims
-    bytes, :class:`Bin` or every object (then :func:`_is_plain` asks it)."""
-    return _PLAIN is not None and not (_by_type and (bytes in _by_type or Bin in _by_type or object in _by_type))
+    bytes, :class:`Bin` or every object (then :func:`_is_plain` asks it), and only for a
+    threshold it takes (a whole number of bytes; the pure path takes any number)."""
+    return (
+        _PLAIN is not None
+        and type(frame_threshold) is int
+        and 0 <= frame_threshold < _INT_END
+        and not (_by_type and (bytes in _by_type or Bin in _by_type or object in _by_type))
+    )
 
 
 def plain_message(type_name: str, value: Any, frame_threshold: int = DEFAULT_FRAME_THRESHOLD) -> Optional[bytes]:
@@ -152,7 +158,7 @@ def plain_message(type_name: str, value: Any, frame_threshold: int = DEFAULT_FRA
     ``value``, if ``value`` is plain (see :func:`_is_plain`); else ``None`` (then
     :func:`encode_body` walks it). The same bytes as ``frame_plain_msg(type_name,
     encode_body(value).body)``."""
-    if _plain_native():
+    if _plain_native(frame_threshold):
         return _PLAIN.message(type_name, value, frame_threshold)
     if _is_plain(value, frame_threshold):
         return frame_plain_msg(type_name, packer().pack(value))
@@ -178,7 +184,7 @@ def encode_body(
     always walks it (the tests check that both give the same bytes).
     """
     if fast:
-        if _plain_native():
+        if _plain_native(frame_threshold):
             packed = _PLAIN.pack(value, frame_threshold)
             if packed is not None:
                 return EncodedBody(packed, [], [])

@@ -111,7 +111,10 @@ class Node:
     for each accepted connection, when its first message arrives (a connection that
     carries no message, such as the TCP connection a same-host peer leaves for our Unix
     socket, never reaches it; without ``on_accept`` an accepted connection that sends a
-    message is closed). ``shm_pool`` sends large buffers to same-host peers from the
+    message is closed). It runs on the node's event loop, possibly in the callback that
+    received the message rather than in a task (``asyncio.current_task()`` may be
+    ``None``), and must not block; if it raises, the connection is closed and the error
+    logged. ``shm_pool`` sends large buffers to same-host peers from the
     process's pool of reused segments (:mod:`handoff.pool`) instead of fresh sealed
     memfds, and goes inline rather than wait when a peer holds its cap of leases.
     ``shm_private`` maps received segments private and writable (copy-on-write)

@@ -17,7 +17,7 @@ from typing import Iterable
 from . import wire
 from .errors import MessageTooLarge
 
-__all__ = ["send_limits", "check_header", "check_frames", "clip", "MAX_TEXT"]
+__all__ = ["send_limits", "check_type_name", "check_header", "check_frames", "clip", "MAX_TEXT"]
 
 #: The most characters of an ``error`` or ``ticket-error`` text this node sends.
 MAX_TEXT = 1024
@@ -33,6 +33,13 @@ def send_limits(limits: wire.Limits) -> wire.Limits:
         max_frame_bytes=min(d.max_frame_bytes, limits.max_frame_bytes),
         max_message_bytes=min(d.max_message_bytes, limits.max_message_bytes),
     )
+
+
+def check_type_name(type_name: object) -> None:
+    """A message's type name is a str (spec §6.4, §10): anything else is a ``TypeError`` here,
+    not a header that every receiver refuses."""
+    if not isinstance(type_name, str):
+        raise TypeError(f"a message's type name is a str, not {type(type_name).__name__}: {type_name!r:.80}")
 
 
 def check_header(n: int, limits: wire.Limits, to: str) -> None:

@@ -35,7 +35,7 @@ from .errors import HandoffError, PeerClosed, PeerRefused
 from .handshake import send_error
 from .inbox import ConnectionQueue
 from .mapcache import Kept, MapCache
-from .outgoing import check_frames, check_header, clip
+from .outgoing import check_frames, check_header, check_type_name, clip
 from .recvbuf import MIN_POOLED, recv_pool
 from .resources import Resources
 from .route import Route
@@ -307,6 +307,7 @@ class Peer:
         takes tickets, on any channel. Route-aware values (:mod:`handoff.route`) are
         encoded for :attr:`route`.
         """
+        check_type_name(type_name)
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
         limits = self.node.send_limits
@@ -438,6 +439,7 @@ class Peer:
         if nothing else is being written to this peer: ``True`` if it is sent, ``False``
         if it was not (a frame in the body, another write in progress, a full socket, a
         closed connection), and :meth:`send` must send it instead."""
+        check_type_name(type_name)
         if self.closed:
             return False
         head = plain_message(type_name, body, self.node.frame_threshold)
@@ -455,6 +457,7 @@ class Peer:
         :func:`handoff.wire.packer` wrote for a value of plain types (no buffer of the
         frame threshold or more, which :meth:`send` would have sent as a frame), so the
         same bytes :meth:`send` would send for it, without walking it again."""
+        check_type_name(type_name)
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
         head = wire.frame_plain_msg(type_name, body)
@@ -665,6 +668,10 @@ class Peer:
                 start = pos + wire.LEN_PREFIX
                 n = header_length_at(data, pos, limits)
                 if start + n > end:
+                    break
+                # Only a header laid out as a frameless msg is decoded here: anything else
+                # is the reader's, which decodes it once.
+                if not wire.looks_plain(data, start, start + n):
                     break
                 h = wire.decode_header(data[start : start + n], limits)
                 if type(h) is not wire.Msg or h.f or not node._delivers_now(self):

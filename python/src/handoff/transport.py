@@ -332,11 +332,23 @@ class Transport:
                 w.set_exception(e)  # the read records it (it may have been closed meanwhile)
                 return
             if self._idle_wait and data and self.on_messages is not None and not self.fds and self._fd_error is None:
-                used = self.on_messages(data)
+                try:
+                    used = self.on_messages(data)
+                except BaseException as e:
+                    # Raised by the application (a node's on_accept): the waiting read
+                    # raises it, and its reader closes the connection, as if it had
+                    # handled the message itself. The rest of what arrived is not read.
+                    self._read_waiter = None
+                    if not w.done():
+                        w.set_exception(e)
+                    return
                 if used == len(data):
                     return  # all handled here: the read goes on waiting for the next message
                 if used:
                     data = data[used:]
+                if w.done():  # the handling cancelled the read
+                    self._read_waiter = None
+                    return
             self._read_waiter = None
             w.set_result(data)
             return

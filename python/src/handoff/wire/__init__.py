@@ -46,6 +46,7 @@ from .decode import (
     carried_kinds,
     check_carried,
     decode_header,
+    looks_plain,
     decode_message,
     unpack_header_value,
 )
@@ -169,6 +170,7 @@ __all__ = [
     "check_identity",
     "check_carried",
     "decode_header",
+    "looks_plain",
     "decode_message",
     "dialer_proof",
     "encode_header",

@@ -371,6 +371,17 @@ _PLAIN_MSG_HEAD = b"\x84\xa1k\xa3msg\xa1t"  # {"k": "msg", "t": ...
 _PLAIN_MSG_TAIL = b"\xa1f\x90"  # ..., "f": []}
 
 
+def looks_plain(buf: bytes, start: int, end: int) -> bool:
+    """Whether ``buf[start:end]`` begins and ends as a frameless ``msg`` header laid out as
+    encoders write it: a check of a few bytes before :func:`decode_header` is worth
+    calling where only such headers are wanted (it decides)."""
+    return (
+        end - start > len(_PLAIN_MSG_HEAD) + len(_PLAIN_MSG_TAIL)
+        and buf.startswith(_PLAIN_MSG_HEAD, start)
+        and buf.endswith(_PLAIN_MSG_TAIL, start, end)
+    )
+
+
 def _plain_msg(buf: bytes) -> Msg | None:
     """A ``msg`` header without frames laid out exactly as encoders write it — a map of
     ``k``, ``t``, ``b``, ``f`` in that order, ``t`` a str and ``b`` a bin each with its
