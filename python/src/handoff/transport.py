@@ -575,7 +575,8 @@ class Transport:
         n = len(dest)
         have = min(n, len(self._buf) - self._pos)
         if have:
-            dest[:have] = self._buf[self._pos : self._pos + have]
+            with memoryview(self._buf) as buffered:  # a slice of the bytearray itself would be a copy
+                dest[:have] = buffered[self._pos : self._pos + have]
             self._pos += have
             if self._pos == len(self._buf):
                 self._buf.clear()
