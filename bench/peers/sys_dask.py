@@ -1,7 +1,8 @@
 """Dask distributed: a LocalCluster of two worker processes with one thread each, on
 Dask's ``tcp://`` comm (system ``dask``) or on handoff's ``handoff://`` comm backend
 (``--protocol handoff``, system ``dask-handoff``: the same host, so the workers talk
-over a Unix socket and frames from 64 KiB travel as shared-memory segments).
+over a Unix socket and frames from 1 MiB, the backend's shm-threshold, travel as shared-memory
+segments).
 
 Transfer: an array made by a task on worker A (not timed; random bytes that do not
 compress, and compression is off) is fetched by worker B with Dask's own
@@ -124,7 +125,7 @@ PROTOCOLS = {
     "handoff": (
         "dask-handoff",
         "Dask on handoff://",
-        "fetched over the handoff:// comm: a Unix socket, frames from 64 KiB as shared-memory segments",
+        "fetched over the handoff:// comm: a Unix socket, frames from 1 MiB as shared-memory segments",
     ),
 }
 
