@@ -11,7 +11,7 @@ import struct
 import pytest
 from handoff import codec, wire
 from handoff.codec import Bin
-from handoff.wire.decode import _plain_msg
+from handoff.wire.decode import _plain_msg, decode_header_strict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -201,3 +201,54 @@ def test_any_threshold_the_pure_path_takes_is_taken(threshold):
         want = codec.encode_body(value, threshold, fast=False)
         got = codec.encode_body(value, threshold)
         assert (got.body, [bytes(f) for f in got.frames]) == (want.body, [bytes(f) for f in want.frames])
+
+
+def _outcome(decode, buf, limits):
+    try:
+        return ("ok", decode(buf, limits))
+    except wire.WireError as e:
+        return ("error", e.code, e.message)
+
+
+sizes = st.one_of(st.integers(0, 200), st.sampled_from([127, 128, 255, 256, 65535, 65536, (1 << 32) - 1, 1 << 32]))
+inline_headers = st.builds(
+    lambda t, b, ns: wire.encode_header(wire.Msg(t, b, [wire.Inline(n) for n in ns])),
+    st.text(max_size=40),
+    st.binary(max_size=300),
+    st.lists(sizes, min_size=1, max_size=20),
+)
+limit_sets = st.sampled_from(
+    [
+        wire.DEFAULT_LIMITS,
+        wire.Limits(max_frames=3),
+        wire.Limits(max_frame_bytes=255),
+        wire.Limits(max_message_bytes=1000),
+        wire.Limits(max_header_values=40),
+    ]
+)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(inline_headers, limit_sets, st.data())
+def test_inline_msg_headers_decode_as_the_two_passes_decode_them(header, limits, data):
+    """decode_header takes the native reader for msg headers with inline frames: every
+    header, mutated or not, under every limit, decodes to what the two passes give, or
+    fails with the same code and words."""
+    mutated = bytearray(header)
+    for _ in range(data.draw(st.integers(0, 2))):
+        if data.draw(st.booleans()) and mutated:
+            mutated[data.draw(st.integers(0, len(mutated) - 1))] = data.draw(st.integers(0, 255))
+        else:
+            del mutated[data.draw(st.integers(0, len(mutated))) :]
+    buf = bytes(mutated)
+    assert _outcome(wire.decode_header, buf, limits) == _outcome(decode_header_strict, buf, limits)
+
+
+def test_inline_msg_is_used_for_inline_headers_and_refuses_anything_else():
+    h = wire.encode_header(wire.Msg("t.X", b"\x80", [wire.Inline(n) for n in range(16)]))
+    t, b, ns = native.inline_msg(h)
+    assert (t, b, ns) == ("t.X", b"\x80", list(range(16)))
+    assert native.inline_msg(wire.encode_header(wire.Msg("t.X", b"", []))) is None  # no frames: plain_msg's
+    shm = wire.encode_header(wire.Msg("t.X", b"", [wire.Shm(n=5, off=0, size=4096, lease=1, sealed=True)]))
+    assert native.inline_msg(shm) is None
+    assert native.inline_msg(h + b"\x00") is None and native.inline_msg(h[:-1]) is None

@@ -35,5 +35,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(crossing::post_from_thread, m)?)?;
     m.add_class::<plain::PlainCodec>()?;
     m.add_function(wrap_pyfunction!(plain::plain_msg, m)?)?;
+    m.add_function(wrap_pyfunction!(plain::inline_msg, m)?)?;
     Ok(())
 }

@@ -268,3 +268,76 @@ pub fn plain_msg<'py>(py: Python<'py>, buf: &[u8]) -> Option<(Bound<'py, PyStrin
     }
     Some((PyString::new(py, t), PyBytes::new(py, &buf[pos..end])))
 }
+
+/// `, "f": ` before the frame descriptors of a `msg`.
+const MSG_F: &[u8] = b"\xa1f";
+
+/// `{"k": "inline", "n": ` as encoders write an inline frame's descriptor.
+const INLINE_HEAD: &[u8] = b"\x82\xa1k\xa6inline\xa1n";
+
+/// A uint in its shortest form at `buf[pos]`, and where it ends.
+fn read_uint(buf: &[u8], pos: usize) -> Option<(u64, usize)> {
+    let (width, min) = match *buf.get(pos)? {
+        tag @ 0x00..=0x7f => return Some((tag as u64, pos + 1)),
+        0xcc => (1, 1 << 7),
+        0xcd => (2, 1 << 8),
+        0xce => (4, 1 << 16),
+        0xcf => (8, 1 << 32),
+        _ => return None,
+    };
+    let bytes = buf.get(pos + 1..pos + 1 + width)?;
+    let n = bytes.iter().fold(0u64, |acc, &b| acc << 8 | b as u64);
+    (n >= min).then_some((n, pos + 1 + width))
+}
+
+/// The length of an array at `buf[pos]` in its shortest form (fixarray, or array16 for 16
+/// and more) and where its items start.
+fn read_array_len(buf: &[u8], pos: usize) -> Option<(usize, usize)> {
+    match *buf.get(pos)? {
+        tag @ 0x90..=0x9f => Some(((tag & 0x0f) as usize, pos + 1)),
+        0xdc => {
+            let n = u16::from_be_bytes(buf.get(pos + 1..pos + 3)?.try_into().ok()?) as usize;
+            (n >= 16).then_some((n, pos + 3))
+        }
+        _ => None,
+    }
+}
+
+/// `(t, b, [n, ...])` of a `msg` header whose frames are all inline, laid out exactly as
+/// encoders write it — `k`, `t`, `b`, `f` in that order, each descriptor `{"k": "inline",
+/// "n": n}`, every length and number in its shortest form, nothing after — or `None`. The
+/// caller checks the limits (frame count, sizes, header values) and leaves anything over
+/// one to the two-pass decoder, which words the error.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+pub fn inline_msg<'py>(py: Python<'py>, buf: &[u8]) -> Option<(Bound<'py, PyString>, Bound<'py, PyBytes>, Vec<u64>)> {
+    if !buf.starts_with(MSG_HEAD) {
+        return None;
+    }
+    let (n, pos) = read_str_len(buf, MSG_HEAD.len())?;
+    let t = std::str::from_utf8(buf.get(pos..pos + n)?).ok()?;
+    let pos = pos + n;
+    if buf.get(pos..pos + 2)? != MSG_B {
+        return None;
+    }
+    let (n, pos) = read_bin_len(buf, pos + 2)?;
+    let b = buf.get(pos..pos + n)?;
+    let pos = pos + n;
+    if buf.get(pos..pos + 2)? != MSG_F {
+        return None;
+    }
+    let (count, mut pos) = read_array_len(buf, pos + 2)?;
+    let mut sizes = Vec::with_capacity(count.min(1024));
+    for _ in 0..count {
+        if buf.get(pos..pos + INLINE_HEAD.len())? != INLINE_HEAD {
+            return None;
+        }
+        let (n, next) = read_uint(buf, pos + INLINE_HEAD.len())?;
+        sizes.push(n);
+        pos = next;
+    }
+    if pos != buf.len() || sizes.is_empty() {
+        return None;
+    }
+    Some((PyString::new(py, t), PyBytes::new(py, b), sizes))
+}

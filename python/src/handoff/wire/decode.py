@@ -366,6 +366,12 @@ _IDENT_FIELDS = ("node", "name", "host", "pid", "proc", "lang", "impl", "caps")
 
 #: The extension's reader of the same headers as :func:`_plain_msg` (``None`` on the pure path).
 _native_plain_msg = _native.plain_msg if _native is not None else None
+#: The extension's reader of ``msg`` headers whose frames are all inline, laid out as
+#: encoders write them (``None`` on the pure path), and the msgpack values such a header
+#: holds at most: the map, its keys and values, and five per descriptor, with room to spare.
+_native_inline_msg = _native.inline_msg if _native is not None else None
+_INLINE_MSG_VALUES = 16
+_INLINE_DESC_VALUES = 5
 
 _PLAIN_MSG_HEAD = b"\x84\xa1k\xa3msg\xa1t"  # {"k": "msg", "t": ...
 _PLAIN_MSG_TAIL = b"\xa1f\x90"  # ..., "f": []}
@@ -445,6 +451,19 @@ def decode_header(data: Any, limits: Limits = DEFAULT_LIMITS) -> Header:
             plain = _plain_msg(buf)
             if plain is not None:
                 return plain
+    elif _native_inline_msg is not None and buf.startswith(_PLAIN_MSG_HEAD):
+        got = _native_inline_msg(buf)
+        if got is not None:
+            t, b, sizes = got
+            # Within every limit the two passes check (values counted with room to spare),
+            # or they decide, and word the error.
+            if (
+                len(sizes) <= limits.max_frames
+                and _INLINE_MSG_VALUES + _INLINE_DESC_VALUES * len(sizes) <= limits.max_header_values
+                and max(sizes) <= limits.max_frame_bytes
+                and sum(sizes) <= limits.max_message_bytes
+            ):
+                return Msg(t, b, [Inline(n) for n in sizes])
     return decode_header_strict(buf, limits)
 
 
