@@ -252,3 +252,53 @@ def test_inline_msg_is_used_for_inline_headers_and_refuses_anything_else():
     shm = wire.encode_header(wire.Msg("t.X", b"", [wire.Shm(n=5, off=0, size=4096, lease=1, sealed=True)]))
     assert native.inline_msg(shm) is None
     assert native.inline_msg(h + b"\x00") is None and native.inline_msg(h[:-1]) is None
+
+
+framed_values = st.recursive(
+    st.one_of(
+        scalars,
+        st.binary(min_size=THRESHOLD, max_size=3 * THRESHOLD),
+        st.binary(max_size=100).map(codec.Buffer),
+        st.just(codec.Buffer(bytearray(b"ba"))),
+        st.just(codec.Buffer(memoryview(b"mv" * 40))),
+        st.just(codec.Buffer(12345)),  # not bytes-like: the walk leaves its frame to the node
+        st.just(codec.OnDemand(b"od")),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=8),
+        st.lists(inner, max_size=4).map(tuple),
+        st.dictionaries(st.text(max_size=4), inner, max_size=6),
+    ),
+    max_leaves=30,
+)
+
+
+def _encoded(enc):
+    return enc.body, [None if f is None else bytes(f) for f in enc.frames], [id(s) for s in enc.sources]
+
+
+@settings(max_examples=1500, deadline=None)
+@given(framed_values)
+def test_framed_bodies_encode_as_the_walk_encodes_them(value):
+    """encode_body takes the native packer for bodies that are plain but for frames: the
+    same body bytes, frames and frame sources as the walk, or the walk itself."""
+    try:
+        want = _encoded(codec.encode_body(value, THRESHOLD, fast=False))
+    except (ValueError, TypeError, OverflowError, UnicodeEncodeError) as e:
+        with pytest.raises(type(e)):
+            codec.encode_body(value, THRESHOLD)
+        return
+    assert _encoded(codec.encode_body(value, THRESHOLD)) == want
+
+
+def test_pack_framed_takes_exact_buffers_and_large_bytes_only():
+    big = b"z" * THRESHOLD
+    buf = codec.Buffer(b"abc")
+    body, sources = CODEC_FRAMED.pack_framed({"a": big, "b": buf, "c": b"small"}, THRESHOLD)
+    assert sources == [big, buf.data]
+    assert body == codec.encode_body({"a": big, "b": buf, "c": b"small"}, THRESHOLD, fast=False).body
+    assert CODEC_FRAMED.pack_framed([codec.OnDemand(b"x")], THRESHOLD) is None
+    assert CODEC.pack_framed([buf], THRESHOLD) is None  # a codec made without Buffer packs none
+
+
+CODEC_FRAMED = native.PlainCodec(Bin, wire.MAX_BODY_DEPTH, codec.Buffer)

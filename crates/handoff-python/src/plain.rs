@@ -35,6 +35,9 @@ type Packed = Result<(), NotPlain>;
 pub struct PlainCodec {
     /// `handoff.codec.Bin`: bytes that stay in the body whatever their size.
     bin_type: Py<PyType>,
+    /// `handoff.buffers.Buffer`: a bytes-like value that travels as a frame whatever its
+    /// size (only with [`PlainCodec::pack_framed`]; `None`: never packed here).
+    buffer_type: Option<Py<PyType>>,
     /// `handoff.wire.MAX_BODY_DEPTH`: a value nested deeper is not plain.
     max_depth: usize,
 }
@@ -53,6 +56,15 @@ fn write_len(out: &mut Vec<u8>, n: usize, fix: Option<(u8, usize)>, m8: Option<u
         }
         _ => return Err(NotPlain), // msgpack has no length for it: Python raises
     }
+    Ok(())
+}
+
+/// A frame reference (spec §8.2): ext type 1 holding the frame's index as a big-endian u32,
+/// in msgpack's fixext 4 form.
+fn write_frame_ref(out: &mut Vec<u8>, index: usize) -> Packed {
+    let index = u32::try_from(index).map_err(|_| NotPlain)?;
+    out.extend_from_slice(&[0xd6, 0x01]);
+    out.extend_from_slice(&index.to_be_bytes());
     Ok(())
 }
 
@@ -115,7 +127,23 @@ fn write_uint(out: &mut Vec<u8>, u: u64) -> Packed {
 }
 
 impl PlainCodec {
-    fn pack_value(&self, out: &mut Vec<u8>, v: &Bound<'_, PyAny>, depth: usize, threshold: usize) -> Packed {
+    /// Whether `v` is exactly of `buffer_type`.
+    fn is_buffer(&self, v: &Bound<'_, PyAny>) -> bool {
+        self.buffer_type
+            .as_ref()
+            .is_some_and(|t| v.get_type().is(t.bind(v.py())))
+    }
+
+    /// Packs `v`; with `frames`, bytes over the threshold and `Buffer`s become frame
+    /// references whose sources are appended to `frames`.
+    fn pack_value(
+        &self,
+        out: &mut Vec<u8>,
+        v: &Bound<'_, PyAny>,
+        depth: usize,
+        threshold: usize,
+        frames: Option<&Bound<'_, PyList>>,
+    ) -> Packed {
         if depth > self.max_depth {
             return Err(NotPlain);
         }
@@ -139,26 +167,34 @@ impl PlainCodec {
         } else if let Ok(b) = v.cast_exact::<PyBytes>() {
             let bytes = b.as_bytes();
             if bytes.len() >= threshold {
-                return Err(NotPlain); // a frame
+                let frames = frames.ok_or(NotPlain)?; // a frame
+                write_frame_ref(out, frames.len())?;
+                frames.append(v).map_err(|_| NotPlain)?;
+            } else {
+                write_bin(out, bytes)?;
             }
-            write_bin(out, bytes)?;
+        } else if let (Some(frames), true) = (frames, self.is_buffer(v)) {
+            write_frame_ref(out, frames.len())?;
+            frames
+                .append(v.getattr("data").map_err(|_| NotPlain)?)
+                .map_err(|_| NotPlain)?;
         } else if v.get_type().is(self.bin_type.bind(v.py())) {
             write_bin(out, v.cast::<PyBytes>().map_err(|_| NotPlain)?.as_bytes())?;
         } else if let Ok(d) = v.cast_exact::<PyDict>() {
             write_len(out, d.len(), Some((0x80, 16)), None, 0xde, 0xdf)?;
             for (k, x) in d.iter() {
-                self.pack_value(out, &k, depth + 1, threshold)?;
-                self.pack_value(out, &x, depth + 1, threshold)?;
+                self.pack_value(out, &k, depth + 1, threshold, frames)?;
+                self.pack_value(out, &x, depth + 1, threshold, frames)?;
             }
         } else if let Ok(l) = v.cast_exact::<PyList>() {
             write_len(out, l.len(), Some((0x90, 16)), None, 0xdc, 0xdd)?;
             for x in l.iter() {
-                self.pack_value(out, &x, depth + 1, threshold)?;
+                self.pack_value(out, &x, depth + 1, threshold, frames)?;
             }
         } else if let Ok(t) = v.cast_exact::<PyTuple>() {
             write_len(out, t.len(), Some((0x90, 16)), None, 0xdc, 0xdd)?;
             for x in t.iter() {
-                self.pack_value(out, &x, depth + 1, threshold)?;
+                self.pack_value(out, &x, depth + 1, threshold, frames)?;
             }
         } else {
             return Err(NotPlain);
@@ -172,13 +208,37 @@ impl PlainCodec {
     /// A codec for bodies whose `Bin` type is `bin_type`, nested at most `max_depth` deep
     /// (at most [`MAX_DEPTH`]: the packer recurses once per level).
     #[new]
-    fn new(bin_type: Py<PyType>, max_depth: usize) -> PyResult<Self> {
+    #[pyo3(signature = (bin_type, max_depth, buffer_type=None))]
+    fn new(bin_type: Py<PyType>, max_depth: usize, buffer_type: Option<Py<PyType>>) -> PyResult<Self> {
         if max_depth > MAX_DEPTH {
             return Err(PyValueError::new_err(format!(
                 "max_depth {max_depth} is over {MAX_DEPTH}, the deepest this codec packs"
             )));
         }
-        Ok(Self { bin_type, max_depth })
+        Ok(Self {
+            bin_type,
+            buffer_type,
+            max_depth,
+        })
+    }
+
+    /// `(body, sources)` for a value that is plain but for frames: exact `bytes` of
+    /// `frame_threshold` or more (the source: the bytes) and exact `buffer_type` values (the
+    /// source: their `data`) become frame references (ext type 1, the frame's index as a
+    /// big-endian u32), in the order met, as `handoff.codec`'s walk writes them; `None` for
+    /// anything else.
+    fn pack_framed<'py>(
+        &self,
+        py: Python<'py>,
+        value: &Bound<'py, PyAny>,
+        frame_threshold: usize,
+    ) -> Option<(Bound<'py, PyBytes>, Bound<'py, PyList>)> {
+        self.buffer_type.as_ref()?;
+        let mut out = Vec::with_capacity(64);
+        let sources = PyList::empty(py);
+        self.pack_value(&mut out, value, 1, frame_threshold, Some(&sources))
+            .ok()?;
+        Some((PyBytes::new(py, &out), sources))
     }
 
     /// The canonical msgpack of `value` if it is plain (no bytes of `frame_threshold` or
@@ -191,7 +251,7 @@ impl PlainCodec {
         frame_threshold: usize,
     ) -> Option<Bound<'py, PyBytes>> {
         let mut out = Vec::with_capacity(64);
-        self.pack_value(&mut out, value, 1, frame_threshold).ok()?;
+        self.pack_value(&mut out, value, 1, frame_threshold, None).ok()?;
         Some(PyBytes::new(py, &out))
     }
 
@@ -205,7 +265,7 @@ impl PlainCodec {
         frame_threshold: usize,
     ) -> Option<Bound<'py, PyBytes>> {
         let mut body = Vec::with_capacity(64);
-        self.pack_value(&mut body, value, 1, frame_threshold).ok()?;
+        self.pack_value(&mut body, value, 1, frame_threshold, None).ok()?;
         let mut out = Vec::with_capacity(body.len() + 64);
         out.extend_from_slice(&[0; 4]);
         out.extend_from_slice(MSG_HEAD);

@@ -28,7 +28,10 @@ class Buffer:
         return as_bytes_view(self.data).nbytes
 
     def __repr__(self) -> str:
-        return f"Buffer({len(self)} bytes)"
+        try:
+            return f"{type(self).__name__}({len(self)} bytes)"
+        except TypeError:  # not bytes-like: sending it fails and says so; its repr must not
+            return f"{type(self).__name__}({type(self.data).__name__}, not bytes-like)"
 
 
 class OnDemand(Buffer):

@@ -137,20 +137,40 @@ def _is_plain(value: Any, frame_threshold: int) -> bool:
 
 
 #: The extension's packer of plain bodies (``None`` on the pure path): the same bytes as
-#: :func:`_is_plain` then msgpack, in one pass in Rust.
-_PLAIN = _native.PlainCodec(Bin, MAX_BODY_DEPTH) if _native is not None else None
+#: :func:`_is_plain` then msgpack, in one pass in Rust; and of bodies that are plain but for
+#: frames (bytes over the threshold, :class:`Buffer`), the same bytes as the walk.
+_PLAIN = _native.PlainCodec(Bin, MAX_BODY_DEPTH, Buffer) if _native is not None else None
+#: The types the extension packs itself: while a route codec claims one (or every object),
+#: the walk runs instead, which asks it.
+_NATIVE_TYPES = frozenset((type(None), bool, int, float, str, bytes, Bin, Buffer, dict, list, tuple, object))
 
 
 def _plain_native(frame_threshold: Any) -> bool:
-    """Whether the extension may pack plain bodies now: not while a route codec claims
-    bytes, :class:`Bin` or every object (then :func:`_is_plain` asks it), and only for a
-    threshold it takes (a whole number of bytes; the pure path takes any number)."""
+    """Whether the extension may pack bodies now: not while a route codec claims a type it
+    packs, and only for a threshold it takes (a whole number of bytes; the pure path takes
+    any number)."""
     return (
         _PLAIN is not None
         and type(frame_threshold) is int
         and 0 <= frame_threshold < _INT_END
-        and not (_by_type and (bytes in _by_type or Bin in _by_type or object in _by_type))
+        and not (_by_type and not _NATIVE_TYPES.isdisjoint(_by_type))
     )
+
+
+def _framed_native(value: Any, frame_threshold: int) -> Optional[EncodedBody]:
+    """:func:`encode_body`'s result from the extension for a value that is plain but for
+    frames, or ``None`` (then the walk runs)."""
+    got = _PLAIN.pack_framed(value, frame_threshold)
+    if got is None:
+        return None
+    body, sources = got
+    frames: list = []
+    for source in sources:
+        try:
+            frames.append(as_bytes_view(source))
+        except TypeError:
+            frames.append(None)  # as the walk: the node plans it (or says what it cannot send)
+    return EncodedBody(body, frames, sources)
 
 
 def plain_message(type_name: str, value: Any, frame_threshold: int = DEFAULT_FRAME_THRESHOLD) -> Optional[bytes]:
@@ -175,7 +195,8 @@ def encode_body(
     """Encodes ``value``: buffers become frames (depth-first, in serialization order).
 
     ``is_frame(obj)`` may claim other objects (the node's shared buffers and tickets) as
-    frames; their view is taken with ``as_bytes_view`` unless they are not bytes-like.
+    frames (never an exact ``bytes`` or :class:`Buffer`, which are frames, or not, by
+    themselves); their view is taken with ``as_bytes_view`` unless they are not bytes-like.
     ``route`` is the route the value takes (:meth:`Route.current` while it is encoded):
     route-aware types are encoded for it (without one, for :data:`handoff.route.UNKNOWN`).
     A registered type that is a dict, list or tuple is encoded as such.
@@ -188,6 +209,9 @@ def encode_body(
             packed = _PLAIN.pack(value, frame_threshold)
             if packed is not None:
                 return EncodedBody(packed, [], [])
+            framed = _framed_native(value, frame_threshold)
+            if framed is not None:
+                return framed
         elif _is_plain(value, frame_threshold):
             return EncodedBody(packer().pack(value), [], [])
     frames: list = []
