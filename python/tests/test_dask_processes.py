@@ -11,6 +11,7 @@ import signal
 import time
 
 import dask
+import handoff.native
 import numpy as np
 from distributed import Client, LocalCluster, Nanny, Scheduler
 from distributed.utils_test import gen_test
@@ -83,6 +84,8 @@ async def test_local_cluster_with_processes_zero_copy_and_a_killed_worker_gives_
             stats = await c.run(_stats)
             assert stats[b]["counters"]["bytes-read-shm"] >= 64 * MIB
             assert stats[a]["pool"]["busy_segments"] >= 1  # b keeps x, so a's segment stays leased
+            # The worker processes run the path this process runs (HANDOFF_NATIVE is inherited).
+            assert {stats[w]["native"] for w in (a, b)} == {handoff.native.ENABLED}
             before = stats[a]["pool"]
 
             # b dies holding it: a's segment comes back to a's pool (not retired).

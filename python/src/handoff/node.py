@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from . import identity, pins, tls as tls_layer, wire
+from . import identity, native, pins, tls as tls_layer, wire
 from .admission import Admission
 from .addresses import check_peer_uid, sanitize_name, split_host_port, strip_scheme
 from .bounds import DEFAULT_BOUNDS, Bounds
@@ -315,7 +315,12 @@ class Node:
         self._started = True
         pins.register_node(self)
         log.info(
-            "node %s started (host %s, listen %s, unix %s)", self.name, self.host_id, self.listen_addr, self.unix_addr
+            "node %s started (host %s, listen %s, unix %s; %s)",
+            self.name,
+            self.host_id,
+            self.listen_addr,
+            self.unix_addr,
+            native.REASON,
         )
         return self
 

@@ -84,7 +84,7 @@ pressure gives them back).
 from __future__ import annotations
 
 from ..pool import pool
-from .. import pins
+from .. import native, pins
 from . import config  # noqa: F401  (registers the configuration defaults)
 from . import serialize  # noqa: F401  (registers the serialization family)
 from . import data  # noqa: F401  (registers dataset objects as route-aware types)
@@ -97,6 +97,14 @@ __all__ = ["HandoffBackend", "HandoffComm", "HandoffConnector", "HandoffListener
 
 
 def stats() -> dict:
-    """This process's comms and bytes by channel, its pool of shared segments, and the
-    pins its nodes keep for peers (:func:`handoff.pins.stats`)."""
-    return {"counters": dict(counters), "pool": pool().stats(), "pins": pins.stats()}
+    """This process's comms and bytes by channel, its pool of shared segments, the pins
+    its nodes keep for peers (:func:`handoff.pins.stats`), and which implementation it
+    runs (``native``: whether the extension is in use; ``native_reason``: why, see
+    :mod:`handoff.native`)."""
+    return {
+        "counters": dict(counters),
+        "pool": pool().stats(),
+        "pins": pins.stats(),
+        "native": native.ENABLED,
+        "native_reason": native.REASON,
+    }
