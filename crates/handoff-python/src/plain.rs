@@ -292,6 +292,14 @@ fn read_str_len(buf: &[u8], pos: usize) -> Option<(usize, usize)> {
     }
 }
 
+/// The big-endian number of `width` bytes after the tag at `buf[pos]`, if it is at least
+/// `min` (a number in msgpack's shortest form), and where it ends.
+fn read_be(buf: &[u8], pos: usize, width: usize, min: u64) -> Option<(u64, usize)> {
+    let bytes = buf.get(pos + 1..pos + 1 + width)?;
+    let n = bytes.iter().fold(0u64, |acc, &b| acc << 8 | b as u64);
+    (n >= min).then_some((n, pos + 1 + width))
+}
+
 /// The length of the bin at `buf[pos]` in its shortest form and where its bytes start.
 fn read_bin_len(buf: &[u8], pos: usize) -> Option<(usize, usize)> {
     let (width, min) = match *buf.get(pos)? {
@@ -300,9 +308,24 @@ fn read_bin_len(buf: &[u8], pos: usize) -> Option<(usize, usize)> {
         0xc6 => (4, 1 << 16),
         _ => return None,
     };
-    let bytes = buf.get(pos + 1..pos + 1 + width)?;
-    let n = bytes.iter().fold(0usize, |acc, &b| acc << 8 | b as usize);
-    (n >= min).then_some((n, pos + 1 + width))
+    let (n, end) = read_be(buf, pos, width, min)?;
+    Some((usize::try_from(n).ok()?, end))
+}
+
+/// The `t` and `b` of a `msg` header that begins as encoders write it (`{"k": "msg", "t":
+/// str, "b": bin, ...`, each length in its shortest form), and where `b` ends.
+fn read_t_b(buf: &[u8]) -> Option<(&str, &[u8], usize)> {
+    if !buf.starts_with(MSG_HEAD) {
+        return None;
+    }
+    let (n, pos) = read_str_len(buf, MSG_HEAD.len())?;
+    let t = std::str::from_utf8(buf.get(pos..pos + n)?).ok()?;
+    let pos = pos + n;
+    if buf.get(pos..pos + 2)? != MSG_B {
+        return None;
+    }
+    let (n, pos) = read_bin_len(buf, pos + 2)?;
+    Some((t, buf.get(pos..pos + n)?, pos + n))
 }
 
 /// `(t, b)` of a `msg` header without frames laid out exactly as encoders write it — a
@@ -312,21 +335,11 @@ fn read_bin_len(buf: &[u8], pos: usize) -> Option<(usize, usize)> {
 #[pyfunction]
 pub fn plain_msg<'py>(py: Python<'py>, buf: &[u8]) -> Option<(Bound<'py, PyString>, Bound<'py, PyBytes>)> {
     let end = buf.len().checked_sub(MSG_TAIL.len())?;
-    if !buf.starts_with(MSG_HEAD) || !buf.ends_with(MSG_TAIL) || end <= MSG_HEAD.len() {
+    if !buf.ends_with(MSG_TAIL) || end <= MSG_HEAD.len() {
         return None;
     }
-    let inner = &buf[..end];
-    let (n, pos) = read_str_len(inner, MSG_HEAD.len())?;
-    let t = std::str::from_utf8(inner.get(pos..pos + n)?).ok()?;
-    let pos = pos + n;
-    if inner.get(pos..pos + 2)? != MSG_B {
-        return None;
-    }
-    let (n, pos) = read_bin_len(inner, pos + 2)?;
-    if pos + n != end {
-        return None;
-    }
-    Some((PyString::new(py, t), PyBytes::new(py, &buf[pos..end])))
+    let (t, b, pos) = read_t_b(&buf[..end])?;
+    (pos == end).then(|| (PyString::new(py, t), PyBytes::new(py, b)))
 }
 
 /// `, "f": ` before the frame descriptors of a `msg`.
@@ -345,9 +358,7 @@ fn read_uint(buf: &[u8], pos: usize) -> Option<(u64, usize)> {
         0xcf => (8, 1 << 32),
         _ => return None,
     };
-    let bytes = buf.get(pos + 1..pos + 1 + width)?;
-    let n = bytes.iter().fold(0u64, |acc, &b| acc << 8 | b as u64);
-    (n >= min).then_some((n, pos + 1 + width))
+    read_be(buf, pos, width, min)
 }
 
 /// The length of an array at `buf[pos]` in its shortest form (fixarray, or array16 for 16
@@ -371,18 +382,7 @@ fn read_array_len(buf: &[u8], pos: usize) -> Option<(usize, usize)> {
 #[pyfunction]
 #[allow(clippy::type_complexity)]
 pub fn inline_msg<'py>(py: Python<'py>, buf: &[u8]) -> Option<(Bound<'py, PyString>, Bound<'py, PyBytes>, Vec<u64>)> {
-    if !buf.starts_with(MSG_HEAD) {
-        return None;
-    }
-    let (n, pos) = read_str_len(buf, MSG_HEAD.len())?;
-    let t = std::str::from_utf8(buf.get(pos..pos + n)?).ok()?;
-    let pos = pos + n;
-    if buf.get(pos..pos + 2)? != MSG_B {
-        return None;
-    }
-    let (n, pos) = read_bin_len(buf, pos + 2)?;
-    let b = buf.get(pos..pos + n)?;
-    let pos = pos + n;
+    let (t, b, pos) = read_t_b(buf)?;
     if buf.get(pos..pos + 2)? != MSG_F {
         return None;
     }
