@@ -313,12 +313,7 @@ class Peer:
         limits = self.node.send_limits
         head = plain_message(type_name, body, self.node.frame_threshold)
         if head is not None:  # no frame, nothing to lease: the header is the message
-            check_header(len(head) - wire.LEN_PREFIX, limits, self.name)
-            try:
-                await self.transport.send((head,))
-            except PeerClosed:
-                self.closed = True
-                raise
+            await self._send_header_only(head)
             return
         enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
         # Before anything is copied or leased for it: would a receiver take these frames? (§9)
@@ -460,7 +455,10 @@ class Peer:
         check_type_name(type_name)
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
-        head = wire.frame_plain_msg(type_name, body)
+        await self._send_header_only(wire.frame_plain_msg(type_name, body))
+
+    async def _send_header_only(self, head: bytes) -> None:
+        """Writes a message that is its framed header alone (no frame), within the limits."""
         check_header(len(head) - wire.LEN_PREFIX, self.node.send_limits, self.name)
         try:
             await self.transport.send((head,))

@@ -437,12 +437,7 @@ def _plain_msg(buf: bytes) -> Msg | None:
 def decode_header(data: Any, limits: Limits = DEFAULT_LIMITS) -> Header:
     """Decodes and validates one header (the bytes after the length prefix), §11.2 steps 2–3."""
     buf = data if type(data) is bytes else bytes(data)
-    if (
-        buf.startswith(_PLAIN_MSG_HEAD)
-        and buf.endswith(_PLAIN_MSG_TAIL)
-        and len(buf) > len(_PLAIN_MSG_HEAD) + len(_PLAIN_MSG_TAIL)
-        and limits.max_header_values >= 16
-    ):
+    if looks_plain(buf, 0, len(buf)) and limits.max_header_values >= 16:
         if _native_plain_msg is not None:
             got = _native_plain_msg(buf)
             if got is not None:
