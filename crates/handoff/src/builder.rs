@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use handoff_wire::{Limits, Preamble};
 
-use crate::bounds::Bounds;
 use crate::message::TypeRegistry;
 use crate::tickets::modes::Redeem;
 use crate::tickets::owner::LeaseConfig;
 use crate::tls::TlsConfig;
 use crate::Message;
+use handoff_proto::bounds::Bounds;
 
 /// Default size from which buffers to a same-host peer travel as shared memory.
 pub const DEFAULT_SHM_THRESHOLD: usize = 64 * 1024;

@@ -7,7 +7,7 @@ use handoff_wire::{Channel, Endpoint, Ident, Locality, WireError};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::handshake::{handshake, Handshaken, OurSide};
+use crate::handshake::{handshake, OurSide};
 use crate::inproc;
 use crate::io::MessageReader;
 use crate::link::{Link, ShmLink};
@@ -17,6 +17,7 @@ use crate::state::NodeInner;
 use crate::tcp::TcpConn;
 use crate::unix::{self, FdReader, UnixWriter};
 use crate::{Error, Peer, Result};
+use handoff_proto::Handshaken;
 use handoff_wire::auth::Role;
 
 /// Connects `node` to `addr` (see `Node::connect_with`).
@@ -185,6 +186,7 @@ where
         limits: &node.ctx.limits,
         deadline: tokio::time::Instant::now() + node.ctx.bounds.handshake_timeout,
         write_timeout: node.ctx.bounds.write_timeout,
+        progress_timeout: node.ctx.bounds.progress_timeout,
         admit: &check,
         preamble: node.ctx.preamble,
         role: match side {

@@ -16,17 +16,17 @@ use bytes::Bytes;
 use handoff_wire::{Endpoint, Limits, Preamble, Resources, TicketClaim};
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::bounds::Bounds;
 use crate::budget::Budget;
 use crate::handshakes::Handshakes;
-use crate::log_limit::LogLimiter;
 use crate::message::TypeRegistry;
-use crate::pool::RecvPool;
 use crate::shm::MappingCache;
 use crate::tickets::modes::Redeem;
 use crate::tickets::owner::LeaseTable;
 use crate::tls::TlsConfig;
 use crate::Result;
+use handoff_proto::bounds::Bounds;
+use handoff_proto::log_limit::LogLimiter;
+use handoff_proto::recv_buffers::RecvPool;
 
 /// The settings and shared state of a running node, apart from its peers and inbox.
 pub(crate) struct Context {
@@ -70,7 +70,7 @@ pub(crate) struct Context {
     /// The preamble this node sends: version 2 only, or 1 and 2 with `accept_v1` (spec §3).
     pub(crate) preamble: Preamble,
     /// The nonces this node recently sent as a dialer (spec §5.7 step 3).
-    pub(crate) dialer_nonces: crate::handshake::nonces::DialerNonces,
+    pub(crate) dialer_nonces: std::sync::Arc<handoff_proto::handshake::DialerNonces>,
     /// TLS for TCP connections (spec §3.1), if the node has it: then required of every TCP peer.
     pub(crate) tls: Option<TlsConfig>,
 }

@@ -15,8 +15,8 @@ use std::sync::Mutex;
 
 use tokio::sync::Notify;
 
-use crate::bounds::MESSAGE_OVERHEAD;
 use crate::envelope::Envelope;
+use handoff_proto::bounds::MESSAGE_OVERHEAD;
 
 /// Credit a connection gains per turn, in bytes: about one small message (its bytes plus
 /// the fixed overhead every message is charged), so that small messages go round-robin

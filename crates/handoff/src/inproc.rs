@@ -7,7 +7,6 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use handoff_wire::{Channel, WireError};
 
-use crate::bounds::MESSAGE_OVERHEAD;
 use crate::directory;
 use crate::envelope::Envelope;
 use crate::link::{InprocTarget, Link};
@@ -15,6 +14,7 @@ use crate::payload::Payload;
 use crate::peer::{PeerAddrs, PeerInner};
 use crate::state::NodeInner;
 use crate::{Error, Peer, Result};
+use handoff_proto::bounds::MESSAGE_OVERHEAD;
 
 /// Connects `node` to the node of this process named `name` (`inproc://NAME`): each gets a
 /// peer for the other, whose sends go straight into the other's inbox.

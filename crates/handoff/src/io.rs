@@ -5,12 +5,11 @@ use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use handoff_wire::framing::{header_len, LEN_PREFIX};
-use handoff_wire::preamble::PREAMBLE_LEN;
 use handoff_wire::{Buffer, Limits, WireError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::pool::{RecvPool, MIN_POOLED};
 use crate::{Error, Result};
+use handoff_proto::recv_buffers::{RecvPool, MIN_POOLED};
 
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -110,10 +109,15 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
         Ok(true)
     }
 
-    /// The peer's 16-byte preamble.
-    pub(crate) async fn read_preamble(&mut self) -> Result<Bytes> {
-        self.fill(PREAMBLE_LEN, "preamble", false).await?;
-        Ok(self.buf.split_to(PREAMBLE_LEN).freeze())
+    /// One read of at most `most` bytes (the handshake engine's `wants`, so that nothing
+    /// past the item it reads is taken), or what is buffered; empty at the end of the stream.
+    pub(crate) async fn read_some(&mut self, most: usize) -> Result<Bytes> {
+        if self.buf.is_empty() {
+            self.buf.reserve(most);
+            self.read_more("handshake", false, Some(most)).await?;
+        }
+        let n = self.buf.len().min(most);
+        Ok(self.buf.split_to(n).freeze())
     }
 
     /// The length of the next header, checked against `limits`, without consuming it;
@@ -132,14 +136,6 @@ impl<R: AsyncRead + Unpin> MessageReader<R> {
         self.fill(LEN_PREFIX + len, "header", false).await?;
         self.buf.advance(LEN_PREFIX);
         Ok(self.buf.split_to(len).freeze())
-    }
-
-    /// The next header's bytes (without the length prefix), or `None` at a clean end of stream.
-    pub(crate) async fn read_header(&mut self, limits: &Limits) -> Result<Option<Bytes>> {
-        match self.next_header_len(limits).await? {
-            Some(len) => self.read_header_of(len).await.map(Some),
-            None => Ok(None),
-        }
     }
 
     /// Reads and drops the next `len` bytes (a `pulled` nobody waits for), through the

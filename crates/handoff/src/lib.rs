@@ -36,7 +36,6 @@
 // - receive (read loops), inproc and connection (connecting), tickets::{client, tasks}, accept;
 // - builder (settings) and node (the `Node` façade, which starts everything).
 mod accept;
-mod bounds;
 mod budget;
 mod builder;
 mod connection;
@@ -49,17 +48,15 @@ mod guide_examples;
 mod handshake;
 mod handshakes;
 mod hashing;
-pub mod identity;
 mod inbox;
 mod inproc;
 mod io;
+mod limited_warn;
 mod link;
-pub mod log_limit;
 mod message;
 mod node;
 mod payload;
 mod peer;
-mod pool;
 mod read_ahead;
 mod receive;
 pub mod shm;
@@ -69,16 +66,17 @@ pub mod tickets;
 pub mod tls;
 mod unix;
 
-pub use bounds::Bounds;
 pub use builder::NodeBuilder;
 pub use envelope::Envelope;
 pub use error::{Error, Result};
+pub use handoff_proto::bounds::{self, Bounds};
+pub use handoff_proto::LogLimiter;
+pub use handoff_proto::{identity, log_limit};
 pub use handoff_wire::resource::Resolver;
 pub use handoff_wire::{
     Buffer, Channel, Endpoint, Limits, Locality, Resource, ResourceError, Resources, Route, WireError,
 };
 pub use link::LeaseStats;
-pub use log_limit::LogLimiter;
 pub use message::{Message, TypeRegistry};
 pub use node::Node;
 pub use peer::Peer;

@@ -12,7 +12,6 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 use crate::accept::{self, Listening};
-use crate::bounds::Bounds;
 use crate::budget::Budget;
 use crate::builder::NodeBuilder;
 use crate::connection::{self, strip_scheme};
@@ -21,18 +20,19 @@ use crate::directory;
 use crate::envelope::Envelope;
 use crate::handshake::CAPABILITIES;
 use crate::handshakes::Handshakes;
-use crate::identity;
 use crate::inbox::Inbox;
 use crate::link::LeaseStats;
-use crate::log_limit::LogLimiter;
 use crate::message::TypeRegistry;
-use crate::pool::RecvPool;
 use crate::shm::MappingCache;
 use crate::state::NodeInner;
 use crate::tickets::owner::{LeaseTable, LeaseTableStats};
 use crate::tickets::tasks::{reap_expired, unlease_loop};
 use crate::unix;
 use crate::{Error, Message, Peer, Result};
+use handoff_proto::bounds::Bounds;
+use handoff_proto::identity;
+use handoff_proto::log_limit::LogLimiter;
+use handoff_proto::recv_buffers::RecvPool;
 
 impl NodeBuilder {
     /// Starts the node: binds the listener (if any) and registers the node for in-process peers.
@@ -139,7 +139,9 @@ impl NodeBuilder {
             unlease_tx,
             resources: Arc::new(Resources::new(self.name.clone())),
             preamble: self.preamble.unwrap_or(Preamble::ours(self.accept_v1, self.accept_v2)),
-            dialer_nonces: crate::handshake::nonces::DialerNonces::new(self.bounds.handshake_timeout),
+            dialer_nonces: std::sync::Arc::new(handoff_proto::handshake::DialerNonces::new(
+                self.bounds.handshake_timeout,
+            )),
             tls: self.tls,
         };
         let inner = Arc::new(NodeInner {

@@ -13,12 +13,12 @@ use tokio::sync::Semaphore;
 use crate::budget::Account;
 use crate::context::LocalNode;
 use crate::link::{LeaseStats, Link, Planned};
-use crate::log_limit::LogLimiter;
 use crate::payload::Payload;
 use crate::tickets::holder::Ticket;
 use crate::tickets::modes::OnDemand;
 use crate::tickets::pending::Pending;
 use crate::{Error, Message, Result};
+use handoff_proto::log_limit::LogLimiter;
 
 pub(crate) struct PeerInner {
     pub(crate) remote: Endpoint,

@@ -15,7 +15,6 @@ use handoff_wire::{Buffer, Descriptor, Header, TicketOp, WireError};
 use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
 
-use crate::bounds::{MESSAGE_OVERHEAD, SMALL_HEADER};
 use crate::budget::Permit;
 use crate::envelope::Envelope;
 use crate::handshake::{DRAIN_BYTES, DRAIN_TIME};
@@ -30,6 +29,7 @@ use crate::tickets::modes::Redeem;
 use crate::tickets::owner::Refusal;
 use crate::tickets::pending::Answer;
 use crate::{Error, Peer, Result};
+use handoff_proto::bounds::{MESSAGE_OVERHEAD, SMALL_HEADER};
 
 /// Sends `release` messages for the leases whose last local view was dropped.
 pub(crate) async fn release_loop(

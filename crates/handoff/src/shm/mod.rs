@@ -1,9 +1,6 @@
 //! Shared memory for same-host peers: pooled memfd segments on the sending side,
 //! cached read-only mappings on the receiving side, and buffers that are views of them.
 
-mod mapping;
-mod segment;
-
 use std::ops::{Deref, DerefMut};
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
@@ -12,9 +9,8 @@ use bytes::Bytes;
 use handoff_wire::Buffer;
 use tokio::sync::mpsc::UnboundedSender;
 
-pub(crate) use mapping::{Mapping, MappingCache};
-pub(crate) use segment::{sealed_copy, SealedSegment};
-pub use segment::{PoolStats, Segment, SegmentPool, MIN_SEGMENT};
+pub(crate) use handoff_proto::shm::{sealed_copy, Mapping, MappingCache, SealedSegment};
+pub use handoff_proto::shm::{PoolStats, Segment, SegmentPool, MIN_SEGMENT};
 
 /// Where a shared buffer's bytes live (the `Origin` the runtime records in a `Buffer`).
 pub(crate) enum ShmOrigin {

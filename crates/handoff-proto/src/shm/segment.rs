@@ -17,7 +17,7 @@ use rustix::fs::{MemfdFlags, SealFlags};
 pub const MIN_SEGMENT: usize = 64 * 1024;
 
 /// The memory of one segment: its memfd and a writable mapping of it.
-pub(crate) struct SegmentData {
+pub struct SegmentData {
     id: u64,
     file: File,
     map: MmapMut,
@@ -44,7 +44,7 @@ impl SegmentData {
 }
 
 /// Device and inode of a file: the identity of a shared segment across processes.
-pub(crate) fn inode_of(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
+pub fn inode_of(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
     let st = rustix::fs::fstat(fd)?;
     Ok((st.st_dev, st.st_ino))
 }
@@ -70,15 +70,18 @@ impl Segment {
         self.data().size()
     }
 
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+    /// The segment's memfd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
         self.data().file.as_fd()
     }
 
-    pub(crate) fn inode(&self) -> (u64, u64) {
+    /// The segment's (device, inode).
+    pub fn inode(&self) -> (u64, u64) {
         self.data().inode
     }
 
-    pub(crate) fn base(&self) -> *mut u8 {
+    /// The first byte of the writable mapping.
+    pub fn base(&self) -> *mut u8 {
         self.data().map.as_ptr() as *mut u8
     }
 }
@@ -207,7 +210,7 @@ impl SegmentPool {
 
 /// A fresh memfd holding a copy of `data`, sealed against writes, shrinking and growing
 /// (for peers that must never see the bytes change).
-pub(crate) fn sealed_copy(data: &[u8]) -> std::io::Result<SealedSegment> {
+pub fn sealed_copy(data: &[u8]) -> std::io::Result<SealedSegment> {
     let fd = rustix::fs::memfd_create("handoff-sealed", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
     let mut written = 0;
     while written < data.len() {
@@ -221,7 +224,9 @@ pub(crate) fn sealed_copy(data: &[u8]) -> std::io::Result<SealedSegment> {
 }
 
 /// A sealed, unpooled segment; freed when its last holder drops it.
-pub(crate) struct SealedSegment {
-    pub(crate) fd: OwnedFd,
-    pub(crate) size: usize,
+pub struct SealedSegment {
+    /// The sealed memfd.
+    pub fd: OwnedFd,
+    /// Bytes in the segment.
+    pub size: usize,
 }

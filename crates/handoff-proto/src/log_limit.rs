@@ -78,20 +78,6 @@ impl LogLimiter {
     }
 }
 
-/// Logs a warning through a [`LogLimiter`], adding how many similar ones were suppressed.
-#[macro_export]
-macro_rules! limited_warn {
-    ($limiter:expr, $($arg:tt)+) => {
-        if let Some(suppressed) = $limiter.allow() {
-            if suppressed > 0 {
-                tracing::warn!(suppressed, $($arg)+);
-            } else {
-                tracing::warn!($($arg)+);
-            }
-        }
-    };
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -93,8 +93,8 @@ impl Default for Bounds {
 /// Bytes every buffered message is charged besides its wire bytes: the envelope, its
 /// frames' bookkeeping and the queue entry, so that a flood of empty messages is bounded
 /// by the byte budget too.
-pub(crate) const MESSAGE_OVERHEAD: u64 = 1024;
+pub const MESSAGE_OVERHEAD: u64 = 1024;
 
 /// Headers up to this size are read without asking the budget first (a connection holds
 /// at most one at a time, so they are bounded by the connection count).
-pub(crate) const SMALL_HEADER: u64 = 64 * 1024;
+pub const SMALL_HEADER: u64 = 64 * 1024;

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 use bytes::Bytes;
 
 /// Smallest buffer the pool hands out; smaller frames are cut from the read buffer.
-pub(crate) const MIN_POOLED: usize = 64 * 1024;
+pub const MIN_POOLED: usize = 64 * 1024;
 
 #[derive(Default)]
 struct PoolState {
@@ -18,13 +18,13 @@ struct PoolState {
 /// Receive buffers in power-of-two size classes; a buffer returns here when the last
 /// `Bytes` view of it is dropped, up to `max_idle_bytes` kept idle.
 #[derive(Clone)]
-pub(crate) struct RecvPool {
+pub struct RecvPool {
     state: Arc<Mutex<PoolState>>,
     max_idle_bytes: usize,
 }
 
 /// A buffer taken from the pool; fill it, then [`freeze`](PooledBuf::freeze) it.
-pub(crate) struct PooledBuf {
+pub struct PooledBuf {
     vec: Vec<u8>,
     len: usize,
     pool: Weak<Mutex<PoolState>>,
@@ -32,7 +32,8 @@ pub(crate) struct PooledBuf {
 }
 
 impl RecvPool {
-    pub(crate) fn new(max_idle_bytes: usize) -> RecvPool {
+    /// A pool that keeps at most `max_idle_bytes` of returned buffers for reuse.
+    pub fn new(max_idle_bytes: usize) -> RecvPool {
         RecvPool {
             state: Arc::default(),
             max_idle_bytes,
@@ -40,7 +41,7 @@ impl RecvPool {
     }
 
     /// A buffer of exactly `len` usable bytes (contents unspecified).
-    pub(crate) fn take(&self, len: usize) -> PooledBuf {
+    pub fn take(&self, len: usize) -> PooledBuf {
         let class = len.max(MIN_POOLED).next_power_of_two();
         let reused = {
             let mut state = self.state.lock().expect("pool lock");
@@ -62,20 +63,20 @@ impl RecvPool {
 
     /// Bytes held idle in the pool now.
     #[cfg(test)]
-    pub(crate) fn idle_bytes(&self) -> usize {
+    pub fn idle_bytes(&self) -> usize {
         self.state.lock().expect("pool lock").idle_bytes
     }
 }
 
 impl PooledBuf {
     /// The writable bytes.
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.vec[..self.len]
     }
 
     /// An immutable zero-copy `Bytes` over the buffer; the buffer goes back to the pool
     /// when the last view is dropped.
-    pub(crate) fn freeze(self) -> Bytes {
+    pub fn freeze(self) -> Bytes {
         Bytes::from_owner(self)
     }
 }

@@ -16,7 +16,7 @@ use memmap2::{Mmap, MmapOptions};
 use rustix::fs::SealFlags;
 
 /// A peer's segment, or the part of it around a window, mapped read-only into this process.
-pub(crate) struct Mapping {
+pub struct Mapping {
     file: File,
     map: Mmap,
     inode: (u64, u64),
@@ -28,35 +28,39 @@ pub(crate) struct Mapping {
 }
 
 impl Mapping {
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+    /// The segment's memfd.
+    pub fn fd(&self) -> BorrowedFd<'_> {
         self.file.as_fd()
     }
 
     /// The first mapped byte (byte `file_offset` of the segment).
-    pub(crate) fn base(&self) -> *const u8 {
+    pub fn base(&self) -> *const u8 {
         self.map.as_ptr()
     }
 
     /// Bytes mapped.
-    pub(crate) fn len(&self) -> usize {
+    #[allow(clippy::len_without_is_empty)] // a mapping is never empty
+    pub fn len(&self) -> usize {
         self.map.len()
     }
 
     /// Size of the whole segment.
-    pub(crate) fn segment_size(&self) -> usize {
+    pub fn segment_size(&self) -> usize {
         self.segment_size as usize
     }
 
     /// Where the mapping starts in the segment.
-    pub(crate) fn file_offset(&self) -> usize {
+    pub fn file_offset(&self) -> usize {
         self.file_offset as usize
     }
 
-    pub(crate) fn inode(&self) -> (u64, u64) {
+    /// The segment's (device, inode): its identity, however it reached us.
+    pub fn inode(&self) -> (u64, u64) {
         self.inode
     }
 
-    pub(crate) fn sealed(&self) -> bool {
+    /// Whether the segment is sealed against writes (its bytes can no longer change).
+    pub fn sealed(&self) -> bool {
         self.sealed
     }
 
@@ -67,7 +71,7 @@ impl Mapping {
 
 /// Why a received segment was refused.
 #[derive(Debug)]
-pub(crate) struct MapError(pub(crate) String);
+pub struct MapError(pub String);
 
 struct Entry {
     mapping: Arc<Mapping>,
@@ -75,7 +79,7 @@ struct Entry {
 }
 
 /// Mappings of received segments, reused while the segment lives.
-pub(crate) struct MappingCache {
+pub struct MappingCache {
     entries: Mutex<HashMap<(u64, u64), Vec<Entry>>>,
     tick: AtomicU64,
     max_idle_bytes: usize,
@@ -105,7 +109,8 @@ fn span(size: u64, offset: u64, len: u64) -> (u64, u64) {
 }
 
 impl MappingCache {
-    pub(crate) fn new(max_idle_bytes: usize) -> MappingCache {
+    /// A cache that keeps at most `max_idle_bytes` of mappings no buffer uses any more.
+    pub fn new(max_idle_bytes: usize) -> MappingCache {
         MappingCache {
             entries: Mutex::default(),
             tick: AtomicU64::new(0),
@@ -116,7 +121,7 @@ impl MappingCache {
     /// Maps the window `offset .. offset + len` of the segment behind `fd` (or reuses a
     /// mapping that covers it), after the checks of spec §7.2: seals, then size. Returns
     /// the mapping and where the window starts in it.
-    pub(crate) fn map(
+    pub fn map(
         &self,
         fd: OwnedFd,
         size: u64,
@@ -188,7 +193,7 @@ impl MappingCache {
     }
 
     /// Drops every mapping no view uses (when the peers that sent them are gone).
-    pub(crate) fn forget_idle(&self) {
+    pub fn forget_idle(&self) {
         let mut entries = self.entries.lock().expect("mapping cache lock");
         for list in entries.values_mut() {
             list.retain(|e| Arc::strong_count(&e.mapping) > 1);
@@ -197,7 +202,7 @@ impl MappingCache {
     }
 
     /// Bytes mapped now.
-    pub(crate) fn mapped_bytes(&self) -> usize {
+    pub fn mapped_bytes(&self) -> usize {
         let entries = self.entries.lock().expect("mapping cache lock");
         entries.values().flatten().map(|e| e.mapping.len()).sum()
     }

@@ -22,9 +22,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Most dialer nonces a node remembers at once (about 4 MiB at most).
-pub(crate) const MAX_REMEMBERED: usize = 65_536;
+pub const MAX_REMEMBERED: usize = 65_536;
 
-#[derive(Default)]
+#[derive(Default, Debug)]
 struct Remembered {
     order: VecDeque<(Instant, [u8; 32])>,
     set: HashSet<[u8; 32]>,
@@ -43,14 +43,15 @@ impl Remembered {
 }
 
 /// The nonces one node sent as a dialer within its window.
-pub(crate) struct DialerNonces {
+#[derive(Debug)]
+pub struct DialerNonces {
     window: Duration,
     remembered: Mutex<Remembered>,
 }
 
 impl DialerNonces {
     /// The set of a node whose handshakes last at most `handshake_timeout`.
-    pub(crate) fn new(handshake_timeout: Duration) -> DialerNonces {
+    pub fn new(handshake_timeout: Duration) -> DialerNonces {
         DialerNonces {
             window: handshake_timeout.saturating_mul(2),
             remembered: Mutex::new(Remembered::default()),
@@ -62,27 +63,23 @@ impl DialerNonces {
         self.remembered.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// A fresh random nonce for a challenge; one sent as a dialer is remembered.
-    pub(super) fn fresh(&self, dialing: bool) -> [u8; 32] {
-        let nonce: [u8; 32] = rand::random();
-        if dialing {
-            let now = Instant::now();
-            let mut r = self.lock();
-            if r.set.insert(nonce) {
-                r.order.push_back((now + self.window, nonce));
-            }
-            r.forget_expired(now);
+    /// Remembers `nonce`, which this node is about to send in a challenge as a dialer,
+    /// until `now` plus the window.
+    pub fn remember(&self, nonce: [u8; 32], now: Instant) {
+        let mut r = self.lock();
+        if r.set.insert(nonce) {
+            r.order.push_back((now + self.window, nonce));
         }
-        nonce
+        r.forget_expired(now);
     }
 
-    /// Whether `nonce` is one this node sent as a dialer within the window.
-    pub(super) fn sent_as_dialer(&self, nonce: &[u8]) -> bool {
+    /// Whether `nonce` is one this node sent as a dialer within the window before `now`.
+    pub fn sent_as_dialer(&self, nonce: &[u8], now: Instant) -> bool {
         let Ok(nonce) = <[u8; 32]>::try_from(nonce) else {
             return false;
         };
         let mut r = self.lock();
-        r.forget_expired(Instant::now());
+        r.forget_expired(now);
         r.set.contains(&nonce)
     }
 }
@@ -94,16 +91,25 @@ mod tests {
     #[test]
     fn dialer_nonces_are_remembered_for_the_window_and_acceptor_nonces_are_not() {
         let nonces = DialerNonces::new(Duration::from_millis(50));
-        let dialer = nonces.fresh(true);
-        let acceptor = nonces.fresh(false);
-        assert_ne!(dialer, acceptor);
-        assert!(nonces.sent_as_dialer(&dialer));
-        assert!(!nonces.sent_as_dialer(&acceptor));
-        assert!(!nonces.sent_as_dialer(&[0u8; 31]), "not a nonce at all");
-        std::thread::sleep(Duration::from_millis(120));
-        assert!(!nonces.sent_as_dialer(&dialer), "forgotten after twice the timeout");
+        let t0 = Instant::now();
+        let dialer = [1u8; 32];
+        let acceptor = [2u8; 32];
+        nonces.remember(dialer, t0);
+        assert!(nonces.sent_as_dialer(&dialer, t0));
+        assert!(!nonces.sent_as_dialer(&acceptor, t0));
+        assert!(!nonces.sent_as_dialer(&[0u8; 31], t0), "not a nonce at all");
+        assert!(
+            nonces.sent_as_dialer(&dialer, t0 + Duration::from_millis(99)),
+            "kept for the window"
+        );
+        assert!(
+            !nonces.sent_as_dialer(&dialer, t0 + Duration::from_millis(100)),
+            "forgotten after twice the timeout"
+        );
         // Another node's set is its own.
-        assert!(!DialerNonces::new(Duration::from_secs(10)).sent_as_dialer(&nonces.fresh(true)));
+        let other = DialerNonces::new(Duration::from_secs(10));
+        nonces.remember([3u8; 32], t0);
+        assert!(!other.sent_as_dialer(&[3u8; 32], t0));
     }
 
     #[test]

@@ -1,0 +1,12 @@
+//! Shared memory for same-host peers, the part with no waiting in it: the pool of memfd
+//! segments a sender writes frames into, and the cache of a receiver's read-only mappings of
+//! its peers' segments (keyed by the segment's device and inode).
+//!
+//! Creating, sealing and mapping a memfd are system calls, but none waits on a peer; both
+//! drivers (tokio and asyncio) share this module.
+
+pub mod mapping;
+pub mod segment;
+
+pub use mapping::{MapError, Mapping, MappingCache};
+pub use segment::{inode_of, sealed_copy, PoolStats, SealedSegment, Segment, SegmentPool, MIN_SEGMENT};

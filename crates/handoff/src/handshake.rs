@@ -1,0 +1,246 @@
+//! The tokio driver of the connection handshake: moves bytes between the socket and the
+//! engine's [`Handshake`] (crate `handoff-proto`), which decides everything (spec §5), and
+//! keeps its clock and its eviction.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use handoff_proto::handshake::{error_header, Config, DialerNonces, Failure, Handshake, Status, ERROR_WRITE_LIMIT};
+pub(crate) use handoff_proto::handshake::{DRAIN_BYTES, DRAIN_TIME};
+use handoff_proto::Handshaken;
+use handoff_wire::auth::Role;
+use handoff_wire::{Endpoint, Ident, Preamble, WireError};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::io::{write_all, FdSource, MessageReader};
+use crate::{Error, Result};
+
+/// Capabilities of this implementation, the same in every protocol version (`shm` only
+/// where the node has a Unix socket for same-host peers).
+pub(crate) const CAPABILITIES: &[&str] = &["inline", "shm", "ticket", handoff_wire::CAP_XXH3];
+
+/// Checks a peer's authenticated identity before we send `ready` (node-id uniqueness, §5.1).
+pub(crate) type Admit<'a> = &'a (dyn Fn(&Ident) -> std::result::Result<(), WireError> + Send + Sync);
+
+/// What we say about ourselves in a handshake, and what we check the peer against.
+pub(crate) struct OurSide<'a> {
+    pub(crate) me: &'a Endpoint,
+    pub(crate) listen: Option<String>,
+    pub(crate) unix: Option<String>,
+    pub(crate) secret: &'a [u8],
+    /// The limits of an established connection; the handshake applies the smaller
+    /// handshake header limit on top (spec §9).
+    pub(crate) limits: &'a handoff_wire::Limits,
+    /// When the handshake must be complete.
+    pub(crate) deadline: Instant,
+    /// How long a write may make no progress.
+    pub(crate) write_timeout: Duration,
+    /// Silence allowed in the middle of a handshake item.
+    pub(crate) progress_timeout: Duration,
+    /// The node-id check before `ready` (v1 step 6, v2 and v3 step 7).
+    pub(crate) admit: Admit<'a>,
+    /// The preamble we send: by default version 3 only; from version 2 or 1 when the node
+    /// accepts such peers (spec §3).
+    pub(crate) preamble: Preamble,
+    /// Whether we dialed this connection or accepted it (version 3 depends on it, §5.7).
+    pub(crate) role: Role,
+    /// The nonces this node recently sent as a dialer (version 3, §5.7 step 3).
+    pub(crate) dialed: &'a Arc<DialerNonces>,
+}
+
+/// Why a wait of the handshake ended.
+enum Woke<T> {
+    Done(T),
+    TimedOut,
+    Evicted,
+}
+
+/// Runs `fut` until the engine's next timeout, unless evicted first.
+async fn until<T>(
+    timeout: Option<Instant>,
+    evicted: &mut Option<oneshot::Receiver<()>>,
+    fut: impl std::future::Future<Output = T>,
+) -> Woke<T> {
+    let evict = async {
+        // A dropped sender (the slot was released) is not an eviction.
+        let fired = match evicted.as_mut() {
+            Some(rx) => rx.await.is_ok(),
+            None => false,
+        };
+        if !fired {
+            std::future::pending::<()>().await
+        }
+    };
+    let sleep = async {
+        match timeout {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = fut => Woke::Done(r),
+        _ = sleep => Woke::TimedOut,
+        _ = evict => Woke::Evicted,
+    }
+}
+
+/// The engine's clock: tokio's (paused in some tests), as a std `Instant`.
+fn now() -> std::time::Instant {
+    Instant::now().into_std()
+}
+
+/// Runs the handshake; on any failure the peer is told why (when possible) and an error returned.
+pub(crate) async fn handshake<R, W>(
+    reader: &mut MessageReader<R>,
+    writer: &mut W,
+    ours: OurSide<'_>,
+    label: &str,
+    mut evicted: Option<oneshot::Receiver<()>>,
+) -> Result<Handshaken>
+where
+    R: AsyncRead + FdSource + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let ident = Ident {
+        node_id: ours.me.node_id.clone(),
+        name: ours.me.name.clone(),
+        host_id: ours.me.host_id.clone(),
+        pid: std::process::id(),
+        process_id: ours.me.process_id.clone(),
+        language: ours.me.language.clone(),
+        implementation: concat!("handoff-rs/", env!("CARGO_PKG_VERSION")).to_string(),
+        capabilities: ours.me.capabilities.clone(),
+        listen: ours.listen,
+        unix: ours.unix,
+    };
+    let config = Config {
+        ident,
+        secret: ours.secret.to_vec(),
+        limits: *ours.limits,
+        preamble: ours.preamble,
+        role: ours.role,
+        nonce: rand::random(),
+        deadline: ours.deadline.into_std(),
+        progress_timeout: ours.progress_timeout,
+        dialed: ours.dialed.clone(),
+    };
+    let mut hs = Handshake::new(config, now());
+    let timeout_at = |hs: &Handshake| hs.poll_timeout().map(Instant::from_std);
+    loop {
+        if hs.has_transmit() && !hs.is_over() {
+            let out = hs.take_transmit();
+            let write = write_all(writer, &out, ours.write_timeout);
+            match until(timeout_at(&hs), &mut evicted, write).await {
+                Woke::Done(Ok(())) => {}
+                Woke::Done(Err(e)) => return Err(Error::io(format!("handshake with {label}"), e)),
+                Woke::TimedOut => hs.handle_timeout(now()),
+                Woke::Evicted => {
+                    evicted = None;
+                    hs.evict()
+                }
+            }
+        }
+        match hs.status().clone() {
+            Status::InProgress => {}
+            Status::Admit(peer) => {
+                hs.admit((ours.admit)(&peer));
+                continue;
+            }
+            Status::Done(done) => {
+                // The handshake is over: the reader takes the limits of an established
+                // connection, and descriptors are welcome from the next message on.
+                reader.established();
+                reader.stream_mut().established();
+                return Ok(done);
+            }
+            Status::Failed(failure) => return Err(fail(reader, writer, &mut hs, failure, label).await),
+        }
+        if hs.has_transmit() {
+            continue;
+        }
+        let wants = hs.wants();
+        match until(timeout_at(&hs), &mut evicted, reader.read_some(wants)).await {
+            Woke::Done(Ok(bytes)) if bytes.is_empty() => hs.handle_eof(),
+            Woke::Done(Ok(bytes)) => {
+                hs.handle_input(&bytes, 0, now());
+            }
+            Woke::Done(Err(e)) => match reader.stream_mut().take_fd_error() {
+                // The reader closed them as they arrived; the engine refuses the connection.
+                Some(_) => {
+                    hs.handle_input(&[], 1, now());
+                }
+                None => return Err(e),
+            },
+            Woke::TimedOut => hs.handle_timeout(now()),
+            Woke::Evicted => {
+                evicted = None;
+                hs.evict()
+            }
+        }
+    }
+}
+
+/// Ends a failed handshake as the engine says: the queued `error` written (bounded in
+/// time), our sending side shut down first (so the error is delivered and not reset away),
+/// what the peer still sends read and dropped for a moment when the engine says so; then the
+/// error to return (the caller drops the socket).
+async fn fail<R, W>(
+    reader: &mut MessageReader<R>,
+    writer: &mut W,
+    hs: &mut Handshake,
+    failure: Failure,
+    label: &str,
+) -> Error
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let err = match failure {
+        Failure::Refused(e) => e,
+        Failure::PeerRefused { code, message } => {
+            return Error::Refused {
+                peer: label.to_string(),
+                code,
+                message,
+            }
+        }
+        Failure::PeerClosed { waiting_for } => {
+            return Error::PeerClosed(format!("{label} (during the handshake, waiting for {waiting_for})"))
+        }
+    };
+    // What the engine queued, its `error` last (none to a peer that sent no preamble).
+    let told = hs.take_transmit();
+    if !told.is_empty() {
+        let _ = write_all(writer, &told, ERROR_WRITE_LIMIT).await;
+    }
+    let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, writer.shutdown()).await;
+    if hs.drain_after_failure() {
+        reader.drain(DRAIN_BYTES, DRAIN_TIME).await;
+    }
+    err.into()
+}
+
+/// Sends an `error` header to the peer, best effort and bounded in time, before we close.
+pub(crate) async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, err: &WireError) {
+    let _ = write_all(w, &error_header(err), ERROR_WRITE_LIMIT).await;
+}
+
+/// Refuses a connection the node cannot take at all (too many connections): our preamble,
+/// then, once the peer's whole preamble arrived (an error goes only to a peer that showed it
+/// speaks the format, spec §3, §11.3; we wait for it a second at most),
+/// `error {code: "overloaded"}` (readable by every version, §12), then close.
+pub(crate) async fn refuse_overloaded<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    preamble: Preamble,
+    why: String,
+) {
+    let _ = write_all(stream, &preamble.encode(), ERROR_WRITE_LIMIT).await;
+    let mut theirs = [0u8; handoff_wire::preamble::PREAMBLE_LEN];
+    let read = tokio::time::timeout(ERROR_WRITE_LIMIT, stream.read_exact(&mut theirs)).await;
+    if matches!(read, Ok(Ok(_))) {
+        send_error(stream, &WireError::Overloaded(why)).await;
+    }
+    let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, stream.shutdown()).await;
+}
