@@ -32,7 +32,7 @@ use conversation::{Conversation, ERROR_WRITE_LIMIT};
 use crate::io::{write_all, FdSource, MessageReader};
 use crate::Result;
 
-/// Capabilities of this implementation, the same in protocol versions 1 and 2 (`shm` only
+/// Capabilities of this implementation, the same in protocol versions 1, 2 and 3 (`shm` only
 /// where the node has a Unix socket for same-host peers).
 pub(crate) const CAPABILITIES: &[&str] = &["inline", "shm", "ticket", handoff_wire::CAP_XXH3];
 
