@@ -475,6 +475,20 @@ def test_the_v3_interleaving_vector_is_the_acceptors_proof_on_the_other_connecti
     assert wire.decode_header(on_a[0]).nonce == b"\x22" * 32 and wire.decode_header(on_a[1]).nonce == b"\x11" * 32
     on_b = wire.transcript_v3(pre, pre, on_a[1], on_a[0])
     assert wire.acceptor_proof(secret, on_b, b"\xaa" * 32) == _bin(desc["header"]["mac"])
+    # The description says so itself: `written_as` holds B's inputs and the dialer proof the
+    # mac covers, from which the mac is reproduced without the prose.
+    w = p["written_as"]
+    assert w["role"] == "acceptor"
+    assert _bin(w["dialer_proof"]) == b"\xaa" * 32
+    assert (_bin(w["dialer_challenge"]), _bin(w["acceptor_challenge"])) == (on_a[1], on_a[0])
+    written = wire.transcript_v3(
+        _bin(w["dialer_preamble"]),
+        _bin(w["acceptor_preamble"]),
+        _bin(w["dialer_challenge"]),
+        _bin(w["acceptor_challenge"]),
+    )
+    assert written == on_b
+    assert wire.acceptor_proof(secret, written, _bin(w["dialer_proof"])) == _bin(desc["header"]["mac"])
 
 
 def test_the_v2_interleaving_vector_verifies():

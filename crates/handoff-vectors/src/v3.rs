@@ -6,7 +6,7 @@
 use handoff_wire::auth::{self, Role, Sent, Transcript};
 use handoff_wire::identity_lengths as at_most;
 use handoff_wire::{Header, Ident, Preamble};
-use serde_json::json;
+use serde_json::{json, Value as Json};
 
 use crate::fixtures::{bin_json, hello_fixture, hello_fixture_b, invalid, message, preamble_vector, s, Vector};
 use crate::v2::{ident_fixture, ident_json, ident_pairs, raw, valid_message, SECRET};
@@ -39,18 +39,9 @@ fn proof_vector(
         )
         .is_ok(),
     };
-    let mut proof = json!({
-        "secret": bin_json(SECRET),
-        "role": role.as_str(),
-        "dialer_preamble": bin_json(transcript.dialer.preamble),
-        "acceptor_preamble": bin_json(transcript.acceptor.preamble),
-        "dialer_challenge": bin_json(transcript.dialer.challenge),
-        "acceptor_challenge": bin_json(transcript.acceptor.challenge),
-        "verifies": verifies,
-    });
-    if let Some(d) = dialer_proof {
-        proof["dialer_proof"] = bin_json(&d);
-    }
+    let mut proof = inputs_json(role, transcript, dialer_proof);
+    proof["secret"] = bin_json(SECRET);
+    proof["verifies"] = json!(verifies);
     Vector {
         name,
         bytes: message(&Header::Auth { mac: mac.to_vec() }, &[]),
@@ -59,6 +50,22 @@ fn proof_vector(
             "header": {"k": "auth", "mac": bin_json(&mac)}, "frames": [], "proof_v3": proof,
         }),
     }
+}
+
+/// The inputs of a version-3 proof of `role` as the vectors write them: the role, the
+/// transcript's four parts, and for an acceptor's proof the dialer's proof it covers.
+fn inputs_json(role: Role, transcript: &Transcript<'_>, dialer_proof: Option<[u8; 32]>) -> Json {
+    let mut inputs = json!({
+        "role": role.as_str(),
+        "dialer_preamble": bin_json(transcript.dialer.preamble),
+        "acceptor_preamble": bin_json(transcript.acceptor.preamble),
+        "dialer_challenge": bin_json(transcript.dialer.challenge),
+        "acceptor_challenge": bin_json(transcript.acceptor.challenge),
+    });
+    if let Some(d) = dialer_proof {
+        inputs["dialer_proof"] = bin_json(&d);
+    }
+    inputs
 }
 
 /// Every vector of version 3, in a stable order.
@@ -157,15 +164,21 @@ pub(crate) fn vectors() -> Vec<Vector> {
         dialer: sent(&n_preamble, &on_a),
         acceptor: sent(&n_preamble, &on_b),
     };
-    let n_on_b = auth::acceptor_proof(SECRET, &b, &[0xaa; 32]);
-    v.push(proof_vector(
+    // A dialer proof on B that the attacker cannot make (it has no secret): a stand-in.
+    let unmakeable = [0xaa; 32];
+    let n_on_b = auth::acceptor_proof(SECRET, &b, &unmakeable);
+    let mut interleaved = proof_vector(
         "auth-v3-interleaved",
         n_on_b,
         Role::Dialer,
         &a,
         None,
         "The attack of WIRE.md section 5.6 against version 3: the attacker dialed node N twice and crossed N's challenges; the proof N would write as acceptor on connection B, presented on A as the dialer's proof, does not verify.",
-    ));
+    );
+    // How the mac was made, so that it can be reproduced from the description alone: N's
+    // acceptor proof over B's transcript and the dialer proof it covers.
+    interleaved.description["proof_v3"]["written_as"] = inputs_json(Role::Acceptor, &b, Some(unmakeable));
+    v.push(interleaved);
 
     // The same attack against version 2, which it breaks: N's proof on B verifies on A.
     let p2 = v2.encode();

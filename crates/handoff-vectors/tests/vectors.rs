@@ -234,6 +234,33 @@ fn v3_proof_vectors_verify_exactly_as_described() {
         acceptor["proof_v3"]["dialer_proof"],
         disk.iter().find(|(n, _, _)| n == "auth-v3-dialer").unwrap().2["header"]["mac"]
     );
+    // The interleaved mac is reproducible from its description: N's acceptor proof over B's
+    // transcript (A's challenges the other way round) and the dialer proof it covers.
+    let interleaved = &disk.iter().find(|(n, _, _)| n == "auth-v3-interleaved").unwrap().2;
+    let (p, w) = (&interleaved["proof_v3"], &interleaved["proof_v3"]["written_as"]);
+    assert_eq!(w["role"], "acceptor");
+    assert_eq!(
+        (&w["dialer_challenge"], &w["acceptor_challenge"]),
+        (&p["acceptor_challenge"], &p["dialer_challenge"]),
+        "B's challenges are A's crossed"
+    );
+    let preamble = |key: &str| -> [u8; 16] { bin(&w[key]).try_into().expect("16 bytes") };
+    let (dp, ap) = (preamble("dialer_preamble"), preamble("acceptor_preamble"));
+    let (dc, ac) = (bin(&w["dialer_challenge"]), bin(&w["acceptor_challenge"]));
+    let on_b = Transcript {
+        dialer: Sent {
+            preamble: &dp,
+            challenge: &dc,
+        },
+        acceptor: Sent {
+            preamble: &ap,
+            challenge: &ac,
+        },
+    };
+    assert_eq!(
+        auth::acceptor_proof(&bin(&p["secret"]), &on_b, &bin(&w["dialer_proof"])).to_vec(),
+        bin(&interleaved["header"]["mac"])
+    );
 }
 
 /// What the reference sends is what the preamble vectors say.

@@ -1,6 +1,6 @@
 //! # handoff-wire
 //!
-//! The sans-IO core of handoff's wire format, versions 1 and 2 (see `spec/WIRE.md`):
+//! The sans-IO core of handoff's wire format, versions 1, 2 and 3 (see `spec/WIRE.md`):
 //! the connection [preamble](preamble) and version negotiation, the
 //! [header](header) with its frame [descriptors](header::Descriptor), message
 //! [framing](framing), the [limits](Limits) a receiver enforces, the

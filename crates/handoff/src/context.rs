@@ -67,7 +67,8 @@ pub(crate) struct Context {
     pub(crate) unlease_tx: mpsc::UnboundedSender<TicketClaim>,
     /// Local objects that values refer to by key (bound while decoding).
     pub(crate) resources: Arc<Resources>,
-    /// The preamble this node sends: version 2 only, or 1 and 2 with `accept_v1` (spec §3).
+    /// The preamble this node sends: version 3 only, or 2..=3 with `accept_v2`, or 1..=3 with
+    /// `accept_v1` (spec §3).
     pub(crate) preamble: Preamble,
     /// The nonces this node recently sent as a dialer (spec §5.7 step 3).
     pub(crate) dialer_nonces: std::sync::Arc<handoff_proto::handshake::DialerNonces>,

@@ -1,4 +1,4 @@
-"""handoff for Python: the wire format of spec/WIRE.md (v1) and an asyncio node.
+"""handoff for Python: the wire format of spec/WIRE.md (versions 1, 2 and 3) and an asyncio node.
 
 Modules, one job each, from the bottom up (python/pyproject.toml's import contracts
 keep every import pointing down):

@@ -39,9 +39,10 @@ pub const MAX_HEADER_VALUES: u32 = 65_536;
 /// More → `malformed-header`.
 pub const MAX_MAP_ENTRIES: u32 = 64;
 
-/// The header kinds of versions 1 and 2, as `k` names them (`spec/WIRE.md` §6): v1 uses
-/// `hello`, v2 `challenge` and `ident` in its place; the decoder knows them all, and which
-/// may arrive when is the runtime's check on the connection (§5.1, §5.4, §11.2 step 3).
+/// The header kinds of versions 1, 2 and 3, as `k` names them (`spec/WIRE.md` §6): v1 uses
+/// `hello`, v2 and v3 `challenge` and `ident` in its place (v3 adds no kind); the decoder
+/// knows them all, and which may arrive when is the runtime's check on the connection
+/// (§5.1, §5.4, §5.7, §11.2 step 3).
 pub const KINDS: &[&str] = &[
     "hello",
     "challenge",

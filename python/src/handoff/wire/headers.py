@@ -342,8 +342,9 @@ Header = (
     | Pull | Pulled | Forward | Forwarded | TicketError | Unlease | Renew
 )  # fmt: skip
 TICKET_OPS = (Pull, Pulled, Forward, Forwarded, TicketError, Unlease, Renew)
-#: The header kinds of versions 1 and 2: v1 uses ``hello``, v2 ``challenge`` and ``ident`` in its
-#: place. The decoder knows them all; which may arrive when is the handshake's check (§5.1, §5.4).
+#: The header kinds of versions 1, 2 and 3: v1 uses ``hello``, v2 and v3 ``challenge`` and
+#: ``ident`` in its place (v3 adds no kind). The decoder knows them all; which may arrive when
+#: is the handshake's check (§5.1, §5.4, §5.7).
 HEADER_KINDS = ("hello", "challenge", "ident", "auth", "ready", "msg", "error", "release") + tuple(
     c.kind for c in TICKET_OPS
 )
