@@ -7,22 +7,30 @@
 //! extension's.
 //!
 //! What is here, bottom up:
+//! - [`admission`]: the bound on handshakes in progress, the oldest giving way;
 //! - [`bounds`]: what a node's peers can make it hold (spec §9.1);
+//! - [`budget`]: the receive budget and its permits (spec §9.1);
 //! - [`identity`]: node, process and host ids;
+//! - [`inbox`]: received messages waiting for the application, taken fairly by bytes;
 //! - [`log_limit`]: how many warnings about a peer reach the log;
 //! - [`recv_buffers`]: reused receive buffers for large inline frames;
 //! - [`shm`]: the memfd segment pool (sending) and the mapping cache (receiving);
+//! - [`ticket_leases`]: the leases a ticket owner keeps for its holders (spec §7.7);
 //! - [`handshake`]: the handshake of every version as a state machine (spec §5), with the
 //!   node's set of dialer nonces.
 
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod bounds;
+pub mod budget;
 pub mod handshake;
 pub mod identity;
+pub mod inbox;
 pub mod log_limit;
 pub mod recv_buffers;
 pub mod shm;
+pub mod ticket_leases;
 
 pub use bounds::Bounds;
 pub use handshake::{Handshake, Handshaken};

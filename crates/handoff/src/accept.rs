@@ -1,5 +1,5 @@
 //! Accepting connections: the listeners, and the bounds on established connections and
-//! on handshakes in progress (spec §9.1; the latter kept by [`Handshakes`](crate::handshakes::Handshakes)).
+//! on handshakes in progress (spec §9.1; the latter kept by `handoff_proto::admission`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,7 +93,11 @@ pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: Listening) {
                         }
                         return;
                     }
-                    let (slot, mut evicted) = node.ctx.handshakes.enter();
+                    let (evict, mut evicted) = tokio::sync::oneshot::channel();
+                    let (slot, older) = node.ctx.handshakes.enter(evict);
+                    for oldest in older {
+                        let _ = oldest.send(());
+                    }
                     let (label, result) = match conn {
                         Accepted::Tcp(stream, label) => {
                             // The TLS handshake holds the handshake's place too: a newer

@@ -1,81 +1,36 @@
-//! The receive budget: bytes (and messages) that peers' messages occupy from the moment a
-//! connection starts reading them until the application takes them with `Node::recv`.
-//!
-//! A connection asks for room before it reads a message's frames (and before it reads a
-//! large header); while there is none it waits, and so stops reading its socket: the
-//! peer's sends back up, and only that peer slows down. A message that does not fit is
-//! admitted alone — when nothing else of that peer (for the per-peer bound), or nothing at
-//! all (for the total), is buffered — so that a message up to the message limit always
-//! gets through and nothing deadlocks on a single large message.
+//! Waiting for room in the receive budget (`handoff_proto::budget`), the tokio way: the
+//! budget's waker notifies a [`Notify`] that waiting connections listen to.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::ops::Deref;
+use std::sync::Arc;
 
+pub(crate) use handoff_proto::budget::{Account, Budget, Permit};
 use tokio::sync::Notify;
 
-/// The node-wide side of the budget.
-pub(crate) struct Budget {
-    max_total: u64,
-    max_per_peer: u64,
-    /// What any peer may hold whatever the others hold (its guaranteed share).
-    min_per_peer: u64,
-    max_messages_per_peer: usize,
-    used: Mutex<u64>,
-    freed: Notify,
-}
-
-/// One peer's share of the budget.
-#[derive(Default)]
-pub(crate) struct Account {
-    bytes: AtomicU64,
-    messages: AtomicUsize,
-}
-
-impl Account {
-    /// Bytes this peer has buffered now.
-    pub(crate) fn bytes(&self) -> u64 {
-        self.bytes.load(Ordering::Acquire)
-    }
-}
-
-/// Room taken from the budget; given back when dropped.
-pub(crate) struct Permit {
+/// The node's receive budget and what wakes the connections waiting for room in it.
+pub(crate) struct RecvBudget {
     budget: Arc<Budget>,
-    account: Arc<Account>,
-    bytes: u64,
-    messages: usize,
+    freed: Arc<Notify>,
 }
 
-impl Budget {
-    pub(crate) fn new(
-        max_total: u64,
-        max_per_peer: u64,
-        min_per_peer: u64,
-        max_messages_per_peer: usize,
-    ) -> Arc<Budget> {
-        Arc::new(Budget {
-            max_total,
-            max_per_peer,
-            min_per_peer: min_per_peer.min(max_per_peer),
-            max_messages_per_peer: max_messages_per_peer.max(1),
-            used: Mutex::new(0),
-            freed: Notify::new(),
-        })
-    }
-
-    /// Bytes buffered for all peers now.
-    pub(crate) fn used(&self) -> u64 {
-        *self.used.lock().expect("budget lock")
+impl RecvBudget {
+    /// A budget with the bounds of [`Budget::new`].
+    pub(crate) fn new(max_total: u64, max_per_peer: u64, min_per_peer: u64, max_messages_per_peer: usize) -> Self {
+        let budget = Budget::new(max_total, max_per_peer, min_per_peer, max_messages_per_peer);
+        let freed = Arc::new(Notify::new());
+        let wake = freed.clone();
+        budget.set_waker(Box::new(move || wake.notify_waiters()));
+        RecvBudget { budget, freed }
     }
 
     /// Takes room for `bytes` and `messages` in `account`, waiting until there is some.
     /// Cancel-safe: dropping the future takes nothing.
-    pub(crate) async fn acquire(self: &Arc<Self>, account: &Arc<Account>, bytes: u64, messages: usize) -> Permit {
+    pub(crate) async fn acquire(&self, account: &Arc<Account>, bytes: u64, messages: usize) -> Permit {
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if let Some(p) = self.try_acquire(account, bytes, messages, 0) {
+            if let Some(p) = self.budget.try_acquire(account, bytes, messages, 0) {
                 return p;
             }
             freed.await;
@@ -86,120 +41,13 @@ impl Budget {
     pub(crate) fn freed(&self) -> tokio::sync::futures::Notified<'_> {
         self.freed.notified()
     }
-
-    /// The bound on one peer's bytes.
-    pub(crate) fn max_per_peer(&self) -> u64 {
-        self.max_per_peer
-    }
-
-    /// Takes room now, or `None` if the bounds — each raised by `slack` bytes — do not
-    /// allow it yet.
-    pub(crate) fn try_acquire(
-        self: &Arc<Self>,
-        account: &Arc<Account>,
-        bytes: u64,
-        messages: usize,
-        slack: u64,
-    ) -> Option<Permit> {
-        let mut used = self.used.lock().expect("budget lock");
-        let peer_bytes = account.bytes.load(Ordering::Acquire);
-        let peer_messages = account.messages.load(Ordering::Acquire);
-        let peer_empty = peer_bytes == 0 && peer_messages == 0;
-        let peer_fits = peer_bytes.saturating_add(bytes) <= self.max_per_peer.saturating_add(slack)
-            && peer_messages + messages <= self.max_messages_per_peer;
-        let total_fits = used.saturating_add(bytes) <= self.max_total.saturating_add(slack);
-        let within_share = peer_bytes.saturating_add(bytes) <= self.min_per_peer
-            && peer_messages + messages <= self.max_messages_per_peer;
-        if !within_share && (!(peer_fits || peer_empty) || !(total_fits || *used == 0)) {
-            return None;
-        }
-        *used += bytes;
-        account.bytes.fetch_add(bytes, Ordering::AcqRel);
-        account.messages.fetch_add(messages, Ordering::AcqRel);
-        Some(Permit {
-            budget: self.clone(),
-            account: account.clone(),
-            bytes,
-            messages,
-        })
-    }
-
-    fn give_back(&self, account: &Account, bytes: u64, messages: usize) {
-        {
-            let mut used = self.used.lock().expect("budget lock");
-            *used -= bytes;
-            account.bytes.fetch_sub(bytes, Ordering::AcqRel);
-            account.messages.fetch_sub(messages, Ordering::AcqRel);
-        }
-        self.freed.notify_waiters();
-    }
 }
 
-impl Permit {
-    /// Takes room for `bytes` and `messages` more, waiting until there is some; counts as
-    /// alone when this permit is all its peer (or the node) has buffered, so a message whose
-    /// large header already holds room is never stuck behind itself.
-    #[cfg(test)]
-    pub(crate) async fn expand(&mut self, bytes: u64, messages: usize) {
-        let budget = self.budget.clone();
-        loop {
-            let freed = budget.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            if self.try_expand(bytes, messages, 0) {
-                return;
-            }
-            freed.await;
-        }
-    }
+impl Deref for RecvBudget {
+    type Target = Arc<Budget>;
 
-    /// Like [`Budget::try_acquire`], for more room in this permit.
-    pub(crate) fn try_expand(&mut self, bytes: u64, messages: usize, slack: u64) -> bool {
-        let budget = &self.budget;
-        let mut used = budget.used.lock().expect("budget lock");
-        let peer_bytes = self.account.bytes.load(Ordering::Acquire);
-        let peer_messages = self.account.messages.load(Ordering::Acquire);
-        let peer_alone = peer_bytes == self.bytes && peer_messages == self.messages;
-        let peer_fits = peer_bytes.saturating_add(bytes) <= budget.max_per_peer.saturating_add(slack)
-            && peer_messages + messages <= budget.max_messages_per_peer;
-        let total_alone = *used == self.bytes;
-        let total_fits = used.saturating_add(bytes) <= budget.max_total.saturating_add(slack);
-        let within_share = peer_bytes.saturating_add(bytes) <= budget.min_per_peer
-            && peer_messages + messages <= budget.max_messages_per_peer;
-        if !within_share && (!(peer_fits || peer_alone) || !(total_fits || total_alone)) {
-            return false;
-        }
-        *used += bytes;
-        self.account.bytes.fetch_add(bytes, Ordering::AcqRel);
-        self.account.messages.fetch_add(messages, Ordering::AcqRel);
-        self.bytes += bytes;
-        self.messages += messages;
-        true
-    }
-
-    /// Charges `bytes` more to this permit without waiting (bytes the node asked for
-    /// itself, such as a redeemed ticket: they are bounded by its own requests).
-    pub(crate) fn grow(&mut self, bytes: u64) {
-        *self.budget.used.lock().expect("budget lock") += bytes;
-        self.account.bytes.fetch_add(bytes, Ordering::AcqRel);
-        self.bytes += bytes;
-    }
-
-    /// Bytes this permit holds.
-    pub(crate) fn bytes(&self) -> u64 {
-        self.bytes
-    }
-}
-
-impl Drop for Permit {
-    fn drop(&mut self) {
-        self.budget.give_back(&self.account, self.bytes, self.messages);
-    }
-}
-
-impl std::fmt::Debug for Permit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Permit").field("bytes", &self.bytes).finish()
+    fn deref(&self) -> &Arc<Budget> {
+        &self.budget
     }
 }
 
@@ -209,15 +57,10 @@ mod tests {
     use std::time::Duration;
 
     #[tokio::test]
-    async fn a_peer_waits_for_room_and_a_large_message_goes_alone() {
-        let budget = Budget::new(1000, 400, 0, 10);
+    async fn a_waiting_connection_is_woken_when_room_is_given_back() {
+        let budget = Arc::new(RecvBudget::new(1000, 400, 0, 10));
         let a = Arc::new(Account::default());
-        let b = Arc::new(Account::default());
         let first = budget.acquire(&a, 300, 1).await;
-        assert!(budget.try_acquire(&a, 200, 1, 0).is_none(), "over a's share");
-        let other = budget.try_acquire(&b, 400, 1, 0).expect("b has its own share");
-        // A message larger than a peer's share is admitted once that peer has nothing buffered.
-        assert!(budget.try_acquire(&a, 900, 1, 0).is_none());
         let waiting = {
             let budget = budget.clone();
             let a = a.clone();
@@ -231,56 +74,5 @@ mod tests {
             .expect("admitted alone once a's buffer is empty")
             .unwrap();
         assert_eq!(big.bytes(), 500);
-        assert_eq!(budget.used(), 900);
-        drop((big, other));
-        assert_eq!(budget.used(), 0);
-        assert_eq!(a.bytes(), 0);
-    }
-
-    #[tokio::test]
-    async fn message_counts_and_growth() {
-        let budget = Budget::new(1 << 30, 1 << 30, 0, 2);
-        let a = Arc::new(Account::default());
-        let _one = budget.acquire(&a, 10, 1).await;
-        let mut two = budget.acquire(&a, 10, 1).await;
-        assert!(budget.try_acquire(&a, 10, 1, 0).is_none(), "two messages per peer");
-        two.grow(1000);
-        assert_eq!(a.bytes(), 1020);
-        drop(two);
-        assert_eq!(a.bytes(), 10);
-    }
-
-    #[tokio::test]
-    async fn a_permit_expands_alone_past_the_share() {
-        let budget = Budget::new(1000, 100, 0, 10);
-        let a = Arc::new(Account::default());
-        let mut header = budget.acquire(&a, 80, 0).await;
-        tokio::time::timeout(Duration::from_secs(1), header.expand(500, 1))
-            .await
-            .expect("the only thing a has buffered: admitted alone");
-        assert_eq!(a.bytes(), 580);
-        let b = Arc::new(Account::default());
-        let mut other = budget.acquire(&b, 50, 0).await;
-        assert!(!other.try_expand(900, 1, 0), "over the total while a holds room");
-        drop(header);
-        assert!(other.try_expand(900, 1, 0), "alone in the node now");
-    }
-
-    #[tokio::test]
-    async fn a_small_message_is_never_stuck_behind_another_peers_large_one() {
-        let budget = Budget::new(100, 50, 10, 10);
-        let big = Arc::new(Account::default());
-        let small = Arc::new(Account::default());
-        let _alone = budget.try_acquire(&big, 10_000, 1, 0).expect("admitted alone");
-        assert!(
-            budget.try_acquire(&small, 20, 1, 0).is_none(),
-            "over its guaranteed share"
-        );
-        let a = budget
-            .try_acquire(&small, 6, 1, 0)
-            .expect("within its guaranteed share");
-        let b = budget.try_acquire(&small, 4, 1, 0).expect("still within it");
-        assert!(budget.try_acquire(&small, 1, 1, 0).is_none(), "the share is used up");
-        drop((a, b));
     }
 }

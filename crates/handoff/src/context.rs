@@ -16,14 +16,14 @@ use bytes::Bytes;
 use handoff_wire::{Endpoint, Limits, Preamble, Resources, TicketClaim};
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::budget::Budget;
-use crate::handshakes::Handshakes;
+use crate::budget::RecvBudget;
 use crate::message::TypeRegistry;
 use crate::shm::MappingCache;
 use crate::tickets::modes::Redeem;
 use crate::tickets::owner::LeaseTable;
 use crate::tls::TlsConfig;
 use crate::Result;
+use handoff_proto::admission::Admission;
 use handoff_proto::bounds::Bounds;
 use handoff_proto::log_limit::LogLimiter;
 use handoff_proto::recv_buffers::RecvPool;
@@ -43,9 +43,9 @@ pub(crate) struct Context {
     /// What peers can make this node hold (spec §9.1).
     pub(crate) bounds: Bounds,
     /// Bytes and messages received and not yet taken by the application.
-    pub(crate) budget: Arc<Budget>,
+    pub(crate) budget: Arc<RecvBudget>,
     /// Handshakes in progress on accepted connections.
-    pub(crate) handshakes: Arc<Handshakes>,
+    pub(crate) handshakes: Arc<Admission<tokio::sync::oneshot::Sender<()>>>,
     /// Established connections (their read loops).
     pub(crate) connections: AtomicUsize,
     /// Connections being opened to reach owners of received tickets.

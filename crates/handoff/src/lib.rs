@@ -46,7 +46,6 @@ mod error;
 #[cfg(doctest)]
 mod guide_examples;
 mod handshake;
-mod handshakes;
 mod hashing;
 mod inbox;
 mod inproc;

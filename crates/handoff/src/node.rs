@@ -12,14 +12,13 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
 use crate::accept::{self, Listening};
-use crate::budget::Budget;
+use crate::budget::RecvBudget;
 use crate::builder::NodeBuilder;
 use crate::connection::{self, strip_scheme};
 use crate::context::Context;
 use crate::directory;
 use crate::envelope::Envelope;
 use crate::handshake::CAPABILITIES;
-use crate::handshakes::Handshakes;
 use crate::inbox::Inbox;
 use crate::link::LeaseStats;
 use crate::message::TypeRegistry;
@@ -117,13 +116,13 @@ impl NodeBuilder {
             shm_threshold: self.shm_threshold.max(1),
             shm_sealed: self.shm_sealed,
             mappings: MappingCache::new(4 << 30),
-            budget: Budget::new(
+            budget: Arc::new(RecvBudget::new(
                 bounds.max_buffered_bytes,
                 bounds.max_buffered_bytes_per_peer,
                 bounds.min_buffered_bytes_per_peer,
                 bounds.max_buffered_messages_per_peer,
-            ),
-            handshakes: Handshakes::new(bounds.max_handshakes),
+            )),
+            handshakes: handoff_proto::admission::Admission::new(bounds.max_handshakes),
             connections: AtomicUsize::new(0),
             ticket_dials: Arc::new(Semaphore::new(bounds.max_ticket_dials.max(1))),
             accept_log: LogLimiter::under(node_log.clone(), bounds.warnings_per_period, bounds.warning_period),
