@@ -13,6 +13,7 @@
 //! - [`identity`]: node, process and host ids;
 //! - [`inbox`]: received messages waiting for the application, taken fairly by bytes;
 //! - [`log_limit`]: how many warnings about a peer reach the log;
+//! - [`receive`]: what an established connection decides about each header it reads (§9, §11.2);
 //! - [`recv_buffers`]: reused receive buffers for large inline frames;
 //! - [`shm`]: the memfd segment pool (sending) and the mapping cache (receiving);
 //! - [`ticket_leases`]: the leases a ticket owner keeps for its holders (spec §7.7);
@@ -28,6 +29,7 @@ pub mod handshake;
 pub mod identity;
 pub mod inbox;
 pub mod log_limit;
+pub mod receive;
 pub mod recv_buffers;
 pub mod shm;
 pub mod ticket_leases;

@@ -460,6 +460,82 @@ impl LeaseTable {
     }
 }
 
+/// What an owner does with a ticket request from one of its holders (spec §7.7).
+#[derive(Debug)]
+pub enum OwnerAnswer {
+    /// Answer `pulled` with these bytes (a view of the leased buffer).
+    Pulled {
+        /// The request's id.
+        req: u64,
+        /// The bytes asked for.
+        bytes: Buffer,
+    },
+    /// Answer with `forwarded`.
+    Forwarded {
+        /// The request's id.
+        req: u64,
+        /// The new holder's token.
+        token: [u8; 32],
+    },
+    /// Answer with `ticket-error`: the request was refused (worth a limited warning).
+    Refused {
+        /// The request's id.
+        req: u64,
+        /// What the request was.
+        what: &'static str,
+        /// Why.
+        refusal: Refusal,
+    },
+    /// A release or a renewal that was taken; nothing to answer.
+    Done,
+    /// A release that was not (an ended lease, a wrong token): nothing to answer, worth a
+    /// debug line only (releases may cross a lease's end).
+    ReleaseIgnored(Refusal),
+    /// A renewal refused: nothing to answer (§7.7), worth a limited warning.
+    RenewalRefused(Refusal),
+}
+
+impl LeaseTable {
+    /// The owner's side of a ticket request from `holder` (a node id); `owner` is our own
+    /// node id. `None` for the holder's side of the protocol (answers to our requests).
+    pub fn answer(&self, op: &handoff_wire::TicketOp, holder: &str, owner: &str) -> Option<OwnerAnswer> {
+        use handoff_wire::TicketOp;
+        Some(match op {
+            TicketOp::Pull {
+                req,
+                lease,
+                token,
+                offset,
+                len,
+            } => match self.pull(*lease, holder, token, *offset, *len) {
+                Ok(bytes) => OwnerAnswer::Pulled { req: *req, bytes },
+                Err(refusal) => OwnerAnswer::Refused {
+                    req: *req,
+                    what: "pull",
+                    refusal,
+                },
+            },
+            TicketOp::Forward { req, lease, token, to } => match self.forward(*lease, holder, token, to, owner) {
+                Ok(token) => OwnerAnswer::Forwarded { req: *req, token },
+                Err(refusal) => OwnerAnswer::Refused {
+                    req: *req,
+                    what: "forward",
+                    refusal,
+                },
+            },
+            TicketOp::Unlease { lease, token } => match self.unlease(*lease, holder, token) {
+                Ok(()) => OwnerAnswer::Done,
+                Err(r) => OwnerAnswer::ReleaseIgnored(r),
+            },
+            TicketOp::Renew { lease, token } => match self.renew(*lease, holder, token) {
+                Ok(()) => OwnerAnswer::Done,
+                Err(r) => OwnerAnswer::RenewalRefused(r),
+            },
+            TicketOp::Pulled { .. } | TicketOp::Forwarded { .. } | TicketOp::Refused { .. } => return None,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_wire::framing::{inline_frame_lengths, TCP_KINDS, UNIX_KINDS};
+use handoff_proto::receive::{self, Asked, Pulled, Receiving, Step};
+use handoff_proto::ticket_leases::OwnerAnswer;
 use handoff_wire::{Buffer, Descriptor, Header, TicketOp, WireError};
 use tokio::io::AsyncRead;
 use tokio::sync::mpsc;
@@ -26,10 +27,8 @@ use crate::shm::{self, RemoteView};
 use crate::state::NodeInner;
 use crate::tickets::holder::{Ticket, TicketHandle, TicketOrigin};
 use crate::tickets::modes::Redeem;
-use crate::tickets::owner::Refusal;
 use crate::tickets::pending::Answer;
 use crate::{Error, Peer, Result};
-use handoff_proto::bounds::{MESSAGE_OVERHEAD, SMALL_HEADER};
 
 /// Sends `release` messages for the leases whose last local view was dropped.
 pub(crate) async fn release_loop(
@@ -146,7 +145,7 @@ async fn room(
         tokio::pin!(freed);
         freed.as_mut().enable();
         let asking = !peer.0.pending.lock().expect("pending lock").is_empty();
-        let slack = if asking { node.ctx.budget.max_per_peer() } else { 0 };
+        let slack = receive::room_slack(asking, node.ctx.budget.max_per_peer());
         match permit.as_deref_mut() {
             Some(p) => {
                 if p.try_expand(bytes, messages, slack) {
@@ -172,66 +171,46 @@ async fn read_messages<R>(
 where
     R: AsyncRead + FdSource + Unpin,
 {
-    let supported: &[&str] = if releases.is_some() { UNIX_KINDS } else { TCP_KINDS };
+    let receiving = Receiving::new(node.ctx.limits, releases.is_some());
     let mut delivery: Option<Delivery> = None;
     loop {
         let Some(len) = reader.next_header_len(&node.ctx.limits).await? else {
             return Ok(());
         };
         // A large header takes room before it is read: the connection waits, not the node.
-        let mut permit = match len as u64 > SMALL_HEADER {
-            true => room(node, peer, None, len as u64, 0).await,
-            false => None,
+        let mut permit = match receiving.header_room(len) {
+            Some(bytes) => room(node, peer, None, bytes, 0).await,
+            None => None,
         };
         let header_bytes = reader.read_header_of(len).await?;
         if let Some(problem) = reader.stream_mut().take_fd_error() {
             return Err(WireError::BadShm(problem).into());
         }
-        let header = Header::decode(&header_bytes, &node.ctx.limits)?;
-        match header {
-            Header::Msg {
-                type_name,
-                body,
-                frames,
-            } => {
-                node.ctx.registry.check(type_name)?;
-                let lengths = inline_frame_lengths(&frames, supported)?;
+        match receiving.plan(&header_bytes, |name| node.ctx.registry.check(name))? {
+            Step::Message(plan) => {
                 // The whole message takes room before any frame is read or mapped.
-                let frame_bytes: u64 = frames
-                    .iter()
-                    .filter(|d| !matches!(d, Descriptor::Ticket(_)))
-                    .map(Descriptor::len)
-                    .sum();
                 let message_permit = match permit.take() {
                     Some(mut p) => {
-                        room(node, peer, Some(&mut p), frame_bytes + MESSAGE_OVERHEAD, 1).await;
+                        room(node, peer, Some(&mut p), plan.room, 1).await;
                         p
                     }
-                    None => {
-                        let charge = frame_bytes + MESSAGE_OVERHEAD + len as u64;
-                        room(node, peer, None, charge, 1).await.expect("a new permit")
-                    }
+                    None => room(node, peer, None, plan.room + len as u64, 1)
+                        .await
+                        .expect("a new permit"),
                 };
-                let received = read_frames(node, peer, reader, &frames, lengths, releases).await?;
-                let stray = reader.stream_mut().pending_fds();
-                if stray > 0 && reader.buffered() == 0 {
-                    return Err(
-                        WireError::BadShm(format!("{stray} descriptors arrived that no header announced")).into(),
-                    );
-                }
-                // Lazy tickets (fallbacks the sender may not need) wait for use even here.
-                let tickets = frames.iter().any(|d| matches!(d, Descriptor::Ticket(c) if !c.lazy));
+                let received = read_frames(node, peer, reader, &plan, releases).await?;
+                receive::stray_descriptors(reader.stream_mut().pending_fds(), reader.buffered())?;
                 let envelope = Envelope {
                     from: peer.clone(),
-                    type_name: type_name.to_string(),
+                    type_name: plan.type_name.to_string(),
                     payload: Payload::Encoded {
-                        body: header_bytes.slice_ref(body),
+                        body: header_bytes.slice_ref(plan.body),
                         frames: received,
                     },
                     permit: Some(message_permit),
                 };
                 let queued = delivery.as_ref().is_some_and(Delivery::busy);
-                if (tickets && node.ctx.redeem == Redeem::Eager) || queued {
+                if (plan.eager_tickets && node.ctx.redeem == Redeem::Eager) || queued {
                     // Redeemed by a task of its own, so this loop keeps reading the owner's
                     // answers; later messages queue behind it to keep their order. The queue
                     // is bounded by the budget: each envelope in it holds its room.
@@ -242,30 +221,27 @@ where
                     node.deliver(envelope).await?;
                 }
             }
-            Header::Ticket(op) => handle_ticket_op(node, peer, reader, op).await?,
-            Header::Release { leases } => match &peer.0.link {
-                Link::Shm(link) => {
-                    let ended = link.release(&leases);
-                    if ended < leases.len() {
-                        tracing::debug!(
-                            node = %node.ctx.me.name,
-                            peer = %peer.name(),
-                            "{} released leases were unknown (already ended)",
-                            leases.len() - ended
-                        );
-                    }
+            Step::Ticket(op) => handle_ticket_op(node, peer, reader, op).await?,
+            Step::Release(leases) => {
+                let Link::Shm(link) = &peer.0.link else {
+                    unreachable!("the plan takes releases only on shared-memory connections")
+                };
+                let ended = link.release(&leases);
+                if ended < leases.len() {
+                    tracing::debug!(
+                        node = %node.ctx.me.name,
+                        peer = %peer.name(),
+                        "{} released leases were unknown (already ended)",
+                        leases.len() - ended
+                    );
                 }
-                _ => return Err(WireError::Handshake("a release on a connection without shared memory".into()).into()),
-            },
-            Header::Error { code, message } => {
+            }
+            Step::PeerRefused { code, message } => {
                 return Err(Error::Refused {
                     peer: peer.name().to_string(),
                     code,
                     message,
                 })
-            }
-            other => {
-                return Err(WireError::Handshake(format!("unexpected {other:?} after the handshake")).into());
             }
         }
     }
@@ -276,25 +252,18 @@ async fn read_frames<R>(
     node: &Arc<NodeInner>,
     peer: &Peer,
     reader: &mut MessageReader<R>,
-    frames: &[Descriptor],
-    lengths: Vec<u64>,
+    plan: &receive::MessagePlan<'_>,
     releases: Option<&mpsc::UnboundedSender<u64>>,
 ) -> Result<Vec<Buffer>>
 where
     R: AsyncRead + FdSource + Unpin,
 {
-    let shared = frames.iter().filter(|d| matches!(d, Descriptor::Shm { .. })).count();
-    let mut fds = reader
-        .stream_mut()
-        .take_fds(shared)
-        .ok_or_else(|| {
-            WireError::BadShm(format!(
-                "the message announces {shared} shared segments, but fewer descriptors arrived"
-            ))
-        })?
-        .into_iter();
-    let mut received = Vec::with_capacity(lengths.len());
-    for (desc, len) in frames.iter().zip(lengths) {
+    let announced = plan.descriptors;
+    let fds = reader.stream_mut().take_fds(announced);
+    receive::check_descriptors(announced, fds.as_ref().map_or(0, Vec::len))?;
+    let mut fds = fds.unwrap_or_default().into_iter();
+    let mut received = Vec::with_capacity(plan.frames.len());
+    for (desc, &len) in plan.frames.iter().zip(&plan.inline_lengths) {
         let buffer = match desc {
             Descriptor::Shm {
                 len,
@@ -355,98 +324,28 @@ where
     R: AsyncRead + FdSource + Unpin,
 {
     let holder = peer.0.remote.node_id.as_str();
-    let refused = |req: u64, r: Refusal, what: &str| {
-        limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a {what}: {} [{}]", r.message, r.code);
-        TicketOp::Refused {
-            req,
-            code: r.code.to_string(),
-            message: r.message,
-        }
-    };
+    if let Some(owner_answer) = node.ctx.leases.answer(&op, holder, &node.ctx.me.node_id) {
+        return answer_as_owner(node, peer, owner_answer).await;
+    }
     match op {
-        TicketOp::Pull {
-            req,
-            lease,
-            token,
-            offset,
-            len,
-        } => match node.ctx.leases.pull(lease, holder, &token, offset, len) {
-            Ok(slice) => {
-                // Written by a task: a large answer must not stop this loop from reading.
-                // Only so many at once: past that, this loop waits, and so reads no more
-                // requests from this peer until its answers drain.
-                let place = peer
-                    .0
-                    .pull_answers
-                    .clone()
-                    .acquire_owned()
-                    .await
-                    .expect("the semaphore is never closed");
-                let peer = peer.clone();
-                tokio::spawn(async move {
-                    let answer = Header::Ticket(TicketOp::Pulled { req, len });
-                    if let Err(e) = peer.write_control(&answer, &[slice]).await {
-                        tracing::debug!(peer = %peer.name(), "could not answer a pull: {e}");
-                    }
-                    drop(place);
-                });
-            }
-            // A refusal is small: answered in place, no task per refusal.
-            Err(r) => {
-                peer.write_control(&Header::Ticket(refused(req, r, "pull")), &[])
-                    .await?
-            }
-        },
-        TicketOp::Forward { req, lease, token, to } => {
-            let answer = match node
-                .ctx
-                .leases
-                .forward(lease, holder, &token, &to, &node.ctx.me.node_id)
-            {
-                Ok(token) => TicketOp::Forwarded {
-                    req,
-                    token: token.to_vec(),
-                },
-                Err(r) => refused(req, r, "forward"),
-            };
-            peer.write_control(&Header::Ticket(answer), &[]).await?;
-        }
-        TicketOp::Unlease { lease, token } => {
-            if let Err(r) = node.ctx.leases.unlease(lease, holder, &token) {
-                tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), "ignored a release: {} [{}]", r.message, r.code);
-            }
-        }
-        TicketOp::Renew { lease, token } => {
-            if let Err(r) = node.ctx.leases.renew(lease, holder, &token) {
-                limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a renewal: {} [{}]", r.message, r.code);
-            }
-        }
         TicketOp::Pulled { req, len } => {
-            let waiting = peer
-                .0
-                .pending
-                .lock()
-                .expect("pending lock")
-                .get(&req)
-                .map(|p| (p.len, p.hash));
-            match waiting {
-                Some((Some(asked), hash)) if asked == len => {
+            let waiting = peer.0.pending.lock().expect("pending lock").get(&req).map(|p| Asked {
+                len: p.len,
+                hash: p.hash,
+            });
+            match receive::pulled(waiting, len) {
+                Pulled::Read { hash } => {
                     let mut hasher = hash.then(blake3::Hasher::new);
                     let bytes = reader.read_frame_hashing(len, &node.ctx.pool, hasher.as_mut()).await?;
                     let digest = hasher.map(|h| *h.finalize().as_bytes());
                     answer(peer, req, Ok(Answer::Bytes(bytes, digest)));
                 }
-                Some((asked, _)) => {
+                Pulled::Mismatch(why) => {
                     // Not what we asked for: read past it without allocating it.
                     reader.discard(len).await?;
-                    let why = match asked {
-                        Some(asked) => format!("answered {len} bytes to a pull of {asked}"),
-                        None => format!("answered a forward with {len} bytes"),
-                    };
                     answer(peer, req, Ok(Answer::Mismatch(why)));
                 }
-                // Late (we gave up) or never asked: read past it and drop it (spec §6.7).
-                None => reader.discard(len).await?,
+                Pulled::Drop => reader.discard(len).await?,
             }
         }
         TicketOp::Forwarded { req, token } => answer(peer, req, Ok(Answer::Token(token))),
@@ -461,6 +360,61 @@ where
                 message,
             }),
         ),
+        TicketOp::Pull { .. } | TicketOp::Forward { .. } | TicketOp::Unlease { .. } | TicketOp::Renew { .. } => {
+            unreachable!("the owner's side answered it")
+        }
+    }
+    Ok(())
+}
+
+/// Carries out the owner's answer to a ticket request.
+async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, owner_answer: OwnerAnswer) -> Result<()> {
+    match owner_answer {
+        OwnerAnswer::Pulled { req, bytes } => {
+            let len = bytes.len() as u64;
+            // Written by a task: a large answer must not stop this loop from reading.
+            // Only so many at once: past that, this loop waits, and so reads no more
+            // requests from this peer until its answers drain.
+            let place = peer
+                .0
+                .pull_answers
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("the semaphore is never closed");
+            let peer = peer.clone();
+            tokio::spawn(async move {
+                let answer = Header::Ticket(TicketOp::Pulled { req, len });
+                if let Err(e) = peer.write_control(&answer, &[bytes]).await {
+                    tracing::debug!(peer = %peer.name(), "could not answer a pull: {e}");
+                }
+                drop(place);
+            });
+        }
+        OwnerAnswer::Forwarded { req, token } => {
+            let answer = TicketOp::Forwarded {
+                req,
+                token: token.to_vec(),
+            };
+            peer.write_control(&Header::Ticket(answer), &[]).await?;
+        }
+        // A refusal is small: answered in place, no task per refusal.
+        OwnerAnswer::Refused { req, what, refusal: r } => {
+            limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a {what}: {} [{}]", r.message, r.code);
+            let answer = TicketOp::Refused {
+                req,
+                code: r.code.to_string(),
+                message: r.message,
+            };
+            peer.write_control(&Header::Ticket(answer), &[]).await?;
+        }
+        OwnerAnswer::Done => {}
+        OwnerAnswer::ReleaseIgnored(r) => {
+            tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), "ignored a release: {} [{}]", r.message, r.code);
+        }
+        OwnerAnswer::RenewalRefused(r) => {
+            limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a renewal: {} [{}]", r.message, r.code);
+        }
     }
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::ops::Deref;
 use std::sync::Arc;
 
 use handoff_proto::ticket_leases;
-pub(crate) use handoff_proto::ticket_leases::{Issued, Refusal};
+pub(crate) use handoff_proto::ticket_leases::Issued;
 pub use handoff_proto::ticket_leases::{LeaseConfig, LeaseTableStats, WhenFull};
 use handoff_wire::Buffer;
 use tokio::sync::Notify;
