@@ -72,7 +72,7 @@ mod unix;
 pub use bounds::Bounds;
 pub use builder::NodeBuilder;
 pub use envelope::Envelope;
-pub use error::{Error, Result};
+pub use error::{Chain, Error, Result};
 pub use handoff_wire::resource::Resolver;
 pub use handoff_wire::{
     Buffer, Channel, Endpoint, Limits, Locality, Resource, ResourceError, Resources, Route, WireError,
