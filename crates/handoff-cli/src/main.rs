@@ -7,6 +7,7 @@ mod demo;
 mod demo_data;
 mod demo_row;
 mod demo_table;
+mod dial;
 mod hostile;
 mod node_cmd;
 mod protocol;

@@ -25,9 +25,18 @@ pub struct NodeArgs {
     /// File holding the cluster secret (its bytes, trailing newline ignored).
     #[arg(long)]
     pub secret_file: Option<PathBuf>,
-    /// Peers to connect to at start (repeatable).
+    /// Peers to connect to at start (repeatable), all at once; the node reports ready once
+    /// it is connected to every one. A peer that is not up yet (connection refused, a
+    /// timeout, an unreachable host, a close during the handshake) is tried again, with
+    /// backoff, until --connect-timeout; a refusal (wrong secret, protocol version) fails
+    /// at once.
     #[arg(long)]
     pub connect: Vec<String>,
+    /// How long --connect keeps trying a peer that is not up yet, e.g. 500ms, 30s, 2m
+    /// (a bare number is seconds; 0 tries once). Delays between attempts start at
+    /// 50-100 ms and double, with jitter, up to 1-2 s.
+    #[arg(long, value_parser = crate::dial::parse_duration, default_value = "30s")]
+    pub connect_timeout: Duration,
     /// When received tickets are redeemed: before delivery, or on first use.
     #[arg(long, value_enum, default_value_t = RedeemArg::Eager)]
     pub redeem: RedeemArg,
@@ -261,11 +270,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
         let cache = handoff_data::Cache::open(handoff_data::CacheConfig::new(dir))?;
         handoff_data::CatalogStack::load(&args.catalog, cache)?.serve(node.resources());
     }
-    for addr in &args.connect {
-        let peer = node
-            .connect(addr)
-            .await
-            .with_context(|| format!("connecting to {addr}"))?;
+    for peer in crate::dial::connect_all(&node, &args.connect, args.connect_timeout).await? {
         tracing::info!(peer = %peer.name(), locality = %peer.locality(), channel = %peer.channel(), "connected");
     }
     let raw_listen = match &args.raw_listen {

@@ -128,7 +128,7 @@ impl Queues {
         let queues = self.clone();
         self.push(peer, 0, async move {
             if let Err(e) = to.send(msg).await {
-                limited_warn!(queues.log, peer = %to.name(), "reply failed: {e}");
+                limited_warn!(queues.log, peer = %to.name(), "reply failed: {}", e.chain());
             }
         });
     }
@@ -257,7 +257,7 @@ impl Server {
                     .await;
                     if let Ok(receipt) = receipt {
                         if let Err(e) = to.send(receipt).await {
-                            limited_warn!(queues.log, peer = %to.name(), "reply failed: {e}");
+                            limited_warn!(queues.log, peer = %to.name(), "reply failed: {}", e.chain());
                         }
                     }
                 });
@@ -274,7 +274,7 @@ impl Server {
                     match prepared {
                         Ok(payload) => {
                             if let Err(e) = to.send(payload).await {
-                                limited_warn!(queues.log, peer = %to.name(), "reply failed: {e}");
+                                limited_warn!(queues.log, peer = %to.name(), "reply failed: {}", e.chain());
                             }
                         }
                         Err(e) => limited_warn!(queues.log, peer = %to.name(), "cannot prepare a payload: {e:#}"),
@@ -310,7 +310,7 @@ impl Server {
                         }
                         Err(e) => self.queues.reply(&from, BlobReceipt::failed(work.id, e.to_string())),
                     },
-                    Err(e) => self.queues.reply(&from, BlobReceipt::failed(0, e.to_string())),
+                    Err(e) => self.queues.reply(&from, BlobReceipt::failed(0, e.chain().to_string())),
                 }
             }
             Blob::TYPE_NAME => {
@@ -355,7 +355,7 @@ impl Server {
                 let (to, queues) = (next.clone(), self.queues.clone());
                 self.queues.push(&next, cost, async move {
                     if let Err(e) = to.send(hold).await {
-                        limited_warn!(queues.log, peer = %to.name(), "cannot forward: {e}");
+                        limited_warn!(queues.log, peer = %to.name(), "cannot forward: {}", e.chain());
                     }
                 });
             }
@@ -527,7 +527,7 @@ async fn take_and_report(node: &Node, take: Take) {
                 };
                 match p.send(forwarded).await {
                     Ok(()) => ("forwarded".to_string(), String::new()),
-                    Err(e) => (protocol::error_kind(&e), e.to_string()),
+                    Err(e) => (protocol::error_kind(&e), e.chain().to_string()),
                 }
             }
             None => ("no-peer".into(), format!("no peer {next}")),
@@ -540,7 +540,7 @@ async fn take_and_report(node: &Node, take: Take) {
             Ok(bytes) if protocol::digest(&bytes) == take.digest => ("ok".into(), String::new()),
             Ok(_) => ("corrupt".into(), "bytes differ from the digest".into()),
             // The runtime checks the ticket's digest too.
-            Err(e) => (protocol::error_kind(&e), e.to_string()),
+            Err(e) => (protocol::error_kind(&e), e.chain().to_string()),
         },
         (None, None) if protocol::digest(&take.data) == take.digest => ("ok".into(), String::new()),
         (None, None) => ("corrupt".into(), "bytes differ from the digest".into()),

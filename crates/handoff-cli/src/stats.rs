@@ -34,7 +34,7 @@ pub async fn run(args: StatsArgs) -> Result<()> {
     let peer = me
         .connect(&args.connect)
         .await
-        .with_context(|| format!("connecting to {}", args.connect))?;
+        .map_err(|e| crate::dial::naming(&args.connect, e, None))?;
     peer.send(StatsRequest {}).await?;
     let stats: Stats = loop {
         let env = me

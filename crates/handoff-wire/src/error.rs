@@ -106,8 +106,9 @@ pub enum WireError {
         /// Frames in the message.
         count: usize,
     },
-    /// The body refers to a resource key the receiving node cannot bind.
-    #[error("{0}")]
+    /// The body refers to a resource key the receiving node cannot bind. (Transparent: its
+    /// text is the resource error's, which is not repeated as a source.)
+    #[error(transparent)]
     UnknownResource(#[from] crate::resource::ResourceError),
     /// The body could not be decoded into the requested type.
     #[error("cannot decode body of type {type_name:?}: {reason}")]

@@ -48,7 +48,7 @@ fn log_accept(node: &NodeInner, label: &str, result: &Result<Peer>) {
             "accepted peer"
         ),
         Err(e) => {
-            limited_warn!(node.ctx.accept_log, node = %node.ctx.me.name, from = %label, "refused connection: {e}")
+            limited_warn!(node.ctx.accept_log, node = %node.ctx.me.name, from = %label, "refused connection: {}", e.chain())
         }
     }
 }

@@ -93,7 +93,8 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
             tracing::warn!(
                 node = %node.ctx.me.name,
                 peer = %peer.name(),
-                "same-host peer, but its Unix socket {path} cannot be reached ({e}); falling back to tcp"
+                "same-host peer, but its Unix socket {path} cannot be reached ({}); falling back to tcp",
+                e.chain()
             );
             Ok(peer)
         }

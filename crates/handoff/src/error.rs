@@ -4,10 +4,16 @@ use handoff_wire::{EncodeError, WireError};
 use thiserror::Error;
 
 /// What can go wrong while running a node, connecting or exchanging messages.
+///
+/// A variant that wraps another error (`Io`) says only what was being done in its
+/// `Display`, and gives the cause as its [`source`](std::error::Error::source), as Rust's
+/// error conventions ask: print an error with its chain (`{:#}` of an `anyhow::Error`, or
+/// [`Error::chain`]) to see both, each once.
 #[derive(Debug, Error)]
 pub enum Error {
-    /// A socket or file operation failed.
-    #[error("{context}: {source}")]
+    /// A socket or file operation failed. `Display` is the context alone; the I/O error is
+    /// the `source`.
+    #[error("{context}")]
     Io {
         /// What was being done.
         context: String,
@@ -128,6 +134,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// This error followed by its sources, `: ` between them, each once: what a log line
+    /// or a message to a peer should show.
+    pub fn chain(&self) -> Chain<'_> {
+        Chain(self)
+    }
+
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Error {
         Error::Io {
             context: context.into(),
@@ -136,5 +148,84 @@ impl Error {
     }
 }
 
+/// An error and its sources, displayed as one line (see [`Error::chain`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Chain<'e>(pub &'e (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            write!(f, ": {e}")?;
+            next = e.source();
+        }
+        Ok(())
+    }
+}
+
 /// Result with the runtime's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error and its sources, as anyhow's `{:#}` and `Chain` print them.
+    fn chain_of(e: &(dyn std::error::Error + 'static)) -> Vec<String> {
+        let mut out = vec![e.to_string()];
+        let mut next = e.source();
+        while let Some(s) = next {
+            out.push(s.to_string());
+            next = s.source();
+        }
+        out
+    }
+
+    /// No link of the chain repeats the text of the link after it: a cause is said once.
+    fn assert_said_once(e: &(dyn std::error::Error + 'static)) {
+        let links = chain_of(e);
+        for pair in links.windows(2) {
+            assert!(
+                !pair[0].contains(&pair[1]),
+                "{:?} repeats its source {:?} (chain: {links:?})",
+                pair[0],
+                pair[1]
+            );
+        }
+    }
+
+    #[test]
+    fn an_io_error_is_named_once_in_its_chain() {
+        let refused = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let e = Error::io("connecting to 127.0.0.1:1", refused);
+        assert_said_once(&e);
+        assert_eq!(e.to_string(), "connecting to 127.0.0.1:1");
+        let shown = e.chain().to_string();
+        assert_eq!(shown, "connecting to 127.0.0.1:1: Connection refused");
+        assert_eq!(shown.matches("refused").count(), 1, "{shown}");
+    }
+
+    #[test]
+    fn wrapped_errors_are_named_once_in_their_chain() {
+        let resource = handoff_wire::ResourceError::Unknown {
+            key: "db".into(),
+            node: "n".into(),
+            available: vec![],
+        };
+        let cases = [
+            Error::Wire(WireError::UnknownResource(resource)),
+            Error::Wire(WireError::AuthFailed("wrong secret".into())),
+            Error::Encode(EncodeError("no".into())),
+            Error::PeerClosed("p".into()),
+            Error::Refused {
+                peer: "p".into(),
+                code: "auth-failed".into(),
+                message: "m".into(),
+            },
+        ];
+        for e in &cases {
+            assert_said_once(e);
+        }
+    }
+}

@@ -67,7 +67,7 @@ mod unix;
 
 pub use builder::NodeBuilder;
 pub use envelope::Envelope;
-pub use error::{Error, Result};
+pub use error::{Chain, Error, Result};
 pub use handoff_proto::bounds::{self, Bounds};
 pub use handoff_proto::LogLimiter;
 pub use handoff_proto::{identity, log_limit};

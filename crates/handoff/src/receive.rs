@@ -106,7 +106,7 @@ pub(crate) async fn read_loop<R>(
             }
         }
         Err(e) => {
-            limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "closing connection: {e}");
+            limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "closing connection: {}", e.chain());
             peer.0.shutdown_writing().await;
         }
     }
@@ -386,7 +386,7 @@ async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, owner_answer: Owner
             tokio::spawn(async move {
                 let answer = Header::Ticket(TicketOp::Pulled { req, len });
                 if let Err(e) = peer.write_control(&answer, &[bytes]).await {
-                    tracing::debug!(peer = %peer.name(), "could not answer a pull: {e}");
+                    tracing::debug!(peer = %peer.name(), "could not answer a pull: {}", e.chain());
                 }
                 drop(place);
             });
@@ -479,7 +479,7 @@ async fn redeem_all(envelope: &mut Envelope) {
                     *frame = bytes;
                 }
                 Err(e) => {
-                    limited_warn!(envelope.from.0.log, from = %envelope.from.name(), "a ticket could not be redeemed: {e}");
+                    limited_warn!(envelope.from.0.log, from = %envelope.from.name(), "a ticket could not be redeemed: {}", e.chain());
                     envelope.payload = Payload::Failed(e);
                     return;
                 }

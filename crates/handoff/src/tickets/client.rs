@@ -65,7 +65,7 @@ impl NodeInner {
                     format!("connecting took over {:?}", self.ctx.pull_timeout),
                 )
             })?
-            .map_err(|e| lost(claim, owner, format!("cannot connect: {e}")))?;
+            .map_err(|e| lost(claim, owner, format!("cannot connect: {}", e.chain())))?;
         if peer.endpoint().node_id != claim.owner {
             connection::close(&peer).await;
             return Err(lost(
@@ -118,7 +118,7 @@ impl NodeInner {
             .insert(req, Pending { tx, hash, len });
         if let Err(e) = peer.write_control(&Header::Ticket(op(req)), &[]).await {
             peer.0.pending.lock().expect("pending lock").remove(&req);
-            return Err(lost(claim, owner, format!("sending the {what}: {e}")));
+            return Err(lost(claim, owner, format!("sending the {what}: {}", e.chain())));
         }
         match tokio::time::timeout(self.ctx.pull_timeout, rx).await {
             Ok(Ok(answer)) => answer.map_err(|e| match e {
