@@ -198,6 +198,11 @@ impl Handshake {
         &self.status
     }
 
+    /// The protocol version the preambles chose, once they were exchanged.
+    pub fn version(&self) -> Option<u16> {
+        (self.version != NOT_YET).then_some(self.version)
+    }
+
     /// Whether the handshake is over (done or failed).
     pub fn is_over(&self) -> bool {
         matches!(self.status, Status::Done(_) | Status::Failed(_))
