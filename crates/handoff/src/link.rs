@@ -5,11 +5,10 @@
 //! and the connection is shut down in both directions, so that its reader ends too and
 //! only that peer's sends fail (spec §9.1).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -25,6 +24,7 @@ use crate::tcp::TcpWriter;
 use crate::tickets::owner::WhenFull;
 use crate::unix::UnixWriter;
 use crate::{Error, Result};
+use handoff_proto::shm::leases::{route_frame, FrameRoute, ShmLeases};
 
 /// How messages reach a peer.
 pub(crate) enum Link {
@@ -136,27 +136,18 @@ pub struct LeaseStats {
     pub bytes: usize,
 }
 
-#[derive(Default)]
-struct LeaseBook {
-    held: HashMap<u64, Held>,
-    bytes: u64,
-}
-
 /// The sending state of a same-host connection.
 pub(crate) struct ShmLink {
     pub(crate) writer: Mutex<UnixWriter>,
-    /// What we keep alive for the peer until it releases each lease.
-    leases: StdMutex<LeaseBook>,
+    /// What we keep alive for the peer until it releases each lease (spec §7.4), bounded
+    /// in bytes and count (§9.1).
+    leases: StdMutex<ShmLeases<Held>>,
     /// Signalled when the peer releases leases (a send waiting for room wakes up).
     released: Notify,
-    next_lease: AtomicU64,
     /// Buffers at least this large go through shared memory.
     threshold: usize,
     /// Send only sealed segments (fresh memfd, sealed against change).
     sealed: bool,
-    /// Most bytes and leases held for this peer (spec §7.4, §9.1).
-    max_bytes: u64,
-    max_leases: usize,
     /// What a send does when the peer holds that much already.
     when_full: WhenFull,
     write_timeout: Duration,
@@ -166,13 +157,13 @@ impl ShmLink {
     pub(crate) fn new(writer: UnixWriter, ctx: &Context) -> ShmLink {
         ShmLink {
             writer: Mutex::new(writer),
-            leases: StdMutex::default(),
+            leases: StdMutex::new(ShmLeases::new(
+                ctx.bounds.max_shm_lease_bytes_per_peer,
+                ctx.bounds.max_shm_leases_per_peer,
+            )),
             released: Notify::new(),
-            next_lease: AtomicU64::new(1),
             threshold: ctx.shm_threshold,
             sealed: ctx.shm_sealed,
-            max_bytes: ctx.bounds.max_shm_lease_bytes_per_peer,
-            max_leases: ctx.bounds.max_shm_leases_per_peer,
             when_full: ctx.leases.config.when_full,
             write_timeout: ctx.bounds.write_timeout,
         }
@@ -180,17 +171,7 @@ impl ShmLink {
 
     /// Ends the leases the peer released.
     pub(crate) fn release(&self, leases: &[u64]) -> usize {
-        let ended = {
-            let mut book = self.leases.lock().expect("leases lock");
-            let mut ended = 0;
-            for l in leases {
-                if let Some(h) = book.held.remove(l) {
-                    book.bytes -= h.bytes() as u64;
-                    ended += 1;
-                }
-            }
-            ended
-        };
+        let ended = self.leases.lock().expect("leases lock").release(leases);
         if ended > 0 {
             self.released.notify_waiters();
         }
@@ -199,22 +180,16 @@ impl ShmLink {
 
     /// Ends every lease (the peer is gone).
     pub(crate) fn release_all(&self) -> usize {
-        let n = {
-            let mut book = self.leases.lock().expect("leases lock");
-            let n = book.held.len();
-            book.held.clear();
-            book.bytes = 0;
-            n
-        };
+        let n = self.leases.lock().expect("leases lock").release_all();
         self.released.notify_waiters();
         n
     }
 
     pub(crate) fn stats(&self) -> LeaseStats {
-        let book = self.leases.lock().expect("leases lock");
+        let (count, bytes) = self.leases.lock().expect("leases lock").held();
         LeaseStats {
-            count: book.held.len(),
-            bytes: book.bytes as usize,
+            count,
+            bytes: bytes as usize,
         }
     }
 
@@ -230,30 +205,21 @@ impl ShmLink {
             let released = self.released.notified();
             tokio::pin!(released);
             released.as_mut().enable();
-            {
-                let mut book = self.leases.lock().expect("leases lock");
-                let room =
-                    book.held.is_empty() || (book.bytes + bytes <= self.max_bytes && book.held.len() < self.max_leases);
-                if room {
-                    let lease = self.next_lease.fetch_add(1, Ordering::Relaxed);
-                    book.bytes += bytes;
-                    book.held.insert(lease, held.clone_handle());
-                    return Ok(lease);
-                }
-                if give_up.is_none_or(|g| tokio::time::Instant::now() >= g) {
+            let refused = self
+                .leases
+                .lock()
+                .expect("leases lock")
+                .try_lease(held.clone_handle(), bytes);
+            match refused {
+                Ok(lease) => return Ok(lease),
+                Err((_, reason)) if give_up.is_none_or(|g| tokio::time::Instant::now() >= g) => {
                     return Err(Error::LeaseCap {
                         peer: peer.to_string(),
                         bytes,
-                        reason: format!(
-                            "{} bytes in {} shared-memory leases are held for it (at most {} bytes and {} leases), \
-                             and it released none in time",
-                            book.bytes,
-                            book.held.len(),
-                            self.max_bytes,
-                            self.max_leases
-                        ),
+                        reason,
                     });
                 }
+                Err(_) => {}
             }
             let _ = tokio::time::timeout_at(give_up.expect("checked above"), released).await;
         }
@@ -327,22 +293,25 @@ impl ShmLink {
                 Planned::Bytes(frame) => frame,
             };
             // One read takes at most MAX_FDS_PER_READ descriptors: frames past that go inline.
-            let room = passing.len() < crate::unix::MAX_FDS_PER_READ;
-            let origin_ok = room && shm::origin_of(&frame).is_some_and(|o| !self.sealed || o.sealed());
-            let shared = if !room {
-                None
-            } else if origin_ok {
-                Some(Held::Buffer(frame.clone()))
-            } else if frame.len() >= self.threshold && !frame.is_empty() {
-                Some(if self.sealed {
-                    Held::Sealed(Arc::new(
-                        shm::sealed_copy(&frame).map_err(|e| Error::io("copying into a sealed segment", e))?,
-                    ))
-                } else {
-                    Held::Buffer(shm::copy_in(&frame).map_err(|e| Error::io("copying into shared memory", e))?)
-                })
-            } else {
-                None
+            let origin = shm::origin_of(&frame);
+            let route = route_frame(
+                frame.len(),
+                origin.is_some(),
+                origin.is_some_and(|o| o.sealed()),
+                passing.len(),
+                crate::unix::MAX_FDS_PER_READ,
+                self.threshold,
+                self.sealed,
+            );
+            let shared = match route {
+                FrameRoute::Segment => Some(Held::Buffer(frame.clone())),
+                FrameRoute::CopySealed => Some(Held::Sealed(Arc::new(
+                    shm::sealed_copy(&frame).map_err(|e| Error::io("copying into a sealed segment", e))?,
+                ))),
+                FrameRoute::CopyIn => Some(Held::Buffer(
+                    shm::copy_in(&frame).map_err(|e| Error::io("copying into shared memory", e))?,
+                )),
+                FrameRoute::Inline => None,
             };
             match shared {
                 Some(held) => {

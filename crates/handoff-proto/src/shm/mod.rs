@@ -1,10 +1,12 @@
-//! Shared memory for same-host peers, the part with no waiting in it: the pool of memfd
+//! Shared memory for same-host peers, the part with no waiting in it: the sender's leases
+//! for each peer and how each frame travels ([`leases`]), the pool of memfd
 //! segments a sender writes frames into, and the cache of a receiver's read-only mappings of
 //! its peers' segments (keyed by the segment's device and inode).
 //!
 //! Creating, sealing and mapping a memfd are system calls, but none waits on a peer; both
 //! drivers (tokio and asyncio) share this module.
 
+pub mod leases;
 pub mod mapping;
 pub mod segment;
 
