@@ -2,7 +2,7 @@
 //!
 //! What runs here so far is the codec of plain messages ([`plain`], see `docs/native.md`):
 //! packing bodies of plain Python values, and reading the `msg` headers that encoders lay
-//! out as they always do.
+//! out as they always do, on handoff-wire's msgpack reader.
 
 use pyo3::prelude::*;
 
