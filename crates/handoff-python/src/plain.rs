@@ -4,12 +4,16 @@
 //! - [`PlainCodec::pack`] packs a body of plain Python values (what `handoff.codec`'s walk
 //!   would leave as it is) into the canonical msgpack of spec §2, or says it is not plain.
 //! - [`PlainCodec::message`] writes a whole framed `msg` header for such a body.
-//! - [`plain_msg`] reads a header laid out exactly as encoders write a frameless `msg`.
+//! - [`plain_msg`] reads a header laid out exactly as encoders write a frameless `msg`, and
+//!   [`inline_msg`] one whose frames are all inline, both on handoff-wire's msgpack
+//!   [`Reader`] (this module only checks that each value took its shortest form).
 //!
 //! Every answer is either exactly what the Python path gives or "not plain" (`None`), in
 //! which case the caller takes the Python path, which decides and words any error. The
 //! tests check both paths byte for byte (`python/tests/test_native_plain.py`).
 
+use handoff_wire::header::MAX_HEADER_DEPTH;
+use handoff_wire::msgpack::Reader;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
@@ -279,53 +283,73 @@ impl PlainCodec {
     }
 }
 
-/// The length of the str at `buf[pos]` and where its bytes start: fixstr, or str8 for 32
-/// bytes and more (the forms encoders write for a type name); `None` for anything else.
-fn read_str_len(buf: &[u8], pos: usize) -> Option<(usize, usize)> {
-    match *buf.get(pos)? {
-        tag @ 0xa0..=0xbf => Some(((tag & 0x1f) as usize, pos + 1)),
-        0xd9 => {
-            let n = *buf.get(pos + 1)? as usize;
-            (n >= 32).then_some((n, pos + 2))
-        }
-        _ => None,
+/// A reader over a header. The layouts read here hold a handful of values and an array
+/// at the second level; [`MAX_HEADER_DEPTH`] is the header's own nesting bound, and the
+/// caller holds the values to `Limits::max_header_values`.
+fn header_reader(buf: &[u8]) -> Reader<'_> {
+    Reader::new(buf, u32::MAX, MAX_HEADER_DEPTH)
+}
+
+/// Bytes the shortest form of a str of `n` bytes puts before them.
+fn str_head(n: usize) -> usize {
+    match n {
+        0..32 => 1,
+        32..0x100 => 2,
+        0x100..0x1_0000 => 3,
+        _ => 5,
     }
 }
 
-/// The big-endian number of `width` bytes after the tag at `buf[pos]`, if it is at least
-/// `min` (a number in msgpack's shortest form), and where it ends.
-fn read_be(buf: &[u8], pos: usize, width: usize, min: u64) -> Option<(u64, usize)> {
-    let bytes = buf.get(pos + 1..pos + 1 + width)?;
-    let n = bytes.iter().fold(0u64, |acc, &b| acc << 8 | b as u64);
-    (n >= min).then_some((n, pos + 1 + width))
+/// Bytes the shortest form of a bin of `n` bytes puts before them.
+fn bin_head(n: usize) -> usize {
+    match n {
+        0..0x100 => 2,
+        0x100..0x1_0000 => 3,
+        _ => 5,
+    }
 }
 
-/// The length of the bin at `buf[pos]` in its shortest form and where its bytes start.
-fn read_bin_len(buf: &[u8], pos: usize) -> Option<(usize, usize)> {
-    let (width, min) = match *buf.get(pos)? {
-        0xc4 => (1, 0),
-        0xc5 => (2, 1 << 8),
-        0xc6 => (4, 1 << 16),
-        _ => return None,
-    };
-    let (n, end) = read_be(buf, pos, width, min)?;
-    Some((usize::try_from(n).ok()?, end))
+/// Bytes the shortest form of an array of `n` elements puts before them.
+fn array_head(n: usize) -> usize {
+    match n {
+        0..16 => 1,
+        16..0x1_0000 => 3,
+        _ => 5,
+    }
+}
+
+/// Bytes of the shortest form of the unsigned integer `v`.
+fn uint_size(v: u64) -> usize {
+    match v {
+        0..0x80 => 1,
+        0x80..0x100 => 2,
+        0x100..0x1_0000 => 3,
+        0x1_0000..0x1_0000_0000 => 5,
+        _ => 9,
+    }
 }
 
 /// The `t` and `b` of a `msg` header that begins as encoders write it (`{"k": "msg", "t":
-/// str, "b": bin, ...`, each length in its shortest form), and where `b` ends.
-fn read_t_b(buf: &[u8]) -> Option<(&str, &[u8], usize)> {
+/// str, "b": bin, ...`, `t` a fixstr or a str8 of 32 bytes and more — the forms encoders
+/// write for a type name — and `b` in its shortest form), and the reader just after `b`.
+fn read_t_b(buf: &[u8]) -> Option<(&str, &[u8], Reader<'_>)> {
     if !buf.starts_with(MSG_HEAD) {
         return None;
     }
-    let (n, pos) = read_str_len(buf, MSG_HEAD.len())?;
-    let t = std::str::from_utf8(buf.get(pos..pos + n)?).ok()?;
-    let pos = pos + n;
-    if buf.get(pos..pos + 2)? != MSG_B {
+    let mut r = header_reader(buf);
+    r.seek(MSG_HEAD.len());
+    if !matches!(r.peek()?, 0xa0..=0xbf | 0xd9) {
         return None;
     }
-    let (n, pos) = read_bin_len(buf, pos + 2)?;
-    Some((t, buf.get(pos..pos + n)?, pos + n))
+    let at = r.pos();
+    let t = r.read_str().ok()?;
+    if r.pos() - at != str_head(t.len()) + t.len() || buf.get(r.pos()..r.pos() + 2)? != MSG_B {
+        return None;
+    }
+    r.seek(r.pos() + 2);
+    let at = r.pos();
+    let b = r.read_bin().ok()?;
+    (r.pos() - at == bin_head(b.len()) + b.len()).then_some((t, b, r))
 }
 
 /// `(t, b)` of a `msg` header without frames laid out exactly as encoders write it — a
@@ -338,8 +362,8 @@ pub fn plain_msg<'py>(py: Python<'py>, buf: &[u8]) -> Option<(Bound<'py, PyStrin
     if !buf.ends_with(MSG_TAIL) || end <= MSG_HEAD.len() {
         return None;
     }
-    let (t, b, pos) = read_t_b(&buf[..end])?;
-    (pos == end).then(|| (PyString::new(py, t), PyBytes::new(py, b)))
+    let (t, b, r) = read_t_b(&buf[..end])?;
+    r.at_end().then(|| (PyString::new(py, t), PyBytes::new(py, b)))
 }
 
 /// `, "f": ` before the frame descriptors of a `msg`.
@@ -348,55 +372,45 @@ const MSG_F: &[u8] = b"\xa1f";
 /// `{"k": "inline", "n": ` as encoders write an inline frame's descriptor.
 const INLINE_HEAD: &[u8] = b"\x82\xa1k\xa6inline\xa1n";
 
-/// A uint in its shortest form at `buf[pos]`, and where it ends.
-fn read_uint(buf: &[u8], pos: usize) -> Option<(u64, usize)> {
-    let (width, min) = match *buf.get(pos)? {
-        tag @ 0x00..=0x7f => return Some((tag as u64, pos + 1)),
-        0xcc => (1, 1 << 7),
-        0xcd => (2, 1 << 8),
-        0xce => (4, 1 << 16),
-        0xcf => (8, 1 << 32),
-        _ => return None,
-    };
-    read_be(buf, pos, width, min)
-}
-
-/// The length of an array at `buf[pos]` in its shortest form (fixarray, or array16 for 16
-/// and more) and where its items start.
-fn read_array_len(buf: &[u8], pos: usize) -> Option<(usize, usize)> {
-    match *buf.get(pos)? {
-        tag @ 0x90..=0x9f => Some(((tag & 0x0f) as usize, pos + 1)),
-        0xdc => {
-            let n = u16::from_be_bytes(buf.get(pos + 1..pos + 3)?.try_into().ok()?) as usize;
-            (n >= 16).then_some((n, pos + 3))
-        }
-        _ => None,
-    }
-}
-
 /// `(t, b, [n, ...])` of a `msg` header whose frames are all inline, laid out exactly as
-/// encoders write it — `k`, `t`, `b`, `f` in that order, each descriptor `{"k": "inline",
-/// "n": n}`, every length and number in its shortest form, nothing after — or `None`. The
+/// encoders write it — `k`, `t`, `b`, `f` in that order, `f` a fixarray or an array16 of 16
+/// and more, each descriptor `{"k": "inline", "n": n}` with `n` a positive fixint or a
+/// uint, every length and number in its shortest form, nothing after — or `None`. The
 /// caller checks the limits (frame count, sizes, header values) and leaves anything over
 /// one to the two-pass decoder, which words the error.
 #[pyfunction]
 #[allow(clippy::type_complexity)]
 pub fn inline_msg<'py>(py: Python<'py>, buf: &[u8]) -> Option<(Bound<'py, PyString>, Bound<'py, PyBytes>, Vec<u64>)> {
-    let (t, b, pos) = read_t_b(buf)?;
-    if buf.get(pos..pos + 2)? != MSG_F {
+    let (t, b, mut r) = read_t_b(buf)?;
+    if buf.get(r.pos()..r.pos() + 2)? != MSG_F {
         return None;
     }
-    let (count, mut pos) = read_array_len(buf, pos + 2)?;
+    r.seek(r.pos() + 2);
+    if !matches!(r.peek()?, 0x90..=0x9f | 0xdc) {
+        return None;
+    }
+    let at = r.pos();
+    let count = r.read_array_len(2).ok()? as usize;
+    if r.pos() - at != array_head(count) {
+        return None;
+    }
     let mut sizes = Vec::with_capacity(count.min(1024));
     for _ in 0..count {
-        if buf.get(pos..pos + INLINE_HEAD.len())? != INLINE_HEAD {
+        if buf.get(r.pos()..r.pos() + INLINE_HEAD.len())? != INLINE_HEAD {
             return None;
         }
-        let (n, next) = read_uint(buf, pos + INLINE_HEAD.len())?;
+        r.seek(r.pos() + INLINE_HEAD.len());
+        if !matches!(r.peek()?, 0x00..=0x7f | 0xcc..=0xcf) {
+            return None;
+        }
+        let at = r.pos();
+        let n = r.read_uint(64).ok()?;
+        if r.pos() - at != uint_size(n) {
+            return None;
+        }
         sizes.push(n);
-        pos = next;
     }
-    if pos != buf.len() || sizes.is_empty() {
+    if !r.at_end() || sizes.is_empty() {
         return None;
     }
     Some((PyString::new(py, t), PyBytes::new(py, b), sizes))

@@ -21,7 +21,7 @@ mod error;
 pub mod framing;
 pub mod header;
 mod limits;
-mod msgpack;
+pub mod msgpack;
 pub mod preamble;
 pub mod resource;
 pub mod route;

@@ -9,6 +9,10 @@
 //!
 //! The `write_*` functions append the canonical encoding of §2: the smallest format that
 //! fits, bin for bytes, str for text.
+//!
+//! [`Reader`] and [`ReadError`] are public so that a crate that reads msgpack outside this
+//! one (the Python extension, for its fast path over headers) uses this reader rather than
+//! one of its own; the writers and the rest stay this crate's.
 
 use std::fmt;
 
@@ -76,14 +80,14 @@ impl Family {
     }
 }
 
-/// A failed read: what went wrong, at which byte offset of the input. (Small, so that the
-/// results of reads stay small.)
+/// A failed read: what went wrong, at which byte offset of the input (its `Display` says
+/// both). (Small, so that the results of reads stay small.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ReadError {
+pub struct ReadError {
     /// Offset of the value (or of the byte) that failed.
-    pub offset: u32,
+    pub(crate) offset: u32,
     /// What went wrong.
-    pub problem: Problem,
+    pub(crate) problem: Problem,
 }
 
 impl fmt::Display for ReadError {
@@ -149,8 +153,12 @@ pub(crate) fn check_utf8(bytes: &[u8], offset: usize) -> Result<()> {
 }
 
 /// A strict msgpack reader over `bytes`: a cursor, a value budget and a nesting limit.
+///
+/// Each typed read accepts every encoding of its msgpack family, canonical or not: a caller
+/// that wants one layout only checks the markers ([`Reader::peek`]) and the bytes a read
+/// took ([`Reader::pos`]) itself.
 #[derive(Debug, Clone)]
-pub(crate) struct Reader<'a> {
+pub struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
     values: u32,
