@@ -6,7 +6,7 @@
 //! only that peer's sends fail (spec §9.1).
 
 use std::future::Future;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::BorrowedFd;
 use std::pin::Pin;
 
 use std::sync::{Arc, Mutex as StdMutex};
@@ -19,7 +19,7 @@ use tokio::sync::{Mutex, Notify};
 
 use crate::context::Context;
 use crate::payload::Payload;
-use crate::shm::{self, Held};
+use crate::shm::{self, Held, PassFd, ShmOrigin};
 use crate::tcp::TcpWriter;
 use crate::tickets::owner::WhenFull;
 use crate::unix::UnixWriter;
@@ -237,7 +237,7 @@ impl ShmLink {
         let mut descriptors = Vec::with_capacity(frames.len());
         let mut inline = Vec::new();
         // Local handles on what the fds belong to, so they stay open while we send.
-        let mut passing: Vec<Held> = Vec::new();
+        let mut passing: Vec<(Held, PassFd)> = Vec::new();
         let mut leased: Vec<u64> = Vec::new();
         let result = self
             .plan_frames(frames, &mut descriptors, &mut inline, &mut passing, &mut leased, label)
@@ -263,7 +263,7 @@ impl ShmLink {
                 reason: Box::new(reason),
             });
         }
-        let fds: Vec<_> = passing.iter().map(Held::fd).collect();
+        let fds: Vec<_> = passing.iter().map(|(_, fd)| fd.as_fd()).collect();
         let mut w = self.writer.lock().await;
         let sent = match w.send_with_fds(&head, &fds, self.write_timeout).await {
             Ok(()) => crate::io::write_all_vectored(&mut *w, &[], &inline, self.write_timeout).await,
@@ -280,7 +280,7 @@ impl ShmLink {
         frames: Vec<Planned>,
         descriptors: &mut Vec<Descriptor>,
         inline: &mut Vec<Buffer>,
-        passing: &mut Vec<Held>,
+        passing: &mut Vec<(Held, PassFd)>,
         leased: &mut Vec<u64>,
         label: &str,
     ) -> Result<()> {
@@ -293,10 +293,12 @@ impl ShmLink {
                 Planned::Bytes(frame) => frame,
             };
             // One read takes at most MAX_FDS_PER_READ descriptors: frames past that go inline.
+            // A received segment can be passed on only while its descriptor is kept.
             let origin = shm::origin_of(&frame);
+            let pass = origin.and_then(ShmOrigin::pass_fd);
             let route = route_frame(
                 frame.len(),
-                origin.is_some(),
+                pass.is_some(),
                 origin.is_some_and(|o| o.sealed()),
                 passing.len(),
                 crate::unix::MAX_FDS_PER_READ,
@@ -304,17 +306,23 @@ impl ShmLink {
                 self.sealed,
             );
             let shared = match route {
-                FrameRoute::Segment => Some(Held::Buffer(frame.clone())),
-                FrameRoute::CopySealed => Some(Held::Sealed(Arc::new(
-                    shm::sealed_copy(&frame).map_err(|e| Error::io("copying into a sealed segment", e))?,
-                ))),
-                FrameRoute::CopyIn => Some(Held::Buffer(
-                    shm::copy_in(&frame).map_err(|e| Error::io("copying into shared memory", e))?,
-                )),
+                FrameRoute::Segment => Some((Held::Buffer(frame.clone()), pass.expect("route_frame checked it"))),
+                FrameRoute::CopySealed => {
+                    let copy =
+                        Arc::new(shm::sealed_copy(&frame).map_err(|e| Error::io("copying into a sealed segment", e))?);
+                    Some((Held::Sealed(copy.clone()), PassFd::Sealed(copy)))
+                }
+                FrameRoute::CopyIn => {
+                    let copy = shm::copy_in(&frame).map_err(|e| Error::io("copying into shared memory", e))?;
+                    let fd = shm::origin_of(&copy)
+                        .and_then(ShmOrigin::pass_fd)
+                        .expect("a segment of our pool");
+                    Some((Held::Buffer(copy), fd))
+                }
                 FrameRoute::Inline => None,
             };
             match shared {
-                Some(held) => {
+                Some((held, fd)) => {
                     let (offset, size, sealed) = match &held {
                         Held::Buffer(b) => {
                             let o = shm::origin_of(b).expect("a shared buffer has its origin");
@@ -336,7 +344,7 @@ impl ShmLink {
                         lease,
                         sealed,
                     });
-                    passing.push(held);
+                    passing.push((held, fd));
                 }
                 None => {
                     descriptors.push(Descriptor::Inline {
@@ -355,13 +363,6 @@ impl Held {
         match self {
             Held::Buffer(b) => Held::Buffer(b.clone()),
             Held::Sealed(s) => Held::Sealed(s.clone()),
-        }
-    }
-
-    fn fd(&self) -> BorrowedFd<'_> {
-        match self {
-            Held::Buffer(b) => shm::origin_of(b).expect("a shared buffer has its origin").fd(),
-            Held::Sealed(s) => s.fd.as_fd(),
         }
     }
 }

@@ -5,19 +5,30 @@
 //! A received segment must be sealed against shrinking (spec §7.2), so no read of a
 //! mapping can fault. A small window of a much larger segment is mapped alone (its pages
 //! only), so that a peer cannot make this process map terabytes of sparse segments.
+//!
+//! A mapping keeps no descriptor: a mapped file stays mapped after its descriptor is closed,
+//! and the cache finds a segment again by its (device, inode). So received frames held by
+//! the thousand cost no descriptors. The only use of a received segment's descriptor is to
+//! pass the segment on to a third node with no copy (forwarding); for that the cache keeps
+//! the descriptors of the [`FORWARDABLE`] segments received last, and a buffer of an older
+//! one is copied when it is forwarded.
 
-use std::collections::HashMap;
-use std::fs::File;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use memmap2::{Mmap, MmapOptions};
 use rustix::fs::SealFlags;
 
+/// Received segments whose descriptors the cache keeps, so that their buffers can be
+/// forwarded with no copy: the ones received last.
+pub const FORWARDABLE: usize = 64;
+
 /// A peer's segment, or the part of it around a window, mapped read-only into this process.
 pub struct Mapping {
-    file: File,
+    /// The segment's descriptor while it is among the [`FORWARDABLE`] received last.
+    fd: Mutex<Option<Arc<OwnedFd>>>,
     map: Mmap,
     inode: (u64, u64),
     sealed: bool,
@@ -28,9 +39,10 @@ pub struct Mapping {
 }
 
 impl Mapping {
-    /// The segment's memfd.
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.file.as_fd()
+    /// The segment's memfd, to pass the segment on, while the cache keeps it (see
+    /// [`FORWARDABLE`]); `None` once it was closed.
+    pub fn fd(&self) -> Option<Arc<OwnedFd>> {
+        self.fd.lock().expect("mapping fd lock").clone()
     }
 
     /// The first mapped byte (byte `file_offset` of the segment).
@@ -83,6 +95,8 @@ pub struct MappingCache {
     entries: Mutex<HashMap<(u64, u64), Vec<Entry>>>,
     tick: AtomicU64,
     max_idle_bytes: usize,
+    /// Mappings that keep their segment's descriptor, oldest first (at most [`FORWARDABLE`]).
+    with_fds: Mutex<VecDeque<Weak<Mapping>>>,
 }
 
 /// Every received segment must carry this seal (spec §7.2 rule 1).
@@ -115,7 +129,36 @@ impl MappingCache {
             entries: Mutex::default(),
             tick: AtomicU64::new(0),
             max_idle_bytes,
+            with_fds: Mutex::default(),
         }
+    }
+
+    /// Lets `mapping` keep `fd` for forwarding, closing the descriptor of the mapping that
+    /// kept one longest once more than [`FORWARDABLE`] do.
+    fn keep_fd(&self, mapping: &Arc<Mapping>, fd: OwnedFd) {
+        {
+            let mut slot = mapping.fd.lock().expect("mapping fd lock");
+            if slot.is_some() {
+                return;
+            }
+            *slot = Some(Arc::new(fd));
+        }
+        let mut kept = self.with_fds.lock().expect("mapping fds lock");
+        kept.push_back(Arc::downgrade(mapping));
+        while kept.len() > FORWARDABLE {
+            if let Some(oldest) = kept.pop_front().and_then(|w| w.upgrade()) {
+                oldest.fd.lock().expect("mapping fd lock").take();
+            }
+        }
+    }
+
+    /// Descriptors the cache keeps open now.
+    pub fn open_descriptors(&self) -> usize {
+        let kept = self.with_fds.lock().expect("mapping fds lock");
+        kept.iter()
+            .filter_map(Weak::upgrade)
+            .filter(|m| m.fd.lock().expect("mapping fd lock").is_some())
+            .count()
     }
 
     /// Maps the window `offset .. offset + len` of the segment behind `fd` (or reuses a
@@ -167,17 +210,20 @@ impl MappingCache {
             if let Some(entry) = reuse {
                 entry.last_used = tick;
                 let at = (offset - entry.mapping.file_offset) as usize;
-                return Ok((entry.mapping.clone(), at));
+                let mapping = entry.mapping.clone();
+                drop(entries);
+                self.keep_fd(&mapping, fd);
+                return Ok((mapping, at));
             }
         }
         let (start, map_len) = span(size, offset, len);
-        let file = File::from(fd);
         // SAFETY: a read-only shared mapping of a file sealed against shrinking, within the
-        // size we checked: no part of it can disappear while it is mapped.
-        let map = unsafe { MmapOptions::new().offset(start).len(map_len as usize).map(&file) }
+        // size we checked: no part of it can disappear while it is mapped (closing the
+        // descriptor later does not unmap it).
+        let map = unsafe { MmapOptions::new().offset(start).len(map_len as usize).map(&fd) }
             .map_err(|e| MapError(format!("cannot map the received segment: {e}")))?;
         let mapping = Arc::new(Mapping {
-            file,
+            fd: Mutex::new(None),
             map,
             inode,
             sealed,
@@ -189,6 +235,8 @@ impl MappingCache {
             last_used: tick,
         });
         evict(&mut entries, self.max_idle_bytes);
+        drop(entries);
+        self.keep_fd(&mapping, fd);
         Ok((mapping, (offset - start) as usize))
     }
 

@@ -2,7 +2,7 @@
 //! cached read-only mappings on the receiving side, and buffers that are views of them.
 
 use std::ops::{Deref, DerefMut};
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -20,11 +20,33 @@ pub(crate) enum ShmOrigin {
     Remote(Arc<Mapping>),
 }
 
-impl ShmOrigin {
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+/// A segment's descriptor, held open while it is passed to a peer.
+pub(crate) enum PassFd {
+    /// A segment of our pool.
+    Local(Arc<Segment>),
+    /// A received segment among those the mapping cache keeps a descriptor of.
+    Received(Arc<OwnedFd>),
+    /// A sealed copy.
+    Sealed(Arc<SealedSegment>),
+}
+
+impl PassFd {
+    pub(crate) fn as_fd(&self) -> BorrowedFd<'_> {
         match self {
-            ShmOrigin::Local(s) => s.fd(),
-            ShmOrigin::Remote(m) => m.fd(),
+            PassFd::Local(s) => s.fd(),
+            PassFd::Received(fd) => fd.as_fd(),
+            PassFd::Sealed(s) => s.fd.as_fd(),
+        }
+    }
+}
+
+impl ShmOrigin {
+    /// The segment's descriptor, if it can be passed on: always for ours; for a received
+    /// one while the mapping cache keeps its descriptor (else it is copied to be forwarded).
+    pub(crate) fn pass_fd(&self) -> Option<PassFd> {
+        match self {
+            ShmOrigin::Local(s) => Some(PassFd::Local(s.clone())),
+            ShmOrigin::Remote(m) => m.fd().map(PassFd::Received),
         }
     }
 
