@@ -26,9 +26,12 @@
 
 #![warn(missing_docs)]
 
+// This crate is the tokio driver of the protocol engine `handoff_proto` (no I/O, no async):
+// the engine decides, this crate moves bytes, descriptors and time, and keeps the public API.
 // The modules, bottom up; each uses only modules below it.
-// - leaves: error, bounds, budget, pool, hashing, log_limit, message, identity, payload,
-//   io, unix, shm, handshake, handshakes, tickets::{owner, modes, pending};
+// - leaves: error, limited_warn, budget (waiting for room), hashing, message, payload, io,
+//   unix, shm (buffers that are views of segments), handshake (drives the engine's
+//   handshake), tickets::{owner (waiting for a lease), modes, pending};
 // - context: what the parts of a running node share (`Context`), and `LocalNode`, the node
 //   as its peers and tickets reach it;
 // - link (how bytes reach a peer), tickets::holder (received tickets), peer, envelope, inbox;
