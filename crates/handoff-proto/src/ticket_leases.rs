@@ -17,6 +17,9 @@ use handoff_wire::{Buffer, TicketDigest};
 
 use crate::budget::Waker;
 
+/// A source of the time.
+pub type Clock = Box<dyn Fn() -> Instant + Send + Sync>;
+
 /// What a node does when a new lease would exceed its caps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WhenFull {
@@ -130,6 +133,9 @@ pub struct LeaseTable {
     /// Times leases ended: an issue that found no room asks again once it changed.
     generation: AtomicU64,
     waker: OnceLock<Waker>,
+    /// Where the table reads the time (deadlines and ages): the system's clock, or a
+    /// simulated one.
+    clock: Clock,
     /// The table's limits and timing.
     pub config: LeaseConfig,
     /// Most live holds on one lease (spec §9.1).
@@ -173,6 +179,11 @@ fn token_eq(a: &[u8; 32], b: &[u8]) -> bool {
 impl LeaseTable {
     /// A table with `config`'s caps and at most `max_holders` live holds per lease.
     pub fn new(config: LeaseConfig, max_holders: usize) -> LeaseTable {
+        LeaseTable::with_clock(config, max_holders, Box::new(Instant::now))
+    }
+
+    /// The same, reading the time from `clock` (a simulation's clock).
+    pub fn with_clock(config: LeaseConfig, max_holders: usize, clock: Clock) -> LeaseTable {
         LeaseTable {
             state: Mutex::new(State {
                 next_id: 1,
@@ -180,6 +191,7 @@ impl LeaseTable {
             }),
             generation: AtomicU64::new(0),
             waker: OnceLock::new(),
+            clock,
             config,
             max_holders: max_holders.max(1),
         }
@@ -229,7 +241,7 @@ impl LeaseTable {
         *st.bytes_by_peer.entry(holder.to_string()).or_default() += bytes;
         let hold = Hold {
             token,
-            deadline: Instant::now() + self.config.ttl,
+            deadline: (self.clock)() + self.config.ttl,
             expired: false,
         };
         st.leases.insert(
@@ -238,7 +250,7 @@ impl LeaseTable {
                 buffer: buffer.clone(),
                 issued_to: holder.to_string(),
                 holders: HashMap::from([(holder.to_string(), hold)]),
-                created: Instant::now(),
+                created: (self.clock)(),
             },
         );
         Ok(Issued { lease, token, digest })
@@ -270,7 +282,7 @@ impl LeaseTable {
                 format!("wrong token for lease {lease} from node {holder}"),
             ));
         }
-        if hold.expired || hold.deadline <= Instant::now() {
+        if hold.expired || hold.deadline <= (self.clock)() {
             return Err(refuse(
                 "expired",
                 format!("the hold of node {holder} on lease {lease} expired"),
@@ -328,7 +340,7 @@ impl LeaseTable {
                 to.to_string(),
                 Hold {
                     token,
-                    deadline: Instant::now() + ttl,
+                    deadline: (self.clock)() + ttl,
                     expired: false,
                 },
             );
@@ -347,7 +359,7 @@ impl LeaseTable {
                 .holders
                 .get_mut(holder)
                 .expect("checked");
-            hold.deadline = Instant::now() + ttl;
+            hold.deadline = (self.clock)() + ttl;
             Ok(())
         })
     }
@@ -377,7 +389,7 @@ impl LeaseTable {
     /// Ends holds whose deadline passed (remembering them while their lease lives);
     /// returns how many.
     pub fn expire(&self) -> usize {
-        let now = Instant::now();
+        let now = (self.clock)();
         let n = {
             let mut st = self.state.lock().expect("lease lock");
             let mut n = 0;
@@ -451,7 +463,7 @@ impl LeaseTable {
             oldest_seconds: st
                 .leases
                 .values()
-                .map(|l| l.created.elapsed().as_secs_f64())
+                .map(|l| (self.clock)().saturating_duration_since(l.created).as_secs_f64())
                 .fold(0.0, f64::max),
             expired: st.expired,
             pulls: st.pulls,
