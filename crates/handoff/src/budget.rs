@@ -26,6 +26,10 @@ impl RecvBudget {
     /// Takes room for `bytes` and `messages` in `account`, waiting until there is some.
     /// Cancel-safe: dropping the future takes nothing.
     pub(crate) async fn acquire(&self, account: &Arc<Account>, bytes: u64, messages: usize) -> Permit {
+        // Room at once (the common case) registers no waiter.
+        if let Some(p) = self.budget.try_acquire(account, bytes, messages, 0) {
+            return p;
+        }
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);

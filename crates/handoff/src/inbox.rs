@@ -38,24 +38,33 @@ impl Inbox {
 
     /// The next message, waiting until there is one.
     pub(crate) async fn pop(&self) -> Envelope {
+        // A message waiting already (the common case under load) registers no waiter.
+        if let Some(e) = self.take() {
+            return e;
+        }
         loop {
             let arrived = self.arrived.notified();
             tokio::pin!(arrived);
             arrived.as_mut().enable();
-            let (next, more) = {
-                let mut q = self.lock();
-                let next = q.try_pop();
-                (next, !q.is_empty())
-            };
-            if let Some(e) = next {
-                // Another receiver may be waiting for the next one.
-                if more {
-                    self.arrived.notify_one();
-                }
+            if let Some(e) = self.take() {
                 return e;
             }
             arrived.await;
         }
+    }
+
+    /// The next message if one waits, passing the turn on to another receiver when more do.
+    fn take(&self) -> Option<Envelope> {
+        let (next, more) = {
+            let mut q = self.lock();
+            let next = q.try_pop();
+            (next, !q.is_empty())
+        };
+        if next.is_some() && more {
+            // Another receiver may be waiting for the next one.
+            self.arrived.notify_one();
+        }
+        next
     }
 
     /// Drops every waiting message (the node shuts down).
