@@ -79,10 +79,13 @@ async fn until<T>(
             None => std::future::pending().await,
         }
     };
+    // The timer and the eviction first: a read that completes as the deadline passes does
+    // not move the handshake on (the engine refuses it too).
     tokio::select! {
-        r = fut => Woke::Done(r),
-        _ = sleep => Woke::TimedOut,
+        biased;
         _ = evict => Woke::Evicted,
+        _ = sleep => Woke::TimedOut,
+        r = fut => Woke::Done(r),
     }
 }
 
@@ -243,4 +246,93 @@ pub(crate) async fn refuse_overloaded<S: AsyncRead + AsyncWrite + Unpin>(
         send_error(stream, &WireError::Overloaded(why)).await;
     }
     let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, stream.shutdown()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use handoff_wire::framing::encode_header_into;
+    use handoff_wire::Header;
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// One dialer handshake whose peer sends its challenge and then lets the deadline pass
+    /// before the node's task runs again. Returns the kind of the node's next header.
+    async fn one_trial() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, server) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (node_sock, mut attacker) = (client.unwrap(), server.unwrap().0);
+        let node_task = tokio::spawn(async move {
+            let (r, mut w) = node_sock.into_split();
+            let mut reader = MessageReader::new(r, "peer".into(), Duration::from_secs(30));
+            let me = Endpoint {
+                node_id: "0".repeat(32),
+                name: "n".into(),
+                host_id: "h".into(),
+                process_id: "p".into(),
+                language: "rust".into(),
+                capabilities: vec!["inline".into()],
+            };
+            let limits = handoff_wire::Limits::DEFAULT;
+            let dialed = Arc::new(DialerNonces::new(Duration::from_millis(300)));
+            let admit = |_: &Ident| Ok(());
+            let ours = OurSide {
+                me: &me,
+                listen: None,
+                unix: None,
+                secret: b"s",
+                limits: &limits,
+                deadline: Instant::now() + Duration::from_millis(300),
+                write_timeout: Duration::from_secs(5),
+                progress_timeout: Duration::from_secs(30),
+                admit: &admit,
+                preamble: Preamble::OURS,
+                role: Role::Dialer,
+                dialed: &dialed,
+            };
+            let _ = handshake(&mut reader, &mut w, ours, "peer", None).await;
+        });
+        let mut pre = [0u8; 16];
+        attacker.read_exact(&mut pre).await.unwrap();
+        attacker.write_all(&pre).await.unwrap();
+        let mut len = [0u8; 4];
+        attacker.read_exact(&mut len).await.unwrap();
+        let mut ch = vec![0u8; u32::from_be_bytes(len) as usize];
+        attacker.read_exact(&mut ch).await.unwrap();
+        let mut mine = Vec::new();
+        encode_header_into(
+            &Header::Challenge {
+                version: 3,
+                nonce: vec![0x42; 32],
+            },
+            &mut mine,
+        );
+        attacker.write_all(&mine).await.unwrap();
+        // The runtime is busy (here: this thread blocks) until the deadline has passed.
+        std::thread::sleep(Duration::from_millis(400));
+        attacker.read_exact(&mut len).await.unwrap();
+        let mut next = vec![0u8; u32::from_be_bytes(len) as usize];
+        attacker.read_exact(&mut next).await.unwrap();
+        let kind = Header::decode(&next, &handoff_wire::Limits::DEFAULT)
+            .map(|h| h.kind().to_string())
+            .unwrap_or_default();
+        node_task.abort();
+        kind
+    }
+
+    /// A peer's challenge read only after the deadline (the runtime was busy) gets no proof.
+    #[tokio::test(flavor = "current_thread")]
+    async fn input_read_after_the_deadline_gets_no_proof() {
+        let mut late = 0;
+        let trials = 10;
+        for _ in 0..trials {
+            if one_trial().await == "auth" {
+                late += 1;
+            }
+        }
+        assert_eq!(
+            late, 0,
+            "{late} of {trials} handshakes acted on input read after their deadline"
+        );
+    }
 }

@@ -58,6 +58,11 @@ impl Input {
         whole - self.buf.len()
     }
 
+    /// The whole item's length and the bytes of it that arrived (for `truncated`).
+    pub(super) fn progress(&self) -> (usize, usize) {
+        (self.wants() + self.buf.len(), self.buf.len())
+    }
+
     /// Whether no byte of the next item has arrived: a clean end of stream here is the peer
     /// closing, anywhere else a truncated item.
     pub(super) fn at_boundary(&self) -> bool {

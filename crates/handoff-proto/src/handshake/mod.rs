@@ -302,10 +302,11 @@ impl Handshake {
             self.step = Step::Over;
         } else {
             let what = self.input.reading();
+            let (needed, available) = self.input.progress();
             self.refuse(WireError::Truncated {
                 what,
-                needed: self.input.wants() as u64,
-                available: 0,
+                needed: needed as u64,
+                available: available as u64,
             });
         }
     }
@@ -320,6 +321,12 @@ impl Handshake {
         }
         if !bytes.is_empty() {
             self.now = self.now.max(now);
+        }
+        // Nothing read after the deadline moves the handshake on, whichever of the read and
+        // the timer a driver saw first (the dialer-nonce window W relies on it, §5.7).
+        if now >= self.config.deadline {
+            self.handle_timeout(now);
+            return 0;
         }
         if fds > 0 {
             self.refuse(WireError::BadShm(format!(
@@ -348,8 +355,11 @@ impl Handshake {
     /// The driver's answer to [`Status::Admit`]: `Ok` sends `ready`; an error refuses the
     /// connection with it.
     pub fn admit(&mut self, verdict: Result<(), WireError>) {
-        let Step::Admitting { ident } = std::mem::replace(&mut self.step, Step::Over) else {
+        if !matches!(self.step, Step::Admitting { .. }) || self.is_over() {
             return;
+        }
+        let Step::Admitting { ident } = std::mem::replace(&mut self.step, Step::Over) else {
+            unreachable!("checked above");
         };
         match verdict {
             Ok(()) => {

@@ -307,3 +307,96 @@ fn an_admission_refused_is_said_to_the_peer() {
         a.status()
     );
 }
+
+/// Input that arrives after the deadline fails the handshake, whichever of the read and the
+/// timer a driver saw first (tokio's `select!` polls its branches in random order).
+#[test]
+fn input_after_the_deadline_is_refused() {
+    let t0 = Instant::now();
+    let mut b = Handshake::new(config("b", Role::Acceptor, Preamble::OURS, 2, t0), t0);
+    b.take_transmit();
+    let late = t0 + Duration::from_secs(11); // deadline is t0 + 10 s
+    b.handle_input(&Preamble::OURS.encode(), 0, late);
+    assert!(
+        matches!(b.status(), Status::Failed(Failure::Refused(WireError::Timeout(_)))),
+        "input after the deadline was processed: {:?}",
+        b.status()
+    );
+}
+
+/// The §5.8 relay (a node's own dial spliced into a connection back to it) would get through
+/// if the accepted handshake took the relayed challenge after its deadline, once the dialer
+/// nonce's window W = 2 x timeout has passed; it does not. Timeline (T = 10 s): the node
+/// dials at t0 (nonce remembered until t0+20); the attacker dials back at t0+9.99 (the
+/// accepted handshake's deadline is t0+19.99) and crosses the challenges; its challenge on
+/// the accepted connection is processed at t0+20, 10 ms past that deadline.
+#[test]
+fn a_relay_past_the_deadline_and_the_nonce_window_gets_nowhere() {
+    let t0 = Instant::now();
+    let node = Arc::new(DialerNonces::new(Duration::from_secs(10)));
+    let mut dcfg = config("n", Role::Dialer, Preamble::OURS, 7, t0);
+    dcfg.dialed = node.clone();
+    let mut dialed = Handshake::new(dcfg, t0);
+    dialed.take_transmit();
+    let ta = t0 + Duration::from_millis(9_990);
+    let mut acfg = config("n", Role::Acceptor, Preamble::OURS, 8, ta);
+    acfg.dialed = node.clone();
+    acfg.deadline = ta + Duration::from_secs(10);
+    let mut accepted = Handshake::new(acfg, ta);
+    accepted.take_transmit();
+    // The attacker sends the node's own preamble on both connections.
+    accepted.handle_input(&Preamble::OURS.encode(), 0, ta);
+    let acc_challenge = accepted.take_transmit(); // nA, framed
+    dialed.handle_input(&Preamble::OURS.encode(), 0, ta);
+    let dial_challenge = dialed.take_transmit(); // nD, framed
+                                                 // On the dialed connection the attacker answers with nA: the node proves as dialer.
+    dialed.handle_input(&acc_challenge, 0, ta);
+    let dialer_proof = dialed.take_transmit();
+    assert!(!dialer_proof.is_empty());
+    // On the accepted connection, nD and the node's own dialer proof, past the deadline.
+    let late = t0 + Duration::from_secs(20);
+    accepted.handle_input(&dial_challenge, 0, late);
+    accepted.handle_input(&dialer_proof, 0, late);
+    let out = accepted.take_transmit();
+    // What the acceptor wrote: its proof and its ident, to a peer without the secret.
+    let leaked = out.windows(5).any(|w| w == b"ident");
+    assert!(
+        !leaked,
+        "a relayed handshake reached the identities after its deadline: {:?}",
+        accepted.status()
+    );
+}
+
+/// `admit` out of turn is ignored: the machine goes on with its step.
+#[test]
+fn an_admit_out_of_turn_does_not_break_the_machine() {
+    let t0 = Instant::now();
+    let mut b = Handshake::new(config("b", Role::Acceptor, Preamble::OURS, 2, t0), t0);
+    b.take_transmit();
+    b.handle_input(&Preamble::OURS.encode(), 0, t0);
+    b.admit(Ok(())); // out of turn: the machine waits for a challenge
+    assert_eq!(b.status(), &Status::InProgress);
+    let mut a = Handshake::new(config("a", Role::Dialer, Preamble::OURS, 1, t0), t0);
+    a.take_transmit();
+    a.handle_input(&Preamble::OURS.encode(), 0, t0);
+    let ch = a.take_transmit();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.handle_input(&ch, 0, t0)));
+    assert!(r.is_ok(), "handle_input panicked after an out-of-turn admit");
+}
+
+/// A truncated item reports what it needed and what it had: here 10 of 16 preamble bytes.
+#[test]
+fn a_truncation_reports_what_was_needed_and_what_arrived() {
+    let t0 = Instant::now();
+    let mut b = Handshake::new(config("b", Role::Acceptor, Preamble::OURS, 2, t0), t0);
+    b.handle_input(&Preamble::OURS.encode()[..10], 0, t0);
+    b.handle_eof();
+    let Status::Failed(Failure::Refused(WireError::Truncated { needed, available, .. })) = b.status() else {
+        panic!("{:?}", b.status())
+    };
+    assert_eq!(
+        (*needed, *available),
+        (16, 10),
+        "the old reader said 16 needed, 10 available"
+    );
+}
