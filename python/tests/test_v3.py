@@ -153,6 +153,53 @@ async def test_a_nodes_own_dialer_nonce_as_a_challenge_is_refused():
         assert err.code == "handshake" and "dialed" in err.msg
 
 
+async def test_a_challenge_read_after_the_deadline_gets_no_proof():
+    """§5.7: a side acts on nothing it reads after its handshake's deadline (the dialer-nonce
+    window relies on it). The node dials; the peer answers with its challenge; the node's
+    loop is busy until the deadline has passed; then the node says ``timeout``, not ``auth``."""
+    import socket
+    import threading
+
+    from handoff.bounds import Bounds
+
+    for _ in range(3):
+        server = socket.create_server(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+        ready, go = threading.Event(), threading.Event()
+        answer = {}
+
+        def accept():
+            conn, _ = server.accept()
+            conn.settimeout(5)
+            raw = RawPeer.__new__(RawPeer)
+            raw.sock, raw.buf, raw.received = conn, b"", b""
+            raw.read_exact(16)
+            raw.send(wire.OUR_PREAMBLE.encode())
+            raw.read_header()  # the node's challenge
+            ready.set()
+            go.wait(5)
+            time.sleep(0.1)  # arrives while the node's loop is busy
+            raw.send(wire.frame_header(raw.challenge()))
+            try:
+                answer["kind"] = type(raw.read_header()[1]).__name__
+            except EOFError:
+                answer["kind"] = "closed"
+            conn.close()
+
+        t = threading.Thread(target=accept, daemon=True)
+        t.start()
+        async with Node("late", secret=SECRET, bounds=Bounds(handshake_timeout=0.3)) as n:
+            dial = asyncio.ensure_future(n.connect(f"tcp://127.0.0.1:{port}"))
+            await asyncio.to_thread(ready.wait, 5)
+            go.set()
+            time.sleep(0.5)  # the loop is busy past the deadline; the challenge comes meanwhile
+            with pytest.raises(Exception):
+                await dial
+        t.join(5)
+        server.close()
+        assert answer.get("kind") in ("Error", "closed"), f"the node answered a late challenge with {answer}"
+
+
 # ---------------------------------------------------------------- identity lengths (§5.2)
 
 

@@ -110,6 +110,14 @@ async def _fail(transport: Transport, err: wire.WireError) -> None:
     raise err
 
 
+async def _in_time(transport: Transport) -> None:
+    """Fails the handshake with ``timeout`` if its deadline has passed: what is read after it
+    is not acted on, whichever of the read and the timer came first (§5.7)."""
+    deadline = transport.handshake_deadline
+    if deadline is not None and asyncio.get_running_loop().time() >= deadline:
+        await _fail(transport, wire.WireError("timeout", "the handshake did not complete in time"))
+
+
 async def _read(transport: Transport, limits: wire.Limits, step: str):
     """One handshake message: its exact header bytes and the decoded header. The transport
     reads exactly its bytes and fails at once on file descriptors (§5.1)."""
@@ -117,6 +125,7 @@ async def _read(transport: Transport, limits: wire.Limits, step: str):
         data = await transport.read_header(limits)
     except wire.WireError as e:
         await _fail(transport, e)
+    await _in_time(transport)
     if data is None:
         raise PeerClosed(f"{transport.label} closed the connection during the handshake (waiting for {step})")
     try:
@@ -299,6 +308,7 @@ async def handshake(transport: Transport, ours: OurSide) -> Handshaken:
                 "has no TLS (turn TLS on here too, or off there)",
             )
         await _fail(transport, e)
+    await _in_time(transport)
     if ours.admit is not None:
         refusal = ours.admit()
         if refusal is not None:

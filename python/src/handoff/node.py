@@ -529,6 +529,7 @@ class Node:
         transport.set_tcp_timeout(self.tcp_timeout)
         entry = self._admission.begin_handshake(transport) if accepted else None
         timeout = self.bounds.handshake_timeout
+        transport.handshake_deadline = asyncio.get_running_loop().time() + timeout
         secure = self.tls is not None and not transport.unix
         try:
             try:

@@ -196,6 +196,9 @@ class Transport:
         #: Whether the peer's whole 16-byte preamble was received: before that, nothing
         #: but our own preamble goes out, not even an ``error`` (spec §3, §11.3).
         self.preamble_received = False
+        #: The event loop's time by which the handshake must be done (set by the node); what
+        #: is read after it is not acted on (§5.7: the dialer-nonce window relies on it).
+        self.handshake_deadline: Optional[float] = None
         #: The node id this connection's handshake claimed in step 6, until it is registered.
         self.claimed: Optional[str] = None
         #: On a Unix socket: the peer's process id (``SO_PEERCRED``), set by the node.
