@@ -18,6 +18,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::node_cmd::read_ready_line;
 use crate::protocol::{self, Disconnect, Issue, Report, Stats, StatsRequest};
+use handoff::proto::seeded::SplitMix64 as Rng;
 
 /// Options of `handoff chaos`.
 #[derive(Debug, clap::Args)]
@@ -81,23 +82,6 @@ pub struct Summary {
 
 const LEASE_TTL_MS: u64 = 500;
 const PULL_TIMEOUT_MS: u64 = 1000;
-
-/// SplitMix64: a small, stable, seedable generator (the same seed gives the same run).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -328,7 +312,7 @@ pub async fn run(args: ChaosArgs) -> Result<()> {
 /// Runs `iterations` iterations from `seed`.
 pub async fn run_iterations(iterations: u32, seed: u64, max_bytes: u64, lab: Option<&Lab>) -> Result<Summary> {
     let started = Instant::now();
-    let mut rng = Rng(seed);
+    let mut rng = Rng::new(seed);
     let secret = hex::encode(rand::random::<[u8; 16]>());
     let dir = std::env::temp_dir().join(format!("handoff-chaos-{}-{seed}", std::process::id()));
     std::fs::create_dir_all(&dir)?;

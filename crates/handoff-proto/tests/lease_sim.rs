@@ -21,23 +21,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use handoff_proto::seeded::SplitMix64;
 use handoff_proto::ticket_leases::{LeaseConfig, LeaseTable, WhenFull};
 use handoff_wire::Buffer;
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 const OWNER: &str = "000000000000000000000000000000ff";
 const HOLDERS: [&str; 4] = [
@@ -74,7 +60,7 @@ impl Lease {
 }
 
 struct Run {
-    rng: Rng,
+    rng: SplitMix64,
     now: Arc<Mutex<Duration>>,
     t0: Instant,
     table: LeaseTable,
@@ -98,7 +84,7 @@ impl Run {
             Box::new(move || t0 + *clock_now.lock().unwrap()),
         );
         Run {
-            rng: Rng(seed),
+            rng: SplitMix64::new(seed),
             now,
             t0,
             table,

@@ -28,25 +28,22 @@ use std::time::{Duration, Instant};
 
 use handoff_proto::admission::{Admission, Slot};
 use handoff_proto::handshake::{Config, DialerNonces, Failure, Handshake, Status};
+use handoff_proto::seeded::SplitMix64;
 use handoff_wire::auth::Role;
 use handoff_wire::{Ident, Limits, Preamble, WireError, HANDSHAKE_HEADER_BYTES};
 
-/// splitmix64: small, fast and the same everywhere, so a seed means one run.
-struct Rng(u64);
+/// The seeded generator, with what the simulation draws besides numbers.
+struct Rng(SplitMix64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next()
     }
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.below(n)
     }
     fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
+        self.0.chance(percent)
     }
     fn bytes32(&mut self) -> [u8; 32] {
         let mut out = [0u8; 32];
@@ -150,7 +147,7 @@ fn ident(i: usize) -> Ident {
 
 impl Sim {
     fn new(seed: u64) -> Sim {
-        let mut rng = Rng(seed);
+        let mut rng = Rng(SplitMix64::new(seed));
         let preambles = [
             Preamble::OURS,
             Preamble::ACCEPTING_V2,

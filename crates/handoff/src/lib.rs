@@ -86,5 +86,8 @@ pub use shm::SharedBufMut;
 pub use tickets::{Redeem, Ticket};
 pub use tls::TlsConfig;
 
+/// The protocol engine this crate drives (handshake, node-level state), for other drivers,
+/// simulations and tests.
+pub use handoff_proto as proto;
 /// The wire-format crate, for lower-level use (codec, headers, vectors).
 pub use handoff_wire as wire;
