@@ -17,6 +17,7 @@
 //! - [`recv_buffers`]: reused receive buffers for large inline frames;
 //! - [`shm`]: the memfd segment pool (sending) and the mapping cache (receiving);
 //! - [`ticket_leases`]: the leases a ticket owner keeps for its holders (spec §7.7);
+//! - [`ticket_requests`]: a holder's requests waiting for the owner's answers;
 //! - [`seeded`]: the seeded generator of simulations and chaos runs;
 //! - [`handshake`]: the handshake of every version as a state machine (spec §5), with the
 //!   node's set of dialer nonces.
@@ -35,6 +36,7 @@ pub mod recv_buffers;
 pub mod seeded;
 pub mod shm;
 pub mod ticket_leases;
+pub mod ticket_requests;
 
 pub use bounds::Bounds;
 pub use handshake::{Handshake, Handshaken};

@@ -1,6 +1,5 @@
 //! [`Peer`]: a connected node, and how messages reach it.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, Weak};
 use std::time::Duration;
@@ -16,9 +15,10 @@ use crate::link::{LeaseStats, Link, Planned};
 use crate::payload::Payload;
 use crate::tickets::holder::Ticket;
 use crate::tickets::modes::OnDemand;
-use crate::tickets::pending::Pending;
+use crate::tickets::pending::Waiter;
 use crate::{Error, Message, Result};
 use handoff_proto::log_limit::LogLimiter;
+use handoff_proto::ticket_requests::Requests;
 
 pub(crate) struct PeerInner {
     pub(crate) remote: Endpoint,
@@ -35,7 +35,7 @@ pub(crate) struct PeerInner {
     /// The node this peer belongs to (for tickets: its leases and settings).
     pub(crate) local: Weak<dyn LocalNode>,
     /// Ticket requests sent on this connection, waiting for the owner's answer.
-    pub(crate) pending: StdMutex<HashMap<u64, Pending>>,
+    pub(crate) pending: StdMutex<Requests<Waiter>>,
     /// This peer's share of the node's receive budget.
     pub(crate) account: Arc<Account>,
     /// Warnings about this peer, at most so many per period.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_proto::receive::{self, Asked, Pulled, Receiving, Step};
+use handoff_proto::receive::{self, Pulled, Receiving, Step};
 use handoff_proto::ticket_leases::OwnerAnswer;
 use handoff_wire::{Buffer, Descriptor, Header, TicketOp, WireError};
 use tokio::io::AsyncRead;
@@ -329,10 +329,7 @@ where
     }
     match op {
         TicketOp::Pulled { req, len } => {
-            let waiting = peer.0.pending.lock().expect("pending lock").get(&req).map(|p| Asked {
-                len: p.len,
-                hash: p.hash,
-            });
+            let waiting = peer.0.pending.lock().expect("pending lock").asked(req);
             match receive::pulled(waiting, len) {
                 Pulled::Read { hash } => {
                     let mut hasher = hash.then(blake3::Hasher::new);
@@ -421,8 +418,9 @@ async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, owner_answer: Owner
 
 /// Completes the request `req` waiting on this connection (a late answer is dropped).
 fn answer(peer: &Peer, req: u64, result: Result<Answer>) {
-    if let Some(pending) = peer.0.pending.lock().expect("pending lock").remove(&req) {
-        let _ = pending.tx.send(result);
+    let waiter = peer.0.pending.lock().expect("pending lock").complete(req);
+    if let Some(tx) = waiter {
+        let _ = tx.send(result);
     }
 }
 

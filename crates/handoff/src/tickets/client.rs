@@ -11,8 +11,9 @@ use tokio::sync::oneshot;
 use crate::connection;
 use crate::context::{Context, LocalNode, NodeFuture};
 use crate::state::NodeInner;
-use crate::tickets::pending::{Answer, Pending};
+use crate::tickets::pending::Answer;
 use crate::{Error, Peer, Result};
+use handoff_proto::receive::Asked;
 
 fn lost(claim: &TicketClaim, owner: &str, reason: impl Into<String>) -> Error {
     Error::OwnerLost {
@@ -115,9 +116,9 @@ impl NodeInner {
             .pending
             .lock()
             .expect("pending lock")
-            .insert(req, Pending { tx, hash, len });
+            .insert(req, Asked { len, hash }, tx);
         if let Err(e) = peer.write_control(&Header::Ticket(op(req)), &[]).await {
-            peer.0.pending.lock().expect("pending lock").remove(&req);
+            peer.0.pending.lock().expect("pending lock").complete(req);
             return Err(lost(claim, owner, format!("sending the {what}: {}", e.chain())));
         }
         match tokio::time::timeout(self.ctx.pull_timeout, rx).await {
@@ -133,7 +134,7 @@ impl NodeInner {
             }),
             Ok(Err(_)) => Err(lost(claim, owner, "the connection closed before it answered")),
             Err(_) => {
-                peer.0.pending.lock().expect("pending lock").remove(&req);
+                peer.0.pending.lock().expect("pending lock").complete(req);
                 Err(lost(
                     claim,
                     peer.name(),

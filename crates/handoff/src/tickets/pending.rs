@@ -17,12 +17,6 @@ pub(crate) enum Answer {
     Mismatch(String),
 }
 
-/// A request waiting for its answer on one connection.
-pub(crate) struct Pending {
-    pub(crate) tx: oneshot::Sender<Result<Answer>>,
-    /// Hash the pulled bytes as they arrive (a whole-buffer redemption checks the digest).
-    pub(crate) hash: bool,
-    /// For a pull, the bytes asked for: a `pulled` of any other length is not read into
-    /// memory (spec §9.1).
-    pub(crate) len: Option<u64>,
-}
+/// Where the answer to a request waiting on a connection goes (the engine's
+/// `ticket_requests` table keeps what each asked for).
+pub(crate) type Waiter = oneshot::Sender<Result<Answer>>;

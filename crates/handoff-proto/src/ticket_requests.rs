@@ -1,0 +1,71 @@
+//! The holder's side of tickets: our requests (pulls, forwards) waiting on one connection
+//! for the owner's answer, each with what it asked for, so that an answer is checked against
+//! its request before any of it is read (spec §6.7, §9.1).
+//!
+//! The table holds a driver's waiter for each request (a tokio driver's is a oneshot
+//! sender) and neither locks nor waits. It grows only with this node's own requests.
+
+use std::collections::HashMap;
+
+use crate::receive::Asked;
+
+/// Requests of ours waiting for answers on one connection, by request id.
+#[derive(Debug)]
+pub struct Requests<T> {
+    waiting: HashMap<u64, (Asked, T)>,
+}
+
+impl<T> Default for Requests<T> {
+    fn default() -> Self {
+        Requests {
+            waiting: HashMap::new(),
+        }
+    }
+}
+
+impl<T> Requests<T> {
+    /// Records request `req`, which asked for `asked`, with the waiter its answer goes to.
+    pub fn insert(&mut self, req: u64, asked: Asked, waiter: T) {
+        self.waiting.insert(req, (asked, waiter));
+    }
+
+    /// What request `req` asked for, while it waits.
+    pub fn asked(&self, req: u64) -> Option<Asked> {
+        self.waiting.get(&req).map(|(asked, _)| *asked)
+    }
+
+    /// Ends request `req` (answered, given up or not sent); its waiter, if it still waited.
+    pub fn complete(&mut self, req: u64) -> Option<T> {
+        self.waiting.remove(&req).map(|(_, waiter)| waiter)
+    }
+
+    /// Whether no request waits (then no answer is owed on the connection).
+    pub fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+
+    /// Ends every request (the connection closed): dropping the waiters tells them.
+    pub fn clear(&mut self) {
+        self.waiting.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_finds_its_request_once() {
+        let mut r = Requests::default();
+        let pull = Asked {
+            len: Some(10),
+            hash: true,
+        };
+        r.insert(7, pull, "waiter");
+        assert_eq!(r.asked(7), Some(pull));
+        assert_eq!(r.asked(8), None);
+        assert_eq!(r.complete(7), Some("waiter"));
+        assert_eq!(r.complete(7), None, "a late second answer finds nobody");
+        assert!(r.is_empty());
+    }
+}
