@@ -62,7 +62,6 @@ impl Lease {
 struct Run {
     rng: SplitMix64,
     now: Arc<Mutex<Duration>>,
-    t0: Instant,
     table: LeaseTable,
     model: BTreeMap<u64, Lease>,
     log: Vec<String>,
@@ -86,7 +85,6 @@ impl Run {
         Run {
             rng: SplitMix64::new(seed),
             now,
-            t0,
             table,
             model: BTreeMap::new(),
             log: Vec::new(),
@@ -324,7 +322,6 @@ impl Run {
             assert!(self.table.is_alive(*id), "lease {id} freed while held");
             assert!(l.live() <= MAX_HOLDERS);
         }
-        let _ = self.t0;
     }
 
     fn finish(&mut self) {

@@ -24,6 +24,40 @@ fn on_disk() -> Vec<(String, Vec<u8>, Json)> {
     out
 }
 
+/// The bytes of a description's `{"$bin": hex}` value.
+fn bin(v: &Json) -> Vec<u8> {
+    hex::decode(v["$bin"].as_str().unwrap()).unwrap()
+}
+
+/// The preambles and challenges a v3 vector's transcript is made of, read from its JSON.
+struct TranscriptInputs {
+    preambles: ([u8; 16], [u8; 16]),
+    challenges: (Vec<u8>, Vec<u8>),
+}
+
+impl TranscriptInputs {
+    fn of(p: &Json) -> TranscriptInputs {
+        let preamble = |key: &str| -> [u8; 16] { bin(&p[key]).try_into().expect("16 bytes") };
+        TranscriptInputs {
+            preambles: (preamble("dialer_preamble"), preamble("acceptor_preamble")),
+            challenges: (bin(&p["dialer_challenge"]), bin(&p["acceptor_challenge"])),
+        }
+    }
+
+    fn transcript(&self) -> Transcript<'_> {
+        Transcript {
+            dialer: Sent {
+                preamble: &self.preambles.0,
+                challenge: &self.challenges.0,
+            },
+            acceptor: Sent {
+                preamble: &self.preambles.1,
+                challenge: &self.challenges.1,
+            },
+        }
+    }
+}
+
 #[test]
 fn files_match_the_generator() {
     let disk = on_disk();
@@ -89,7 +123,6 @@ fn every_vector_decodes_as_described() {
 #[test]
 fn auth_vector_proofs_verify() {
     let (_, _, json) = on_disk().into_iter().find(|(n, _, _)| n == "auth").unwrap();
-    let bin = |v: &Json| hex::decode(v["$bin"].as_str().unwrap()).unwrap();
     let a = &json["auth"];
     let secret = bin(&a["secret"]);
     let prover = bin(&a["prover_hello"]);
@@ -106,7 +139,6 @@ fn auth_v2_vector_proofs_verify() {
     let bytes = |name: &str| disk.iter().find(|(n, _, _)| n == name).unwrap().1.clone();
     check_v2_proof(&disk.iter().find(|(n, _, _)| n == "auth-v2").unwrap().2);
     let a = &disk.iter().find(|(n, _, _)| n == "auth-v2").unwrap().2["auth"];
-    let bin = |v: &Json| hex::decode(v["$bin"].as_str().unwrap()).unwrap();
     // The inputs are the other vectors: alpha's preamble and challenge, beta's preamble.
     assert_eq!(bin(&a["prover_preamble"]), bytes("preamble-v2"));
     assert_eq!(bin(&a["verifier_preamble"]), bytes("preamble-accept-v1"));
@@ -129,7 +161,6 @@ fn the_v2_interleaving_attack_vector_verifies() {
 
 /// Checks a vector's `auth` object as a version-2 proof.
 fn check_v2_proof(json: &Json) {
-    let bin = |v: &Json| hex::decode(v["$bin"].as_str().unwrap()).unwrap();
     let a = &json["auth"];
     let secret = bin(&a["secret"]);
     let preamble = |key: &str| -> [u8; 16] { bin(&a[key]).try_into().expect("16 bytes") };
@@ -164,7 +195,6 @@ fn check_v2_proof(json: &Json) {
 fn v3_proof_vectors_verify_exactly_as_described() {
     let disk = on_disk();
     let bytes = |name: &str| disk.iter().find(|(n, _, _)| n == name).unwrap().1.clone();
-    let bin = |v: &Json| hex::decode(v["$bin"].as_str().unwrap()).unwrap();
     let mut seen = Vec::new();
     for (name, _, json) in &disk {
         let Some(p) = json.get("proof_v3") else {
@@ -172,19 +202,8 @@ fn v3_proof_vectors_verify_exactly_as_described() {
         };
         seen.push(name.clone());
         let secret = bin(&p["secret"]);
-        let preamble = |key: &str| -> [u8; 16] { bin(&p[key]).try_into().expect("16 bytes") };
-        let (dp, ap) = (preamble("dialer_preamble"), preamble("acceptor_preamble"));
-        let (dc, ac) = (bin(&p["dialer_challenge"]), bin(&p["acceptor_challenge"]));
-        let t = Transcript {
-            dialer: Sent {
-                preamble: &dp,
-                challenge: &dc,
-            },
-            acceptor: Sent {
-                preamble: &ap,
-                challenge: &ac,
-            },
-        };
+        let inputs = TranscriptInputs::of(p);
+        let t = inputs.transcript();
         let mac = bin(&json["header"]["mac"]);
         let verifies = p["verifies"].as_bool().expect("verifies");
         let (expected, as_role, as_other) = match p["role"].as_str() {
@@ -244,19 +263,8 @@ fn v3_proof_vectors_verify_exactly_as_described() {
         (&p["acceptor_challenge"], &p["dialer_challenge"]),
         "B's challenges are A's crossed"
     );
-    let preamble = |key: &str| -> [u8; 16] { bin(&w[key]).try_into().expect("16 bytes") };
-    let (dp, ap) = (preamble("dialer_preamble"), preamble("acceptor_preamble"));
-    let (dc, ac) = (bin(&w["dialer_challenge"]), bin(&w["acceptor_challenge"]));
-    let on_b = Transcript {
-        dialer: Sent {
-            preamble: &dp,
-            challenge: &dc,
-        },
-        acceptor: Sent {
-            preamble: &ap,
-            challenge: &ac,
-        },
-    };
+    let inputs_b = TranscriptInputs::of(w);
+    let on_b = inputs_b.transcript();
     assert_eq!(
         auth::acceptor_proof(&bin(&p["secret"]), &on_b, &bin(&w["dialer_proof"])).to_vec(),
         bin(&interleaved["header"]["mac"])

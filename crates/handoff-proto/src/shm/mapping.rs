@@ -152,15 +152,6 @@ impl MappingCache {
         }
     }
 
-    /// Descriptors the cache keeps open now.
-    pub fn open_descriptors(&self) -> usize {
-        let kept = self.with_fds.lock().expect("mapping fds lock");
-        kept.iter()
-            .filter_map(Weak::upgrade)
-            .filter(|m| m.fd.lock().expect("mapping fd lock").is_some())
-            .count()
-    }
-
     /// Maps the window `offset .. offset + len` of the segment behind `fd` (or reuses a
     /// mapping that covers it), after the checks of spec §7.2: seals, then size. Returns
     /// the mapping and where the window starts in it.
