@@ -11,6 +11,8 @@
 //! - [`bounds`]: what a node's peers can make it hold (spec §9.1);
 //! - [`budget`]: the receive budget and its permits (spec §9.1);
 //! - [`identity`]: node, process and host ids;
+//! - [`inbound`]: the receiving half of an established connection, as a push-based state
+//!   machine (bytes and descriptors in, messages and ticket traffic out);
 //! - [`inbox`]: received messages waiting for the application, taken fairly by bytes;
 //! - [`log_limit`]: how many warnings about a peer reach the log;
 //! - [`receive`]: what an established connection decides about each header it reads (§9, §11.2);
@@ -29,6 +31,7 @@ pub mod bounds;
 pub mod budget;
 pub mod handshake;
 pub mod identity;
+pub mod inbound;
 pub mod inbox;
 pub mod log_limit;
 pub mod receive;

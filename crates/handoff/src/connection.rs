@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::handshake::{handshake, OurSide};
 use crate::inproc;
-use crate::io::MessageReader;
+use crate::io::HandshakeReader;
 use crate::link::{Link, ShmLink};
 use crate::peer::PeerAddrs;
 use crate::receive::{read_loop, release_loop};
@@ -169,7 +169,7 @@ pub(crate) enum Side {
 /// Runs the handshake on a fresh connection's reader and writer.
 async fn run_handshake<R, W>(
     node: &Arc<NodeInner>,
-    reader: &mut MessageReader<R>,
+    reader: &mut HandshakeReader<R>,
     writer: &mut W,
     label: &str,
     side: Side,
@@ -217,7 +217,7 @@ pub(crate) async fn open_tcp(node: Arc<NodeInner>, conn: TcpConn, label: String,
         set_nodelay(stream, &label)?;
     }
     let (read_half, mut write_half) = conn.split();
-    let mut reader = MessageReader::new(read_half, label.clone(), node.ctx.bounds.progress_timeout);
+    let mut reader = HandshakeReader::new(read_half, label.clone());
     let handshaken = run_handshake(&node, &mut reader, &mut write_half, &label, side).await;
     let Handshaken { ident, version } = match handshaken {
         // In TLS 1.3 the peer checks our certificate after its handshake: its refusal (an
@@ -251,11 +251,7 @@ pub(crate) async fn open_tcp(node: Arc<NodeInner>, conn: TcpConn, label: String,
 pub(crate) async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: String, side: Side) -> Result<Peer> {
     unix::check_peer_uid(&stream)?;
     let stream = Arc::new(stream);
-    let mut reader = MessageReader::new(
-        FdReader::new(stream.clone()),
-        label.clone(),
-        node.ctx.bounds.progress_timeout,
-    );
+    let mut reader = HandshakeReader::new(FdReader::new(stream.clone()), label.clone());
     let mut writer = UnixWriter::new(stream);
     let Handshaken { ident, version } = run_handshake(&node, &mut reader, &mut writer, &label, side).await?;
     if ident.host_id != node.ctx.me.host_id {

@@ -14,7 +14,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::io::{write_all, FdSource, MessageReader};
+use crate::io::{write_all, FdSource, HandshakeReader};
 use crate::{Error, Result};
 
 /// Capabilities of this implementation, the same in every protocol version (`shm` only
@@ -96,7 +96,7 @@ fn now() -> std::time::Instant {
 
 /// Runs the handshake; on any failure the peer is told why (when possible) and an error returned.
 pub(crate) async fn handshake<R, W>(
-    reader: &mut MessageReader<R>,
+    reader: &mut HandshakeReader<R>,
     writer: &mut W,
     ours: OurSide<'_>,
     label: &str,
@@ -154,7 +154,6 @@ where
             Status::Done(done) => {
                 // The handshake is over: the reader takes the limits of an established
                 // connection, and descriptors are welcome from the next message on.
-                reader.established();
                 reader.stream_mut().established();
                 return Ok(done);
             }
@@ -190,7 +189,7 @@ where
 /// what the peer still sends read and dropped for a moment when the engine says so; then the
 /// error to return (the caller drops the socket).
 async fn fail<R, W>(
-    reader: &mut MessageReader<R>,
+    reader: &mut HandshakeReader<R>,
     writer: &mut W,
     hs: &mut Handshake,
     failure: Failure,
@@ -220,7 +219,7 @@ where
     }
     let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, writer.shutdown()).await;
     if hs.drain_after_failure() {
-        reader.drain(DRAIN_BYTES, DRAIN_TIME).await;
+        crate::io::drain(reader.stream_mut(), DRAIN_BYTES, DRAIN_TIME).await;
     }
     err.into()
 }
@@ -264,7 +263,7 @@ mod tests {
         let (node_sock, mut attacker) = (client.unwrap(), server.unwrap().0);
         let node_task = tokio::spawn(async move {
             let (r, mut w) = node_sock.into_split();
-            let mut reader = MessageReader::new(r, "peer".into(), Duration::from_secs(30));
+            let mut reader = HandshakeReader::new(r, "peer".into());
             let me = Endpoint {
                 node_id: "0".repeat(32),
                 name: "n".into(),

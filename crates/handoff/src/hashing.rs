@@ -1,82 +1,76 @@
-//! Hashing a large frame on a helper thread while the rest of it arrives.
+//! The tokio driver's [`HashBehind`]: a large `pulled` answer is hashed on a helper thread
+//! while the rest of it arrives.
 //!
-//! Reading a frame from a socket and hashing it are both CPU work; on one thread they add
-//! up. [`HashBehind`] hashes the parts already received on a thread of its own, so the
-//! reading thread goes straight back to the socket and the hash is (almost) done when the
-//! last byte lands.
+//! Reading from a socket and hashing are both CPU work; on one thread they add up. Here the
+//! engine hands the helper each run of bytes as it lands, the reading thread goes straight
+//! back to the socket, and the hash is (almost) done when the last byte lands.
 
+use std::any::Any;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
-/// A raw pointer to bytes that another thread may read (see [`HashBehind::start`]).
-struct SharedPtr(*const u8);
-// SAFETY: the pointer is only read, in ranges the owner promised not to write (`start`).
-unsafe impl Send for SharedPtr {}
+use handoff_proto::inbound::HashBehind;
 
-/// Hashes ranges of one buffer, in order, on a helper thread.
-pub(crate) struct HashBehind {
+/// Hashes runs of one answer's bytes, in order, on a helper thread.
+pub(crate) struct HashThread {
+    /// Each run as (address, length).
     ranges: Option<mpsc::Sender<(usize, usize)>>,
     result: Option<tokio::sync::oneshot::Receiver<blake3::Hasher>>,
     thread: Option<JoinHandle<()>>,
 }
 
-impl HashBehind {
-    /// Starts the helper thread for the buffer at `base`.
-    ///
-    /// # Safety
-    /// Every range later passed to [`push`](Self::push) must stay valid and unchanged until
-    /// [`finish`](Self::finish) returns or this value is dropped (dropping waits for the
-    /// thread).
-    pub(crate) unsafe fn start(base: *const u8) -> HashBehind {
+impl HashThread {
+    /// A helper thread, or `None` if none could start (the engine then hashes inline).
+    pub(crate) fn start() -> Option<Box<dyn HashBehind>> {
         let (tx, rx) = mpsc::channel::<(usize, usize)>();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let base = SharedPtr(base);
         let thread = std::thread::Builder::new()
             .name("handoff-hash".into())
             .spawn(move || {
-                let base = base;
                 let mut hasher = blake3::Hasher::new();
-                while let Ok((start, end)) = rx.recv() {
-                    // SAFETY: the caller of `start` keeps this range valid and unchanged.
-                    let part = unsafe { std::slice::from_raw_parts(base.0.add(start), end - start) };
-                    hasher.update(part);
+                while let Ok((at, len)) = rx.recv() {
+                    // SAFETY: the engine keeps every run it handed over in place and unchanged
+                    // until this hasher is dropped or finished (`HashBehind::arrived`), and
+                    // both wait for this thread to stop.
+                    hasher.update(unsafe { std::slice::from_raw_parts(at as *const u8, len) });
                 }
                 let _ = done_tx.send(hasher);
             })
-            .ok();
-        HashBehind {
+            .ok()?;
+        Some(Box::new(HashThread {
             ranges: Some(tx),
             result: Some(done_rx),
-            thread,
-        }
+            thread: Some(thread),
+        }))
     }
 
-    /// Whether the helper thread runs (it may fail to start; then hash inline instead).
-    pub(crate) fn is_running(&self) -> bool {
-        self.thread.is_some()
-    }
-
-    /// Queues `start..end` for hashing (ranges must follow each other).
-    pub(crate) fn push(&self, start: usize, end: usize) {
-        if let Some(tx) = &self.ranges {
-            let _ = tx.send((start, end));
-        }
-    }
-
-    /// Waits for every queued range to be hashed; the hasher.
-    pub(crate) async fn finish(mut self) -> Option<blake3::Hasher> {
+    /// Waits for every run to be hashed: the digest, or `None` if the thread died.
+    pub(crate) async fn finish(mut self) -> Option<[u8; 32]> {
         self.ranges.take();
         let hasher = self.result.take()?.await.ok();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        hasher
+        hasher.map(|h| *h.finalize().as_bytes())
     }
 }
 
-impl Drop for HashBehind {
+impl HashBehind for HashThread {
+    fn arrived(&mut self, bytes: &[u8]) {
+        if let Some(tx) = &self.ranges {
+            let _ = tx.send((bytes.as_ptr() as usize, bytes.len()));
+        }
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
+        self
+    }
+}
+
+impl Drop for HashThread {
     fn drop(&mut self) {
-        // On an early return the buffer is about to go: wait until the thread stops reading it.
+        // Dropped early (the connection failed): the buffer is about to go, so wait until
+        // the thread stops reading it.
         self.ranges.take();
         if let Some(t) = self.thread.take() {
             let _ = t.join();

@@ -10,16 +10,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_proto::receive::{self, Pulled, Receiving, Step};
+use handoff_proto::inbound::{Digest, Event, Frame, Inbound, Step};
+use handoff_proto::receive::{self, Receiving};
 use handoff_proto::ticket_leases::OwnerAnswer;
-use handoff_wire::{Buffer, Descriptor, Header, TicketOp, WireError};
-use tokio::io::AsyncRead;
+use handoff_wire::{Buffer, Header, TicketOp, WireError};
+use std::time::Instant;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
 use crate::budget::Permit;
 use crate::envelope::Envelope;
 use crate::handshake::{DRAIN_BYTES, DRAIN_TIME};
-use crate::io::{FdSource, MessageReader};
+use crate::hashing::HashThread;
+use crate::io::{FdSource, HandshakeReader};
 use crate::limited_warn;
 use crate::link::{Link, ShmLink};
 use crate::payload::Payload;
@@ -63,15 +66,24 @@ pub(crate) async fn release_loop(
 pub(crate) async fn read_loop<R>(
     node: Arc<NodeInner>,
     peer: Peer,
-    mut reader: MessageReader<R>,
+    reader: HandshakeReader<R>,
     releases: Option<mpsc::UnboundedSender<u64>>,
 ) where
     R: AsyncRead + FdSource + Unpin,
 {
     let _counted = node.connection_guard();
     let mut shutdown = node.ctx.shutdown.subscribe();
+    let mut stream = reader.into_stream();
+    let types = node.clone();
+    let mut inbound = Inbound::new(
+        Receiving::new(node.ctx.limits, releases.is_some()),
+        Arc::new(move |name: &str| types.ctx.registry.check(name)),
+        node.ctx.pool.clone(),
+        node.ctx.bounds.progress_timeout,
+    )
+    .with_hash_behind(Box::new(HashThread::start));
     let result = tokio::select! {
-        r = read_messages(&node, &peer, &mut reader, releases.as_ref()) => r,
+        r = read_messages(&node, &peer, &mut stream, &mut inbound, releases.as_ref()) => r,
         _ = shutdown.changed() => Ok(()),
     };
     peer.mark_closed();
@@ -102,7 +114,7 @@ pub(crate) async fn read_loop<R>(
             // and dropped for a moment, so the error is not reset away (spec §11.3).
             peer.0.link.send_error_and_shutdown(&w, DRAIN_TIME).await;
             if !matches!(w, WireError::Timeout(_)) {
-                reader.drain(DRAIN_BYTES, DRAIN_TIME).await;
+                crate::io::drain(&mut stream, DRAIN_BYTES, DRAIN_TIME).await;
             }
         }
         Err(e) => {
@@ -162,55 +174,94 @@ async fn room(
     }
 }
 
+/// One read into the engine's space, within its progress timeout when a message is under
+/// way; the descriptors that came with it go to the engine too.
+async fn read_into<R>(stream: &mut R, inbound: &mut Inbound) -> Result<()>
+where
+    R: AsyncRead + FdSource + Unpin,
+{
+    let deadline = inbound.poll_timeout();
+    let read = stream.read(inbound.recv_space());
+    let n = match deadline {
+        Some(at) => match tokio::time::timeout_at(at.into(), read).await {
+            Ok(n) => n,
+            Err(_) => {
+                inbound.handle_timeout(Instant::now())?;
+                return Ok(());
+            }
+        },
+        None => read.await,
+    }
+    .map_err(|e| Error::io("reading from the peer", e))?;
+    if let Some(problem) = stream.take_fd_error() {
+        return Err(WireError::BadShm(problem).into());
+    }
+    inbound.handle_fds(stream.drain_fds())?;
+    if n == 0 {
+        inbound.handle_eof();
+    } else {
+        inbound.received(n, Instant::now());
+    }
+    Ok(())
+}
+
 async fn read_messages<R>(
     node: &Arc<NodeInner>,
     peer: &Peer,
-    reader: &mut MessageReader<R>,
+    stream: &mut R,
+    inbound: &mut Inbound,
     releases: Option<&mpsc::UnboundedSender<u64>>,
 ) -> Result<()>
 where
     R: AsyncRead + FdSource + Unpin,
 {
-    let receiving = Receiving::new(node.ctx.limits, releases.is_some());
+    let mut permit: Option<Permit> = None;
     let mut delivery: Option<Delivery> = None;
     loop {
-        let Some(len) = reader.next_header_len(&node.ctx.limits).await? else {
-            return Ok(());
-        };
-        // A large header takes room before it is read: the connection waits, not the node.
-        let mut permit = match receiving.header_room(len) {
-            Some(bytes) => room(node, peer, None, bytes, 0).await,
-            None => None,
-        };
-        let header_bytes = reader.read_header_of(len).await?;
-        if let Some(problem) = reader.stream_mut().take_fd_error() {
-            return Err(WireError::BadShm(problem).into());
-        }
-        match receiving.plan(&header_bytes, |name| node.ctx.registry.check(name))? {
-            Step::Message(plan) => {
-                // The whole message takes room before any frame is read or mapped.
-                let message_permit = match permit.take() {
-                    Some(mut p) => {
-                        room(node, peer, Some(&mut p), plan.room, 1).await;
-                        p
+        let event = match inbound.poll()? {
+            Step::Read => {
+                read_into(stream, inbound).await?;
+                continue;
+            }
+            Step::Room { bytes, messages } => {
+                // A large header takes room before it is read (the connection waits, not
+                // the node); the whole message takes room before any frame is read.
+                match permit.as_mut() {
+                    Some(p) => {
+                        room(node, peer, Some(p), bytes, messages).await;
                     }
-                    None => room(node, peer, None, plan.room + len as u64, 1)
-                        .await
-                        .expect("a new permit"),
-                };
-                let received = read_frames(node, peer, reader, &plan, releases).await?;
-                receive::stray_descriptors(reader.stream_mut().pending_fds(), reader.buffered())?;
+                    None => permit = room(node, peer, None, bytes, messages).await,
+                }
+                inbound.room_taken(Instant::now());
+                continue;
+            }
+            Step::CheckPulled { req, len } => {
+                let waiting = peer.0.pending.lock().expect("pending lock").asked(req);
+                inbound.pulled_verdict(receive::pulled(waiting, len), Instant::now());
+                continue;
+            }
+            Step::Closed => return Ok(()),
+            Step::Event(event) => event,
+        };
+        match event {
+            Event::Message(incoming) => {
+                let eager = incoming.eager_tickets;
+                let frames = incoming
+                    .frames
+                    .into_iter()
+                    .map(|frame| received_frame(node, peer, frame, releases))
+                    .collect::<Result<Vec<_>>>()?;
                 let envelope = Envelope {
                     from: peer.clone(),
-                    type_name: plan.type_name.to_string(),
+                    type_name: incoming.type_name,
                     payload: Payload::Encoded {
-                        body: header_bytes.slice_ref(plan.body),
-                        frames: received,
+                        body: incoming.body,
+                        frames,
                     },
-                    permit: Some(message_permit),
+                    permit: Some(permit.take().expect("the message's room was taken")),
                 };
                 let queued = delivery.as_ref().is_some_and(Delivery::busy);
-                if (plan.eager_tickets && node.ctx.redeem == Redeem::Eager) || queued {
+                if (eager && node.ctx.redeem == Redeem::Eager) || queued {
                     // Redeemed by a task of its own, so this loop keeps reading the owner's
                     // answers; later messages queue behind it to keep their order. The queue
                     // is bounded by the budget: each envelope in it holds its room.
@@ -221,10 +272,23 @@ where
                     node.deliver(envelope).await?;
                 }
             }
-            Step::Ticket(op) => handle_ticket_op(node, peer, reader, op).await?,
-            Step::Release(leases) => {
+            Event::Ticket(op) => handle_ticket_op(node, peer, op).await?,
+            Event::Pulled { req, bytes, digest } => {
+                let digest = match digest {
+                    Digest::None => None,
+                    Digest::Hashed(d) => Some(d),
+                    // The helper thread reads `bytes` until it is done: wait for it first.
+                    Digest::Behind(behind) => match behind.into_any().downcast::<HashThread>() {
+                        Ok(thread) => thread.finish().await,
+                        Err(_) => unreachable!("this driver's only hasher"),
+                    },
+                };
+                answer(peer, req, Ok(Answer::Bytes(bytes, digest)))
+            }
+            Event::PulledMismatch { req, why } => answer(peer, req, Ok(Answer::Mismatch(why))),
+            Event::Release(leases) => {
                 let Link::Shm(link) = &peer.0.link else {
-                    unreachable!("the plan takes releases only on shared-memory connections")
+                    unreachable!("the engine takes releases only on shared-memory connections")
                 };
                 let ended = link.release(&leases);
                 if ended < leases.len() {
@@ -236,7 +300,7 @@ where
                     );
                 }
             }
-            Step::PeerRefused { code, message } => {
+            Event::PeerRefused { code, message } => {
                 return Err(Error::Refused {
                     peer: peer.name().to_string(),
                     code,
@@ -247,104 +311,68 @@ where
     }
 }
 
-/// Reads (or maps, or takes the ticket of) each frame of a message whose room is taken.
-async fn read_frames<R>(
+/// A received frame as the application sees it: bytes, a mapped shared-memory view, or a
+/// ticket to redeem.
+fn received_frame(
     node: &Arc<NodeInner>,
     peer: &Peer,
-    reader: &mut MessageReader<R>,
-    plan: &receive::MessagePlan<'_>,
+    frame: Frame,
     releases: Option<&mpsc::UnboundedSender<u64>>,
-) -> Result<Vec<Buffer>>
-where
-    R: AsyncRead + FdSource + Unpin,
-{
-    let announced = plan.descriptors;
-    let fds = reader.stream_mut().take_fds(announced);
-    receive::check_descriptors(announced, fds.as_ref().map_or(0, Vec::len))?;
-    let mut fds = fds.unwrap_or_default().into_iter();
-    let mut received = Vec::with_capacity(plan.frames.len());
-    for (desc, &len) in plan.frames.iter().zip(&plan.inline_lengths) {
-        let buffer = match desc {
-            Descriptor::Shm {
-                len,
-                offset,
-                size,
+) -> Result<Buffer> {
+    Ok(match frame {
+        Frame::Bytes(bytes) => Buffer::from(bytes),
+        Frame::Shm {
+            fd,
+            size,
+            sealed,
+            offset,
+            len,
+            lease,
+        } => {
+            let (mapping, at) = node
+                .ctx
+                .mappings
+                .map(fd, size, sealed, offset, len)
+                .map_err(|e| WireError::BadShm(e.0))?;
+            shm::remote_buffer(RemoteView {
+                mapping,
+                offset: at,
+                len: len as usize,
                 lease,
-                sealed,
-            } => {
-                let fd = fds.next().expect("counted above");
-                let (mapping, at) = node
-                    .ctx
-                    .mappings
-                    .map(fd, *size, *sealed, *offset, *len)
-                    .map_err(|e| WireError::BadShm(e.0))?;
-                shm::remote_buffer(RemoteView {
-                    mapping,
-                    offset: at,
-                    len: *len as usize,
-                    lease: *lease,
-                    release: releases.expect("shm frames only on shm links").clone(),
-                })
-            }
-            Descriptor::Ticket(claim) => {
-                let owner_name = if claim.owner == peer.0.remote.node_id {
-                    Some(peer.name().to_string())
-                } else {
-                    node.peer_by_id(&claim.owner).map(|p| p.name().to_string())
-                };
-                let owner_label = match (owner_name, &claim.addr) {
-                    (Some(n), Some(a)) => format!("{n} ({a})"),
-                    (Some(n), None) => n,
-                    (None, Some(a)) => format!("{} ({a})", &claim.owner[..claim.owner.len().min(12)]),
-                    (None, None) => claim.owner.clone(),
-                };
-                let handle = Arc::new(TicketHandle {
-                    claim: claim.clone(),
-                    node: peer.0.local.clone(),
-                    owner_label,
-                });
-                Buffer::with_origin(Bytes::new(), Arc::new(TicketOrigin(handle)))
-            }
-            _ => Buffer::from(reader.read_frame(len, &node.ctx.pool).await?),
-        };
-        received.push(buffer);
-    }
-    Ok(received)
+                release: releases.expect("shm frames only on shm links").clone(),
+            })
+        }
+        Frame::Ticket(claim) => {
+            let owner_name = if claim.owner == peer.0.remote.node_id {
+                Some(peer.name().to_string())
+            } else {
+                node.peer_by_id(&claim.owner).map(|p| p.name().to_string())
+            };
+            let owner_label = match (owner_name, &claim.addr) {
+                (Some(n), Some(a)) => format!("{n} ({a})"),
+                (Some(n), None) => n,
+                (None, Some(a)) => format!("{} ({a})", &claim.owner[..claim.owner.len().min(12)]),
+                (None, None) => claim.owner.clone(),
+            };
+            let handle = Arc::new(TicketHandle {
+                claim,
+                node: peer.0.local.clone(),
+                owner_label,
+            });
+            Buffer::with_origin(Bytes::new(), Arc::new(TicketOrigin(handle)))
+        }
+    })
 }
 
 /// The ticket protocol on a connection: as the owner, answer pulls and forwards and take
-/// releases and renewals; as a holder, hand answers to the requests waiting for them.
-async fn handle_ticket_op<R>(
-    node: &Arc<NodeInner>,
-    peer: &Peer,
-    reader: &mut MessageReader<R>,
-    op: TicketOp,
-) -> Result<()>
-where
-    R: AsyncRead + FdSource + Unpin,
-{
+/// releases and renewals; as a holder, hand the other answers to the requests waiting for
+/// them (pulled bytes come as their own event).
+async fn handle_ticket_op(node: &Arc<NodeInner>, peer: &Peer, op: TicketOp) -> Result<()> {
     let holder = peer.0.remote.node_id.as_str();
     if let Some(owner_answer) = node.ctx.leases.answer(&op, holder, &node.ctx.me.node_id) {
         return answer_as_owner(node, peer, owner_answer).await;
     }
     match op {
-        TicketOp::Pulled { req, len } => {
-            let waiting = peer.0.pending.lock().expect("pending lock").asked(req);
-            match receive::pulled(waiting, len) {
-                Pulled::Read { hash } => {
-                    let mut hasher = hash.then(blake3::Hasher::new);
-                    let bytes = reader.read_frame_hashing(len, &node.ctx.pool, hasher.as_mut()).await?;
-                    let digest = hasher.map(|h| *h.finalize().as_bytes());
-                    answer(peer, req, Ok(Answer::Bytes(bytes, digest)));
-                }
-                Pulled::Mismatch(why) => {
-                    // Not what we asked for: read past it without allocating it.
-                    reader.discard(len).await?;
-                    answer(peer, req, Ok(Answer::Mismatch(why)));
-                }
-                Pulled::Drop => reader.discard(len).await?,
-            }
-        }
         TicketOp::Forwarded { req, token } => answer(peer, req, Ok(Answer::Token(token))),
         TicketOp::Refused { req, code, message } => answer(
             peer,
@@ -357,8 +385,12 @@ where
                 message,
             }),
         ),
-        TicketOp::Pull { .. } | TicketOp::Forward { .. } | TicketOp::Unlease { .. } | TicketOp::Renew { .. } => {
-            unreachable!("the owner's side answered it")
+        TicketOp::Pulled { .. }
+        | TicketOp::Pull { .. }
+        | TicketOp::Forward { .. }
+        | TicketOp::Unlease { .. }
+        | TicketOp::Renew { .. } => {
+            unreachable!("pulled bytes are an event of their own; the owner's side answered the rest")
         }
     }
     Ok(())

@@ -144,13 +144,10 @@ impl AsyncRead for TcpReader {
 }
 
 impl FdSource for TcpReader {
-    fn take_fds(&mut self, n: usize) -> Option<Vec<std::os::fd::OwnedFd>> {
-        (n == 0).then(Vec::new)
+    fn drain_fds(&mut self) -> Vec<std::os::fd::OwnedFd> {
+        Vec::new()
     }
     fn established(&mut self) {}
-    fn pending_fds(&self) -> usize {
-        0
-    }
     fn take_fd_error(&mut self) -> Option<String> {
         None
     }

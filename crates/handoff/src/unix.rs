@@ -22,7 +22,7 @@ use crate::{Error, Result};
 /// Most descriptors accepted with one read; more is a protocol error.
 pub(crate) const MAX_FDS_PER_READ: usize = 64;
 /// Most descriptors waiting, unclaimed, on one connection (spec §7.2: two messages' worth).
-pub(crate) const MAX_PENDING_FDS: usize = 2 * MAX_FDS_PER_READ;
+pub(crate) use handoff_proto::inbound::MAX_PENDING_FDS;
 
 /// The read side: an `AsyncRead` that also collects the descriptors that arrive.
 ///
@@ -44,16 +44,6 @@ impl FdReader {
             error: None,
             established: false,
         }
-    }
-
-    /// Takes the next `n` received descriptors, in order.
-    pub(crate) fn take_fds(&mut self, n: usize) -> Option<Vec<OwnedFd>> {
-        (self.fds.len() >= n).then(|| self.fds.drain(..n).collect())
-    }
-
-    /// Descriptors received and not yet claimed.
-    pub(crate) fn pending_fds(&self) -> usize {
-        self.fds.len()
     }
 
     /// A descriptor problem seen while reading (too many, truncated control data).
@@ -118,14 +108,11 @@ impl AsyncRead for FdReader {
 }
 
 impl FdSource for FdReader {
-    fn take_fds(&mut self, n: usize) -> Option<Vec<OwnedFd>> {
-        FdReader::take_fds(self, n)
+    fn drain_fds(&mut self) -> Vec<OwnedFd> {
+        self.fds.drain(..).collect()
     }
     fn established(&mut self) {
         self.established = true;
-    }
-    fn pending_fds(&self) -> usize {
-        FdReader::pending_fds(self)
     }
     fn take_fd_error(&mut self) -> Option<String> {
         self.take_error()

@@ -1,0 +1,809 @@
+//! The receiving half of an established connection as a push-based state machine (spec §6,
+//! §7, §9, §11.2), with no I/O.
+//!
+//! A driver reads the stream into [`Inbound::recv_space`] (large frames land in their own
+//! buffer there, with no copy in between), tells the machine how many bytes came with
+//! [`Inbound::received`], hands over the descriptors that arrived with
+//! [`Inbound::handle_fds`], and then calls [`Inbound::poll`] until it says
+//! [`Step::Read`]. Each other step is something to do:
+//! - [`Step::Room`]: take room in the node's receive budget, then [`Inbound::room_taken`].
+//!   Until then the machine offers no space to read into, so a connection that waits for
+//!   room stops reading and its peer feels it;
+//! - [`Step::CheckPulled`]: look up our own request a `pulled` answers, then
+//!   [`Inbound::pulled_verdict`];
+//! - [`Step::Event`]: something received (a message with its frames, a ticket request or
+//!   answer, a release, the peer's error);
+//! - [`Step::Closed`]: the peer ended the stream between messages.
+//!
+//! Time is an input too: inside a message every read must bring something within the
+//! progress timeout ([`Inbound::poll_timeout`], [`Inbound::handle_timeout`]); between
+//! messages a connection may idle.
+//!
+//! The order of checks is [`crate::receive`]'s; this module only keeps the place in the
+//! stream. Every error is final: the connection fails with it, and nothing else does.
+
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use handoff_wire::framing::LEN_PREFIX;
+use handoff_wire::{Descriptor, TicketClaim, TicketOp, WireError};
+
+use crate::receive::{self, Pulled, Receiving};
+use crate::recv_buffers::{PooledBuf, RecvPool, MIN_POOLED};
+
+/// Bytes read ahead at a time between large frames.
+const READ_CHUNK: usize = 64 * 1024;
+/// Most descriptors waiting, unclaimed, on one connection (spec §7.2: two messages' worth of
+/// the 64 one read may bring).
+pub const MAX_PENDING_FDS: usize = 128;
+/// Pulled bytes are hashed in runs of at least this much, so that blake3 uses its widest
+/// SIMD.
+const HASH_STEP: usize = 256 << 10;
+/// Pulled answers at least this large are hashed by the driver's [`HashBehind`], if it
+/// gave one, in runs of [`HASH_BEHIND_STEP`].
+pub const HASH_BEHIND_MIN: usize = 8 << 20;
+/// Bytes handed to a [`HashBehind`] at a time.
+const HASH_BEHIND_STEP: usize = 1 << 20;
+
+/// Hashes a large `pulled` answer away from the reads, while it arrives: a driver with
+/// threads to spare runs the hash on a helper thread, so the reading thread goes straight
+/// back to the socket and the hash is (almost) done when the last byte lands.
+pub trait HashBehind: Send {
+    /// The next bytes of the answer, in order. They stay in place and are not written
+    /// again until this hasher is dropped, and after [`Event::Pulled`] for as long as the
+    /// event's bytes live: a driver that keeps their address must be done with it (or
+    /// drop the hasher) before it drops those bytes.
+    fn arrived(&mut self, bytes: &[u8]);
+    /// The driver's own type again, to wait for the digest its way.
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send>;
+}
+
+/// A driver's maker of [`HashBehind`]s: `None` when it has none to give (the engine then
+/// hashes inline).
+pub type HashBehindMaker = Box<dyn Fn() -> Option<Box<dyn HashBehind>> + Send>;
+
+/// The digest of a `pulled` answer.
+pub enum Digest {
+    /// Not asked for.
+    None,
+    /// Hashed by the engine.
+    Hashed([u8; 32]),
+    /// Hashed by the driver's [`HashBehind`], which has every byte: the driver waits for it.
+    Behind(Box<dyn HashBehind>),
+}
+
+impl std::fmt::Debug for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Digest::None => write!(f, "None"),
+            Digest::Hashed(d) => write!(f, "Hashed({})", hex::encode(d)),
+            Digest::Behind(_) => write!(f, "Behind"),
+        }
+    }
+}
+
+/// The node's check of a message's type name against its registry.
+pub type TypeCheck = Arc<dyn Fn(&str) -> Result<(), WireError> + Send + Sync>;
+
+/// What the driver does next.
+#[derive(Debug)]
+pub enum Step {
+    /// Read from the stream into [`Inbound::recv_space`].
+    Read,
+    /// Take room for `bytes` (and `messages`) of this peer's in the receive budget — the
+    /// first time for a message a new permit, after that more room on the same one — and
+    /// then call [`Inbound::room_taken`].
+    Room {
+        /// Bytes of room.
+        bytes: u64,
+        /// Messages of room (0 for a large header before its message is known).
+        messages: usize,
+    },
+    /// A `pulled` answer arrived: check it against our request `req` with
+    /// [`receive::pulled`] and hand the verdict to [`Inbound::pulled_verdict`].
+    CheckPulled {
+        /// Our request's id.
+        req: u64,
+        /// The bytes that follow.
+        len: u64,
+    },
+    /// Something was received.
+    Event(Event),
+    /// The peer ended the stream between two messages.
+    Closed,
+}
+
+/// Something an established connection received.
+#[derive(Debug)]
+pub enum Event {
+    /// A whole message (its room was taken before any frame was read).
+    Message(Incoming),
+    /// A ticket request, or an answer other than `pulled`.
+    Ticket(TicketOp),
+    /// The bytes our pull `req` asked for, with their blake3 digest when it asked for one.
+    /// (Keep the bytes until a [`Digest::Behind`] is done with them.)
+    Pulled {
+        /// Our request's id.
+        req: u64,
+        /// The bytes.
+        bytes: Bytes,
+        /// Their blake3 digest, when the request wanted it.
+        digest: Digest,
+    },
+    /// A `pulled` that did not match what our request `req` asked for; its bytes were
+    /// skipped.
+    PulledMismatch {
+        /// Our request's id.
+        req: u64,
+        /// What came instead.
+        why: String,
+    },
+    /// The peer dropped its last view of these shared-memory leases of ours.
+    Release(Vec<u64>),
+    /// The peer closes the connection with this error; it is not answered.
+    PeerRefused {
+        /// The peer's error code.
+        code: String,
+        /// The peer's explanation.
+        message: String,
+    },
+}
+
+/// A received message.
+#[derive(Debug)]
+pub struct Incoming {
+    /// Its type name, known to the node's registry.
+    pub type_name: String,
+    /// Its body.
+    pub body: Bytes,
+    /// Its frames, in order.
+    pub frames: Vec<Frame>,
+    /// Whether it carries a ticket to redeem before delivery when the node redeems eagerly.
+    pub eager_tickets: bool,
+}
+
+/// One frame of a received message.
+#[derive(Debug)]
+pub enum Frame {
+    /// Bytes that came on the stream.
+    Bytes(Bytes),
+    /// A range of a shared-memory segment, with the segment's descriptor, for the driver
+    /// to map.
+    Shm {
+        /// The segment.
+        fd: OwnedFd,
+        /// The segment's size as the sender gave it.
+        size: u64,
+        /// Whether the sender sealed it.
+        sealed: bool,
+        /// Where the frame starts in the segment.
+        offset: u64,
+        /// The frame's length.
+        len: u64,
+        /// The sender's lease on it, released when the last view is dropped.
+        lease: u64,
+    },
+    /// A ticket to redeem from its owner.
+    Ticket(TicketClaim),
+}
+
+/// Bytes being collected for one item: in the read buffer while small, in a buffer of
+/// their own (read into directly) when large.
+enum Fill {
+    Small { len: usize },
+    Large { target: PooledBuf, filled: usize },
+}
+
+/// A message whose room is being taken or whose frames are being read.
+struct Reading {
+    type_name: String,
+    body: Bytes,
+    eager_tickets: bool,
+    /// Descriptors the header announced (its `shm` frames).
+    announced: usize,
+    descriptors: std::vec::IntoIter<Descriptor>,
+    inline_lengths: std::vec::IntoIter<u64>,
+    /// The announced descriptors, once taken.
+    fds: Option<std::vec::IntoIter<OwnedFd>>,
+    frames: Vec<Frame>,
+    current: Option<Fill>,
+}
+
+/// A `pulled` answer's bytes being read.
+struct PulledBytes {
+    req: u64,
+    fill: Fill,
+    /// Declared before `fill`, so that it is dropped first (a helper thread stops reading
+    /// the buffer before the buffer goes).
+    behind: Option<Box<dyn HashBehind>>,
+    hasher: Option<Box<blake3::Hasher>>,
+    hashed: usize,
+}
+
+enum State {
+    /// Between items: the next length prefix.
+    Prefix,
+    /// A large header waits for its room before it is read.
+    HeaderRoom { len: usize },
+    /// A header of `len` bytes; `room` when its room was taken.
+    Header { len: usize, room: bool },
+    /// A decoded message waits for room for all of it.
+    MessageRoom(Box<Reading>, u64),
+    /// A message's frames are read.
+    Frames(Box<Reading>),
+    /// A `pulled` answer waits for the driver's verdict.
+    PulledVerdict { req: u64, len: u64 },
+    /// Pulled bytes are read.
+    PulledRead(Box<PulledBytes>),
+    /// `left` bytes of a `pulled` of `len` are skipped; a mismatch is reported at the end.
+    Skip {
+        len: u64,
+        left: u64,
+        mismatch: Option<(u64, String)>,
+    },
+    /// The stream ended, or the connection failed.
+    Done,
+}
+
+/// The receiving half of one established connection.
+pub struct Inbound {
+    receiving: Receiving,
+    known_type: TypeCheck,
+    pool: RecvPool,
+    progress_timeout: Duration,
+    /// The read buffer: `buf[start..end]` was read and is not used yet. Its length is its
+    /// capacity (zeroed once), so reads go into initialised memory.
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Whether the last [`Inbound::recv_space`] was a large fill's own buffer.
+    into_fill: bool,
+    fds: VecDeque<OwnedFd>,
+    state: State,
+    eof: bool,
+    /// When the last read brought something, or the driver's last answer came.
+    last_progress: Option<Instant>,
+    hash_behind: Option<HashBehindMaker>,
+}
+
+impl Inbound {
+    /// The receiving half of a connection that has just finished its handshake, with the
+    /// node's type check and receive buffers; `progress_timeout` is the most a peer may stay
+    /// silent in the middle of a message (spec §9.1).
+    pub fn new(receiving: Receiving, known_type: TypeCheck, pool: RecvPool, progress_timeout: Duration) -> Inbound {
+        Inbound {
+            receiving,
+            known_type,
+            pool,
+            progress_timeout,
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+            into_fill: false,
+            fds: VecDeque::new(),
+            state: State::Prefix,
+            eof: false,
+            last_progress: None,
+            hash_behind: None,
+        }
+    }
+
+    /// Large `pulled` answers (from [`HASH_BEHIND_MIN`]) are hashed by what `make` gives,
+    /// while they arrive, instead of inline.
+    pub fn with_hash_behind(mut self, make: HashBehindMaker) -> Inbound {
+        self.hash_behind = Some(make);
+        self
+    }
+
+    /// Bytes read and not used yet.
+    pub fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Whether the machine waits for bytes from the stream (and not for the driver).
+    fn wants_bytes(&self) -> bool {
+        !self.eof
+            && matches!(
+                self.state,
+                State::Prefix | State::Header { .. } | State::Frames(_) | State::PulledRead(_) | State::Skip { .. }
+            )
+    }
+
+    /// Whether some byte of an item arrived, so that silence counts against the peer.
+    fn inside(&self) -> bool {
+        !matches!(self.state, State::Prefix) || self.buffered() > 0
+    }
+
+    /// The bytes the item being read needs in the read buffer at once.
+    fn item_need(&self) -> usize {
+        match &self.state {
+            State::Prefix => LEN_PREFIX,
+            State::Header { len, .. } => *len,
+            State::Frames(r) => match r.current {
+                Some(Fill::Small { len }) => len,
+                _ => 0,
+            },
+            State::PulledRead(p) => match p.fill {
+                Fill::Small { len } => len,
+                Fill::Large { .. } => 0,
+            },
+            _ => 0,
+        }
+    }
+
+    /// Where the driver reads next: empty while the machine waits for the driver or is
+    /// done. A large frame is read straight into its own buffer.
+    pub fn recv_space(&mut self) -> &mut [u8] {
+        self.into_fill = false;
+        if !self.wants_bytes() {
+            return &mut [];
+        }
+        if self.buffered() == 0 {
+            self.start = 0;
+            self.end = 0;
+            if self.buf.len() > 4 * READ_CHUNK {
+                // A large header was read: its memory goes back.
+                self.buf = Vec::new();
+            }
+            let large = match &self.state {
+                State::Frames(r) => matches!(r.current, Some(Fill::Large { .. })),
+                State::PulledRead(p) => matches!(p.fill, Fill::Large { .. }),
+                _ => false,
+            };
+            if large {
+                let fill = match &mut self.state {
+                    State::Frames(r) => r.current.as_mut(),
+                    State::PulledRead(p) => Some(&mut p.fill),
+                    _ => None,
+                };
+                let Some(Fill::Large { target, filled }) = fill else {
+                    unreachable!("checked above")
+                };
+                self.into_fill = true;
+                let at = *filled;
+                return &mut target.as_mut_slice()[at..];
+            }
+        }
+        let need = self.item_need().max(READ_CHUNK);
+        if self.buf.len() - self.start < need || self.buf.len() - self.end < READ_CHUNK / 4 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+            if self.buf.len() < need {
+                self.buf.resize(need, 0);
+            }
+        }
+        &mut self.buf[self.end..]
+    }
+
+    /// `n` bytes were read into the last [`recv_space`](Self::recv_space), at `now`.
+    pub fn received(&mut self, n: usize, now: Instant) {
+        if n == 0 {
+            return;
+        }
+        self.last_progress = Some(now);
+        if !self.into_fill {
+            self.end += n;
+            return;
+        }
+        match &mut self.state {
+            State::Frames(r) => {
+                if let Some(Fill::Large { filled, .. }) = &mut r.current {
+                    *filled += n;
+                }
+            }
+            State::PulledRead(p) => {
+                if let Fill::Large { filled, .. } = &mut p.fill {
+                    *filled += n;
+                }
+                p.hash_ready(false);
+            }
+            _ => {}
+        }
+    }
+
+    /// The stream ended (a read returned nothing).
+    pub fn handle_eof(&mut self) {
+        self.eof = true;
+    }
+
+    /// Descriptors that arrived on the socket, in order. More waiting than
+    /// [`MAX_PENDING_FDS`] fails the connection (and closes them).
+    pub fn handle_fds(&mut self, fds: impl IntoIterator<Item = OwnedFd>) -> Result<(), WireError> {
+        self.fds.extend(fds);
+        if self.fds.len() > MAX_PENDING_FDS {
+            let n = self.fds.len();
+            self.fds.clear();
+            self.state = State::Done;
+            return Err(WireError::BadShm(format!(
+                "{n} descriptors wait unclaimed (at most {MAX_PENDING_FDS})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Descriptors that arrived and no header claimed yet.
+    pub fn pending_fds(&self) -> usize {
+        self.fds.len()
+    }
+
+    /// When a silent peer times out: inside a message, the progress timeout after the last
+    /// read that brought something; `None` between messages or while the driver decides.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if !self.inside() || !self.wants_bytes() {
+            return None;
+        }
+        self.last_progress.map(|t| t + self.progress_timeout)
+    }
+
+    /// Time passed: fails the connection if the peer was silent inside a message past the
+    /// progress timeout.
+    pub fn handle_timeout(&mut self, now: Instant) -> Result<(), WireError> {
+        match self.poll_timeout() {
+            Some(at) if now >= at => {
+                let what = self.what();
+                self.state = State::Done;
+                Err(WireError::Timeout(format!(
+                    "the peer sent nothing for {:?} in the middle of a message (waiting for its {what})",
+                    self.progress_timeout
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// What is being read, for errors.
+    fn what(&self) -> &'static str {
+        match self.state {
+            State::Prefix => "header length",
+            State::Header { .. } => "header",
+            State::Skip { .. } => "pulled bytes",
+            _ => "frame",
+        }
+    }
+
+    /// The room asked for by [`Step::Room`] was taken, at `now`.
+    pub fn room_taken(&mut self, now: Instant) {
+        self.last_progress = Some(now);
+        self.state = match std::mem::replace(&mut self.state, State::Done) {
+            State::HeaderRoom { len } => State::Header { len, room: true },
+            State::MessageRoom(reading, _) => State::Frames(reading),
+            other => other,
+        };
+    }
+
+    /// The driver's verdict on the `pulled` of [`Step::CheckPulled`], at `now`.
+    pub fn pulled_verdict(&mut self, verdict: Pulled, now: Instant) {
+        let State::PulledVerdict { req, len } = self.state else {
+            return;
+        };
+        self.last_progress = Some(now);
+        self.state = match verdict {
+            Pulled::Read { hash } => State::PulledRead(Box::new(PulledBytes {
+                req,
+                fill: self.fill_for(len as usize),
+                behind: match &self.hash_behind {
+                    Some(make) if hash && len as usize >= HASH_BEHIND_MIN => make(),
+                    _ => None,
+                },
+                hasher: hash.then(|| Box::new(blake3::Hasher::new())),
+                hashed: 0,
+            })),
+            Pulled::Mismatch(why) => State::Skip {
+                len,
+                left: len,
+                mismatch: Some((req, why)),
+            },
+            Pulled::Drop => State::Skip {
+                len,
+                left: len,
+                mismatch: None,
+            },
+        };
+    }
+
+    fn fill_for(&self, len: usize) -> Fill {
+        if len < MIN_POOLED {
+            Fill::Small { len }
+        } else {
+            Fill::Large {
+                target: self.pool.take(len),
+                filled: 0,
+            }
+        }
+    }
+
+    /// Takes `n` buffered bytes.
+    fn take(&mut self, n: usize) -> &[u8] {
+        let at = self.start;
+        self.start += n;
+        &self.buf[at..at + n]
+    }
+
+    fn truncated(&mut self, what: &'static str, needed: u64, available: u64) -> WireError {
+        self.state = State::Done;
+        WireError::Truncated {
+            what,
+            needed,
+            available,
+        }
+    }
+
+    /// Collects buffered bytes into `fill`; the bytes once whole. The read buffer is left
+    /// empty, or holds what follows the item.
+    fn collect(&mut self, fill: &mut Fill) -> Option<Bytes> {
+        match fill {
+            Fill::Small { len } => (self.buffered() >= *len).then(|| Bytes::copy_from_slice(self.take(*len))),
+            Fill::Large { target, filled } => {
+                let n = self.buffered().min(target.as_mut_slice().len() - *filled);
+                let at = *filled;
+                target.as_mut_slice()[at..at + n].copy_from_slice(&self.buf[self.start..self.start + n]);
+                self.start += n;
+                *filled += n;
+                None
+            }
+        }
+    }
+
+    /// What to do next; see the module's documentation. After an error the connection is
+    /// over, and later calls say [`Step::Closed`].
+    pub fn poll(&mut self) -> Result<Step, WireError> {
+        loop {
+            match std::mem::replace(&mut self.state, State::Done) {
+                State::Done => return Ok(Step::Closed),
+                State::Prefix => {
+                    if self.buffered() < LEN_PREFIX {
+                        if !self.eof {
+                            self.state = State::Prefix;
+                            return Ok(Step::Read);
+                        }
+                        if self.buffered() == 0 {
+                            return Ok(Step::Closed);
+                        }
+                        return Err(self.truncated("header length", LEN_PREFIX as u64, self.buffered() as u64));
+                    }
+                    let p = self.take(LEN_PREFIX);
+                    let prefix = [p[0], p[1], p[2], p[3]];
+                    let len = self.receiving.header_len(prefix)?;
+                    if let Some(bytes) = self.receiving.header_room(len) {
+                        self.state = State::HeaderRoom { len };
+                        return Ok(Step::Room { bytes, messages: 0 });
+                    }
+                    self.state = State::Header { len, room: false };
+                }
+                State::HeaderRoom { len } => {
+                    self.state = State::HeaderRoom { len };
+                    return Ok(Step::Room {
+                        bytes: len as u64,
+                        messages: 0,
+                    });
+                }
+                State::Header { len, room } => {
+                    if self.buffered() < len {
+                        if self.eof {
+                            let available = (LEN_PREFIX + self.buffered()) as u64;
+                            return Err(self.truncated("header", (LEN_PREFIX + len) as u64, available));
+                        }
+                        self.state = State::Header { len, room };
+                        return Ok(Step::Read);
+                    }
+                    let header = Bytes::copy_from_slice(self.take(len));
+                    return self.header(header, len, room);
+                }
+                State::MessageRoom(reading, bytes) => {
+                    self.state = State::MessageRoom(reading, bytes);
+                    return Ok(Step::Room { bytes, messages: 1 });
+                }
+                State::Frames(reading) => return self.frames(reading),
+                State::PulledVerdict { req, len } => {
+                    self.state = State::PulledVerdict { req, len };
+                    return Ok(Step::CheckPulled { req, len });
+                }
+                State::PulledRead(mut pulled) => {
+                    let whole = self.collect(&mut pulled.fill);
+                    let bytes = match (whole, &mut pulled.fill) {
+                        (Some(b), _) => b,
+                        (None, Fill::Large { target, filled }) if *filled == target.as_ref().len() => {
+                            pulled.hash_ready(true);
+                            let Fill::Large { target, .. } =
+                                std::mem::replace(&mut pulled.fill, Fill::Small { len: 0 })
+                            else {
+                                unreachable!("matched above")
+                            };
+                            target.freeze()
+                        }
+                        (None, fill) => {
+                            let (needed, available) = fill.progress(self.buffered());
+                            if self.eof {
+                                return Err(self.truncated("frame", needed, available));
+                            }
+                            pulled.hash_ready(false);
+                            self.state = State::PulledRead(pulled);
+                            return Ok(Step::Read);
+                        }
+                    };
+                    let small = matches!(pulled.fill, Fill::Small { len } if len > 0);
+                    let PulledBytes {
+                        req, behind, hasher, ..
+                    } = *pulled;
+                    let digest = match (behind, hasher) {
+                        (Some(behind), _) => Digest::Behind(behind),
+                        (None, Some(mut h)) => {
+                            if small {
+                                h.update(&bytes);
+                            }
+                            Digest::Hashed(*h.finalize().as_bytes())
+                        }
+                        (None, None) => Digest::None,
+                    };
+                    self.state = State::Prefix;
+                    return Ok(Step::Event(Event::Pulled { req, bytes, digest }));
+                }
+                State::Skip { len, left, mismatch } => {
+                    let n = (self.buffered() as u64).min(left);
+                    self.start += n as usize;
+                    let left = left - n;
+                    if left > 0 {
+                        if self.eof {
+                            return Err(self.truncated("pulled bytes", len, len - left));
+                        }
+                        self.state = State::Skip { len, left, mismatch };
+                        return Ok(Step::Read);
+                    }
+                    self.state = State::Prefix;
+                    if let Some((req, why)) = mismatch {
+                        return Ok(Step::Event(Event::PulledMismatch { req, why }));
+                    }
+                }
+            }
+        }
+    }
+
+    /// A whole header, `room` when its own room was taken: the next state, and the driver's
+    /// step.
+    fn header(&mut self, header: Bytes, len: usize, room: bool) -> Result<Step, WireError> {
+        let known_type = self.known_type.clone();
+        let step = match self.receiving.plan(&header, |name| known_type(name))? {
+            receive::Step::Message(plan) => {
+                let bytes = plan.room + if room { 0 } else { len as u64 };
+                let reading = Reading {
+                    type_name: plan.type_name.to_string(),
+                    body: header.slice_ref(plan.body),
+                    eager_tickets: plan.eager_tickets,
+                    announced: plan.descriptors,
+                    descriptors: plan.frames.into_iter(),
+                    inline_lengths: plan.inline_lengths.into_iter(),
+                    fds: None,
+                    frames: Vec::new(),
+                    current: None,
+                };
+                self.state = State::MessageRoom(Box::new(reading), bytes);
+                Step::Room { bytes, messages: 1 }
+            }
+            receive::Step::Ticket(TicketOp::Pulled { req, len }) => {
+                self.state = State::PulledVerdict { req, len };
+                Step::CheckPulled { req, len }
+            }
+            receive::Step::Ticket(op) => {
+                self.state = State::Prefix;
+                Step::Event(Event::Ticket(op))
+            }
+            receive::Step::Release(leases) => {
+                self.state = State::Prefix;
+                Step::Event(Event::Release(leases))
+            }
+            receive::Step::PeerRefused { code, message } => Step::Event(Event::PeerRefused { code, message }),
+        };
+        Ok(step)
+    }
+
+    /// Reads a message's frames: [`Step::Read`] while bytes are missing, its event once whole.
+    fn frames(&mut self, mut r: Box<Reading>) -> Result<Step, WireError> {
+        if r.fds.is_none() {
+            receive::check_descriptors(r.announced, self.fds.len())?;
+            let fds: Vec<OwnedFd> = self.fds.drain(..r.announced).collect();
+            r.frames.reserve_exact(r.descriptors.len());
+            r.fds = Some(fds.into_iter());
+        }
+        loop {
+            if let Some(mut fill) = r.current.take() {
+                match self.collect(&mut fill) {
+                    Some(bytes) => r.frames.push(Frame::Bytes(bytes)),
+                    None => match fill {
+                        Fill::Large { target, filled } if filled == target.as_ref().len() => {
+                            r.frames.push(Frame::Bytes(target.freeze()))
+                        }
+                        fill => {
+                            if self.eof {
+                                let (needed, available) = fill.progress(self.buffered());
+                                return Err(self.truncated("frame", needed, available));
+                            }
+                            r.current = Some(fill);
+                            self.state = State::Frames(r);
+                            return Ok(Step::Read);
+                        }
+                    },
+                }
+            }
+            let (Some(desc), Some(inline)) = (r.descriptors.next(), r.inline_lengths.next()) else {
+                receive::stray_descriptors(self.fds.len(), self.buffered())?;
+                self.state = State::Prefix;
+                return Ok(Step::Event(Event::Message(Incoming {
+                    type_name: r.type_name,
+                    body: r.body,
+                    frames: r.frames,
+                    eager_tickets: r.eager_tickets,
+                })));
+            };
+            match desc {
+                Descriptor::Shm {
+                    len,
+                    offset,
+                    size,
+                    lease,
+                    sealed,
+                } => {
+                    let fd = r.fds.as_mut().and_then(Iterator::next).expect("counted before");
+                    r.frames.push(Frame::Shm {
+                        fd,
+                        size,
+                        sealed,
+                        offset,
+                        len,
+                        lease,
+                    });
+                }
+                Descriptor::Ticket(claim) => r.frames.push(Frame::Ticket(claim)),
+                _ if inline == 0 => r.frames.push(Frame::Bytes(Bytes::new())),
+                _ => {
+                    let len = usize::try_from(inline).map_err(|_| WireError::FrameTooLarge {
+                        index: r.frames.len(),
+                        len: inline,
+                        limit: usize::MAX as u64,
+                    })?;
+                    r.current = Some(self.fill_for(len));
+                }
+            }
+        }
+    }
+}
+
+impl Fill {
+    /// The bytes the item needs and those it has, for a truncation error.
+    fn progress(&self, buffered: usize) -> (u64, u64) {
+        match self {
+            Fill::Small { len } => (*len as u64, buffered as u64),
+            Fill::Large { target, filled } => (target.as_ref().len() as u64, *filled as u64),
+        }
+    }
+}
+
+impl PulledBytes {
+    /// Hashes what was read of a large answer in runs of at least [`HASH_STEP`], or all of
+    /// it when `all`.
+    fn hash_ready(&mut self, all: bool) {
+        let Fill::Large { target, filled } = &self.fill else {
+            return;
+        };
+        let step = if self.behind.is_some() {
+            HASH_BEHIND_STEP
+        } else {
+            HASH_STEP
+        };
+        if *filled - self.hashed < step && !(all && *filled > self.hashed) {
+            return;
+        }
+        let ready = &target.as_ref()[self.hashed..*filled];
+        match (self.behind.as_mut(), self.hasher.as_mut()) {
+            (Some(b), _) => b.arrived(ready),
+            (None, Some(h)) => {
+                h.update(ready);
+            }
+            (None, None) => return,
+        }
+        self.hashed = *filled;
+    }
+}
