@@ -15,6 +15,7 @@
 //!   machine (bytes and descriptors in, messages and ticket traffic out);
 //! - [`inbox`]: received messages waiting for the application, taken fairly by bytes;
 //! - [`log_limit`]: how many warnings about a peer reach the log;
+//! - [`outbound`]: how a message's frames travel on a same-host connection, and its header;
 //! - [`receive`]: what an established connection decides about each header it reads (§9, §11.2);
 //! - [`recv_buffers`]: reused receive buffers for large inline frames;
 //! - [`shm`]: the memfd segment pool (sending) and the mapping cache (receiving);
@@ -34,6 +35,7 @@ pub mod identity;
 pub mod inbound;
 pub mod inbox;
 pub mod log_limit;
+pub mod outbound;
 pub mod receive;
 pub mod recv_buffers;
 pub mod seeded;

@@ -12,19 +12,20 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
-use handoff_wire::framing::encode_header_into;
-use handoff_wire::{Buffer, Descriptor, Header, TicketClaim};
+use handoff_wire::Buffer;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Mutex, Notify};
 
 use crate::context::Context;
 use crate::payload::Payload;
-use crate::shm::{self, Held, PassFd, ShmOrigin};
+use crate::shm::Held;
 use crate::tcp::TcpWriter;
 use crate::tickets::owner::WhenFull;
 use crate::unix::UnixWriter;
 use crate::{Error, Result};
-use handoff_proto::shm::leases::{route_frame, FrameRoute, ShmLeases};
+pub(crate) use handoff_proto::outbound::Planned;
+use handoff_proto::outbound::{message_head, route_frames, Routed, ShmRouting};
+use handoff_proto::shm::leases::ShmLeases;
 
 /// How messages reach a peer.
 pub(crate) enum Link {
@@ -56,12 +57,6 @@ pub(crate) trait InprocTarget: Send + Sync {
 /// at once (a stalled write, the connection's reader), whoever holds it.
 fn abort_socket(fd: BorrowedFd<'_>) {
     let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Both);
-}
-
-/// A frame after the ticket policy: its bytes, or a ticket for them.
-pub(crate) enum Planned {
-    Bytes(Buffer),
-    Ticket(TicketClaim),
 }
 
 impl Link {
@@ -205,11 +200,7 @@ impl ShmLink {
             let released = self.released.notified();
             tokio::pin!(released);
             released.as_mut().enable();
-            let refused = self
-                .leases
-                .lock()
-                .expect("leases lock")
-                .try_lease(held.clone_handle(), bytes);
+            let refused = self.leases.lock().expect("leases lock").try_lease(held.clone(), bytes);
             match refused {
                 Ok(lease) => return Ok(lease),
                 Err((_, reason)) if give_up.is_none_or(|g| tokio::time::Instant::now() >= g) => {
@@ -225,7 +216,8 @@ impl ShmLink {
         }
     }
 
-    /// Plans each frame (shared segment or inline), registers the leases, and writes the message.
+    /// Routes each frame (shared segment or inline), registers the leases, and writes the
+    /// message.
     pub(crate) async fn send(
         &self,
         type_name: &str,
@@ -234,36 +226,51 @@ impl ShmLink {
         label: &str,
         limits: &handoff_wire::Limits,
     ) -> Result<()> {
-        let mut descriptors = Vec::with_capacity(frames.len());
-        let mut inline = Vec::new();
-        // Local handles on what the fds belong to, so they stay open while we send.
-        let mut passing: Vec<(Held, PassFd)> = Vec::new();
-        let mut leased: Vec<u64> = Vec::new();
-        let result = self
-            .plan_frames(frames, &mut descriptors, &mut inline, &mut passing, &mut leased, label)
-            .await;
-        if let Err(e) = result {
-            // Nothing was sent: the leases taken for this message end here.
-            self.release(&leased);
-            return Err(e);
-        }
-        let header = Header::Msg {
-            type_name,
-            body,
-            frames: descriptors,
+        let routing = ShmRouting {
+            threshold: self.threshold,
+            sealed_only: self.sealed,
+            max_fds: crate::unix::MAX_FDS_PER_READ,
         };
-        let mut head = Vec::with_capacity(body.len() + 64);
-        encode_header_into(&header, &mut head);
-        // The exact header against what the receiver accepts (spec §9): not sent, nothing kept.
-        if let Err(reason) = limits.check_outgoing(head.len() - 4, std::iter::empty()) {
-            self.release(&leased);
-            return Err(Error::Unsendable {
-                type_name: type_name.to_string(),
-                peer: label.to_string(),
-                reason: Box::new(reason),
-            });
+        let routed = route_frames(frames, &routing).map_err(|e| Error::io(e.what, e.source))?;
+        // Registered before sending: the release may come back at once.
+        let mut leased: Vec<u64> = Vec::new();
+        for r in &routed {
+            if let Routed::Shared { held, .. } = r {
+                match self.lease(held, label).await {
+                    Ok(lease) => leased.push(lease),
+                    Err(e) => {
+                        // Nothing was sent: the leases taken for this message end here.
+                        self.release(&leased);
+                        return Err(e);
+                    }
+                }
+            }
         }
-        let fds: Vec<_> = passing.iter().map(|(_, fd)| fd.as_fd()).collect();
+        let head = match message_head(type_name, body, &routed, &leased, limits) {
+            Ok(head) => head,
+            Err(reason) => {
+                self.release(&leased);
+                return Err(Error::Unsendable {
+                    type_name: type_name.to_string(),
+                    peer: label.to_string(),
+                    reason: Box::new(reason),
+                });
+            }
+        };
+        let fds: Vec<_> = routed
+            .iter()
+            .filter_map(|r| match r {
+                Routed::Shared { fd, .. } => Some(fd.as_fd()),
+                _ => None,
+            })
+            .collect();
+        let inline: Vec<Buffer> = routed
+            .iter()
+            .filter_map(|r| match r {
+                Routed::Inline(b) => Some(b.clone()),
+                _ => None,
+            })
+            .collect();
         let mut w = self.writer.lock().await;
         let sent = match w.send_with_fds(&head, &fds, self.write_timeout).await {
             Ok(()) => crate::io::write_all_vectored(&mut *w, &[], &inline, self.write_timeout).await,
@@ -273,96 +280,5 @@ impl ShmLink {
             abort_socket(w.fd());
         }
         sent.map_err(|e| Error::io(format!("sending {type_name} to {label}"), e))
-    }
-
-    async fn plan_frames(
-        &self,
-        frames: Vec<Planned>,
-        descriptors: &mut Vec<Descriptor>,
-        inline: &mut Vec<Buffer>,
-        passing: &mut Vec<(Held, PassFd)>,
-        leased: &mut Vec<u64>,
-        label: &str,
-    ) -> Result<()> {
-        for planned in frames {
-            let frame = match planned {
-                Planned::Ticket(claim) => {
-                    descriptors.push(Descriptor::Ticket(claim));
-                    continue;
-                }
-                Planned::Bytes(frame) => frame,
-            };
-            // One read takes at most MAX_FDS_PER_READ descriptors: frames past that go inline.
-            // A received segment can be passed on only while its descriptor is kept.
-            let origin = shm::origin_of(&frame);
-            let pass = origin.and_then(ShmOrigin::pass_fd);
-            let route = route_frame(
-                frame.len(),
-                pass.is_some(),
-                origin.is_some_and(|o| o.sealed()),
-                passing.len(),
-                crate::unix::MAX_FDS_PER_READ,
-                self.threshold,
-                self.sealed,
-            );
-            let shared = match route {
-                FrameRoute::Segment => Some((Held::Buffer(frame.clone()), pass.expect("route_frame checked it"))),
-                FrameRoute::CopySealed => {
-                    let copy =
-                        Arc::new(shm::sealed_copy(&frame).map_err(|e| Error::io("copying into a sealed segment", e))?);
-                    Some((Held::Sealed(copy.clone()), PassFd::Sealed(copy)))
-                }
-                FrameRoute::CopyIn => {
-                    let copy = shm::copy_in(&frame).map_err(|e| Error::io("copying into shared memory", e))?;
-                    let fd = shm::origin_of(&copy)
-                        .and_then(ShmOrigin::pass_fd)
-                        .expect("a segment of our pool");
-                    Some((Held::Buffer(copy), fd))
-                }
-                FrameRoute::Inline => None,
-            };
-            match shared {
-                Some((held, fd)) => {
-                    let (offset, size, sealed) = match &held {
-                        Held::Buffer(b) => {
-                            let o = shm::origin_of(b).expect("a shared buffer has its origin");
-                            (
-                                o.offset_of(b).expect("a view lies in its segment"),
-                                o.size(),
-                                o.sealed(),
-                            )
-                        }
-                        Held::Sealed(s) => (0, s.size, true),
-                    };
-                    // Registered before sending: the release may come back at once.
-                    let lease = self.lease(&held, label).await?;
-                    leased.push(lease);
-                    descriptors.push(Descriptor::Shm {
-                        len: held.bytes() as u64,
-                        offset: offset as u64,
-                        size: size as u64,
-                        lease,
-                        sealed,
-                    });
-                    passing.push((held, fd));
-                }
-                None => {
-                    descriptors.push(Descriptor::Inline {
-                        len: frame.len() as u64,
-                    });
-                    inline.push(frame);
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Held {
-    fn clone_handle(&self) -> Held {
-        match self {
-            Held::Buffer(b) => Held::Buffer(b.clone()),
-            Held::Sealed(s) => Held::Sealed(s.clone()),
-        }
     }
 }

@@ -32,6 +32,7 @@ use crate::tickets::holder::{Ticket, TicketHandle, TicketOrigin};
 use crate::tickets::modes::Redeem;
 use crate::tickets::pending::Answer;
 use crate::{Error, Peer, Result};
+use handoff_proto::shm::buffers::Release;
 
 /// Sends `release` messages for the leases whose last local view was dropped.
 pub(crate) async fn release_loop(
@@ -74,16 +75,22 @@ pub(crate) async fn read_loop<R>(
     let _counted = node.connection_guard();
     let mut shutdown = node.ctx.shutdown.subscribe();
     let mut stream = reader.into_stream();
+    // A received view's last drop queues its lease's `release`.
+    let release: Option<Release> = releases.map(|tx| {
+        Arc::new(move |lease| {
+            let _ = tx.send(lease);
+        }) as Release
+    });
     let types = node.clone();
     let mut inbound = Inbound::new(
-        Receiving::new(node.ctx.limits, releases.is_some()),
+        Receiving::new(node.ctx.limits, release.is_some()),
         Arc::new(move |name: &str| types.ctx.registry.check(name)),
         node.ctx.pool.clone(),
         node.ctx.bounds.progress_timeout,
     )
     .with_hash_behind(Box::new(HashThread::start));
     let result = tokio::select! {
-        r = read_messages(&node, &peer, &mut stream, &mut inbound, releases.as_ref()) => r,
+        r = read_messages(&node, &peer, &mut stream, &mut inbound, release.as_ref()) => r,
         _ = shutdown.changed() => Ok(()),
     };
     peer.mark_closed();
@@ -210,7 +217,7 @@ async fn read_messages<R>(
     peer: &Peer,
     stream: &mut R,
     inbound: &mut Inbound,
-    releases: Option<&mpsc::UnboundedSender<u64>>,
+    release: Option<&Release>,
 ) -> Result<()>
 where
     R: AsyncRead + FdSource + Unpin,
@@ -249,7 +256,7 @@ where
                 let frames = incoming
                     .frames
                     .into_iter()
-                    .map(|frame| received_frame(node, peer, frame, releases))
+                    .map(|frame| received_frame(node, peer, frame, release))
                     .collect::<Result<Vec<_>>>()?;
                 let envelope = Envelope {
                     from: peer.clone(),
@@ -313,12 +320,7 @@ where
 
 /// A received frame as the application sees it: bytes, a mapped shared-memory view, or a
 /// ticket to redeem.
-fn received_frame(
-    node: &Arc<NodeInner>,
-    peer: &Peer,
-    frame: Frame,
-    releases: Option<&mpsc::UnboundedSender<u64>>,
-) -> Result<Buffer> {
+fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Option<&Release>) -> Result<Buffer> {
     Ok(match frame {
         Frame::Bytes(bytes) => Buffer::from(bytes),
         Frame::Shm {
@@ -339,7 +341,7 @@ fn received_frame(
                 offset: at,
                 len: len as usize,
                 lease,
-                release: releases.expect("shm frames only on shm links").clone(),
+                release: release.expect("shm frames only on shm links").clone(),
             })
         }
         Frame::Ticket(claim) => {

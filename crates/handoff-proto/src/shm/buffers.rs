@@ -1,0 +1,268 @@
+//! Buffers that are views of shared segments: a local segment filled in place
+//! ([`SharedBufMut`]), a peer's segment mapped here ([`RemoteView`]), where a buffer's
+//! bytes live ([`ShmOrigin`], [`segment_info`]), and what a sender holds and passes for a
+//! peer ([`Held`], [`PassFd`]).
+
+use std::ops::{Deref, DerefMut};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use handoff_wire::Buffer;
+
+use super::{Mapping, SealedSegment, Segment, SegmentPool};
+
+/// What a received view runs when it is dropped: the driver sends the lease's `release`.
+pub type Release = Arc<dyn Fn(u64) + Send + Sync>;
+
+/// Where a shared buffer's bytes live (the `Origin` the runtime records in a `Buffer`).
+pub enum ShmOrigin {
+    /// A segment of this process's pool.
+    Local(Arc<Segment>),
+    /// A peer's segment mapped here.
+    Remote(Arc<Mapping>),
+}
+
+/// A segment's descriptor, held open while it is passed to a peer.
+pub enum PassFd {
+    /// A segment of our pool.
+    Local(Arc<Segment>),
+    /// A received segment among those the mapping cache keeps a descriptor of.
+    Received(Arc<OwnedFd>),
+    /// A sealed copy.
+    Sealed(Arc<SealedSegment>),
+}
+
+impl PassFd {
+    /// The descriptor, to pass.
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            PassFd::Local(s) => s.fd(),
+            PassFd::Received(fd) => fd.as_fd(),
+            PassFd::Sealed(s) => s.fd.as_fd(),
+        }
+    }
+}
+
+impl ShmOrigin {
+    /// The segment's descriptor, if it can be passed on: always for ours; for a received
+    /// one while the mapping cache keeps its descriptor (else it is copied to be forwarded).
+    pub fn pass_fd(&self) -> Option<PassFd> {
+        match self {
+            ShmOrigin::Local(s) => Some(PassFd::Local(s.clone())),
+            ShmOrigin::Remote(m) => m.fd().map(PassFd::Received),
+        }
+    }
+
+    /// The first byte mapped here, and where it lies in the segment.
+    fn base(&self) -> (*const u8, usize) {
+        match self {
+            ShmOrigin::Local(s) => (s.base(), 0),
+            ShmOrigin::Remote(m) => (m.base(), m.file_offset()),
+        }
+    }
+
+    /// Bytes of the segment mapped here (a received window may be mapped alone).
+    fn mapped_len(&self) -> usize {
+        match self {
+            ShmOrigin::Local(s) => s.size(),
+            ShmOrigin::Remote(m) => m.len(),
+        }
+    }
+
+    /// Size of the whole segment.
+    pub fn size(&self) -> usize {
+        match self {
+            ShmOrigin::Local(s) => s.size(),
+            ShmOrigin::Remote(m) => m.segment_size(),
+        }
+    }
+
+    /// Whether the segment is sealed against change.
+    pub fn sealed(&self) -> bool {
+        match self {
+            ShmOrigin::Local(_) => false,
+            ShmOrigin::Remote(m) => m.sealed(),
+        }
+    }
+
+    fn inode(&self) -> (u64, u64) {
+        match self {
+            ShmOrigin::Local(s) => s.inode(),
+            ShmOrigin::Remote(m) => m.inode(),
+        }
+    }
+
+    /// Offset of `buf`'s bytes in the segment, if they lie inside what is mapped here.
+    pub fn offset_of(&self, buf: &[u8]) -> Option<usize> {
+        let (base, file_offset) = self.base();
+        let base = base as usize;
+        let start = buf.as_ptr() as usize;
+        (start >= base && start + buf.len() <= base + self.mapped_len()).then(|| start - base + file_offset)
+    }
+}
+
+/// The shared-memory origin of a buffer, if its bytes live in a segment.
+pub fn origin_of(buf: &Buffer) -> Option<&ShmOrigin> {
+    buf.origin().and_then(|o| o.downcast_ref::<ShmOrigin>())
+}
+
+/// Where a buffer lives in shared memory (for tests and diagnostics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SegmentInfo {
+    /// Device of the segment's memfd: with `inode`, the same in every process that maps it.
+    pub device: u64,
+    /// Inode of the segment's memfd.
+    pub inode: u64,
+    /// Offset of the buffer in the segment.
+    pub offset: u64,
+    /// Size of the whole segment.
+    pub size: u64,
+    /// Id in this process's pool, if the segment is ours.
+    pub pool_id: Option<u64>,
+    /// Whether the segment is sealed.
+    pub sealed: bool,
+}
+
+/// The segment a buffer's bytes live in, or `None` for ordinary memory.
+pub fn segment_info(buf: &Buffer) -> Option<SegmentInfo> {
+    let origin = origin_of(buf)?;
+    let (device, inode) = origin.inode();
+    Some(SegmentInfo {
+        device,
+        inode,
+        offset: origin.offset_of(buf)? as u64,
+        size: origin.size() as u64,
+        pool_id: match origin {
+            ShmOrigin::Local(s) => Some(s.id()),
+            ShmOrigin::Remote(_) => None,
+        },
+        sealed: origin.sealed(),
+    })
+}
+
+/// The process's segment pool.
+pub fn pool() -> &'static Arc<SegmentPool> {
+    SegmentPool::global()
+}
+
+/// A writable buffer in shared memory: fill it in place, then [`freeze`](Self::freeze) it
+/// and send it to same-host peers with no copy at all.
+pub struct SharedBufMut {
+    segment: Arc<Segment>,
+    len: usize,
+}
+
+impl SharedBufMut {
+    /// A writable shared buffer of `len` bytes from the process's pool (contents unspecified:
+    /// a reused segment still holds what it held).
+    pub fn new(len: usize) -> std::io::Result<SharedBufMut> {
+        Ok(SharedBufMut {
+            segment: pool().take(len)?,
+            len,
+        })
+    }
+
+    /// The segment behind the buffer.
+    pub fn segment(&self) -> &Arc<Segment> {
+        &self.segment
+    }
+
+    /// Makes the buffer immutable and shareable.
+    pub fn freeze(self) -> Buffer {
+        let bytes = Bytes::from_owner(LocalView {
+            segment: self.segment.clone(),
+            len: self.len,
+        });
+        Buffer::with_origin(bytes, Arc::new(ShmOrigin::Local(self.segment)))
+    }
+}
+
+impl Deref for SharedBufMut {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the segment is at least `len` bytes and mapped while `segment` lives.
+        unsafe { std::slice::from_raw_parts(self.segment.base(), self.len) }
+    }
+}
+
+impl DerefMut for SharedBufMut {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above; a `SharedBufMut` is the only handle to a segment taken from the
+        // pool until it is frozen, so no one else reads or writes it meanwhile.
+        unsafe { std::slice::from_raw_parts_mut(self.segment.base(), self.len) }
+    }
+}
+
+/// Copies `data` into a pooled segment (the one copy a heap buffer pays to go through shm).
+pub fn copy_in(data: &[u8]) -> std::io::Result<Buffer> {
+    let mut buf = SharedBufMut::new(data.len())?;
+    buf.copy_from_slice(data);
+    Ok(buf.freeze())
+}
+
+/// The `Bytes` owner of a frozen local buffer.
+struct LocalView {
+    segment: Arc<Segment>,
+    len: usize,
+}
+
+impl AsRef<[u8]> for LocalView {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: frozen: nobody writes the segment while views exist.
+        unsafe { std::slice::from_raw_parts(self.segment.base(), self.len) }
+    }
+}
+
+/// The `Bytes` owner of a received view: when the last view drops, the lease is
+/// released to the peer that sent it.
+pub struct RemoteView {
+    /// The peer's segment, mapped here.
+    pub mapping: Arc<Mapping>,
+    /// Where the view starts in the mapping.
+    pub offset: usize,
+    /// The view's length.
+    pub len: usize,
+    /// The sender's lease on it.
+    pub lease: u64,
+    /// Run with `lease` when the last view is dropped.
+    pub release: Release,
+}
+
+impl AsRef<[u8]> for RemoteView {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the window lies inside the mapping (checked when it was received).
+        unsafe { std::slice::from_raw_parts(self.mapping.base().add(self.offset), self.len) }
+    }
+}
+
+impl Drop for RemoteView {
+    fn drop(&mut self) {
+        (self.release)(self.lease);
+    }
+}
+
+/// A received view of a peer's segment, as a `Buffer` that remembers its origin.
+pub fn remote_buffer(view: RemoteView) -> Buffer {
+    let origin = Arc::new(ShmOrigin::Remote(view.mapping.clone()));
+    Buffer::with_origin(Bytes::from_owner(view), origin)
+}
+
+/// What a node holds on behalf of a peer until the peer releases it.
+#[derive(Clone)]
+pub enum Held {
+    /// A buffer (its segment stays out of the pool while held).
+    Buffer(Buffer),
+    /// A sealed copy.
+    Sealed(Arc<SealedSegment>),
+}
+
+impl Held {
+    /// The bytes it keeps alive.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Held::Buffer(b) => b.len(),
+            Held::Sealed(s) => s.size,
+        }
+    }
+}
