@@ -51,7 +51,7 @@ fuzz_target!(|data: &[u8]| {
     let mut failed = false;
     let mut waiting_for_driver = false;
     for _ in 0..10_000 {
-        let step = match inb.poll() {
+        let step = match inb.poll(now) {
             Ok(s) => s,
             Err(_) => {
                 assert!(!failed, "an error after an error");
@@ -139,7 +139,7 @@ fn check_event(e: &Event, shm: bool) {
                     assert!(b.len() as u64 <= LIMITS.max_frame_bytes);
                     total += b.len() as u64;
                 }
-                Frame::Shm { len, .. } => {
+                Frame::Shm { len, .. } | Frame::Mapped { len, .. } => {
                     assert!(shm, "a shm frame on tcp");
                     total += len;
                 }

@@ -16,8 +16,13 @@
 //! - [`Step::Closed`]: the peer ended the stream between messages.
 //!
 //! Time is an input too: inside a message every read must bring something within the
-//! progress timeout ([`Inbound::poll_timeout`], [`Inbound::handle_timeout`]); between
-//! messages a connection may idle.
+//! progress timeout ([`Inbound::poll_timeout`], [`Inbound::handle_timeout`]), counted from
+//! the last read that did or from when the driver came back to `poll(now)` after a step;
+//! between messages a connection may idle.
+//!
+//! Received segments are mapped in frame order when the driver gives the node's mapping
+//! cache ([`Inbound::with_mappings`]); large `pulled` answers can be hashed by a driver's
+//! [`HashBehind`] while they arrive ([`Inbound::with_hash_behind`]).
 //!
 //! The order of checks is [`crate::receive`]'s; this module only keeps the place in the
 //! stream. Every error is final: the connection fails with it, and nothing else does.
@@ -33,6 +38,7 @@ use handoff_wire::{Descriptor, TicketClaim, TicketOp, WireError};
 
 use crate::receive::{self, Pulled, Receiving};
 use crate::recv_buffers::{PooledBuf, RecvPool, MIN_POOLED};
+use crate::shm::{Mapping, MappingCache};
 
 /// Bytes read ahead at a time between large frames.
 const READ_CHUNK: usize = 64 * 1024;
@@ -128,10 +134,11 @@ pub enum Event {
     Pulled {
         /// Our request's id.
         req: u64,
+        /// Their blake3 digest, when the request wanted it. (Before `bytes`, so that a
+        /// [`Digest::Behind`] is dropped first when the event is.)
+        digest: Digest,
         /// The bytes.
         bytes: Bytes,
-        /// Their blake3 digest, when the request wanted it.
-        digest: Digest,
     },
     /// A `pulled` that did not match what our request `req` asked for; its bytes were
     /// skipped.
@@ -186,6 +193,19 @@ pub enum Frame {
         /// The sender's lease on it, released when the last view is dropped.
         lease: u64,
     },
+    /// A range of a peer's segment, mapped here by the engine's mapping cache (see
+    /// [`Inbound::with_mappings`]): the driver makes it a view that releases `lease` when
+    /// its last copy is dropped.
+    Mapped {
+        /// The mapping.
+        mapping: Arc<Mapping>,
+        /// Where the frame starts in the mapping.
+        at: usize,
+        /// The frame's length.
+        len: u64,
+        /// The sender's lease on it.
+        lease: u64,
+    },
     /// A ticket to redeem from its owner.
     Ticket(TicketClaim),
 }
@@ -214,11 +234,11 @@ struct Reading {
 
 /// A `pulled` answer's bytes being read.
 struct PulledBytes {
+    /// First, so that it is dropped before `fill`: a driver's helper thread stops reading
+    /// the buffer before the buffer goes back to the pool (fields drop in order).
+    behind: Option<Box<dyn HashBehind>>,
     req: u64,
     fill: Fill,
-    /// Declared before `fill`, so that it is dropped first (a helper thread stops reading
-    /// the buffer before the buffer goes).
-    behind: Option<Box<dyn HashBehind>>,
     hasher: Option<Box<blake3::Hasher>>,
     hashed: usize,
 }
@@ -266,7 +286,10 @@ pub struct Inbound {
     eof: bool,
     /// When the last read brought something, or the driver's last answer came.
     last_progress: Option<Instant>,
+    /// Whether the last [`Inbound::poll`] handed the driver something to act on.
+    handed_out: bool,
     hash_behind: Option<HashBehindMaker>,
+    mappings: Option<Arc<MappingCache>>,
 }
 
 impl Inbound {
@@ -287,8 +310,17 @@ impl Inbound {
             state: State::Prefix,
             eof: false,
             last_progress: None,
+            handed_out: false,
             hash_behind: None,
+            mappings: None,
         }
+    }
+
+    /// Received segments are mapped here, through the node's `cache`, in frame order
+    /// ([`Frame::Mapped`]); without it they come out as [`Frame::Shm`] for the driver.
+    pub fn with_mappings(mut self, cache: Arc<MappingCache>) -> Inbound {
+        self.mappings = Some(cache);
+        self
     }
 
     /// Large `pulled` answers (from [`HASH_BEHIND_MIN`]) are hashed by what `make` gives,
@@ -364,7 +396,7 @@ impl Inbound {
                 };
                 self.into_fill = true;
                 let at = *filled;
-                return &mut target.as_mut_slice()[at..];
+                return target.tail_mut(at);
             }
         }
         let need = self.item_need().max(READ_CHUNK);
@@ -481,6 +513,10 @@ impl Inbound {
             return;
         };
         self.last_progress = Some(now);
+        let verdict = match (verdict, usize::try_from(len)) {
+            (Pulled::Read { .. }, Err(_)) => Pulled::Mismatch(format!("{len} bytes do not fit this machine's memory")),
+            (v, _) => v,
+        };
         self.state = match verdict {
             Pulled::Read { hash } => State::PulledRead(Box::new(PulledBytes {
                 req,
@@ -516,6 +552,15 @@ impl Inbound {
         }
     }
 
+    /// An item (a message, a ticket request or answer, a release) was read whole: back
+    /// between items, where descriptors no header claimed fail the connection unless a byte
+    /// of the next item (which may have brought them) is buffered (spec §7.2).
+    fn item_done(&mut self) -> Result<(), WireError> {
+        receive::stray_descriptors(self.fds.len(), self.buffered())?;
+        self.state = State::Prefix;
+        Ok(())
+    }
+
     /// Takes `n` buffered bytes.
     fn take(&mut self, n: usize) -> &[u8] {
         let at = self.start;
@@ -538,9 +583,9 @@ impl Inbound {
         match fill {
             Fill::Small { len } => (self.buffered() >= *len).then(|| Bytes::copy_from_slice(self.take(*len))),
             Fill::Large { target, filled } => {
-                let n = self.buffered().min(target.as_mut_slice().len() - *filled);
+                let n = self.buffered().min(target.len() - *filled);
                 let at = *filled;
-                target.as_mut_slice()[at..at + n].copy_from_slice(&self.buf[self.start..self.start + n]);
+                target.tail_mut(at)[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
                 self.start += n;
                 *filled += n;
                 None
@@ -548,9 +593,23 @@ impl Inbound {
         }
     }
 
-    /// What to do next; see the module's documentation. After an error the connection is
-    /// over, and later calls say [`Step::Closed`].
-    pub fn poll(&mut self) -> Result<Step, WireError> {
+    /// What to do next, at `now`; see the module's documentation. After an error the
+    /// connection is over, and later calls say [`Step::Closed`].
+    ///
+    /// Silence counts from the last read that brought something, or from when the driver
+    /// came back after acting on a step (a driver busy elsewhere does not time its peer out).
+    pub fn poll(&mut self, now: Instant) -> Result<Step, WireError> {
+        if std::mem::take(&mut self.handed_out) {
+            self.last_progress = Some(now);
+        }
+        let step = self.next_step();
+        if !matches!(step, Ok(Step::Read)) {
+            self.handed_out = true;
+        }
+        step
+    }
+
+    fn next_step(&mut self) -> Result<Step, WireError> {
         loop {
             match std::mem::replace(&mut self.state, State::Done) {
                 State::Done => return Ok(Step::Closed),
@@ -590,7 +649,20 @@ impl Inbound {
                         self.state = State::Header { len, room };
                         return Ok(Step::Read);
                     }
-                    let header = Bytes::copy_from_slice(self.take(len));
+                    let header = if len > 4 * READ_CHUNK {
+                        // A large header keeps the read buffer it was read into (its room
+                        // was taken), and what follows it moves to a fresh small one.
+                        let rest = self.buf[self.start + len..self.end].to_vec();
+                        let whole = Bytes::from(std::mem::take(&mut self.buf));
+                        let header = whole.slice(self.start..self.start + len);
+                        self.buf = rest;
+                        self.buf.resize(self.buf.len().max(READ_CHUNK), 0);
+                        self.end = self.end - self.start - len;
+                        self.start = 0;
+                        header
+                    } else {
+                        Bytes::copy_from_slice(self.take(len))
+                    };
                     return self.header(header, len, room);
                 }
                 State::MessageRoom(reading, bytes) => {
@@ -606,7 +678,7 @@ impl Inbound {
                     let whole = self.collect(&mut pulled.fill);
                     let bytes = match (whole, &mut pulled.fill) {
                         (Some(b), _) => b,
-                        (None, Fill::Large { target, filled }) if *filled == target.as_ref().len() => {
+                        (None, Fill::Large { target, filled }) if *filled == target.len() => {
                             pulled.hash_ready(true);
                             let Fill::Large { target, .. } =
                                 std::mem::replace(&mut pulled.fill, Fill::Small { len: 0 })
@@ -639,7 +711,7 @@ impl Inbound {
                         }
                         (None, None) => Digest::None,
                     };
-                    self.state = State::Prefix;
+                    self.item_done()?;
                     return Ok(Step::Event(Event::Pulled { req, bytes, digest }));
                 }
                 State::Skip { len, left, mismatch } => {
@@ -653,7 +725,7 @@ impl Inbound {
                         self.state = State::Skip { len, left, mismatch };
                         return Ok(Step::Read);
                     }
-                    self.state = State::Prefix;
+                    self.item_done()?;
                     if let Some((req, why)) = mismatch {
                         return Ok(Step::Event(Event::PulledMismatch { req, why }));
                     }
@@ -688,11 +760,11 @@ impl Inbound {
                 Step::CheckPulled { req, len }
             }
             receive::Step::Ticket(op) => {
-                self.state = State::Prefix;
+                self.item_done()?;
                 Step::Event(Event::Ticket(op))
             }
             receive::Step::Release(leases) => {
-                self.state = State::Prefix;
+                self.item_done()?;
                 Step::Event(Event::Release(leases))
             }
             receive::Step::PeerRefused { code, message } => Step::Event(Event::PeerRefused { code, message }),
@@ -713,7 +785,7 @@ impl Inbound {
                 match self.collect(&mut fill) {
                     Some(bytes) => r.frames.push(Frame::Bytes(bytes)),
                     None => match fill {
-                        Fill::Large { target, filled } if filled == target.as_ref().len() => {
+                        Fill::Large { target, filled } if filled == target.len() => {
                             r.frames.push(Frame::Bytes(target.freeze()))
                         }
                         fill => {
@@ -729,8 +801,7 @@ impl Inbound {
                 }
             }
             let (Some(desc), Some(inline)) = (r.descriptors.next(), r.inline_lengths.next()) else {
-                receive::stray_descriptors(self.fds.len(), self.buffered())?;
-                self.state = State::Prefix;
+                self.item_done()?;
                 return Ok(Step::Event(Event::Message(Incoming {
                     type_name: r.type_name,
                     body: r.body,
@@ -747,13 +818,28 @@ impl Inbound {
                     sealed,
                 } => {
                     let fd = r.fds.as_mut().and_then(Iterator::next).expect("counted before");
-                    r.frames.push(Frame::Shm {
-                        fd,
-                        size,
-                        sealed,
-                        offset,
-                        len,
-                        lease,
+                    // Mapped in frame order (spec §11.2 step 6): a bad segment fails before
+                    // any later frame is read.
+                    r.frames.push(match &self.mappings {
+                        Some(cache) => {
+                            let (mapping, at) = cache
+                                .map(fd, size, sealed, offset, len)
+                                .map_err(|e| WireError::BadShm(e.0))?;
+                            Frame::Mapped {
+                                mapping,
+                                at,
+                                len,
+                                lease,
+                            }
+                        }
+                        None => Frame::Shm {
+                            fd,
+                            size,
+                            sealed,
+                            offset,
+                            len,
+                            lease,
+                        },
                     });
                 }
                 Descriptor::Ticket(claim) => r.frames.push(Frame::Ticket(claim)),
@@ -776,7 +862,7 @@ impl Fill {
     fn progress(&self, buffered: usize) -> (u64, u64) {
         match self {
             Fill::Small { len } => (*len as u64, buffered as u64),
-            Fill::Large { target, filled } => (target.as_ref().len() as u64, *filled as u64),
+            Fill::Large { target, filled } => (target.len() as u64, *filled as u64),
         }
     }
 }
@@ -796,7 +882,7 @@ impl PulledBytes {
         if *filled - self.hashed < step && !(all && *filled > self.hashed) {
             return;
         }
-        let ready = &target.as_ref()[self.hashed..*filled];
+        let ready = target.range(self.hashed, *filled);
         match (self.behind.as_mut(), self.hasher.as_mut()) {
             (Some(b), _) => b.arrived(ready),
             (None, Some(h)) => {

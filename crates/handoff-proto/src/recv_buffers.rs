@@ -62,7 +62,6 @@ impl RecvPool {
     }
 
     /// Bytes held idle in the pool now.
-    #[cfg(test)]
     pub fn idle_bytes(&self) -> usize {
         self.state.lock().expect("pool lock").idle_bytes
     }
@@ -72,6 +71,35 @@ impl PooledBuf {
     /// The writable bytes.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.vec[..self.len]
+    }
+
+    /// The usable length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no usable byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The writable bytes from `from` on, and no others: bytes before `from` may be read
+    /// meanwhile through [`range`](Self::range) (by another thread, say), and this borrow
+    /// covers none of them.
+    pub fn tail_mut(&mut self, from: usize) -> &mut [u8] {
+        assert!(from <= self.len, "a tail inside the buffer");
+        // SAFETY: `from..len` lies inside the vector's initialised length; the pointer comes
+        // from `as_mut_ptr`, which makes no reference to the whole buffer, so views of
+        // `..from` taken from `as_ptr` stay valid.
+        unsafe { std::slice::from_raw_parts_mut(self.vec.as_mut_ptr().add(from), self.len - from) }
+    }
+
+    /// The bytes `from..to`, taken without a reference to the whole buffer (see
+    /// [`tail_mut`](Self::tail_mut)).
+    pub fn range(&self, from: usize, to: usize) -> &[u8] {
+        assert!(from <= to && to <= self.len, "a range inside the buffer");
+        // SAFETY: inside the initialised length; `as_ptr` makes no reference to the rest.
+        unsafe { std::slice::from_raw_parts(self.vec.as_ptr().add(from), to - from) }
     }
 
     /// An immutable zero-copy `Bytes` over the buffer; the buffer goes back to the pool

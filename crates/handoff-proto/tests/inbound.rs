@@ -79,7 +79,7 @@ fn drive(
     let mut at = 0;
     let now = Instant::now();
     loop {
-        let step = match inb.poll() {
+        let step = match inb.poll(now) {
             Ok(s) => s,
             Err(e) => return (seen, Err(e)),
         };
@@ -148,7 +148,8 @@ fn messages_decode_the_same_whatever_the_pieces() {
 
 #[test]
 fn a_large_header_takes_room_before_it_is_read() {
-    let big = vec![0u8; 200_000];
+    // Past four read chunks: the header keeps the buffer it was read into.
+    let big = vec![0u8; 300_000];
     let stream = header(&Header::Msg {
         type_name: "t",
         body: &[0xc4, 0, 0], // a bin8 placeholder, replaced below
@@ -158,6 +159,7 @@ fn a_large_header_takes_room_before_it_is_read() {
     let mut body = vec![0xc6];
     body.extend((big.len() as u32).to_be_bytes());
     body.extend(&big);
+    let body_len = body.len();
     let stream2 = header(&Header::Msg {
         type_name: "t",
         body: &body,
@@ -174,6 +176,10 @@ fn a_large_header_takes_room_before_it_is_read() {
     // header first, then for the rest of the message on the same permit.
     assert_eq!(seen.room[1], (len2, 0));
     assert_eq!(seen.room[2].1, 1);
+    let Event::Message(m) = &seen.events[1] else {
+        panic!("a message")
+    };
+    assert_eq!(m.body.len(), body_len);
 }
 
 #[test]
@@ -247,19 +253,19 @@ fn an_end_of_stream_between_messages_closes_and_inside_one_truncates() {
 fn silence_inside_a_message_times_out_and_idling_between_messages_does_not() {
     let mut inb = inbound(false);
     let t0 = Instant::now();
-    assert!(matches!(inb.poll().unwrap(), Step::Read));
+    assert!(matches!(inb.poll(t0).unwrap(), Step::Read));
     assert_eq!(inb.poll_timeout(), None, "an idle connection has no timer");
     let whole = message(&[10]);
     let space = inb.recv_space();
     space[..5].copy_from_slice(&whole[..5]);
     inb.received(5, t0);
-    assert!(matches!(inb.poll().unwrap(), Step::Read));
+    assert!(matches!(inb.poll(t0).unwrap(), Step::Read));
     assert_eq!(inb.poll_timeout(), Some(t0 + TIMEOUT));
     inb.handle_timeout(t0 + TIMEOUT / 2).unwrap();
     let e = inb.handle_timeout(t0 + TIMEOUT).unwrap_err();
     assert_eq!(e.code(), "timeout");
     assert!(e.to_string().contains("in the middle of a message"), "{e}");
-    assert!(matches!(inb.poll().unwrap(), Step::Closed));
+    assert!(matches!(inb.poll(t0).unwrap(), Step::Closed));
 }
 
 #[test]
@@ -322,7 +328,7 @@ fn with_fds(stream: &[u8], fds: usize) -> (Vec<Event>, Result<(), WireError>) {
         return (events, Err(e));
     }
     loop {
-        match inb.poll() {
+        match inb.poll(now) {
             Ok(Step::Read) => inb.handle_eof(),
             Ok(Step::Room { .. }) => inb.room_taken(now),
             Ok(Step::Event(e)) => events.push(e),
@@ -408,4 +414,81 @@ fn a_large_answer_is_hashed_by_the_drivers_hasher_in_order() {
     assert!(
         matches!(&seen.events[..], [Event::Pulled { digest: Digest::Hashed(d), .. }] if d == blake3::hash(&small).as_bytes())
     );
+}
+
+/// A driver's hasher that checks, when it is dropped, that the answer's buffer is still out
+/// of the pool (a helper thread may still be reading it).
+struct WatchingPool(RecvPool);
+
+impl handoff_proto::inbound::HashBehind for WatchingPool {
+    fn arrived(&mut self, _: &[u8]) {}
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send> {
+        self
+    }
+}
+
+impl Drop for WatchingPool {
+    fn drop(&mut self) {
+        assert_eq!(
+            self.0.idle_bytes(),
+            0,
+            "the buffer went back to the pool before the hasher"
+        );
+    }
+}
+
+#[test]
+fn a_hasher_is_dropped_before_the_answer_it_reads_when_the_stream_breaks() {
+    let pool = RecvPool::new(64 << 20);
+    let watched = pool.clone();
+    let mut inb = Inbound::new(
+        Receiving::new(Limits::DEFAULT, false),
+        Arc::new(|_: &str| Ok(())),
+        pool.clone(),
+        TIMEOUT,
+    )
+    .with_hash_behind(Box::new(move || Some(Box::new(WatchingPool(watched.clone())))));
+    let large = vec![5u8; 9 << 20];
+    let stream = pulled(1, &large);
+    let asked = |_| {
+        Some(Asked {
+            len: Some(large.len() as u64),
+            hash: true,
+        })
+    };
+    let (_, r) = drive(&mut inb, &stream[..stream.len() / 2], 0, 1 << 20, asked);
+    assert_eq!(r.unwrap_err().code(), "truncated");
+    assert!(
+        pool.idle_bytes() > 0,
+        "the answer's buffer went back to the pool after the hasher"
+    );
+}
+
+#[test]
+fn descriptors_beside_a_ticket_request_are_strays() {
+    let op = header(&Header::Ticket(TicketOp::Unlease {
+        lease: 1,
+        token: vec![0; 32],
+    }));
+    assert_eq!(with_fds(&op, 1).1.unwrap_err().code(), "bad-shm");
+    assert!(with_fds(&op, 0).1.is_ok());
+}
+
+#[test]
+fn a_driver_busy_with_an_event_does_not_time_its_peer_out() {
+    let mut inb = inbound(false);
+    let t0 = Instant::now();
+    let mut stream = message(&[3]);
+    stream.extend(&message(&[3])[..5]);
+    let space = inb.recv_space();
+    space[..stream.len()].copy_from_slice(&stream);
+    inb.received(stream.len(), t0);
+    assert!(matches!(inb.poll(t0).unwrap(), Step::Room { .. }));
+    inb.room_taken(t0);
+    assert!(matches!(inb.poll(t0).unwrap(), Step::Event(Event::Message(_))));
+    // The driver comes back long after, with part of the next message buffered.
+    let later = t0 + 3 * TIMEOUT;
+    assert!(matches!(inb.poll(later).unwrap(), Step::Read));
+    assert_eq!(inb.poll_timeout(), Some(later + TIMEOUT));
+    inb.handle_timeout(later + TIMEOUT / 2).unwrap();
 }

@@ -369,7 +369,7 @@ impl Sim {
         loop {
             let now = self.now();
             let Some(s) = self.streams.get_mut(&key) else { return };
-            let step = s.inbound.poll();
+            let step = s.inbound.poll(now);
             let (from, to) = (s.from, s.to);
             match step {
                 Err(e) => {
@@ -444,7 +444,7 @@ impl Sim {
                                 self.nodes[to].holds.insert(claim.lease, token);
                             }
                         }
-                        Frame::Shm { .. } => self.violation("a shm frame on tcp".into()),
+                        Frame::Shm { .. } | Frame::Mapped { .. } => self.violation("a shm frame on tcp".into()),
                     }
                 }
             }
@@ -595,7 +595,7 @@ impl Sim {
                 // Whole messages already read still come out; the connection ends where
                 // its room runs out, or at the end of the stream.
                 loop {
-                    match s.inbound.poll() {
+                    match s.inbound.poll(self.now()) {
                         Ok(Step::Event(e)) => self.on_event(key, e),
                         Ok(Step::CheckPulled { req, len }) => {
                             let asked = self.nodes[key.1].requests.asked(req);

@@ -39,7 +39,7 @@ pub(crate) struct Context {
     pub(crate) unix_path: Option<PathBuf>,
     pub(crate) shm_threshold: usize,
     pub(crate) shm_sealed: bool,
-    pub(crate) mappings: MappingCache,
+    pub(crate) mappings: Arc<MappingCache>,
     /// What peers can make this node hold (spec §9.1).
     pub(crate) bounds: Bounds,
     /// Bytes and messages received and not yet taken by the application.

@@ -115,7 +115,7 @@ impl NodeBuilder {
             unix_path: unix_listener.as_ref().map(|(_, p)| p.clone()),
             shm_threshold: self.shm_threshold.max(1),
             shm_sealed: self.shm_sealed,
-            mappings: MappingCache::new(4 << 30),
+            mappings: Arc::new(MappingCache::new(4 << 30)),
             budget: Arc::new(RecvBudget::new(
                 bounds.max_buffered_bytes,
                 bounds.max_buffered_bytes_per_peer,

@@ -88,7 +88,8 @@ pub(crate) async fn read_loop<R>(
         node.ctx.pool.clone(),
         node.ctx.bounds.progress_timeout,
     )
-    .with_hash_behind(Box::new(HashThread::start));
+    .with_hash_behind(Box::new(HashThread::start))
+    .with_mappings(node.ctx.mappings.clone());
     let result = tokio::select! {
         r = read_messages(&node, &peer, &mut stream, &mut inbound, release.as_ref()) => r,
         _ = shutdown.changed() => Ok(()),
@@ -192,10 +193,8 @@ where
     let n = match deadline {
         Some(at) => match tokio::time::timeout_at(at.into(), read).await {
             Ok(n) => n,
-            Err(_) => {
-                inbound.handle_timeout(Instant::now())?;
-                return Ok(());
-            }
+            // The timer is the judge (its clock may run apart from the engine's).
+            Err(_) => return Err(inbound.handle_timeout(at).expect_err("at the deadline").into()),
         },
         None => read.await,
     }
@@ -225,7 +224,7 @@ where
     let mut permit: Option<Permit> = None;
     let mut delivery: Option<Delivery> = None;
     loop {
-        let event = match inbound.poll()? {
+        let event = match inbound.poll(Instant::now())? {
             Step::Read => {
                 read_into(stream, inbound).await?;
                 continue;
@@ -250,6 +249,10 @@ where
             Step::Closed => return Ok(()),
             Step::Event(event) => event,
         };
+        if !matches!(event, Event::Message(_)) {
+            // Room a large header took for something other than a message goes back now.
+            permit = None;
+        }
         match event {
             Event::Message(incoming) => {
                 let eager = incoming.eager_tickets;
@@ -323,27 +326,18 @@ where
 fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Option<&Release>) -> Result<Buffer> {
     Ok(match frame {
         Frame::Bytes(bytes) => Buffer::from(bytes),
-        Frame::Shm {
-            fd,
-            size,
-            sealed,
-            offset,
+        Frame::Mapped {
+            mapping,
+            at,
             len,
             lease,
         } => {
-            let (mapping, at) = node
-                .ctx
-                .mappings
-                .map(fd, size, sealed, offset, len)
-                .map_err(|e| WireError::BadShm(e.0))?;
-            shm::remote_buffer(RemoteView {
-                mapping,
-                offset: at,
-                len: len as usize,
-                lease,
-                release: release.expect("shm frames only on shm links").clone(),
-            })
+            let release = release.expect("shm frames only on shm links").clone();
+            let view = RemoteView::new(mapping, at, len as usize, lease, release)
+                .ok_or_else(|| WireError::BadShm("a frame outside its mapping".into()))?;
+            shm::remote_buffer(view)
         }
+        Frame::Shm { .. } => unreachable!("the engine maps segments itself (with_mappings)"),
         Frame::Ticket(claim) => {
             let owner_name = if claim.owner == peer.0.remote.node_id {
                 Some(peer.name().to_string())
@@ -353,7 +347,7 @@ fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Opt
             let owner_label = match (owner_name, &claim.addr) {
                 (Some(n), Some(a)) => format!("{n} ({a})"),
                 (Some(n), None) => n,
-                (None, Some(a)) => format!("{} ({a})", &claim.owner[..claim.owner.len().min(12)]),
+                (None, Some(a)) => format!("{} ({a})", claim.owner.chars().take(12).collect::<String>()),
                 (None, None) => claim.owner.clone(),
             };
             let handle = Arc::new(TicketHandle {

@@ -230,3 +230,27 @@ async fn body_that_does_not_match_the_type_is_an_error_for_the_receiver_only() {
     );
     still_serves(&node, "after-bad-body").await;
 }
+
+/// A ticket whose owner is no node id (any string decodes) with a character that spans the
+/// twelfth byte: the node names the owner in its label without cutting the character, and
+/// the message arrives (the read loop used to panic there, dropping the connection unsaid).
+#[tokio::test]
+async fn a_ticket_owner_that_is_not_a_node_id() {
+    let node = server("odd-owner").await;
+    let mut s = handshaken(&addr(&node)).await;
+    let claim = handoff::wire::TicketClaim {
+        len: 10,
+        owner: "0123456789aé-not-an-id".into(),
+        addr: Some("127.0.0.1:1".into()),
+        lease: 1,
+        token: vec![0; 32],
+        digest: handoff::wire::TicketDigest::Blake3([0; 32]),
+        ttl_ms: 1000,
+        lazy: true,
+    };
+    let bytes = msg_with_frames("test.Ping", vec![handoff::wire::Descriptor::Ticket(claim)], &[]);
+    s.write_all(&bytes).await.unwrap();
+    let env = node.recv_timeout(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(env.type_name(), "test.Ping");
+    still_serves(&node, "after-odd-owner").await;
+}

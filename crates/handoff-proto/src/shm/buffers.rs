@@ -217,21 +217,31 @@ impl AsRef<[u8]> for LocalView {
 /// The `Bytes` owner of a received view: when the last view drops, the lease is
 /// released to the peer that sent it.
 pub struct RemoteView {
-    /// The peer's segment, mapped here.
-    pub mapping: Arc<Mapping>,
-    /// Where the view starts in the mapping.
-    pub offset: usize,
-    /// The view's length.
-    pub len: usize,
-    /// The sender's lease on it.
-    pub lease: u64,
-    /// Run with `lease` when the last view is dropped.
-    pub release: Release,
+    mapping: Arc<Mapping>,
+    offset: usize,
+    len: usize,
+    lease: u64,
+    release: Release,
+}
+
+impl RemoteView {
+    /// A view of `len` bytes at `offset` of `mapping`, which runs `release(lease)` when it
+    /// is dropped; `None` if the window does not lie inside the mapping.
+    pub fn new(mapping: Arc<Mapping>, offset: usize, len: usize, lease: u64, release: Release) -> Option<RemoteView> {
+        (offset.checked_add(len)? <= mapping.len()).then_some(RemoteView {
+            mapping,
+            offset,
+            len,
+            lease,
+            release,
+        })
+    }
 }
 
 impl AsRef<[u8]> for RemoteView {
     fn as_ref(&self) -> &[u8] {
-        // SAFETY: the window lies inside the mapping (checked when it was received).
+        // SAFETY: the window lies inside the mapping (checked in `new`), which stays mapped
+        // while `mapping` lives.
         unsafe { std::slice::from_raw_parts(self.mapping.base().add(self.offset), self.len) }
     }
 }

@@ -81,6 +81,12 @@ impl Mapping {
     }
 }
 
+impl std::fmt::Debug for Mapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Mapping({} bytes)", self.len())
+    }
+}
+
 /// Why a received segment was refused.
 #[derive(Debug)]
 pub struct MapError(pub String);
