@@ -254,3 +254,40 @@ async fn a_ticket_owner_that_is_not_a_node_id() {
     assert_eq!(env.type_name(), "test.Ping");
     still_serves(&node, "after-odd-owner").await;
 }
+
+/// Large headers that are no message (here `refused` answers to requests never made, each
+/// past the small-header size, so each takes room before it is read) give their room back
+/// at once: the peer holds none afterwards, and its messages are still taken.
+#[tokio::test]
+async fn large_headers_that_are_no_message_give_their_room_back() {
+    let node = server("large-non-messages").await;
+    let mut s = handshaken(&addr(&node)).await;
+    let long = "x".repeat(200_000);
+    for req in 0..20 {
+        let refused = header_bytes(&Header::Ticket(handoff::wire::TicketOp::Refused {
+            req: 1_000 + req,
+            code: "bad-token".into(),
+            message: long.clone(),
+        }));
+        s.write_all(&refused).await.unwrap();
+    }
+    let ping = msg_with_frames("test.Ping", vec![], &[]);
+    s.write_all(&ping).await.unwrap();
+    // The message waits in the inbox, untaken, holding its room: once the headers before it
+    // were read, the peer holds that room and nothing more (4 MB more if each header's
+    // room had stayed).
+    let peer = node.peer("raw-client").expect("the raw client is a peer");
+    let t0 = std::time::Instant::now();
+    while peer.buffered_bytes() == 0 && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = peer.buffered_bytes();
+    assert!(held > 0, "the message is queued");
+    assert!(
+        held < 1_000_000,
+        "the peer holds {held} bytes of room for one small message"
+    );
+    let env = node.recv_timeout(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(env.type_name(), "test.Ping");
+}
