@@ -243,3 +243,46 @@ async fn a_regular_file_passed_as_a_segment() {
     );
     still_serves(&node, "after-regular-file").await;
 }
+
+/// Frames are checked in their order (spec §11.2 step 6): a bad segment before an inline
+/// frame that never comes is `bad-shm`, not `truncated`.
+#[tokio::test]
+async fn a_bad_segment_is_refused_before_a_later_frame_is_read() {
+    let node = server("shm-in-order").await;
+    let body = [0x81, 0xa4, b'd', b'a', b't', b'a', 0xd6, 0x01, 0, 0, 0, 0];
+    let bytes = header(&Header::Msg {
+        type_name: "test.Blob",
+        body: &body,
+        frames: vec![
+            Descriptor::Shm {
+                len: 4096,
+                offset: 0,
+                size: 8192,
+                lease: 1,
+                sealed: false,
+            },
+            Descriptor::Inline { len: 100 },
+        ],
+    });
+    let path = node.unix_addr().unwrap().trim_start_matches("unix://").to_string();
+    let reply = tokio::task::spawn_blocking(move || {
+        let mut s = handshaken(&path);
+        // The segment is smaller than the header says, and the inline frame's bytes never
+        // come: the stream ends where they should start.
+        send_with_fds(&s, &bytes, &[memfd(4096, false)]);
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut reply = Vec::new();
+        let _ = s.read_to_end(&mut reply);
+        match decode_message(&reply, &Limits::default())
+            .expect("an error message")
+            .header
+        {
+            Header::Error { code, message } => format!("{code}: {message}"),
+            other => panic!("expected an error, got {other:?}"),
+        }
+    })
+    .await
+    .unwrap();
+    assert!(reply.starts_with("bad-shm") && reply.contains("8192"), "{reply}");
+    still_serves(&node, "after-in-order").await;
+}
