@@ -577,19 +577,30 @@ impl Inbound {
         }
     }
 
-    /// Collects buffered bytes into `fill`; the bytes once whole. The read buffer is left
-    /// empty, or holds what follows the item.
-    fn collect(&mut self, fill: &mut Fill) -> Option<Bytes> {
+    /// Moves buffered bytes of a large item into its own buffer (a small one stays in the
+    /// read buffer until it is whole); the read buffer is left empty, or holds what follows.
+    fn absorb(&mut self, fill: &mut Fill) {
+        if let Fill::Large { target, filled } = fill {
+            let n = self.buffered().min(target.len() - *filled);
+            target.tail_mut(*filled)[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+            self.start += n;
+            *filled += n;
+        }
+    }
+
+    /// Whether every byte of the item arrived.
+    fn is_whole(&self, fill: &Fill) -> bool {
         match fill {
-            Fill::Small { len } => (self.buffered() >= *len).then(|| Bytes::copy_from_slice(self.take(*len))),
-            Fill::Large { target, filled } => {
-                let n = self.buffered().min(target.len() - *filled);
-                let at = *filled;
-                target.tail_mut(at)[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
-                self.start += n;
-                *filled += n;
-                None
-            }
+            Fill::Small { len } => self.buffered() >= *len,
+            Fill::Large { target, filled } => *filled == target.len(),
+        }
+    }
+
+    /// The bytes of an item [`is_whole`](Self::is_whole) said are all here.
+    fn take_whole(&mut self, fill: Fill) -> Bytes {
+        match fill {
+            Fill::Small { len } => Bytes::copy_from_slice(self.take(len)),
+            Fill::Large { target, .. } => target.freeze(),
         }
     }
 
@@ -675,32 +686,28 @@ impl Inbound {
                     return Ok(Step::CheckPulled { req, len });
                 }
                 State::PulledRead(mut pulled) => {
-                    let whole = self.collect(&mut pulled.fill);
-                    let bytes = match (whole, &mut pulled.fill) {
-                        (Some(b), _) => b,
-                        (None, Fill::Large { target, filled }) if *filled == target.len() => {
-                            pulled.hash_ready(true);
-                            let Fill::Large { target, .. } =
-                                std::mem::replace(&mut pulled.fill, Fill::Small { len: 0 })
-                            else {
-                                unreachable!("matched above")
-                            };
-                            target.freeze()
+                    self.absorb(&mut pulled.fill);
+                    if !self.is_whole(&pulled.fill) {
+                        if self.eof {
+                            let (needed, available) = pulled.fill.progress(self.buffered());
+                            return Err(self.truncated("frame", needed, available));
                         }
-                        (None, fill) => {
-                            let (needed, available) = fill.progress(self.buffered());
-                            if self.eof {
-                                return Err(self.truncated("frame", needed, available));
-                            }
-                            pulled.hash_ready(false);
-                            self.state = State::PulledRead(pulled);
-                            return Ok(Step::Read);
-                        }
-                    };
-                    let small = matches!(pulled.fill, Fill::Small { len } if len > 0);
+                        pulled.hash_ready(false);
+                        self.state = State::PulledRead(pulled);
+                        return Ok(Step::Read);
+                    }
+                    // A large answer's last bytes go to its hasher; a small one is hashed
+                    // whole below.
+                    pulled.hash_ready(true);
                     let PulledBytes {
-                        req, behind, hasher, ..
+                        req,
+                        behind,
+                        hasher,
+                        fill,
+                        ..
                     } = *pulled;
+                    let small = matches!(fill, Fill::Small { .. });
+                    let bytes = self.take_whole(fill);
                     let digest = match (behind, hasher) {
                         (Some(behind), _) => Digest::Behind(behind),
                         (None, Some(mut h)) => {
@@ -782,23 +789,18 @@ impl Inbound {
         }
         loop {
             if let Some(mut fill) = r.current.take() {
-                match self.collect(&mut fill) {
-                    Some(bytes) => r.frames.push(Frame::Bytes(bytes)),
-                    None => match fill {
-                        Fill::Large { target, filled } if filled == target.len() => {
-                            r.frames.push(Frame::Bytes(target.freeze()))
-                        }
-                        fill => {
-                            if self.eof {
-                                let (needed, available) = fill.progress(self.buffered());
-                                return Err(self.truncated("frame", needed, available));
-                            }
-                            r.current = Some(fill);
-                            self.state = State::Frames(r);
-                            return Ok(Step::Read);
-                        }
-                    },
+                self.absorb(&mut fill);
+                if !self.is_whole(&fill) {
+                    if self.eof {
+                        let (needed, available) = fill.progress(self.buffered());
+                        return Err(self.truncated("frame", needed, available));
+                    }
+                    r.current = Some(fill);
+                    self.state = State::Frames(r);
+                    return Ok(Step::Read);
                 }
+                let bytes = self.take_whole(fill);
+                r.frames.push(Frame::Bytes(bytes));
             }
             let (Some(desc), Some(inline)) = (r.descriptors.next(), r.inline_lengths.next()) else {
                 self.item_done()?;

@@ -698,6 +698,24 @@ impl Sim {
         }
     }
 
+    /// Every holder releases each hold it has that no forward of its own waits on.
+    fn release_held(&mut self) {
+        for h in 1..NODES {
+            let holds: Vec<(u64, [u8; 32])> = self.nodes[h].holds.iter().map(|(l, t)| (*l, *t)).collect();
+            for (lease, token) in holds {
+                if self.nodes[h].forwards.values().any(|(l, _)| *l == lease) {
+                    continue;
+                }
+                self.nodes[h].holds.remove(&lease);
+                let out = Self::header(&Header::Ticket(TicketOp::Unlease {
+                    lease,
+                    token: token.to_vec(),
+                }));
+                self.send(h, OWNER, &out);
+            }
+        }
+    }
+
     /// Everything still in flight arrives; the holders release what they hold; the
     /// applications let go of their messages.
     fn finish(&mut self) {
@@ -709,20 +727,7 @@ impl Sim {
                 self.nodes[h].app.clear();
             }
             if round == 2 {
-                for h in 1..NODES {
-                    let holds: Vec<(u64, [u8; 32])> = self.nodes[h].holds.iter().map(|(l, t)| (*l, *t)).collect();
-                    for (lease, token) in holds {
-                        if self.nodes[h].forwards.values().any(|(l, _)| *l == lease) {
-                            continue;
-                        }
-                        self.nodes[h].holds.remove(&lease);
-                        let out = Self::header(&Header::Ticket(TicketOp::Unlease {
-                            lease,
-                            token: token.to_vec(),
-                        }));
-                        self.send(h, OWNER, &out);
-                    }
-                }
+                self.release_held();
             }
             let keys: Vec<(usize, usize)> = self.streams.keys().copied().collect();
             for key in keys {
@@ -740,20 +745,7 @@ impl Sim {
                 }
             }
             if round > 2 {
-                for h in 1..NODES {
-                    let holds: Vec<(u64, [u8; 32])> = self.nodes[h].holds.iter().map(|(l, t)| (*l, *t)).collect();
-                    for (lease, token) in holds {
-                        if self.nodes[h].forwards.values().any(|(l, _)| *l == lease) {
-                            continue;
-                        }
-                        self.nodes[h].holds.remove(&lease);
-                        let out = Self::header(&Header::Ticket(TicketOp::Unlease {
-                            lease,
-                            token: token.to_vec(),
-                        }));
-                        self.send(h, OWNER, &out);
-                    }
-                }
+                self.release_held();
             }
         }
         for h in 0..NODES {
