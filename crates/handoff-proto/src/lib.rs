@@ -15,6 +15,7 @@
 //!   machine (bytes and descriptors in, messages and ticket traffic out);
 //! - [`inbox`]: received messages waiting for the application, taken fairly by bytes;
 //! - [`log_limit`]: how many warnings about a peer reach the log;
+//! - [`peers`]: the identity a node presents, node-id admission and the switch to shm;
 //! - [`outbound`]: how a message's frames travel on a same-host connection, and its header;
 //! - [`receive`]: what an established connection decides about each header it reads (§9, §11.2);
 //! - [`recv_buffers`]: reused receive buffers for large inline frames;
@@ -22,6 +23,7 @@
 //! - [`ticket_leases`]: the leases a ticket owner keeps for its holders (spec §7.7);
 //! - [`ticket_requests`]: a holder's requests waiting for the owner's answers;
 //! - [`seeded`]: the seeded generator of simulations and chaos runs;
+//! - [`send_policy`]: which frames of a message travel as tickets (spec §7.5, §7.8);
 //! - [`handshake`]: the handshake of every version as a state machine (spec §5), with the
 //!   node's set of dialer nonces.
 
@@ -36,9 +38,11 @@ pub mod inbound;
 pub mod inbox;
 pub mod log_limit;
 pub mod outbound;
+pub mod peers;
 pub mod receive;
 pub mod recv_buffers;
 pub mod seeded;
+pub mod send_policy;
 pub mod shm;
 pub mod ticket_leases;
 pub mod ticket_requests;

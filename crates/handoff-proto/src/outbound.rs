@@ -142,6 +142,39 @@ pub fn route_frames(frames: Vec<Planned>, routing: &ShmRouting) -> Result<Vec<Ro
     Ok(routed)
 }
 
+/// Routes every frame inline (a connection without shared memory).
+pub fn inline_routes(frames: Vec<Planned>) -> Vec<Routed> {
+    frames
+        .into_iter()
+        .map(|p| match p {
+            Planned::Bytes(b) => Routed::Inline(b),
+            Planned::Ticket(claim) => Routed::Ticket(claim),
+        })
+        .collect()
+}
+
+/// The frames written on the stream after the header, in order.
+pub fn inline_frames(routed: &[Routed]) -> Vec<Buffer> {
+    routed
+        .iter()
+        .filter_map(|r| match r {
+            Routed::Inline(b) => Some(b.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The descriptors that ride with the header's first byte, in the order of its frames.
+pub fn shared_fds(routed: &[Routed]) -> Vec<std::os::fd::BorrowedFd<'_>> {
+    routed
+        .iter()
+        .filter_map(|r| match r {
+            Routed::Shared { fd, .. } => Some(fd.as_fd()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The whole header of a message whose frames were routed, the shared ones with their
 /// `leases` in order, checked against `limits` (spec §9: what a conforming receiver would
 /// refuse is not sent).

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use handoff_wire::{Channel, Endpoint, Ident, Locality, WireError};
+use handoff_wire::{Channel, Ident};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
@@ -17,7 +17,7 @@ use crate::state::NodeInner;
 use crate::tcp::TcpConn;
 use crate::unix::{self, FdReader, UnixWriter};
 use crate::{Error, Peer, Result};
-use handoff_proto::Handshaken;
+use handoff_proto::{peers, Handshaken};
 use handoff_wire::auth::Role;
 
 /// Connects `node` to `addr` (see `Node::connect_with`).
@@ -62,23 +62,20 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
     if channel == Some(Channel::Tcp) {
         return Ok(peer);
     }
-    let why_not = if peer.locality() == Locality::Remote {
-        Some("it is on another host".to_string())
-    } else if node.ctx.unix_path.is_none() {
-        Some("this node has shared memory turned off".to_string())
-    } else if !peer.endpoint().has_capability("shm") || peer.unix_addr().is_none() {
-        Some("it offers no Unix socket".to_string())
-    } else {
-        None
-    };
-    if let Some(reason) = why_not {
-        if channel == Some(Channel::Shm) {
+    let switch = peers::unix_switch(
+        peer.locality(),
+        node.ctx.unix_path.is_some(),
+        peer.endpoint(),
+        peer.unix_addr(),
+    );
+    let path = match switch {
+        Ok(path) => path.to_string(),
+        Err(reason) if channel == Some(Channel::Shm) => {
             close(&peer).await;
             return Err(Error::Config(format!("cannot use shm with {}: {reason}", peer.name())));
         }
-        return Ok(peer);
-    }
-    let path = peer.unix_addr().expect("checked above").to_string();
+        Err(_) => return Ok(peer),
+    };
     match connect_unix(node, strip_scheme(&path, "unix://")).await {
         Ok(shm_peer) => {
             close(&peer).await;
@@ -120,40 +117,6 @@ pub(crate) async fn close(peer: &Peer) {
     peer.0.shutdown_writing().await;
 }
 
-fn endpoint_of(ident: &Ident) -> Endpoint {
-    Endpoint {
-        node_id: ident.node_id.clone(),
-        name: ident.name.clone(),
-        host_id: ident.host_id.clone(),
-        process_id: ident.process_id.clone(),
-        language: ident.language.clone(),
-        capabilities: ident.capabilities.clone(),
-    }
-}
-
-/// The step before `ready` (spec §5.1 step 6, §5.4 step 7): a node id names one node in one
-/// process. Another process that presents the id of a connected node is refused; the same
-/// node opening a second connection (the switch to a Unix socket, a reconnection) is welcome.
-/// It runs on an identity the peer sent after proving the secret (v2) or covered by its
-/// proof (v1), so what it says goes only to a member of the cluster.
-fn admit(node: &NodeInner, ident: &Ident) -> std::result::Result<(), WireError> {
-    if ident.node_id == node.ctx.me.node_id {
-        return Err(WireError::Handshake(format!(
-            "the peer presents this node's own id {} (a connection to itself, or a copied id)",
-            ident.node_id
-        )));
-    }
-    match node.peer_by_id(&ident.node_id) {
-        Some(existing) if existing.endpoint().process_id != ident.process_id => Err(WireError::Handshake(format!(
-            "node id {} is already connected as {:?} from another process ({}); node ids must be unique",
-            ident.node_id,
-            existing.name(),
-            existing.endpoint().process_id
-        ))),
-        _ => Ok(()),
-    }
-}
-
 /// How a fresh connection came to be: we dialed it, or we accepted it (and then the node may
 /// need its handshake's place for a newer one: `evicted` fires).
 pub(crate) enum Side {
@@ -178,7 +141,10 @@ where
     R: tokio::io::AsyncRead + crate::io::FdSource + Unpin,
     W: tokio::io::AsyncWrite + Unpin,
 {
-    let check = |ident: &Ident| admit(node, ident);
+    let check = |ident: &Ident| {
+        let connected = node.peer_by_id(&ident.node_id);
+        peers::admit(&node.ctx.me.node_id, ident, connected.as_ref().map(Peer::endpoint))
+    };
     let ours = OurSide {
         me: &node.ctx.me,
         listen: node.ctx.listen_addr.clone(),
@@ -229,7 +195,7 @@ pub(crate) async fn open_tcp(node: Arc<NodeInner>, conn: TcpConn, label: String,
     };
     let peer = Peer::new(
         &node,
-        endpoint_of(&ident),
+        peers::endpoint_of(&ident),
         PeerAddrs {
             listen: ident.listen,
             unix: ident.unix,
@@ -266,7 +232,7 @@ pub(crate) async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: S
     let link = Arc::new(ShmLink::new(writer, &node.ctx));
     let peer = Peer::new(
         &node,
-        endpoint_of(&ident),
+        peers::endpoint_of(&ident),
         PeerAddrs {
             listen: ident.listen,
             unix: ident.unix,

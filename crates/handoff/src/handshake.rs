@@ -106,18 +106,8 @@ where
     R: AsyncRead + FdSource + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let ident = Ident {
-        node_id: ours.me.node_id.clone(),
-        name: ours.me.name.clone(),
-        host_id: ours.me.host_id.clone(),
-        pid: std::process::id(),
-        process_id: ours.me.process_id.clone(),
-        language: ours.me.language.clone(),
-        implementation: concat!("handoff-rs/", env!("CARGO_PKG_VERSION")).to_string(),
-        capabilities: ours.me.capabilities.clone(),
-        listen: ours.listen,
-        unix: ours.unix,
-    };
+    let implementation = concat!("handoff-rs/", env!("CARGO_PKG_VERSION"));
+    let ident = handoff_proto::peers::ident_of(ours.me, implementation, ours.listen, ours.unix);
     let config = Config {
         ident,
         secret: ours.secret.to_vec(),

@@ -24,7 +24,9 @@ use crate::tickets::owner::WhenFull;
 use crate::unix::UnixWriter;
 use crate::{Error, Result};
 pub(crate) use handoff_proto::outbound::Planned;
-use handoff_proto::outbound::{message_head, route_frames, Routed, ShmRouting};
+use handoff_proto::outbound::{
+    inline_frames, inline_routes, message_head, route_frames, shared_fds, Routed, ShmRouting,
+};
 use handoff_proto::shm::leases::ShmLeases;
 
 /// How messages reach a peer.
@@ -53,71 +55,106 @@ pub(crate) trait InprocTarget: Send + Sync {
     ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + '_>>;
 }
 
-/// Shuts a socket down in both directions: pending and later reads and writes on it end
-/// at once (a stalled write, the connection's reader), whoever holds it.
-fn abort_socket(fd: BorrowedFd<'_>) {
-    let _ = rustix::net::shutdown(fd, rustix::net::Shutdown::Both);
+/// The writing half of a connection's socket.
+pub(crate) trait SocketWriter: tokio::io::AsyncWrite + Unpin + Send {
+    /// The socket, to shut it down in both directions when a write stalls: pending and
+    /// later reads and writes on it end at once (a stalled write, the connection's reader),
+    /// whoever holds it.
+    fn socket(&self) -> BorrowedFd<'_>;
+
+    fn abort(&self) {
+        let _ = rustix::net::shutdown(self.socket(), rustix::net::Shutdown::Both);
+    }
+}
+
+impl SocketWriter for TcpWriter {
+    fn socket(&self) -> BorrowedFd<'_> {
+        TcpWriter::socket(self)
+    }
+}
+
+impl SocketWriter for UnixWriter {
+    fn socket(&self) -> BorrowedFd<'_> {
+        UnixWriter::socket(self)
+    }
+}
+
+/// What a send is, for its errors and its limits.
+pub(crate) struct Sending<'a> {
+    pub(crate) type_name: &'a str,
+    /// The peer's name.
+    pub(crate) peer: &'a str,
+    /// What the receiver accepts (spec §9): nothing it must refuse is sent.
+    pub(crate) limits: &'a handoff_wire::Limits,
+    pub(crate) write_timeout: Duration,
+}
+
+/// The error of a message a receiver would have to refuse.
+pub(crate) fn unsendable(type_name: &str, peer: &str, reason: handoff_wire::WireError) -> Error {
+    Error::Unsendable {
+        type_name: type_name.to_string(),
+        peer: peer.to_string(),
+        reason: Box::new(reason),
+    }
 }
 
 impl Link {
+    /// The socket's writing half; none in process.
+    fn writer(&self) -> Option<&Mutex<dyn SocketWriter>> {
+        match self {
+            Link::Tcp { writer } => Some(writer),
+            Link::Shm(link) => Some(&link.writer),
+            Link::Inproc(_) => None,
+        }
+    }
+
     /// Writes `head` then `frames` (a whole message without shared segments), within the
     /// write timeout; a stall shuts the connection down.
     pub(crate) async fn write(&self, head: &[u8], frames: &[Buffer], stall: Duration) -> std::io::Result<()> {
+        let Some(writer) = self.writer() else {
+            return Err(std::io::Error::other("no wire protocol between in-process nodes"));
+        };
+        let mut w = writer.lock().await;
+        let r = crate::io::write_all_vectored(&mut &mut *w, head, frames, stall).await;
+        if r.is_err() {
+            w.abort();
+        }
+        r
+    }
+
+    /// Sends a message whose frames went through the ticket policy: over TCP with every
+    /// frame inline; on a same-host connection routed through shared memory.
+    pub(crate) async fn send(&self, sending: &Sending<'_>, body: &[u8], frames: Vec<Planned>) -> Result<()> {
         match self {
-            Link::Tcp { writer } => {
-                let mut w = writer.lock().await;
-                let r = crate::io::write_all_vectored(&mut *w, head, frames, stall).await;
-                if r.is_err() {
-                    abort_socket(w.socket());
-                }
-                r
+            Link::Shm(link) => link.send(sending, body, frames).await,
+            _ => {
+                let routed = inline_routes(frames);
+                let head = message_head(sending.type_name, body, &routed, &[], sending.limits)
+                    .map_err(|reason| unsendable(sending.type_name, sending.peer, reason))?;
+                self.write(&head, &inline_frames(&routed), sending.write_timeout)
+                    .await
+                    .map_err(|e| Error::io(format!("sending {} to {}", sending.type_name, sending.peer), e))
             }
-            Link::Shm(link) => {
-                let mut w = link.writer.lock().await;
-                let r = crate::io::write_all_vectored(&mut *w, head, frames, stall).await;
-                if r.is_err() {
-                    abort_socket(w.fd());
-                }
-                r
-            }
-            Link::Inproc(_) => Err(std::io::Error::other("no wire protocol between in-process nodes")),
         }
     }
 
     /// Sends an `error` (best effort, within `limit` to get the writer at all), then shuts
     /// our sending direction down, so the peer reads the error before the end of the stream.
     pub(crate) async fn send_error_and_shutdown(&self, err: &handoff_wire::WireError, limit: Duration) {
-        match self {
-            Link::Tcp { writer } => {
-                if let Ok(mut w) = tokio::time::timeout(limit, writer.lock()).await {
-                    crate::handshake::send_error(&mut *w, err).await;
-                    let _ = tokio::time::timeout(limit, w.shutdown()).await;
-                }
+        if let Some(writer) = self.writer() {
+            if let Ok(mut w) = tokio::time::timeout(limit, writer.lock()).await {
+                crate::handshake::send_error(&mut &mut *w, err).await;
+                let _ = tokio::time::timeout(limit, w.shutdown()).await;
             }
-            Link::Shm(link) => {
-                if let Ok(mut w) = tokio::time::timeout(limit, link.writer.lock()).await {
-                    crate::handshake::send_error(&mut *w, err).await;
-                    let _ = tokio::time::timeout(limit, w.shutdown()).await;
-                }
-            }
-            Link::Inproc(_) => {}
         }
     }
 
     /// Shuts our sending direction down (the peer sees the end of the stream), within `limit`.
     pub(crate) async fn shutdown_writing(&self, limit: Duration) {
-        match self {
-            Link::Tcp { writer } => {
-                if let Ok(mut w) = tokio::time::timeout(limit, writer.lock()).await {
-                    let _ = tokio::time::timeout(limit, w.shutdown()).await;
-                }
+        if let Some(writer) = self.writer() {
+            if let Ok(mut w) = tokio::time::timeout(limit, writer.lock()).await {
+                let _ = tokio::time::timeout(limit, w.shutdown()).await;
             }
-            Link::Shm(link) => {
-                if let Ok(mut w) = tokio::time::timeout(limit, link.writer.lock()).await {
-                    let _ = tokio::time::timeout(limit, w.shutdown()).await;
-                }
-            }
-            Link::Inproc(_) => {}
         }
     }
 }
@@ -145,7 +182,6 @@ pub(crate) struct ShmLink {
     sealed: bool,
     /// What a send does when the peer holds that much already.
     when_full: WhenFull,
-    write_timeout: Duration,
 }
 
 impl ShmLink {
@@ -160,7 +196,6 @@ impl ShmLink {
             threshold: ctx.shm_threshold,
             sealed: ctx.shm_sealed,
             when_full: ctx.leases.config.when_full,
-            write_timeout: ctx.bounds.write_timeout,
         }
     }
 
@@ -218,14 +253,7 @@ impl ShmLink {
 
     /// Routes each frame (shared segment or inline), registers the leases, and writes the
     /// message.
-    pub(crate) async fn send(
-        &self,
-        type_name: &str,
-        body: &[u8],
-        frames: Vec<Planned>,
-        label: &str,
-        limits: &handoff_wire::Limits,
-    ) -> Result<()> {
+    async fn send(&self, sending: &Sending<'_>, body: &[u8], frames: Vec<Planned>) -> Result<()> {
         let routing = ShmRouting {
             threshold: self.threshold,
             sealed_only: self.sealed,
@@ -236,7 +264,7 @@ impl ShmLink {
         let mut leased: Vec<u64> = Vec::new();
         for r in &routed {
             if let Routed::Shared { held, .. } = r {
-                match self.lease(held, label).await {
+                match self.lease(held, sending.peer).await {
                     Ok(lease) => leased.push(lease),
                     Err(e) => {
                         // Nothing was sent: the leases taken for this message end here.
@@ -246,39 +274,21 @@ impl ShmLink {
                 }
             }
         }
-        let head = match message_head(type_name, body, &routed, &leased, limits) {
-            Ok(head) => head,
-            Err(reason) => {
-                self.release(&leased);
-                return Err(Error::Unsendable {
-                    type_name: type_name.to_string(),
-                    peer: label.to_string(),
-                    reason: Box::new(reason),
-                });
-            }
-        };
-        let fds: Vec<_> = routed
-            .iter()
-            .filter_map(|r| match r {
-                Routed::Shared { fd, .. } => Some(fd.as_fd()),
-                _ => None,
-            })
-            .collect();
-        let inline: Vec<Buffer> = routed
-            .iter()
-            .filter_map(|r| match r {
-                Routed::Inline(b) => Some(b.clone()),
-                _ => None,
-            })
-            .collect();
+        let head = message_head(sending.type_name, body, &routed, &leased, sending.limits).map_err(|reason| {
+            self.release(&leased);
+            unsendable(sending.type_name, sending.peer, reason)
+        })?;
         let mut w = self.writer.lock().await;
-        let sent = match w.send_with_fds(&head, &fds, self.write_timeout).await {
-            Ok(()) => crate::io::write_all_vectored(&mut *w, &[], &inline, self.write_timeout).await,
+        let sent = match w
+            .send_with_fds(&head, &shared_fds(&routed), sending.write_timeout)
+            .await
+        {
+            Ok(()) => crate::io::write_all_vectored(&mut *w, &[], &inline_frames(&routed), sending.write_timeout).await,
             Err(e) => Err(e),
         };
         if sent.is_err() {
-            abort_socket(w.fd());
+            w.abort();
         }
-        sent.map_err(|e| Error::io(format!("sending {type_name} to {label}"), e))
+        sent.map_err(|e| Error::io(format!("sending {} to {}", sending.type_name, sending.peer), e))
     }
 }

@@ -6,18 +6,19 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use handoff_wire::framing::encode_header_into;
-use handoff_wire::{Buffer, Channel, Descriptor, Endpoint, Header, Locality, Route, TicketClaim, CAP_XXH3};
+use handoff_wire::{Buffer, Channel, Endpoint, Header, Locality, Route, TicketClaim};
 use tokio::sync::Semaphore;
 
 use crate::budget::Account;
 use crate::context::LocalNode;
-use crate::link::{LeaseStats, Link, Planned};
+use crate::link::{unsendable, LeaseStats, Link, Planned, Sending};
 use crate::payload::Payload;
 use crate::tickets::holder::Ticket;
 use crate::tickets::modes::OnDemand;
 use crate::tickets::pending::Waiter;
 use crate::{Error, Message, Result};
 use handoff_proto::log_limit::LogLimiter;
+use handoff_proto::send_policy::{self, issued_claim, FramePlan, TicketPolicy};
 use handoff_proto::ticket_requests::Requests;
 
 pub(crate) struct PeerInner {
@@ -223,50 +224,15 @@ impl Peer {
                 };
                 target.deliver(T::TYPE_NAME, payload).await
             }
-            Link::Tcp { .. } => {
+            Link::Tcp { .. } | Link::Shm(_) => {
                 let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
-                self.check_sendable(T::TYPE_NAME, encoded.body.len(), &encoded.frames)?;
-                let planned = self.plan(encoded.frames, by_ticket).await?;
-                let mut descriptors = Vec::with_capacity(planned.len());
-                let mut inline = Vec::new();
-                for p in planned {
-                    match p {
-                        Planned::Bytes(b) => {
-                            descriptors.push(Descriptor::Inline { len: b.len() as u64 });
-                            inline.push(b);
-                        }
-                        Planned::Ticket(claim) => descriptors.push(Descriptor::Ticket(claim)),
-                    }
-                }
-                let header = Header::Msg {
-                    type_name: T::TYPE_NAME,
-                    body: &encoded.body,
-                    frames: descriptors,
-                };
-                let mut head = Vec::with_capacity(encoded.body.len() + 64);
-                encode_header_into(&header, &mut head);
-                if let Err(e) = self.check_header(T::TYPE_NAME, head.len() - 4) {
-                    let Header::Msg { frames, .. } = header else {
-                        unreachable!("built above")
-                    };
-                    self.withdraw(frames.iter().filter_map(|d| match d {
-                        Descriptor::Ticket(claim) => Some(claim),
-                        _ => None,
-                    }));
-                    return Err(e);
-                }
-                self.0
-                    .link
-                    .write(&head, &inline, self.0.write_timeout)
-                    .await
-                    .map_err(|e| {
-                        self.mark_closed();
-                        Error::io(format!("sending {} to {}", T::TYPE_NAME, self.name()), e)
-                    })
-            }
-            Link::Shm(link) => {
-                let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
-                self.check_sendable(T::TYPE_NAME, encoded.body.len(), &encoded.frames)?;
+                let limits = self.limits()?;
+                // Refused before anything is planned or leased: more frames, or larger
+                // ones, than the receiver accepts, or a body alone over its header limit.
+                let lens = encoded.frames.iter().map(|f| f.len() as u64);
+                limits
+                    .check_outgoing(encoded.body.len(), lens)
+                    .map_err(|reason| unsendable(T::TYPE_NAME, self.name(), reason))?;
                 let planned = self.plan(encoded.frames, by_ticket).await?;
                 let tickets: Vec<TicketClaim> = planned
                     .iter()
@@ -275,8 +241,15 @@ impl Peer {
                         Planned::Bytes(_) => None,
                     })
                     .collect();
-                let limits = self.limits()?;
-                link.send(T::TYPE_NAME, &encoded.body, planned, self.name(), &limits)
+                let sending = Sending {
+                    type_name: T::TYPE_NAME,
+                    peer: self.name(),
+                    limits: &limits,
+                    write_timeout: self.0.write_timeout,
+                };
+                self.0
+                    .link
+                    .send(&sending, &encoded.body, planned)
                     .await
                     .inspect_err(|e| match e {
                         Error::Io { .. } => self.mark_closed(),
@@ -291,32 +264,6 @@ impl Peer {
     fn limits(&self) -> Result<handoff_wire::Limits> {
         let node = self.0.local.upgrade().ok_or(Error::NodeClosed)?;
         Ok(node.context().limits)
-    }
-
-    /// Refuses, before anything is planned or leased, a message a receiver would have to
-    /// refuse: more frames, or larger ones, than it accepts, or a body that alone is over
-    /// its header limit (spec §9).
-    fn check_sendable(&self, type_name: &str, body_len: usize, frames: &[Buffer]) -> Result<()> {
-        let limits = self.limits()?;
-        limits
-            .check_outgoing(body_len, frames.iter().map(|f| f.len() as u64))
-            .map_err(|reason| Error::Unsendable {
-                type_name: type_name.to_string(),
-                peer: self.name().to_string(),
-                reason: Box::new(reason),
-            })
-    }
-
-    /// The exact header, once built, against the receiver's header limit.
-    fn check_header(&self, type_name: &str, header_len: usize) -> Result<()> {
-        let limits = self.limits()?;
-        limits
-            .check_outgoing(header_len, std::iter::empty())
-            .map_err(|reason| Error::Unsendable {
-                type_name: type_name.to_string(),
-                peer: self.name().to_string(),
-                reason: Box::new(reason),
-            })
     }
 
     /// Ends the leases of tickets we issued for a message that was not sent after all.
@@ -337,51 +284,43 @@ impl Peer {
         self.send_inner(value, true).await
     }
 
-    /// Applies the ticket policy to each frame: tickets we hold are forwarded (the owner
-    /// registers the peer first), large or requested buffers are leased and sent as tickets.
+    /// Carries out the ticket policy (`handoff_proto::send_policy`) for each frame.
     async fn plan(&self, frames: Vec<Buffer>, by_ticket: bool) -> Result<Vec<Planned>> {
         let node = self.0.local.upgrade().ok_or(Error::NodeClosed)?;
         let ctx = node.context();
-        let to = &self.0.remote.node_id;
-        // A peer that did not announce `ticket` gets bytes, never tickets.
-        let takes_tickets = self.0.remote.has_capability("ticket");
+        let policy = TicketPolicy {
+            receiver: &self.0.remote,
+            channel: self.channel(),
+            threshold: ctx.ticket_threshold,
+            by_ticket,
+        };
         let mut out = Vec::with_capacity(frames.len());
         for frame in frames {
-            if let Some(ticket) = Ticket::of(&frame) {
-                let claim = &ticket.0.claim;
-                let digest_ok = claim.digest.sendable_to(&self.0.remote.capabilities);
-                if &claim.owner == to || !takes_tickets || !digest_ok {
-                    // Back to its owner, to a peer without tickets, or to one that would refuse
-                    // the ticket's XXH3 digest (§7.8): send the bytes.
-                    out.push(Planned::Bytes(ticket.redeem().await?));
-                } else {
-                    let (claim, owner) = (&ticket.0.claim, &ticket.0.owner_label);
-                    out.push(Planned::Ticket(node.clone().forward(claim, owner, to).await?));
-                }
-                continue;
-            }
+            let held = Ticket::of(&frame);
             let on_demand = OnDemand::of(&frame);
-            let lazy = on_demand.is_some();
-            let wanted = by_ticket
-                || lazy
-                || (self.channel() == Channel::Tcp && ctx.ticket_threshold.is_some_and(|t| frame.len() >= t));
-            if wanted && takes_tickets && !frame.is_empty() {
-                let known_digest = on_demand.and_then(|o| o.digest).or_else(|| frame.known_digest());
-                let xxh3 = self.0.remote.has_capability(CAP_XXH3);
-                let issued = ctx.leases.issue(&frame, known_digest, xxh3, to, self.name()).await?;
-                out.push(Planned::Ticket(TicketClaim {
-                    len: frame.len() as u64,
-                    owner: ctx.me.node_id.clone(),
-                    addr: ctx.listen_addr.clone(),
-                    lease: issued.lease,
-                    token: issued.token.to_vec(),
-                    digest: issued.digest,
-                    ttl_ms: ctx.leases.config.ttl.as_millis() as u64,
-                    lazy,
-                }));
-            } else {
-                out.push(Planned::Bytes(frame));
-            }
+            let kind = match &held {
+                Some(ticket) => send_policy::Frame::Held(&ticket.0.claim),
+                None => send_policy::Frame::Bytes {
+                    len: frame.len(),
+                    on_demand: on_demand.is_some(),
+                },
+            };
+            let to = &self.0.remote.node_id;
+            out.push(match policy.plan(kind) {
+                FramePlan::Bytes => Planned::Bytes(frame),
+                FramePlan::RedeemHeld => Planned::Bytes(held.expect("a held ticket").redeem().await?),
+                FramePlan::ForwardHeld => {
+                    let ticket = held.expect("a held ticket");
+                    let (claim, owner) = (&ticket.0.claim, &ticket.0.owner_label);
+                    Planned::Ticket(node.clone().forward(claim, owner, to).await?)
+                }
+                FramePlan::Issue { lazy, xxh3 } => {
+                    let known_digest = on_demand.and_then(|o| o.digest).or_else(|| frame.known_digest());
+                    let issued = ctx.leases.issue(&frame, known_digest, xxh3, to, self.name()).await?;
+                    let (me, addr, ttl) = (&ctx.me.node_id, ctx.listen_addr.clone(), ctx.leases.config.ttl);
+                    Planned::Ticket(issued_claim(&issued, frame.len() as u64, me, addr, ttl, lazy))
+                }
+            });
         }
         Ok(out)
     }

@@ -129,8 +129,8 @@ impl UnixWriter {
         UnixWriter { stream }
     }
 
-    /// The socket (to shut it down when a write stalls).
-    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+    /// The socket, to shut it down in both directions when a write stalls.
+    pub(crate) fn socket(&self) -> BorrowedFd<'_> {
         self.stream.as_fd()
     }
 

@@ -40,7 +40,7 @@ impl NodeInner {
                 "not connected to the owner, and the ticket has no address",
             )
         })?;
-        self.may_dial(addr).map_err(|why| lost(claim, owner, why))?;
+        handoff_proto::peers::may_dial(addr, self.ctx.listen_addr.as_deref()).map_err(|why| lost(claim, owner, why))?;
         let deadline = tokio::time::Instant::now() + self.ctx.pull_timeout;
         // Only so many dials at once (spec §9.1): a flood of tickets cannot make this node
         // open connections without bound.
@@ -79,24 +79,6 @@ impl NodeInner {
             ));
         }
         Ok(peer)
-    }
-
-    /// Whether a ticket's `addr` may be dialled (spec §9.1): a `tcp://` address other than
-    /// our own listen address.
-    fn may_dial(&self, addr: &str) -> std::result::Result<(), String> {
-        let Some(target) = addr.strip_prefix("tcp://") else {
-            return Err(format!("the ticket's address {addr:?} is not a tcp:// address"));
-        };
-        let ours = self.ctx.listen_addr.as_deref().and_then(|l| l.strip_prefix("tcp://"));
-        let same = |a: &str, b: &str| {
-            a == b
-                || matches!((a.parse::<std::net::SocketAddr>(), b.parse::<std::net::SocketAddr>()),
-                    (Ok(x), Ok(y)) if x == y)
-        };
-        if ours.is_some_and(|o| same(o, target)) {
-            return Err(format!("the ticket's address {addr} is this node's own"));
-        }
-        Ok(())
     }
 
     /// Sends a ticket request and waits (at most the pull timeout) for the owner's answer.

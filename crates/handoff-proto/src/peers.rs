@@ -1,0 +1,169 @@
+//! What a node decides about its peers around a handshake, with no I/O: the identity it
+//! presents, whether a peer's node id may join (spec §5.1 step 6), whether a TCP
+//! connection switches to the peer's Unix socket (§7.1), and which ticket addresses may be
+//! dialled (§9.1).
+
+use handoff_wire::{Endpoint, Ident, Locality, WireError};
+
+/// The identity a node presents in its handshake: its endpoint, this process's pid, the
+/// implementation's name and version, and where it can be reached.
+pub fn ident_of(me: &Endpoint, implementation: &str, listen: Option<String>, unix: Option<String>) -> Ident {
+    Ident {
+        node_id: me.node_id.clone(),
+        name: me.name.clone(),
+        host_id: me.host_id.clone(),
+        pid: std::process::id(),
+        process_id: me.process_id.clone(),
+        language: me.language.clone(),
+        implementation: implementation.to_string(),
+        capabilities: me.capabilities.clone(),
+        listen,
+        unix,
+    }
+}
+
+/// The endpoint a peer's identity describes.
+pub fn endpoint_of(ident: &Ident) -> Endpoint {
+    Endpoint {
+        node_id: ident.node_id.clone(),
+        name: ident.name.clone(),
+        host_id: ident.host_id.clone(),
+        process_id: ident.process_id.clone(),
+        language: ident.language.clone(),
+        capabilities: ident.capabilities.clone(),
+    }
+}
+
+/// The step before `ready` (spec §5.1 step 6, §5.4 step 7): a node id names one node in one
+/// process. The peer's identity must not carry our own id `me`, and where a node with its
+/// id is `connected` already, that node must be the same process: the same node opening a
+/// second connection (the switch to a Unix socket, a reconnection) is welcome.
+///
+/// It runs on an identity the peer sent after proving the secret (v2, v3) or covered by
+/// its proof (v1), so what the refusal says goes only to a member of the cluster.
+pub fn admit(me: &str, ident: &Ident, connected: Option<&Endpoint>) -> Result<(), WireError> {
+    if ident.node_id == me {
+        return Err(WireError::Handshake(format!(
+            "the peer presents this node's own id {} (a connection to itself, or a copied id)",
+            ident.node_id
+        )));
+    }
+    match connected {
+        Some(existing) if existing.process_id != ident.process_id => Err(WireError::Handshake(format!(
+            "node id {} is already connected as {:?} from another process ({}); node ids must be unique",
+            ident.node_id, existing.name, existing.process_id
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Whether a TCP connection to `peer` switches to its Unix socket (§7.1): the peer's Unix
+/// socket when both nodes share the host, we accept same-host peers (`we_offer_shm`), and
+/// the peer announced `shm` with a socket; otherwise why not.
+pub fn unix_switch<'p>(
+    locality: Locality,
+    we_offer_shm: bool,
+    peer: &Endpoint,
+    peer_unix: Option<&'p str>,
+) -> Result<&'p str, &'static str> {
+    if locality == Locality::Remote {
+        return Err("it is on another host");
+    }
+    if !we_offer_shm {
+        return Err("this node has shared memory turned off");
+    }
+    match peer_unix {
+        Some(path) if peer.has_capability("shm") => Ok(path),
+        _ => Err("it offers no Unix socket"),
+    }
+}
+
+/// Whether a ticket's `addr` may be dialled to reach its owner (spec §9.1): only a
+/// `tcp://` address, and not `our_listen`, this node's own listen address; otherwise why not.
+pub fn may_dial(addr: &str, our_listen: Option<&str>) -> Result<(), String> {
+    let Some(target) = addr.strip_prefix("tcp://") else {
+        return Err(format!("the ticket's address {addr:?} is not a tcp:// address"));
+    };
+    let ours = our_listen.and_then(|l| l.strip_prefix("tcp://"));
+    let same = |a: &str, b: &str| {
+        a == b
+            || matches!((a.parse::<std::net::SocketAddr>(), b.parse::<std::net::SocketAddr>()),
+                (Ok(x), Ok(y)) if x == y)
+    };
+    if ours.is_some_and(|o| same(o, target)) {
+        return Err(format!("the ticket's address {addr} is this node's own"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(id: &str, process: &str, caps: &[&str]) -> Endpoint {
+        Endpoint {
+            node_id: id.into(),
+            name: format!("node-{id}"),
+            host_id: "h".into(),
+            process_id: process.into(),
+            language: "rust".into(),
+            capabilities: caps.iter().map(|c| c.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_node_id_is_one_node_in_one_process() {
+        let them = ident_of(&endpoint("b", "p1", &[]), "handoff-rs/test", None, None);
+        assert_eq!(endpoint_of(&them), endpoint("b", "p1", &[]));
+        assert!(admit("a", &them, None).is_ok());
+        let err = admit("b", &them, None).unwrap_err().to_string();
+        assert!(err.contains("this node's own id"), "{err}");
+        assert!(
+            admit("a", &them, Some(&endpoint("b", "p1", &[]))).is_ok(),
+            "a second connection"
+        );
+        let err = admit("a", &them, Some(&endpoint("b", "p2", &[])))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("another process (p2)") && err.contains("node-b"), "{err}");
+    }
+
+    #[test]
+    fn a_ticket_dials_only_tcp_addresses_other_than_our_own() {
+        assert!(may_dial("tcp://127.0.0.1:9", None).is_ok());
+        assert!(may_dial("tcp://127.0.0.1:9", Some("tcp://127.0.0.1:10")).is_ok());
+        let err = may_dial("unix:///tmp/x.sock", None).unwrap_err();
+        assert!(err.contains("not a tcp:// address"), "{err}");
+        let err = may_dial("tcp://127.0.0.1:9", Some("tcp://127.0.0.1:9")).unwrap_err();
+        assert!(err.contains("this node's own"), "{err}");
+        assert!(
+            may_dial("tcp://[::1]:9", Some("tcp://[0:0:0:0:0:0:0:1]:9")).is_err(),
+            "the same socket address"
+        );
+    }
+
+    #[test]
+    fn a_tcp_connection_switches_only_to_a_same_host_peer_with_a_socket() {
+        let shm = endpoint("b", "p", &["shm"]);
+        let sock = Some("unix:///run/b.sock");
+        assert_eq!(
+            unix_switch(Locality::SameHost, true, &shm, sock),
+            Ok("unix:///run/b.sock")
+        );
+        assert_eq!(
+            unix_switch(Locality::SameProcess, true, &shm, sock),
+            Ok("unix:///run/b.sock")
+        );
+        assert_eq!(
+            unix_switch(Locality::Remote, true, &shm, sock),
+            Err("it is on another host")
+        );
+        assert!(unix_switch(Locality::SameHost, false, &shm, sock).is_err());
+        assert!(unix_switch(Locality::SameHost, true, &shm, None).is_err());
+        let plain = endpoint("b", "p", &[]);
+        assert_eq!(
+            unix_switch(Locality::SameHost, true, &plain, sock),
+            Err("it offers no Unix socket")
+        );
+    }
+}
