@@ -30,20 +30,13 @@ impl RecvBudget {
         if let Some(p) = self.budget.try_acquire(account, bytes, messages, 0) {
             return p;
         }
-        loop {
-            let freed = self.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            if let Some(p) = self.budget.try_acquire(account, bytes, messages, 0) {
-                return p;
-            }
-            freed.await;
-        }
+        let attempt = || self.budget.try_acquire(account, bytes, messages, 0);
+        crate::wait::until(&self.freed, None, None, attempt).await.expect("no deadline")
     }
 
-    /// Resolves when some room was given back (enable it before checking, as `acquire` does).
-    pub(crate) fn freed(&self) -> tokio::sync::futures::Notified<'_> {
-        self.freed.notified()
+    /// What wakes the connections waiting for room.
+    pub(crate) fn freed(&self) -> &Notify {
+        &self.freed
     }
 }
 

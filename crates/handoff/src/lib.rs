@@ -67,6 +67,7 @@ mod tcp;
 pub mod tickets;
 pub mod tls;
 mod unix;
+mod wait;
 
 pub use builder::NodeBuilder;
 pub use envelope::Envelope;

@@ -227,27 +227,23 @@ impl ShmLink {
     /// holds as much as it may; a send never ends a live lease to make room.
     async fn lease(&self, held: &Held, peer: &str) -> Result<u64> {
         let bytes = held.bytes() as u64;
+        let now = tokio::time::Instant::now();
         let give_up = match self.when_full {
-            WhenFull::Wait(d) => Some(tokio::time::Instant::now() + d),
-            WhenFull::Fail => None,
+            WhenFull::Wait(d) => now + d,
+            WhenFull::Fail => now,
         };
-        loop {
-            let released = self.released.notified();
-            tokio::pin!(released);
-            released.as_mut().enable();
-            let refused = self.leases.lock().expect("leases lock").try_lease(held.clone(), bytes);
-            match refused {
-                Ok(lease) => return Ok(lease),
-                Err((_, reason)) if give_up.is_none_or(|g| tokio::time::Instant::now() >= g) => {
-                    return Err(Error::LeaseCap {
-                        peer: peer.to_string(),
-                        bytes,
-                        reason,
-                    });
-                }
-                Err(_) => {}
-            }
-            let _ = tokio::time::timeout_at(give_up.expect("checked above"), released).await;
+        let mut refused = String::new();
+        let attempt = || {
+            let leases = &mut self.leases.lock().expect("leases lock");
+            leases.try_lease(held.clone(), bytes).map_err(|(_, r)| refused = r).ok()
+        };
+        match crate::wait::until(&self.released, Some(give_up), None, attempt).await {
+            Some(lease) => Ok(lease),
+            None => Err(Error::LeaseCap {
+                peer: peer.to_string(),
+                bytes,
+                reason: refused,
+            }),
         }
     }
 

@@ -160,26 +160,16 @@ async fn room(
     messages: usize,
 ) -> Option<Permit> {
     let mut permit = permit;
-    loop {
-        let freed = node.ctx.budget.freed();
-        tokio::pin!(freed);
-        freed.as_mut().enable();
+    let attempt = || {
         let asking = !peer.0.pending.lock().expect("pending lock").is_empty();
         let slack = receive::room_slack(asking, node.ctx.budget.max_per_peer());
         match permit.as_deref_mut() {
-            Some(p) => {
-                if p.try_expand(bytes, messages, slack) {
-                    return None;
-                }
-            }
-            None => {
-                if let Some(p) = node.ctx.budget.try_acquire(&peer.0.account, bytes, messages, slack) {
-                    return Some(p);
-                }
-            }
+            Some(p) => p.try_expand(bytes, messages, slack).then_some(None),
+            None => node.ctx.budget.try_acquire(&peer.0.account, bytes, messages, slack).map(Some),
         }
-        let _ = tokio::time::timeout(ROOM_RECHECK, freed).await;
-    }
+    };
+    let freed = node.ctx.budget.freed();
+    crate::wait::until(freed, None, Some(ROOM_RECHECK), attempt).await.expect("no deadline")
 }
 
 /// One read into the engine's space, within its progress timeout when a message is under

@@ -38,29 +38,20 @@ impl LeaseTable {
         holder_name: &str,
     ) -> Result<Issued> {
         let digest = ticket_leases::LeaseTable::digest_for(buffer, known_digest, holder_takes_xxh3);
+        let now = tokio::time::Instant::now();
         let give_up = match self.table.config.when_full {
-            WhenFull::Wait(d) => Some(tokio::time::Instant::now() + d),
-            WhenFull::Fail => None,
+            WhenFull::Wait(d) => now + d,
+            WhenFull::Fail => now,
         };
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let reason = match self.table.try_issue(buffer, digest, holder) {
-                Ok(issued) => return Ok(issued),
-                Err(reason) => reason,
-            };
-            let deadline = match give_up {
-                Some(g) if tokio::time::Instant::now() < g => g,
-                _ => {
-                    return Err(Error::LeaseCap {
-                        peer: holder_name.to_string(),
-                        bytes: buffer.len() as u64,
-                        reason,
-                    })
-                }
-            };
-            let _ = tokio::time::timeout_at(deadline, changed).await;
+        let mut refused = String::new();
+        let attempt = || self.table.try_issue(buffer, digest, holder).map_err(|r| refused = r).ok();
+        match crate::wait::until(&self.changed, Some(give_up), None, attempt).await {
+            Some(issued) => Ok(issued),
+            None => Err(Error::LeaseCap {
+                peer: holder_name.to_string(),
+                bytes: buffer.len() as u64,
+                reason: refused,
+            }),
         }
     }
 }
