@@ -6,9 +6,11 @@
 //! [`Inbound::received`], hands over the descriptors that arrived with
 //! [`Inbound::handle_fds`], and then calls [`Inbound::poll`] until it says
 //! [`Step::Read`]. Each other step is something to do:
-//! - [`Step::Room`]: take room in the node's receive budget, then [`Inbound::room_taken`].
-//!   Until then the machine offers no space to read into, so a connection that waits for
-//!   room stops reading and its peer feels it;
+//! - [`Step::Room`]: room is needed in the node's receive budget: call
+//!   [`Inbound::try_take_room`] until it succeeds, waiting between tries for the budget's
+//!   waker. Until then the machine offers no space to read into, so a connection that waits
+//!   for room stops reading and its peer feels it. The room taken travels with the message
+//!   ([`Incoming::permit`]), and room a large header took for anything else goes back;
 //! - [`Step::CheckPulled`]: look up our own request a `pulled` answers, then
 //!   [`Inbound::pulled_verdict`];
 //! - [`Step::Event`]: something received (a message with its frames, a ticket request or
@@ -36,15 +38,20 @@ use bytes::Bytes;
 use handoff_wire::framing::LEN_PREFIX;
 use handoff_wire::{Descriptor, TicketClaim, TicketOp, WireError};
 
+use crate::budget::{Account, Budget, Permit};
 use crate::receive::{self, Pulled, Receiving};
 use crate::recv_buffers::{PooledBuf, RecvPool, MIN_POOLED};
 use crate::shm::{Mapping, MappingCache};
 
 /// Bytes read ahead at a time between large frames.
 const READ_CHUNK: usize = 64 * 1024;
+/// Most descriptors a peer may pass with one read (spec §7.2): a driver's receive buffer
+/// for them holds this many, and more (the kernel truncating them) fails the connection.
+/// So a sender puts at most this many `shm` descriptors in one message.
+pub const MAX_FDS_PER_READ: usize = 64;
 /// Most descriptors waiting, unclaimed, on one connection (spec §7.2: two messages' worth of
 /// the 64 one read may bring).
-pub const MAX_PENDING_FDS: usize = 128;
+pub const MAX_PENDING_FDS: usize = 2 * MAX_FDS_PER_READ;
 /// Pulled bytes are hashed in runs of at least this much, so that blake3 uses its widest
 /// SIMD.
 const HASH_STEP: usize = 256 << 10;
@@ -99,9 +106,9 @@ pub type TypeCheck = Arc<dyn Fn(&str) -> Result<(), WireError> + Send + Sync>;
 pub enum Step {
     /// Read from the stream into [`Inbound::recv_space`].
     Read,
-    /// Take room for `bytes` (and `messages`) of this peer's in the receive budget — the
-    /// first time for a message a new permit, after that more room on the same one — and
-    /// then call [`Inbound::room_taken`].
+    /// Room for `bytes` (and `messages`) of this peer's is needed in the receive budget —
+    /// the first time for a message a new permit, after that more room on the same one:
+    /// call [`Inbound::try_take_room`] until it succeeds.
     Room {
         /// Bytes of room.
         bytes: u64,
@@ -170,6 +177,9 @@ pub struct Incoming {
     pub frames: Vec<Frame>,
     /// Whether it carries a ticket to redeem before delivery when the node redeems eagerly.
     pub eager_tickets: bool,
+    /// The room it holds in the receive budget until the application takes it (`None`
+    /// without [`Inbound::with_budget`]).
+    pub permit: Option<Permit>,
 }
 
 /// One frame of a received message.
@@ -290,6 +300,10 @@ pub struct Inbound {
     handed_out: bool,
     hash_behind: Option<HashBehindMaker>,
     mappings: Option<Arc<MappingCache>>,
+    /// The node's receive budget and this peer's account in it.
+    budget: Option<(Arc<Budget>, Arc<Account>)>,
+    /// The room taken for the item being read.
+    permit: Option<Permit>,
 }
 
 impl Inbound {
@@ -313,7 +327,16 @@ impl Inbound {
             handed_out: false,
             hash_behind: None,
             mappings: None,
+            budget: None,
+            permit: None,
         }
+    }
+
+    /// Room is taken in the node's `budget`, on this peer's `account` (spec §9.1); without
+    /// it (tests) room is always there and messages carry no permit.
+    pub fn with_budget(mut self, budget: Arc<Budget>, account: Arc<Account>) -> Inbound {
+        self.budget = Some((budget, account));
+        self
     }
 
     /// Received segments are mapped here, through the node's `cache`, in frame order
@@ -497,14 +520,34 @@ impl Inbound {
         }
     }
 
-    /// The room asked for by [`Step::Room`] was taken, at `now`.
-    pub fn room_taken(&mut self, now: Instant) {
+    /// Tries to take the room [`Step::Room`] asked for, at `now`, with the bounds raised by
+    /// `slack` ([`receive::room_slack`]); whether it was taken. If not, the driver waits for
+    /// the budget's waker (or a moment, if its slack can change) and tries again.
+    pub fn try_take_room(&mut self, slack: u64, now: Instant) -> bool {
+        let (bytes, messages) = match self.state {
+            State::HeaderRoom { len } => (len as u64, 0),
+            State::MessageRoom(_, bytes) => (bytes, 1),
+            _ => return true,
+        };
+        if let Some((budget, account)) = &self.budget {
+            let taken = match self.permit.as_mut() {
+                Some(permit) => permit.try_expand(bytes, messages, slack),
+                None => {
+                    self.permit = budget.try_acquire(account, bytes, messages, slack);
+                    self.permit.is_some()
+                }
+            };
+            if !taken {
+                return false;
+            }
+        }
         self.last_progress = Some(now);
         self.state = match std::mem::replace(&mut self.state, State::Done) {
             State::HeaderRoom { len } => State::Header { len, room: true },
             State::MessageRoom(reading, _) => State::Frames(reading),
             other => other,
         };
+        true
     }
 
     /// The driver's verdict on the `pulled` of [`Step::CheckPulled`], at `now`.
@@ -616,6 +659,10 @@ impl Inbound {
         let step = self.next_step();
         if !matches!(step, Ok(Step::Read)) {
             self.handed_out = true;
+        }
+        if matches!(&step, Ok(Step::Event(e)) if !matches!(e, Event::Message(_))) {
+            // Room a large header took for something other than a message goes back.
+            self.permit = None;
         }
         step
     }
@@ -809,6 +856,7 @@ impl Inbound {
                     body: r.body,
                     frames: r.frames,
                     eager_tickets: r.eager_tickets,
+                    permit: self.permit.take(),
                 })));
             };
             match desc {

@@ -160,6 +160,10 @@ pub fn stray_descriptors(pending: usize, buffered_bytes: usize) -> Result<(), Wi
     Ok(())
 }
 
+/// How often a connection that waits for room looks again whether this node's own ticket
+/// requests wait on it: they change [`room_slack`] without the budget being told.
+pub const ROOM_RECHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// How much a connection's bounds are raised while it waits for room: by one per-peer
 /// bound while this node waits for answers to its own ticket requests on it (those
 /// answers may lie behind the waiting message, spec §9.1), else not at all.

@@ -101,7 +101,7 @@ fn drive(
             Step::Room { bytes, messages } => {
                 assert!(inb.recv_space().is_empty(), "no reading while room is taken");
                 seen.room.push((bytes, messages));
-                inb.room_taken(now);
+                assert!(inb.try_take_room(0, now));
             }
             Step::CheckPulled { req, len } => inb.pulled_verdict(receive::pulled(asked(req), len), now),
             Step::Event(e) => seen.events.push(e),
@@ -330,7 +330,7 @@ fn with_fds(stream: &[u8], fds: usize) -> (Vec<Event>, Result<(), WireError>) {
     loop {
         match inb.poll(now) {
             Ok(Step::Read) => inb.handle_eof(),
-            Ok(Step::Room { .. }) => inb.room_taken(now),
+            Ok(Step::Room { .. }) => assert!(inb.try_take_room(0, now)),
             Ok(Step::Event(e)) => events.push(e),
             Ok(Step::Closed) => return (events, Ok(())),
             Ok(Step::CheckPulled { .. }) => unreachable!(),
@@ -484,7 +484,7 @@ fn a_driver_busy_with_an_event_does_not_time_its_peer_out() {
     space[..stream.len()].copy_from_slice(&stream);
     inb.received(stream.len(), t0);
     assert!(matches!(inb.poll(t0).unwrap(), Step::Room { .. }));
-    inb.room_taken(t0);
+    assert!(inb.try_take_room(0, t0));
     assert!(matches!(inb.poll(t0).unwrap(), Step::Event(Event::Message(_))));
     // The driver comes back long after, with part of the next message buffered.
     let later = t0 + 3 * TIMEOUT;

@@ -67,9 +67,6 @@ struct Stream {
     to: usize,
     wire: VecDeque<u8>,
     inbound: Inbound,
-    account: Arc<Account>,
-    /// Room taken for the message being read.
-    permit: Option<Permit>,
     stalled_until: Option<Instant>,
 }
 
@@ -168,12 +165,14 @@ impl Sim {
 
     /// A fresh stream from `a` to `b`, its receiver just past the handshake.
     fn connect(&mut self, a: usize, b: usize) {
+        let account = Arc::new(Account::default());
         let inbound = Inbound::new(
             Receiving::new(Limits::DEFAULT, false),
             Arc::new(|_: &str| Ok(())),
             RecvPool::new(4 << 20),
             PROGRESS_TIMEOUT,
-        );
+        )
+        .with_budget(self.nodes[b].budget.clone(), account);
         self.streams.insert(
             (a, b),
             Stream {
@@ -181,8 +180,6 @@ impl Sim {
                 to: b,
                 wire: VecDeque::new(),
                 inbound,
-                account: Arc::default(),
-                permit: None,
                 stalled_until: None,
             },
         );
@@ -381,26 +378,15 @@ impl Sim {
                     return;
                 }
                 Ok(Step::Read) | Ok(Step::Closed) => return,
-                Ok(Step::Room { bytes, messages }) => {
+                Ok(Step::Room { .. }) => {
                     let node = &self.nodes[to];
                     let asking = to != OWNER && from == OWNER && !node.requests.is_empty();
                     let slack = receive::room_slack(asking, node.budget.max_per_peer());
                     let budget = node.budget.clone();
                     let s = self.streams.get_mut(&key).expect("present");
-                    let got = match s.permit.as_mut() {
-                        Some(p) => p.try_expand(bytes, messages, slack),
-                        None => match budget.try_acquire(&s.account, bytes, messages, slack) {
-                            Some(p) => {
-                                s.permit = Some(p);
-                                true
-                            }
-                            None => false,
-                        },
-                    };
-                    if !got {
+                    if !s.inbound.try_take_room(slack, now) {
                         return;
                     }
-                    s.inbound.room_taken(now);
                     let used = budget.used();
                     if used > MAX_TOTAL + MAX_PER_PEER + MAX_MESSAGE {
                         self.violation(format!("node {to}'s budget holds {used} bytes"));
@@ -419,10 +405,9 @@ impl Sim {
     fn on_event(&mut self, key: (usize, usize), event: Event) {
         let (from, to) = key;
         match event {
-            Event::Message(m) => {
+            Event::Message(mut m) => {
                 self.stats.messages += 1;
-                let permit = self.streams.get_mut(&key).and_then(|s| s.permit.take());
-                if let Some(p) = permit {
+                if let Some(p) = m.permit.take() {
                     self.nodes[to].app.push(p);
                 }
                 let id = u64::from_be_bytes(m.body[2..10].try_into().expect("the body is an id"));

@@ -31,7 +31,9 @@ impl RecvBudget {
             return p;
         }
         let attempt = || self.budget.try_acquire(account, bytes, messages, 0);
-        crate::wait::until(&self.freed, None, None, attempt).await.expect("no deadline")
+        crate::wait::until(&self.freed, None, None, attempt)
+            .await
+            .expect("no deadline")
     }
 
     /// What wakes the connections waiting for room.

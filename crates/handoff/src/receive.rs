@@ -18,7 +18,6 @@ use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
-use crate::budget::Permit;
 use crate::envelope::Envelope;
 use crate::handshake::{DRAIN_BYTES, DRAIN_TIME};
 use crate::hashing::HashThread;
@@ -88,6 +87,7 @@ pub(crate) async fn read_loop<R>(
         node.ctx.pool.clone(),
         node.ctx.bounds.progress_timeout,
     )
+    .with_budget(Arc::clone(&node.ctx.budget), peer.0.account.clone())
     .with_hash_behind(Box::new(HashThread::start))
     .with_mappings(node.ctx.mappings.clone());
     let result = tokio::select! {
@@ -139,39 +139,6 @@ pub(crate) async fn read_loop<R>(
     }
 }
 
-/// How often a connection waiting for room looks again whether its own ticket requests
-/// are outstanding (they change without the budget being told).
-const ROOM_RECHECK: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Takes room in the receive budget for `bytes` (and `messages`) of this peer's — more
-/// room for `permit`, if given — waiting, and so not reading the connection, until there
-/// is some.
-///
-/// While this node waits for answers to its own ticket requests on this connection (an
-/// eager redemption), those answers may lie behind the message that waits: the bounds are
-/// then raised by one per-peer bound (spec §9.1), so the stream moves on and the answers
-/// arrive. A peer can thus hold at most twice its bound, and only while we asked it for
-/// something.
-async fn room(
-    node: &Arc<NodeInner>,
-    peer: &Peer,
-    permit: Option<&mut Permit>,
-    bytes: u64,
-    messages: usize,
-) -> Option<Permit> {
-    let mut permit = permit;
-    let attempt = || {
-        let asking = !peer.0.pending.lock().expect("pending lock").is_empty();
-        let slack = receive::room_slack(asking, node.ctx.budget.max_per_peer());
-        match permit.as_deref_mut() {
-            Some(p) => p.try_expand(bytes, messages, slack).then_some(None),
-            None => node.ctx.budget.try_acquire(&peer.0.account, bytes, messages, slack).map(Some),
-        }
-    };
-    let freed = node.ctx.budget.freed();
-    crate::wait::until(freed, None, Some(ROOM_RECHECK), attempt).await.expect("no deadline")
-}
-
 /// One read into the engine's space, within its progress timeout when a message is under
 /// way; the descriptors that came with it go to the engine too.
 async fn read_into<R>(stream: &mut R, inbound: &mut Inbound) -> Result<()>
@@ -211,7 +178,6 @@ async fn read_messages<R>(
 where
     R: AsyncRead + FdSource + Unpin,
 {
-    let mut permit: Option<Permit> = None;
     let mut delivery: Option<Delivery> = None;
     loop {
         let event = match inbound.poll(Instant::now())? {
@@ -219,16 +185,23 @@ where
                 read_into(stream, inbound).await?;
                 continue;
             }
-            Step::Room { bytes, messages } => {
+            Step::Room { .. } => {
                 // A large header takes room before it is read (the connection waits, not
                 // the node); the whole message takes room before any frame is read.
-                match permit.as_mut() {
-                    Some(p) => {
-                        room(node, peer, Some(p), bytes, messages).await;
-                    }
-                    None => permit = room(node, peer, None, bytes, messages).await,
-                }
-                inbound.room_taken(Instant::now());
+                //
+                // While this node waits for answers to its own ticket requests on this
+                // connection (an eager redemption), those answers may lie behind the
+                // message that waits: the bounds are then raised by one per-peer bound
+                // (spec §9.1), so the stream moves on and the answers arrive. Whether we
+                // ask changes unannounced: looked at again every `ROOM_RECHECK`.
+                let max_per_peer = node.ctx.budget.max_per_peer();
+                let attempt = || {
+                    let asking = !peer.0.pending.lock().expect("pending lock").is_empty();
+                    let slack = receive::room_slack(asking, max_per_peer);
+                    inbound.try_take_room(slack, Instant::now()).then_some(())
+                };
+                let freed = node.ctx.budget.freed();
+                crate::wait::until(freed, None, Some(receive::ROOM_RECHECK), attempt).await;
                 continue;
             }
             Step::CheckPulled { req, len } => {
@@ -239,10 +212,6 @@ where
             Step::Closed => return Ok(()),
             Step::Event(event) => event,
         };
-        if !matches!(event, Event::Message(_)) {
-            // Room a large header took for something other than a message goes back now.
-            permit = None;
-        }
         match event {
             Event::Message(incoming) => {
                 let eager = incoming.eager_tickets;
@@ -258,7 +227,7 @@ where
                         body: incoming.body,
                         frames,
                     },
-                    permit: Some(permit.take().expect("the message's room was taken")),
+                    permit: incoming.permit,
                 };
                 let queued = delivery.as_ref().is_some_and(Delivery::busy);
                 if (eager && node.ctx.redeem == Redeem::Eager) || queued {

@@ -19,10 +19,7 @@ use tokio::net::UnixStream;
 use crate::io::FdSource;
 use crate::{Error, Result};
 
-/// Most descriptors accepted with one read; more is a protocol error.
-pub(crate) const MAX_FDS_PER_READ: usize = 64;
-/// Most descriptors waiting, unclaimed, on one connection (spec §7.2: two messages' worth).
-pub(crate) use handoff_proto::inbound::MAX_PENDING_FDS;
+pub(crate) use handoff_proto::inbound::{MAX_FDS_PER_READ, MAX_PENDING_FDS};
 
 /// The read side: an `AsyncRead` that also collects the descriptors that arrive.
 ///

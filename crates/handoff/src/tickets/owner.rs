@@ -44,7 +44,12 @@ impl LeaseTable {
             WhenFull::Fail => now,
         };
         let mut refused = String::new();
-        let attempt = || self.table.try_issue(buffer, digest, holder).map_err(|r| refused = r).ok();
+        let attempt = || {
+            self.table
+                .try_issue(buffer, digest, holder)
+                .map_err(|r| refused = r)
+                .ok()
+        };
         match crate::wait::until(&self.changed, Some(give_up), None, attempt).await {
             Some(issued) => Ok(issued),
             None => Err(Error::LeaseCap {
