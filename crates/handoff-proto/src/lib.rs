@@ -22,6 +22,8 @@
 //! - [`shm`]: the memfd segment pool (sending) and the mapping cache (receiving);
 //! - [`ticket_leases`]: the leases a ticket owner keeps for its holders (spec §7.7);
 //! - [`ticket_requests`]: a holder's requests waiting for the owner's answers;
+//! - [`tls`]: the rustls configurations, the plain-or-TLS opening and TLS failures in words
+//!   (spec §3.1);
 //! - [`seeded`]: the seeded generator of simulations and chaos runs;
 //! - [`send_policy`]: which frames of a message travel as tickets (spec §7.5, §7.8);
 //! - [`handshake`]: the handshake of every version as a state machine (spec §5), with the
@@ -46,6 +48,7 @@ pub mod send_policy;
 pub mod shm;
 pub mod ticket_leases;
 pub mod ticket_requests;
+pub mod tls;
 
 pub use bounds::Bounds;
 pub use handshake::{Handshake, Handshaken};

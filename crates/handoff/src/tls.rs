@@ -6,32 +6,21 @@
 //! asks for the connecting side's certificate and checks its chain the same way. Unix-socket
 //! connections (same host) do not use it.
 //!
-//! This module holds the configuration, the two handshakes and the translation of TLS
-//! failures into errors that say what to fix. It knows nothing of nodes or peers.
+//! The configurations, the opening check and the words for TLS failures are the engine's
+//! (`handoff_proto::tls`); this module runs the two handshakes on tokio sockets. It knows
+//! nothing of nodes or peers.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use handoff_wire::framing::encode_header_into;
-use handoff_wire::{Header, Preamble};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::server::WebPkiClientVerifier;
-use rustls::{CertificateError, ClientConfig, RootCertStore, ServerConfig};
+pub use handoff_proto::tls::TLS_REQUIRED_MESSAGE;
+use handoff_proto::tls::{explain, plain_refusal, server_name, Configs, Opening};
+use rustls::{ClientConfig, ServerConfig};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::error::{Error, Result};
 use crate::read_ahead::ReadAhead;
-
-/// The first byte of a TLS handshake record (a ClientHello starts with it).
-const TLS_HANDSHAKE_RECORD: u8 = 0x16;
-/// The first byte of a handoff preamble (`H` of `HANDOFF\0`).
-const PREAMBLE_FIRST_BYTE: u8 = b'H';
-
-/// What the accepting side of a plain connection tells a peer when it requires TLS.
-pub const TLS_REQUIRED_MESSAGE: &str =
-    "this node requires TLS: connect with TLS on (a certificate, its key and the cluster's CA)";
 
 /// Bytes a TLS connection reads from its socket at a time once its TLS handshake is done:
 /// rustls takes them 4 KiB at a time from this buffer instead of from the socket (one
@@ -49,8 +38,7 @@ pub(crate) type ServerStream = tokio_rustls::server::TlsStream<TlsSocket>;
 /// its peers' certificates must chain to. Cheap to clone.
 #[derive(Clone)]
 pub struct TlsConfig {
-    client: Arc<ClientConfig>,
-    server: Arc<ServerConfig>,
+    configs: Configs,
     server_name: Option<String>,
 }
 
@@ -66,46 +54,8 @@ impl TlsConfig {
     /// Builds the configuration from PEM: the node's certificate chain (its own certificate
     /// first), its private key (PKCS#8, PKCS#1 or SEC1), and one or more CA certificates.
     pub fn from_pem(cert_chain: &[u8], key: &[u8], ca: &[u8]) -> Result<TlsConfig> {
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_chain)
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| Error::Config(format!("TLS certificate chain: not PEM certificates: {e}")))?;
-        if chain.is_empty() {
-            return Err(Error::Config("TLS certificate chain: no certificate in it".into()));
-        }
-        let key = PrivateKeyDer::from_pem_slice(key)
-            .map_err(|e| Error::Config(format!("TLS private key: not a PEM private key: {e}")))?;
-        let mut roots = RootCertStore::empty();
-        let mut cas = 0;
-        for ca_cert in CertificateDer::pem_slice_iter(ca) {
-            let ca_cert = ca_cert.map_err(|e| Error::Config(format!("TLS CA: not PEM certificates: {e}")))?;
-            roots
-                .add(ca_cert)
-                .map_err(|e| Error::Config(format!("TLS CA: a certificate that cannot be a trust anchor: {e}")))?;
-            cas += 1;
-        }
-        if cas == 0 {
-            return Err(Error::Config("TLS CA: no certificate in it".into()));
-        }
-        let roots = Arc::new(roots);
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let client = ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Config(format!("TLS: {e}")))?
-            .with_root_certificates(roots.clone())
-            .with_client_auth_cert(chain.clone(), key.clone_key())
-            .map_err(|e| Error::Config(format!("TLS: the key does not fit the certificate: {e}")))?;
-        let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
-            .build()
-            .map_err(|e| Error::Config(format!("TLS CA: {e}")))?;
-        let server = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Config(format!("TLS: {e}")))?
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(chain, key)
-            .map_err(|e| Error::Config(format!("TLS: the key does not fit the certificate: {e}")))?;
         Ok(TlsConfig {
-            client: Arc::new(client),
-            server: Arc::new(server),
+            configs: Configs::from_pem(cert_chain, key, ca).map_err(Error::Config)?,
             server_name: None,
         })
     }
@@ -132,16 +82,14 @@ impl TlsConfig {
     /// The rustls configurations of the two sides (client, server), for tools that measure
     /// or embed handoff's TLS, such as `handoff bench`'s raw TLS baseline.
     pub fn rustls_configs(&self) -> (Arc<ClientConfig>, Arc<ServerConfig>) {
-        (self.client.clone(), self.server.clone())
+        (self.configs.client.clone(), self.configs.server.clone())
     }
 
     /// The TLS handshake of the connecting side, on a fresh TCP connection to `dialed_host`
     /// (the host part of the address: a name or an IP address).
     pub(crate) async fn connect(&self, tcp: TcpStream, dialed_host: &str) -> Result<ClientStream> {
-        let expected = self.server_name.as_deref().unwrap_or(dialed_host);
-        let name = ServerName::try_from(expected.trim_start_matches('[').trim_end_matches(']').to_string())
-            .map_err(|_| Error::Config(format!("TLS: {expected:?} is not a DNS name or an IP address")))?;
-        let mut stream = tokio_rustls::TlsConnector::from(self.client.clone())
+        let name = server_name(self.server_name.as_deref().unwrap_or(dialed_host)).map_err(Error::Config)?;
+        let mut stream = tokio_rustls::TlsConnector::from(self.configs.client.clone())
             .connect(name, ReadAhead::new(tcp))
             .await
             .map_err(|e| handshake_error(e, dialed_host, "connecting to"))?;
@@ -153,9 +101,14 @@ impl TlsConfig {
     /// starts the TLS handshake; a plain preamble is answered, in plain text, with our
     /// preamble and an `error` of code `tls-required`, and refused.
     pub(crate) async fn accept(&self, tcp: TcpStream, peer: &str) -> Result<ServerStream> {
-        match first_byte(&tcp).await {
-            Some(TLS_HANDSHAKE_RECORD) => {
-                let mut stream = tokio_rustls::TlsAcceptor::from(self.server.clone())
+        let mut byte = [0u8; 1];
+        let first = match tcp.peek(&mut byte).await {
+            Ok(1) => Opening::of(byte[0]),
+            _ => return Err(Error::PeerClosed(peer.to_string())),
+        };
+        match first {
+            Opening::Tls => {
+                let mut stream = tokio_rustls::TlsAcceptor::from(self.configs.server.clone())
                     .accept(ReadAhead::new(tcp))
                     .await
                     .map_err(|e| handshake_error(e, peer, "accepting"))?;
@@ -163,7 +116,7 @@ impl TlsConfig {
                 stream.get_mut().0.read_ahead(TLS_READ_AHEAD);
                 Ok(stream)
             }
-            Some(PREAMBLE_FIRST_BYTE) => {
+            Opening::Plain => {
                 refuse_plain(tcp).await;
                 Err(Error::Refused {
                     peer: peer.to_string(),
@@ -171,20 +124,11 @@ impl TlsConfig {
                     message: "the peer connected without TLS; this node requires it".into(),
                 })
             }
-            Some(other) => Err(Error::Tls {
+            Opening::Other(other) => Err(Error::Tls {
                 peer: peer.to_string(),
                 reason: format!("it sent neither a TLS handshake nor a handoff preamble (first byte {other:#04x})"),
             }),
-            None => Err(Error::PeerClosed(peer.to_string())),
         }
-    }
-}
-
-async fn first_byte(tcp: &TcpStream) -> Option<u8> {
-    let mut byte = [0u8; 1];
-    match tcp.peek(&mut byte).await {
-        Ok(1) => Some(byte[0]),
-        _ => None,
     }
 }
 
@@ -197,28 +141,9 @@ const DRAIN_BYTES: usize = 64 << 10;
 /// Our preamble, then `error {code: "tls-required"}`, best effort; then reads what the
 /// peer still sends (bounded) until it closes, so that it reads the error.
 async fn refuse_plain(mut tcp: TcpStream) {
-    use tokio::io::AsyncReadExt;
-    let mut out = Preamble::OURS.encode().to_vec();
-    encode_header_into(
-        &Header::Error {
-            code: "tls-required".into(),
-            message: TLS_REQUIRED_MESSAGE.into(),
-        },
-        &mut out,
-    );
-    let _ = tokio::time::timeout(DRAIN_LIMIT, tcp.write_all(&out)).await;
+    let _ = tokio::time::timeout(DRAIN_LIMIT, tcp.write_all(&plain_refusal())).await;
     let _ = tcp.shutdown().await;
-    let mut sink = [0u8; 4096];
-    let mut drained = 0;
-    let _ = tokio::time::timeout(DRAIN_LIMIT, async {
-        while drained < DRAIN_BYTES {
-            match tcp.read(&mut sink).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => drained += n,
-            }
-        }
-    })
-    .await;
+    crate::io::drain(&mut tcp, DRAIN_BYTES, DRAIN_LIMIT).await;
 }
 
 /// The reason in an I/O error that TLS raised after its handshake (an alert the peer sent
@@ -226,7 +151,10 @@ async fn refuse_plain(mut tcp: TcpStream) {
 pub(crate) fn explain_io(e: &std::io::Error, peer: &str) -> Option<Error> {
     e.get_ref()
         .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        .map(|tls| tls_error(tls, peer))
+        .map(|tls| Error::Tls {
+            peer: peer.to_string(),
+            reason: explain(tls, peer),
+        })
 }
 
 /// Turns a failed TLS handshake into an error that says what to fix.
@@ -234,38 +162,5 @@ fn handshake_error(e: std::io::Error, peer: &str, doing: &str) -> Error {
     match explain_io(&e, peer) {
         Some(explained) => explained,
         None => Error::io(format!("TLS handshake {doing} {peer}"), e),
-    }
-}
-
-fn tls_error(tls: &rustls::Error, peer: &str) -> Error {
-    let why = match tls {
-        rustls::Error::InvalidCertificate(CertificateError::Expired)
-        | rustls::Error::InvalidCertificate(CertificateError::ExpiredContext { .. }) => {
-            "the peer's certificate has expired".to_string()
-        }
-        rustls::Error::InvalidCertificate(CertificateError::NotValidYet)
-        | rustls::Error::InvalidCertificate(CertificateError::NotValidYetContext { .. }) => {
-            "the peer's certificate is not valid yet".to_string()
-        }
-        rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer) => {
-            "the peer's certificate is not signed by a CA this node trusts (its TLS CA)".to_string()
-        }
-        rustls::Error::InvalidCertificate(CertificateError::NotValidForName)
-        | rustls::Error::InvalidCertificate(CertificateError::NotValidForNameContext { .. }) => {
-            format!("the peer's certificate does not name {peer} (or the name this node was told to expect)")
-        }
-        rustls::Error::InvalidMessage(_) => "the peer did not answer in TLS: it has no TLS configured".to_string(),
-        rustls::Error::NoCertificatesPresented => {
-            "the peer sent no certificate, and this node requires one (mutual TLS)".to_string()
-        }
-        rustls::Error::AlertReceived(alert) => format!(
-            "the peer refused this node's certificate (TLS alert {alert:?}): it does not trust the CA that signed it, \
-             or the certificate has expired"
-        ),
-        other => format!("{other}"),
-    };
-    Error::Tls {
-        peer: peer.to_string(),
-        reason: why,
     }
 }

@@ -1,0 +1,180 @@
+//! TLS between hosts (spec §3.1), with no I/O: the rustls configurations of the two sides,
+//! how an accepting node tells a TLS handshake from a plain preamble, the refusal a plain
+//! peer gets, and what a TLS failure means in words that say what to fix. rustls is sans-IO
+//! itself, so every driver runs these configurations on its own sockets.
+
+use std::sync::Arc;
+
+use handoff_wire::framing::encode_header_into;
+use handoff_wire::{Header, Preamble};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{CertificateError, ClientConfig, RootCertStore, ServerConfig};
+
+/// What the accepting side of a plain connection tells a peer when it requires TLS.
+pub const TLS_REQUIRED_MESSAGE: &str =
+    "this node requires TLS: connect with TLS on (a certificate, its key and the cluster's CA)";
+
+/// The rustls configurations of mutual TLS 1.3 (or 1.2): the connecting side checks the
+/// accepting side's chain against the CAs and its name against the address it dialed; the
+/// accepting side asks for the connecting side's certificate and checks its chain the same
+/// way.
+#[derive(Clone)]
+pub struct Configs {
+    /// The connecting side's.
+    pub client: Arc<ClientConfig>,
+    /// The accepting side's.
+    pub server: Arc<ServerConfig>,
+}
+
+impl Configs {
+    /// Both sides from PEM: the node's certificate chain (its own certificate first), its
+    /// private key (PKCS#8, PKCS#1 or SEC1), and one or more CA certificates. The error says
+    /// which of the three is wrong, and how.
+    pub fn from_pem(cert_chain: &[u8], key: &[u8], ca: &[u8]) -> Result<Configs, String> {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_chain)
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("TLS certificate chain: not PEM certificates: {e}"))?;
+        if chain.is_empty() {
+            return Err("TLS certificate chain: no certificate in it".into());
+        }
+        let key =
+            PrivateKeyDer::from_pem_slice(key).map_err(|e| format!("TLS private key: not a PEM private key: {e}"))?;
+        let mut roots = RootCertStore::empty();
+        for ca_cert in CertificateDer::pem_slice_iter(ca) {
+            let ca_cert = ca_cert.map_err(|e| format!("TLS CA: not PEM certificates: {e}"))?;
+            roots
+                .add(ca_cert)
+                .map_err(|e| format!("TLS CA: a certificate that cannot be a trust anchor: {e}"))?;
+        }
+        if roots.is_empty() {
+            return Err("TLS CA: no certificate in it".into());
+        }
+        let roots = Arc::new(roots);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let misfit = |e: rustls::Error| format!("TLS: the key does not fit the certificate: {e}");
+        let client = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(roots.clone())
+            .with_client_auth_cert(chain.clone(), key.clone_key())
+            .map_err(misfit)?;
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+            .build()
+            .map_err(|e| format!("TLS CA: {e}"))?;
+        let server = ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .map_err(misfit)?;
+        Ok(Configs {
+            client: Arc::new(client),
+            server: Arc::new(server),
+        })
+    }
+}
+
+/// The name a connecting side checks the accepting side's certificate against: `expected`,
+/// a DNS name or an IP address (an IPv6 one with or without its brackets).
+pub fn server_name(expected: &str) -> Result<ServerName<'static>, String> {
+    ServerName::try_from(expected.trim_start_matches('[').trim_end_matches(']').to_string())
+        .map_err(|_| format!("TLS: {expected:?} is not a DNS name or an IP address"))
+}
+
+/// What the first byte of an accepted TCP connection says it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opening {
+    /// A TLS handshake record (a ClientHello starts with it).
+    Tls,
+    /// A plain handoff preamble (`H` of `HANDOFF\0`).
+    Plain,
+    /// Neither.
+    Other(u8),
+}
+
+impl Opening {
+    /// Tells the two openings apart by the first byte.
+    pub fn of(first: u8) -> Opening {
+        match first {
+            0x16 => Opening::Tls,
+            b'H' => Opening::Plain,
+            other => Opening::Other(other),
+        }
+    }
+}
+
+/// What a node that requires TLS writes to a peer that opened in plain text: our preamble,
+/// then `error {code: "tls-required"}` (readable by every version).
+pub fn plain_refusal() -> Vec<u8> {
+    let mut out = Preamble::OURS.encode().to_vec();
+    let refusal = Header::Error {
+        code: "tls-required".into(),
+        message: TLS_REQUIRED_MESSAGE.into(),
+    };
+    encode_header_into(&refusal, &mut out);
+    out
+}
+
+/// What a TLS failure with `peer` means, in words that say what to fix.
+pub fn explain(tls: &rustls::Error, peer: &str) -> String {
+    use rustls::Error::{AlertReceived, InvalidCertificate, InvalidMessage, NoCertificatesPresented};
+    match tls {
+        InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. }) => {
+            "the peer's certificate has expired".to_string()
+        }
+        InvalidCertificate(CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. }) => {
+            "the peer's certificate is not valid yet".to_string()
+        }
+        InvalidCertificate(CertificateError::UnknownIssuer) => {
+            "the peer's certificate is not signed by a CA this node trusts (its TLS CA)".to_string()
+        }
+        InvalidCertificate(CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. }) => {
+            format!("the peer's certificate does not name {peer} (or the name this node was told to expect)")
+        }
+        InvalidMessage(_) => "the peer did not answer in TLS: it has no TLS configured".to_string(),
+        NoCertificatesPresented => "the peer sent no certificate, and this node requires one (mutual TLS)".to_string(),
+        AlertReceived(alert) => format!(
+            "the peer refused this node's certificate (TLS alert {alert:?}): it does not trust the CA that signed it, \
+             or the certificate has expired"
+        ),
+        other => format!("{other}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_byte_tells_tls_from_a_preamble() {
+        assert_eq!(Opening::of(0x16), Opening::Tls);
+        assert_eq!(Opening::of(Preamble::OURS.encode()[0]), Opening::Plain);
+        assert_eq!(Opening::of(0x47), Opening::Other(0x47));
+    }
+
+    #[test]
+    fn a_plain_peer_reads_our_preamble_then_tls_required() {
+        let out = plain_refusal();
+        let preamble = Preamble::OURS.encode();
+        assert_eq!(&out[..preamble.len()], &preamble[..]);
+        let limits = handoff_wire::Limits::DEFAULT;
+        let rest = &out[preamble.len()..];
+        let len = handoff_wire::framing::header_len(rest[..4].try_into().unwrap(), &limits).unwrap();
+        let Header::Error { code, message } = Header::decode(&rest[4..4 + len], &limits).unwrap() else {
+            panic!("an error header")
+        };
+        assert_eq!(
+            (code.as_ref(), message.as_ref()),
+            ("tls-required", TLS_REQUIRED_MESSAGE)
+        );
+    }
+
+    #[test]
+    fn bad_pem_says_which_part_is_wrong() {
+        let err = |r: Result<Configs, String>| r.err().expect("refused");
+        assert!(err(Configs::from_pem(b"", b"", b"")).starts_with("TLS certificate chain: no certificate"));
+        assert!(server_name("[::1]").is_ok() && server_name("a b").is_err());
+    }
+}
