@@ -7,7 +7,7 @@ use handoff_wire::{Channel, Ident};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::handshake::{handshake, OurSide};
+use crate::handshake::handshake;
 use crate::inproc;
 use crate::io::HandshakeReader;
 use crate::link::{Link, ShmLink};
@@ -17,6 +17,7 @@ use crate::state::NodeInner;
 use crate::tcp::TcpConn;
 use crate::unix::{self, FdReader, UnixWriter};
 use crate::{Error, Peer, Result};
+use handoff_proto::handshake::Config;
 use handoff_proto::{peers, Handshaken};
 use handoff_wire::auth::Role;
 
@@ -145,28 +146,28 @@ where
         let connected = node.peer_by_id(&ident.node_id);
         peers::admit(&node.ctx.me.node_id, ident, connected.as_ref().map(Peer::endpoint))
     };
-    let ours = OurSide {
-        me: &node.ctx.me,
-        listen: node.ctx.listen_addr.clone(),
-        unix: node.ctx.unix_addr(),
-        secret: &node.ctx.secret,
-        limits: &node.ctx.limits,
-        deadline: tokio::time::Instant::now() + node.ctx.bounds.handshake_timeout,
-        write_timeout: node.ctx.bounds.write_timeout,
-        progress_timeout: node.ctx.bounds.progress_timeout,
-        admit: &check,
-        preamble: node.ctx.preamble,
+    let ctx = &node.ctx;
+    let implementation = concat!("handoff-rs/", env!("CARGO_PKG_VERSION"));
+    let config = Config {
+        ident: peers::ident_of(&ctx.me, implementation, ctx.listen_addr.clone(), ctx.unix_addr()),
+        secret: ctx.secret.clone(),
+        limits: ctx.limits,
+        preamble: ctx.preamble,
         role: match side {
             Side::Dialed => Role::Dialer,
             Side::Accepted { .. } => Role::Acceptor,
         },
-        dialed: &node.ctx.dialer_nonces,
+        nonce: rand::random(),
+        // On tokio's clock, as the handshake driver's (paused in some tests).
+        deadline: (tokio::time::Instant::now() + ctx.bounds.handshake_timeout).into_std(),
+        progress_timeout: ctx.bounds.progress_timeout,
+        dialed: ctx.dialer_nonces.clone(),
     };
     let evicted = match side {
         Side::Dialed => None,
         Side::Accepted { evicted } => Some(evicted),
     };
-    handshake(reader, writer, ours, label, evicted).await
+    handshake(reader, writer, config, ctx.bounds.write_timeout, &check, label, evicted).await
 }
 
 fn set_nodelay(stream: &TcpStream, label: &str) -> Result<()> {

@@ -2,14 +2,12 @@
 //! engine's [`Handshake`] (crate `handoff-proto`), which decides everything (spec §5), and
 //! keeps its clock and its eviction.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use handoff_proto::handshake::{error_header, Config, DialerNonces, Failure, Handshake, Status, ERROR_WRITE_LIMIT};
+use handoff_proto::handshake::{error_header, Config, Failure, Handshake, Status, ERROR_WRITE_LIMIT};
 pub(crate) use handoff_proto::handshake::{DRAIN_BYTES, DRAIN_TIME};
 use handoff_proto::Handshaken;
-use handoff_wire::auth::Role;
-use handoff_wire::{Endpoint, Ident, Preamble, WireError};
+use handoff_wire::{Ident, Preamble, WireError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -23,32 +21,6 @@ pub(crate) const CAPABILITIES: &[&str] = &["inline", "shm", "ticket", handoff_wi
 
 /// Checks a peer's authenticated identity before we send `ready` (node-id uniqueness, §5.1).
 pub(crate) type Admit<'a> = &'a (dyn Fn(&Ident) -> std::result::Result<(), WireError> + Send + Sync);
-
-/// What we say about ourselves in a handshake, and what we check the peer against.
-pub(crate) struct OurSide<'a> {
-    pub(crate) me: &'a Endpoint,
-    pub(crate) listen: Option<String>,
-    pub(crate) unix: Option<String>,
-    pub(crate) secret: &'a [u8],
-    /// The limits of an established connection; the handshake applies the smaller
-    /// handshake header limit on top (spec §9).
-    pub(crate) limits: &'a handoff_wire::Limits,
-    /// When the handshake must be complete.
-    pub(crate) deadline: Instant,
-    /// How long a write may make no progress.
-    pub(crate) write_timeout: Duration,
-    /// Silence allowed in the middle of a handshake item.
-    pub(crate) progress_timeout: Duration,
-    /// The node-id check before `ready` (v1 step 6, v2 and v3 step 7).
-    pub(crate) admit: Admit<'a>,
-    /// The preamble we send: by default version 3 only; from version 2 or 1 when the node
-    /// accepts such peers (spec §3).
-    pub(crate) preamble: Preamble,
-    /// Whether we dialed this connection or accepted it (version 3 depends on it, §5.7).
-    pub(crate) role: Role,
-    /// The nonces this node recently sent as a dialer (version 3, §5.7 step 3).
-    pub(crate) dialed: &'a Arc<DialerNonces>,
-}
 
 /// Why a wait of the handshake ended.
 enum Woke<T> {
@@ -94,11 +66,15 @@ fn now() -> std::time::Instant {
     Instant::now().into_std()
 }
 
-/// Runs the handshake; on any failure the peer is told why (when possible) and an error returned.
+/// Runs the handshake the engine's `config` describes, writing within `write_timeout`,
+/// with `admit` as the node-id check before `ready`; on any failure the peer is told why
+/// (when possible) and an error returned.
 pub(crate) async fn handshake<R, W>(
     reader: &mut HandshakeReader<R>,
     writer: &mut W,
-    ours: OurSide<'_>,
+    config: Config,
+    write_timeout: Duration,
+    admit: Admit<'_>,
     label: &str,
     mut evicted: Option<oneshot::Receiver<()>>,
 ) -> Result<Handshaken>
@@ -106,25 +82,12 @@ where
     R: AsyncRead + FdSource + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let implementation = concat!("handoff-rs/", env!("CARGO_PKG_VERSION"));
-    let ident = handoff_proto::peers::ident_of(ours.me, implementation, ours.listen, ours.unix);
-    let config = Config {
-        ident,
-        secret: ours.secret.to_vec(),
-        limits: *ours.limits,
-        preamble: ours.preamble,
-        role: ours.role,
-        nonce: rand::random(),
-        deadline: ours.deadline.into_std(),
-        progress_timeout: ours.progress_timeout,
-        dialed: ours.dialed.clone(),
-    };
     let mut hs = Handshake::new(config, now());
     let timeout_at = |hs: &Handshake| hs.poll_timeout().map(Instant::from_std);
     loop {
         if hs.has_transmit() && !hs.is_over() {
             let out = hs.take_transmit();
-            let write = write_all(writer, &out, ours.write_timeout);
+            let write = write_all(writer, &out, write_timeout);
             match until(timeout_at(&hs), &mut evicted, write).await {
                 Woke::Done(Ok(())) => {}
                 Woke::Done(Err(e)) => return Err(Error::io(format!("handshake with {label}"), e)),
@@ -138,7 +101,7 @@ where
         match hs.status().clone() {
             Status::InProgress => {}
             Status::Admit(peer) => {
-                hs.admit((ours.admit)(&peer));
+                hs.admit(admit(&peer));
                 continue;
             }
             Status::Done(done) => {
@@ -254,7 +217,7 @@ mod tests {
         let node_task = tokio::spawn(async move {
             let (r, mut w) = node_sock.into_split();
             let mut reader = HandshakeReader::new(r, "peer".into());
-            let me = Endpoint {
+            let me = handoff_wire::Endpoint {
                 node_id: "0".repeat(32),
                 name: "n".into(),
                 host_id: "h".into(),
@@ -262,24 +225,28 @@ mod tests {
                 language: "rust".into(),
                 capabilities: vec!["inline".into()],
             };
-            let limits = handoff_wire::Limits::DEFAULT;
-            let dialed = Arc::new(DialerNonces::new(Duration::from_millis(300)));
-            let admit = |_: &Ident| Ok(());
-            let ours = OurSide {
-                me: &me,
-                listen: None,
-                unix: None,
-                secret: b"s",
-                limits: &limits,
-                deadline: Instant::now() + Duration::from_millis(300),
-                write_timeout: Duration::from_secs(5),
-                progress_timeout: Duration::from_secs(30),
-                admit: &admit,
+            let config = Config {
+                ident: handoff_proto::peers::ident_of(&me, "handoff-rs/test", None, None),
+                secret: b"s".to_vec(),
+                limits: handoff_wire::Limits::DEFAULT,
                 preamble: Preamble::OURS,
-                role: Role::Dialer,
-                dialed: &dialed,
+                role: handoff_wire::auth::Role::Dialer,
+                nonce: rand::random(),
+                deadline: (Instant::now() + Duration::from_millis(300)).into_std(),
+                progress_timeout: Duration::from_secs(30),
+                dialed: std::sync::Arc::new(handoff_proto::handshake::DialerNonces::new(Duration::from_millis(300))),
             };
-            let _ = handshake(&mut reader, &mut w, ours, "peer", None).await;
+            let admit = |_: &Ident| Ok(());
+            let _ = handshake(
+                &mut reader,
+                &mut w,
+                config,
+                Duration::from_secs(5),
+                &admit,
+                "peer",
+                None,
+            )
+            .await;
         });
         let mut pre = [0u8; 16];
         attacker.read_exact(&mut pre).await.unwrap();
