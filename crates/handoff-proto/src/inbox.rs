@@ -14,6 +14,7 @@
 //! receivers when [`Inbox::push`] says the inbox had been empty (or always, as it likes).
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::bounds::MESSAGE_OVERHEAD;
 
@@ -45,19 +46,44 @@ impl<T> Default for PeerQueue<T> {
     }
 }
 
+/// Hashes a connection's key (an address, most likely) by one multiplication: the keys
+/// are the node's own, so nobody can choose them to collide.
+#[derive(Default)]
+struct ConnectionHasher(u64);
+
+impl Hasher for ConnectionHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_usize(&mut self, key: usize) {
+        self.0 = (key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 /// Messages for the application, taken fairly from each connection.
 pub struct Inbox<T> {
     /// Messages waiting, by connection.
-    by_peer: HashMap<usize, PeerQueue<T>>,
+    by_peer: HashMap<usize, PeerQueue<T>, BuildHasherDefault<ConnectionHasher>>,
     /// Connections with messages waiting, in the order of their turns.
     turns: VecDeque<usize>,
+    /// The queue of the connection emptied last, kept for the next one: a connection whose
+    /// messages are taken as they come allocates no queue for each.
+    spare: VecDeque<T>,
 }
 
 impl<T> Default for Inbox<T> {
     fn default() -> Self {
         Inbox {
-            by_peer: HashMap::new(),
+            by_peer: HashMap::default(),
             turns: VecDeque::new(),
+            spare: VecDeque::new(),
         }
     }
 }
@@ -68,7 +94,11 @@ impl<T: Queued> Inbox<T> {
     pub fn push(&mut self, message: T) -> bool {
         let was_empty = self.turns.is_empty();
         let k = message.connection();
-        let queue = self.by_peer.entry(k).or_default();
+        let spare = &mut self.spare;
+        let queue = self.by_peer.entry(k).or_insert_with(|| PeerQueue {
+            messages: std::mem::take(spare),
+            credit: 0,
+        });
         let had_none = queue.messages.is_empty();
         queue.messages.push_back(message);
         if had_none {
@@ -99,7 +129,10 @@ impl<T: Queued> Inbox<T> {
                     let envelope = queue.messages.pop_front().expect("checked");
                     queue.credit = queue.credit.saturating_sub(next);
                     if queue.messages.is_empty() {
-                        q.by_peer.remove(&k);
+                        // (A queue that grew long is dropped rather than kept.)
+                        if let Some(emptied) = q.by_peer.remove(&k).filter(|e| e.messages.capacity() <= 64) {
+                            q.spare = emptied.messages;
+                        }
                         q.turns.pop_front();
                     }
                     return Some(envelope);

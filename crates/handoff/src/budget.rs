@@ -2,7 +2,9 @@
 //! budget's waker notifies a [`Notify`] that waiting connections listen to.
 
 use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 pub(crate) use handoff_proto::budget::{Account, Budget, Permit};
 use tokio::sync::Notify;
@@ -11,6 +13,9 @@ use tokio::sync::Notify;
 pub(crate) struct RecvBudget {
     budget: Arc<Budget>,
     freed: Arc<Notify>,
+    /// Waits in progress: room given back wakes nobody (and takes no lock) while there are
+    /// none.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl RecvBudget {
@@ -18,9 +23,16 @@ impl RecvBudget {
     pub(crate) fn new(max_total: u64, max_per_peer: u64, min_per_peer: u64, max_messages_per_peer: usize) -> Self {
         let budget = Budget::new(max_total, max_per_peer, min_per_peer, max_messages_per_peer);
         let freed = Arc::new(Notify::new());
-        let wake = freed.clone();
-        budget.set_waker(Box::new(move || wake.notify_waiters()));
-        RecvBudget { budget, freed }
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let (wake, anyone) = (freed.clone(), waiting.clone());
+        // A waiter counts itself before it tries (and so locks the budget): if this sees
+        // none, the waiter's try comes after the room was given back.
+        budget.set_waker(Box::new(move || {
+            if anyone.load(Ordering::SeqCst) > 0 {
+                wake.notify_waiters()
+            }
+        }));
+        RecvBudget { budget, freed, waiting }
     }
 
     /// Takes room for `bytes` and `messages` in `account`, waiting until there is some.
@@ -30,15 +42,24 @@ impl RecvBudget {
         if let Some(p) = self.budget.try_acquire(account, bytes, messages, 0) {
             return p;
         }
-        let attempt = || self.budget.try_acquire(account, bytes, messages, 0);
-        crate::wait::until(&self.freed, None, None, attempt)
+        self.wait_for(None, || self.budget.try_acquire(account, bytes, messages, 0))
             .await
-            .expect("no deadline")
     }
 
-    /// What wakes the connections waiting for room.
-    pub(crate) fn freed(&self) -> &Notify {
-        &self.freed
+    /// Tries `attempt` until it succeeds, again each time room is given back and, if given,
+    /// every `recheck` ([`crate::wait::until`]).
+    pub(crate) async fn wait_for<T>(&self, recheck: Option<Duration>, attempt: impl FnMut() -> Option<T>) -> T {
+        struct Counted<'a>(&'a AtomicUsize);
+        impl Drop for Counted<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _counted = Counted(&self.waiting);
+        crate::wait::until(&self.freed, None, recheck, attempt)
+            .await
+            .expect("no deadline")
     }
 }
 

@@ -12,7 +12,8 @@ use crate::{Error, Message, Peer, Result};
 /// A received message: who sent it, its type name, and the value, decoded on demand.
 pub struct Envelope {
     pub(crate) from: Peer,
-    pub(crate) type_name: String,
+    /// The type name: the sender's static name in process, or as read from the wire.
+    pub(crate) type_name: std::borrow::Cow<'static, str>,
     pub(crate) payload: Payload,
     /// The room this message takes in the node's receive budget, until the application
     /// takes it from the inbox (`Node::recv` drops it).
@@ -60,7 +61,7 @@ impl Envelope {
         if self.type_name != T::TYPE_NAME {
             return Err(Error::TypeMismatch {
                 expected: T::TYPE_NAME,
-                got: self.type_name,
+                got: self.type_name.into_owned(),
             });
         }
         match self.payload {
@@ -68,7 +69,7 @@ impl Envelope {
                 expected: T::TYPE_NAME,
                 got: format!("{} (a different Rust type registered under that name)", self.type_name),
             }),
-            Payload::Failed(e) => Err(e),
+            Payload::Failed(e) => Err(*e),
             Payload::Encoded { body, frames } => {
                 let route = self.from.inbound_route();
                 Ok(with_resources(&self.from, || {
@@ -86,7 +87,7 @@ impl Envelope {
         let decoder = decoder?.expect("checked above");
         match self.payload {
             Payload::Value(v) => Ok(v),
-            Payload::Failed(e) => Err(e),
+            Payload::Failed(e) => Err(*e),
             Payload::Encoded { body, frames } => Ok(with_resources(&self.from, || {
                 decoder(&body, &frames, self.from.inbound_route())
             })?),

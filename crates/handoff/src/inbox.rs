@@ -54,7 +54,7 @@ impl Inbox {
     }
 
     /// The next message if one waits, passing the turn on to another receiver when more do.
-    fn take(&self) -> Option<Envelope> {
+    pub(crate) fn take(&self) -> Option<Envelope> {
         let (next, more) = {
             let mut q = self.lock();
             let next = q.try_pop();

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
 use handoff_wire::{Channel, WireError};
@@ -68,6 +69,17 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// A static name as one word, its address and its length, where both fit (on 64-bit
+/// systems, whose user addresses fit in 48 bits); 0 where they do not.
+fn name_key(name: &'static str) -> u64 {
+    let (address, len) = (name.as_ptr() as u64, name.len() as u64);
+    if address < 1 << 48 && len < 1 << 16 {
+        address | len << 48
+    } else {
+        0
+    }
+}
+
 /// One direction of an in-process connection: the receiving node, and its peer for the
 /// sender (the `from` of what it receives).
 pub(crate) struct InprocRoute {
@@ -76,6 +88,10 @@ pub(crate) struct InprocRoute {
     name: String,
     /// The target's `Peer` for us, set once both sides exist (the sender of replies).
     reverse: OnceLock<Weak<PeerInner>>,
+    /// The type name the target took last ([`name_key`]): a sender's names are static, and
+    /// a node's registry does not change once built, so the same name is not looked up
+    /// again.
+    accepted: AtomicU64,
 }
 
 impl InprocRoute {
@@ -84,6 +100,7 @@ impl InprocRoute {
             target: Arc::downgrade(target),
             name: target.ctx.me.name.clone(),
             reverse: OnceLock::new(),
+            accepted: AtomicU64::new(0),
         })
     }
 
@@ -97,10 +114,23 @@ impl InprocRoute {
 }
 
 impl InprocTarget for InprocRoute {
-    fn accepts(&self, type_name: &str) -> Result<bool> {
-        let (target, _) = self.ends()?;
-        target.ctx.registry.check(type_name)?;
-        Ok(target.ctx.force_encode_inproc)
+    fn try_deliver(&self, type_name: &'static str, payload: Payload) -> Result<std::result::Result<(), Payload>> {
+        let (target, reverse) = self.ends()?;
+        let key = name_key(type_name);
+        if key == 0 || self.accepted.load(Ordering::Relaxed) != key {
+            target.ctx.registry.check(type_name)?;
+            self.accepted.store(key, Ordering::Relaxed);
+        }
+        let Some(permit) = target.ctx.budget.try_acquire(&reverse.account, MESSAGE_OVERHEAD, 1, 0) else {
+            return Ok(Err(payload));
+        };
+        target.deliver(Envelope {
+            from: Peer(reverse),
+            type_name: type_name.into(),
+            payload,
+            permit: Some(permit),
+        })?;
+        Ok(Ok(()))
     }
 
     fn deliver(
@@ -113,14 +143,26 @@ impl InprocTarget for InprocRoute {
             // In-process values count against the receiver's budget like any message
             // (their overhead only: the value is the sender's memory, moved).
             let permit = target.ctx.budget.acquire(&reverse.account, MESSAGE_OVERHEAD, 1).await;
-            target
-                .deliver(Envelope {
-                    from: Peer(reverse),
-                    type_name: type_name.to_string(),
-                    payload,
-                    permit: Some(permit),
-                })
-                .await
+            target.deliver(Envelope {
+                from: Peer(reverse),
+                type_name: type_name.into(),
+                payload,
+                permit: Some(permit),
+            })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::name_key;
+
+    #[test]
+    fn a_name_and_its_prefix_are_told_apart() {
+        let long: &'static str = "handoff.test.long-name";
+        let prefix: &'static str = &long[..7];
+        assert_eq!(long.as_ptr(), prefix.as_ptr(), "one address");
+        assert_ne!(name_key(long), name_key(prefix));
+        assert_ne!(name_key(long), 0);
     }
 }

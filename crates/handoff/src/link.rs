@@ -43,9 +43,10 @@ pub(crate) enum Link {
 /// peer for us as the sender. A trait so that a link need not know nodes and peers; the
 /// in-process connection implements it (`inproc::InprocRoute`).
 pub(crate) trait InprocTarget: Send + Sync {
-    /// Whether the receiving node takes messages named `type_name`, and if so whether it
-    /// wants them encoded (its test switch); fails if it or its peer for us is gone.
-    fn accepts(&self, type_name: &str) -> Result<bool>;
+    /// Puts a message into the receiving node's inbox if its receive budget has room now;
+    /// gives the payload back if not. Fails if the receiving node does not take messages
+    /// named `type_name`, or if it or its peer for us is gone.
+    fn try_deliver(&self, type_name: &'static str, payload: Payload) -> Result<std::result::Result<(), Payload>>;
 
     /// Puts a message into the receiving node's inbox once its receive budget has room.
     fn deliver(

@@ -374,6 +374,13 @@ impl Node {
 
     /// The next received message.
     pub async fn recv(&self) -> Result<Envelope> {
+        // A message waiting already (the common case under load) is taken at once.
+        if !self.inner.ctx.is_shut_down() {
+            if let Some(mut envelope) = self.inner.inbox.take() {
+                envelope.permit = None;
+                return Ok(envelope);
+            }
+        }
         let mut shutdown = self.inner.ctx.shutdown.subscribe();
         if *shutdown.borrow() {
             return Err(Error::NodeClosed);

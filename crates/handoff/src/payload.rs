@@ -15,5 +15,5 @@ pub(crate) enum Payload {
     /// A msgpack body and its frames.
     Encoded { body: Bytes, frames: Vec<Buffer> },
     /// The message could not be completed (a ticket could not be redeemed).
-    Failed(Error),
+    Failed(Box<Error>),
 }

@@ -212,8 +212,8 @@ impl Peer {
         }
         match &self.0.link {
             Link::Inproc(target) => {
-                let wants_encoded = target.accepts(T::TYPE_NAME)?;
-                let payload = if self.0.force_encode || wants_encoded {
+                // (`force_encode` is set when either node asked for it.)
+                let payload = if self.0.force_encode {
                     let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
                     Payload::Encoded {
                         body: Bytes::from(encoded.body),
@@ -222,42 +222,50 @@ impl Peer {
                 } else {
                     Payload::Value(Box::new(value))
                 };
-                target.deliver(T::TYPE_NAME, payload).await
+                match target.try_deliver(T::TYPE_NAME, payload)? {
+                    Ok(()) => Ok(()),
+                    Err(payload) => target.deliver(T::TYPE_NAME, payload).await,
+                }
             }
-            Link::Tcp { .. } | Link::Shm(_) => {
-                let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
-                let limits = self.limits()?;
-                // Refused before anything is planned or leased: more frames, or larger
-                // ones, than the receiver accepts, or a body alone over its header limit.
-                let lens = encoded.frames.iter().map(|f| f.len() as u64);
-                limits
-                    .check_outgoing(encoded.body.len(), lens)
-                    .map_err(|reason| unsendable(T::TYPE_NAME, self.name(), reason))?;
-                let planned = self.plan(encoded.frames, by_ticket).await?;
-                let tickets: Vec<TicketClaim> = planned
-                    .iter()
-                    .filter_map(|p| match p {
-                        Planned::Ticket(claim) => Some(claim.clone()),
-                        Planned::Bytes(_) => None,
-                    })
-                    .collect();
-                let sending = Sending {
-                    type_name: T::TYPE_NAME,
-                    peer: self.name(),
-                    limits: &limits,
-                    write_timeout: self.0.write_timeout,
-                };
-                self.0
-                    .link
-                    .send(&sending, &encoded.body, planned)
-                    .await
-                    .inspect_err(|e| match e {
-                        Error::Io { .. } => self.mark_closed(),
-                        Error::Unsendable { .. } => self.withdraw(tickets.iter()),
-                        _ => {}
-                    })
-            }
+            // The wire path's future is large: boxed, so that an in-process send does not
+            // move it around.
+            Link::Tcp { .. } | Link::Shm(_) => Box::pin(self.send_wire(value, by_ticket)).await,
         }
+    }
+
+    /// Encodes `value` for this route, applies the ticket policy and writes the message.
+    async fn send_wire<T: Message>(&self, value: T, by_ticket: bool) -> Result<()> {
+        let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;
+        let limits = self.limits()?;
+        // Refused before anything is planned or leased: more frames, or larger
+        // ones, than the receiver accepts, or a body alone over its header limit.
+        let lens = encoded.frames.iter().map(|f| f.len() as u64);
+        limits
+            .check_outgoing(encoded.body.len(), lens)
+            .map_err(|reason| unsendable(T::TYPE_NAME, self.name(), reason))?;
+        let planned = self.plan(encoded.frames, by_ticket).await?;
+        let tickets: Vec<TicketClaim> = planned
+            .iter()
+            .filter_map(|p| match p {
+                Planned::Ticket(claim) => Some(claim.clone()),
+                Planned::Bytes(_) => None,
+            })
+            .collect();
+        let sending = Sending {
+            type_name: T::TYPE_NAME,
+            peer: self.name(),
+            limits: &limits,
+            write_timeout: self.0.write_timeout,
+        };
+        self.0
+            .link
+            .send(&sending, &encoded.body, planned)
+            .await
+            .inspect_err(|e| match e {
+                Error::Io { .. } => self.mark_closed(),
+                Error::Unsendable { .. } => self.withdraw(tickets.iter()),
+                _ => {}
+            })
     }
 
     /// The limits a receiver enforces, as this node enforces them itself (spec §9).

@@ -200,8 +200,7 @@ where
                     let slack = receive::room_slack(asking, max_per_peer);
                     inbound.try_take_room(slack, Instant::now()).then_some(())
                 };
-                let freed = node.ctx.budget.freed();
-                crate::wait::until(freed, None, Some(receive::ROOM_RECHECK), attempt).await;
+                node.ctx.budget.wait_for(Some(receive::ROOM_RECHECK), attempt).await;
                 continue;
             }
             Step::CheckPulled { req, len } => {
@@ -222,7 +221,7 @@ where
                     .collect::<Result<Vec<_>>>()?;
                 let envelope = Envelope {
                     from: peer.clone(),
-                    type_name: incoming.type_name,
+                    type_name: incoming.type_name.into(),
                     payload: Payload::Encoded {
                         body: incoming.body,
                         frames,
@@ -238,7 +237,7 @@ where
                         .get_or_insert_with(|| Delivery::start(node.clone()))
                         .push(envelope);
                 } else {
-                    node.deliver(envelope).await?;
+                    node.deliver(envelope)?;
                 }
             }
             Event::Ticket(op) => handle_ticket_op(node, peer, op).await?,
@@ -425,7 +424,7 @@ impl Delivery {
         tokio::spawn(async move {
             while let Some(mut envelope) = rx.recv().await {
                 redeem_all(&mut envelope).await;
-                let delivered = node.deliver(envelope).await;
+                let delivered = node.deliver(envelope);
                 count.fetch_sub(1, Ordering::AcqRel);
                 if delivered.is_err() {
                     return;
@@ -465,7 +464,7 @@ async fn redeem_all(envelope: &mut Envelope) {
                 }
                 Err(e) => {
                     limited_warn!(envelope.from.0.log, from = %envelope.from.name(), "a ticket could not be redeemed: {}", e.chain());
-                    envelope.payload = Payload::Failed(e);
+                    envelope.payload = Payload::Failed(Box::new(e));
                     return;
                 }
             }

@@ -31,7 +31,7 @@ pub(crate) struct NodeInner {
 
 impl NodeInner {
     /// Puts an envelope into the inbox (its permit in the receive budget bounds it).
-    pub(crate) async fn deliver(&self, envelope: Envelope) -> Result<()> {
+    pub(crate) fn deliver(&self, envelope: Envelope) -> Result<()> {
         if self.ctx.is_shut_down() {
             return Err(Error::NodeClosed);
         }
