@@ -492,3 +492,79 @@ fn a_driver_busy_with_an_event_does_not_time_its_peer_out() {
     assert_eq!(inb.poll_timeout(), Some(later + TIMEOUT));
     inb.handle_timeout(later + TIMEOUT / 2).unwrap();
 }
+
+/// Feeds `bytes` whole and polls once.
+fn feed(inb: &mut Inbound, bytes: &[u8], now: Instant) -> Step {
+    let mut at = 0;
+    while at < bytes.len() {
+        let space = inb.recv_space();
+        let n = space.len().min(bytes.len() - at);
+        assert!(n > 0, "space to read into");
+        space[..n].copy_from_slice(&bytes[at..at + n]);
+        inb.received(n, now);
+        at += n;
+    }
+    inb.poll(now).unwrap()
+}
+
+#[test]
+fn a_message_takes_its_room_from_the_budget_and_carries_it() {
+    use handoff_proto::budget::{Account, Budget};
+    let budget = Budget::new(1 << 20, 100_000, 0, 8);
+    let account = Arc::new(Account::default());
+    let mut inb = inbound(false).with_budget(budget.clone(), account.clone());
+    let now = Instant::now();
+    // Another peer's message fills the node: this one waits, and reads nothing meanwhile.
+    let other = Arc::new(Account::default());
+    let hog = budget.try_acquire(&other, 1 << 20, 1, 0).unwrap();
+    let stream = message(&[50_000]);
+    let head = header_len_of(&stream);
+    assert!(matches!(
+        feed(&mut inb, &stream[..head], now),
+        Step::Room { messages: 1, .. }
+    ));
+    assert!(!inb.try_take_room(0, now), "no room while the node is full");
+    assert!(inb.recv_space().is_empty(), "and no reading");
+    drop(hog);
+    assert!(inb.try_take_room(0, now));
+    let Step::Event(Event::Message(m)) = feed(&mut inb, &stream[head..], now) else {
+        panic!("the message")
+    };
+    let held = m.permit.as_ref().expect("its room").bytes();
+    assert!(held >= 50_000, "the frame's bytes and the overhead: {held}");
+    assert_eq!(account.bytes(), held);
+    drop(m);
+    assert_eq!((account.bytes(), budget.used()), (0, 0), "given back with the message");
+}
+
+#[test]
+fn room_a_large_header_took_goes_back_unless_it_was_a_message() {
+    use handoff_proto::budget::{Account, Budget};
+    let budget = Budget::new(1 << 30, 1 << 30, 0, 8);
+    let account = Arc::new(Account::default());
+    let mut inb = inbound(false).with_budget(budget.clone(), account.clone());
+    let now = Instant::now();
+    // A refused ticket answer with a 300 KB message: a large header, and no message.
+    let refusal = header(&Header::Ticket(TicketOp::Refused {
+        req: 1,
+        code: "x".into(),
+        message: "m".repeat(300_000),
+    }));
+    assert!(matches!(
+        feed(&mut inb, &refusal[..4], now),
+        Step::Room { messages: 0, .. }
+    ));
+    assert!(inb.try_take_room(0, now));
+    assert!(account.bytes() >= 300_000, "the header's room, taken before it is read");
+    let step = feed(&mut inb, &refusal[4..], now);
+    assert!(
+        matches!(step, Step::Event(Event::Ticket(TicketOp::Refused { .. }))),
+        "{step:?}"
+    );
+    assert_eq!(budget.used(), 0, "given back with the event");
+}
+
+/// The length of the header (with its prefix) at the start of `stream`.
+fn header_len_of(stream: &[u8]) -> usize {
+    4 + u32::from_be_bytes(stream[..4].try_into().unwrap()) as usize
+}
