@@ -660,9 +660,14 @@ impl Inbound {
         if !matches!(step, Ok(Step::Read)) {
             self.handed_out = true;
         }
-        if matches!(&step, Ok(Step::Event(e)) if !matches!(e, Event::Message(_))) {
-            // Room a large header took for something other than a message goes back.
-            self.permit = None;
+        match &step {
+            Ok(Step::Event(Event::Message(_)))
+            | Ok(Step::Read)
+            | Ok(Step::Room { .. })
+            | Ok(Step::CheckPulled { .. }) => {}
+            // Room a large header took for something other than a message goes back, and
+            // so does what a connection that ended or failed held.
+            Ok(Step::Event(_)) | Ok(Step::Closed) | Err(_) => self.permit = None,
         }
         step
     }
@@ -672,6 +677,9 @@ impl Inbound {
             match std::mem::replace(&mut self.state, State::Done) {
                 State::Done => return Ok(Step::Closed),
                 State::Prefix => {
+                    // A new item: room left from the last one (a large header whose item
+                    // ended with no event, such as a `pulled` nobody waited for) goes back.
+                    self.permit = None;
                     if self.buffered() < LEN_PREFIX {
                         if !self.eof {
                             self.state = State::Prefix;

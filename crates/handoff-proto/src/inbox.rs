@@ -63,7 +63,10 @@ impl Hasher for ConnectionHasher {
     }
 
     fn write_usize(&mut self, key: usize) {
-        self.0 = (key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        // The high half folded into the low one: addresses are aligned, so the product's
+        // low bits alone would leave most buckets unused.
+        let h = (key as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 32);
     }
 }
 

@@ -568,3 +568,77 @@ fn room_a_large_header_took_goes_back_unless_it_was_a_message() {
 fn header_len_of(stream: &[u8]) -> usize {
     4 + u32::from_be_bytes(stream[..4].try_into().unwrap()) as usize
 }
+
+/// A `pulled` header for `req` announcing no bytes, padded past the small-header size with
+/// an unknown key (which a receiver ignores, spec §6 rule 3).
+fn padded_pulled(req: u64, pad: usize) -> Vec<u8> {
+    let plain = header(&Header::Ticket(TicketOp::Pulled { req, len: 0 }));
+    let mut map = plain[4..].to_vec();
+    assert_eq!(map[0] & 0xf0, 0x80, "a fixmap");
+    map[0] += 1;
+    map.extend_from_slice(&[0xa3, b'p', b'a', b'd', 0xdb]);
+    map.extend_from_slice(&(pad as u32).to_be_bytes());
+    map.extend(std::iter::repeat_n(b'x', pad));
+    let mut out = (map.len() as u32).to_be_bytes().to_vec();
+    out.extend(map);
+    out
+}
+
+#[test]
+fn large_headers_that_end_with_no_event_do_not_stack_room() {
+    use handoff_proto::budget::{Account, Budget};
+    let budget = Budget::new(1 << 30, 1 << 20, 0, 8);
+    let account = Arc::new(Account::default());
+    let mut inb = inbound(false).with_budget(budget.clone(), account.clone());
+    let now = Instant::now();
+    // `pulled` answers nobody asked for are read past and dropped (no event): each took
+    // room for its large header, which must go back before the next item takes more.
+    for i in 0..20 {
+        let answer = padded_pulled(1000 + i, 200_000);
+        let mut at = 0;
+        loop {
+            match inb.poll(now).unwrap() {
+                Step::Read if at == answer.len() => break,
+                Step::Read => {
+                    let space = inb.recv_space();
+                    let n = space.len().min(answer.len() - at);
+                    space[..n].copy_from_slice(&answer[at..at + n]);
+                    inb.received(n, now);
+                    at += n;
+                }
+                Step::Room { .. } => assert!(inb.try_take_room(0, now)),
+                Step::CheckPulled { len, .. } => inb.pulled_verdict(receive::pulled(None, len), now),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert!(
+            account.bytes() < 300_000,
+            "after {} dropped answers the peer holds {} bytes of room",
+            i + 1,
+            account.bytes()
+        );
+    }
+    assert_eq!(budget.used(), 0);
+}
+
+#[test]
+fn a_connection_that_fails_gives_its_room_back_at_once() {
+    use handoff_proto::budget::{Account, Budget};
+    let budget = Budget::new(1 << 30, 1 << 30, 0, 8);
+    let account = Arc::new(Account::default());
+    let mut inb = inbound(false).with_budget(budget.clone(), account.clone());
+    let now = Instant::now();
+    let stream = message(&[50_000]);
+    let head = header_len_of(&stream);
+    assert!(matches!(feed(&mut inb, &stream[..head], now), Step::Room { .. }));
+    assert!(inb.try_take_room(0, now));
+    assert!(matches!(feed(&mut inb, &stream[head..head + 1000], now), Step::Read));
+    assert!(account.bytes() >= 50_000, "the message's room is held while it arrives");
+    inb.handle_eof();
+    assert_eq!(inb.poll(now).unwrap_err().code(), "truncated");
+    assert_eq!(
+        budget.used(),
+        0,
+        "given back when the connection fails, not when it is dropped"
+    );
+}

@@ -114,13 +114,18 @@ impl InprocRoute {
 }
 
 impl InprocTarget for InprocRoute {
-    fn try_deliver(&self, type_name: &'static str, payload: Payload) -> Result<std::result::Result<(), Payload>> {
-        let (target, reverse) = self.ends()?;
+    fn check(&self, type_name: &'static str) -> Result<()> {
         let key = name_key(type_name);
         if key == 0 || self.accepted.load(Ordering::Relaxed) != key {
+            let (target, _) = self.ends()?;
             target.ctx.registry.check(type_name)?;
             self.accepted.store(key, Ordering::Relaxed);
         }
+        Ok(())
+    }
+
+    fn try_deliver(&self, type_name: &'static str, payload: Payload) -> Result<std::result::Result<(), Payload>> {
+        let (target, reverse) = self.ends()?;
         let Some(permit) = target.ctx.budget.try_acquire(&reverse.account, MESSAGE_OVERHEAD, 1, 0) else {
             return Ok(Err(payload));
         };

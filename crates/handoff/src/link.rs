@@ -43,12 +43,18 @@ pub(crate) enum Link {
 /// peer for us as the sender. A trait so that a link need not know nodes and peers; the
 /// in-process connection implements it (`inproc::InprocRoute`).
 pub(crate) trait InprocTarget: Send + Sync {
+    /// Fails unless the receiving node takes messages named `type_name` (and it and its
+    /// peer for us live). A sender calls it before anything else: the two calls below
+    /// take the name as checked.
+    fn check(&self, type_name: &'static str) -> Result<()>;
+
     /// Puts a message into the receiving node's inbox if its receive budget has room now;
-    /// gives the payload back if not. Fails if the receiving node does not take messages
-    /// named `type_name`, or if it or its peer for us is gone.
+    /// gives the payload back if not. Fails if the receiving node or its peer for us is
+    /// gone.
     fn try_deliver(&self, type_name: &'static str, payload: Payload) -> Result<std::result::Result<(), Payload>>;
 
-    /// Puts a message into the receiving node's inbox once its receive budget has room.
+    /// Puts a message into the receiving node's inbox once its receive budget has room
+    /// (after [`check`](Self::check) and a [`try_deliver`](Self::try_deliver) that found none).
     fn deliver(
         &self,
         type_name: &'static str,

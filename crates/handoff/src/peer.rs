@@ -212,6 +212,7 @@ impl Peer {
         }
         match &self.0.link {
             Link::Inproc(target) => {
+                target.check(T::TYPE_NAME)?;
                 // (`force_encode` is set when either node asked for it.)
                 let payload = if self.0.force_encode {
                     let encoded = handoff_wire::encode(&value, Some(&self.0.outbound))?;

@@ -94,6 +94,8 @@ pub(crate) async fn read_loop<R>(
         r = read_messages(&node, &peer, &mut stream, &mut inbound, release.as_ref()) => r,
         _ = shutdown.changed() => Ok(()),
     };
+    // Whatever room the connection held goes back now, not after the goodbyes below.
+    drop(inbound);
     peer.mark_closed();
     node.remove_peer(&peer);
     // Requests waiting on this connection fail now (their senders drop), and every hold
