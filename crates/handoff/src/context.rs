@@ -57,6 +57,8 @@ pub(crate) struct Context {
     pub(crate) node_log: Arc<LogLimiter>,
     pub(crate) pool: RecvPool,
     pub(crate) shutdown: watch::Sender<bool>,
+    /// Set with `shutdown`, first: read on every message, so it takes no lock.
+    pub(crate) shut_down: std::sync::atomic::AtomicBool,
     /// Leases on buffers we sent as tickets.
     pub(crate) leases: LeaseTable,
     pub(crate) ticket_threshold: Option<usize>,
@@ -79,7 +81,7 @@ pub(crate) struct Context {
 impl Context {
     /// Whether the node was shut down.
     pub(crate) fn is_shut_down(&self) -> bool {
-        *self.shutdown.borrow()
+        self.shut_down.load(Ordering::Acquire)
     }
 
     /// The address same-host peers connect to: `unix://PATH`, if the node has a Unix socket.

@@ -130,6 +130,7 @@ impl NodeBuilder {
             bounds,
             pool: RecvPool::new(self.pool_idle_bytes),
             shutdown: shutdown_tx,
+            shut_down: std::sync::atomic::AtomicBool::new(false),
             leases: LeaseTable::new(self.lease_config, self.bounds.max_holders_per_lease),
             ticket_threshold: self.ticket_threshold,
             redeem: self.redeem,

@@ -83,6 +83,7 @@ impl NodeInner {
     /// Marks the node shut down, empties the inbox, closes every peer and removes the Unix
     /// socket's file.
     pub(crate) fn shutdown(&self) {
+        self.ctx.shut_down.store(true, Ordering::Release);
         self.ctx.shutdown.send_replace(true);
         self.inbox.clear();
         let peers: Vec<Peer> = self
