@@ -37,18 +37,13 @@ def run_bench(binary: str, args: argparse.Namespace) -> dict[tuple[str, int], fl
     if args.sizes:
         cmd += ["--sizes", args.sizes]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return {
-        (row["case"], int(row["bytes"])): float(row["efficiency"])
-        for row in json.loads(out)
-    }
+    return {(row["case"], int(row["bytes"])): float(row["efficiency"]) for row in json.loads(out)}
 
 
 def interval(ratios: list[float], seed: int = 1) -> tuple[float, float]:
     """A 90 % bootstrap interval for the median of `ratios`."""
     rng = random.Random(seed)
-    medians = sorted(
-        statistics.median(rng.choice(ratios) for _ in ratios) for _ in range(2000)
-    )
+    medians = sorted(statistics.median(rng.choice(ratios) for _ in ratios) for _ in range(2000))
     return medians[int(0.05 * len(medians))], medians[int(0.95 * len(medians)) - 1]
 
 
@@ -78,9 +73,7 @@ def main() -> int:
         default=0.05,
         help="how far below 1 a ratio may be (default 0.05)",
     )
-    p.add_argument(
-        "--json", dest="json_out", help="also write every figure to this file"
-    )
+    p.add_argument("--json", dest="json_out", help="also write every figure to this file")
     args = p.parse_args()
     if args.rounds < 2:
         p.error("--rounds must be at least 2")
@@ -98,9 +91,7 @@ def main() -> int:
             )
         runs.append(pair)
 
-    keys = sorted(
-        set.intersection(*(set(pr["before"]) & set(pr["after"]) for pr in runs))
-    )
+    keys = sorted(set.intersection(*(set(pr["before"]) & set(pr["after"]) for pr in runs)))
     rows = []
     for case, size in keys:
         ratios = [pr["after"][(case, size)] / pr["before"][(case, size)] for pr in runs]
@@ -120,9 +111,7 @@ def main() -> int:
             }
         )
 
-    print(
-        f"| case | size | median after/before | 90 % interval | verdict (bar {args.bar:.0%}) |"
-    )
+    print(f"| case | size | median after/before | 90 % interval | verdict (bar {args.bar:.0%}) |")
     print("|---|---|---|---|---|")
     for row in rows:
         low, high = row["interval_90"]
