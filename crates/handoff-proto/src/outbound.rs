@@ -3,8 +3,9 @@
 //! the route says so), and the message's header with each shared frame's lease, checked
 //! against what the receiver accepts (spec §7, §9).
 //!
-//! A driver plans the frames ([`Planned`]), routes them ([`route_frames`]), takes a lease
-//! for each [`Routed::Shared`] frame (it may have to wait for the peer to release some),
+//! A driver plans the frames ([`Planned`]), routes them one by one ([`Router`]), takes a
+//! lease for each [`Routed::Shared`] frame before it routes the next (it may have to wait
+//! for the peer to release some),
 //! writes [`message_head`] with the segments' descriptors attached to its first byte, then
 //! the inline frames.
 
@@ -68,21 +69,35 @@ pub struct CopyFailed {
     pub source: std::io::Error,
 }
 
-/// Routes each frame of a message for a same-host connection. A frame already in a
-/// segment whose descriptor we can pass goes as that segment; a large one elsewhere is
-/// copied into a segment of the pool (or a sealed copy, if only sealed segments may be
-/// sent); the rest go inline.
+/// Routes each frame of a message for a same-host connection ([`Router::route`], in order).
 pub fn route_frames(frames: Vec<Planned>, routing: &ShmRouting) -> Result<Vec<Routed>, CopyFailed> {
-    let mut routed = Vec::with_capacity(frames.len());
-    let mut passing = 0;
-    for planned in frames {
+    let mut router = Router::new(*routing);
+    frames.into_iter().map(|frame| router.route(frame)).collect()
+}
+
+/// Routes the frames of one message, one at a time, so that a sender can take each shared
+/// frame's lease (and wait for room) before it copies the next one.
+pub struct Router {
+    routing: ShmRouting,
+    /// Descriptors the message carries so far.
+    passing: usize,
+}
+
+impl Router {
+    /// A router for one message.
+    pub fn new(routing: ShmRouting) -> Router {
+        Router { routing, passing: 0 }
+    }
+
+    /// Routes the message's next frame. A frame already in a segment whose descriptor we
+    /// can pass goes as that segment; a large one elsewhere is copied into a segment of the
+    /// pool (or a sealed copy, if only sealed segments may be sent); the rest go inline.
+    pub fn route(&mut self, planned: Planned) -> Result<Routed, CopyFailed> {
         let frame = match planned {
-            Planned::Ticket(claim) => {
-                routed.push(Routed::Ticket(claim));
-                continue;
-            }
+            Planned::Ticket(claim) => return Ok(Routed::Ticket(claim)),
             Planned::Bytes(frame) => frame,
         };
+        let routing = &self.routing;
         // A received segment can be passed on only while its descriptor is kept.
         let origin = origin_of(&frame);
         let pass = origin.and_then(|o| o.pass_fd());
@@ -90,16 +105,13 @@ pub fn route_frames(frames: Vec<Planned>, routing: &ShmRouting) -> Result<Vec<Ro
             frame.len(),
             pass.is_some(),
             origin.is_some_and(|o| o.sealed()),
-            passing,
+            self.passing,
             routing.max_fds,
             routing.threshold,
             routing.sealed_only,
         );
         let (held, fd) = match route {
-            FrameRoute::Inline => {
-                routed.push(Routed::Inline(frame));
-                continue;
-            }
+            FrameRoute::Inline => return Ok(Routed::Inline(frame)),
             FrameRoute::Segment => (Held::Buffer(frame), pass.expect("route_frame checked it")),
             FrameRoute::CopySealed => {
                 let copy = Arc::new(sealed_copy(&frame).map_err(|source| CopyFailed {
@@ -130,16 +142,15 @@ pub fn route_frames(frames: Vec<Planned>, routing: &ShmRouting) -> Result<Vec<Ro
             }
             Held::Sealed(s) => (0, s.size, true),
         };
-        passing += 1;
-        routed.push(Routed::Shared {
+        self.passing += 1;
+        Ok(Routed::Shared {
             held,
             fd,
             offset,
             size,
             sealed,
-        });
+        })
     }
-    Ok(routed)
 }
 
 /// Routes every frame inline (a connection without shared memory).

@@ -24,9 +24,7 @@ use crate::tickets::owner::WhenFull;
 use crate::unix::UnixWriter;
 use crate::{Error, Result};
 pub(crate) use handoff_proto::outbound::Planned;
-use handoff_proto::outbound::{
-    inline_frames, inline_routes, message_head, route_frames, shared_fds, Routed, ShmRouting,
-};
+use handoff_proto::outbound::{inline_frames, inline_routes, message_head, shared_fds, Routed, Router, ShmRouting};
 use handoff_proto::shm::leases::ShmLeases;
 
 /// How messages reach a peer.
@@ -262,11 +260,19 @@ impl ShmLink {
             sealed_only: self.sealed,
             max_fds: crate::unix::MAX_FDS_PER_READ,
         };
-        let routed = route_frames(frames, &routing).map_err(|e| Error::io(e.what, e.source))?;
-        // Registered before sending: the release may come back at once.
+        // Frame by frame: each shared frame's lease is taken (waiting for the peer to
+        // release some, as configured) before the next frame is copied, so that a waiting
+        // send holds no copy but the one its lease waits for. Registered before sending:
+        // the release may come back at once.
+        let mut router = Router::new(routing);
+        let mut routed = Vec::with_capacity(frames.len());
         let mut leased: Vec<u64> = Vec::new();
-        for r in &routed {
-            if let Routed::Shared { held, .. } = r {
+        for frame in frames {
+            let r = router.route(frame).map_err(|e| {
+                self.release(&leased);
+                Error::io(e.what, e.source)
+            })?;
+            if let Routed::Shared { held, .. } = &r {
                 match self.lease(held, sending.peer).await {
                     Ok(lease) => leased.push(lease),
                     Err(e) => {
@@ -276,6 +282,7 @@ impl ShmLink {
                     }
                 }
             }
+            routed.push(r);
         }
         let head = message_head(sending.type_name, body, &routed, &leased, sending.limits).map_err(|reason| {
             self.release(&leased);
