@@ -7,7 +7,43 @@
 
 use std::collections::HashMap;
 
+use bytes::Bytes;
+
 use crate::receive::Asked;
+
+/// An owner's answer to one of our requests, as the connection hands it to the request.
+#[derive(Debug)]
+pub enum Answer {
+    /// Pulled bytes (and their BLAKE3, when asked for).
+    Bytes(Bytes, Option<[u8; 32]>),
+    /// A new holder's token (the answer to a forward).
+    Token(Vec<u8>),
+    /// An answer that does not fit the request (bytes of another length, bytes to a
+    /// forward): read past and dropped; says what came.
+    Mismatch(String),
+}
+
+impl Answer {
+    /// The bytes a pull of `len` asked for (with their digest, if asked), or what came
+    /// instead.
+    pub fn into_pulled(self, len: u64) -> Result<(Bytes, Option<[u8; 32]>), String> {
+        match self {
+            Answer::Bytes(b, digest) if b.len() as u64 == len => Ok((b, digest)),
+            Answer::Bytes(b, _) => Err(format!("asked for {len} bytes, got {}", b.len())),
+            Answer::Token(_) => Err("answered a pull with a token".into()),
+            Answer::Mismatch(why) => Err(why),
+        }
+    }
+
+    /// The token a forward asked for, or what came instead.
+    pub fn into_token(self) -> Result<Vec<u8>, String> {
+        match self {
+            Answer::Token(token) => Ok(token),
+            Answer::Bytes(..) => Err("answered a forward with bytes".into()),
+            Answer::Mismatch(why) => Err(why),
+        }
+    }
+}
 
 /// Requests of ours waiting for answers on one connection, by request id.
 #[derive(Debug)]
@@ -53,6 +89,17 @@ impl<T> Requests<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_fits_its_request_or_says_what_came() {
+        let bytes = || Answer::Bytes(Bytes::from_static(b"abc"), None);
+        assert_eq!(bytes().into_pulled(3).unwrap().0, Bytes::from_static(b"abc"));
+        assert_eq!(bytes().into_pulled(4).unwrap_err(), "asked for 4 bytes, got 3");
+        assert_eq!(bytes().into_token().unwrap_err(), "answered a forward with bytes");
+        assert_eq!(Answer::Token(vec![1]).into_token().unwrap(), vec![1]);
+        assert!(Answer::Token(vec![1]).into_pulled(1).is_err());
+        assert_eq!(Answer::Mismatch("why".into()).into_pulled(1).unwrap_err(), "why");
+    }
 
     #[test]
     fn an_answer_finds_its_request_once() {

@@ -145,16 +145,7 @@ impl NodeInner {
                 len,
             })
             .await?;
-        match answer {
-            Answer::Bytes(b, digest) if b.len() as u64 == len => Ok((b, digest)),
-            Answer::Bytes(b, _) => Err(lost(
-                claim,
-                &claim.owner,
-                format!("asked for {len} bytes, got {}", b.len()),
-            )),
-            Answer::Token(_) => Err(lost(claim, &claim.owner, "answered a pull with a token")),
-            Answer::Mismatch(why) => Err(lost(claim, owner, why)),
-        }
+        answer.into_pulled(len).map_err(|why| lost(claim, owner, why))
     }
 
     /// Registers node `to` with the owner as a holder of the claim's lease; returns `to`'s claim.
@@ -172,11 +163,8 @@ impl NodeInner {
                 to: to.to_string(),
             })
             .await?;
-        match answer {
-            Answer::Token(token) => Ok(TicketClaim { token, ..claim.clone() }),
-            Answer::Bytes(..) => Err(lost(claim, owner, "answered a forward with bytes")),
-            Answer::Mismatch(why) => Err(lost(claim, owner, why)),
-        }
+        let token = answer.into_token().map_err(|why| lost(claim, owner, why))?;
+        Ok(TicketClaim { token, ..claim.clone() })
     }
 
     /// Extends this node's hold on the claim's lease by the lease's ttl.
