@@ -18,6 +18,11 @@ use crate::shm::buffers::{copy_in, origin_of, Held, PassFd};
 use crate::shm::leases::{route_frame, FrameRoute};
 use crate::shm::sealed_copy;
 
+/// Most leases one `release` message ends: a driver batches the releases waiting and sends
+/// at most this many at once, so that the header (at most 9 bytes a lease) stays well under
+/// the size for which a receiver takes room before reading ([`crate::bounds::SMALL_HEADER`]).
+pub const MAX_RELEASES_PER_MESSAGE: usize = 4096;
+
 /// A frame after the ticket policy: its bytes, or a ticket for them.
 pub enum Planned {
     /// The bytes travel with the message.
@@ -251,6 +256,18 @@ mod tests {
                 Routed::Shared { .. } => "shared",
             })
             .collect()
+    }
+
+    #[test]
+    fn a_full_release_message_is_a_small_header() {
+        let mut head = Vec::new();
+        let leases = vec![u64::MAX; MAX_RELEASES_PER_MESSAGE];
+        encode_header_into(&Header::Release { leases }, &mut head);
+        assert!(
+            (head.len() as u64) < crate::bounds::SMALL_HEADER,
+            "{} bytes",
+            head.len()
+        );
     }
 
     #[test]

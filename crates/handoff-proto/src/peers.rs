@@ -5,6 +5,23 @@
 
 use handoff_wire::{Endpoint, Ident, Locality, WireError};
 
+/// Checks what a node will say about itself against what every peer accepts (spec §5.2): its
+/// name and, if set, its host id; why not, if they do not fit.
+pub fn check_own_identity(name: &str, host_id: Option<&str>) -> Result<(), String> {
+    use handoff_wire::identity_lengths::{HOST_BYTES, NAME_BYTES};
+    let fits = |what: &str, value: &str, most: u32| {
+        if value.len() > most as usize {
+            return Err(format!(
+                "the node's {what} is {} bytes; peers accept at most {most} (spec WIRE.md §5.2)",
+                value.len()
+            ));
+        }
+        Ok(())
+    };
+    fits("name", name, NAME_BYTES)?;
+    host_id.map_or(Ok(()), |host| fits("host id", host, HOST_BYTES))
+}
+
 /// The identity a node presents in its handshake: its endpoint, this process's pid, the
 /// implementation's name and version, and where it can be reached.
 pub fn ident_of(me: &Endpoint, implementation: &str, listen: Option<String>, unix: Option<String>) -> Ident {
@@ -126,6 +143,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("another process (p2)") && err.contains("node-b"), "{err}");
+    }
+
+    #[test]
+    fn a_node_says_only_what_peers_accept_about_itself() {
+        assert!(check_own_identity("alpha", None).is_ok());
+        let err = check_own_identity(&"n".repeat(257), None).unwrap_err();
+        assert!(
+            err.starts_with("the node's name is 257 bytes; peers accept at most 256"),
+            "{err}"
+        );
+        let err = check_own_identity("alpha", Some(&"h".repeat(300))).unwrap_err();
+        assert!(err.starts_with("the node's host id is 300 bytes"), "{err}");
     }
 
     #[test]

@@ -160,6 +160,14 @@ pub fn stray_descriptors(pending: usize, buffered_bytes: usize) -> Result<(), Wi
     Ok(())
 }
 
+/// Whether a driver, after an established connection failed with `error` and it sent the
+/// peer that error, reads and drops what the peer still sends before closing (§11.3), so
+/// that the error is not reset away: not after a timeout, since a silent peer would only
+/// hold the connection longer.
+pub fn drain_after(error: &WireError) -> bool {
+    !matches!(error, WireError::Timeout(_))
+}
+
 /// How often a connection that waits for room looks again whether this node's own ticket
 /// requests wait on it: they change [`room_slack`] without the budget being told.
 pub const ROOM_RECHECK: std::time::Duration = std::time::Duration::from_millis(50);

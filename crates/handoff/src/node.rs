@@ -29,9 +29,9 @@ use crate::tickets::tasks::{reap_expired, unlease_loop};
 use crate::unix;
 use crate::{Error, Message, Peer, Result};
 use handoff_proto::bounds::Bounds;
-use handoff_proto::identity;
 use handoff_proto::log_limit::LogLimiter;
 use handoff_proto::recv_buffers::RecvPool;
+use handoff_proto::{identity, peers};
 
 impl NodeBuilder {
     /// Starts the node: binds the listener (if any) and registers the node for in-process peers.
@@ -39,12 +39,7 @@ impl NodeBuilder {
         if self.name.is_empty() {
             return Err(Error::Config("a node needs a name".into()));
         }
-        // What a node says about itself must fit what every peer accepts (spec §5.2).
-        use handoff_wire::identity_lengths as at_most;
-        check_length("name", &self.name, at_most::NAME_BYTES)?;
-        if let Some(host) = &self.host_id {
-            check_length("host id", host, at_most::HOST_BYTES)?;
-        }
+        peers::check_own_identity(&self.name, self.host_id.as_deref()).map_err(Error::Config)?;
         let secret = match self.secret {
             Some(s) => s,
             None => {
@@ -417,15 +412,4 @@ impl std::fmt::Debug for Node {
             .field("listen", &self.inner.ctx.listen_addr)
             .finish()
     }
-}
-
-/// Refuses an identity field of our own that peers would refuse (spec §5.2).
-fn check_length(what: &str, value: &str, most: u32) -> Result<()> {
-    if value.len() > most as usize {
-        return Err(Error::Config(format!(
-            "the node's {what} is {} bytes; peers accept at most {most} (spec WIRE.md §5.2)",
-            value.len()
-        )));
-    }
-    Ok(())
 }

@@ -47,7 +47,7 @@ pub(crate) async fn release_loop(
             _ = &mut closed => return,
         };
         let mut leases = vec![first];
-        while leases.len() < 4096 {
+        while leases.len() < handoff_proto::outbound::MAX_RELEASES_PER_MESSAGE {
             match rx.try_recv() {
                 Ok(l) => leases.push(l),
                 Err(_) => break,
@@ -123,7 +123,7 @@ pub(crate) async fn read_loop<R>(
             // The error first, our sending side shut, and what the peer still sends read
             // and dropped for a moment, so the error is not reset away (spec §11.3).
             peer.0.link.send_error_and_shutdown(&w, DRAIN_TIME).await;
-            if !matches!(w, WireError::Timeout(_)) {
+            if receive::drain_after(&w) {
                 crate::io::drain(&mut stream, DRAIN_BYTES, DRAIN_TIME).await;
             }
         }
