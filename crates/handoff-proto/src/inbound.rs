@@ -42,6 +42,7 @@ use crate::budget::{Account, Budget, Permit};
 use crate::receive::{self, Pulled, Receiving};
 use crate::recv_buffers::{PooledBuf, RecvPool, MIN_POOLED};
 use crate::shm::{Mapping, MappingCache};
+use crate::ticket_leases::{LeaseTable, OwnerAnswer};
 
 /// Bytes read ahead at a time between large frames.
 const READ_CHUNK: usize = 64 * 1024;
@@ -134,8 +135,17 @@ pub enum Step {
 pub enum Event {
     /// A whole message (its room was taken before any frame was read).
     Message(Incoming),
-    /// A ticket request, or an answer other than `pulled`.
+    /// A ticket request, or an answer other than `pulled` (requests come as
+    /// [`Event::Owner`] instead when the engine answers them, [`Inbound::with_owner`]).
     Ticket(TicketOp),
+    /// What this node, as the owner, does about a holder's ticket request: the answer to
+    /// write back, or what to log.
+    Owner {
+        /// The holder's request.
+        request: TicketOp,
+        /// What the lease table made of it.
+        answer: OwnerAnswer,
+    },
     /// The bytes our pull `req` asked for, with their blake3 digest when it asked for one.
     /// (Keep the bytes until a [`Digest::Behind`] is done with them.)
     Pulled {
@@ -304,6 +314,17 @@ pub struct Inbound {
     budget: Option<(Arc<Budget>, Arc<Account>)>,
     /// The room taken for the item being read.
     permit: Option<Permit>,
+    /// This node's ticket leases, to answer the peer's requests with.
+    owner: Option<Owner>,
+}
+
+/// What the engine answers a holder's ticket requests with.
+struct Owner {
+    leases: Arc<LeaseTable>,
+    /// The peer's node id.
+    holder: String,
+    /// Ours.
+    me: String,
 }
 
 impl Inbound {
@@ -329,7 +350,20 @@ impl Inbound {
             mappings: None,
             budget: None,
             permit: None,
+            owner: None,
         }
+    }
+
+    /// The peer's ticket requests (pull, forward, release, renew) are answered here from
+    /// this node's `leases` (spec §7.7): they come out as [`Event::Owner`]. `holder` is the
+    /// peer's node id, `me` ours.
+    pub fn with_owner(mut self, leases: Arc<LeaseTable>, holder: &str, me: &str) -> Inbound {
+        self.owner = Some(Owner {
+            leases,
+            holder: holder.to_string(),
+            me: me.to_string(),
+        });
+        self
     }
 
     /// Room is taken in the node's `budget`, on this peer's `account` (spec §9.1); without
@@ -823,7 +857,11 @@ impl Inbound {
             }
             receive::Step::Ticket(op) => {
                 self.item_done()?;
-                Step::Event(Event::Ticket(op))
+                let answered = self.owner.as_ref().and_then(|o| o.leases.answer(&op, &o.holder, &o.me));
+                match answered {
+                    Some(answer) => Step::Event(Event::Owner { request: op, answer }),
+                    None => Step::Event(Event::Ticket(op)),
+                }
             }
             receive::Step::Release(leases) => {
                 self.item_done()?;

@@ -90,7 +90,8 @@ struct Sim {
     nodes: Vec<Node>,
     /// Keyed by (from, to); a missing pair is a cut connection.
     streams: BTreeMap<(usize, usize), Stream>,
-    leases: LeaseTable,
+    /// The owner's lease table, which its engines answer holders from.
+    leases: Arc<LeaseTable>,
     /// The owner's holds as the model sees them: (lease, holder) → the holder's current
     /// token. A lease lives while it has one (spec §7.7); a forward to a node that holds
     /// the lease already replaces its token.
@@ -119,7 +120,7 @@ impl Sim {
         let t0 = Instant::now();
         let now = Arc::new(Mutex::new(t0));
         let clock = now.clone();
-        let leases = LeaseTable::with_clock(
+        let leases = Arc::new(LeaseTable::with_clock(
             LeaseConfig {
                 ttl: TTL,
                 max_bytes: 8 << 20,
@@ -128,7 +129,7 @@ impl Sim {
             },
             MAX_HOLDERS,
             Box::new(move || *clock.lock().unwrap()),
-        );
+        ));
         let nodes = (0..NODES)
             .map(|_| Node {
                 budget: Budget::new(MAX_TOTAL, MAX_PER_PEER, 64 << 10, 8),
@@ -173,6 +174,11 @@ impl Sim {
             PROGRESS_TIMEOUT,
         )
         .with_budget(self.nodes[b].budget.clone(), account);
+        // The owner's engines answer ticket requests from its lease table.
+        let inbound = match b {
+            OWNER => inbound.with_owner(self.leases.clone(), &node_id(a), &node_id(OWNER)),
+            _ => inbound,
+        };
         self.streams.insert(
             (a, b),
             Stream {
@@ -433,7 +439,9 @@ impl Sim {
                     }
                 }
             }
-            Event::Ticket(op) if to == OWNER => self.owner_answers(from, op),
+            Event::Owner { request, answer } if to == OWNER => self.owner_answers(from, request, answer),
+            Event::Owner { .. } => self.violation(format!("{to} answered as an owner")),
+            Event::Ticket(op) if to == OWNER => self.violation(format!("O's engine left {op:?} unanswered")),
             Event::Ticket(TicketOp::Forwarded { req, token }) => {
                 self.nodes[to].requests.complete(req);
                 let Some((lease, target)) = self.nodes[to].forwards.remove(&req) else {
@@ -492,10 +500,7 @@ impl Sim {
 
     /// The owner's answer to a holder's request, checked against the model, and the
     /// model's change.
-    fn owner_answers(&mut self, holder: usize, op: TicketOp) {
-        let Some(answer) = self.leases.answer(&op, &node_id(holder), &node_id(OWNER)) else {
-            return self.violation(format!("O got an answer {op:?}"));
-        };
+    fn owner_answers(&mut self, holder: usize, op: TicketOp, answer: OwnerAnswer) {
         let (lease, token) = match &op {
             TicketOp::Pull { lease, token, .. }
             | TicketOp::Forward { lease, token, .. }

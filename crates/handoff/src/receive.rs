@@ -88,6 +88,11 @@ pub(crate) async fn read_loop<R>(
         node.ctx.bounds.progress_timeout,
     )
     .with_budget(Arc::clone(&node.ctx.budget), peer.0.account.clone())
+    .with_owner(
+        node.ctx.leases.table.clone(),
+        &peer.0.remote.node_id,
+        &node.ctx.me.node_id,
+    )
     .with_hash_behind(Box::new(HashThread::start))
     .with_mappings(node.ctx.mappings.clone());
     let result = tokio::select! {
@@ -242,7 +247,8 @@ where
                     node.deliver(envelope)?;
                 }
             }
-            Event::Ticket(op) => handle_ticket_op(node, peer, op).await?,
+            Event::Owner { answer, .. } => answer_as_owner(node, peer, answer).await?,
+            Event::Ticket(op) => answer_as_holder(peer, op),
             Event::Pulled { req, bytes, digest } => {
                 let digest = match digest {
                     Digest::None => None,
@@ -320,36 +326,26 @@ fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Opt
     })
 }
 
-/// The ticket protocol on a connection: as the owner, answer pulls and forwards and take
-/// releases and renewals; as a holder, hand the other answers to the requests waiting for
-/// them (pulled bytes come as their own event).
-async fn handle_ticket_op(node: &Arc<NodeInner>, peer: &Peer, op: TicketOp) -> Result<()> {
-    let holder = peer.0.remote.node_id.as_str();
-    if let Some(owner_answer) = node.ctx.leases.answer(&op, holder, &node.ctx.me.node_id) {
-        return answer_as_owner(node, peer, owner_answer).await;
-    }
+/// Hands an owner's answer to our request waiting for it (pulled bytes come as their own
+/// event, and the engine answers the peer's requests itself).
+fn answer_as_holder(peer: &Peer, op: TicketOp) {
     match op {
         TicketOp::Forwarded { req, token } => answer(peer, req, Ok(Answer::Token(token))),
-        TicketOp::Refused { req, code, message } => answer(
-            peer,
-            req,
-            Err(Error::TicketRefused {
+        TicketOp::Refused { req, code, message } => {
+            let refused = Error::TicketRefused {
                 owner: peer.name().to_string(),
                 lease: 0,
                 what: "request",
                 code,
                 message,
-            }),
-        ),
-        TicketOp::Pulled { .. }
-        | TicketOp::Pull { .. }
-        | TicketOp::Forward { .. }
-        | TicketOp::Unlease { .. }
-        | TicketOp::Renew { .. } => {
-            unreachable!("pulled bytes are an event of their own; the owner's side answered the rest")
+            };
+            answer(peer, req, Err(refused))
         }
+        other => unreachable!(
+            "the engine answers requests and hands pulled bytes on: {}",
+            other.kind()
+        ),
     }
-    Ok(())
 }
 
 /// Carries out the owner's answer to a ticket request.

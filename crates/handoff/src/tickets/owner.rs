@@ -14,7 +14,8 @@ use crate::{Error, Result};
 
 /// The node's ticket leases and what wakes an issue waiting for room.
 pub(crate) struct LeaseTable {
-    table: ticket_leases::LeaseTable,
+    /// Shared with each connection's engine, which answers holders' requests from it.
+    pub(crate) table: Arc<ticket_leases::LeaseTable>,
     changed: Arc<Notify>,
 }
 
@@ -24,7 +25,10 @@ impl LeaseTable {
         let changed = Arc::new(Notify::new());
         let wake = changed.clone();
         table.set_waker(Box::new(move || wake.notify_waiters()));
-        LeaseTable { table, changed }
+        LeaseTable {
+            table: Arc::new(table),
+            changed,
+        }
     }
 
     /// Issues a lease on `buffer` to `holder`; when the caps leave no room, waits for it as
