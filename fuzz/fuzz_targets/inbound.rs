@@ -6,7 +6,9 @@
 //! Findings: a panic; space offered while the machine waits for the driver; a byte taken
 //! that was not given; a timer while it waits for the driver; a message whose frames break
 //! the limits or the channel's kinds; more descriptors held than the bound; and a machine
-//! that goes on after an error.
+//! that goes on after an error; room in the budget still held once the connection and its
+//! events are gone. With the mode's second bit the machine also answers ticket requests as
+//! an owner (from an empty lease table: every answer a refusal).
 
 #![no_main]
 
@@ -14,9 +16,11 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use handoff_proto::budget::{Account, Budget};
 use handoff_proto::inbound::{Event, Frame, Inbound, Step, MAX_PENDING_FDS};
 use handoff_proto::receive::{Pulled, Receiving};
 use handoff_proto::recv_buffers::RecvPool;
+use handoff_proto::ticket_leases::{LeaseConfig, LeaseTable};
 use handoff_wire::{Limits, WireError};
 use libfuzzer_sys::fuzz_target;
 
@@ -30,13 +34,12 @@ const LIMITS: Limits = Limits {
 };
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, mut data)) = data.split_first() else {
+    let Some((&mode, data)) = data.split_first() else {
         return;
     };
     let shm = mode & 1 == 1;
     let t0 = Instant::now();
-    let mut now = t0;
-    let mut inb = Inbound::new(
+    let inb = Inbound::new(
         Receiving::new(LIMITS, shm),
         Arc::new(|name: &str| match name {
             "t" | "u" => Ok(()),
@@ -48,6 +51,25 @@ fuzz_target!(|data: &[u8]| {
         RecvPool::new(4 << 20),
         Duration::from_secs(3),
     );
+    // A budget that always has room (the driver's answers say yes), so that what is taken
+    // can be counted back.
+    let budget = Budget::new(1 << 40, 1 << 40, 0, usize::MAX);
+    let mut inb = inb.with_budget(budget.clone(), Arc::new(Account::default()));
+    if mode & 2 == 2 {
+        let leases = Arc::new(LeaseTable::new(LeaseConfig::default(), 8));
+        inb = inb.with_owner(leases, "holder", "owner");
+    }
+    run(&mut inb, data, shm, t0);
+    drop(inb);
+    assert_eq!(
+        budget.used(),
+        0,
+        "room held after the connection and its events are gone"
+    );
+});
+
+fn run(inb: &mut Inbound, mut data: &[u8], shm: bool, t0: Instant) {
+    let mut now = t0;
     let mut failed = false;
     let mut waiting_for_driver = false;
     for _ in 0..10_000 {
@@ -78,14 +100,14 @@ fuzz_target!(|data: &[u8]| {
         let Some((&op, rest)) = data.split_first() else {
             inb.handle_eof();
             if waiting_for_driver {
-                answer(&mut inb, &step, 0, now);
+                answer(inb, &step, 0, now);
                 waiting_for_driver = false;
             }
             continue;
         };
         data = rest;
         if waiting_for_driver && op & 0x80 == 0 {
-            answer(&mut inb, &step, op, now);
+            answer(inb, &step, op, now);
             waiting_for_driver = false;
             continue;
         }
@@ -97,7 +119,10 @@ fuzz_target!(|data: &[u8]| {
             1 => {
                 let fds = (0..op / 8 % 5).map(|_| devnull());
                 let _ = inb.handle_fds(fds);
-                assert!(inb.pending_fds() <= MAX_PENDING_FDS, "more descriptors held than the bound");
+                assert!(
+                    inb.pending_fds() <= MAX_PENDING_FDS,
+                    "more descriptors held than the bound"
+                );
             }
             _ => {
                 let want = usize::from(op / 8) + 1;
@@ -112,7 +137,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-});
+}
 
 fn answer(inb: &mut Inbound, step: &Step, op: u8, now: Instant) {
     match step {
