@@ -55,10 +55,7 @@ fn config(name: &str, role: Role, preamble: Preamble, nonce: u8, t0: Instant) ->
 /// Everything the engine wrote, read back as a peer would: a preamble, then whole headers,
 /// each of which decodes under the handshake's limits.
 fn check_output(out: &[u8]) {
-    assert!(
-        out.len() >= PREAMBLE_LEN,
-        "the engine's output starts with its preamble"
-    );
+    assert!(out.len() >= PREAMBLE_LEN, "the engine's output starts with its preamble");
     Preamble::decode(&out[..PREAMBLE_LEN]).expect("the engine's preamble decodes");
     let limits = Limits::DEFAULT.during_handshake();
     let mut rest = &out[PREAMBLE_LEN..];
