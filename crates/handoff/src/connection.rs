@@ -176,6 +176,21 @@ fn set_nodelay(stream: &TcpStream, label: &str) -> Result<()> {
         .map_err(|e| Error::io(format!("setting TCP_NODELAY for {label}"), e))
 }
 
+/// The peer a handshake established, registered with the node (a newer connection of the
+/// same node replaces the older).
+fn register(node: &Arc<NodeInner>, done: Handshaken, channel: Channel, link: Link) -> Peer {
+    let Handshaken { ident, version } = done;
+    let endpoint = peers::endpoint_of(&ident);
+    let addrs = PeerAddrs {
+        listen: ident.listen,
+        unix: ident.unix,
+        version: Some(version),
+    };
+    let peer = Peer::new(node, endpoint, addrs, channel, link, false);
+    node.add_peer(peer.clone());
+    peer
+}
+
 /// Handshakes on a fresh TCP connection (plain, or after its TLS handshake), registers the
 /// peer and starts its reader.
 pub(crate) async fn open_tcp(node: Arc<NodeInner>, conn: TcpConn, label: String, side: Side) -> Result<Peer> {
@@ -186,7 +201,7 @@ pub(crate) async fn open_tcp(node: Arc<NodeInner>, conn: TcpConn, label: String,
     let (read_half, mut write_half) = conn.split();
     let mut reader = HandshakeReader::new(read_half, label.clone());
     let handshaken = run_handshake(&node, &mut reader, &mut write_half, &label, side).await;
-    let Handshaken { ident, version } = match handshaken {
+    let done = match handshaken {
         // In TLS 1.3 the peer checks our certificate after its handshake: its refusal (an
         // alert) arrives with the first read of ours.
         Err(Error::Io { source, .. }) if tls && crate::tls::explain_io(&source, &label).is_some() => {
@@ -194,21 +209,8 @@ pub(crate) async fn open_tcp(node: Arc<NodeInner>, conn: TcpConn, label: String,
         }
         other => other?,
     };
-    let peer = Peer::new(
-        &node,
-        peers::endpoint_of(&ident),
-        PeerAddrs {
-            listen: ident.listen,
-            unix: ident.unix,
-            version: Some(version),
-        },
-        Channel::Tcp,
-        Link::Tcp {
-            writer: tokio::sync::Mutex::new(write_half),
-        },
-        false,
-    );
-    node.add_peer(peer.clone());
+    let writer = tokio::sync::Mutex::new(write_half);
+    let peer = register(&node, done, Channel::Tcp, Link::Tcp { writer });
     tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), locality = %peer.locality(), "tcp peer ready");
     tokio::spawn(read_loop(node, peer.clone(), reader, None));
     Ok(peer)
@@ -220,7 +222,8 @@ pub(crate) async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: S
     let stream = Arc::new(stream);
     let mut reader = HandshakeReader::new(FdReader::new(stream.clone()), label.clone());
     let mut writer = UnixWriter::new(stream);
-    let Handshaken { ident, version } = run_handshake(&node, &mut reader, &mut writer, &label, side).await?;
+    let done = run_handshake(&node, &mut reader, &mut writer, &label, side).await?;
+    let ident = &done.ident;
     if ident.host_id != node.ctx.me.host_id {
         crate::limited_warn!(
             node.ctx.accept_log,
@@ -231,19 +234,7 @@ pub(crate) async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: S
         );
     }
     let link = Arc::new(ShmLink::new(writer, &node.ctx));
-    let peer = Peer::new(
-        &node,
-        peers::endpoint_of(&ident),
-        PeerAddrs {
-            listen: ident.listen,
-            unix: ident.unix,
-            version: Some(version),
-        },
-        Channel::Shm,
-        Link::Shm(link.clone()),
-        false,
-    );
-    node.add_peer(peer.clone());
+    let peer = register(&node, done, Channel::Shm, Link::Shm(link.clone()));
     tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), "shm peer ready");
     let (release_tx, release_rx) = mpsc::unbounded_channel();
     let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
