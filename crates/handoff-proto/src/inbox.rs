@@ -76,9 +76,6 @@ pub struct Inbox<T> {
     by_peer: HashMap<usize, PeerQueue<T>, BuildHasherDefault<ConnectionHasher>>,
     /// Connections with messages waiting, in the order of their turns.
     turns: VecDeque<usize>,
-    /// The queue of the connection emptied last, kept for the next one: a connection whose
-    /// messages are taken as they come allocates no queue for each.
-    spare: VecDeque<T>,
 }
 
 impl<T> Default for Inbox<T> {
@@ -86,7 +83,6 @@ impl<T> Default for Inbox<T> {
         Inbox {
             by_peer: HashMap::default(),
             turns: VecDeque::new(),
-            spare: VecDeque::new(),
         }
     }
 }
@@ -97,11 +93,13 @@ impl<T: Queued> Inbox<T> {
     pub fn push(&mut self, message: T) -> bool {
         let was_empty = self.turns.is_empty();
         let k = message.connection();
-        let spare = &mut self.spare;
-        let queue = self.by_peer.entry(k).or_insert_with(|| PeerQueue {
-            messages: std::mem::take(spare),
-            credit: 0,
-        });
+        // A connection's queue stays when it empties (a connection whose messages are taken
+        // as they come then costs no map change per message); the empty ones are dropped
+        // once they outnumber the busy ones, so they stay bounded by them.
+        if !self.by_peer.contains_key(&k) && self.by_peer.len() >= 2 * self.turns.len() + 16 {
+            self.by_peer.retain(|_, q| !q.messages.is_empty());
+        }
+        let queue = self.by_peer.entry(k).or_default();
         let had_none = queue.messages.is_empty();
         queue.messages.push_back(message);
         if had_none {
@@ -132,9 +130,11 @@ impl<T: Queued> Inbox<T> {
                     let envelope = queue.messages.pop_front().expect("checked");
                     queue.credit = queue.credit.saturating_sub(next);
                     if queue.messages.is_empty() {
-                        // (A queue that grew long is dropped rather than kept.)
-                        if let Some(emptied) = q.by_peer.remove(&k).filter(|e| e.messages.capacity() <= 64) {
-                            q.spare = emptied.messages;
+                        // Its turn ends: it starts afresh when a message comes (a queue that
+                        // grew long gives its memory back).
+                        queue.credit = 0;
+                        if queue.messages.capacity() > 64 {
+                            queue.messages = VecDeque::new();
                         }
                         q.turns.pop_front();
                     }
@@ -145,14 +145,13 @@ impl<T: Queued> Inbox<T> {
             }
             // Nobody could be served in a whole round (large messages only): skip the
             // rounds it takes until the first one can, all at once.
-            let rounds = q
-                .by_peer
-                .values()
+            let waiting = || q.by_peer.values().filter(|p| !p.messages.is_empty());
+            let rounds = waiting()
                 .map(|p| p.messages[0].weight().saturating_sub(p.credit).div_ceil(QUANTUM))
                 .min()
                 .unwrap_or(1)
                 .max(1);
-            for p in q.by_peer.values_mut() {
+            for p in q.by_peer.values_mut().filter(|p| !p.messages.is_empty()) {
                 p.credit += (rounds - 1) * QUANTUM;
             }
         }
@@ -182,6 +181,28 @@ mod tests {
         fn weight(&self) -> u64 {
             self.1
         }
+    }
+
+    #[test]
+    fn the_queues_of_idle_connections_stay_bounded() {
+        let mut inbox = Inbox::default();
+        for k in 0..1000 {
+            inbox.push(M(k, 10, 0));
+            assert_eq!(inbox.try_pop().map(|m| m.0), Some(k));
+        }
+        assert!(inbox.is_empty());
+        assert!(inbox.by_peer.len() <= 17, "{} queues kept", inbox.by_peer.len());
+        // A busy connection's queue is never dropped with the idle ones.
+        inbox.push(M(5000, 10, 1));
+        inbox.push(M(5000, 10, 2));
+        for k in 0..100 {
+            inbox.push(M(k, 10, 0));
+        }
+        let from_busy: Vec<u32> = std::iter::from_fn(|| inbox.try_pop())
+            .filter(|m| m.0 == 5000)
+            .map(|m| m.2)
+            .collect();
+        assert_eq!(from_busy, [1, 2], "in order, none lost");
     }
 
     #[test]
