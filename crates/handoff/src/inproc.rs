@@ -8,6 +8,7 @@ use std::sync::{Arc, OnceLock, Weak};
 
 use handoff_wire::{Channel, WireError};
 
+use crate::budget::Permit;
 use crate::directory;
 use crate::envelope::Envelope;
 use crate::link::{InprocTarget, Link};
@@ -129,12 +130,7 @@ impl InprocTarget for InprocRoute {
         let Some(permit) = target.ctx.budget.try_acquire(&reverse.account, MESSAGE_OVERHEAD, 1, 0) else {
             return Ok(Err(payload));
         };
-        target.deliver(Envelope {
-            from: Peer(reverse),
-            type_name: type_name.into(),
-            payload,
-            permit: Some(permit),
-        })?;
+        arrive(&target, reverse, type_name, payload, permit)?;
         Ok(Ok(()))
     }
 
@@ -148,14 +144,26 @@ impl InprocTarget for InprocRoute {
             // In-process values count against the receiver's budget like any message
             // (their overhead only: the value is the sender's memory, moved).
             let permit = target.ctx.budget.acquire(&reverse.account, MESSAGE_OVERHEAD, 1).await;
-            target.deliver(Envelope {
-                from: Peer(reverse),
-                type_name: type_name.into(),
-                payload,
-                permit: Some(permit),
-            })
+            arrive(&target, reverse, type_name, payload, permit)
         })
     }
+}
+
+/// Puts a message, with its room, into the receiving node's inbox, from that node's peer for
+/// the sender.
+fn arrive(
+    target: &NodeInner,
+    reverse: Arc<PeerInner>,
+    type_name: &'static str,
+    payload: Payload,
+    permit: Permit,
+) -> Result<()> {
+    target.deliver(Envelope {
+        from: Peer(reverse),
+        type_name: type_name.into(),
+        payload,
+        permit: Some(permit),
+    })
 }
 
 #[cfg(test)]

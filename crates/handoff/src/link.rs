@@ -94,6 +94,13 @@ pub(crate) struct Sending<'a> {
     pub(crate) write_timeout: Duration,
 }
 
+impl Sending<'_> {
+    /// The error of a write that failed.
+    fn failed(&self, e: std::io::Error) -> Error {
+        Error::io(format!("sending {} to {}", self.type_name, self.peer), e)
+    }
+}
+
 /// The error of a message a receiver would have to refuse.
 pub(crate) fn unsendable(type_name: &str, peer: &str, reason: handoff_wire::WireError) -> Error {
     Error::Unsendable {
@@ -138,7 +145,7 @@ impl Link {
                     .map_err(|reason| unsendable(sending.type_name, sending.peer, reason))?;
                 self.write(&head, &inline_frames(&routed), sending.write_timeout)
                     .await
-                    .map_err(|e| Error::io(format!("sending {} to {}", sending.type_name, sending.peer), e))
+                    .map_err(|e| sending.failed(e))
             }
         }
     }
@@ -232,24 +239,11 @@ impl ShmLink {
     /// holds as much as it may; a send never ends a live lease to make room.
     async fn lease(&self, held: &Held, peer: &str) -> Result<u64> {
         let bytes = held.bytes() as u64;
-        let now = tokio::time::Instant::now();
-        let give_up = match self.when_full {
-            WhenFull::Wait(d) => now + d,
-            WhenFull::Fail => now,
-        };
-        let mut refused = String::new();
         let attempt = || {
             let leases = &mut self.leases.lock().expect("leases lock");
-            leases.try_lease(held.clone(), bytes).map_err(|(_, r)| refused = r).ok()
+            leases.try_lease(held.clone(), bytes).map_err(|(_, reason)| reason)
         };
-        match crate::wait::until(&self.released, Some(give_up), None, attempt).await {
-            Some(lease) => Ok(lease),
-            None => Err(Error::LeaseCap {
-                peer: peer.to_string(),
-                bytes,
-                reason: refused,
-            }),
-        }
+        crate::wait::for_lease(&self.released, self.when_full, peer, bytes, attempt).await
     }
 
     /// Routes each frame (shared segment or inline), registers the leases, and writes the
@@ -299,6 +293,6 @@ impl ShmLink {
         if sent.is_err() {
             w.abort();
         }
-        sent.map_err(|e| Error::io(format!("sending {} to {}", sending.type_name, sending.peer), e))
+        sent.map_err(|e| sending.failed(e))
     }
 }

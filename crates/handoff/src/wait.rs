@@ -5,8 +5,11 @@
 
 use std::time::Duration;
 
+use handoff_proto::ticket_leases::WhenFull;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+use crate::{Error, Result};
 
 /// Tries `attempt` until it gives `Some`, trying again each time `changed` is notified and,
 /// if given, every `recheck` (for what changes without a notification); `None` once
@@ -39,6 +42,33 @@ pub(crate) async fn until<T>(
             }
             None => notified.await,
         }
+    }
+}
+
+/// Takes a lease of `bytes` for `peer`, waiting as `when_full` says while the caps leave no
+/// room: `attempt` gives the lease or says why not; the last reason goes into
+/// [`Error::LeaseCap`]. A wait never ends a live lease to make room.
+pub(crate) async fn for_lease<T>(
+    changed: &Notify,
+    when_full: WhenFull,
+    peer: &str,
+    bytes: u64,
+    mut attempt: impl FnMut() -> std::result::Result<T, String>,
+) -> Result<T> {
+    let give_up = Instant::now()
+        + match when_full {
+            WhenFull::Wait(d) => d,
+            WhenFull::Fail => Duration::ZERO,
+        };
+    let mut refused = String::new();
+    let attempt = || attempt().map_err(|r| refused = r).ok();
+    match until(changed, Some(give_up), None, attempt).await {
+        Some(lease) => Ok(lease),
+        None => Err(Error::LeaseCap {
+            peer: peer.to_string(),
+            bytes,
+            reason: refused,
+        }),
     }
 }
 

@@ -10,7 +10,7 @@ pub use handoff_proto::ticket_leases::{LeaseConfig, LeaseTableStats, WhenFull};
 use handoff_wire::Buffer;
 use tokio::sync::Notify;
 
-use crate::{Error, Result};
+use crate::Result;
 
 /// The node's ticket leases and what wakes an issue waiting for room.
 pub(crate) struct LeaseTable {
@@ -42,26 +42,9 @@ impl LeaseTable {
         holder_name: &str,
     ) -> Result<Issued> {
         let digest = ticket_leases::LeaseTable::digest_for(buffer, known_digest, holder_takes_xxh3);
-        let now = tokio::time::Instant::now();
-        let give_up = match self.table.config.when_full {
-            WhenFull::Wait(d) => now + d,
-            WhenFull::Fail => now,
-        };
-        let mut refused = String::new();
-        let attempt = || {
-            self.table
-                .try_issue(buffer, digest, holder)
-                .map_err(|r| refused = r)
-                .ok()
-        };
-        match crate::wait::until(&self.changed, Some(give_up), None, attempt).await {
-            Some(issued) => Ok(issued),
-            None => Err(Error::LeaseCap {
-                peer: holder_name.to_string(),
-                bytes: buffer.len() as u64,
-                reason: refused,
-            }),
-        }
+        let attempt = || self.table.try_issue(buffer, digest, holder);
+        let when_full = self.table.config.when_full;
+        crate::wait::for_lease(&self.changed, when_full, holder_name, buffer.len() as u64, attempt).await
     }
 }
 
