@@ -1,18 +1,42 @@
 //! Who a node is: node ids, the process instance id and the host identity.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
 
-/// A fresh random 128-bit id, lower-case hex.
-pub fn random_id() -> String {
-    hex::encode(rand::random::<[u8; 16]>())
+/// `N` bytes from the operating system's random source, for everything a peer must not
+/// guess or see twice: node and process ids, handshake nonces, ticket tokens.
+///
+/// Not a user-space generator such as `rand`'s thread-local one: a forked child inherits
+/// that generator's state, and parent and child then draw the same "random" bytes (the
+/// same nonce in two handshakes, the same tokens for two owners' leases). Python forks
+/// processes that have this engine loaded (Dask's workers, `multiprocessing`).
+pub fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut out = [0u8; N];
+    getrandom::fill(&mut out).expect("the operating system's random source failed");
+    out
 }
 
-/// The random id of this process instance, the same for every node in the process.
+/// A fresh random 128-bit id, lower-case hex.
+pub fn random_id() -> String {
+    hex::encode(random_bytes::<16>())
+}
+
+/// The random id of this process instance, the same for every node in the process; a
+/// forked child gets its own.
 pub fn process_id() -> &'static str {
-    static ID: OnceLock<String> = OnceLock::new();
-    ID.get_or_init(random_id)
+    static ID: Mutex<Option<(u32, &'static str)>> = Mutex::new(None);
+    let pid = std::process::id();
+    let mut id = ID.lock().unwrap_or_else(|p| p.into_inner());
+    match *id {
+        Some((of, id)) if of == pid => id,
+        _ => {
+            // One small string per process instance (a fork makes a new one).
+            let fresh: &'static str = Box::leak(random_id().into_boxed_str());
+            *id = Some((pid, fresh));
+            fresh
+        }
+    }
 }
 
 /// The host identity of this machine: a hash of the kernel's machine id, its boot id and

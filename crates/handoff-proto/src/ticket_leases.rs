@@ -236,7 +236,7 @@ impl LeaseTable {
         }
         let lease = st.next_id;
         st.next_id += 1;
-        let token: [u8; 32] = rand::random();
+        let token: [u8; 32] = crate::identity::random_bytes();
         st.bytes += bytes;
         *st.bytes_by_peer.entry(holder.to_string()).or_default() += bytes;
         let hold = Hold {
@@ -335,7 +335,7 @@ impl LeaseTable {
                     format!("lease {lease} has {max_holders} holders, as many as this owner allows"),
                 ));
             }
-            let token: [u8; 32] = rand::random();
+            let token: [u8; 32] = crate::identity::random_bytes();
             l.holders.insert(
                 to.to_string(),
                 Hold {
@@ -505,6 +505,30 @@ pub enum OwnerAnswer {
     ReleaseIgnored(Refusal),
     /// A renewal refused: nothing to answer (§7.7), worth a limited warning.
     RenewalRefused(Refusal),
+}
+
+impl OwnerAnswer {
+    /// The header that answers the holder (a `pulled` is followed by the answer's bytes);
+    /// `None` when nothing is answered (§7.7).
+    pub fn reply(&self) -> Option<handoff_wire::TicketOp> {
+        use handoff_wire::TicketOp;
+        match self {
+            OwnerAnswer::Pulled { req, bytes } => Some(TicketOp::Pulled {
+                req: *req,
+                len: bytes.len() as u64,
+            }),
+            OwnerAnswer::Forwarded { req, token } => Some(TicketOp::Forwarded {
+                req: *req,
+                token: token.to_vec(),
+            }),
+            OwnerAnswer::Refused { req, refusal, .. } => Some(TicketOp::Refused {
+                req: *req,
+                code: refusal.code.to_string(),
+                message: refusal.message.clone(),
+            }),
+            OwnerAnswer::Done | OwnerAnswer::ReleaseIgnored(_) | OwnerAnswer::RenewalRefused(_) => None,
+        }
+    }
 }
 
 impl LeaseTable {

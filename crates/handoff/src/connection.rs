@@ -157,7 +157,7 @@ where
             Side::Dialed => Role::Dialer,
             Side::Accepted { .. } => Role::Acceptor,
         },
-        nonce: rand::random(),
+        nonce: handoff_proto::identity::random_bytes(),
         // On tokio's clock, as the handshake driver's (paused in some tests).
         deadline: (tokio::time::Instant::now() + ctx.bounds.handshake_timeout).into_std(),
         progress_timeout: ctx.bounds.progress_timeout,
