@@ -6,13 +6,22 @@
 
 use pyo3::prelude::*;
 
+pub mod connection;
+pub mod engine;
+pub mod frames;
 pub mod plain;
+mod socket;
+mod tls;
 
 /// The module `handoff._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<plain::PlainCodec>()?;
+    m.add_class::<engine::Engine>()?;
+    m.add_class::<connection::Connection>()?;
+    m.add_class::<connection::Received>()?;
+    m.add_class::<frames::Frame>()?;
     m.add_function(wrap_pyfunction!(plain::plain_msg, m)?)?;
     m.add_function(wrap_pyfunction!(plain::inline_msg, m)?)?;
     Ok(())

@@ -350,9 +350,9 @@ fn answer_as_holder(peer: &Peer, op: TicketOp) {
 
 /// Carries out the owner's answer to a ticket request.
 async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, owner_answer: OwnerAnswer) -> Result<()> {
-    match owner_answer {
-        OwnerAnswer::Pulled { req, bytes } => {
-            let len = bytes.len() as u64;
+    let reply = owner_answer.reply().map(Header::Ticket);
+    match (owner_answer, reply) {
+        (OwnerAnswer::Pulled { bytes, .. }, Some(answer)) => {
             // Written by a task: a large answer must not stop this loop from reading.
             // Only so many at once: past that, this loop waits, and so reads no more
             // requests from this peer until its answers drain.
@@ -365,36 +365,29 @@ async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, owner_answer: Owner
                 .expect("the semaphore is never closed");
             let peer = peer.clone();
             tokio::spawn(async move {
-                let answer = Header::Ticket(TicketOp::Pulled { req, len });
                 if let Err(e) = peer.write_control(&answer, &[bytes]).await {
                     tracing::debug!(peer = %peer.name(), "could not answer a pull: {}", e.chain());
                 }
                 drop(place);
             });
         }
-        OwnerAnswer::Forwarded { req, token } => {
-            let answer = TicketOp::Forwarded {
-                req,
-                token: token.to_vec(),
-            };
-            peer.write_control(&Header::Ticket(answer), &[]).await?;
-        }
-        // A refusal is small: answered in place, no task per refusal.
-        OwnerAnswer::Refused { req, what, refusal: r } => {
-            limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a {what}: {} [{}]", r.message, r.code);
-            let answer = TicketOp::Refused {
-                req,
-                code: r.code.to_string(),
-                message: r.message,
-            };
-            peer.write_control(&Header::Ticket(answer), &[]).await?;
-        }
-        OwnerAnswer::Done => {}
-        OwnerAnswer::ReleaseIgnored(r) => {
-            tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), "ignored a release: {} [{}]", r.message, r.code);
-        }
-        OwnerAnswer::RenewalRefused(r) => {
-            limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a renewal: {} [{}]", r.message, r.code);
+        (other, reply) => {
+            match &other {
+                OwnerAnswer::Refused { what, refusal: r, .. } => {
+                    limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a {what}: {} [{}]", r.message, r.code)
+                }
+                OwnerAnswer::ReleaseIgnored(r) => {
+                    tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), "ignored a release: {} [{}]", r.message, r.code)
+                }
+                OwnerAnswer::RenewalRefused(r) => {
+                    limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a renewal: {} [{}]", r.message, r.code)
+                }
+                _ => {}
+            }
+            // A forward's token or a refusal is small: answered in place, no task each.
+            if let Some(reply) = reply {
+                peer.write_control(&reply, &[]).await?;
+            }
         }
     }
     Ok(())

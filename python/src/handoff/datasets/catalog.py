@@ -24,7 +24,6 @@ the sender's bytes with the reason.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -38,10 +37,7 @@ from .selection import Selection
 from .spec import InvalidSpec, parse_spec
 from .stores import Source, local, open_url
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+import tomllib
 
 __all__ = [
     "Catalog",

@@ -1,0 +1,1042 @@
+//! [`Connection`]: one connection of a node, driven from Python's event loop.
+//!
+//! The engine (handoff-proto) makes every decision: the handshake of every version, then
+//! the established connection's reading, its bounds, its budget, shared memory and the
+//! owner's answers to ticket requests. This is the driver around it, as the tokio driver
+//! of crate `handoff` is the other: the loop says when the socket is readable
+//! ([`Connection::on_readable`]) or writable ([`Connection::on_writable`]), when the
+//! engine's deadline passes ([`Connection::timeout`], [`Connection::on_timeout`]) and when
+//! the engine's wake pipe fired ([`Connection::flush`]); each call reads and writes what it
+//! can without waiting and hands Python whole events.
+//!
+//! Events are tuples:
+//! - `("ready", peer)`: the handshake is over; `peer` is a dict of what the peer said
+//!   (`node_id`, `name`, `host_id`, `pid`, `process_id`, `language`, `implementation`,
+//!   `capabilities`, `listen`, `unix`, `version`);
+//! - `("message", received)`: a [`Received`] message;
+//! - `("closed", None)`: the peer ended the stream between messages;
+//! - `("released", n)`: the peer released `n` of our shared-memory leases (a send that
+//!   found no room may try again);
+//! - `("error", code, message, by_peer)`: the connection failed; `by_peer` when the peer
+//!   sent the error, else the engine refused what the peer did (and told it so).
+
+use std::collections::VecDeque;
+use std::io::IoSlice;
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use bytes::Bytes;
+use handoff_proto::budget::{Account, Permit};
+use handoff_proto::handshake::{error_header, Config, Failure, Handshake, Status, DRAIN_BYTES, DRAIN_TIME};
+use handoff_proto::inbound::{Digest, Event, Frame as InFrame, Inbound, Step};
+use handoff_proto::outbound::{
+    inline_routes, message_head, Planned, Routed, Router, ShmRouting, MAX_RELEASES_PER_MESSAGE,
+};
+use handoff_proto::receive::{self, Receiving};
+use handoff_proto::shm::buffers::{Held, PassFd};
+use handoff_proto::shm::buffers::{Release, RemoteView};
+use handoff_proto::shm::leases::ShmLeases;
+use handoff_proto::ticket_leases::{LeaseConfig, LeaseTable};
+use handoff_proto::{peers, Handshaken};
+use handoff_wire::auth::Role;
+use handoff_wire::framing::encode_header_into;
+use handoff_wire::{Buffer, Header, Ident, WireError};
+use pyo3::exceptions::{PyOSError, PyPermissionError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use crate::engine::{Engine, Shared};
+use crate::frames::{bytes_of, Frame};
+use crate::socket;
+use crate::tls::{TlsLayer, TlsRead};
+use handoff_proto::tls::{plain_refusal, Opening, TLS_REQUIRED_MESSAGE};
+
+/// The implementation this driver announces.
+const IMPLEMENTATION: &str = concat!("handoff-py-engine/", env!("CARGO_PKG_VERSION"));
+
+/// Where a connection is.
+enum Phase {
+    Handshake(Box<Handshake>),
+    Established(Box<Inbound>),
+    /// After an error was sent: what the peer still sends is read and dropped until it
+    /// closes, `left` more bytes were read or `until` passed, so that closing does not reset
+    /// the connection while the error is in flight (spec §11.3).
+    Draining {
+        until: Instant,
+        left: usize,
+    },
+    /// Over: nothing more is read, and what is queued is written.
+    Over,
+}
+
+/// Bytes queued to write, in order, and the descriptors that ride on some of them.
+#[derive(Default)]
+struct Outgoing {
+    parts: VecDeque<Bytes>,
+    /// Descriptors to pass, each with the stream offset of the byte they go with (a
+    /// message's first).
+    fds: VecDeque<(u64, Vec<PassFd>)>,
+    /// Stream offsets: bytes written so far, and the end of what is queued.
+    written: u64,
+    queued: u64,
+}
+
+impl Outgoing {
+    fn push(&mut self, bytes: Bytes) {
+        self.queued += bytes.len() as u64;
+        if !bytes.is_empty() {
+            self.parts.push_back(bytes);
+        }
+    }
+
+    /// `head` with `fds` on its first byte.
+    fn push_with_fds(&mut self, head: Bytes, fds: Vec<PassFd>) {
+        if !fds.is_empty() {
+            self.fds.push_back((self.queued, fds));
+        }
+        self.push(head);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+
+    /// Drops what was queued (the connection is gone).
+    fn clear(&mut self) {
+        self.parts.clear();
+        self.fds.clear();
+        self.written = self.queued;
+    }
+}
+
+/// A received message, its room in the node's receive budget held until
+/// [`taken`](Received::taken) (or until it is dropped).
+#[pyclass(module = "handoff._native")]
+pub struct Received {
+    #[pyo3(get)]
+    type_name: String,
+    #[pyo3(get)]
+    body: Py<Frame>,
+    #[pyo3(get)]
+    frames: Py<PyList>,
+    permit: Mutex<Option<Permit>>,
+}
+
+#[pymethods]
+impl Received {
+    /// The application took the message: its room in the receive budget goes back (the
+    /// frames stay readable).
+    fn taken(&self) {
+        self.permit.lock().expect("permit lock").take();
+    }
+}
+
+/// One connection of a node, driven from Python's event loop (see the module's text).
+/// Bound to the thread that made it: the event loop's.
+#[pyclass(unsendable, module = "handoff._native")]
+pub struct Connection {
+    shared: Arc<Shared>,
+    socket: Option<OwnedFd>,
+    unix: bool,
+    label: String,
+    phase: Phase,
+    out: Outgoing,
+    /// Our sending direction was shut down (after an error, or at close).
+    shut: bool,
+    /// Leases of the peer's segments whose last view here was dropped: `release`s to send.
+    releases: Arc<Mutex<Vec<u64>>>,
+    account: Arc<Account>,
+    /// The leases we issued (none yet from this driver): the engine refuses requests for
+    /// others as the spec says.
+    leases: Arc<LeaseTable>,
+    /// The check of the peer's identity before `ready` (node-id uniqueness), from Python.
+    admit: Option<Py<PyAny>>,
+    peer: Option<Handshaken>,
+    /// Counted in the engine's `waiting_for_room` (the last step found no room).
+    waiting_for_room: bool,
+    /// How frames go through shared memory, on a same-host connection.
+    shm_routing: Option<ShmRouting>,
+    /// What we keep alive for the peer until it releases each lease (spec §7.4, §9.1).
+    shm_leases: ShmLeases<Held>,
+    /// The TLS session, on a TCP connection of an engine with TLS.
+    tls: Option<Box<TlsLayer>>,
+    /// The first byte is still to be looked at (a plain peer where TLS is required gets
+    /// `tls-required`).
+    opening: bool,
+}
+
+fn io_error(what: &str, e: std::io::Error) -> PyErr {
+    PyOSError::new_err(format!("{what}: {e}"))
+}
+
+#[pymethods]
+impl Connection {
+    /// Takes over the connected socket `fd` (detached from its Python socket object: the
+    /// connection closes it) and starts the handshake as the `dialer` or the `acceptor`.
+    /// `unix`: a Unix socket to a same-host node (shared memory). `admit(peer)` may refuse
+    /// the peer's identity before `ready` by returning a reason. On TCP, an engine with TLS
+    /// runs the connection inside TLS: a dialer checks the peer's certificate against
+    /// `host` (the host part of the address it dialed) unless the engine was told which name
+    /// to expect.
+    #[new]
+    #[pyo3(signature = (engine, fd, role, label, unix=false, admit=None, host=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        engine: &Engine,
+        fd: i32,
+        role: &str,
+        label: String,
+        unix: bool,
+        admit: Option<Py<PyAny>>,
+        host: Option<String>,
+    ) -> PyResult<Connection> {
+        let role = match role {
+            "dialer" => Role::Dialer,
+            "acceptor" => Role::Acceptor,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "role must be 'dialer' or 'acceptor', not {other:?}"
+                )))
+            }
+        };
+        if fd < 0 {
+            return Err(PyValueError::new_err(format!("not a descriptor: {fd}")));
+        }
+        // SAFETY: the caller hands the descriptor over (`socket.detach()`).
+        let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+        rustix::io::ioctl_fionbio(&socket, true).map_err(|e| io_error("making the socket non-blocking", e.into()))?;
+        if unix {
+            // A same-host peer shares our memory: only one of our own user (spec §7.1).
+            let cred = rustix::net::sockopt::socket_peercred(&socket)
+                .map_err(|e| io_error("reading the peer's credentials (SO_PEERCRED)", e.into()))?;
+            let ours = rustix::process::geteuid();
+            if cred.uid != ours {
+                return Err(PyPermissionError::new_err(format!(
+                    "refusing a same-host peer running as uid {} (we are uid {}, its pid {})",
+                    cred.uid.as_raw(),
+                    ours.as_raw(),
+                    cred.pid.as_raw_nonzero()
+                )));
+            }
+        }
+        let tls = match (&engine.shared.tls, unix, role) {
+            (Some(tls), false, Role::Dialer) => {
+                let name = tls.server_name.clone().or(host).ok_or_else(|| {
+                    PyValueError::new_err(format!("TLS: no host to check {label}'s certificate against"))
+                })?;
+                Some(Box::new(
+                    TlsLayer::client(&tls.configs, &name, &label).map_err(PyValueError::new_err)?,
+                ))
+            }
+            (Some(tls), false, Role::Acceptor) => Some(Box::new(
+                TlsLayer::server(&tls.configs, &label).map_err(PyValueError::new_err)?,
+            )),
+            _ => None,
+        };
+        let shared = engine.shared.clone();
+        let now = Instant::now();
+        let config = Config {
+            ident: peers::ident_of(&shared.me, IMPLEMENTATION, shared.listen.clone(), shared.unix.clone()),
+            secret: shared.secret.clone(),
+            limits: shared.limits,
+            preamble: shared.preamble,
+            role,
+            nonce: handoff_proto::identity::random_bytes(),
+            deadline: now + shared.bounds.handshake_timeout,
+            progress_timeout: shared.bounds.progress_timeout,
+            dialed: shared.nonces.clone(),
+        };
+        let leases = Arc::new(LeaseTable::new(
+            LeaseConfig::default(),
+            shared.bounds.max_holders_per_lease,
+        ));
+        let mut connection = Connection {
+            shared,
+            socket: Some(socket),
+            unix,
+            label,
+            phase: Phase::Handshake(Box::new(Handshake::new(config, now))),
+            out: Outgoing::default(),
+            shut: false,
+            releases: Arc::default(),
+            account: Arc::default(),
+            leases,
+            admit,
+            peer: None,
+            waiting_for_room: false,
+            shm_routing: unix.then_some(ShmRouting {
+                threshold: engine.shared.shm_threshold,
+                sealed_only: false,
+                max_fds: handoff_proto::inbound::MAX_FDS_PER_READ,
+            }),
+            shm_leases: ShmLeases::new(
+                engine.shared.bounds.max_shm_lease_bytes_per_peer,
+                engine.shared.bounds.max_shm_leases_per_peer,
+            ),
+            // An accepting side with TLS looks at the first byte before TLS does.
+            opening: tls.is_some() && role == Role::Acceptor,
+            tls,
+        };
+        connection.queue_handshake_bytes();
+        Ok(connection)
+    }
+
+    /// The socket's descriptor (for the loop's `add_reader` and `add_writer`); -1 once closed.
+    fn fileno(&self) -> i32 {
+        use std::os::fd::AsRawFd;
+        self.socket.as_ref().map_or(-1, |s| s.as_raw_fd())
+    }
+
+    /// Whether bytes wait to be written (the loop then watches for writability).
+    fn wants_write(&self) -> bool {
+        (!self.out.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())) && self.socket.is_some()
+    }
+
+    /// Whether the connection has nothing left to do: nothing to write, nothing to drain.
+    /// The loop then stops watching it and closes it.
+    #[getter]
+    fn done(&self) -> bool {
+        self.socket.is_none()
+            || (matches!(self.phase, Phase::Over)
+                && self.out.is_empty()
+                && !self.tls.as_ref().is_some_and(|t| t.wants_write()))
+    }
+
+    /// Whether the handshake is over and the connection not yet.
+    #[getter]
+    fn established(&self) -> bool {
+        matches!(self.phase, Phase::Established(_))
+    }
+
+    /// The peer's label as errors name it.
+    #[getter]
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// Bytes of this peer's messages the node holds and the application has not taken.
+    #[getter]
+    fn buffered_bytes(&self) -> u64 {
+        self.account.bytes()
+    }
+
+    /// Reads what the socket has, as far as the engine lets it, and returns the events.
+    fn on_readable(&mut self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
+        let mut events = Vec::new();
+        self.drive(py, &mut events)?;
+        self.write_queued()?;
+        Ok(events)
+    }
+
+    /// Writes what is queued, as far as the socket takes it now.
+    fn on_writable(&mut self) -> PyResult<()> {
+        self.write_queued()
+    }
+
+    /// The engine's wake pipe fired: sends the `release`s of dropped views, and reads again
+    /// if the connection waited for room in the receive budget (nothing for a connection
+    /// that did neither).
+    fn flush(&mut self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
+        self.queue_releases();
+        if self.waiting_for_room {
+            self.on_readable(py)
+        } else {
+            self.write_queued()?;
+            Ok(Vec::new())
+        }
+    }
+
+    /// Seconds until the engine's next deadline (the handshake's, or a message's progress);
+    /// `None` when there is none.
+    fn timeout(&self) -> Option<f64> {
+        let at = match &self.phase {
+            Phase::Handshake(hs) => hs.poll_timeout(),
+            Phase::Established(inbound) => inbound.poll_timeout(),
+            Phase::Draining { until, .. } => Some(*until),
+            Phase::Over => None,
+        }?;
+        Some(at.saturating_duration_since(Instant::now()).as_secs_f64())
+    }
+
+    /// The loop's timer for [`timeout`](Self::timeout) fired.
+    fn on_timeout(&mut self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
+        let now = Instant::now();
+        let mut events = Vec::new();
+        match &mut self.phase {
+            Phase::Handshake(hs) => hs.handle_timeout(now),
+            Phase::Established(inbound) => {
+                if let Err(e) = inbound.handle_timeout(now) {
+                    self.refuse(py, &e, &mut events)?;
+                }
+            }
+            Phase::Draining { until, .. } => {
+                if now >= *until {
+                    self.phase = Phase::Over;
+                }
+            }
+            Phase::Over => {}
+        }
+        self.drive(py, &mut events)?;
+        self.write_queued()?;
+        Ok(events)
+    }
+
+    /// Queues the message `type_name` with `body` (its msgpack) and `frames` (any
+    /// C-contiguous buffers, held without a copy until written) and writes what the socket
+    /// takes now. On a same-host connection frames of `shm_threshold` bytes and more go as
+    /// shared memory: copied once into a segment of this process's pool (the GIL released
+    /// meanwhile), or passed as they are if they already lie in one, under a lease until
+    /// the peer releases them. Returns `False`, and sends nothing, when the peer holds as
+    /// much shared memory as it may: try again after a `released` event. Refuses what the
+    /// peer would have to refuse (spec §9).
+    fn send(
+        &mut self,
+        py: Python<'_>,
+        type_name: &str,
+        body: &Bound<'_, PyAny>,
+        frames: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        if !matches!(self.phase, Phase::Established(_)) || self.shut {
+            return Err(PyOSError::new_err(format!(
+                "the connection to {} is not open",
+                self.label
+            )));
+        }
+        let body = bytes_of(body)?;
+        let frames = frames.iter().map(bytes_of).collect::<PyResult<Vec<Bytes>>>()?;
+        let limits = self.shared.limits;
+        let label = self.label.clone();
+        // (message, code, limit): Python raises `MessageTooLarge` with the code the peer
+        // would have sent and the limit it would have applied.
+        let unsendable = |e: WireError| {
+            let limit = match &e {
+                WireError::HeaderTooLarge { limit, .. }
+                | WireError::TooManyFrames { limit, .. }
+                | WireError::FrameTooLarge { limit, .. }
+                | WireError::MessageTooLarge { limit, .. } => *limit,
+                _ => 0,
+            };
+            PyValueError::new_err((format!("cannot send {type_name} to {label}: {e}"), e.code(), limit))
+        };
+        limits
+            .check_outgoing(body.len(), frames.iter().map(|f| f.len() as u64))
+            .map_err(unsendable)?;
+        let planned: Vec<Planned> = frames.into_iter().map(|f| Planned::Bytes(Buffer::from(f))).collect();
+        let (routed, leased) = if self.shm_routing.is_some() {
+            match self.route_shared(py, planned)? {
+                Some(routed) => routed,
+                None => return Ok(false),
+            }
+        } else {
+            (inline_routes(planned), Vec::new())
+        };
+        let head = match message_head(type_name, &body, &routed, &leased, &limits) {
+            Ok(head) => head,
+            Err(e) => {
+                self.shm_leases.release(&leased);
+                return Err(unsendable(e));
+            }
+        };
+        let mut fds = Vec::new();
+        let mut inline = Vec::new();
+        for r in routed {
+            match r {
+                Routed::Inline(b) => inline.push(b.into_bytes()),
+                Routed::Shared { fd, .. } => fds.push(fd),
+                Routed::Ticket(_) => {}
+            }
+        }
+        self.out.push_with_fds(Bytes::from(head), fds);
+        for b in inline {
+            self.out.push(b);
+        }
+        self.write_queued()?;
+        Ok(true)
+    }
+
+    /// Leases of this node's segments that the peer holds: `(count, bytes)`.
+    #[getter]
+    fn shm_leases(&self) -> (usize, u64) {
+        self.shm_leases.held()
+    }
+
+    /// Shuts our sending direction down once what is queued is written, and closes the
+    /// socket.
+    fn close(&mut self) {
+        self.phase = Phase::Over;
+        self.stop_waiting_for_room();
+        let _ = self.write_queued();
+        self.socket = None;
+        self.out.clear();
+        // The peer is gone: what it held goes back to the pool.
+        self.shm_leases.release_all();
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.stop_waiting_for_room();
+    }
+}
+
+impl Connection {
+    /// Routes a message's frames for a same-host peer, leasing each shared one before the
+    /// next is copied; `None` (every lease taken for it ended again) when the peer holds as
+    /// much as it may. Copies run with the GIL released.
+    fn route_shared(&mut self, py: Python<'_>, planned: Vec<Planned>) -> PyResult<Option<(Vec<Routed>, Vec<u64>)>> {
+        let routing = self.shm_routing.expect("a same-host connection");
+        let leases = &mut self.shm_leases;
+        let result = py.detach(|| {
+            let mut router = Router::new(routing);
+            let mut routed = Vec::with_capacity(planned.len());
+            let mut leased = Vec::new();
+            for frame in planned {
+                let r = match router.route(frame) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        leases.release(&leased);
+                        return Err(format!("{}: {}", e.what, e.source));
+                    }
+                };
+                if let Routed::Shared { held, .. } = &r {
+                    match leases.try_lease(held.clone(), held.bytes() as u64) {
+                        Ok(lease) => leased.push(lease),
+                        Err(_) => {
+                            leases.release(&leased);
+                            return Ok(None);
+                        }
+                    }
+                }
+                routed.push(r);
+            }
+            Ok(Some((routed, leased)))
+        });
+        result.map_err(PyOSError::new_err)
+    }
+
+    /// No longer counted among the connections that wait for room.
+    fn stop_waiting_for_room(&mut self) {
+        if std::mem::take(&mut self.waiting_for_room) {
+            self.shared.waiting_for_room.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Moves the handshake's bytes to the write queue.
+    fn queue_handshake_bytes(&mut self) {
+        if let Phase::Handshake(hs) = &mut self.phase {
+            if hs.has_transmit() {
+                self.out.push(Bytes::from(hs.take_transmit()));
+            }
+        }
+    }
+
+    /// Runs the engine until it needs the socket to be readable again (or room, or the
+    /// connection ended), collecting events.
+    fn drive(&mut self, py: Python<'_>, events: &mut Vec<Py<PyAny>>) -> PyResult<()> {
+        loop {
+            let Some(socket) = self.socket.as_ref() else {
+                return Ok(());
+            };
+            if self.opening {
+                let mut first = [0u8; 1];
+                match rustix::net::recv(socket, &mut first, rustix::net::RecvFlags::PEEK) {
+                    Err(rustix::io::Errno::AGAIN) => return Ok(()),
+                    Ok((1, _)) if Opening::of(first[0]) == Opening::Plain => {
+                        // A plain handoff peer where TLS is required: our preamble, then
+                        // `tls-required` (readable by every version), then the drain.
+                        self.tls = None;
+                        self.opening = false;
+                        self.out.clear(); // our preamble, queued for TLS
+                        self.out.push(Bytes::from(plain_refusal()));
+                        self.phase = draining();
+                        let _ = self.write_queued();
+                        self.shut_writing();
+                        events.push(error_event(py, "tls-required", TLS_REQUIRED_MESSAGE, false)?);
+                        return Ok(());
+                    }
+                    // TLS, something else (TLS refuses it) or the end (the handshake sees it).
+                    _ => self.opening = false,
+                }
+                continue;
+            }
+            match &mut self.phase {
+                Phase::Over => return Ok(()),
+                Phase::Draining { left, .. } => {
+                    let mut scratch = [0u8; 8192];
+                    match socket::recv(socket.as_fd(), &mut scratch) {
+                        Ok(None) => return Ok(()),
+                        // Descriptors that come now are closed as they are dropped here.
+                        Ok(Some(got)) if got.bytes > 0 && got.bytes < *left => *left -= got.bytes,
+                        _ => {
+                            self.phase = Phase::Over;
+                            return Ok(());
+                        }
+                    }
+                }
+                Phase::Handshake(hs) => {
+                    let status = hs.status().clone();
+                    match status {
+                        Status::Admit(ident) => {
+                            let verdict = self.check_peer(py, &ident)?;
+                            if let Phase::Handshake(hs) = &mut self.phase {
+                                hs.admit(verdict);
+                            }
+                            self.queue_handshake_bytes();
+                            continue;
+                        }
+                        Status::Done(done) => {
+                            self.queue_handshake_bytes();
+                            events.push(ready_event(py, &done)?);
+                            self.establish(done);
+                            continue;
+                        }
+                        Status::Failed(failure) => {
+                            self.queue_handshake_bytes();
+                            events.push(self.handshake_failed(py, failure)?);
+                            return Ok(());
+                        }
+                        Status::InProgress => {}
+                    }
+                    // Never past what the handshake reads: descriptors that come with the
+                    // first message after `ready` are not the handshake's (spec §5.1).
+                    let mut buf = vec![0u8; hs.wants()];
+                    let got = match read_from(socket.as_fd(), self.tls.as_deref_mut(), &mut buf) {
+                        Ok(Some(got)) => got,
+                        Ok(None) => return Ok(()),
+                        Err(ReadError::Io(e)) => {
+                            return Err(io_error(&format!("reading the handshake from {}", self.label), e))
+                        }
+                        Err(ReadError::Tls(why)) => {
+                            events.push(self.tls_failed(py, &why)?);
+                            return Ok(());
+                        }
+                    };
+                    let now = Instant::now();
+                    if got.bytes == 0 && got.fds.is_empty() {
+                        hs.handle_eof();
+                    } else {
+                        // Descriptors are closed here, before the engine refuses them.
+                        let fds = got.fds.len() + usize::from(got.truncated);
+                        drop(got.fds);
+                        hs.handle_input(&buf[..got.bytes], fds, now);
+                    }
+                    self.queue_handshake_bytes();
+                }
+                Phase::Established(inbound) => {
+                    let now = Instant::now();
+                    let step = match inbound.poll(now) {
+                        Ok(step) => step,
+                        Err(e) => {
+                            self.refuse(py, &e, events)?;
+                            return Ok(());
+                        }
+                    };
+                    match step {
+                        Step::Read => {
+                            let got = match read_from(socket.as_fd(), self.tls.as_deref_mut(), inbound.recv_space()) {
+                                Ok(Some(got)) => got,
+                                Ok(None) => return Ok(()),
+                                Err(ReadError::Io(e)) => {
+                                    return Err(io_error(&format!("reading from {}", self.label), e))
+                                }
+                                Err(ReadError::Tls(why)) => {
+                                    events.push(self.tls_failed(py, &why)?);
+                                    return Ok(());
+                                }
+                            };
+                            if got.truncated {
+                                let e = WireError::BadShm(format!(
+                                    "a message carried more than {} descriptors",
+                                    handoff_proto::inbound::MAX_FDS_PER_READ
+                                ));
+                                self.refuse(py, &e, events)?;
+                                return Ok(());
+                            }
+                            if let Err(e) = inbound.handle_fds(got.fds) {
+                                self.refuse(py, &e, events)?;
+                                return Ok(());
+                            }
+                            if got.bytes == 0 {
+                                inbound.handle_eof();
+                            } else {
+                                inbound.received(got.bytes, now);
+                            }
+                        }
+                        Step::Room { .. } => {
+                            // Counted before the attempt, so that room given back after it
+                            // fires the wake pipe (then `flush` reads on).
+                            if !self.waiting_for_room {
+                                self.waiting_for_room = true;
+                                self.shared.waiting_for_room.fetch_add(1, Ordering::AcqRel);
+                            }
+                            if !inbound.try_take_room(0, now) {
+                                return Ok(());
+                            }
+                            self.stop_waiting_for_room();
+                        }
+                        Step::CheckPulled { len, .. } => {
+                            // This driver asks for no tickets yet: every `pulled` is skipped.
+                            inbound.pulled_verdict(receive::pulled(None, len), now);
+                        }
+                        Step::Closed => {
+                            self.phase = Phase::Over;
+                            self.shut_writing();
+                            events.push(
+                                PyTuple::new(py, ["closed".into_pyobject(py)?.into_any(), py.None().into_bound(py)])?
+                                    .into_any()
+                                    .unbind(),
+                            );
+                            return Ok(());
+                        }
+                        Step::Event(event) => {
+                            if let Some(e) = self.on_event(py, event)? {
+                                events.push(e);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The node's check of the peer's identity before `ready`.
+    fn check_peer(&self, py: Python<'_>, ident: &Ident) -> PyResult<Result<(), WireError>> {
+        if let Err(e) = peers::admit(&self.shared.me.node_id, ident, None) {
+            return Ok(Err(e));
+        }
+        let Some(admit) = &self.admit else {
+            return Ok(Ok(()));
+        };
+        let verdict = admit.call1(py, (ident_dict(py, ident, None)?,))?;
+        if verdict.is_none(py) {
+            Ok(Ok(()))
+        } else {
+            let why: String = verdict.extract(py)?;
+            Ok(Err(WireError::Handshake(why)))
+        }
+    }
+
+    /// The handshake is over: the established connection's engine takes the socket over.
+    fn establish(&mut self, done: Handshaken) {
+        let shared = self.shared.clone();
+        let check = Arc::new(move |name: &str| shared.check_type(name));
+        let inbound = Inbound::new(
+            Receiving::new(self.shared.limits, self.unix),
+            check,
+            self.shared.pool.clone(),
+            self.shared.bounds.progress_timeout,
+        )
+        .with_budget(self.shared.budget.clone(), self.account.clone())
+        .with_owner(self.leases.clone(), &done.ident.node_id, &self.shared.me.node_id)
+        .with_mappings(self.shared.mappings.clone());
+        self.peer = Some(done);
+        self.phase = Phase::Established(Box::new(inbound));
+    }
+
+    /// The TLS session failed: nothing more can be said to the peer in the format.
+    fn tls_failed(&mut self, py: Python<'_>, why: &str) -> PyResult<Py<PyAny>> {
+        self.phase = Phase::Over;
+        self.out.clear();
+        let _ = self.write_queued();
+        self.shut_writing();
+        error_event(py, "tls", why, false)
+    }
+
+    /// The event Python gets for a failed handshake (the engine queued the `error` to send).
+    fn handshake_failed(&mut self, py: Python<'_>, failure: Failure) -> PyResult<Py<PyAny>> {
+        let drain = matches!(&self.phase, Phase::Handshake(hs) if hs.drain_after_failure());
+        self.phase = if drain { draining() } else { Phase::Over };
+        let _ = self.write_queued();
+        self.shut_writing();
+        let (code, message, by_peer) = match failure {
+            Failure::Refused(e) => (e.code().to_string(), e.to_string(), false),
+            Failure::PeerRefused { code, message } => (code, message, true),
+            Failure::PeerClosed { waiting_for } => (
+                "peer-closed".to_string(),
+                format!(
+                    "{} closed the connection during the handshake, waiting for {waiting_for}",
+                    self.label
+                ),
+                true,
+            ),
+        };
+        error_event(py, &code, &message, by_peer)
+    }
+
+    /// The engine refused what the peer did: the peer is told why, and the connection ends.
+    fn refuse(&mut self, py: Python<'_>, e: &WireError, events: &mut Vec<Py<PyAny>>) -> PyResult<()> {
+        self.phase = if receive::drain_after(e) {
+            draining()
+        } else {
+            Phase::Over
+        };
+        self.out.push(Bytes::from(error_header(e)));
+        let _ = self.write_queued();
+        self.shut_writing();
+        events.push(error_event(py, e.code(), &e.to_string(), false)?);
+        Ok(())
+    }
+
+    /// One received event, as Python gets it (`None` for what the engine and this driver
+    /// handle themselves).
+    fn on_event(&mut self, py: Python<'_>, event: Event) -> PyResult<Option<Py<PyAny>>> {
+        Ok(match event {
+            Event::Message(incoming) => {
+                let mut frames = Vec::with_capacity(incoming.frames.len());
+                for frame in incoming.frames {
+                    frames.push(self.frame(py, frame)?);
+                }
+                let received = Received {
+                    type_name: incoming.type_name,
+                    body: Py::new(py, Frame::new(incoming.body, "body"))?,
+                    frames: PyList::new(py, frames)?.unbind(),
+                    permit: Mutex::new(incoming.permit),
+                };
+                let received = Py::new(py, received)?;
+                Some(
+                    PyTuple::new(
+                        py,
+                        [
+                            "message".into_pyobject(py)?.into_any(),
+                            received.into_bound(py).into_any(),
+                        ],
+                    )?
+                    .into_any()
+                    .unbind(),
+                )
+            }
+            Event::Owner { answer, .. } => {
+                if let Some(reply) = answer.reply() {
+                    let mut head = Vec::with_capacity(64);
+                    encode_header_into(&Header::Ticket(reply), &mut head);
+                    self.out.push(Bytes::from(head));
+                    if let handoff_proto::ticket_leases::OwnerAnswer::Pulled { bytes, .. } = answer {
+                        self.out.push(bytes.into_bytes());
+                    }
+                }
+                None
+            }
+            // Answers to requests this driver does not send yet: nothing waits for them.
+            Event::Ticket(_) | Event::PulledMismatch { .. } => None,
+            Event::Pulled { digest, .. } => {
+                if let Digest::Behind(_) = digest {
+                    unreachable!("this driver gives the engine no helper thread");
+                }
+                None
+            }
+            Event::Release(leases) => {
+                let ended = self.shm_leases.release(&leases);
+                Some(("released", ended).into_pyobject(py)?.into_any().unbind())
+            }
+            Event::PeerRefused { code, message } => {
+                self.phase = Phase::Over;
+                self.shut_writing();
+                Some(error_event(py, &code, &message, true)?)
+            }
+        })
+    }
+
+    /// A received frame as Python gets it.
+    fn frame(&self, py: Python<'_>, frame: InFrame) -> PyResult<Py<PyAny>> {
+        Ok(match frame {
+            InFrame::Bytes(bytes) => Py::new(py, Frame::new(bytes, "inline"))?.into_any(),
+            InFrame::Mapped {
+                mapping,
+                at,
+                len,
+                lease,
+            } => {
+                let releases = self.releases.clone();
+                let shared = Arc::downgrade(&self.shared);
+                let release: Release = Arc::new(move |lease| {
+                    releases.lock().expect("releases lock").push(lease);
+                    if let Some(shared) = shared.upgrade() {
+                        shared.wake.signal();
+                    }
+                });
+                let view = RemoteView::new(mapping, at, len as usize, lease, release)
+                    .ok_or_else(|| PyValueError::new_err("a frame outside its mapping"))?;
+                Py::new(py, Frame::new(Bytes::from_owner(view), "shm"))?.into_any()
+            }
+            InFrame::Shm { .. } => unreachable!("the engine maps segments itself (with_mappings)"),
+            InFrame::Ticket(claim) => {
+                let d = PyDict::new(py);
+                d.set_item("kind", "ticket")?;
+                d.set_item("owner", &claim.owner)?;
+                d.set_item("lease", claim.lease)?;
+                d.set_item("len", claim.len)?;
+                d.set_item("addr", &claim.addr)?;
+                d.set_item("lazy", claim.lazy)?;
+                d.into_any().unbind()
+            }
+        })
+    }
+
+    /// Queues `release` messages for the views dropped since the last call.
+    fn queue_releases(&mut self) {
+        let leases = {
+            let mut releases = self.releases.lock().expect("releases lock");
+            if releases.is_empty() {
+                return;
+            }
+            std::mem::take(&mut *releases)
+        };
+        if !matches!(self.phase, Phase::Established(_)) || self.shut {
+            return;
+        }
+        for chunk in leases.chunks(MAX_RELEASES_PER_MESSAGE) {
+            let mut head = Vec::with_capacity(16 + chunk.len() * 9);
+            encode_header_into(&Header::Release { leases: chunk.to_vec() }, &mut head);
+            self.out.push(Bytes::from(head));
+        }
+    }
+
+    /// Writes what is queued, as far as the socket takes it now.
+    fn write_queued(&mut self) -> PyResult<()> {
+        let Some(socket) = self.socket.as_ref() else {
+            return Ok(());
+        };
+        let out = &mut self.out;
+        while !out.parts.is_empty() {
+            // Descriptors go with their message's first byte, and a write never reaches past
+            // the first byte of the next message that has some.
+            let attach = out.fds.front().filter(|(at, _)| *at == out.written);
+            let mut limit = out
+                .fds
+                .iter()
+                .find(|(at, _)| *at > out.written)
+                .map_or(u64::MAX, |(at, _)| at - out.written);
+            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(out.parts.len().min(64));
+            for part in out.parts.iter().take(64) {
+                if limit == 0 {
+                    break;
+                }
+                let take = (part.len() as u64).min(limit) as usize;
+                slices.push(IoSlice::new(&part[..take]));
+                limit -= take as u64;
+            }
+            let fds: Vec<std::os::fd::BorrowedFd<'_>> = attach
+                .map(|(_, fds)| fds.iter().map(PassFd::as_fd).collect())
+                .unwrap_or_default();
+            let sent = match self.tls.as_deref_mut() {
+                // (No descriptors on TCP.)
+                Some(tls) => tls.write(socket.as_fd(), &slices).map(|n| (n > 0).then_some(n)),
+                None => socket::send(socket.as_fd(), &slices, &fds),
+            }
+            .map_err(|e| io_error(&format!("writing to {}", self.label), e))?;
+            let Some(mut n) = sent else {
+                return Ok(());
+            };
+            if n > 0 && !fds.is_empty() {
+                out.fds.pop_front();
+            }
+            out.written += n as u64;
+            while n > 0 {
+                let first = out.parts.front_mut().expect("bytes were sent from it");
+                if n >= first.len() {
+                    n -= first.len();
+                    out.parts.pop_front();
+                } else {
+                    let _ = first.split_to(n);
+                    n = 0;
+                }
+            }
+        }
+        if let Some(tls) = self.tls.as_deref_mut() {
+            tls.flush(socket.as_fd())
+                .map_err(|e| io_error(&format!("writing to {}", self.label), e))?;
+        }
+        if self.shut || matches!(self.phase, Phase::Over) {
+            self.shut_writing();
+        }
+        Ok(())
+    }
+
+    /// Shuts our sending direction down once the queue is written (the peer sees the end
+    /// of the stream after what we sent, an `error` included).
+    fn shut_writing(&mut self) {
+        let first = !self.shut;
+        self.shut = true;
+        if first {
+            if let Some(tls) = self.tls.as_deref_mut() {
+                tls.close_notify();
+            }
+        }
+        if self.out.is_empty() && !self.tls.as_ref().is_some_and(|t| t.wants_write()) {
+            if let Some(socket) = &self.socket {
+                let _ = rustix::net::shutdown(socket, rustix::net::Shutdown::Write);
+            }
+        }
+    }
+}
+
+/// Why a read failed.
+enum ReadError {
+    Io(std::io::Error),
+    /// The TLS session failed (in words that say what to fix).
+    Tls(String),
+}
+
+/// One read from the socket, through TLS when the connection has it; `None` when nothing is
+/// there now.
+fn read_from(
+    socket: BorrowedFd<'_>,
+    tls: Option<&mut TlsLayer>,
+    buf: &mut [u8],
+) -> Result<Option<socket::Received>, ReadError> {
+    let Some(tls) = tls else {
+        return socket::recv(socket, buf).map_err(ReadError::Io);
+    };
+    match tls.read(socket, buf) {
+        TlsRead::Bytes(bytes) => Ok(Some(socket::Received {
+            bytes,
+            fds: Vec::new(),
+            truncated: false,
+        })),
+        TlsRead::WouldBlock => Ok(None),
+        TlsRead::Failed(why) => Err(ReadError::Tls(why)),
+    }
+}
+
+/// The phase after an error that the peer should read before the end of the stream.
+fn draining() -> Phase {
+    Phase::Draining {
+        until: Instant::now() + DRAIN_TIME,
+        left: DRAIN_BYTES,
+    }
+}
+
+/// What the peer said about itself, as a dict.
+fn ident_dict<'py>(py: Python<'py>, ident: &Ident, version: Option<u16>) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("node_id", &ident.node_id)?;
+    d.set_item("name", &ident.name)?;
+    d.set_item("host_id", &ident.host_id)?;
+    d.set_item("pid", ident.pid)?;
+    d.set_item("process_id", &ident.process_id)?;
+    d.set_item("language", &ident.language)?;
+    d.set_item("implementation", &ident.implementation)?;
+    d.set_item("capabilities", &ident.capabilities)?;
+    d.set_item("listen", &ident.listen)?;
+    d.set_item("unix", &ident.unix)?;
+    d.set_item("version", version)?;
+    Ok(d)
+}
+
+fn ready_event(py: Python<'_>, done: &Handshaken) -> PyResult<Py<PyAny>> {
+    let peer = ident_dict(py, &done.ident, Some(done.version))?;
+    Ok(
+        PyTuple::new(py, ["ready".into_pyobject(py)?.into_any(), peer.into_any()])?
+            .into_any()
+            .unbind(),
+    )
+}
+
+fn error_event(py: Python<'_>, code: &str, message: &str, by_peer: bool) -> PyResult<Py<PyAny>> {
+    Ok(("error", code.to_string(), message.to_string(), by_peer)
+        .into_pyobject(py)?
+        .into_any()
+        .unbind())
+}

@@ -1,0 +1,279 @@
+//! [`Engine`]: a node's state as handoff-proto keeps it, for connections driven from
+//! Python's event loop: who the node is, its secret and limits, its receive budget and
+//! buffers, its mapping cache, the nonces it sent as a dialer, and the types it takes.
+//!
+//! Nothing here waits. What Python must hear about without asking (room given back in the
+//! budget, a received view of a peer's segment dropped) is signalled on the engine's wake
+//! pipe, which the event loop watches (`Engine.wake_fd`): a byte in it means "ask the
+//! connections again" (`Connection.flush`, `Connection.on_readable`).
+
+use std::collections::HashSet;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use handoff_proto::bounds::Bounds;
+use handoff_proto::budget::Budget;
+use handoff_proto::handshake::DialerNonces;
+use handoff_proto::identity;
+use handoff_proto::recv_buffers::RecvPool;
+use handoff_proto::shm::MappingCache;
+use handoff_wire::{Endpoint, Limits, Preamble, WireError};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+
+/// What the connections of one node share.
+pub(crate) struct Shared {
+    pub(crate) me: Endpoint,
+    pub(crate) secret: Vec<u8>,
+    pub(crate) limits: Limits,
+    pub(crate) bounds: Bounds,
+    pub(crate) preamble: Preamble,
+    pub(crate) listen: Option<String>,
+    pub(crate) unix: Option<String>,
+    /// Frames this large and larger go through shared memory to a same-host peer.
+    pub(crate) shm_threshold: usize,
+    pub(crate) pool: RecvPool,
+    pub(crate) budget: Arc<Budget>,
+    pub(crate) mappings: Arc<MappingCache>,
+    pub(crate) nonces: Arc<DialerNonces>,
+    /// The message types the node takes; `None` until one is registered (then any).
+    pub(crate) types: Mutex<Option<HashSet<String>>>,
+    pub(crate) wake: Wake,
+    /// Connections that wait for room in the receive budget: room given back wakes the
+    /// loop only while there are some (most messages are taken with nobody waiting).
+    pub(crate) waiting_for_room: AtomicUsize,
+    /// TLS for TCP connections (spec §3.1), if the node has it: then required of every TCP
+    /// peer.
+    pub(crate) tls: Option<Tls>,
+}
+
+/// A node's TLS: the engine's configurations, and the name to expect in an accepting
+/// side's certificate instead of the host part of the dialed address.
+pub(crate) struct Tls {
+    pub(crate) configs: handoff_proto::tls::Configs,
+    pub(crate) server_name: Option<String>,
+}
+
+impl Shared {
+    /// The node's check of a received message's type name (spec §11.2 step 3).
+    pub(crate) fn check_type(&self, name: &str) -> Result<(), WireError> {
+        let types = self.types.lock().expect("types lock");
+        match &*types {
+            Some(known) if !known.contains(name) => {
+                let mut names: Vec<&str> = known.iter().map(String::as_str).collect();
+                names.sort_unstable();
+                Err(WireError::UnknownType {
+                    name: name.to_string(),
+                    known: names.join(", "),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The wake pipe: its write end is written (once until read) from whatever thread gives
+/// room back or drops a view; the event loop watches its read end.
+pub(crate) struct Wake {
+    read: OwnedFd,
+    write: OwnedFd,
+    pending: AtomicBool,
+}
+
+impl Wake {
+    fn new() -> std::io::Result<Wake> {
+        let (read, write) =
+            rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)?;
+        Ok(Wake {
+            read,
+            write,
+            pending: AtomicBool::new(false),
+        })
+    }
+
+    /// Tells the event loop to look again (a byte in the pipe unless one waits there).
+    pub(crate) fn signal(&self) {
+        if !self.pending.swap(true, Ordering::AcqRel) {
+            let _ = rustix::io::write(self.write.as_fd(), &[1]);
+        }
+    }
+
+    /// Empties the pipe, so the next signal writes again.
+    fn drain(&self) {
+        self.pending.store(false, Ordering::Release);
+        let mut scratch = [0u8; 64];
+        while matches!(rustix::io::read(self.read.as_fd(), &mut scratch), Ok(n) if n > 0) {}
+    }
+}
+
+/// A node's engine state, shared by its connections (see the module's text).
+#[pyclass(frozen, module = "handoff._native")]
+pub struct Engine {
+    pub(crate) shared: Arc<Shared>,
+}
+
+#[pymethods]
+impl Engine {
+    /// A node named `name` holding the cluster `secret`; `host_id` defaults to this host's
+    /// (spec §5.2). `capabilities` are announced in the handshake; `listen` and `unix` are
+    /// the addresses the node announces.
+    #[new]
+    #[pyo3(signature = (name, secret, *, host_id=None, capabilities=None, listen=None, unix=None,
+                        accept_v1=false, accept_v2=false, handshake_timeout=None,
+                        progress_timeout=None, max_buffered_bytes=None,
+                        max_buffered_bytes_per_peer=None, shm_threshold=65536,
+                        max_shm_lease_bytes_per_peer=None, tls_cert_chain=None, tls_key=None,
+                        tls_ca=None, tls_server_name=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        name: String,
+        secret: Vec<u8>,
+        host_id: Option<String>,
+        capabilities: Option<Vec<String>>,
+        listen: Option<String>,
+        unix: Option<String>,
+        accept_v1: bool,
+        accept_v2: bool,
+        handshake_timeout: Option<f64>,
+        progress_timeout: Option<f64>,
+        max_buffered_bytes: Option<u64>,
+        max_buffered_bytes_per_peer: Option<u64>,
+        shm_threshold: usize,
+        max_shm_lease_bytes_per_peer: Option<u64>,
+        tls_cert_chain: Option<Vec<u8>>,
+        tls_key: Option<Vec<u8>>,
+        tls_ca: Option<Vec<u8>>,
+        tls_server_name: Option<String>,
+    ) -> PyResult<Engine> {
+        let tls = match (tls_cert_chain, tls_key, tls_ca) {
+            (None, None, None) => None,
+            (Some(chain), Some(key), Some(ca)) => Some(Tls {
+                configs: handoff_proto::tls::Configs::from_pem(&chain, &key, &ca).map_err(PyValueError::new_err)?,
+                server_name: tls_server_name,
+            }),
+            _ => {
+                return Err(PyValueError::new_err(
+                    "TLS needs all three of tls_cert_chain, tls_key and tls_ca (PEM bytes)",
+                ))
+            }
+        };
+        handoff_proto::peers::check_own_identity(&name, host_id.as_deref()).map_err(PyValueError::new_err)?;
+        if secret.is_empty() {
+            return Err(PyValueError::new_err("the cluster secret is empty"));
+        }
+        let seconds = |what: &str, s: Option<f64>, default: Duration| match s {
+            None => Ok(default),
+            Some(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
+            Some(s) => Err(PyValueError::new_err(format!(
+                "{what} must be a positive number of seconds, not {s}"
+            ))),
+        };
+        let mut bounds = Bounds::DEFAULT;
+        bounds.handshake_timeout = seconds("handshake_timeout", handshake_timeout, bounds.handshake_timeout)?;
+        bounds.progress_timeout = seconds("progress_timeout", progress_timeout, bounds.progress_timeout)?;
+        bounds.max_buffered_bytes = max_buffered_bytes.unwrap_or(bounds.max_buffered_bytes);
+        bounds.max_buffered_bytes_per_peer = max_buffered_bytes_per_peer.unwrap_or(bounds.max_buffered_bytes_per_peer);
+        bounds.max_shm_lease_bytes_per_peer =
+            max_shm_lease_bytes_per_peer.unwrap_or(bounds.max_shm_lease_bytes_per_peer);
+        let me = Endpoint {
+            node_id: identity::random_id(),
+            name,
+            host_id: host_id.unwrap_or_else(identity::host_id),
+            process_id: identity::process_id().to_string(),
+            language: "python".into(),
+            capabilities: capabilities.unwrap_or_else(|| vec!["inline".into()]),
+        };
+        let wake = Wake::new().map_err(|e| PyValueError::new_err(format!("making the wake pipe: {e}")))?;
+        let budget = Budget::new(
+            bounds.max_buffered_bytes,
+            bounds.max_buffered_bytes_per_peer,
+            bounds.min_buffered_bytes_per_peer,
+            bounds.max_buffered_messages_per_peer,
+        );
+        let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
+            let weak = weak.clone();
+            budget.set_waker(Box::new(move || {
+                if let Some(shared) = weak.upgrade() {
+                    if shared.waiting_for_room.load(Ordering::Acquire) > 0 {
+                        shared.wake.signal();
+                    }
+                }
+            }));
+            Shared {
+                me,
+                secret,
+                limits: Limits::default(),
+                bounds,
+                preamble: Preamble::ours(accept_v1, accept_v2),
+                listen,
+                unix,
+                shm_threshold: shm_threshold.max(1),
+                pool: RecvPool::new(1 << 30),
+                budget,
+                mappings: Arc::new(MappingCache::new(4 << 30)),
+                nonces: Arc::new(DialerNonces::new(bounds.handshake_timeout)),
+                types: Mutex::new(None),
+                wake,
+                waiting_for_room: AtomicUsize::new(0),
+                tls,
+            }
+        });
+        Ok(Engine { shared })
+    }
+
+    /// Takes messages of these types from now on (once any is registered, others are
+    /// refused with `unknown-type`).
+    fn register(&self, names: Vec<String>) {
+        let mut types = self.shared.types.lock().expect("types lock");
+        types.get_or_insert_with(HashSet::new).extend(names);
+    }
+
+    /// The node's id (random, lower-case hex).
+    #[getter]
+    fn node_id(&self) -> &str {
+        &self.shared.me.node_id
+    }
+
+    /// The random id of this process instance (a forked child has its own).
+    #[getter]
+    fn process_id(&self) -> &str {
+        &self.shared.me.process_id
+    }
+
+    /// The node's name.
+    #[getter]
+    fn name(&self) -> &str {
+        &self.shared.me.name
+    }
+
+    /// The node's host id (spec §5.2).
+    #[getter]
+    fn host_id(&self) -> &str {
+        &self.shared.me.host_id
+    }
+
+    /// Bytes of received messages the node holds and the application has not taken.
+    #[getter]
+    fn buffered_bytes(&self) -> u64 {
+        self.shared.budget.used()
+    }
+
+    /// Bytes of peers' segments mapped now.
+    #[getter]
+    fn mapped_bytes(&self) -> usize {
+        self.shared.mappings.mapped_bytes()
+    }
+
+    /// The descriptor the event loop watches: readable when connections should be asked
+    /// again. Call [`take_wake`](Self::take_wake) when it is.
+    fn wake_fd(&self) -> i32 {
+        self.shared.wake.read.as_raw_fd()
+    }
+
+    /// Empties the wake pipe (before asking the connections again).
+    fn take_wake(&self) {
+        self.shared.wake.drain();
+    }
+}

@@ -1,0 +1,89 @@
+//! Bytes crossing between Rust and Python without a copy: a received frame is a
+//! [`Frame`], a Python object that exports Rust memory through the buffer protocol (a numpy
+//! array made from it is a view of it), and a buffer Python sends is held as
+//! [`bytes::Bytes`] for as long as the connection needs it.
+
+use std::ffi::c_int;
+
+use bytes::Bytes;
+use pyo3::buffer::PyUntypedBuffer;
+use pyo3::exceptions::{PyBufferError, PyValueError};
+use pyo3::prelude::*;
+
+/// Received bytes in Rust memory: a frame read off the socket, or a view of a peer's
+/// shared-memory segment (whose lease goes back to the peer when the last view is gone).
+///
+/// Read-only; `memoryview(frame)`, `bytes(frame)` and `numpy.frombuffer(frame)` read it.
+#[pyclass(frozen, module = "handoff._native")]
+pub struct Frame {
+    bytes: Bytes,
+    kind: &'static str,
+}
+
+impl Frame {
+    pub(crate) fn new(bytes: Bytes, kind: &'static str) -> Frame {
+        Frame { bytes, kind }
+    }
+}
+
+#[pymethods]
+impl Frame {
+    fn __len__(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// How the frame came: `inline` (on the stream) or `shm` (a view of a peer's segment).
+    #[getter]
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<Frame {} {} bytes>", self.kind, self.bytes.len())
+    }
+
+    unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
+        if flags & pyo3::ffi::PyBUF_WRITABLE == pyo3::ffi::PyBUF_WRITABLE {
+            return Err(PyBufferError::new_err("a received frame is read-only"));
+        }
+        let (ptr, len) = {
+            let frame = slf.get();
+            (frame.bytes.as_ptr(), frame.bytes.len())
+        };
+        // SAFETY: the view keeps the frame (and so its bytes, which never move) alive until
+        // it is released: `obj` takes a reference to it.
+        let r = unsafe { pyo3::ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut _, len as isize, 1, flags) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(PyErr::fetch(slf.py()))
+        }
+    }
+}
+
+/// A Python buffer held as the owner of a `Bytes`: its memory stays put and alive until the
+/// last clone is dropped.
+struct Exported(PyUntypedBuffer);
+
+impl AsRef<[u8]> for Exported {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: checked C-contiguous when taken; the exporter keeps the memory while the
+        // buffer is held.
+        unsafe { std::slice::from_raw_parts(self.0.buf_ptr() as *const u8, self.0.len_bytes()) }
+    }
+}
+
+/// The bytes of any C-contiguous buffer-protocol object, without a copy.
+pub(crate) fn bytes_of(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
+    if let Ok(frame) = obj.cast::<Frame>() {
+        return Ok(frame.get().bytes.clone());
+    }
+    let buffer = PyUntypedBuffer::get(obj)?;
+    if !buffer.is_c_contiguous() {
+        return Err(PyValueError::new_err("a frame must be C-contiguous"));
+    }
+    if buffer.len_bytes() == 0 {
+        return Ok(Bytes::new());
+    }
+    Ok(Bytes::from_owner(Exported(buffer)))
+}

@@ -1,0 +1,63 @@
+//! The system calls of a connection driven from Python's event loop: a non-blocking
+//! `recvmsg` that collects the descriptors a Unix socket passes, and a gathering `sendmsg`.
+//! What the descriptors mean, and whether they are allowed, is the engine's to decide.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{BorrowedFd, OwnedFd};
+
+use handoff_proto::inbound::MAX_FDS_PER_READ;
+use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendFlags};
+
+/// What one read brought.
+pub(crate) struct Received {
+    /// Bytes read; 0 at the end of the stream.
+    pub(crate) bytes: usize,
+    /// Descriptors that came with them.
+    pub(crate) fds: Vec<OwnedFd>,
+    /// Whether more descriptors came than one read takes (they were closed by the kernel).
+    pub(crate) truncated: bool,
+}
+
+/// One `recvmsg` into `buf`; `None` when nothing is there to read now.
+pub(crate) fn recv(socket: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<Option<Received>> {
+    let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_READ))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let mut iov = [IoSliceMut::new(buf)];
+    let msg = match rustix::net::recvmsg(socket, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+        Ok(msg) => msg,
+        Err(rustix::io::Errno::AGAIN) => return Ok(None),
+        Err(rustix::io::Errno::INTR) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let mut fds = Vec::new();
+    for m in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(received) = m {
+            fds.extend(received);
+        }
+    }
+    Ok(Some(Received {
+        bytes: msg.bytes,
+        fds,
+        truncated: msg.flags.contains(ReturnFlags::CTRUNC),
+    }))
+}
+
+/// One gathering `sendmsg` of `parts`, with `fds` on its first byte; `None` when the socket
+/// takes nothing now.
+pub(crate) fn send(
+    socket: BorrowedFd<'_>,
+    parts: &[IoSlice<'_>],
+    fds: &[BorrowedFd<'_>],
+) -> std::io::Result<Option<usize>> {
+    let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() && !control.push(rustix::net::SendAncillaryMessage::ScmRights(fds)) {
+        return Err(std::io::Error::other("too many descriptors for one message"));
+    }
+    match rustix::net::sendmsg(socket, parts, &mut control, SendFlags::NOSIGNAL) {
+        Ok(n) => Ok(Some(n)),
+        Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}

@@ -1,0 +1,414 @@
+"""The asyncio driver of the Rust engine (``handoff._native``, crate ``handoff-proto``).
+
+The engine decides everything a connection does: the handshake of every version, then
+reading, the bounds, the receive budget, shared memory and the owner's answers to ticket
+requests. This module only tells it what the event loop sees: a readable or writable
+socket (``add_reader``/``add_writer``), a deadline (``call_later``), and the engine's wake
+pipe (room given back in the receive budget, a received view of a peer's segment dropped).
+Each callback hands the engine what is there and takes whole events back; nothing waits
+in Rust, and nothing crosses threads.
+
+This is the first part of the Python peer on the engine (issue 40): a connection that
+dials, handshakes, sends and receives messages (frames inline, or as views of a same-host
+peer's shared memory). ``handoff.Node`` still runs the Python implementation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+from typing import Callable, Optional
+
+from .errors import AuthenticationError, CapReached, MessageTooLarge, PeerClosed, PeerRefused, TlsError
+from .native import REASON, ext
+
+if ext is None:
+    raise ImportError(f"handoff.engine runs on the extension handoff._native, which is not in use: {REASON}")
+_native = ext
+
+Engine = _native.Engine
+Frame = _native.Frame
+Received = _native.Received
+
+
+class ConnectionFailed(PeerClosed):
+    """The connection ended with an error: the engine refused what the peer did (``by_peer``
+    false, and the peer was told), or the peer refused us (``by_peer`` true)."""
+
+    def __init__(self, label: str, code: str, message: str, by_peer: bool):
+        who = f"{label} refused" if by_peer else f"refused {label}"
+        super().__init__(f"{who}: {message} [{code}]")
+        self.label, self.code, self.message, self.by_peer = label, code, message, by_peer
+
+
+def _error(label: str, code: str, message: str, by_peer: bool) -> Exception:
+    if code == "auth-failed":
+        return AuthenticationError(f"{label}: {message}")
+    if code == "tls":
+        return TlsError(f"TLS with {label} failed: {message}")
+    if by_peer:
+        return PeerRefused(label, code, message)
+    return ConnectionFailed(label, code, message, by_peer)
+
+
+class Driver:
+    """Runs one engine's connections on this event loop.
+
+    ``engine`` is a :class:`handoff._native.Engine`; the driver watches its wake pipe.
+    """
+
+    def __init__(self, engine: Engine, loop: Optional[asyncio.AbstractEventLoop] = None):
+        self.engine = engine
+        self.loop = loop or asyncio.get_running_loop()
+        self.connections: set[EngineConnection] = set()
+        self._wake_fd = engine.wake_fd()
+        self.loop.add_reader(self._wake_fd, self._on_wake)
+
+    def _on_wake(self) -> None:
+        self.engine.take_wake()
+        for c in list(self.connections):
+            c._flush()
+
+    async def connect(
+        self, addr: str, *, admit: Optional[Callable[[dict], Optional[str]]] = None, timeout: float = 30.0
+    ) -> "EngineConnection":
+        """Dials ``tcp://HOST:PORT`` or ``unix://PATH`` and runs the handshake; returns once
+        the peer is ready. ``admit(peer)`` may refuse the peer's identity with a reason."""
+        host = None
+        if addr.startswith("unix://"):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            target: object = addr[len("unix://") :]
+        else:
+            host, _, port = addr.removeprefix("tcp://").rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"not an address: {addr!r} (tcp://HOST:PORT or unix://PATH)")
+            sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
+            target = (host.strip("[]"), int(port))
+            host = host.strip("[]")
+        sock.setblocking(False)
+        try:
+            await asyncio.wait_for(self.loop.sock_connect(sock, target), timeout)
+        except BaseException:
+            sock.close()
+            raise
+        ec = self.adopt(sock, "dialer", addr, admit=admit, host=host)
+        try:
+            await ec.ready(timeout)
+        except BaseException:
+            ec.close()
+            raise
+        return ec
+
+    def adopt(
+        self, sock: socket.socket, role: str, label: str, *, admit=None, host: Optional[str] = None
+    ) -> "EngineConnection":
+        """Runs a connection on a socket that is already connected (a listener's, a
+        ``socketpair``'s); ``role`` is ``dialer`` or ``acceptor``. With TLS, a dialer checks
+        the peer's certificate against ``host``. Await its ``ready()``."""
+        unix = sock.family == socket.AF_UNIX
+        if not unix:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _native.Connection(self.engine, sock.detach(), role, label, unix, admit, host)
+        return EngineConnection(self, conn)
+
+    async def listen(
+        self, addr: str = "tcp://127.0.0.1:0", *, admit=None, max_handshakes: int = 64, max_unaccepted: int = 64
+    ) -> "Listener":
+        """Listens on ``tcp://HOST:PORT`` or ``unix://PATH``; :meth:`Listener.accept` gives
+        the connections whose handshake is over. At most ``max_handshakes`` handshakes run
+        at once and ``max_unaccepted`` ready connections wait for ``accept``: a connection
+        past either is closed at once."""
+        if addr.startswith("unix://"):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(addr[len("unix://") :])
+        else:
+            host, _, port = addr.removeprefix("tcp://").rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"not an address: {addr!r} (tcp://HOST:PORT or unix://PATH)")
+            sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host.strip("[]"), int(port)))
+        sock.listen(128)
+        sock.setblocking(False)
+        return Listener(self, sock, admit, max_handshakes, max_unaccepted)
+
+    def close(self) -> None:
+        """Closes every connection and stops watching the wake pipe."""
+        for c in list(self.connections):
+            c.close()
+        self.loop.remove_reader(self._wake_fd)
+
+
+class Listener:
+    """Accepts connections and runs their handshakes (see :meth:`Driver.listen`)."""
+
+    def __init__(self, driver: Driver, sock: socket.socket, admit, max_handshakes: int, max_unaccepted: int):
+        self.driver, self.sock, self.admit = driver, sock, admit
+        self.max_handshakes, self.max_unaccepted = max_handshakes, max_unaccepted
+        name = sock.getsockname()
+        self.address = f"unix://{name}" if sock.family == socket.AF_UNIX else f"tcp://{name[0]}:{name[1]}"
+        self._handshaking: set[EngineConnection] = set()
+        self._ready: asyncio.Queue = asyncio.Queue()
+        #: Connections refused because a bound was reached, and handshakes that failed.
+        self.refused = 0
+        self.failed = 0
+        driver.loop.add_reader(sock.fileno(), self._on_acceptable)
+
+    def _on_acceptable(self) -> None:
+        while True:
+            try:
+                s, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return  # out of descriptors, for one: this connection waits in the backlog
+            if len(self._handshaking) >= self.max_handshakes or self._ready.qsize() >= self.max_unaccepted:
+                self.refused += 1
+                s.close()
+                continue
+            peer = s.getpeername()
+            label = f"{self.address} <- {peer if peer else 'a peer'}"
+            try:
+                ec = self.driver.adopt(s, "acceptor", label, admit=self.admit)
+            except OSError:
+                # A same-host peer of another user (PermissionError), a socket that broke:
+                # the extension closed it.
+                self.refused += 1
+                continue
+            self._handshaking.add(ec)
+            ec._ready.add_done_callback(lambda f, ec=ec: self._handshake_over(ec, f))
+
+    def _handshake_over(self, ec: "EngineConnection", f: asyncio.Future) -> None:
+        self._handshaking.discard(ec)
+        if f.exception() is None:
+            self._ready.put_nowait(ec)
+        else:
+            self.failed += 1
+
+    async def accept(self, timeout: Optional[float] = None) -> "EngineConnection":
+        """The next connection whose handshake is over."""
+        return await asyncio.wait_for(self._ready.get(), timeout)
+
+    def close(self) -> None:
+        """Stops accepting (connections made so far stay open)."""
+        self.driver.loop.remove_reader(self.sock.fileno())
+        self.sock.close()
+        for ec in list(self._handshaking):
+            ec.close()
+
+
+def _time_out(waiter: asyncio.Future) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError("no message within the timeout"))
+
+
+class EngineConnection:
+    """One connection on the engine: :meth:`send` (or :meth:`send_now`), :meth:`recv`,
+    :meth:`close`."""
+
+    def __init__(self, driver: Driver, conn):
+        self.driver, self.conn, self.loop = driver, conn, driver.loop
+        self.label: str = conn.label
+        self.peer: Optional[dict] = None
+        self._fd = conn.fileno()
+        self._messages: collections.deque = collections.deque()
+        self._waiter: Optional[asyncio.Future] = None
+        self._ready: asyncio.Future = self.loop.create_future()
+        self._failure: Optional[Exception] = None
+        self._ended = False
+        self._writing = False
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._release_waiter: Optional[asyncio.Future] = None
+        driver.connections.add(self)
+        self.loop.add_reader(self._fd, self._on_readable)
+        self._after()
+
+    # -------------------------------------------------------------- the loop's callbacks
+
+    def _on_readable(self) -> None:
+        self._run(self.conn.on_readable)
+
+    def _on_writable(self) -> None:
+        self._run(self.conn.on_writable)
+
+    def _on_timeout(self) -> None:
+        self._timer = None
+        self._run(self.conn.on_timeout)
+
+    def _flush(self) -> None:
+        self._run(self.conn.flush)
+
+    def _run(self, call) -> None:
+        if self._fd < 0:
+            return
+        try:
+            events = call()
+        except OSError as e:
+            self._end(PeerClosed(f"{self.label}: {e}"))
+            self._stop_watching()
+            return
+        if events:
+            self._handle(events)
+        self._after()
+
+    def _handle(self, events: list) -> None:
+        for event in events:
+            kind = event[0]
+            if kind == "message":
+                self._messages.append(event[1])
+                self._wake()
+            elif kind == "ready":
+                self.peer = event[1]
+                if not self._ready.done():
+                    self._ready.set_result(None)
+            elif kind == "released":
+                if self._release_waiter is not None and not self._release_waiter.done():
+                    self._release_waiter.set_result(None)
+            elif kind == "closed":
+                self._end(PeerClosed(f"{self.label} closed the connection"))
+            elif kind == "error":
+                _, code, message, by_peer = event
+                self._end(_error(self.label, code, message, by_peer))
+
+    def _after(self) -> None:
+        """Watches for writability while bytes wait, and arms the engine's deadline."""
+        conn = self.conn
+        if self._ended and conn.done:
+            self._stop_watching()
+            return
+        want = conn.wants_write()
+        if want != self._writing:
+            if want:
+                self.loop.add_writer(self._fd, self._on_writable)
+            else:
+                self.loop.remove_writer(self._fd)
+            self._writing = want
+        delay = conn.timeout()
+        if delay is None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            return
+        at = self.loop.time() + delay
+        # A timer that fires early only asks the engine again; one that would fire late is
+        # moved.
+        if self._timer is None or self._timer.when() > at + 0.001:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_at(at, self._on_timeout)
+
+    def _end(self, failure: Exception) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._failure = failure
+        if not self._ready.done():
+            self._ready.set_exception(failure)
+            self._ready.exception()  # retrieved: the caller of ready() raises it
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+        if self._ended and self._release_waiter is not None and not self._release_waiter.done():
+            self._release_waiter.set_result(None)
+
+    def _stop_watching(self) -> None:
+        if self._fd >= 0:
+            self.loop.remove_reader(self._fd)
+            if self._writing:
+                self.loop.remove_writer(self._fd)
+                self._writing = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.driver.connections.discard(self)
+        self.conn.close()
+        self._fd = -1
+
+    # -------------------------------------------------------------------- the API
+
+    async def ready(self, timeout: Optional[float] = None) -> None:
+        """Waits for the handshake; raises why it failed."""
+        await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+
+    def send_now(self, type_name: str, body, frames=()) -> None:
+        """Queues a message (``body`` its msgpack, ``frames`` any buffers, held without a
+        copy until written) and writes what the socket takes now. Raises
+        :class:`CapReached` when the peer holds as much of our shared memory as it may
+        (:meth:`send` waits for its releases instead), :class:`MessageTooLarge` for what
+        the peer would have to refuse."""
+        if not self._send(type_name, body, frames):
+            count, held = self.conn.shm_leases
+            raise CapReached(
+                f"{self.label} holds {held} bytes of our shared memory in {count} leases, as much as it may"
+            )
+
+    async def send(self, type_name: str, body, frames=(), timeout: Optional[float] = 30.0) -> None:
+        """:meth:`send_now`, waiting (at most ``timeout`` seconds) for the peer to release
+        shared memory when it holds as much as it may."""
+        deadline = None if timeout is None else self.loop.time() + timeout
+        while not self._send(type_name, body, frames):
+            left = None if deadline is None else deadline - self.loop.time()
+            if left is not None and left <= 0:
+                count, held = self.conn.shm_leases
+                raise CapReached(
+                    f"{self.label} held {held} bytes of our shared memory in {count} leases for {timeout} s"
+                    " and released none"
+                )
+            self._release_waiter = self.loop.create_future()
+            try:
+                await asyncio.wait_for(self._release_waiter, left)
+            except TimeoutError:
+                pass
+            finally:
+                self._release_waiter = None
+
+    def _send(self, type_name: str, body, frames) -> bool:
+        if self._ended:
+            raise self._failure or PeerClosed(f"{self.label} is closed")
+        try:
+            sent = self.conn.send(type_name, body, list(frames))
+        except ValueError as e:
+            if len(e.args) != 3:
+                raise
+            raise MessageTooLarge(*e.args) from None
+        self._after()
+        return sent
+
+    async def recv(self, timeout: Optional[float] = None) -> Received:
+        """The next message; its room in the receive budget goes back as it is taken."""
+        if not self._messages:
+            await self._arrival(timeout)
+        received = self._messages.popleft()
+        # Room given back fires the wake pipe: a connection that waited for it reads on.
+        received.taken()
+        return received
+
+    async def _arrival(self, timeout: Optional[float]) -> None:
+        """Waits until a message is queued or the connection ended (then raises why)."""
+        timer = None
+        while not self._messages:
+            if self._ended:
+                raise self._failure or PeerClosed(f"{self.label} is closed")
+            waiter = self._waiter = self.loop.create_future()
+            if timeout is not None and timer is None:
+                timer = self.loop.call_later(timeout, _time_out, waiter)
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+                if timer is not None and (self._messages or self._ended):
+                    timer.cancel()
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of this peer's messages held and not yet taken."""
+        return self.conn.buffered_bytes
+
+    def close(self) -> None:
+        """Closes the connection (what is queued is written first, as far as it goes now)."""
+        if not self._ended:
+            self._end(PeerClosed(f"{self.label} is closed"))
+        self._stop_watching()

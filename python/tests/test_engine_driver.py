@@ -1,0 +1,521 @@
+"""The Rust engine driven from asyncio (``handoff.engine``), against real Rust nodes.
+
+Each test runs the handshake, messages, frames and shared memory through the engine that
+the tokio driver runs too, with a ``handoff node`` process on the other side: over TCP
+(different host ids), over its Unix socket (shared memory), with a wrong secret, and with
+a peer that sends what the engine must refuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import numpy as np
+import pytest
+from conftest import SECRET
+from handoff import AuthenticationError
+from handoff.codec import decode_body, encode_body
+from handoff.engine import ConnectionFailed, Driver, Engine
+from handoff.errors import CapReached, MessageTooLarge, PeerClosed, PeerRefused, TlsError
+from handoff.identity import host_id
+from handoff.tickets import digest
+from helpers import eventually
+
+MIB = 1 << 20
+
+
+def engine(name: str, **kw) -> Engine:
+    kw.setdefault("capabilities", ["inline", "shm"])
+    return Engine(name, SECRET, **kw)
+
+
+async def request(conn, type_name: str, value) -> None:
+    enc = encode_body(value)
+    await conn.send(type_name, enc.body, enc.frames)
+
+
+async def expect(conn, type_name: str, timeout: float = 30):
+    got = await conn.recv(timeout)
+    assert got.type_name == type_name, got.type_name
+    return got, decode_body(got.body, got.frames, got.type_name)
+
+
+async def unix_of(driver: Driver, rust) -> str:
+    """The Unix socket a same-host Rust node announces in its handshake."""
+    first = await driver.connect(rust.listen)
+    assert first.peer["unix"], first.peer
+    first.close()
+    return first.peer["unix"]
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_tcp_handshake_echo_and_a_large_frame(spawn_rust):
+    rust = await spawn_rust("rs-eng-tcp", "--host-id", "rust-host")
+    driver = Driver(engine("py-eng-tcp", host_id="py-host"))
+    try:
+        conn = await driver.connect(rust.listen)
+        assert conn.peer["name"] == "rs-eng-tcp" and conn.peer["version"] == 3
+        assert conn.peer["language"] == "rust"
+
+        await request(conn, "handoff.bench.Ping", {"seq": 1, "data": b"ping"})
+        _, body = await expect(conn, "handoff.bench.Ping")
+        assert body == {"seq": 1, "data": b"ping"}
+
+        # 16 MiB from Rust: one inline frame, read into Rust memory and handed over as it is.
+        await request(conn, "handoff.demo.SendRequest", {"id": 2, "bytes": 16 * MIB})
+        got, body = await expect(conn, "handoff.demo.Payload")
+        assert [f.kind for f in got.frames] == ["inline", "inline"]
+        data = np.frombuffer(body["data"], dtype=np.uint8)
+        assert len(data) == 16 * MIB and digest(data) == bytes(body["digest"])
+        assert not data.flags.writeable, "a received frame is read-only"
+        # A view, not a copy: the array's memory is the frame's.
+        assert np.shares_memory(data, np.frombuffer(got.frames[1], dtype=np.uint8))
+
+        # 16 MiB to Rust, sent from the array's memory; the Rust node checks its digest.
+        out = np.random.default_rng(3).integers(0, 256, 16 * MIB, dtype=np.uint8)
+        await request(
+            conn, "handoff.demo.Payload", {"id": 3, "digest": digest(out), "data": out, "prepare_seconds": 0.0}
+        )
+        _, receipt = await expect(conn, "handoff.demo.Receipt")
+        assert receipt["verified"] is True and receipt["bytes"] == 16 * MIB
+    finally:
+        driver.close()
+
+
+async def test_shm_frames_are_views_of_the_peers_segments_and_released(spawn_rust, rust_stats):
+    rust = await spawn_rust("rs-eng-shm")
+    assert rust.ready["host_id"] == host_id()
+    eng = engine("py-eng-shm")
+    driver = Driver(eng)
+    try:
+        conn = await driver.connect(await unix_of(driver, rust))
+        assert conn.peer["name"] == "rs-eng-shm"
+        await request(conn, "handoff.demo.SendRequest", {"id": 5, "bytes": 8 * MIB})
+        got, body = await expect(conn, "handoff.demo.Payload")
+        assert "shm" in [f.kind for f in got.frames]
+        assert digest(np.frombuffer(body["data"], dtype=np.uint8)) == bytes(body["digest"])
+        assert eng.mapped_bytes >= 8 * MIB
+        # The Rust node keeps the segment under a lease until our last view is gone.
+        assert (await rust_stats(rust.listen))["shm_leases"]["count"] >= 1
+        view = np.frombuffer(body["data"], dtype=np.uint8)
+        del got, body
+        # The numpy view still holds the frame, and so the lease.
+        await asyncio.sleep(0.1)
+        assert (await rust_stats(rust.listen))["shm_leases"]["count"] >= 1
+        del view
+
+        async def released() -> bool:
+            return (await rust_stats(rust.listen))["shm_leases"]["count"] == 0
+
+        for _ in range(100):
+            if await released():
+                break
+            await asyncio.sleep(0.05)
+        assert await released(), "the release reached the Rust node"
+    finally:
+        driver.close()
+
+
+async def test_held_shm_frames_hold_no_descriptor(spawn_rust):
+    rust = await spawn_rust("rs-eng-fds")
+    driver = Driver(engine("py-eng-fds"))
+    try:
+        conn = await driver.connect(await unix_of(driver, rust))
+        before = open_fds()
+        held = []
+        for i in range(300):
+            await request(conn, "handoff.demo.SendRequest", {"id": i, "bytes": 256 * 1024})
+            got, body = await expect(conn, "handoff.demo.Payload")
+            held.append(got)
+        assert all("shm" in [f.kind for f in g.frames] for g in held)
+        # Mapped and cached by segment identity: no descriptor is kept per mapping, only
+        # those of the 64 segments received last (handoff-proto's FORWARDABLE), so that
+        # they can be passed on with no copy.
+        assert open_fds() - before <= 64 + 2, (before, open_fds())
+    finally:
+        driver.close()
+
+
+async def test_a_wrong_secret_fails_the_handshake(spawn_rust):
+    rust = await spawn_rust("rs-eng-auth")
+    driver = Driver(Engine("py-eng-auth", b"not the secret"))
+    try:
+        with pytest.raises((AuthenticationError, PeerRefused)) as caught:
+            await driver.connect(rust.listen, timeout=10)
+        assert "auth" in str(caught.value)
+        assert not driver.connections
+    finally:
+        driver.close()
+
+
+async def test_admit_refuses_a_peer_identity(spawn_rust):
+    rust = await spawn_rust("rs-eng-admit")
+    driver = Driver(engine("py-eng-admit"))
+    try:
+        with pytest.raises(ConnectionFailed) as caught:
+            await driver.connect(rust.listen, admit=lambda peer: f"{peer['name']} is already connected", timeout=10)
+        assert caught.value.code == "handshake" and "rs-eng-admit is already connected" in caught.value.message
+    finally:
+        driver.close()
+
+
+async def test_unknown_types_are_refused_and_the_peer_told(spawn_rust):
+    rust = await spawn_rust("rs-eng-types")
+    eng = engine("py-eng-types")
+    eng.register(["handoff.demo.Receipt"])
+    driver = Driver(eng)
+    try:
+        conn = await driver.connect(rust.listen)
+        await request(conn, "handoff.bench.Ping", {"seq": 1, "data": b"x"})
+        with pytest.raises(ConnectionFailed) as caught:
+            await conn.recv(10)
+        assert caught.value.code == "unknown-type" and not caught.value.by_peer
+        # The Rust node read our error before the end of the stream.
+        text = await rust.wait_stderr("unknown-type")
+        assert "unknown-type" in text
+    finally:
+        driver.close()
+
+
+async def test_a_peer_that_is_not_a_node_is_refused_by_the_engine():
+    """A listener that answers garbage: the engine refuses it with `bad-magic`."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    loop = asyncio.get_running_loop()
+
+    async def garbage():
+        server.setblocking(False)
+        s, _ = await loop.sock_accept(server)
+        await loop.sock_sendall(s, b"GET / HTTP/1.1\r\n\r\n")
+        await asyncio.sleep(0.5)
+        s.close()
+
+    task = asyncio.create_task(garbage())
+    driver = Driver(engine("py-eng-garbage"))
+    try:
+        with pytest.raises(ConnectionFailed) as caught:
+            await driver.connect(f"tcp://127.0.0.1:{port}", timeout=10)
+        assert caught.value.code == "bad-magic"
+    finally:
+        driver.close()
+        await task
+        server.close()
+
+
+async def test_a_silent_peer_times_out_the_handshake():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    port = server.getsockname()[1]
+    driver = Driver(engine("py-eng-silent", handshake_timeout=0.5))
+    try:
+        with pytest.raises((ConnectionFailed, PeerClosed)) as caught:
+            await driver.connect(f"tcp://127.0.0.1:{port}", timeout=10)
+        assert "timeout" in str(caught.value)
+    finally:
+        driver.close()
+        server.close()
+
+
+async def test_the_budget_stops_reading_and_taking_gives_room_back(spawn_rust):
+    rust = await spawn_rust("rs-eng-budget", "--host-id", "rust-host")
+    # Room for about one 4 MiB message per peer: the rest wait in the socket.
+    eng = engine("py-eng-budget", host_id="py-host", max_buffered_bytes_per_peer=5 * MIB)
+    driver = Driver(eng)
+    try:
+        conn = await driver.connect(rust.listen)
+        for i in range(4):
+            await request(conn, "handoff.demo.SendRequest", {"id": i, "bytes": 4 * MIB})
+        assert await eventually(lambda: conn.buffered_bytes > 0)
+        await asyncio.sleep(0.3)
+        assert conn.buffered_bytes <= 5 * MIB + 64 * 1024, conn.buffered_bytes
+        ids = []
+        for _ in range(4):
+            got, body = await expect(conn, "handoff.demo.Payload")
+            ids.append(body["id"])
+            assert conn.buffered_bytes <= 5 * MIB + 64 * 1024
+        assert ids == [0, 1, 2, 3]
+    finally:
+        driver.close()
+
+
+@pytest.mark.parametrize("channel", ["tcp", "unix"])
+async def test_python_to_python_both_ways(channel, tmp_path):
+    a = Driver(engine("py-eng-a"))
+    b = Driver(engine("py-eng-b"))
+    addr = f"unix://{tmp_path}/b.sock" if channel == "unix" else "tcp://127.0.0.1:0"
+    listener = await b.listen(addr)
+    try:
+        dialed = await a.connect(listener.address)
+        accepted = await listener.accept(10)
+        assert dialed.peer["name"] == "py-eng-b" and accepted.peer["name"] == "py-eng-a"
+        assert dialed.peer["language"] == "python" and dialed.peer["implementation"].startswith("handoff-py-engine/")
+        big = np.arange(8 * MIB, dtype=np.uint8)
+        for i in range(20):
+            await request(dialed, "t.Work", {"i": i, "data": big if i == 7 else b"small"})
+        for i in range(20):
+            _, body = await expect(accepted, "t.Work")
+            assert body["i"] == i
+            if i == 7:
+                assert np.array_equal(np.frombuffer(body["data"], dtype=np.uint8), big)
+        await request(accepted, "t.Done", {"n": 20})
+        _, body = await expect(dialed, "t.Done")
+        assert body == {"n": 20}
+        # Closing one side: the other sees the end of the stream between messages.
+        dialed.close()
+        with pytest.raises(PeerClosed, match="closed the connection"):
+            await accepted.recv(10)
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
+async def test_the_listener_bounds_handshakes_in_progress():
+    driver = Driver(engine("py-eng-listen", handshake_timeout=5))
+    listener = await driver.listen(max_handshakes=2)
+    host, port = listener.address.removeprefix("tcp://").rsplit(":", 1)
+    silent = [socket.create_connection((host, int(port))) for _ in range(5)]
+    try:
+        assert await eventually(lambda: listener.refused >= 3), listener.refused
+        # The refused ones were closed at once: reading them gives the end of the stream.
+        closed = 0
+        for s in silent:
+            s.settimeout(0.2)
+            try:
+                data = s.recv(64)
+                closed += data == b""
+            except (TimeoutError, socket.timeout):
+                pass
+            except ConnectionResetError:
+                closed += 1
+        assert closed == 3, closed
+    finally:
+        for s in silent:
+            s.close()
+        listener.close()
+        driver.close()
+
+
+async def test_a_forked_child_draws_its_own_nonces_ids_and_tokens():
+    """Parent and forked child run a handshake with each other after the engine was used
+    before the fork: each draws its own nonce, node id and process id (a generator whose
+    state the child inherits would give both the same, and the handshake would be refused
+    as reflected)."""
+    before = engine("py-eng-prefork")
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # the child: answer one handshake and one message, then exit
+        try:
+            a.close()
+
+            async def child() -> None:
+                d = Driver(engine("py-eng-child"))
+                c = d.adopt(b, "acceptor", "parent")
+                await c.ready(10)
+                got = await c.recv(10)
+                c.send_now("t.Pid", encode_body({"node_id": d.engine.node_id}).body)
+                await asyncio.sleep(0.2)
+                d.close()
+                del got
+
+            asyncio.run(child())
+        finally:
+            os._exit(0)
+    b.close()
+    driver = Driver(engine("py-eng-parent"))
+    try:
+        conn = driver.adopt(a, "dialer", "child")
+        await conn.ready(10)
+        conn.send_now("t.Hi", encode_body({}).body)
+        _, body = await expect(conn, "t.Pid", timeout=10)
+        ours = {before.node_id, driver.engine.node_id}
+        assert body["node_id"] not in ours and conn.peer["node_id"] == body["node_id"]
+        assert conn.peer["pid"] == pid
+        assert conn.peer["process_id"] not in (before.process_id, driver.engine.process_id)
+    finally:
+        driver.close()
+        os.waitpid(pid, 0)
+
+
+async def test_shm_sends_to_rust_go_as_segments_and_come_back(spawn_rust, rust_stats):
+    rust = await spawn_rust("rs-eng-shm-in")
+    driver = Driver(engine("py-eng-shm-out"))
+    try:
+        conn = await driver.connect(await unix_of(driver, rust))
+        out = np.random.default_rng(9).integers(0, 256, 16 * MIB, dtype=np.uint8)
+        await request(
+            conn, "handoff.demo.Payload", {"id": 9, "digest": digest(out), "data": out, "prepare_seconds": 0.0}
+        )
+        _, receipt = await expect(conn, "handoff.demo.Receipt")
+        assert receipt["verified"] is True and receipt["bytes"] == 16 * MIB
+        # Sent as a segment under a lease, until the Rust node dropped its last view.
+        assert await eventually(lambda: conn.conn.shm_leases == (0, 0)), conn.conn.shm_leases
+        assert ["py-eng-shm-out", "shm"] in (await rust_stats(rust.listen))["peers"]
+    finally:
+        driver.close()
+
+
+async def test_python_to_python_over_shm_with_the_lease_cap(tmp_path):
+    a = Driver(engine("py-eng-cap-a", max_shm_lease_bytes_per_peer=3 * MIB))
+    b = Driver(engine("py-eng-cap-b"))
+    listener = await b.listen(f"unix://{tmp_path}/cap.sock")
+    try:
+        sender = await a.connect(listener.address)
+        receiver = await listener.accept(10)
+        chunk = np.full(2 * MIB, 7, dtype=np.uint8)
+        await request(sender, "t.Big", {"i": 0, "data": chunk})
+        got0, body0 = await expect(receiver, "t.Big")
+        assert [f.kind for f in got0.frames] == ["shm"]
+        assert sender.conn.shm_leases[0] == 1
+        # The receiver holds 2 MiB of the 3 it may: a second 2 MiB frame waits for a release.
+        with pytest.raises(CapReached):
+            sender.send_now("t.Big", encode_body({"i": 1, "data": chunk}).body, [chunk])
+        waiting = asyncio.create_task(request(sender, "t.Big", {"i": 1, "data": chunk}))
+        await asyncio.sleep(0.2)
+        assert not waiting.done(), "the send waits while the peer holds as much as it may"
+        del got0, body0  # the last view: the lease goes back, and the send goes on
+        await asyncio.wait_for(waiting, 10)
+        _, body1 = await expect(receiver, "t.Big")
+        assert body1["i"] == 1 and np.frombuffer(body1["data"], dtype=np.uint8)[0] == 7
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
+async def test_what_the_peer_would_refuse_fails_locally_and_the_connection_goes_on(spawn_rust):
+    rust = await spawn_rust("rs-eng-limits", "--host-id", "rust-host")
+    driver = Driver(engine("py-eng-limits", host_id="py-host"))
+    try:
+        conn = await driver.connect(rust.listen)
+        with pytest.raises(MessageTooLarge) as caught:
+            await conn.send("handoff.bench.Ping", encode_body({"seq": 1}).body, [b"x"] * 1025)
+        assert caught.value.code == "too-many-frames" and caught.value.limit == 1024
+        await request(conn, "handoff.bench.Ping", {"seq": 2, "data": b"ok"})
+        _, body = await expect(conn, "handoff.bench.Ping")
+        assert body == {"seq": 2, "data": b"ok"}
+    finally:
+        driver.close()
+
+
+# ---------------------------------------------------------------- TLS (spec §3.1)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    from tls_certs import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def tls_engine(name: str, pki, which: str = "a", ca=None, **kw) -> Engine:
+    c = getattr(pki, which)
+    return engine(
+        name,
+        host_id=f"host-{name}",
+        tls_cert_chain=c.cert.read_bytes(),
+        tls_key=c.key.read_bytes(),
+        tls_ca=(ca or pki.ca).read_bytes(),
+        **kw,
+    )
+
+
+async def test_tls_python_to_python_both_ways(pki):
+    a = Driver(tls_engine("py-tls-a", pki, "a"))
+    b = Driver(tls_engine("py-tls-b", pki, "b"))
+    listener = await b.listen()
+    try:
+        dialed = await a.connect(listener.address)
+        accepted = await listener.accept(10)
+        big = np.random.default_rng(5).integers(0, 256, 3 * MIB + 17, dtype=np.uint8)
+        await request(dialed, "t.X", {"d": big})
+        _, body = await expect(accepted, "t.X")
+        assert np.array_equal(np.frombuffer(body["d"], dtype=np.uint8), big)
+        for i in range(200):
+            await request(accepted, "t.N", {"i": i})
+        assert [(await expect(dialed, "t.N"))[1]["i"] for _ in range(200)] == list(range(200))
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
+async def test_tls_to_a_rust_node(spawn_rust, pki):
+    c = pki.b
+    flags = ["--tls-cert", str(c.cert), "--tls-key", str(c.key), "--tls-ca", str(pki.ca)]
+    rust = await spawn_rust("rs-eng-tls", "--host-id", "rust-host", *flags)
+    driver = Driver(tls_engine("py-eng-tls", pki, "a"))
+    try:
+        conn = await driver.connect(rust.listen)
+        assert conn.peer["name"] == "rs-eng-tls"
+        await request(conn, "handoff.demo.SendRequest", {"id": 1, "bytes": 8 * MIB})
+        _, body = await expect(conn, "handoff.demo.Payload")
+        assert digest(np.frombuffer(body["data"], dtype=np.uint8)) == bytes(body["digest"])
+        await request(conn, "handoff.bench.Ping", {"seq": 3, "data": b"over tls"})
+        assert (await expect(conn, "handoff.bench.Ping"))[1] == {"seq": 3, "data": b"over tls"}
+    finally:
+        driver.close()
+
+
+async def test_tls_refuses_a_certificate_from_another_ca(pki):
+    a = Driver(tls_engine("py-tls-foreign", pki, "foreign"))
+    b = Driver(tls_engine("py-tls-b2", pki, "b"))
+    listener = await b.listen()
+    try:
+        with pytest.raises((TlsError, PeerClosed)) as caught:
+            await a.connect(listener.address, timeout=10)
+        assert "TLS" in str(caught.value) or "tls" in str(caught.value), caught.value
+        assert await eventually(lambda: listener.failed >= 1)
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
+async def test_tls_checks_the_name_the_dialer_expects(pki):
+    a = Driver(tls_engine("py-tls-name-a", pki, "a"))
+    b = Driver(tls_engine("py-tls-name-b", pki, "other_name"))
+    listener = await b.listen()
+    try:
+        with pytest.raises(TlsError, match="does not name"):
+            await a.connect(listener.address, timeout=10)
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
+async def test_tls_required_a_plain_peer_is_told_so(pki):
+    b = Driver(tls_engine("py-tls-required", pki, "b"))
+    plain = Driver(engine("py-plain", host_id="host-plain"))
+    listener = await b.listen()
+    try:
+        with pytest.raises(PeerRefused) as caught:
+            await plain.connect(listener.address, timeout=10)
+        assert caught.value.code == "tls-required"
+    finally:
+        listener.close()
+        b.close()
+        plain.close()
+
+
+async def test_tls_a_plain_node_refuses_a_tls_dialer_with_a_hint(pki):
+    a = Driver(tls_engine("py-tls-dialer", pki, "a"))
+    plain = Driver(engine("py-plain-listener", host_id="host-plain2"))
+    listener = await plain.listen()
+    try:
+        with pytest.raises((TlsError, PeerClosed)):
+            await a.connect(listener.address, timeout=10)
+        assert await eventually(lambda: listener.failed >= 1)
+    finally:
+        listener.close()
+        a.close()
+        plain.close()
