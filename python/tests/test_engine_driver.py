@@ -17,8 +17,8 @@ import pytest
 from conftest import SECRET
 from handoff import AuthenticationError
 from handoff.codec import decode_body, encode_body
-from handoff.engine import ConnectionFailed, Driver, Engine
-from handoff.errors import CapReached, MessageTooLarge, PeerClosed, PeerRefused, TlsError
+from handoff.engine import ConnectionFailed, Driver, Engine, Ticket
+from handoff.errors import CapReached, MessageTooLarge, PeerClosed, PeerRefused, TicketRefused, TlsError
 from handoff.identity import host_id
 from handoff.tickets import digest
 from helpers import eventually
@@ -31,9 +31,14 @@ def engine(name: str, **kw) -> Engine:
     return Engine(name, SECRET, **kw)
 
 
+def encoded(value) -> tuple:
+    """``value``'s body and frames (tickets travel as frames, as themselves)."""
+    enc = encode_body(value, is_frame=lambda o: isinstance(o, Ticket))
+    return enc.body, [src if f is None else f for f, src in zip(enc.frames, enc.sources)]
+
+
 async def request(conn, type_name: str, value) -> None:
-    enc = encode_body(value)
-    await conn.send(type_name, enc.body, enc.frames)
+    await conn.send(type_name, *encoded(value))
 
 
 async def expect(conn, type_name: str, timeout: float = 30):
@@ -519,3 +524,91 @@ async def test_tls_a_plain_node_refuses_a_tls_dialer_with_a_hint(pki):
         listener.close()
         a.close()
         plain.close()
+
+
+# ---------------------------------------------------------------- tickets (spec §7.5–§7.9)
+
+
+async def test_a_ticket_from_rust_is_redeemed_checked_and_released(spawn_rust, rust_stats):
+    rust = await spawn_rust("rs-eng-owner", "--host-id", "owner-host", "--ticket-threshold", "65536")
+    driver = Driver(engine("py-eng-holder", host_id="holder-host", capabilities=["inline", "ticket", "xxh3"]))
+    try:
+        conn = await driver.connect(rust.listen)
+        await request(conn, "handoff.demo.SendRequest", {"id": 1, "bytes": 4 * MIB})
+        got, body = await expect(conn, "handoff.demo.Payload")
+        ticket = body["data"]
+        assert isinstance(ticket, Ticket) and len(ticket) == 4 * MIB and ticket.owner == conn.peer["node_id"]
+        assert (await rust_stats(rust.listen))["ticket_leases"]["count"] >= 1
+        data = await driver.redeem(ticket)
+        assert digest(np.frombuffer(data, dtype=np.uint8)) == bytes(body["digest"])
+        part = await driver.read(ticket, 100, 50)
+        assert bytes(part) == bytes(data)[100:150]
+        # Our last handle gone: the owner hears `unlease` and ends the lease.
+        del ticket, body, got
+        assert await eventually(lambda: _count(rust_stats(rust.listen), "ticket_leases"), timeout=10) == "zero"
+    finally:
+        driver.close()
+
+
+async def _count(stats, key: str) -> str:
+    return "zero" if (await stats)[key]["count"] == 0 else ""
+
+
+async def test_python_sends_tickets_to_rust_and_the_leases_end(spawn_rust):
+    rust = await spawn_rust("rs-eng-redeemer", "--host-id", "rust-host")
+    eng = engine("py-eng-issuer", host_id="py-host", capabilities=["inline", "ticket"], ticket_threshold=65536)
+    driver = Driver(eng)
+    try:
+        conn = await driver.connect(rust.listen)
+        out = np.random.default_rng(11).integers(0, 256, 8 * MIB, dtype=np.uint8)
+        await request(
+            conn, "handoff.demo.Payload", {"id": 4, "digest": digest(out), "data": out, "prepare_seconds": 0.0}
+        )
+        assert eng.ticket_leases[0] >= 1, "the frame went as a ticket"
+        _, receipt = await expect(conn, "handoff.demo.Receipt")
+        assert receipt["verified"] is True and receipt["bytes"] == 8 * MIB
+        assert await eventually(lambda: eng.ticket_leases == (0, 0), timeout=10), eng.ticket_leases
+    finally:
+        driver.close()
+
+
+async def test_python_tickets_forwarded_to_a_third_node_and_refused_when_expired():
+    owner = Driver(engine("py-t-owner", host_id="h-owner", capabilities=["inline", "ticket"], lease_ttl=1.0))
+    holder = Driver(engine("py-t-holder", host_id="h-holder", capabilities=["inline", "ticket"]))
+    third = Driver(engine("py-t-third", host_id="h-third", capabilities=["inline", "ticket"]))
+    owner_l, holder_l, third_l = await owner.listen(), await holder.listen(), await third.listen()
+    try:
+        to_holder = await owner.connect(holder_l.address)
+        data = np.arange(MIB, dtype=np.uint8)
+        await to_holder.send("t.T", *encoded({"d": data}), by_ticket=True)
+        from_owner = await holder_l.accept(10)
+        got, body = await expect(from_owner, "t.T")
+        ticket = body["d"]
+        assert isinstance(ticket, Ticket) and ticket.holder == holder.engine.node_id
+        # The holder passes it on: the owner registers the third node, whose claim travels.
+        to_third = await holder.connect(third_l.address)
+        assert to_third.conn.plan_held(ticket) == "forward"
+        await to_third.send("t.T", *encoded({"d": ticket}))
+        from_holder = await third_l.accept(10)
+        _, body3 = await expect(from_holder, "t.T")
+        forwarded = body3["d"]
+        assert forwarded.holder == third.engine.node_id and forwarded.lease == ticket.lease
+        # The third node pulls straight from the owner (it is not connected to it: no address
+        # in the claim, so through a connection of its own to the owner's listener).
+        await third.connect(owner_l.address)
+        assert np.array_equal(np.frombuffer(await third.redeem(forwarded), dtype=np.uint8), data)
+        # A token is the node's own: the holder's token from the third node is refused.
+        stolen = ticket.forwarded(bytes(32), third.engine.node_id)
+        with pytest.raises(TicketRefused):
+            await third.redeem(stolen)
+        # Past the ttl, with nobody renewing, the holds expire and the lease ends.
+        del got, body, body3, forwarded, stolen
+        await asyncio.sleep(1.5)
+        owner._expire()
+        with pytest.raises(TicketRefused) as caught:
+            await holder.redeem(ticket)
+        assert caught.value.code in ("unknown-lease", "expired"), caught.value
+    finally:
+        for d, lst in ((owner, owner_l), (holder, holder_l), (third, third_l)):
+            lst.close()
+            d.close()

@@ -34,6 +34,7 @@
 pub mod admission;
 pub mod bounds;
 pub mod budget;
+pub mod established;
 pub mod handshake;
 pub mod identity;
 pub mod inbound;

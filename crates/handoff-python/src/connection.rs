@@ -29,20 +29,24 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use handoff_proto::budget::{Account, Permit};
+use handoff_proto::established::{Established, Refused, Step};
 use handoff_proto::handshake::{error_header, Config, Failure, Handshake, Status, DRAIN_BYTES, DRAIN_TIME};
-use handoff_proto::inbound::{Digest, Event, Frame as InFrame, Inbound, Step};
+use handoff_proto::inbound::{Digest, Event, Frame as InFrame, Inbound};
 use handoff_proto::outbound::{
     inline_routes, message_head, Planned, Routed, Router, ShmRouting, MAX_RELEASES_PER_MESSAGE,
 };
-use handoff_proto::receive::{self, Receiving};
+use handoff_proto::receive::{self, Asked, Receiving};
+use handoff_proto::send_policy::{self, issued_claim, FramePlan, TicketPolicy};
 use handoff_proto::shm::buffers::{Held, PassFd};
 use handoff_proto::shm::buffers::{Release, RemoteView};
 use handoff_proto::shm::leases::ShmLeases;
-use handoff_proto::ticket_leases::{LeaseConfig, LeaseTable};
+use handoff_proto::ticket_leases::LeaseTable;
+use handoff_proto::ticket_requests::{Answer, Requests};
 use handoff_proto::{peers, Handshaken};
 use handoff_wire::auth::Role;
 use handoff_wire::framing::encode_header_into;
 use handoff_wire::{Buffer, Header, Ident, WireError};
+use handoff_wire::{Channel, Endpoint, TicketClaim, TicketOp};
 use pyo3::exceptions::{PyOSError, PyPermissionError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
@@ -50,6 +54,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 use crate::engine::{Engine, Shared};
 use crate::frames::{bytes_of, Frame};
 use crate::socket;
+use crate::tickets::Ticket;
 use crate::tls::{TlsLayer, TlsRead};
 use handoff_proto::tls::{plain_refusal, Opening, TLS_REQUIRED_MESSAGE};
 
@@ -59,7 +64,8 @@ const IMPLEMENTATION: &str = concat!("handoff-py-engine/", env!("CARGO_PKG_VERSI
 /// Where a connection is.
 enum Phase {
     Handshake(Box<Handshake>),
-    Established(Box<Inbound>),
+    /// Waiters are our request ids.
+    Established(Box<Established<u64>>),
     /// After an error was sent: what the peer still sends is read and dropped until it
     /// closes, `left` more bytes were read or `until` passed, so that closing does not reset
     /// the connection while the error is in flight (spec §11.3).
@@ -133,24 +139,30 @@ impl Received {
     }
 }
 
-/// One connection of a node, driven from Python's event loop (see the module's text).
-/// Bound to the thread that made it: the event loop's.
-#[pyclass(unsendable, module = "handoff._native")]
+/// The connection's phase, through `&mut self` (no lock taken: `Mutex::get_mut`).
+macro_rules! phase {
+    ($self:ident) => {
+        $self.phase.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+}
+
+/// One connection of a node, driven from Python's event loop (see the module's text). It
+/// may be dropped on any thread (its socket is closed there).
+#[pyclass(module = "handoff._native")]
 pub struct Connection {
     shared: Arc<Shared>,
     socket: Option<OwnedFd>,
     unix: bool,
     label: String,
-    phase: Phase,
+    /// Behind a lock only so that the connection may be shared between threads (what
+    /// Python asks of a class); its methods reach it through `&mut self`.
+    phase: Mutex<Phase>,
     out: Outgoing,
     /// Our sending direction was shut down (after an error, or at close).
     shut: bool,
     /// Leases of the peer's segments whose last view here was dropped: `release`s to send.
     releases: Arc<Mutex<Vec<u64>>>,
     account: Arc<Account>,
-    /// The leases we issued (none yet from this driver): the engine refuses requests for
-    /// others as the spec says.
-    leases: Arc<LeaseTable>,
     /// The check of the peer's identity before `ready` (node-id uniqueness), from Python.
     admit: Option<Py<PyAny>>,
     peer: Option<Handshaken>,
@@ -162,6 +174,8 @@ pub struct Connection {
     shm_leases: ShmLeases<Held>,
     /// The TLS session, on a TCP connection of an engine with TLS.
     tls: Option<Box<TlsLayer>>,
+    /// Our ticket requests on this connection that wait for the owner's answer, by id.
+    requests: Arc<Mutex<Requests<u64>>>,
     /// The first byte is still to be looked at (a plain peer where TLS is required gets
     /// `tls-required`).
     opening: bool,
@@ -248,21 +262,16 @@ impl Connection {
             progress_timeout: shared.bounds.progress_timeout,
             dialed: shared.nonces.clone(),
         };
-        let leases = Arc::new(LeaseTable::new(
-            LeaseConfig::default(),
-            shared.bounds.max_holders_per_lease,
-        ));
         let mut connection = Connection {
             shared,
             socket: Some(socket),
             unix,
             label,
-            phase: Phase::Handshake(Box::new(Handshake::new(config, now))),
+            phase: Mutex::new(Phase::Handshake(Box::new(Handshake::new(config, now)))),
             out: Outgoing::default(),
             shut: false,
             releases: Arc::default(),
             account: Arc::default(),
-            leases,
             admit,
             peer: None,
             waiting_for_room: false,
@@ -278,6 +287,7 @@ impl Connection {
             // An accepting side with TLS looks at the first byte before TLS does.
             opening: tls.is_some() && role == Role::Acceptor,
             tls,
+            requests: Arc::default(),
         };
         connection.queue_handshake_bytes();
         Ok(connection)
@@ -299,7 +309,7 @@ impl Connection {
     #[getter]
     fn done(&self) -> bool {
         self.socket.is_none()
-            || (matches!(self.phase, Phase::Over)
+            || (matches!(*self.phase_now(), Phase::Over)
                 && self.out.is_empty()
                 && !self.tls.as_ref().is_some_and(|t| t.wants_write()))
     }
@@ -307,7 +317,7 @@ impl Connection {
     /// Whether the handshake is over and the connection not yet.
     #[getter]
     fn established(&self) -> bool {
-        matches!(self.phase, Phase::Established(_))
+        matches!(*self.phase_now(), Phase::Established(_))
     }
 
     /// The peer's label as errors name it.
@@ -351,9 +361,9 @@ impl Connection {
     /// Seconds until the engine's next deadline (the handshake's, or a message's progress);
     /// `None` when there is none.
     fn timeout(&self) -> Option<f64> {
-        let at = match &self.phase {
+        let at = match &*self.phase_now() {
             Phase::Handshake(hs) => hs.poll_timeout(),
-            Phase::Established(inbound) => inbound.poll_timeout(),
+            Phase::Established(conn) => conn.poll_timeout(),
             Phase::Draining { until, .. } => Some(*until),
             Phase::Over => None,
         }?;
@@ -364,16 +374,16 @@ impl Connection {
     fn on_timeout(&mut self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
         let now = Instant::now();
         let mut events = Vec::new();
-        match &mut self.phase {
+        match phase!(self) {
             Phase::Handshake(hs) => hs.handle_timeout(now),
-            Phase::Established(inbound) => {
-                if let Err(e) = inbound.handle_timeout(now) {
+            Phase::Established(conn) => {
+                if let Err(e) = conn.inbound().handle_timeout(now) {
                     self.refuse(py, &e, &mut events)?;
                 }
             }
             Phase::Draining { until, .. } => {
                 if now >= *until {
-                    self.phase = Phase::Over;
+                    *phase!(self) = Phase::Over;
                 }
             }
             Phase::Over => {}
@@ -391,21 +401,31 @@ impl Connection {
     /// the peer releases them. Returns `False`, and sends nothing, when the peer holds as
     /// much shared memory as it may: try again after a `released` event. Refuses what the
     /// peer would have to refuse (spec §9).
+    ///
+    /// Frames may also be [`Ticket`]s made for the receiver (a forward's answer). Over TCP,
+    /// frames of the engine's `ticket_threshold` and more, or every frame `by_ticket`, go as
+    /// tickets to a receiver that takes them: leased in the node's table until it releases
+    /// them. Returns `None` once queued, or why nothing was sent and the send should wait:
+    /// `"shm-leases"` (the peer holds as much of our shared memory as it may: wait for a
+    /// `released` event) or `"ticket-leases"` (the lease table is full: wait for the wake
+    /// pipe, `Engine.wait_for_leases`).
+    #[pyo3(signature = (type_name, body, frames, by_ticket=false))]
     fn send(
         &mut self,
         py: Python<'_>,
         type_name: &str,
         body: &Bound<'_, PyAny>,
         frames: Vec<Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
-        if !matches!(self.phase, Phase::Established(_)) || self.shut {
+        by_ticket: bool,
+    ) -> PyResult<Option<&'static str>> {
+        if !matches!(phase!(self), Phase::Established(_)) || self.shut {
             return Err(PyOSError::new_err(format!(
                 "the connection to {} is not open",
                 self.label
             )));
         }
         let body = bytes_of(body)?;
-        let frames = frames.iter().map(bytes_of).collect::<PyResult<Vec<Bytes>>>()?;
+        let frames = frames.iter().map(Outbound::of).collect::<PyResult<Vec<Outbound>>>()?;
         let limits = self.shared.limits;
         let label = self.label.clone();
         // (message, code, limit): Python raises `MessageTooLarge` with the code the peer
@@ -421,13 +441,25 @@ impl Connection {
             PyValueError::new_err((format!("cannot send {type_name} to {label}: {e}"), e.code(), limit))
         };
         limits
-            .check_outgoing(body.len(), frames.iter().map(|f| f.len() as u64))
+            .check_outgoing(body.len(), frames.iter().map(Outbound::len))
             .map_err(unsendable)?;
-        let planned: Vec<Planned> = frames.into_iter().map(|f| Planned::Bytes(Buffer::from(f))).collect();
+        let Some(planned) = self.plan(py, frames, by_ticket)? else {
+            return Ok(Some("ticket-leases"));
+        };
+        let issued: Vec<TicketClaim> = planned
+            .iter()
+            .filter_map(|p| match p {
+                Planned::Ticket(c) if c.owner == self.shared.me.node_id => Some(c.clone()),
+                _ => None,
+            })
+            .collect();
         let (routed, leased) = if self.shm_routing.is_some() {
             match self.route_shared(py, planned)? {
                 Some(routed) => routed,
-                None => return Ok(false),
+                None => {
+                    self.withdraw(&issued);
+                    return Ok(Some("shm-leases"));
+                }
             }
         } else {
             (inline_routes(planned), Vec::new())
@@ -436,6 +468,7 @@ impl Connection {
             Ok(head) => head,
             Err(e) => {
                 self.shm_leases.release(&leased);
+                self.withdraw(&issued);
                 return Err(unsendable(e));
             }
         };
@@ -453,7 +486,81 @@ impl Connection {
             self.out.push(b);
         }
         self.write_queued()?;
-        Ok(true)
+        Ok(None)
+    }
+
+    /// How a [`Ticket`] this node holds travels to this peer (spec §7.8): `"redeem"` (its
+    /// bytes go: the peer is its owner, takes no tickets or would refuse its digest) or
+    /// `"forward"` (ask the owner to make the peer a holder, and send that claim).
+    fn plan_held(&self, ticket: &Bound<'_, Ticket>) -> PyResult<&'static str> {
+        let receiver = self.receiver()?;
+        let policy = self.policy(&receiver, false);
+        Ok(match policy.plan(send_policy::Frame::Held(&ticket.get().claim)) {
+            FramePlan::ForwardHeld => "forward",
+            _ => "redeem",
+        })
+    }
+
+    /// Asks the owner (this connection's peer) for `length` bytes from `offset` of a
+    /// ticket's buffer, hashed with BLAKE3 as they arrive when `hash`; returns the request's
+    /// id, answered by a `pulled` or an `answer` event.
+    #[pyo3(signature = (ticket, offset, length, hash=false))]
+    fn request_pull(&mut self, ticket: &Bound<'_, Ticket>, offset: u64, length: u64, hash: bool) -> PyResult<u64> {
+        let claim = &ticket.get().claim;
+        let op = |req| TicketOp::Pull {
+            req,
+            lease: claim.lease,
+            token: claim.token.clone(),
+            offset,
+            len: length,
+        };
+        self.request(
+            op,
+            Asked {
+                len: Some(length),
+                hash,
+            },
+        )
+    }
+
+    /// Asks the owner (this connection's peer) to make node `to` a holder of a ticket's
+    /// lease; returns the request's id, answered by an `answer` event with the new token
+    /// (`Ticket.forwarded`).
+    fn request_forward(&mut self, ticket: &Bound<'_, Ticket>, to: String) -> PyResult<u64> {
+        let claim = &ticket.get().claim;
+        let op = |req| TicketOp::Forward {
+            req,
+            lease: claim.lease,
+            token: claim.token.clone(),
+            to,
+        };
+        self.request(op, Asked { len: None, hash: false })
+    }
+
+    /// Gives up waiting for request `req` (its answer, if it comes, is dropped).
+    fn forget_request(&self, req: u64) {
+        self.requests.lock().expect("requests lock").complete(req);
+    }
+
+    /// Tells the owner (this connection's peer) that our hold on `lease` ended.
+    fn send_unlease(&mut self, lease: u64, token: Vec<u8>) -> PyResult<()> {
+        self.control(&Header::Ticket(TicketOp::Unlease { lease, token }))
+    }
+
+    /// Extends our hold on a ticket's lease by the lease's ttl.
+    fn send_renew(&mut self, ticket: &Bound<'_, Ticket>) -> PyResult<()> {
+        let claim = &ticket.get().claim;
+        let op = TicketOp::Renew {
+            lease: claim.lease,
+            token: claim.token.clone(),
+        };
+        self.control(&Header::Ticket(op))
+    }
+
+    /// The peer's node id, once the handshake is over.
+    #[getter]
+    fn peer_id(&self) -> Option<&str> {
+        self.peer.as_ref().map(|p| p.ident.node_id.as_str())
     }
 
     /// Leases of this node's segments that the peer holds: `(count, bytes)`.
@@ -465,7 +572,7 @@ impl Connection {
     /// Shuts our sending direction down once what is queued is written, and closes the
     /// socket.
     fn close(&mut self) {
-        self.phase = Phase::Over;
+        *phase!(self) = Phase::Over;
         self.stop_waiting_for_room();
         let _ = self.write_queued();
         self.socket = None;
@@ -481,7 +588,142 @@ impl Drop for Connection {
     }
 }
 
+/// One frame Python gave a send: bytes, or a ticket made for the receiver.
+enum Outbound {
+    Bytes(Bytes),
+    Ticket(TicketClaim, String),
+}
+
+impl Outbound {
+    fn of(obj: &Bound<'_, PyAny>) -> PyResult<Outbound> {
+        if let Ok(t) = obj.cast::<Ticket>() {
+            let t = t.get();
+            return Ok(Outbound::Ticket(t.claim.clone(), t.holder.clone()));
+        }
+        bytes_of(obj).map(Outbound::Bytes)
+    }
+
+    /// Bytes the frame announces (a ticket: none on the stream).
+    fn len(&self) -> u64 {
+        match self {
+            Outbound::Bytes(b) => b.len() as u64,
+            Outbound::Ticket(..) => 0,
+        }
+    }
+}
+
 impl Connection {
+    /// The phase, for a look from `&self`.
+    fn phase_now(&self) -> std::sync::MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The receiving node, as its handshake described it.
+    fn receiver(&self) -> PyResult<Endpoint> {
+        let done = self
+            .peer
+            .as_ref()
+            .ok_or_else(|| PyOSError::new_err(format!("the connection to {} is not open", self.label)))?;
+        Ok(peers::endpoint_of(&done.ident))
+    }
+
+    fn policy<'a>(&self, receiver: &'a Endpoint, by_ticket: bool) -> TicketPolicy<'a> {
+        TicketPolicy {
+            receiver,
+            channel: if self.unix { Channel::Shm } else { Channel::Tcp },
+            threshold: self.shared.ticket_threshold,
+            by_ticket,
+        }
+    }
+
+    /// The ticket policy for each frame: bytes, or a lease issued to the receiver (its
+    /// claim travels). `None` when the lease table has no room (the leases issued for this
+    /// message end again).
+    fn plan(&mut self, py: Python<'_>, frames: Vec<Outbound>, by_ticket: bool) -> PyResult<Option<Vec<Planned>>> {
+        let receiver = self.receiver()?;
+        let policy = self.policy(&receiver, by_ticket);
+        let shared = self.shared.clone();
+        let mut planned = Vec::with_capacity(frames.len());
+        let mut issued = Vec::new();
+        for frame in frames {
+            let bytes = match frame {
+                Outbound::Ticket(claim, holder) => {
+                    if holder != receiver.node_id {
+                        self.withdraw(&issued);
+                        return Err(PyValueError::new_err(format!(
+                            "a ticket made for node {holder} cannot go to {}: forward it to the receiver first \
+                             (Connection.plan_held, request_forward)",
+                            receiver.node_id
+                        )));
+                    }
+                    planned.push(Planned::Ticket(claim));
+                    continue;
+                }
+                Outbound::Bytes(b) => b,
+            };
+            let len = bytes.len();
+            match policy.plan(send_policy::Frame::Bytes { len, on_demand: false }) {
+                FramePlan::Issue { lazy, xxh3 } => {
+                    let buffer = Buffer::from(bytes);
+                    // The digest is computed with the GIL released (a large buffer's BLAKE3).
+                    let leases = &shared.leases;
+                    let tried = py.detach(|| {
+                        let digest = LeaseTable::digest_for(&buffer, None, xxh3);
+                        leases.try_issue(&buffer, digest, &receiver.node_id)
+                    });
+                    let Ok(lease) = tried else {
+                        self.withdraw(&issued);
+                        return Ok(None);
+                    };
+                    let ttl = shared.leases.config.ttl;
+                    let claim = issued_claim(&lease, len as u64, &shared.me.node_id, shared.listen.clone(), ttl, lazy);
+                    issued.push(claim.clone());
+                    planned.push(Planned::Ticket(claim));
+                }
+                _ => planned.push(Planned::Bytes(Buffer::from(bytes))),
+            }
+        }
+        Ok(Some(planned))
+    }
+
+    /// Ends the leases issued for a message that was not sent after all.
+    fn withdraw(&self, issued: &[TicketClaim]) {
+        let Some(peer) = &self.peer else {
+            return;
+        };
+        for claim in issued {
+            let _ = self
+                .shared
+                .leases
+                .unlease(claim.lease, &peer.ident.node_id, &claim.token);
+        }
+    }
+
+    /// Sends a ticket request `op(req)` and records what it asked for.
+    fn request(&mut self, op: impl FnOnce(u64) -> TicketOp, asked: Asked) -> PyResult<u64> {
+        let req = self.shared.next_req.fetch_add(1, Ordering::Relaxed);
+        self.requests.lock().expect("requests lock").insert(req, asked, req);
+        if let Err(e) = self.control(&Header::Ticket(op(req))) {
+            self.requests.lock().expect("requests lock").complete(req);
+            return Err(e);
+        }
+        Ok(req)
+    }
+
+    /// Queues a control header and writes what the socket takes now.
+    fn control(&mut self, header: &Header<'_>) -> PyResult<()> {
+        if !matches!(phase!(self), Phase::Established(_)) || self.shut {
+            return Err(PyOSError::new_err(format!(
+                "the connection to {} is not open",
+                self.label
+            )));
+        }
+        let mut head = Vec::with_capacity(96);
+        encode_header_into(header, &mut head);
+        self.out.push(Bytes::from(head));
+        self.write_queued()
+    }
+
     /// Routes a message's frames for a same-host peer, leasing each shared one before the
     /// next is copied; `None` (every lease taken for it ended again) when the peer holds as
     /// much as it may. Copies run with the GIL released.
@@ -525,7 +767,7 @@ impl Connection {
 
     /// Moves the handshake's bytes to the write queue.
     fn queue_handshake_bytes(&mut self) {
-        if let Phase::Handshake(hs) = &mut self.phase {
+        if let Phase::Handshake(hs) = phase!(self) {
             if hs.has_transmit() {
                 self.out.push(Bytes::from(hs.take_transmit()));
             }
@@ -550,7 +792,7 @@ impl Connection {
                         self.opening = false;
                         self.out.clear(); // our preamble, queued for TLS
                         self.out.push(Bytes::from(plain_refusal()));
-                        self.phase = draining();
+                        *phase!(self) = draining();
                         let _ = self.write_queued();
                         self.shut_writing();
                         events.push(error_event(py, "tls-required", TLS_REQUIRED_MESSAGE, false)?);
@@ -561,7 +803,7 @@ impl Connection {
                 }
                 continue;
             }
-            match &mut self.phase {
+            match phase!(self) {
                 Phase::Over => return Ok(()),
                 Phase::Draining { left, .. } => {
                     let mut scratch = [0u8; 8192];
@@ -570,7 +812,7 @@ impl Connection {
                         // Descriptors that come now are closed as they are dropped here.
                         Ok(Some(got)) if got.bytes > 0 && got.bytes < *left => *left -= got.bytes,
                         _ => {
-                            self.phase = Phase::Over;
+                            *phase!(self) = Phase::Over;
                             return Ok(());
                         }
                     }
@@ -580,7 +822,7 @@ impl Connection {
                     match status {
                         Status::Admit(ident) => {
                             let verdict = self.check_peer(py, &ident)?;
-                            if let Phase::Handshake(hs) = &mut self.phase {
+                            if let Phase::Handshake(hs) = phase!(self) {
                                 hs.admit(verdict);
                             }
                             self.queue_handshake_bytes();
@@ -624,9 +866,9 @@ impl Connection {
                     }
                     self.queue_handshake_bytes();
                 }
-                Phase::Established(inbound) => {
+                Phase::Established(conn) => {
                     let now = Instant::now();
-                    let step = match inbound.poll(now) {
+                    let step = match conn.poll(now) {
                         Ok(step) => step,
                         Err(e) => {
                             self.refuse(py, &e, events)?;
@@ -635,7 +877,7 @@ impl Connection {
                     };
                     match step {
                         Step::Read => {
-                            let got = match read_from(socket.as_fd(), self.tls.as_deref_mut(), inbound.recv_space()) {
+                            let got = match read_from(socket.as_fd(), self.tls.as_deref_mut(), conn.recv_space()) {
                                 Ok(Some(got)) => got,
                                 Ok(None) => return Ok(()),
                                 Err(ReadError::Io(e)) => {
@@ -654,6 +896,7 @@ impl Connection {
                                 self.refuse(py, &e, events)?;
                                 return Ok(());
                             }
+                            let inbound = conn.inbound();
                             if let Err(e) = inbound.handle_fds(got.fds) {
                                 self.refuse(py, &e, events)?;
                                 return Ok(());
@@ -664,24 +907,31 @@ impl Connection {
                                 inbound.received(got.bytes, now);
                             }
                         }
-                        Step::Room { .. } => {
+                        Step::Room => {
                             // Counted before the attempt, so that room given back after it
                             // fires the wake pipe (then `flush` reads on).
                             if !self.waiting_for_room {
                                 self.waiting_for_room = true;
                                 self.shared.waiting_for_room.fetch_add(1, Ordering::AcqRel);
                             }
-                            if !inbound.try_take_room(0, now) {
+                            if !conn.try_take_room(now) {
                                 return Ok(());
                             }
                             self.stop_waiting_for_room();
                         }
-                        Step::CheckPulled { len, .. } => {
-                            // This driver asks for no tickets yet: every `pulled` is skipped.
-                            inbound.pulled_verdict(receive::pulled(None, len), now);
+                        Step::Answer { waiter, answer } => events.push(answer_event(py, waiter, answer)?),
+                        Step::Pulled { waiter, bytes, digest } => {
+                            let digest = match digest {
+                                Digest::Hashed(d) => Some(d),
+                                // This driver gives the engine no helper: it hashes inline.
+                                Digest::None | Digest::Behind(_) => None,
+                            };
+                            let frame = Py::new(py, Frame::new(bytes, "pulled"))?;
+                            let digest = digest.map(|d| pyo3::types::PyBytes::new(py, &d).unbind());
+                            events.push(("pulled", waiter, frame, digest).into_pyobject(py)?.into_any().unbind());
                         }
                         Step::Closed => {
-                            self.phase = Phase::Over;
+                            *phase!(self) = Phase::Over;
                             self.shut_writing();
                             events.push(
                                 PyTuple::new(py, ["closed".into_pyobject(py)?.into_any(), py.None().into_bound(py)])?
@@ -729,15 +979,20 @@ impl Connection {
             self.shared.bounds.progress_timeout,
         )
         .with_budget(self.shared.budget.clone(), self.account.clone())
-        .with_owner(self.leases.clone(), &done.ident.node_id, &self.shared.me.node_id)
+        .with_owner(self.shared.leases.clone(), &done.ident.node_id, &self.shared.me.node_id)
         .with_mappings(self.shared.mappings.clone());
         self.peer = Some(done);
-        self.phase = Phase::Established(Box::new(inbound));
+        let conn = Established::new(
+            inbound,
+            self.requests.clone(),
+            self.shared.bounds.max_buffered_bytes_per_peer,
+        );
+        *phase!(self) = Phase::Established(Box::new(conn));
     }
 
     /// The TLS session failed: nothing more can be said to the peer in the format.
     fn tls_failed(&mut self, py: Python<'_>, why: &str) -> PyResult<Py<PyAny>> {
-        self.phase = Phase::Over;
+        *phase!(self) = Phase::Over;
         self.out.clear();
         let _ = self.write_queued();
         self.shut_writing();
@@ -746,8 +1001,8 @@ impl Connection {
 
     /// The event Python gets for a failed handshake (the engine queued the `error` to send).
     fn handshake_failed(&mut self, py: Python<'_>, failure: Failure) -> PyResult<Py<PyAny>> {
-        let drain = matches!(&self.phase, Phase::Handshake(hs) if hs.drain_after_failure());
-        self.phase = if drain { draining() } else { Phase::Over };
+        let drain = matches!(phase!(self), Phase::Handshake(hs) if hs.drain_after_failure());
+        *phase!(self) = if drain { draining() } else { Phase::Over };
         let _ = self.write_queued();
         self.shut_writing();
         let (code, message, by_peer) = match failure {
@@ -767,7 +1022,7 @@ impl Connection {
 
     /// The engine refused what the peer did: the peer is told why, and the connection ends.
     fn refuse(&mut self, py: Python<'_>, e: &WireError, events: &mut Vec<Py<PyAny>>) -> PyResult<()> {
-        self.phase = if receive::drain_after(e) {
+        *phase!(self) = if receive::drain_after(e) {
             draining()
         } else {
             Phase::Over
@@ -818,20 +1073,15 @@ impl Connection {
                 }
                 None
             }
-            // Answers to requests this driver does not send yet: nothing waits for them.
-            Event::Ticket(_) | Event::PulledMismatch { .. } => None,
-            Event::Pulled { digest, .. } => {
-                if let Digest::Behind(_) = digest {
-                    unreachable!("this driver gives the engine no helper thread");
-                }
-                None
-            }
+            // Answers nobody waits for (the engine hands ours to their requests, and answers
+            // the peer's itself).
+            Event::Ticket(_) | Event::PulledMismatch { .. } | Event::Pulled { .. } => None,
             Event::Release(leases) => {
                 let ended = self.shm_leases.release(&leases);
                 Some(("released", ended).into_pyobject(py)?.into_any().unbind())
             }
             Event::PeerRefused { code, message } => {
-                self.phase = Phase::Over;
+                *phase!(self) = Phase::Over;
                 self.shut_writing();
                 Some(error_event(py, &code, &message, true)?)
             }
@@ -861,16 +1111,7 @@ impl Connection {
                 Py::new(py, Frame::new(Bytes::from_owner(view), "shm"))?.into_any()
             }
             InFrame::Shm { .. } => unreachable!("the engine maps segments itself (with_mappings)"),
-            InFrame::Ticket(claim) => {
-                let d = PyDict::new(py);
-                d.set_item("kind", "ticket")?;
-                d.set_item("owner", &claim.owner)?;
-                d.set_item("lease", claim.lease)?;
-                d.set_item("len", claim.len)?;
-                d.set_item("addr", &claim.addr)?;
-                d.set_item("lazy", claim.lazy)?;
-                d.into_any().unbind()
-            }
+            InFrame::Ticket(claim) => Py::new(py, Ticket::held(claim, &self.shared))?.into_any(),
         })
     }
 
@@ -883,7 +1124,7 @@ impl Connection {
             }
             std::mem::take(&mut *releases)
         };
-        if !matches!(self.phase, Phase::Established(_)) || self.shut {
+        if !matches!(phase!(self), Phase::Established(_)) || self.shut {
             return;
         }
         for chunk in leases.chunks(MAX_RELEASES_PER_MESSAGE) {
@@ -948,7 +1189,7 @@ impl Connection {
             tls.flush(socket.as_fd())
                 .map_err(|e| io_error(&format!("writing to {}", self.label), e))?;
         }
-        if self.shut || matches!(self.phase, Phase::Over) {
+        if self.shut || matches!(phase!(self), Phase::Over) {
             self.shut_writing();
         }
         Ok(())
@@ -1023,6 +1264,23 @@ fn ident_dict<'py>(py: Python<'py>, ident: &Ident, version: Option<u16>) -> PyRe
     d.set_item("unix", &ident.unix)?;
     d.set_item("version", version)?;
     Ok(d)
+}
+
+/// `("answer", req, kind, value)`: `token` (a forward's new token), `mismatch` (what came
+/// instead of what was asked), or `refused` (`(code, message)` of the owner's refusal).
+fn answer_event(py: Python<'_>, req: u64, answer: Result<Answer, Refused>) -> PyResult<Py<PyAny>> {
+    let event = match answer {
+        Ok(Answer::Token(token)) => ("answer", req, "token", pyo3::types::PyBytes::new(py, &token).into_any()),
+        Ok(Answer::Mismatch(why)) => ("answer", req, "mismatch", why.into_pyobject(py)?.into_any()),
+        Ok(Answer::Bytes(..)) => unreachable!("pulled bytes come as their own step"),
+        Err(r) => (
+            "answer",
+            req,
+            "refused",
+            (r.code, r.message).into_pyobject(py)?.into_any(),
+        ),
+    };
+    Ok(event.into_pyobject(py)?.into_any().unbind())
 }
 
 fn ready_event(py: Python<'_>, done: &Handshaken) -> PyResult<Py<PyAny>> {

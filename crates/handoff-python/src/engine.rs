@@ -9,7 +9,7 @@
 
 use std::collections::HashSet;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,6 +19,9 @@ use handoff_proto::handshake::DialerNonces;
 use handoff_proto::identity;
 use handoff_proto::recv_buffers::RecvPool;
 use handoff_proto::shm::MappingCache;
+use handoff_proto::ticket_leases::{LeaseConfig, LeaseTable};
+
+use crate::tickets::EndedHolds;
 use handoff_wire::{Endpoint, Limits, Preamble, WireError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -44,9 +47,21 @@ pub(crate) struct Shared {
     /// Connections that wait for room in the receive budget: room given back wakes the
     /// loop only while there are some (most messages are taken with nobody waiting).
     pub(crate) waiting_for_room: AtomicUsize,
+    /// Sends that wait for room in the lease table: a hold that ends wakes the loop only
+    /// while there are some.
+    pub(crate) waiting_for_leases: AtomicUsize,
     /// TLS for TCP connections (spec §3.1), if the node has it: then required of every TCP
     /// peer.
     pub(crate) tls: Option<Tls>,
+    /// The leases of the buffers this node sent as tickets; every connection answers the
+    /// holders' requests from it.
+    pub(crate) leases: Arc<LeaseTable>,
+    /// Over TCP, frames at least this large go as tickets (`None`: only when asked).
+    pub(crate) ticket_threshold: Option<usize>,
+    /// Ids of the ticket requests this node sends.
+    pub(crate) next_req: AtomicU64,
+    /// Holds on other nodes' buffers whose last handle was dropped.
+    pub(crate) ended_holds: EndedHolds,
 }
 
 /// A node's TLS: the engine's configurations, and the name to expect in an accepting
@@ -125,7 +140,8 @@ impl Engine {
                         progress_timeout=None, max_buffered_bytes=None,
                         max_buffered_bytes_per_peer=None, shm_threshold=65536,
                         max_shm_lease_bytes_per_peer=None, tls_cert_chain=None, tls_key=None,
-                        tls_ca=None, tls_server_name=None))]
+                        tls_ca=None, tls_server_name=None, ticket_threshold=None,
+                        lease_ttl=None, max_lease_bytes=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -146,6 +162,9 @@ impl Engine {
         tls_key: Option<Vec<u8>>,
         tls_ca: Option<Vec<u8>>,
         tls_server_name: Option<String>,
+        ticket_threshold: Option<usize>,
+        lease_ttl: Option<f64>,
+        max_lease_bytes: Option<u64>,
     ) -> PyResult<Engine> {
         let tls = match (tls_cert_chain, tls_key, tls_ca) {
             (None, None, None) => None,
@@ -185,6 +204,10 @@ impl Engine {
             language: "python".into(),
             capabilities: capabilities.unwrap_or_else(|| vec!["inline".into()]),
         };
+        let mut lease_config = LeaseConfig::default();
+        lease_config.ttl = seconds("lease_ttl", lease_ttl, lease_config.ttl)?;
+        lease_config.max_bytes = max_lease_bytes.unwrap_or(lease_config.max_bytes);
+        let leases = Arc::new(LeaseTable::new(lease_config, bounds.max_holders_per_lease));
         let wake = Wake::new().map_err(|e| PyValueError::new_err(format!("making the wake pipe: {e}")))?;
         let budget = Budget::new(
             bounds.max_buffered_bytes,
@@ -194,6 +217,14 @@ impl Engine {
         );
         let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
             let weak = weak.clone();
+            let lease_weak = weak.clone();
+            leases.set_waker(Box::new(move || {
+                if let Some(shared) = lease_weak.upgrade() {
+                    if shared.waiting_for_leases.load(Ordering::Acquire) > 0 {
+                        shared.wake.signal();
+                    }
+                }
+            }));
             budget.set_waker(Box::new(move || {
                 if let Some(shared) = weak.upgrade() {
                     if shared.waiting_for_room.load(Ordering::Acquire) > 0 {
@@ -218,6 +249,11 @@ impl Engine {
                 wake,
                 waiting_for_room: AtomicUsize::new(0),
                 tls,
+                leases,
+                ticket_threshold,
+                next_req: AtomicU64::new(1),
+                ended_holds: EndedHolds::default(),
+                waiting_for_leases: AtomicUsize::new(0),
             }
         });
         Ok(Engine { shared })
@@ -275,5 +311,46 @@ impl Engine {
     /// Empties the wake pipe (before asking the connections again).
     fn take_wake(&self) {
         self.shared.wake.drain();
+    }
+
+    /// The holds on other nodes' buffers that ended here since the last call, as
+    /// `(owner node id, lease, token)`: send each its `unlease` on a connection to the owner
+    /// (`Connection.send_unlease`).
+    fn take_ended_holds(&self) -> Vec<(String, u64, Vec<u8>)> {
+        self.shared
+            .ended_holds
+            .take()
+            .into_iter()
+            .map(|h| (h.owner, h.lease, h.token))
+            .collect()
+    }
+
+    /// Ends the leases whose holds all expired; returns how many ended, and the seconds
+    /// until the next expiry (`None`: none is due).
+    fn expire_leases(&self) -> (usize, Option<f64>) {
+        let ended = self.shared.leases.expire();
+        let next = self
+            .shared
+            .leases
+            .next_deadline()
+            .map(|at| at.saturating_duration_since(std::time::Instant::now()).as_secs_f64());
+        (ended, next)
+    }
+
+    /// The leases this node issued and holds for others: `(count, bytes)`.
+    #[getter]
+    fn ticket_leases(&self) -> (usize, u64) {
+        let s = self.shared.leases.stats();
+        (s.count, s.bytes)
+    }
+
+    /// A sender waits for room in the lease table (the wake pipe fires when a hold ends),
+    /// or stops waiting.
+    fn wait_for_leases(&self, waiting: bool) {
+        if waiting {
+            self.shared.waiting_for_leases.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.shared.waiting_for_leases.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }

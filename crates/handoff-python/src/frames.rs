@@ -24,6 +24,11 @@ impl Frame {
     pub(crate) fn new(bytes: Bytes, kind: &'static str) -> Frame {
         Frame { bytes, kind }
     }
+
+    /// The bytes.
+    pub(crate) fn bytes(&self) -> &Bytes {
+        &self.bytes
+    }
 }
 
 #[pymethods]

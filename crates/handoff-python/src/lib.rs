@@ -11,6 +11,7 @@ pub mod engine;
 pub mod frames;
 pub mod plain;
 mod socket;
+pub mod tickets;
 mod tls;
 
 /// The module `handoff._native`.
@@ -22,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<connection::Connection>()?;
     m.add_class::<connection::Received>()?;
     m.add_class::<frames::Frame>()?;
+    m.add_class::<tickets::Ticket>()?;
     m.add_function(wrap_pyfunction!(plain::plain_msg, m)?)?;
     m.add_function(wrap_pyfunction!(plain::inline_msg, m)?)?;
     Ok(())

@@ -36,7 +36,7 @@ pub(crate) struct PeerInner {
     /// The node this peer belongs to (for tickets: its leases and settings).
     pub(crate) local: Weak<dyn LocalNode>,
     /// Ticket requests sent on this connection, waiting for the owner's answer.
-    pub(crate) pending: StdMutex<Requests<Waiter>>,
+    pub(crate) pending: Arc<StdMutex<Requests<Waiter>>>,
     /// This peer's share of the node's receive budget.
     pub(crate) account: Arc<Account>,
     /// Warnings about this peer, at most so many per period.
@@ -117,7 +117,7 @@ impl Peer {
             closed: AtomicBool::new(false),
             force_encode,
             local: Arc::downgrade(node) as Weak<dyn LocalNode>,
-            pending: StdMutex::default(),
+            pending: Arc::default(),
             account: Arc::default(),
             log: LogLimiter::under(
                 ctx.node_log.clone(),

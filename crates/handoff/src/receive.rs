@@ -10,10 +10,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_proto::inbound::{Digest, Event, Frame, Inbound, Step};
+use handoff_proto::established::{Established, Refused, Step};
+use handoff_proto::inbound::{Digest, Event, Frame, Inbound};
 use handoff_proto::receive::{self, Receiving};
 use handoff_proto::ticket_leases::OwnerAnswer;
-use handoff_wire::{Buffer, Header, TicketOp, WireError};
+use handoff_wire::{Buffer, Header, WireError};
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
@@ -29,7 +30,7 @@ use crate::shm::{self, RemoteView};
 use crate::state::NodeInner;
 use crate::tickets::holder::{Ticket, TicketHandle, TicketOrigin};
 use crate::tickets::modes::Redeem;
-use crate::tickets::pending::Answer;
+use crate::tickets::pending::{Answer, Waiter};
 use crate::{Error, Peer, Result};
 use handoff_proto::shm::buffers::Release;
 
@@ -81,7 +82,7 @@ pub(crate) async fn read_loop<R>(
         }) as Release
     });
     let types = node.clone();
-    let mut inbound = Inbound::new(
+    let inbound = Inbound::new(
         Receiving::new(node.ctx.limits, release.is_some()),
         Arc::new(move |name: &str| types.ctx.registry.check(name)),
         node.ctx.pool.clone(),
@@ -95,12 +96,13 @@ pub(crate) async fn read_loop<R>(
     )
     .with_hash_behind(Box::new(HashThread::start))
     .with_mappings(node.ctx.mappings.clone());
+    let mut conn = Established::new(inbound, peer.0.pending.clone(), node.ctx.budget.max_per_peer());
     let result = tokio::select! {
-        r = read_messages(&node, &peer, &mut stream, &mut inbound, release.as_ref()) => r,
+        r = read_messages(&node, &peer, &mut stream, &mut conn, release.as_ref()) => r,
         _ = shutdown.changed() => Ok(()),
     };
     // Whatever room the connection held goes back now, not after the goodbyes below.
-    drop(inbound);
+    drop(conn);
     peer.mark_closed();
     node.remove_peer(&peer);
     // Requests waiting on this connection fail now (their senders drop), and every hold
@@ -179,7 +181,7 @@ async fn read_messages<R>(
     node: &Arc<NodeInner>,
     peer: &Peer,
     stream: &mut R,
-    inbound: &mut Inbound,
+    conn: &mut Established<Waiter>,
     release: Option<&Release>,
 ) -> Result<()>
 where
@@ -187,32 +189,42 @@ where
 {
     let mut delivery: Option<Delivery> = None;
     loop {
-        let event = match inbound.poll(Instant::now())? {
+        let event = match conn.poll(Instant::now())? {
             Step::Read => {
-                read_into(stream, inbound).await?;
+                read_into(stream, conn.inbound()).await?;
                 continue;
             }
-            Step::Room { .. } => {
+            Step::Room => {
                 // A large header takes room before it is read (the connection waits, not
-                // the node); the whole message takes room before any frame is read.
-                //
-                // While this node waits for answers to its own ticket requests on this
-                // connection (an eager redemption), those answers may lie behind the
-                // message that waits: the bounds are then raised by one per-peer bound
-                // (spec §9.1), so the stream moves on and the answers arrive. Whether we
-                // ask changes unannounced: looked at again every `ROOM_RECHECK`.
-                let max_per_peer = node.ctx.budget.max_per_peer();
-                let attempt = || {
-                    let asking = !peer.0.pending.lock().expect("pending lock").is_empty();
-                    let slack = receive::room_slack(asking, max_per_peer);
-                    inbound.try_take_room(slack, Instant::now()).then_some(())
-                };
+                // the node); the whole message takes room before any frame is read. While
+                // we wait for answers on this connection the engine raises the bounds, and
+                // whether we ask changes unannounced: looked at again every `ROOM_RECHECK`.
+                let attempt = || conn.try_take_room(Instant::now()).then_some(());
                 node.ctx.budget.wait_for(Some(receive::ROOM_RECHECK), attempt).await;
                 continue;
             }
-            Step::CheckPulled { req, len } => {
-                let waiting = peer.0.pending.lock().expect("pending lock").asked(req);
-                inbound.pulled_verdict(receive::pulled(waiting, len), Instant::now());
+            Step::Answer { waiter, answer } => {
+                let refused = |r: Refused| Error::TicketRefused {
+                    owner: peer.name().to_string(),
+                    lease: 0,
+                    what: "request",
+                    code: r.code,
+                    message: r.message,
+                };
+                let _ = waiter.send(answer.map_err(refused));
+                continue;
+            }
+            Step::Pulled { waiter, bytes, digest } => {
+                let digest = match digest {
+                    Digest::None => None,
+                    Digest::Hashed(d) => Some(d),
+                    // The helper thread reads `bytes` until it is done: wait for it first.
+                    Digest::Behind(behind) => match behind.into_any().downcast::<HashThread>() {
+                        Ok(thread) => thread.finish().await,
+                        Err(_) => unreachable!("this driver's only hasher"),
+                    },
+                };
+                let _ = waiter.send(Ok(Answer::Bytes(bytes, digest)));
                 continue;
             }
             Step::Closed => return Ok(()),
@@ -248,20 +260,6 @@ where
                 }
             }
             Event::Owner { answer, .. } => answer_as_owner(node, peer, answer).await?,
-            Event::Ticket(op) => answer_as_holder(peer, op),
-            Event::Pulled { req, bytes, digest } => {
-                let digest = match digest {
-                    Digest::None => None,
-                    Digest::Hashed(d) => Some(d),
-                    // The helper thread reads `bytes` until it is done: wait for it first.
-                    Digest::Behind(behind) => match behind.into_any().downcast::<HashThread>() {
-                        Ok(thread) => thread.finish().await,
-                        Err(_) => unreachable!("this driver's only hasher"),
-                    },
-                };
-                answer(peer, req, Ok(Answer::Bytes(bytes, digest)))
-            }
-            Event::PulledMismatch { req, why } => answer(peer, req, Ok(Answer::Mismatch(why))),
             Event::Release(leases) => {
                 let Link::Shm(link) = &peer.0.link else {
                     unreachable!("the engine takes releases only on shared-memory connections")
@@ -283,6 +281,9 @@ where
                     message,
                 })
             }
+            // The engine answers the peer's requests itself (`with_owner`), and hands the
+            // answers to ours to their requests: what is left is an answer nobody asked for.
+            Event::Ticket(_) | Event::Pulled { .. } | Event::PulledMismatch { .. } => {}
         }
     }
 }
@@ -324,28 +325,6 @@ fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Opt
             Buffer::with_origin(Bytes::new(), Arc::new(TicketOrigin(handle)))
         }
     })
-}
-
-/// Hands an owner's answer to our request waiting for it (pulled bytes come as their own
-/// event, and the engine answers the peer's requests itself).
-fn answer_as_holder(peer: &Peer, op: TicketOp) {
-    match op {
-        TicketOp::Forwarded { req, token } => answer(peer, req, Ok(Answer::Token(token))),
-        TicketOp::Refused { req, code, message } => {
-            let refused = Error::TicketRefused {
-                owner: peer.name().to_string(),
-                lease: 0,
-                what: "request",
-                code,
-                message,
-            };
-            answer(peer, req, Err(refused))
-        }
-        other => unreachable!(
-            "the engine answers requests and hands pulled bytes on: {}",
-            other.kind()
-        ),
-    }
 }
 
 /// Carries out the owner's answer to a ticket request.
@@ -391,14 +370,6 @@ async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, owner_answer: Owner
         }
     }
     Ok(())
-}
-
-/// Completes the request `req` waiting on this connection (a late answer is dropped).
-fn answer(peer: &Peer, req: u64, result: Result<Answer>) {
-    let waiter = peer.0.pending.lock().expect("pending lock").complete(req);
-    if let Some(tx) = waiter {
-        let _ = tx.send(result);
-    }
 }
 
 /// Messages of one connection that wait for their tickets to be redeemed, in order.

@@ -20,7 +20,17 @@ import collections
 import socket
 from typing import Callable, Optional
 
-from .errors import AuthenticationError, CapReached, MessageTooLarge, PeerClosed, PeerRefused, TlsError
+from .errors import (
+    AuthenticationError,
+    CapReached,
+    MessageTooLarge,
+    OwnerLost,
+    PeerClosed,
+    PeerRefused,
+    TicketCorrupt,
+    TicketRefused,
+    TlsError,
+)
 from .native import REASON, ext
 
 if ext is None:
@@ -30,6 +40,7 @@ _native = ext
 Engine = _native.Engine
 Frame = _native.Frame
 Received = _native.Received
+Ticket = _native.Ticket
 
 
 class ConnectionFailed(PeerClosed):
@@ -58,17 +69,112 @@ class Driver:
     ``engine`` is a :class:`handoff._native.Engine`; the driver watches its wake pipe.
     """
 
-    def __init__(self, engine: Engine, loop: Optional[asyncio.AbstractEventLoop] = None):
+    def __init__(self, engine: Engine, loop: Optional[asyncio.AbstractEventLoop] = None, *, pull_timeout: float = 30.0):
         self.engine = engine
         self.loop = loop or asyncio.get_running_loop()
         self.connections: set[EngineConnection] = set()
+        #: Ready connections by the peer's node id (the newest of each).
+        self.by_id: dict[str, EngineConnection] = {}
+        #: How long a ticket request waits for the owner's answer.
+        self.pull_timeout = pull_timeout
         self._wake_fd = engine.wake_fd()
+        self._lease_room: Optional[asyncio.Future] = None
+        self._expiry: Optional[asyncio.TimerHandle] = None
         self.loop.add_reader(self._wake_fd, self._on_wake)
 
     def _on_wake(self) -> None:
         self.engine.take_wake()
         for c in list(self.connections):
             c._flush()
+        # Holds on other nodes' buffers whose last handle was dropped: tell their owners.
+        for owner, lease, token in self.engine.take_ended_holds():
+            c = self.by_id.get(owner)
+            if c is not None:
+                try:
+                    c.conn.send_unlease(lease, token)
+                    c._after()
+                except OSError:
+                    pass  # the connection is gone: the hold ends with it (or its ttl)
+        if self._lease_room is not None and not self._lease_room.done():
+            self._lease_room.set_result(None)
+
+    async def _wait_for_lease_room(self, timeout: Optional[float]) -> None:
+        """Waits until a hold in the lease table ends (or `timeout` passes)."""
+        if self._lease_room is None or self._lease_room.done():
+            self._lease_room = self.loop.create_future()
+        self.engine.wait_for_leases(True)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._lease_room), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            self.engine.wait_for_leases(False)
+
+    def _arm_expiry(self) -> None:
+        """Ends the leases whose holds all expired, when they are due."""
+        if self._expiry is not None:
+            return
+        _, due = self.engine.expire_leases()
+        if due is not None:
+            self._expiry = self.loop.call_later(due + 0.001, self._expire)
+
+    def _expire(self) -> None:
+        self._expiry = None
+        self._arm_expiry()
+
+    # ------------------------------------------------------------------ tickets
+
+    async def owner_of(self, ticket: Ticket) -> "EngineConnection":
+        """A connection to the ticket's owner: the one we have, or a new one to its address."""
+        owner = ticket.owner
+        if owner == self.engine.node_id:
+            raise OwnerLost(owner, ticket.lease, len(ticket), "the ticket names this node as its owner")
+        c = self.by_id.get(owner)
+        if c is not None and not c._ended:
+            return c
+        if not ticket.addr:
+            raise OwnerLost(
+                owner, ticket.lease, len(ticket), "not connected to the owner, and the ticket has no address"
+            )
+        try:
+            c = await self.connect(ticket.addr, timeout=self.pull_timeout)
+        except (OSError, asyncio.TimeoutError, PeerClosed) as e:
+            raise OwnerLost(owner, ticket.lease, len(ticket), f"cannot connect to {ticket.addr}: {e}") from None
+        if c.peer["node_id"] != owner:
+            c.close()
+            raise OwnerLost(
+                owner, ticket.lease, len(ticket), f"the node at {ticket.addr} is {c.peer['node_id']}, not the owner"
+            )
+        return c
+
+    async def redeem(self, ticket: Ticket) -> Frame:
+        """Pulls the whole buffer from its owner and checks it against the ticket's digest."""
+        c = await self.owner_of(ticket)
+        blake3 = ticket.digest[0] == "blake3"
+        frame, hashed = await c._pull(ticket, 0, len(ticket), blake3)
+        if not ticket.verify(frame, hashed):
+            raise TicketCorrupt(ticket.owner, ticket.lease)
+        return frame
+
+    async def read(self, ticket: Ticket, offset: int, length: int) -> Frame:
+        """Pulls only ``length`` bytes from ``offset`` of the ticket's buffer."""
+        c = await self.owner_of(ticket)
+        frame, _ = await c._pull(ticket, offset, length, False)
+        return frame
+
+    async def forward(self, ticket: Ticket, to: str) -> Ticket:
+        """Asks the owner to make node ``to`` a holder; returns ``to``'s claim."""
+        c = await self.owner_of(ticket)
+        kind, value = await c._request(ticket, "forward", c.conn.request_forward(ticket, to))
+        if kind != "token":
+            raise OwnerLost(ticket.owner, ticket.lease, len(ticket), f"answered a forward with {value}")
+        return ticket.forwarded(value, to)
+
+    async def renew(self, ticket: Ticket) -> None:
+        """Extends this node's hold on the ticket's lease by its ttl."""
+        c = await self.owner_of(ticket)
+        c.conn.send_renew(ticket)
+        c._after()
 
     async def connect(
         self, addr: str, *, admit: Optional[Callable[[dict], Optional[str]]] = None, timeout: float = 30.0
@@ -137,6 +243,9 @@ class Driver:
         """Closes every connection and stops watching the wake pipe."""
         for c in list(self.connections):
             c.close()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
         self.loop.remove_reader(self._wake_fd)
 
 
@@ -220,6 +329,8 @@ class EngineConnection:
         self._writing = False
         self._timer: Optional[asyncio.TimerHandle] = None
         self._release_waiter: Optional[asyncio.Future] = None
+        #: Our ticket requests on this connection, by id, waiting for the owner's answer.
+        self._requests: dict[int, asyncio.Future] = {}
         driver.connections.add(self)
         self.loop.add_reader(self._fd, self._on_readable)
         self._after()
@@ -260,8 +371,19 @@ class EngineConnection:
                 self._wake()
             elif kind == "ready":
                 self.peer = event[1]
+                self.driver.by_id[self.peer["node_id"]] = self
                 if not self._ready.done():
                     self._ready.set_result(None)
+            elif kind == "pulled":
+                _, req, frame, hashed = event
+                fut = self._requests.pop(req, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(("bytes", (frame, hashed)))
+            elif kind == "answer":
+                _, req, what, value = event
+                fut = self._requests.pop(req, None)
+                if fut is not None and not fut.done():
+                    fut.set_result((what, value))
             elif kind == "released":
                 if self._release_waiter is not None and not self._release_waiter.done():
                     self._release_waiter.set_result(None)
@@ -303,6 +425,13 @@ class EngineConnection:
             return
         self._ended = True
         self._failure = failure
+        if self.peer is not None and self.driver.by_id.get(self.peer["node_id"]) is self:
+            del self.driver.by_id[self.peer["node_id"]]
+        for fut in self._requests.values():
+            if not fut.done():
+                fut.set_exception(PeerClosed(f"{self.label} closed before it answered"))
+                fut.exception()
+        self._requests.clear()
         if not self._ready.done():
             self._ready.set_exception(failure)
             self._ready.exception()  # retrieved: the caller of ready() raises it
@@ -339,24 +468,26 @@ class EngineConnection:
         :class:`CapReached` when the peer holds as much of our shared memory as it may
         (:meth:`send` waits for its releases instead), :class:`MessageTooLarge` for what
         the peer would have to refuse."""
-        if not self._send(type_name, body, frames):
-            count, held = self.conn.shm_leases
-            raise CapReached(
-                f"{self.label} holds {held} bytes of our shared memory in {count} leases, as much as it may"
-            )
+        blocked = self._send(type_name, body, frames)
+        if blocked is not None:
+            raise self._cap_reached(blocked)
 
-    async def send(self, type_name: str, body, frames=(), timeout: Optional[float] = 30.0) -> None:
-        """:meth:`send_now`, waiting (at most ``timeout`` seconds) for the peer to release
-        shared memory when it holds as much as it may."""
+    async def send(
+        self, type_name: str, body, frames=(), *, by_ticket: bool = False, timeout: Optional[float] = 30.0
+    ) -> None:
+        """:meth:`send_now`, waiting (at most ``timeout`` seconds) for room: for the peer to
+        release shared memory, or for holds in the node's lease table to end. Tickets this
+        node holds among the frames are redeemed or forwarded first, as the engine says
+        (spec §7.8). ``by_ticket`` sends every non-empty frame as a ticket."""
+        frames = [await self._resolve(f) if isinstance(f, Ticket) else f for f in frames]
         deadline = None if timeout is None else self.loop.time() + timeout
-        while not self._send(type_name, body, frames):
+        while (blocked := self._send(type_name, body, frames, by_ticket)) is not None:
             left = None if deadline is None else deadline - self.loop.time()
             if left is not None and left <= 0:
-                count, held = self.conn.shm_leases
-                raise CapReached(
-                    f"{self.label} held {held} bytes of our shared memory in {count} leases for {timeout} s"
-                    " and released none"
-                )
+                raise self._cap_reached(blocked, f" for {timeout} s")
+            if blocked == "ticket-leases":
+                await self.driver._wait_for_lease_room(left)
+                continue
             self._release_waiter = self.loop.create_future()
             try:
                 await asyncio.wait_for(self._release_waiter, left)
@@ -365,17 +496,64 @@ class EngineConnection:
             finally:
                 self._release_waiter = None
 
-    def _send(self, type_name: str, body, frames) -> bool:
+    async def _resolve(self, ticket: Ticket):
+        """A ticket among a send's frames, as it can travel to this peer."""
+        if ticket.holder != self.driver.engine.node_id:
+            return ticket  # made for a node already (checked by the engine)
+        if self.conn.plan_held(ticket) == "forward":
+            return await self.driver.forward(ticket, self.peer["node_id"])
+        return await self.driver.redeem(ticket)
+
+    def _cap_reached(self, blocked: str, how_long: str = "") -> CapReached:
+        if blocked == "ticket-leases":
+            count, held = self.driver.engine.ticket_leases
+            return CapReached(
+                f"the node's ticket leases pin {held} bytes in {count} leases{how_long}, as much as they may"
+            )
+        count, held = self.conn.shm_leases
+        return CapReached(f"{self.label} holds {held} bytes of our shared memory in {count} leases{how_long}")
+
+    def _send(self, type_name: str, body, frames, by_ticket: bool = False) -> Optional[str]:
         if self._ended:
             raise self._failure or PeerClosed(f"{self.label} is closed")
         try:
-            sent = self.conn.send(type_name, body, list(frames))
+            blocked = self.conn.send(type_name, body, list(frames), by_ticket)
         except ValueError as e:
             if len(e.args) != 3:
                 raise
             raise MessageTooLarge(*e.args) from None
         self._after()
-        return sent
+        if blocked is None and self.driver.engine.ticket_leases[0]:
+            self.driver._arm_expiry()
+        return blocked
+
+    async def _request(self, ticket: Ticket, what: str, req: int):
+        """Waits for the owner's answer to request ``req``: ``(kind, value)``."""
+        self._after()
+        fut = self._requests[req] = self.loop.create_future()
+        try:
+            kind, value = await asyncio.wait_for(fut, self.driver.pull_timeout)
+        except TimeoutError:
+            self.conn.forget_request(req)
+            self._requests.pop(req, None)
+            raise OwnerLost(
+                ticket.owner, ticket.lease, len(ticket), f"no answer to the {what} within {self.driver.pull_timeout} s"
+            ) from None
+        except PeerClosed as e:
+            raise OwnerLost(ticket.owner, ticket.lease, len(ticket), str(e)) from None
+        if kind == "refused":
+            code, message = value
+            raise TicketRefused(self.label, ticket.lease, what, code, message)
+        if kind == "mismatch":
+            raise OwnerLost(ticket.owner, ticket.lease, len(ticket), value)
+        return kind, value
+
+    async def _pull(self, ticket: Ticket, offset: int, length: int, hash: bool):
+        """``length`` bytes from ``offset`` of the ticket's buffer, and their BLAKE3 if
+        ``hash``: ``(frame, digest or None)``."""
+        req = self.conn.request_pull(ticket, offset, length, hash)
+        _, (frame, hashed) = await self._request(ticket, "pull", req)
+        return frame, hashed
 
     async def recv(self, timeout: Optional[float] = None) -> Received:
         """The next message; its room in the receive budget goes back as it is taken."""
