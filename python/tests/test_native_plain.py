@@ -302,3 +302,126 @@ def test_pack_framed_takes_exact_buffers_and_large_bytes_only():
 
 
 CODEC_FRAMED = native.PlainCodec(Bin, wire.MAX_BODY_DEPTH, codec.Buffer)
+
+
+# ------------------------------------------------------- plain bodies read in one call
+
+
+def read_pure(body: bytes):
+    """What ``handoff.codec``'s fast path reads without the extension: ``("value", v)``,
+    ``("too-deep",)`` or ``("not-plain",)``."""
+    try:
+        return ("value", codec._plain_body(body))
+    except codec._NotPlain:
+        return ("not-plain",)
+    except codec._TooDeep:
+        return ("too-deep",)
+
+
+def marked(value) -> bool:
+    if isinstance(value, dict):
+        return "handoff.route" in value or any(marked(v) for v in value.values())
+    if isinstance(value, list):
+        return any(marked(v) for v in value)
+    return False
+
+
+def same(a, b) -> bool:
+    """Equal, and of the same types all the way down (True is not 1, 1.0 is not 1)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and a != a:
+        return b != b
+    return a == b
+
+
+def check_unpack(body: bytes) -> None:
+    got = CODEC.unpack(body, "handoff.route")
+    want = read_pure(body)
+    if got is None:
+        # Not read here: only where the pure path does not read a value either, or where it
+        # finds the body too deep (the pure path words that error).
+        assert want[0] in ("not-plain", "too-deep"), (body.hex(), want)
+        return
+    assert want[0] == "value", (body.hex(), want)
+    assert same(got[0], want[1]), (body.hex(), got[0], want[1])
+    assert got[1] == marked(want[1])
+
+
+bodies = values.map(lambda v: expected(v, 1 << 30) or b"\xc0")
+
+
+@settings(max_examples=1500, deadline=None)
+@given(bodies, st.data())
+def test_unpack_reads_what_the_fast_path_reads(body, data):
+    check_unpack(body)
+    # Mutated: a byte changed, bytes cut or added; the same answer or "not plain".
+    if body:
+        i = data.draw(st.integers(0, len(body) - 1))
+        check_unpack(body[:i] + bytes([data.draw(st.integers(0, 255))]) + body[i + 1 :])
+        check_unpack(body[:i])
+    check_unpack(body + data.draw(st.binary(min_size=1, max_size=3)))
+
+
+def test_unpack_every_form_and_what_is_not_plain():
+    import msgpack
+
+    forms = [
+        0,
+        127,
+        -1,
+        -32,
+        255,
+        256,
+        65535,
+        65536,
+        (1 << 32),
+        (1 << 64) - 1,
+        -129,
+        -(1 << 31) - 1,
+        -(1 << 63),
+        1.5,
+        "",
+        "a" * 31,
+        "a" * 32,
+        "a" * 256,
+        "é" * 40000,
+        b"",
+        b"x" * 300,
+        b"y" * 70000,
+        [],
+        list(range(16)),
+        list(range(70000)),
+        {},
+        {str(i): i for i in range(16)},
+        {b"k": 1},
+        None,
+        True,
+        False,
+    ]
+    for v in forms:
+        check_unpack(msgpack.packb(v, use_bin_type=True))
+    check_unpack(msgpack.packb(1.5, use_single_float=True))
+    for not_plain in (
+        b"\xc1",  # never used
+        b"\xd4\x01\x00",  # a fixext (a frame reference's kind)
+        b"\xc7\x01\x02\x00",  # ext 8
+        b"\x81\x01\x02",  # an int map key
+        b"\xa2\xff\xfe",  # not UTF-8
+        b"\xc0\xc0",  # something after the value
+        b"\xdd\xff\xff\xff\xff",  # an array that claims more than the body holds
+        b"",
+    ):
+        assert CODEC.unpack(not_plain, "handoff.route") is None, not_plain.hex()
+        check_unpack(not_plain)
+    # Nested as deep as bodies may be, and one deeper (left to the path that words it).
+    deep = b"\x91" * (wire.MAX_BODY_DEPTH - 1) + b"\x90"
+    check_unpack(deep)
+    assert CODEC.unpack(deep, "handoff.route") is not None
+    assert CODEC.unpack(b"\x91" + deep, "handoff.route") is None and read_pure(b"\x91" + deep) == ("too-deep",)
+    # A received frame, a memoryview: read where they lie.
+    assert CODEC.unpack(memoryview(b"\x81\xadhandoff.route\x01"), "handoff.route") == ({"handoff.route": 1}, True)

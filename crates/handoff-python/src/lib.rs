@@ -10,6 +10,7 @@ pub mod connection;
 pub mod engine;
 pub mod frames;
 pub mod plain;
+mod plain_read;
 mod socket;
 pub mod tickets;
 mod tls;

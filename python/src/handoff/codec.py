@@ -387,6 +387,13 @@ def decode_body(
     if fast and not frames:
         # Most small messages: no frames, so no frame references to resolve (and no
         # resource keys, which are ext values); route-aware values are decoded as below.
+        if _PLAIN is not None:
+            # The extension reads what the C reader and the walk below read, in one call,
+            # and says whether a route-aware value is in it; else the paths below decide.
+            read = _PLAIN.unpack(body, MARKER)
+            if read is not None:
+                value, marked = read
+                return decode_routed(value, route) if marked and _by_name else value
         try:
             value = _plain_body(body)
         except _NotPlain:

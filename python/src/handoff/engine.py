@@ -523,7 +523,8 @@ class EngineConnection:
                 raise
             raise MessageTooLarge(*e.args) from None
         self._after()
-        if blocked is None and self.driver.engine.ticket_leases[0]:
+        if blocked is None and frames and self.driver._expiry is None:
+            # Frames may have gone as tickets: their holds' expiry is due some time.
             self.driver._arm_expiry()
         return blocked
 
