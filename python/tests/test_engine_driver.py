@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from conftest import SECRET
 from handoff import AuthenticationError
 from handoff.codec import decode_body, encode_body
 from handoff.engine import ConnectionFailed, Driver, Engine, Ticket
-from handoff.errors import CapReached, MessageTooLarge, PeerClosed, PeerRefused, TicketRefused, TlsError
+from handoff.errors import CapReached, MessageTooLarge, OwnerLost, PeerClosed, PeerRefused, TicketRefused, TlsError
 from handoff.identity import host_id
 from handoff.tickets import digest
 from helpers import eventually
@@ -283,25 +284,42 @@ async def test_python_to_python_both_ways(channel, tmp_path):
         b.close()
 
 
-async def test_the_listener_bounds_handshakes_in_progress():
-    driver = Driver(engine("py-eng-listen", handshake_timeout=5))
+async def test_the_listener_bounds_handshakes_and_evicts_the_oldest():
+    """Silent sockets cannot lock peers out (spec §9.1): past ``max_handshakes`` the oldest
+    handshake is evicted, and a genuine dialer still gets in."""
+    driver = Driver(engine("py-eng-listen", handshake_timeout=30))
     listener = await driver.listen(max_handshakes=2)
     host, port = listener.address.removeprefix("tcp://").rsplit(":", 1)
-    silent = [socket.create_connection((host, int(port))) for _ in range(5)]
+    loop = asyncio.get_running_loop()
+    silent = []
     try:
-        assert await eventually(lambda: listener.refused >= 3), listener.refused
-        # The refused ones were closed at once: reading them gives the end of the stream.
-        closed = 0
-        for s in silent:
-            s.settimeout(0.2)
+        for _ in range(5):
+            silent.append(socket.create_connection((host, int(port))))
+            await asyncio.sleep(0.05)  # accepted in this order
+        assert await eventually(lambda: listener.evicted >= 3), listener.evicted
+
+        def ended(s: socket.socket) -> bool:
+            """Read our preamble, then the end of the stream (evicted), or nothing (waiting)."""
+            s.settimeout(0.5)
+            got = b""
             try:
-                data = s.recv(64)
-                closed += data == b""
+                while chunk := s.recv(64):
+                    got += chunk
             except (TimeoutError, socket.timeout):
-                pass
-            except ConnectionResetError:
-                closed += 1
-        assert closed == 3, closed
+                return False
+            assert got.startswith(b"HANDOFF"), got
+            return True
+
+        states = [await loop.run_in_executor(None, ended, s) for s in silent]
+        assert states == [True, True, True, False, False], states
+        # Two silent sockets hold both places: a real dialer evicts the older and gets in.
+        dialer = Driver(engine("py-eng-dialer"))
+        try:
+            conn = await dialer.connect(listener.address, timeout=10)
+            assert conn.peer["name"] == "py-eng-listen"
+        finally:
+            dialer.close()
+        assert listener.evicted == 4
     finally:
         for s in silent:
             s.close()
@@ -612,3 +630,153 @@ async def test_python_tickets_forwarded_to_a_third_node_and_refused_when_expired
         for d, lst in ((owner, owner_l), (holder, holder_l), (third, third_l)):
             lst.close()
             d.close()
+
+
+# ------------------------------------------------- what a hostile or stuck peer can do
+
+
+async def _pair(a_kw=None, b_kw=None):
+    """Two drivers connected over TCP: ``(a, b, a's connection, b's connection, listener)``."""
+    a = Driver(engine("py-pair-a", host_id="host-pa", capabilities=["inline", "ticket"], **(a_kw or {})))
+    b = Driver(engine("py-pair-b", host_id="host-pb", capabilities=["inline", "ticket"], **(b_kw or {})))
+    listener = await b.listen()
+    ab = await a.connect(listener.address)
+    ba = await listener.accept(10)
+    return a, b, ab, ba, listener
+
+
+async def test_a_peer_that_reads_no_answers_stops_being_read():
+    """Pull requests from a peer that reads none of the answers: at most ``max_pull_answers``
+    (64) answers are queued, then its requests are no longer read (spec §9.1)."""
+    a, b, ab, ba, listener = await _pair()
+    try:
+        await ba.send("t.T", *encoded({"d": bytes(1 << 20)}), by_ticket=True)
+        _, body = await expect(ab, "t.T")
+        ticket = body["d"]
+        a.loop.remove_reader(ab._fd)  # a reads nothing from now on
+        ab._reading = False
+        for _ in range(20_000):
+            ab.conn.request_pull(ticket, 0, len(ticket))
+        ab._after()
+        await asyncio.sleep(1.0)
+        assert 1 <= ba.conn.queued_answers <= 64, ba.conn.queued_answers
+        assert not ba.conn.wants_read and not ba._reading
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
+async def test_waiting_for_room_does_not_spin_the_loop():
+    a, b, ab, ba, listener = await _pair(b_kw={"max_buffered_bytes_per_peer": 1 << 20})
+    try:
+        for _ in range(16):
+            ab.send_now("t.T", b"\x90", [bytes(256 << 10)])
+        assert await eventually(lambda: not ba.conn.wants_read)
+        calls = 0
+        original = ba._on_readable
+
+        def counted():
+            nonlocal calls
+            calls += 1
+            original()
+
+        ba._on_readable = counted
+        cpu = time.process_time()
+        await asyncio.sleep(1.0)
+        assert not ba._reading and time.process_time() - cpu < 0.5
+        # Taking a message gives room back: the connection reads on, in order.
+        for _ in range(16):
+            assert (await ba.recv(10)).type_name == "t.T"
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
+async def test_a_peer_that_reads_nothing_times_out_and_only_it():
+    a, b, ab, ba, listener = await _pair(b_kw={"write_timeout": 0.5})
+    other = Driver(engine("py-other", host_id="host-other"))
+    try:
+        o = await other.connect(listener.address)
+        bo = await listener.accept(10)
+        a.loop.remove_reader(ab._fd)  # a reads nothing
+        ab._reading = False
+        ba.send_now("t.Big", b"\x90", [bytes(64 << 20)])
+        with pytest.raises(PeerClosed, match="read nothing"):
+            await ba.recv(10)
+        assert ba.conn.fileno() == -1, "the connection was closed"
+        # Another peer of the same node is served as before.
+        await request(o, "t.Ping", {"n": 1})
+        assert (await expect(bo, "t.Ping"))[1] == {"n": 1}
+    finally:
+        listener.close()
+        for d in (a, b, other):
+            d.close()
+
+
+async def test_an_admission_check_that_fails_refuses_the_peer_only():
+    driver = Driver(engine("py-admit-raises"))
+    listener = await driver.listen(admit=lambda peer: peer["no such key"])
+    dialer = Driver(engine("py-admit-dialer"))
+    errors = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: errors.append(ctx))
+    try:
+        with pytest.raises(PeerRefused, match="admission check failed"):
+            await dialer.connect(listener.address, timeout=10)
+        assert not errors, errors
+    finally:
+        listener.close()
+        driver.close()
+        dialer.close()
+
+
+async def test_a_second_node_with_a_connected_id_from_another_process_is_refused():
+    from handoff.node import Node
+
+    victim = Driver(engine("py-victim"))
+    listener = await victim.listen()
+    legit = Driver(engine("py-legit"))
+    try:
+        await legit.connect(listener.address)
+        first = await listener.accept(10)
+        impostor = Node("impostor", secret=SECRET, shm=False)
+        impostor.node_id, impostor.process_id = legit.engine.node_id, "another-process"
+        await impostor.start()
+        try:
+            with pytest.raises(PeerRefused, match="already connected"):
+                await impostor.connect(listener.address)
+        finally:
+            await impostor.close()
+        assert victim.connection_to(legit.engine.node_id) is first
+    finally:
+        listener.close()
+        victim.close()
+        legit.close()
+
+
+async def test_a_ticket_address_this_node_must_not_dial(tmp_path):
+    """A peer's ticket naming a Unix socket (or this node's own address) is not dialed."""
+    trap = socket.socket(socket.AF_UNIX)
+    trap.bind(str(tmp_path / "trap.sock"))
+    trap.listen()
+    trap.setblocking(False)
+    owner = Driver(engine("py-trap-owner", host_id="host-trap", listen=f"unix://{tmp_path}/trap.sock"))
+    victim = Driver(engine("py-trap-victim", host_id="host-victim", capabilities=["inline", "ticket"]))
+    listener = await victim.listen()
+    try:
+        c = await owner.connect(listener.address)
+        vc = await listener.accept(10)
+        await c.send("t.T", b"\x90", [bytes(4096)], by_ticket=True)
+        ticket = (await vc.recv(10)).frames[0]
+        c.close()
+        await asyncio.sleep(0.2)
+        with pytest.raises(OwnerLost, match="tcp://"):
+            await victim.redeem(ticket)
+        with pytest.raises(BlockingIOError):
+            trap.accept()
+    finally:
+        trap.close()
+        listener.close()
+        owner.close()
+        victim.close()

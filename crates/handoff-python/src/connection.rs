@@ -87,10 +87,23 @@ struct Outgoing {
     /// Stream offsets: bytes written so far, and the end of what is queued.
     written: u64,
     queued: u64,
+    /// Where each queued answer to a peer's pull ends on the stream (spec §9.1 bounds how
+    /// many are being written).
+    pulled_answers: VecDeque<u64>,
+    /// Other control bytes the peer's requests made us queue (answers, refusals): where each
+    /// ends on the stream and its length, and their sum while unwritten.
+    control: VecDeque<(u64, u64)>,
+    control_bytes: u64,
+    /// When a write last made progress, while bytes wait.
+    last_progress: Option<Instant>,
 }
 
 impl Outgoing {
     fn push(&mut self, bytes: Bytes) {
+        if self.parts.is_empty() {
+            // The write timeout counts from when bytes start to wait.
+            self.last_progress = Some(Instant::now());
+        }
         self.queued += bytes.len() as u64;
         if !bytes.is_empty() {
             self.parts.push_back(bytes);
@@ -109,11 +122,39 @@ impl Outgoing {
         self.parts.is_empty()
     }
 
+    /// Control bytes the peer's requests made us queue.
+    fn push_control(&mut self, bytes: Bytes) {
+        let len = bytes.len() as u64;
+        self.push(bytes);
+        self.control.push_back((self.queued, len));
+        self.control_bytes += len;
+    }
+
+    /// `n` more bytes were written.
+    fn wrote(&mut self, n: u64, now: Instant) {
+        self.written += n;
+        self.last_progress = Some(now);
+        while self.pulled_answers.front().is_some_and(|end| *end <= self.written) {
+            self.pulled_answers.pop_front();
+        }
+        while let Some(&(end, len)) = self.control.front() {
+            if end > self.written {
+                break;
+            }
+            self.control.pop_front();
+            self.control_bytes -= len;
+        }
+    }
+
     /// Drops what was queued (the connection is gone).
     fn clear(&mut self) {
         self.parts.clear();
         self.fds.clear();
+        self.pulled_answers.clear();
+        self.control.clear();
+        self.control_bytes = 0;
         self.written = self.queued;
+        self.last_progress = None;
     }
 }
 
@@ -299,6 +340,26 @@ impl Connection {
         self.socket.as_ref().map_or(-1, |s| s.as_raw_fd())
     }
 
+    /// Whether the loop should watch the socket for reading now: not while the connection
+    /// waits for room in the receive budget (the wake pipe says when to try again), while
+    /// the peer leaves our answers unread (as many pulled answers as spec §9.1 allows being
+    /// written, or a backlog of control bytes), nor once it is over.
+    #[getter]
+    fn wants_read(&self) -> bool {
+        if self.socket.is_none() || self.waiting_for_room || self.answers_backed_up() {
+            return false;
+        }
+        !matches!(*self.phase_now(), Phase::Over)
+    }
+
+    /// While the connection waits for room and answers to our own requests are owed on it,
+    /// the seconds after which to try again: whether we ask changes without the budget
+    /// being told (spec §9.1, `receive::ROOM_RECHECK`).
+    fn room_recheck(&self) -> Option<f64> {
+        let asking = self.waiting_for_room && !self.requests.lock().expect("requests lock").is_empty();
+        asking.then(|| receive::ROOM_RECHECK.as_secs_f64())
+    }
+
     /// Whether bytes wait to be written (the loop then watches for writability).
     fn wants_write(&self) -> bool {
         (!self.out.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())) && self.socket.is_some()
@@ -340,9 +401,15 @@ impl Connection {
         Ok(events)
     }
 
-    /// Writes what is queued, as far as the socket takes it now.
-    fn on_writable(&mut self) -> PyResult<()> {
-        self.write_queued()
+    /// Writes what is queued, as far as the socket takes it now; when that drained the
+    /// answers a peer left unread, reads on (what was read before waits in the engine).
+    fn on_writable(&mut self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
+        let backed_up = self.answers_backed_up();
+        self.write_queued()?;
+        if backed_up && !self.answers_backed_up() {
+            return self.on_readable(py);
+        }
+        Ok(Vec::new())
     }
 
     /// The engine's wake pipe fired: sends the `release`s of dropped views, and reads again
@@ -361,12 +428,16 @@ impl Connection {
     /// Seconds until the engine's next deadline (the handshake's, or a message's progress);
     /// `None` when there is none.
     fn timeout(&self) -> Option<f64> {
-        let at = match &*self.phase_now() {
+        let phase = match &*self.phase_now() {
             Phase::Handshake(hs) => hs.poll_timeout(),
             Phase::Established(conn) => conn.poll_timeout(),
             Phase::Draining { until, .. } => Some(*until),
             Phase::Over => None,
-        }?;
+        };
+        let at = match (phase, self.write_deadline()) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b)?,
+        };
         Some(at.saturating_duration_since(Instant::now()).as_secs_f64())
     }
 
@@ -374,6 +445,19 @@ impl Connection {
     fn on_timeout(&mut self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
         let now = Instant::now();
         let mut events = Vec::new();
+        if self.write_deadline().is_some_and(|at| at <= now) {
+            // The peer read nothing for the write timeout: only this connection fails, and
+            // what it held (queued answers, leased views) goes (spec §9.1).
+            let stall = self.shared.bounds.write_timeout;
+            *phase!(self) = Phase::Over;
+            self.out.clear();
+            if let Some(socket) = &self.socket {
+                let _ = rustix::net::shutdown(socket, rustix::net::Shutdown::Both);
+            }
+            let why = format!("{} read nothing for {stall:?}", self.label);
+            events.push(error_event(py, "timeout", &why, false)?);
+            return Ok(events);
+        }
         match phase!(self) {
             Phase::Handshake(hs) => hs.handle_timeout(now),
             Phase::Established(conn) => {
@@ -563,6 +647,13 @@ impl Connection {
         self.peer.as_ref().map(|p| p.ident.node_id.as_str())
     }
 
+    /// Answers to the peer's pulls queued and not yet written (at most `max_pull_answers`
+    /// before the connection stops reading its requests).
+    #[getter]
+    fn queued_answers(&self) -> usize {
+        self.out.pulled_answers.len()
+    }
+
     /// Leases of this node's segments that the peer holds: `(count, bytes)`.
     #[getter]
     fn shm_leases(&self) -> (usize, u64) {
@@ -579,12 +670,23 @@ impl Connection {
         self.out.clear();
         // The peer is gone: what it held goes back to the pool.
         self.shm_leases.release_all();
+        self.unregister();
+    }
+
+    /// Evicts a handshake to make room for a newer connection (spec §9.1): the peer is told
+    /// `overloaded`, and the connection ends.
+    fn evict(&mut self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
+        if let Phase::Handshake(hs) = phase!(self) {
+            hs.evict();
+        }
+        self.on_readable(py)
     }
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
         self.stop_waiting_for_room();
+        self.unregister();
     }
 }
 
@@ -612,7 +714,26 @@ impl Outbound {
     }
 }
 
+/// Control bytes (answers, refusals, releases) a connection queues for a peer that does
+/// not read them before it stops reading that peer's requests.
+const MAX_CONTROL_BACKLOG: u64 = 1 << 20;
+
 impl Connection {
+    /// When the bytes waiting to be written will have made no progress for the write
+    /// timeout.
+    fn write_deadline(&self) -> Option<Instant> {
+        let waiting = !self.out.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write());
+        let since = self.out.last_progress.filter(|_| waiting && self.socket.is_some())?;
+        Some(since + self.shared.bounds.write_timeout)
+    }
+
+    /// Whether the peer leaves our answers unread: as many pulled answers queued as spec
+    /// §9.1 allows, or a backlog of other control bytes.
+    fn answers_backed_up(&self) -> bool {
+        self.out.pulled_answers.len() >= self.shared.bounds.max_pull_answers.max(1)
+            || self.out.control_bytes > MAX_CONTROL_BACKLOG
+    }
+
     /// The phase, for a look from `&self`.
     fn phase_now(&self) -> std::sync::MutexGuard<'_, Phase> {
         self.phase.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -758,6 +879,13 @@ impl Connection {
         result.map_err(PyOSError::new_err)
     }
 
+    /// No longer one of the node's connections to its peer.
+    fn unregister(&mut self) {
+        if let Some(done) = self.peer.take() {
+            self.shared.unregister(&done.ident.node_id);
+        }
+    }
+
     /// No longer counted among the connections that wait for room.
     fn stop_waiting_for_room(&mut self) {
         if std::mem::take(&mut self.waiting_for_room) {
@@ -867,6 +995,13 @@ impl Connection {
                     self.queue_handshake_bytes();
                 }
                 Phase::Established(conn) => {
+                    // The peer leaves our answers unread: nothing more of its is read or
+                    // answered until they drain (spec §9.1).
+                    if self.out.pulled_answers.len() >= self.shared.bounds.max_pull_answers.max(1)
+                        || self.out.control_bytes > MAX_CONTROL_BACKLOG
+                    {
+                        return Ok(());
+                    }
                     let now = Instant::now();
                     let step = match conn.poll(now) {
                         Ok(step) => step,
@@ -953,19 +1088,30 @@ impl Connection {
 
     /// The node's check of the peer's identity before `ready`.
     fn check_peer(&self, py: Python<'_>, ident: &Ident) -> PyResult<Result<(), WireError>> {
-        if let Err(e) = peers::admit(&self.shared.me.node_id, ident, None) {
+        // Node ids are unique (§5.1): one connected already from another process is kept.
+        let connected = self
+            .shared
+            .connected
+            .lock()
+            .expect("connected lock")
+            .get(&ident.node_id)
+            .cloned();
+        if let Err(e) = peers::admit(&self.shared.me.node_id, ident, connected.as_ref()) {
             return Ok(Err(e));
         }
         let Some(admit) = &self.admit else {
             return Ok(Ok(()));
         };
-        let verdict = admit.call1(py, (ident_dict(py, ident, None)?,))?;
-        if verdict.is_none(py) {
-            Ok(Ok(()))
-        } else {
-            let why: String = verdict.extract(py)?;
-            Ok(Err(WireError::Handshake(why)))
-        }
+        // The application's check: a reason refuses the peer; so does a check that fails
+        // (it is the application's error, but the peer is refused, not the loop's).
+        let verdict = admit
+            .call1(py, (ident_dict(py, ident, None)?,))
+            .and_then(|v| v.extract::<Option<String>>(py));
+        Ok(match verdict {
+            Ok(None) => Ok(()),
+            Ok(Some(why)) => Err(WireError::Handshake(why)),
+            Err(e) => Err(WireError::Handshake(format!("this node's admission check failed: {e}"))),
+        })
     }
 
     /// The handshake is over: the established connection's engine takes the socket over.
@@ -981,6 +1127,7 @@ impl Connection {
         .with_budget(self.shared.budget.clone(), self.account.clone())
         .with_owner(self.shared.leases.clone(), &done.ident.node_id, &self.shared.me.node_id)
         .with_mappings(self.shared.mappings.clone());
+        self.shared.register(&done.ident);
         self.peer = Some(done);
         let conn = Established::new(
             inbound,
@@ -1066,9 +1213,12 @@ impl Connection {
                 if let Some(reply) = answer.reply() {
                     let mut head = Vec::with_capacity(64);
                     encode_header_into(&Header::Ticket(reply), &mut head);
-                    self.out.push(Bytes::from(head));
+                    self.out.push_control(Bytes::from(head));
                     if let handoff_proto::ticket_leases::OwnerAnswer::Pulled { bytes, .. } = answer {
                         self.out.push(bytes.into_bytes());
+                        // Counted until written: past the bound, this connection reads no
+                        // more requests (`wants_read`) until its answers drain.
+                        self.out.pulled_answers.push_back(self.out.queued);
                     }
                 }
                 None
@@ -1173,7 +1323,7 @@ impl Connection {
             if n > 0 && !fds.is_empty() {
                 out.fds.pop_front();
             }
-            out.written += n as u64;
+            out.wrote(n as u64, Instant::now());
             while n > 0 {
                 let first = out.parts.front_mut().expect("bytes were sent from it");
                 if n >= first.len() {

@@ -7,7 +7,7 @@
 //! pipe, which the event loop watches (`Engine.wake_fd`): a byte in it means "ask the
 //! connections again" (`Connection.flush`, `Connection.on_readable`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,6 +62,10 @@ pub(crate) struct Shared {
     pub(crate) next_req: AtomicU64,
     /// Holds on other nodes' buffers whose last handle was dropped.
     pub(crate) ended_holds: EndedHolds,
+    /// The peers connected now, by node id, with how many connections each has: a second
+    /// node with the same id from another process is refused (spec §5.1).
+    pub(crate) connected: Mutex<HashMap<String, Endpoint>>,
+    connections_of: Mutex<HashMap<String, usize>>,
 }
 
 /// A node's TLS: the engine's configurations, and the name to expect in an accepting
@@ -72,6 +76,28 @@ pub(crate) struct Tls {
 }
 
 impl Shared {
+    /// A connection to the node `ident` is established.
+    pub(crate) fn register(&self, ident: &handoff_wire::Ident) {
+        let mut counts = self.connections_of.lock().expect("connections lock");
+        *counts.entry(ident.node_id.clone()).or_default() += 1;
+        self.connected
+            .lock()
+            .expect("connected lock")
+            .insert(ident.node_id.clone(), handoff_proto::peers::endpoint_of(ident));
+    }
+
+    /// A connection to node `node_id` ended.
+    pub(crate) fn unregister(&self, node_id: &str) {
+        let mut counts = self.connections_of.lock().expect("connections lock");
+        if let Some(n) = counts.get_mut(node_id) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(node_id);
+                self.connected.lock().expect("connected lock").remove(node_id);
+            }
+        }
+    }
+
     /// The node's check of a received message's type name (spec §11.2 step 3).
     pub(crate) fn check_type(&self, name: &str) -> Result<(), WireError> {
         let types = self.types.lock().expect("types lock");
@@ -141,7 +167,7 @@ impl Engine {
                         max_buffered_bytes_per_peer=None, shm_threshold=65536,
                         max_shm_lease_bytes_per_peer=None, tls_cert_chain=None, tls_key=None,
                         tls_ca=None, tls_server_name=None, ticket_threshold=None,
-                        lease_ttl=None, max_lease_bytes=None))]
+                        lease_ttl=None, max_lease_bytes=None, write_timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -165,6 +191,7 @@ impl Engine {
         ticket_threshold: Option<usize>,
         lease_ttl: Option<f64>,
         max_lease_bytes: Option<u64>,
+        write_timeout: Option<f64>,
     ) -> PyResult<Engine> {
         let tls = match (tls_cert_chain, tls_key, tls_ca) {
             (None, None, None) => None,
@@ -192,8 +219,11 @@ impl Engine {
         let mut bounds = Bounds::DEFAULT;
         bounds.handshake_timeout = seconds("handshake_timeout", handshake_timeout, bounds.handshake_timeout)?;
         bounds.progress_timeout = seconds("progress_timeout", progress_timeout, bounds.progress_timeout)?;
+        bounds.write_timeout = seconds("write_timeout", write_timeout, bounds.write_timeout)?;
         bounds.max_buffered_bytes = max_buffered_bytes.unwrap_or(bounds.max_buffered_bytes);
         bounds.max_buffered_bytes_per_peer = max_buffered_bytes_per_peer.unwrap_or(bounds.max_buffered_bytes_per_peer);
+        // A Python peer reads less far ahead (spec §9.1: 64 messages for one peer).
+        bounds.max_buffered_messages_per_peer = 64;
         bounds.max_shm_lease_bytes_per_peer =
             max_shm_lease_bytes_per_peer.unwrap_or(bounds.max_shm_lease_bytes_per_peer);
         let me = Endpoint {
@@ -253,6 +283,8 @@ impl Engine {
                 ticket_threshold,
                 next_req: AtomicU64::new(1),
                 ended_holds: EndedHolds::default(),
+                connected: Mutex::default(),
+                connections_of: Mutex::default(),
                 waiting_for_leases: AtomicUsize::new(0),
             }
         });
@@ -311,6 +343,25 @@ impl Engine {
     /// Empties the wake pipe (before asking the connections again).
     fn take_wake(&self) {
         self.shared.wake.drain();
+    }
+
+    /// Why this node must not dial `addr`, a ticket's owner address a peer gave it (spec
+    /// §9.1: only `tcp://` addresses, not our own); `None` when it may.
+    fn may_dial(&self, addr: &str) -> Option<String> {
+        handoff_proto::peers::may_dial(addr, self.shared.listen.as_deref()).err()
+    }
+
+    /// The bounds of spec §9.1 this node keeps that its driver applies: `max_handshakes`,
+    /// `max_connections`, `max_ticket_dials`, `write_timeout` (seconds).
+    #[getter]
+    fn bounds<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let b = &self.shared.bounds;
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("max_handshakes", b.max_handshakes)?;
+        d.set_item("max_connections", b.max_connections)?;
+        d.set_item("max_ticket_dials", b.max_ticket_dials)?;
+        d.set_item("write_timeout", b.write_timeout.as_secs_f64())?;
+        Ok(d)
     }
 
     /// The holds on other nodes' buffers that ended here since the last call, as

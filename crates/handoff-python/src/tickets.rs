@@ -19,6 +19,9 @@ pub(crate) struct EndedHold {
     pub(crate) token: Vec<u8>,
 }
 
+/// Most ended holds waiting for their `unlease` (a loop that stopped taking them, say).
+const MAX_ENDED_HOLDS: usize = 65_536;
+
 /// Holds whose last handle was dropped, waiting for the loop to send their `unlease`.
 #[derive(Default)]
 pub(crate) struct EndedHolds(Mutex<Vec<EndedHold>>);
@@ -68,11 +71,16 @@ impl Drop for Ticket {
         let Some(shared) = self.ours.as_ref().and_then(Weak::upgrade) else {
             return;
         };
-        shared.ended_holds.0.lock().expect("ended holds lock").push(EndedHold {
-            owner: self.claim.owner.clone(),
-            lease: self.claim.lease,
-            token: self.claim.token.clone(),
-        });
+        let mut ended = shared.ended_holds.0.lock().expect("ended holds lock");
+        // Bounded: past this many unsent, a hold ends by its ttl at the owner instead.
+        if ended.len() < MAX_ENDED_HOLDS {
+            ended.push(EndedHold {
+                owner: self.claim.owner.clone(),
+                lease: self.claim.lease,
+                token: self.claim.token.clone(),
+            });
+        }
+        drop(ended);
         shared.wake.signal();
     }
 }

@@ -73,8 +73,10 @@ class Driver:
         self.engine = engine
         self.loop = loop or asyncio.get_running_loop()
         self.connections: set[EngineConnection] = set()
-        #: Ready connections by the peer's node id (the newest of each).
-        self.by_id: dict[str, EngineConnection] = {}
+        #: Ready connections by the peer's node id, oldest first (the newest is used).
+        self._by_id: dict[str, list[EngineConnection]] = {}
+        #: Ticket owners being dialed at once (spec §9.1: at most ``max_ticket_dials``).
+        self._dials = asyncio.Semaphore(max(1, engine.bounds["max_ticket_dials"]))
         #: How long a ticket request waits for the owner's answer.
         self.pull_timeout = pull_timeout
         self._wake_fd = engine.wake_fd()
@@ -82,13 +84,20 @@ class Driver:
         self._expiry: Optional[asyncio.TimerHandle] = None
         self.loop.add_reader(self._wake_fd, self._on_wake)
 
+    def connection_to(self, node_id: str) -> Optional["EngineConnection"]:
+        """The newest open connection to node ``node_id``."""
+        for c in reversed(self._by_id.get(node_id, ())):
+            if not c._ended:
+                return c
+        return None
+
     def _on_wake(self) -> None:
         self.engine.take_wake()
         for c in list(self.connections):
-            c._flush()
+            c._flush()  # (each fails only itself: `_run`)
         # Holds on other nodes' buffers whose last handle was dropped: tell their owners.
         for owner, lease, token in self.engine.take_ended_holds():
-            c = self.by_id.get(owner)
+            c = self.connection_to(owner)
             if c is not None:
                 try:
                     c.conn.send_unlease(lease, token)
@@ -129,21 +138,40 @@ class Driver:
         owner = ticket.owner
         if owner == self.engine.node_id:
             raise OwnerLost(owner, ticket.lease, len(ticket), "the ticket names this node as its owner")
-        c = self.by_id.get(owner)
-        if c is not None and not c._ended:
+        c = self.connection_to(owner)
+        if c is not None:
             return c
-        if not ticket.addr:
+        addr = ticket.addr
+        if not addr:
             raise OwnerLost(
                 owner, ticket.lease, len(ticket), "not connected to the owner, and the ticket has no address"
             )
+        why = self.engine.may_dial(addr)
+        if why is not None:
+            raise OwnerLost(owner, ticket.lease, len(ticket), why)
+        deadline = self.loop.time() + self.pull_timeout
         try:
-            c = await self.connect(ticket.addr, timeout=self.pull_timeout)
-        except (OSError, asyncio.TimeoutError, PeerClosed) as e:
-            raise OwnerLost(owner, ticket.lease, len(ticket), f"cannot connect to {ticket.addr}: {e}") from None
+            # Only so many dials at once: a flood of tickets cannot make this node open
+            # connections without bound.
+            await asyncio.wait_for(self._dials.acquire(), self.pull_timeout)
+        except TimeoutError:
+            raise OwnerLost(
+                owner, ticket.lease, len(ticket), f"no turn to connect within {self.pull_timeout} s"
+            ) from None
+        try:
+            c = self.connection_to(owner)
+            if c is not None:
+                return c
+            try:
+                c = await self.connect(addr, timeout=max(0.001, deadline - self.loop.time()))
+            except (OSError, TimeoutError, PeerClosed) as e:
+                raise OwnerLost(owner, ticket.lease, len(ticket), f"cannot connect to {addr}: {e}") from None
+        finally:
+            self._dials.release()
         if c.peer["node_id"] != owner:
             c.close()
             raise OwnerLost(
-                owner, ticket.lease, len(ticket), f"the node at {ticket.addr} is {c.peer['node_id']}, not the owner"
+                owner, ticket.lease, len(ticket), f"the node at {addr} is {c.peer['node_id']}, not the owner"
             )
         return c
 
@@ -249,6 +277,12 @@ class Driver:
         self.loop.remove_reader(self._wake_fd)
 
 
+#: Connections a listener accepts per turn of the loop.
+ACCEPTS_PER_TURN = 32
+#: How long a listener rests when the process is out of descriptors.
+ACCEPT_REST = 0.1
+
+
 class Listener:
     """Accepts connections and runs their handshakes (see :meth:`Driver.listen`)."""
 
@@ -257,25 +291,46 @@ class Listener:
         self.max_handshakes, self.max_unaccepted = max_handshakes, max_unaccepted
         name = sock.getsockname()
         self.address = f"unix://{name}" if sock.family == socket.AF_UNIX else f"tcp://{name[0]}:{name[1]}"
-        self._handshaking: set[EngineConnection] = set()
+        #: Handshakes in progress, oldest first.
+        self._handshaking: dict[EngineConnection, None] = {}
         self._ready: asyncio.Queue = asyncio.Queue()
-        #: Connections refused because a bound was reached, and handshakes that failed.
+        self._resting: Optional[asyncio.TimerHandle] = None
+        #: Connections refused because a bound was reached, handshakes evicted for newer
+        #: ones, and handshakes that failed.
         self.refused = 0
+        self.evicted = 0
         self.failed = 0
         driver.loop.add_reader(sock.fileno(), self._on_acceptable)
 
     def _on_acceptable(self) -> None:
-        while True:
+        # A batch per callback, so that a flood of connections shares the loop.
+        for _ in range(ACCEPTS_PER_TURN):
             try:
                 s, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
-                return  # out of descriptors, for one: this connection waits in the backlog
-            if len(self._handshaking) >= self.max_handshakes or self._ready.qsize() >= self.max_unaccepted:
+                # Out of descriptors, for one: the connection waits in the backlog, and the
+                # listener rests a moment instead of spinning on it.
+                self.driver.loop.remove_reader(self.sock.fileno())
+                self._resting = self.driver.loop.call_later(ACCEPT_REST, self._wake_up)
+                return
+            if len(self.driver.connections) >= self.driver.engine.bounds["max_connections"] or (
+                self._ready.qsize() >= self.max_unaccepted
+            ):
                 self.refused += 1
                 s.close()
                 continue
+            if len(self._handshaking) >= self.max_handshakes:
+                # The oldest handshake makes room (spec §9.1): it is told `overloaded`, or
+                # closed if it failed already and only drains.
+                oldest = next(iter(self._handshaking))
+                self._handshaking.pop(oldest)
+                if oldest._ended:
+                    oldest.close()
+                else:
+                    oldest._run(oldest.conn.evict)
+                self.evicted += 1
             peer = s.getpeername()
             label = f"{self.address} <- {peer if peer else 'a peer'}"
             try:
@@ -285,12 +340,19 @@ class Listener:
                 # the extension closed it.
                 self.refused += 1
                 continue
-            self._handshaking.add(ec)
+            # Counted until it is ready or closed: a failed handshake that still drains
+            # holds its descriptor.
+            self._handshaking[ec] = None
             ec._ready.add_done_callback(lambda f, ec=ec: self._handshake_over(ec, f))
+            ec._on_closed = lambda ec=ec: self._handshaking.pop(ec, None)
+
+    def _wake_up(self) -> None:
+        self._resting = None
+        self.driver.loop.add_reader(self.sock.fileno(), self._on_acceptable)
 
     def _handshake_over(self, ec: "EngineConnection", f: asyncio.Future) -> None:
-        self._handshaking.discard(ec)
         if f.exception() is None:
+            self._handshaking.pop(ec, None)
             self._ready.put_nowait(ec)
         else:
             self.failed += 1
@@ -301,7 +363,10 @@ class Listener:
 
     def close(self) -> None:
         """Stops accepting (connections made so far stay open)."""
-        self.driver.loop.remove_reader(self.sock.fileno())
+        if self._resting is not None:
+            self._resting.cancel()
+        else:
+            self.driver.loop.remove_reader(self.sock.fileno())
         self.sock.close()
         for ec in list(self._handshaking):
             ec.close()
@@ -328,6 +393,9 @@ class EngineConnection:
         self._ended = False
         self._writing = False
         self._timer: Optional[asyncio.TimerHandle] = None
+        self._recheck: Optional[asyncio.TimerHandle] = None
+        self._reading = True
+        self._on_closed: Optional[Callable[[], None]] = None
         self._release_waiter: Optional[asyncio.Future] = None
         #: Our ticket requests on this connection, by id, waiting for the owner's answer.
         self._requests: dict[int, asyncio.Future] = {}
@@ -347,6 +415,10 @@ class EngineConnection:
         self._timer = None
         self._run(self.conn.on_timeout)
 
+    def _on_recheck(self) -> None:
+        self._recheck = None
+        self._run(self.conn.flush)
+
     def _flush(self) -> None:
         self._run(self.conn.flush)
 
@@ -355,13 +427,12 @@ class EngineConnection:
             return
         try:
             events = call()
-        except OSError as e:
+            if events:
+                self._handle(events)
+            self._after()
+        except Exception as e:  # noqa: BLE001 - whatever it is, it ends this connection only
             self._end(PeerClosed(f"{self.label}: {e}"))
             self._stop_watching()
-            return
-        if events:
-            self._handle(events)
-        self._after()
 
     def _handle(self, events: list) -> None:
         for event in events:
@@ -371,7 +442,7 @@ class EngineConnection:
                 self._wake()
             elif kind == "ready":
                 self.peer = event[1]
-                self.driver.by_id[self.peer["node_id"]] = self
+                self.driver._by_id.setdefault(self.peer["node_id"], []).append(self)
                 if not self._ready.done():
                     self._ready.set_result(None)
             elif kind == "pulled":
@@ -406,6 +477,18 @@ class EngineConnection:
             else:
                 self.loop.remove_writer(self._fd)
             self._writing = want
+        read = conn.wants_read
+        if read != self._reading:
+            # Not while waiting for room (the wake pipe says when), while the peer leaves
+            # our answers unread, or once over: a readable socket would only spin the loop.
+            if read:
+                self.loop.add_reader(self._fd, self._on_readable)
+            else:
+                self.loop.remove_reader(self._fd)
+            self._reading = read
+        recheck = conn.room_recheck()
+        if recheck is not None and self._recheck is None:
+            self._recheck = self.loop.call_later(recheck, self._on_recheck)
         delay = conn.timeout()
         if delay is None:
             if self._timer is not None:
@@ -425,8 +508,12 @@ class EngineConnection:
             return
         self._ended = True
         self._failure = failure
-        if self.peer is not None and self.driver.by_id.get(self.peer["node_id"]) is self:
-            del self.driver.by_id[self.peer["node_id"]]
+        if self.peer is not None:
+            live = self.driver._by_id.get(self.peer["node_id"], [])
+            if self in live:
+                live.remove(self)
+            if not live:
+                self.driver._by_id.pop(self.peer["node_id"], None)
         for fut in self._requests.values():
             if not fut.done():
                 fut.set_exception(PeerClosed(f"{self.label} closed before it answered"))
@@ -445,16 +532,22 @@ class EngineConnection:
 
     def _stop_watching(self) -> None:
         if self._fd >= 0:
-            self.loop.remove_reader(self._fd)
+            if self._reading:
+                self.loop.remove_reader(self._fd)
+                self._reading = False
             if self._writing:
                 self.loop.remove_writer(self._fd)
                 self._writing = False
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        for timer in (self._timer, self._recheck):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._recheck = None
         self.driver.connections.discard(self)
         self.conn.close()
         self._fd = -1
+        if self._on_closed is not None:
+            self._on_closed()
+            self._on_closed = None
 
     # -------------------------------------------------------------------- the API
 
