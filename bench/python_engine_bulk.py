@@ -22,6 +22,11 @@ import socket
 import statistics
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from python_rtt_floor import socket_pair  # noqa: E402
 
 SECRET = b"bench secret"
 
@@ -35,14 +40,8 @@ def parse_size(text: str) -> int:
 
 
 def tcp_pair() -> tuple[socket.socket, socket.socket]:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        a = socket.create_connection(listener.getsockname())
-        b, _ = listener.accept()
-    for s in (a, b):
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return a, b
+    """A connected loopback TCP pair with Nagle off (the floor script's)."""
+    return socket_pair("tcp")
 
 
 def raw(size: int, reps: int) -> list[float]:
