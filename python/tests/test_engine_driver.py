@@ -780,3 +780,32 @@ async def test_a_ticket_address_this_node_must_not_dial(tmp_path):
         listener.close()
         owner.close()
         victim.close()
+
+
+async def test_a_tcp_timeout_sets_keepalive_as_the_engine_plans_it():
+    """A peer whose host died is noticed within ``tcp_timeout``: keepalive probes and
+    ``TCP_USER_TIMEOUT`` (the plan Dask's TCP comm uses; the kernel does the rest)."""
+    with pytest.raises(ValueError, match="at least 11 s"):
+        engine("py-keepalive-short", tcp_timeout=5)
+    a, b, ab, ba, listener = await _pair(a_kw={"tcp_timeout": 30})
+    try:
+        s = socket.socket(fileno=os.dup(ab.conn.fileno()))
+        try:
+            assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            got = [
+                s.getsockopt(socket.IPPROTO_TCP, o)
+                for o in (socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT)
+            ]
+            assert got == [10, 2, 10]
+            assert s.getsockopt(socket.IPPROTO_TCP, 18) == 30_000  # TCP_USER_TIMEOUT
+        finally:
+            s.close()
+        other = socket.socket(fileno=os.dup(ba.conn.fileno()))
+        try:
+            assert other.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0, "only where asked"
+        finally:
+            other.close()
+    finally:
+        listener.close()
+        a.close()
+        b.close()

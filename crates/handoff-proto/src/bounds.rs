@@ -98,3 +98,46 @@ pub const MESSAGE_OVERHEAD: u64 = 1024;
 /// Headers up to this size are read without asking the budget first (a connection holds
 /// at most one at a time, so they are bounded by the connection count).
 pub const SMALL_HEADER: u64 = 64 * 1024;
+
+/// Keepalive probes a TCP connection sends before it gives a silent peer up.
+pub const KEEPALIVE_PROBES: u32 = 10;
+
+/// `(idle, interval, probes)` in whole seconds for a TCP connection that must notice a
+/// silent peer (its host lost power, or was cut off) within `timeout`: `idle + interval *
+/// probes == timeout`, a quarter of the timeout (at least 2 s) idle before the first probe
+/// and the rest spread over [`KEEPALIVE_PROBES`] probes at least 1 s apart, as Dask's TCP
+/// comm derives them from `distributed.comm.timeouts.tcp`. A driver sets them with
+/// `TCP_USER_TIMEOUT` of `timeout`; below `probes + 1` seconds there is no such plan.
+pub fn keepalive_plan(timeout: Duration) -> Result<(u32, u32, u32), String> {
+    let whole = timeout.as_secs();
+    if whole < u64::from(KEEPALIVE_PROBES) + 1 {
+        return Err(format!(
+            "a TCP timeout is at least {} s (one per keepalive probe), got {timeout:?}",
+            KEEPALIVE_PROBES + 1
+        ));
+    }
+    let whole = whole.min(u64::from(u32::MAX / 1000)) as u32;
+    let first = (whole / 4).max(2);
+    let interval = ((whole - first) / KEEPALIVE_PROBES).max(1);
+    Ok((whole - interval * KEEPALIVE_PROBES, interval, KEEPALIVE_PROBES))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_keepalive_plan_adds_up_to_the_timeout() {
+        for secs in [11u64, 12, 30, 31, 300, 86_400] {
+            let (idle, interval, probes) = keepalive_plan(Duration::from_secs(secs)).unwrap();
+            assert_eq!(u64::from(idle + interval * probes), secs, "{secs} s");
+            assert!(idle >= 1 && interval >= 1 && probes == KEEPALIVE_PROBES);
+        }
+        // What the Python peer's transport.keepalive_plan gives (Dask's derivation).
+        assert_eq!(keepalive_plan(Duration::from_secs(30)).unwrap(), (10, 2, 10));
+        assert_eq!(keepalive_plan(Duration::from_secs(300)).unwrap(), (80, 22, 10));
+        assert!(keepalive_plan(Duration::from_secs(10))
+            .unwrap_err()
+            .contains("at least 11 s"));
+    }
+}

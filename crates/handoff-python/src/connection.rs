@@ -276,6 +276,9 @@ impl Connection {
                 )));
             }
         }
+        if let (Some(timeout), false) = (engine.shared.tcp_timeout, unix) {
+            socket::set_tcp_timeout(socket.as_fd(), timeout).map_err(PyOSError::new_err)?;
+        }
         let tls = match (&engine.shared.tls, unix, role) {
             (Some(tls), false, Role::Dialer) => {
                 let name = tls.server_name.clone().or(host).ok_or_else(|| {

@@ -58,6 +58,9 @@ pub(crate) struct Shared {
     pub(crate) leases: Arc<LeaseTable>,
     /// Over TCP, frames at least this large go as tickets (`None`: only when asked).
     pub(crate) ticket_threshold: Option<usize>,
+    /// Within how long a TCP peer that stopped answering (its host lost power, or was cut
+    /// off) fails the connection: keepalive and `TCP_USER_TIMEOUT` (`None`: the kernel's).
+    pub(crate) tcp_timeout: Option<std::time::Duration>,
     /// Ids of the ticket requests this node sends.
     pub(crate) next_req: AtomicU64,
     /// Holds on other nodes' buffers whose last handle was dropped.
@@ -167,7 +170,8 @@ impl Engine {
                         max_buffered_bytes_per_peer=None, shm_threshold=65536,
                         max_shm_lease_bytes_per_peer=None, tls_cert_chain=None, tls_key=None,
                         tls_ca=None, tls_server_name=None, ticket_threshold=None,
-                        lease_ttl=None, max_lease_bytes=None, write_timeout=None))]
+                        lease_ttl=None, max_lease_bytes=None, write_timeout=None,
+                        tcp_timeout=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -192,6 +196,7 @@ impl Engine {
         lease_ttl: Option<f64>,
         max_lease_bytes: Option<u64>,
         write_timeout: Option<f64>,
+        tcp_timeout: Option<f64>,
     ) -> PyResult<Engine> {
         let tls = match (tls_cert_chain, tls_key, tls_ca) {
             (None, None, None) => None,
@@ -233,6 +238,14 @@ impl Engine {
             process_id: identity::process_id().to_string(),
             language: "python".into(),
             capabilities: capabilities.unwrap_or_else(|| vec!["inline".into()]),
+        };
+        let tcp_timeout = match tcp_timeout {
+            None => None,
+            Some(t) => {
+                let t = seconds("tcp_timeout", Some(t), Duration::ZERO)?;
+                handoff_proto::bounds::keepalive_plan(t).map_err(PyValueError::new_err)?;
+                Some(t)
+            }
         };
         let mut lease_config = LeaseConfig::default();
         lease_config.ttl = seconds("lease_ttl", lease_ttl, lease_config.ttl)?;
@@ -281,6 +294,7 @@ impl Engine {
                 tls,
                 leases,
                 ticket_threshold,
+                tcp_timeout,
                 next_req: AtomicU64::new(1),
                 ended_holds: EndedHolds::default(),
                 connected: Mutex::default(),

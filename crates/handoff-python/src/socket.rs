@@ -61,3 +61,20 @@ pub(crate) fn send(
         Err(e) => Err(e.into()),
     }
 }
+
+/// Keepalive probes and `TCP_USER_TIMEOUT`, so that a silent TCP peer fails reads and
+/// writes with `ETIMEDOUT` within `timeout` (the plan is the engine's,
+/// `handoff_proto::bounds::keepalive_plan`).
+pub(crate) fn set_tcp_timeout(socket: BorrowedFd<'_>, timeout: std::time::Duration) -> Result<(), String> {
+    use rustix::net::sockopt;
+    use std::time::Duration;
+    let (idle, interval, probes) = handoff_proto::bounds::keepalive_plan(timeout)?;
+    let set = || -> rustix::io::Result<()> {
+        sockopt::set_socket_keepalive(socket, true)?;
+        sockopt::set_tcp_keepidle(socket, Duration::from_secs(idle.into()))?;
+        sockopt::set_tcp_keepintvl(socket, Duration::from_secs(interval.into()))?;
+        sockopt::set_tcp_keepcnt(socket, probes)?;
+        sockopt::set_tcp_user_timeout(socket, (timeout.as_millis().min(u128::from(u32::MAX))) as u32)
+    };
+    set().map_err(|e| format!("setting TCP keepalive for a {timeout:?} timeout: {e}"))
+}
