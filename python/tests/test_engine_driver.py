@@ -18,7 +18,7 @@ import pytest
 from conftest import SECRET
 from handoff import AuthenticationError
 from handoff.codec import decode_body, encode_body
-from handoff.engine import ConnectionFailed, Driver, Engine, Ticket
+from handoff.engine import ConnectionFailed, Driver, Engine, Frame, Ticket
 from handoff.errors import CapReached, MessageTooLarge, OwnerLost, PeerClosed, PeerRefused, TicketRefused, TlsError
 from handoff.identity import host_id
 from handoff.tickets import digest
@@ -809,3 +809,39 @@ async def test_a_tcp_timeout_sets_keepalive_as_the_engine_plans_it():
         listener.close()
         a.close()
         b.close()
+
+
+async def test_eager_redemption_delivers_bytes_in_order_and_ends_the_holds(spawn_rust, rust_stats):
+    rust = await spawn_rust("rs-eng-eager", "--host-id", "owner-host2", "--ticket-threshold", "65536")
+    eng = engine("py-eng-eager", host_id="holder-host2", capabilities=["inline", "ticket", "xxh3"])
+    driver = Driver(eng, redeem="eager")
+    try:
+        conn = await driver.connect(rust.listen)
+        await request(conn, "handoff.demo.SendRequest", {"id": 1, "bytes": 4 * MIB})
+        await request(conn, "handoff.bench.Ping", {"seq": 2, "data": b"after"})
+        got, body = await expect(conn, "handoff.demo.Payload")
+        assert isinstance(body["data"], Frame) and len(body["data"]) == 4 * MIB
+        assert digest(np.frombuffer(body["data"], dtype=np.uint8)) == bytes(body["digest"])
+        # The message behind it waited for the redemption: order is kept.
+        assert (await expect(conn, "handoff.bench.Ping"))[1] == {"seq": 2, "data": b"after"}
+        # Redeemed and dropped: the owner's lease ends.
+        assert await eventually(lambda: _count(rust_stats(rust.listen), "ticket_leases"), timeout=10) == "zero"
+    finally:
+        driver.close()
+
+
+async def test_a_failed_eager_redemption_is_that_message_s_error():
+    owner = Driver(engine("py-eager-owner", host_id="h-eo", capabilities=["inline", "ticket"]))
+    holder = Driver(engine("py-eager-holder", host_id="h-eh", capabilities=["inline", "ticket"]), redeem="eager")
+    listener = await holder.listen()
+    try:
+        c = await owner.connect(listener.address)
+        h = await listener.accept(10)
+        await c.send("t.T", b"\x90", [bytes(MIB)], by_ticket=True)
+        c.close()  # the owner is gone before the holder pulls (no address in the claim)
+        with pytest.raises(OwnerLost):
+            await h.recv(10)
+    finally:
+        listener.close()
+        owner.close()
+        holder.close()

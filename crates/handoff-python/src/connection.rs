@@ -168,6 +168,13 @@ pub struct Received {
     body: Py<Frame>,
     #[pyo3(get)]
     frames: Py<PyList>,
+    /// Whether it carries tickets a node that redeems eagerly pulls before delivery (the
+    /// sender's lazy ones wait for use).
+    #[pyo3(get)]
+    eager_tickets: bool,
+    /// Why its eager redemption failed (the message is delivered with the error).
+    #[pyo3(get, set)]
+    failure: Option<Py<PyAny>>,
     permit: Mutex<Option<Permit>>,
 }
 
@@ -177,6 +184,15 @@ impl Received {
     /// frames stay readable).
     fn taken(&self) {
         self.permit.lock().expect("permit lock").take();
+    }
+
+    /// `bytes` pulled for the message's tickets count against the sender's budget with the
+    /// rest of it until it is taken. They never wait for room: they are bounded by this
+    /// node's own requests (spec §9.1).
+    fn charge(&self, bytes: u64) {
+        if let Some(permit) = self.permit.lock().expect("permit lock").as_mut() {
+            permit.grow(bytes);
+        }
     }
 }
 
@@ -1194,6 +1210,8 @@ impl Connection {
                     frames.push(self.frame(py, frame)?);
                 }
                 let received = Received {
+                    eager_tickets: incoming.eager_tickets,
+                    failure: None,
                     type_name: incoming.type_name,
                     body: Py::new(py, Frame::new(incoming.body, "body"))?,
                     frames: PyList::new(py, frames)?.unbind(),

@@ -69,7 +69,20 @@ class Driver:
     ``engine`` is a :class:`handoff._native.Engine`; the driver watches its wake pipe.
     """
 
-    def __init__(self, engine: Engine, loop: Optional[asyncio.AbstractEventLoop] = None, *, pull_timeout: float = 30.0):
+    def __init__(
+        self,
+        engine: Engine,
+        loop: Optional[asyncio.AbstractEventLoop] = None,
+        *,
+        pull_timeout: float = 30.0,
+        redeem: str = "lazy",
+    ):
+        if redeem not in ("eager", "lazy"):
+            raise ValueError(f"redeem is 'eager' or 'lazy', not {redeem!r}")
+        #: ``eager``: a received message's tickets (but the sender's lazy ones) are pulled
+        #: before it is delivered, in the order messages arrived; ``lazy``: they are
+        #: delivered as :class:`Ticket` for the application to redeem.
+        self.redemption = redeem
         self.engine = engine
         self.loop = loop or asyncio.get_running_loop()
         self.connections: set[EngineConnection] = set()
@@ -397,6 +410,10 @@ class EngineConnection:
         self._reading = True
         self._on_closed: Optional[Callable[[], None]] = None
         self._release_waiter: Optional[asyncio.Future] = None
+        #: Messages whose tickets are being redeemed (eager redemption), in order; bounded by
+        #: the receive budget, which each holds its room in.
+        self._redeeming: collections.deque = collections.deque()
+        self._redeemer: Optional[asyncio.Task] = None
         #: Our ticket requests on this connection, by id, waiting for the owner's answer.
         self._requests: dict[int, asyncio.Future] = {}
         driver.connections.add(self)
@@ -438,8 +455,16 @@ class EngineConnection:
         for event in events:
             kind = event[0]
             if kind == "message":
-                self._messages.append(event[1])
-                self._wake()
+                received = event[1]
+                if self._redeeming or (received.eager_tickets and self.driver.redemption == "eager"):
+                    # Redeemed in a task of its own, so that this connection keeps reading
+                    # the owners' answers; later messages wait behind it to keep their order.
+                    self._redeeming.append(received)
+                    if self._redeemer is None:
+                        self._redeemer = self.loop.create_task(self._redeem_in_order())
+                else:
+                    self._messages.append(received)
+                    self._wake()
             elif kind == "ready":
                 self.peer = event[1]
                 self.driver._by_id.setdefault(self.peer["node_id"], []).append(self)
@@ -621,6 +646,35 @@ class EngineConnection:
             self.driver._arm_expiry()
         return blocked
 
+    async def _redeem_in_order(self) -> None:
+        """Pulls the eager tickets of each waiting message, then delivers it, in order."""
+        try:
+            while self._redeeming:
+                received = self._redeeming[0]
+                if received.eager_tickets and self.driver.redemption == "eager":
+                    await self._redeem_all(received)
+                self._redeeming.popleft()
+                self._messages.append(received)
+                self._wake()
+        finally:
+            self._redeemer = None
+
+    async def _redeem_all(self, received: Received) -> None:
+        """Replaces each eager ticket of ``received`` with its bytes (charged to the sender's
+        budget with the rest of the message); on a failure the message carries the error."""
+        frames = received.frames
+        for i, frame in enumerate(frames):
+            if not isinstance(frame, Ticket) or frame.lazy:
+                continue
+            try:
+                data = await self.driver.redeem(frame)
+            except Exception as e:  # noqa: BLE001 - the application gets it with the message
+                received.failure = e
+                return
+            frames[i] = data
+            received.charge(len(data))
+            del frame  # our hold ends with the last handle (unlease)
+
     async def _request(self, ticket: Ticket, what: str, req: int):
         """Waits for the owner's answer to request ``req``: ``(kind, value)``."""
         self._after()
@@ -656,13 +710,17 @@ class EngineConnection:
         received = self._messages.popleft()
         # Room given back fires the wake pipe: a connection that waited for it reads on.
         received.taken()
+        if received.failure is not None:
+            # Its eager redemption failed: the message is consumed, and its error raised.
+            raise received.failure
         return received
 
     async def _arrival(self, timeout: Optional[float]) -> None:
         """Waits until a message is queued or the connection ended (then raises why)."""
         timer = None
         while not self._messages:
-            if self._ended:
+            # (Messages received before the end whose tickets are being redeemed still come.)
+            if self._ended and not self._redeeming:
                 raise self._failure or PeerClosed(f"{self.label} is closed")
             waiter = self._waiter = self.loop.create_future()
             if timeout is not None and timer is None:
@@ -681,6 +739,9 @@ class EngineConnection:
 
     def close(self) -> None:
         """Closes the connection (what is queued is written first, as far as it goes now)."""
+        if self._redeemer is not None:
+            self._redeemer.cancel()
+            self._redeemer = None
         if not self._ended:
             self._end(PeerClosed(f"{self.label} is closed"))
         self._stop_watching()
