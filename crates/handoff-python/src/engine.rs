@@ -21,7 +21,7 @@ use handoff_proto::recv_buffers::RecvPool;
 use handoff_proto::shm::MappingCache;
 use handoff_proto::ticket_leases::{LeaseConfig, LeaseTable};
 
-use crate::tickets::EndedHolds;
+use crate::holds::EndedHolds;
 use handoff_wire::{Endpoint, Limits, Preamble, WireError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;

@@ -9,6 +9,7 @@ use pyo3::prelude::*;
 pub mod connection;
 pub mod engine;
 pub mod frames;
+mod holds;
 pub mod plain;
 mod plain_read;
 mod socket;

@@ -2,7 +2,7 @@
 //! this node holds on other nodes' buffers ([`Ticket`]), and the end of each hold when its
 //! last handle is dropped. The owner's side (the lease table, its answers) is the engine's.
 
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use handoff_wire::{TicketClaim, TicketDigest};
@@ -11,26 +11,7 @@ use pyo3::types::PyBytes;
 
 use crate::engine::Shared;
 use crate::frames::Frame;
-
-/// A hold that ended here: its `unlease` is owed to the owner.
-pub(crate) struct EndedHold {
-    pub(crate) owner: String,
-    pub(crate) lease: u64,
-    pub(crate) token: Vec<u8>,
-}
-
-/// Most ended holds waiting for their `unlease` (a loop that stopped taking them, say).
-const MAX_ENDED_HOLDS: usize = 65_536;
-
-/// Holds whose last handle was dropped, waiting for the loop to send their `unlease`.
-#[derive(Default)]
-pub(crate) struct EndedHolds(Mutex<Vec<EndedHold>>);
-
-impl EndedHolds {
-    pub(crate) fn take(&self) -> Vec<EndedHold> {
-        std::mem::take(&mut *self.0.lock().expect("ended holds lock"))
-    }
-}
+use crate::holds::{EndedHold, MAX_ENDED_HOLDS};
 
 /// A ticket: a claim on bytes another node owns, valid for the node it was issued to.
 ///
@@ -71,7 +52,7 @@ impl Drop for Ticket {
         let Some(shared) = self.ours.as_ref().and_then(Weak::upgrade) else {
             return;
         };
-        let mut ended = shared.ended_holds.0.lock().expect("ended holds lock");
+        let mut ended = shared.ended_holds.lock();
         // Bounded: past this many unsent, a hold ends by its ttl at the owner instead.
         if ended.len() < MAX_ENDED_HOLDS {
             ended.push(EndedHold {
