@@ -845,3 +845,40 @@ async def test_a_failed_eager_redemption_is_that_message_s_error():
         listener.close()
         owner.close()
         holder.close()
+
+
+async def test_a_holder_s_holds_end_with_its_last_connection():
+    """Spec §7.7: the owner ends the holds of a holder whose last connection closed (not
+    only at their ttl), and a send waiting for room in its lease table goes on."""
+    a, b, ab, ba, listener = await _pair(b_kw={"lease_ttl": 60.0})
+    try:
+        await ba.send("t.T", *encoded({"d": bytes(MIB)}), by_ticket=True)
+        _, body = await expect(ab, "t.T")
+        kept = body["d"]
+        assert b.engine.ticket_leases == (1, MIB)
+        ab.close()  # the holder keeps its ticket, and goes
+        assert await eventually(lambda: b.engine.ticket_leases == (0, 0), timeout=5), b.engine.ticket_leases
+        del kept
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
+async def test_a_pull_answered_with_a_token_is_the_owner_s_error():
+    a, b, ab, ba, listener = await _pair()
+    try:
+        await ba.send("t.T", *encoded({"d": bytes(4096)}), by_ticket=True)
+        _, body = await expect(ab, "t.T")
+        ticket = body["d"]
+        pulling = asyncio.create_task(ab._pull(ticket, 0, 4096, False))
+        await asyncio.sleep(0)
+        (req,) = list(ab._requests)
+        # What the engine hands on when the owner answers the pull with a forward's token.
+        ab._handle([("answer", req, "token", bytes(32))])
+        with pytest.raises(OwnerLost, match="answered a pull with a token"):
+            await pulling
+    finally:
+        listener.close()
+        a.close()
+        b.close()

@@ -55,6 +55,15 @@ pub enum Step<W> {
         /// Their digest, when the request asked for one.
         digest: Digest,
     },
+    /// Pulled bytes whose request gave up while they arrived: the driver drops them, after
+    /// waiting for a [`Digest::Behind`] that still reads them (so that no thread of its
+    /// waits on a helper).
+    Unclaimed {
+        /// Their digest, first: dropped before the bytes.
+        digest: Digest,
+        /// The bytes.
+        bytes: Bytes,
+    },
     /// The peer ended the stream between two messages.
     Closed,
 }
@@ -123,9 +132,10 @@ impl<W> Established<W> {
             let answered = |req: u64| self.requests.lock().expect("requests lock").complete(req);
             match event {
                 Event::Pulled { req, bytes, digest } => {
-                    if let Some(waiter) = answered(req) {
-                        return Ok(Step::Pulled { waiter, bytes, digest });
-                    }
+                    return Ok(match answered(req) {
+                        Some(waiter) => Step::Pulled { waiter, bytes, digest },
+                        None => Step::Unclaimed { digest, bytes },
+                    });
                 }
                 Event::PulledMismatch { req, why } => {
                     if let Some(waiter) = answered(req) {

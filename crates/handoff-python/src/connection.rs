@@ -557,11 +557,15 @@ impl Connection {
             })
             .collect();
         let (routed, leased) = if self.shm_routing.is_some() {
-            match self.route_shared(py, planned)? {
-                Some(routed) => routed,
-                None => {
+            match self.route_shared(py, planned) {
+                Ok(Some(routed)) => routed,
+                Ok(None) => {
                     self.withdraw(&issued);
                     return Ok(Some("shm-leases"));
+                }
+                Err(e) => {
+                    self.withdraw(&issued);
+                    return Err(e);
                 }
             }
         } else {
@@ -1074,6 +1078,8 @@ impl Connection {
                             self.stop_waiting_for_room();
                         }
                         Step::Answer { waiter, answer } => events.push(answer_event(py, waiter, answer)?),
+                        // (This driver hashes inline: nothing reads the bytes any more.)
+                        Step::Unclaimed { .. } => {}
                         Step::Pulled { waiter, bytes, digest } => {
                             let digest = match digest {
                                 Digest::Hashed(d) => Some(d),

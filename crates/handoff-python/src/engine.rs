@@ -89,7 +89,7 @@ impl Shared {
             .insert(ident.node_id.clone(), handoff_proto::peers::endpoint_of(ident));
     }
 
-    /// A connection to node `node_id` ended.
+    /// A connection to node `node_id` ended; with its last, the node's holds end.
     pub(crate) fn unregister(&self, node_id: &str) {
         let mut counts = self.connections_of.lock().expect("connections lock");
         if let Some(n) = counts.get_mut(node_id) {
@@ -97,6 +97,11 @@ impl Shared {
             if *n == 0 {
                 counts.remove(node_id);
                 self.connected.lock().expect("connected lock").remove(node_id);
+                // Its last connection gone, the peer's holds on our leases end (§7.7), and
+                // a send waiting for room in the table may go on.
+                if self.leases.drop_holder(node_id) > 0 {
+                    self.wake.signal();
+                }
             }
         }
     }
@@ -318,7 +323,7 @@ impl Engine {
         &self.shared.me.node_id
     }
 
-    /// The random id of this process instance (a forked child has its own).
+    /// The random id of this process instance (an engine made after a fork has its own).
     #[getter]
     fn process_id(&self) -> &str {
         &self.shared.me.process_id

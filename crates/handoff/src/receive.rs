@@ -227,6 +227,16 @@ where
                 let _ = waiter.send(Ok(Answer::Bytes(bytes, digest)));
                 continue;
             }
+            Step::Unclaimed { digest, bytes } => {
+                // A helper thread may still read the bytes: it finishes before they go.
+                if let Digest::Behind(behind) = digest {
+                    if let Ok(thread) = behind.into_any().downcast::<HashThread>() {
+                        thread.finish().await;
+                    }
+                }
+                drop(bytes);
+                continue;
+            }
             Step::Closed => return Ok(()),
             Step::Event(event) => event,
         };

@@ -700,7 +700,10 @@ class EngineConnection:
         """``length`` bytes from ``offset`` of the ticket's buffer, and their BLAKE3 if
         ``hash``: ``(frame, digest or None)``."""
         req = self.conn.request_pull(ticket, offset, length, hash)
-        _, (frame, hashed) = await self._request(ticket, "pull", req)
+        kind, value = await self._request(ticket, "pull", req)
+        if kind != "bytes":
+            raise OwnerLost(ticket.owner, ticket.lease, len(ticket), f"answered a pull with a {kind}")
+        frame, hashed = value
         return frame, hashed
 
     async def recv(self, timeout: Optional[float] = None) -> Received:
