@@ -1,19 +1,21 @@
 """A 100-byte round trip between two Python processes on the Rust engine, against the
-asyncio floor of the same channel, in one run (issue 40).
+asyncio floor of the same channel, in paired rounds (issue 40: at most 1.3x the floor).
 
 The floor is ``bench/python_rtt_floor.py``'s ``add_reader`` style: an event loop on both
 sides, readiness from ``add_reader``, ``recv`` and ``send`` on the socket, no framing and
 no decode (the style that can also receive descriptors). The engine rows run the same
 ping-pong as handoff messages through ``handoff.engine`` (the handshake first, then a
 ``msg`` with a body of ``{"seq": n, "data": <100 bytes>}`` encoded and decoded by
-``handoff.codec`` on both sides, as an application does), on the same kind of socket pair.
+``handoff.codec`` on both sides, as an application does), on the same kind of socket pair;
+the ``no codec`` row sends and echoes the body as it is (what the engine and its driver
+add on their own).
 
-    .venv/bin/python bench/python_engine_rtt.py [--round-trips N]
+Each style has an echo process of its own, forked once; the pinger runs every style in one
+event loop, one batch at a time, the order rotating each round, so that a drift of the
+machine falls on all of them alike. The figure of a style is the median of its batches; the
+ratio to the floor is the median of the rounds' ratios, with their range.
 
-A third row per channel sends and echoes the body as it is, without ``handoff.codec``: what
-the engine and this driver add on their own. Prints, per channel, the median and minimum
-of five batches in µs per round trip for each, the CPU each process spent per round trip,
-and the ratios of the medians to the floor's.
+    .venv/bin/python bench/python_engine_rtt.py [--round-trips N] [--rounds R]
 """
 
 from __future__ import annotations
@@ -21,16 +23,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from python_rtt_floor import BATCHES, MESSAGE_BYTES, measure, process_cpu_seconds, socket_pair  # noqa: E402
+from python_rtt_floor import MESSAGE_BYTES, echo_add_reader, ping_add_reader, socket_pair  # noqa: E402
 
 SECRET = b"bench secret"
 TYPE = "handoff.bench.Ping"
+STYLES = ("add_reader", "engine", "engine, no codec")
 
 
 async def echo_engine(sock, codec: bool = True) -> None:
@@ -55,88 +59,88 @@ async def echo_engine(sock, codec: bool = True) -> None:
     driver.close()
 
 
-def measure_engine(channel: str, n: int, codec: bool = True) -> tuple[float, str]:
-    """The engine's round trip on `channel`: (median seconds, report line). Without
-    ``codec`` the body is sent and echoed as it is (what the engine and its driver add,
-    without ``handoff.codec``'s encoding and decoding)."""
+def fork_echo(channel: str, style: str):
+    """A socket pair whose other end a forked process echoes in ``style``: (socket, pid)."""
     a, b = socket_pair(channel)
     pid = os.fork()
     if pid == 0:
         a.close()
-        asyncio.run(echo_engine(b, codec))
+        if style == "add_reader":
+            asyncio.run(echo_add_reader(b))
+        else:
+            asyncio.run(echo_engine(b, codec=style == "engine"))
         os._exit(0)
     b.close()
-    per_round_trip: list[float] = []
+    return a, pid
 
-    async def main() -> tuple[float, float]:
-        from handoff.codec import decode_body, encode_body
-        from handoff.engine import Driver, Engine
 
-        driver = Driver(Engine("bench-pinger", SECRET))
-        conn = driver.adopt(a, "dialer", "bench echo")
-        await conn.ready(10)
-        data = os.urandom(MESSAGE_BYTES)
+async def measure(channel: str, n: int, rounds: int) -> dict:
+    from handoff.codec import decode_body, encode_body
+    from handoff.engine import Driver, Engine
 
-        raw = encode_body({"seq": 0, "data": data}).body
+    echoes = {style: fork_echo(channel, style) for style in STYLES}
+    driver = Driver(Engine("bench-pinger", SECRET))
+    conns = {}
+    for style in STYLES[1:]:
+        conns[style] = driver.adopt(echoes[style][0], "dialer", style)
+        await conns[style].ready(10)
+    data = os.urandom(MESSAGE_BYTES)
+    raw = encode_body({"seq": 0, "data": data}).body
 
-        async def ping(k: int) -> None:
-            for seq in range(k):
-                if codec:
-                    enc = encode_body({"seq": seq, "data": data})
-                    conn.send_now(TYPE, enc.body, enc.frames)
-                    got = await conn.recv(30)
-                    decode_body(got.body, got.frames, got.type_name)
-                else:
-                    conn.send_now(TYPE, raw, ())
-                    await conn.recv(30)
+    async def ping(style: str, k: int) -> None:
+        if style == "add_reader":
+            await ping_add_reader(echoes[style][0], k)
+            return
+        conn = conns[style]
+        for seq in range(k):
+            if style == "engine":
+                enc = encode_body({"seq": seq, "data": data})
+                conn.send_now(TYPE, enc.body, enc.frames)
+                got = await conn.recv(30)
+                decode_body(got.body, got.frames, got.type_name)
+            else:
+                conn.send_now(TYPE, raw, ())
+                await conn.recv(30)
 
-        await ping(500)
-        cpu0, echo0 = time.process_time(), process_cpu_seconds(pid)
-        for _ in range(BATCHES):
+    for style in STYLES:
+        await ping(style, 500)  # warm-up
+    per_rt: dict[str, list[float]] = {style: [] for style in STYLES}
+    for r in range(rounds):
+        order = STYLES[r % 3 :] + STYLES[: r % 3]
+        for style in order:
             t = time.perf_counter()
-            await ping(n)
-            per_round_trip.append((time.perf_counter() - t) / n)
-        result = time.process_time() - cpu0, process_cpu_seconds(pid) - echo0
-        conn.close()
-        driver.close()
-        return result
-
-    cpu, echo_cpu = asyncio.run(main())
-    os.waitpid(pid, 0)
-    per_round_trip.sort()
-    total = BATCHES * n
-    median = per_round_trip[BATCHES // 2]
-    return median, (
-        f"{channel:4} {'engine' if codec else 'engine, no codec':16} median {median * 1e6:7.1f} µs"
-        f"  min {per_round_trip[0] * 1e6:7.1f} µs"
-        f"  cpu per round trip: pinger {cpu / total * 1e6:5.1f} µs, echo {echo_cpu / total * 1e6:5.1f} µs"
-    )
-
-
-def median_of(line: str) -> float:
-    """The median figure of a report line of ``python_rtt_floor.measure``, in seconds."""
-    return float(line.split("median", 1)[1].split("µs", 1)[0]) / 1e6
+            await ping(style, n)
+            per_rt[style].append((time.perf_counter() - t) / n)
+    driver.close()
+    for style, (sock, pid) in echoes.items():
+        sock.close()
+        os.waitpid(pid, 0)
+    return per_rt
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--round-trips", type=int, default=5000, help="per batch (5 batches)")
+    parser.add_argument("--round-trips", type=int, default=2000, help="per batch")
+    parser.add_argument("--rounds", type=int, default=9, help="batches of each style, interleaved")
     args = parser.parse_args()
-    if args.round_trips < 1:
-        parser.error("--round-trips must be at least 1")
-    print("100-byte round trip between two Python processes: asyncio floor vs the Rust engine")
+    if args.round_trips < 1 or args.rounds < 1:
+        parser.error("--round-trips and --rounds must be at least 1")
+    print(
+        f"100-byte round trip between two Python processes: asyncio floor vs the Rust engine "
+        f"({args.rounds} interleaved rounds of {args.round_trips})"
+    )
     for channel in ("unix", "tcp"):
-        floor_line = measure(channel, "add_reader", args.round_trips, asyncio.run)
-        engine_median, engine_line = measure_engine(channel, args.round_trips)
-        bare_median, bare_line = measure_engine(channel, args.round_trips, codec=False)
-        floor = median_of(floor_line)
-        print(floor_line)
-        print(engine_line)
-        print(bare_line)
-        print(
-            f"{channel:4} engine / floor: {engine_median / floor:.2f}x; without the codec: {bare_median / floor:.2f}x",
-            flush=True,
-        )
+        per_rt = asyncio.run(measure(channel, args.round_trips, args.rounds))
+        floor = per_rt["add_reader"]
+        for style in STYLES:
+            times = per_rt[style]
+            line = f"{channel:4} {style:16} median {statistics.median(times) * 1e6:7.1f} µs  min {min(times) * 1e6:7.1f} µs"
+            if style != "add_reader":
+                ratios = [t / f for t, f in zip(times, floor)]
+                line += (
+                    f"  / floor: median {statistics.median(ratios):.2f}x (rounds {min(ratios):.2f}-{max(ratios):.2f})"
+                )
+            print(line, flush=True)
     return 0
 
 

@@ -379,6 +379,18 @@ impl Connection {
         asking.then(|| receive::ROOM_RECHECK.as_secs_f64())
     }
 
+    /// What the loop watches next, in one call: `(wants_read, wants_write, timeout,
+    /// room_recheck, done)` (see each).
+    fn state(&self) -> (bool, bool, Option<f64>, Option<f64>, bool) {
+        (
+            self.wants_read(),
+            self.wants_write(),
+            self.timeout(),
+            self.room_recheck(),
+            self.done(),
+        )
+    }
+
     /// Whether bytes wait to be written (the loop then watches for writability).
     fn wants_write(&self) -> bool {
         (!self.out.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())) && self.socket.is_some()
@@ -928,6 +940,7 @@ impl Connection {
     /// Runs the engine until it needs the socket to be readable again (or room, or the
     /// connection ended), collecting events.
     fn drive(&mut self, py: Python<'_>, events: &mut Vec<Py<PyAny>>) -> PyResult<()> {
+        let mut drained = false;
         loop {
             let Some(socket) = self.socket.as_ref() else {
                 return Ok(());
@@ -1035,6 +1048,14 @@ impl Connection {
                     };
                     match step {
                         Step::Read => {
+                            // A read that did not fill its space found the socket empty: the
+                            // loop (level-triggered) calls again when more comes, so no second
+                            // read is spent to learn that nothing is there. (Not with TLS,
+                            // which may hold plaintext the socket no longer signals.)
+                            if drained && self.tls.is_none() {
+                                return Ok(());
+                            }
+                            let space = conn.recv_space().len();
                             let got = match read_from(socket.as_fd(), self.tls.as_deref_mut(), conn.recv_space()) {
                                 Ok(Some(got)) => got,
                                 Ok(None) => return Ok(()),
@@ -1064,6 +1085,7 @@ impl Connection {
                             } else {
                                 inbound.received(got.bytes, now);
                             }
+                            drained = got.bytes < space;
                         }
                         Step::Room => {
                             // Counted before the attempt, so that room given back after it

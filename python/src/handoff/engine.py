@@ -490,19 +490,18 @@ class EngineConnection:
                 self._end(_error(self.label, code, message, by_peer))
 
     def _after(self) -> None:
-        """Watches for writability while bytes wait, and arms the engine's deadline."""
-        conn = self.conn
-        if self._ended and conn.done:
+        """Watches the socket as the engine wants it (reading, writing), and arms the
+        engine's deadline and its retry for room."""
+        read, want, delay, recheck, done = self.conn.state()
+        if self._ended and done:
             self._stop_watching()
             return
-        want = conn.wants_write()
         if want != self._writing:
             if want:
                 self.loop.add_writer(self._fd, self._on_writable)
             else:
                 self.loop.remove_writer(self._fd)
             self._writing = want
-        read = conn.wants_read
         if read != self._reading:
             # Not while waiting for room (the wake pipe says when), while the peer leaves
             # our answers unread, or once over: a readable socket would only spin the loop.
@@ -511,10 +510,8 @@ class EngineConnection:
             else:
                 self.loop.remove_reader(self._fd)
             self._reading = read
-        recheck = conn.room_recheck()
         if recheck is not None and self._recheck is None:
             self._recheck = self.loop.call_later(recheck, self._on_recheck)
-        delay = conn.timeout()
         if delay is None:
             if self._timer is not None:
                 self._timer.cancel()
