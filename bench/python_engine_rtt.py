@@ -12,10 +12,13 @@ add on their own).
 
 Each style has an echo process of its own, forked once; the pinger runs every style in one
 event loop, one batch at a time, the order rotating each round, so that a drift of the
-machine falls on all of them alike. The figure of a style is the median of its batches; the
+machine falls on all of them alike. ``--pin`` runs the pinger on the first CPU and every
+echo on the second (where there are two), so that none gains or loses by where its
+process was put; the round trips themselves then change (on this machine TCP's floor
+halves), so the default leaves placement to the scheduler, as the floor script does. The figure of a style is the median of its batches; the
 ratio to the floor is the median of the rounds' ratios, with their range.
 
-    .venv/bin/python bench/python_engine_rtt.py [--round-trips N] [--rounds R]
+    .venv/bin/python bench/python_engine_rtt.py [--round-trips N] [--rounds R] [--pin]
 """
 
 from __future__ import annotations
@@ -59,12 +62,26 @@ async def echo_engine(sock, codec: bool = True) -> None:
     driver.close()
 
 
+#: With ``--pin``: the pinger on the first CPU, every echo on the second.
+PIN = False
+
+
+def pin(cpu: int) -> None:
+    """With ``--pin`` (and two CPUs or more), runs this process on one CPU: every echo on
+    the second, the pinger on the first, so that no style gains or loses by where the
+    scheduler put its process."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if PIN and len(cpus) >= 2:
+        os.sched_setaffinity(0, {cpus[cpu]})
+
+
 def fork_echo(channel: str, style: str):
     """A socket pair whose other end a forked process echoes in ``style``: (socket, pid)."""
     a, b = socket_pair(channel)
     pid = os.fork()
     if pid == 0:
         a.close()
+        pin(1)
         if style == "add_reader":
             asyncio.run(echo_add_reader(b))
         else:
@@ -79,6 +96,7 @@ async def measure(channel: str, n: int, rounds: int) -> dict:
     from handoff.engine import Driver, Engine
 
     echoes = {style: fork_echo(channel, style) for style in STYLES}
+    pin(0)
     driver = Driver(Engine("bench-pinger", SECRET))
     conns = {}
     for style in STYLES[1:]:
@@ -122,7 +140,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--round-trips", type=int, default=2000, help="per batch")
     parser.add_argument("--rounds", type=int, default=9, help="batches of each style, interleaved")
+    parser.add_argument("--pin", action="store_true", help="the pinger on one CPU, the echoes on another")
     args = parser.parse_args()
+    global PIN
+    PIN = args.pin
     if args.round_trips < 1 or args.rounds < 1:
         parser.error("--round-trips and --rounds must be at least 1")
     print(
