@@ -146,16 +146,19 @@ def s3():
     server.stop()
 
 
-def _s3_catalog(tmp_path: Path, endpoint: str) -> Catalog:
+def _s3_catalog_text(endpoint: str) -> str:
     opts = f'[datasets.storage.options]\nendpoint = "{endpoint}"\nregion = "us-east-1"\naccess_key_id = "k"\nsecret_access_key = "s"\n'
-    text = (
+    return (
         "data_config_version = 1\n"
         f'[[datasets]]\nname = "big"\nuuid = "11111111-1111-4111-8111-111111111111"\n'
         f'[datasets.storage]\ndriver = "ObjectStore"\ntype = "Blob"\nurl = "s3://bucket/data/big.bin"\n{opts}\n'
         f'[[datasets]]\nname = "tree"\nuuid = "22222222-2222-4222-8222-222222222222"\n'
         f'[datasets.storage]\ndriver = "ObjectStore"\ntype = "FileTree"\nurl = "s3://bucket/trees/t"\n{opts}'
     )
-    return Catalog.parse(text, tmp_path / "Data.toml")
+
+
+def _s3_catalog(tmp_path: Path, endpoint: str) -> Catalog:
+    return Catalog.parse(_s3_catalog_text(endpoint), tmp_path / "Data.toml")
 
 
 async def test_object_store_datasets_on_a_real_s3_server(s3, tmp_path):
@@ -172,6 +175,34 @@ async def test_object_store_datasets_on_a_real_s3_server(s3, tmp_path):
     with pytest.raises(Exception) as e:
         await tree.blob("missing.txt").read_all()
     assert "missing.txt" in str(e.value)
+
+
+async def test_a_spec_s_fragment_selects_a_file_or_folder_of_a_remote_tree_as_in_rust(s3, tmp_path, handoff_bin):
+    """``tree#path`` opens a file or a folder of a tree in an object store: a listing's
+    prefix names a folder in every store, so a file is asked about by its own path. The
+    Rust CLI reads the same bytes."""
+    c = _s3_catalog(tmp_path, s3)
+    (tmp_path / "Data.toml").write_text(_s3_catalog_text(s3))
+    for spec, want in (("tree#x.txt", b"x"), ("tree#y/z.txt", b"zz")):
+        opened = await c.open(spec)
+        assert await opened.read_all() == want, spec
+        rust = subprocess.run(
+            [
+                str(handoff_bin),
+                "data",
+                "--catalog",
+                str(tmp_path / "Data.toml"),
+                "--cache-dir",
+                str(tmp_path / "c"),
+                "cat",
+                spec,
+            ],
+            capture_output=True,
+            timeout=60,
+        )
+        assert (rust.returncode, rust.stdout) == (0, want), rust.stderr
+    sub = await c.open("tree#y")
+    assert [e.path for e in await sub.list()] == ["z.txt"]
 
 
 @pytest.fixture

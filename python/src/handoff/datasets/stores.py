@@ -206,9 +206,13 @@ class Source:
 
         prefix = self.object_path(rel)
         try:
-            listed = await obstore.list_with_delimiter_async(self.store, prefix)
-            if any(m["path"] == prefix for m in listed["objects"]):
+            # A listing's prefix names a folder in every object store (object_store adds the
+            # delimiter): a file is asked about by its own path.
+            try:
+                await obstore.head_async(self.store, prefix)
                 return "Blob"
+            except FileNotFoundError:
+                pass
             listed = await obstore.list_with_delimiter_async(self.store, prefix + "/")
         except Exception as e:
             raise StorageError(f"dataset {dataset}: listing {prefix} in {self.identity} failed: {e}") from None
