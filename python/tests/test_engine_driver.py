@@ -882,3 +882,24 @@ async def test_a_pull_answered_with_a_token_is_the_owner_s_error():
         listener.close()
         a.close()
         b.close()
+
+
+async def test_the_driver_reports_what_the_node_holds(tmp_path):
+    a = Driver(engine("py-stats-a", max_shm_lease_bytes_per_peer=64 * MIB))
+    b = Driver(engine("py-stats-b"))
+    listener = await b.listen(f"unix://{tmp_path}/stats.sock")
+    try:
+        ab = await a.connect(listener.address)
+        ba = await listener.accept(10)
+        await request(ab, "t.Big", {"d": np.zeros(2 * MIB, dtype=np.uint8)})
+        got = await ba.recv(10)
+        s = a.stats()
+        assert s["node"] == "py-stats-a" and s["peers"] == [["py-stats-b", "shm"]] and s["peers_total"] == 1
+        assert s["shm_leases"] == {"count": 1, "bytes": 2 * MIB}, s
+        assert b.stats()["mapped_bytes"] >= 2 * MIB
+        del got
+        assert await eventually(lambda: a.stats()["shm_leases"]["count"] == 0)
+    finally:
+        listener.close()
+        a.close()
+        b.close()

@@ -412,6 +412,12 @@ impl Connection {
         matches!(*self.phase_now(), Phase::Established(_))
     }
 
+    /// Whether it is a Unix socket to a same-host peer (shared memory).
+    #[getter]
+    fn unix(&self) -> bool {
+        self.unix
+    }
+
     /// The peer's label as errors name it.
     #[getter]
     fn label(&self) -> &str {
