@@ -104,12 +104,7 @@ where
                 hs.admit(admit(&peer));
                 continue;
             }
-            Status::Done(done) => {
-                // The handshake is over: the reader takes the limits of an established
-                // connection, and descriptors are welcome from the next message on.
-                reader.stream_mut().established();
-                return Ok(done);
-            }
+            Status::Done(done) => return Ok(done),
             Status::Failed(failure) => return Err(fail(reader, writer, &mut hs, failure, label).await),
         }
         if hs.has_transmit() {
@@ -117,17 +112,18 @@ where
         }
         let wants = hs.wants();
         match until(timeout_at(&hs), &mut evicted, reader.read_some(wants)).await {
-            Woke::Done(Ok(bytes)) if bytes.is_empty() => hs.handle_eof(),
             Woke::Done(Ok(bytes)) => {
-                hs.handle_input(&bytes, 0, now());
-            }
-            Woke::Done(Err(e)) => match reader.stream_mut().take_fd_error() {
-                // The reader closed them as they arrived; the engine refuses the connection.
-                Some(_) => {
-                    hs.handle_input(&[], 1, now());
+                // Descriptors that came with these bytes are closed here, and counted: the
+                // engine refuses a connection that sent any before `ready` (spec §5.1).
+                let stream = reader.stream_mut();
+                let fds = stream.drain_fds().len() + usize::from(stream.take_fd_error().is_some());
+                if bytes.is_empty() && fds == 0 {
+                    hs.handle_eof();
+                } else {
+                    hs.handle_input(&bytes, fds, now());
                 }
-                None => return Err(e),
-            },
+            }
+            Woke::Done(Err(e)) => return Err(e),
             Woke::TimedOut => hs.handle_timeout(now()),
             Woke::Evicted => {
                 evicted = None;

@@ -65,11 +65,8 @@ impl<R> HandshakeReader<R> {
 
 /// A stream that may carry file descriptors beside its bytes (a Unix socket does).
 pub(crate) trait FdSource {
-    /// Takes every descriptor that arrived, in order.
+    /// Takes every descriptor that arrived, in order (the engine judges them).
     fn drain_fds(&mut self) -> Vec<std::os::fd::OwnedFd>;
-    /// The handshake is over: descriptors may arrive from now on. Until then every one is
-    /// closed on arrival and fails the read (spec §5.1).
-    fn established(&mut self);
     /// A problem with the descriptors seen while reading.
     fn take_fd_error(&mut self) -> Option<String>;
 }
@@ -78,7 +75,6 @@ impl FdSource for tokio::net::tcp::OwnedReadHalf {
     fn drain_fds(&mut self) -> Vec<std::os::fd::OwnedFd> {
         Vec::new()
     }
-    fn established(&mut self) {}
     fn take_fd_error(&mut self) -> Option<String> {
         None
     }

@@ -147,7 +147,6 @@ impl FdSource for TcpReader {
     fn drain_fds(&mut self) -> Vec<std::os::fd::OwnedFd> {
         Vec::new()
     }
-    fn established(&mut self) {}
     fn take_fd_error(&mut self) -> Option<String> {
         None
     }

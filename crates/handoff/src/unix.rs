@@ -19,18 +19,15 @@ use tokio::net::UnixStream;
 use crate::io::FdSource;
 use crate::{Error, Result};
 
-pub(crate) use handoff_proto::inbound::{MAX_FDS_PER_READ, MAX_PENDING_FDS};
+pub(crate) use handoff_proto::inbound::MAX_FDS_PER_READ;
 
-/// The read side: an `AsyncRead` that also collects the descriptors that arrive.
-///
-/// Until the connection is established no descriptor is welcome (spec §5.1): every one that
-/// arrives is closed at once, and the read fails, so that a peer that has proven nothing
-/// cannot make the node hold a single descriptor.
+/// The read side: an `AsyncRead` that also collects the descriptors that arrive, for the
+/// engine to judge: before `ready` the handshake refuses any (spec §5.1), after it the
+/// established connection matches them to the `shm` frames that announce them.
 pub(crate) struct FdReader {
     stream: Arc<UnixStream>,
     fds: VecDeque<OwnedFd>,
     error: Option<String>,
-    established: bool,
 }
 
 impl FdReader {
@@ -39,11 +36,10 @@ impl FdReader {
             stream,
             fds: VecDeque::new(),
             error: None,
-            established: false,
         }
     }
 
-    /// A descriptor problem seen while reading (too many, truncated control data).
+    /// A descriptor problem seen while reading (more than one read takes).
     pub(crate) fn take_error(&mut self) -> Option<String> {
         self.error.take()
     }
@@ -61,25 +57,10 @@ impl FdReader {
                 self.fds.extend(fds);
             }
         }
-        if !self.established && (!self.fds.is_empty() || msg.flags.contains(rustix::net::ReturnFlags::CTRUNC)) {
-            // Closed here, before anything else happens to them.
-            self.fds.clear();
-            self.error = Some("file descriptors arrived before the handshake completed".into());
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "file descriptors arrived before the handshake completed",
-            ));
-        }
         if msg.flags.contains(rustix::net::ReturnFlags::CTRUNC) {
+            // The kernel closed the ones that did not fit; the engine fails the connection.
             self.error = Some(format!("a message carried more than {MAX_FDS_PER_READ} descriptors"));
-        } else if self.fds.len() > MAX_PENDING_FDS {
-            self.error = Some(format!(
-                "over {MAX_PENDING_FDS} descriptors arrived that no header claimed"
-            ));
         }
-        // The connection fails at the next header; meanwhile the extra descriptors are
-        // closed at once, so a peer cannot use up this process's descriptors.
-        self.fds.truncate(MAX_PENDING_FDS);
         Ok(msg.bytes)
     }
 }
@@ -107,9 +88,6 @@ impl AsyncRead for FdReader {
 impl FdSource for FdReader {
     fn drain_fds(&mut self) -> Vec<OwnedFd> {
         self.fds.drain(..).collect()
-    }
-    fn established(&mut self) {
-        self.established = true;
     }
     fn take_fd_error(&mut self) -> Option<String> {
         self.take_error()
