@@ -891,8 +891,13 @@ impl Connection {
     /// much as it may. Copies run with the GIL released.
     fn route_shared(&mut self, py: Python<'_>, planned: Vec<Planned>) -> PyResult<Option<(Vec<Routed>, Vec<u64>)>> {
         let routing = self.shm_routing.expect("a same-host connection");
+        // The GIL is let go only where a frame may be copied into a segment: a small
+        // message's round trip does not pay for giving it up and taking it back.
+        let copies = planned
+            .iter()
+            .any(|p| matches!(p, Planned::Bytes(b) if b.len() >= routing.threshold));
         let leases = &mut self.shm_leases;
-        let result = py.detach(|| {
+        let route = || {
             let mut router = Router::new(routing);
             let mut routed = Vec::with_capacity(planned.len());
             let mut leased = Vec::new();
@@ -916,7 +921,8 @@ impl Connection {
                 routed.push(r);
             }
             Ok(Some((routed, leased)))
-        });
+        };
+        let result = if copies { py.detach(route) } else { route() };
         result.map_err(PyOSError::new_err)
     }
 
