@@ -979,6 +979,7 @@ impl Connection {
                 }
                 continue;
             }
+            let backed_up = self.answers_backed_up();
             match phase!(self) {
                 Phase::Over => return Ok(()),
                 Phase::Draining { left, .. } => {
@@ -1042,14 +1043,12 @@ impl Connection {
                     }
                     self.queue_handshake_bytes();
                 }
-                Phase::Established(conn) => {
+                Phase::Established(_) if backed_up => {
                     // The peer leaves our answers unread: nothing more of its is read or
                     // answered until they drain (spec §9.1).
-                    if self.out.pulled_answers.len() >= self.shared.bounds.max_pull_answers.max(1)
-                        || self.out.control_bytes > MAX_CONTROL_BACKLOG
-                    {
-                        return Ok(());
-                    }
+                    return Ok(());
+                }
+                Phase::Established(conn) => {
                     let now = Instant::now();
                     let step = match conn.poll(now) {
                         Ok(step) => step,
