@@ -903,3 +903,50 @@ async def test_the_driver_reports_what_the_node_holds(tmp_path):
         listener.close()
         a.close()
         b.close()
+
+
+async def test_a_relay_that_joins_a_node_to_itself_is_refused():
+    """An attacker without the secret relays node A's own dial into A's own listener (two
+    connections of one node): A must not take itself for a peer (spec §5.8)."""
+    a = Driver(engine("py-relay-self"))
+    listener = await a.listen()
+    host, port = listener.address.removeprefix("tcp://").rsplit(":", 1)
+    relay = socket.socket()
+    relay.bind(("127.0.0.1", 0))
+    relay.listen(1)
+    relay.setblocking(False)
+    loop = asyncio.get_running_loop()
+
+    async def pipe(src, dst):
+        try:
+            while data := await loop.sock_recv(src, 65536):
+                await loop.sock_sendall(dst, data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+
+    async def run_relay():
+        inbound, _ = await loop.sock_accept(relay)
+        outbound = socket.create_connection((host, int(port)))
+        inbound.setblocking(False)
+        outbound.setblocking(False)
+        await asyncio.gather(pipe(inbound, outbound), pipe(outbound, inbound))
+        inbound.close()
+        outbound.close()
+
+    relaying = asyncio.create_task(run_relay())
+    try:
+        with pytest.raises((ConnectionFailed, PeerRefused, PeerClosed)):
+            await a.connect(f"tcp://127.0.0.1:{relay.getsockname()[1]}", timeout=10)
+        assert a.connection_to(a.engine.node_id) is None
+        assert await eventually(lambda: listener.failed >= 1)
+    finally:
+        relaying.cancel()
+        relay.close()
+        listener.close()
+        a.close()
