@@ -50,6 +50,7 @@ pub mod shm;
 pub mod ticket_leases;
 pub mod ticket_requests;
 pub mod tls;
+pub mod tls_session;
 
 pub use bounds::Bounds;
 pub use handshake::{Handshake, Handshaken};

@@ -55,8 +55,9 @@ use crate::engine::{Engine, Shared};
 use crate::frames::{bytes_of, Frame};
 use crate::socket;
 use crate::tickets::Ticket;
-use crate::tls::{TlsLayer, TlsRead};
+use crate::tls::SocketIo;
 use handoff_proto::tls::{plain_refusal, Opening, TLS_REQUIRED_MESSAGE};
+use handoff_proto::tls_session::{TlsRead, TlsSession};
 
 /// The implementation this driver announces.
 const IMPLEMENTATION: &str = concat!("handoff-py-engine/", env!("CARGO_PKG_VERSION"));
@@ -230,7 +231,7 @@ pub struct Connection {
     /// What we keep alive for the peer until it releases each lease (spec §7.4, §9.1).
     shm_leases: ShmLeases<Held>,
     /// The TLS session, on a TCP connection of an engine with TLS.
-    tls: Option<Box<TlsLayer>>,
+    tls: Option<Box<TlsSession>>,
     /// Our ticket requests on this connection that wait for the owner's answer, by id.
     requests: Arc<Mutex<Requests<u64>>>,
     /// The first byte is still to be looked at (a plain peer where TLS is required gets
@@ -301,11 +302,11 @@ impl Connection {
                     PyValueError::new_err(format!("TLS: no host to check {label}'s certificate against"))
                 })?;
                 Some(Box::new(
-                    TlsLayer::client(&tls.configs, &name, &label).map_err(PyValueError::new_err)?,
+                    TlsSession::client(&tls.configs, &name, &label).map_err(PyValueError::new_err)?,
                 ))
             }
             (Some(tls), false, Role::Acceptor) => Some(Box::new(
-                TlsLayer::server(&tls.configs, &label).map_err(PyValueError::new_err)?,
+                TlsSession::server(&tls.configs, &label).map_err(PyValueError::new_err)?,
             )),
             _ => None,
         };
@@ -1373,7 +1374,9 @@ impl Connection {
                 .unwrap_or_default();
             let sent = match self.tls.as_deref_mut() {
                 // (No descriptors on TCP.)
-                Some(tls) => tls.write(socket.as_fd(), &slices).map(|n| (n > 0).then_some(n)),
+                Some(tls) => tls
+                    .write(&mut SocketIo(socket.as_fd()), &slices)
+                    .map(|n| (n > 0).then_some(n)),
                 None => socket::send(socket.as_fd(), &slices, &fds),
             }
             .map_err(|e| io_error(&format!("writing to {}", self.label), e))?;
@@ -1396,7 +1399,7 @@ impl Connection {
             }
         }
         if let Some(tls) = self.tls.as_deref_mut() {
-            tls.flush(socket.as_fd())
+            tls.flush(&mut SocketIo(socket.as_fd()))
                 .map_err(|e| io_error(&format!("writing to {}", self.label), e))?;
         }
         if self.shut || matches!(phase!(self), Phase::Over) {
@@ -1434,13 +1437,13 @@ enum ReadError {
 /// there now.
 fn read_from(
     socket: BorrowedFd<'_>,
-    tls: Option<&mut TlsLayer>,
+    tls: Option<&mut TlsSession>,
     buf: &mut [u8],
 ) -> Result<Option<socket::Received>, ReadError> {
     let Some(tls) = tls else {
         return socket::recv(socket, buf).map_err(ReadError::Io);
     };
-    match tls.read(socket, buf) {
+    match tls.read(&mut SocketIo(socket), buf) {
         TlsRead::Bytes(bytes) => Ok(Some(socket::Received {
             bytes,
             fds: Vec::new(),

@@ -65,7 +65,7 @@ async fn tcp_conn(node: &NodeInner, stream: TcpStream, label: &str) -> Result<Tc
     let tls_stream = tokio::time::timeout(limit, tls.accept(stream, label))
         .await
         .map_err(|_| Error::Timeout(format!("the TLS handshake with {label} took over {limit:?}")))??;
-    Ok(TcpConn::Tls(Box::new(tokio_rustls::TlsStream::Server(tls_stream))))
+    Ok(TcpConn::Tls(tls_stream))
 }
 
 /// Accepts connections until the node shuts down; each handshakes in a task of its own.

@@ -56,7 +56,7 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
                         node.ctx.bounds.handshake_timeout
                     ))
                 })??;
-            TcpConn::Tls(Box::new(tokio_rustls::TlsStream::Client(tls_stream)))
+            TcpConn::Tls(tls_stream)
         }
     };
     let peer = open_tcp(node.clone(), conn, label, Side::Dialed).await?;

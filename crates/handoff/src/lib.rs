@@ -59,7 +59,6 @@ mod message;
 mod node;
 mod payload;
 mod peer;
-mod read_ahead;
 mod receive;
 pub mod shm;
 mod state;

@@ -6,33 +6,23 @@
 //! asks for the connecting side's certificate and checks its chain the same way. Unix-socket
 //! connections (same host) do not use it.
 //!
-//! The configurations, the opening check and the words for TLS failures are the engine's
-//! (`handoff_proto::tls`); this module runs the two handshakes on tokio sockets. It knows
+//! The configurations, the opening check, the words for TLS failures and the TLS session
+//! itself are the engine's (`handoff_proto::tls`, `handoff_proto::tls_session`), shared
+//! with the asyncio driver; this module runs the two handshakes on tokio sockets. It knows
 //! nothing of nodes or peers.
 
 use std::path::Path;
 use std::sync::Arc;
 
 pub use handoff_proto::tls::TLS_REQUIRED_MESSAGE;
-use handoff_proto::tls::{explain, plain_refusal, server_name, Configs, Opening};
+use handoff_proto::tls::{plain_refusal, Configs, Opening};
+use handoff_proto::tls_session::{Handshaking, TlsSession};
 use rustls::{ClientConfig, ServerConfig};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::error::{Error, Result};
-use crate::read_ahead::ReadAhead;
-
-/// Bytes a TLS connection reads from its socket at a time once its TLS handshake is done:
-/// rustls takes them 4 KiB at a time from this buffer instead of from the socket (one
-/// buffer of this size per TLS connection, fixed).
-pub const TLS_READ_AHEAD: usize = 64 << 10;
-
-/// The TCP socket under a TLS stream, read through a buffer of [`TLS_READ_AHEAD`] bytes.
-pub(crate) type TlsSocket = ReadAhead<TcpStream>;
-/// A TCP stream inside TLS, as the connecting side holds it.
-pub(crate) type ClientStream = tokio_rustls::client::TlsStream<TlsSocket>;
-/// A TCP stream inside TLS, as the accepting side holds it.
-pub(crate) type ServerStream = tokio_rustls::server::TlsStream<TlsSocket>;
+use crate::tcp::{TlsTcp, TryIo};
 
 /// A node's TLS settings: its certificate chain and key, and the certificate authorities
 /// its peers' certificates must chain to. Cheap to clone.
@@ -87,20 +77,16 @@ impl TlsConfig {
 
     /// The TLS handshake of the connecting side, on a fresh TCP connection to `dialed_host`
     /// (the host part of the address: a name or an IP address).
-    pub(crate) async fn connect(&self, tcp: TcpStream, dialed_host: &str) -> Result<ClientStream> {
-        let name = server_name(self.server_name.as_deref().unwrap_or(dialed_host)).map_err(Error::Config)?;
-        let mut stream = tokio_rustls::TlsConnector::from(self.configs.client.clone())
-            .connect(name, ReadAhead::new(tcp))
-            .await
-            .map_err(|e| handshake_error(e, dialed_host, "connecting to"))?;
-        stream.get_mut().0.read_ahead(TLS_READ_AHEAD);
-        Ok(stream)
+    pub(crate) async fn connect(&self, tcp: TcpStream, dialed_host: &str) -> Result<TlsTcp> {
+        let name = self.server_name.as_deref().unwrap_or(dialed_host);
+        let session = TlsSession::client(&self.configs, name, dialed_host).map_err(Error::Config)?;
+        handshake(tcp, session, dialed_host).await
     }
 
     /// The accepting side: reads the first byte without taking it. A TLS handshake record
     /// starts the TLS handshake; a plain preamble is answered, in plain text, with our
     /// preamble and an `error` of code `tls-required`, and refused.
-    pub(crate) async fn accept(&self, tcp: TcpStream, peer: &str) -> Result<ServerStream> {
+    pub(crate) async fn accept(&self, tcp: TcpStream, peer: &str) -> Result<TlsTcp> {
         let mut byte = [0u8; 1];
         let first = match tcp.peek(&mut byte).await {
             Ok(1) => Opening::of(byte[0]),
@@ -108,13 +94,8 @@ impl TlsConfig {
         };
         match first {
             Opening::Tls => {
-                let mut stream = tokio_rustls::TlsAcceptor::from(self.configs.server.clone())
-                    .accept(ReadAhead::new(tcp))
-                    .await
-                    .map_err(|e| handshake_error(e, peer, "accepting"))?;
-                // Only a peer whose certificate checked out gets the read-ahead buffer.
-                stream.get_mut().0.read_ahead(TLS_READ_AHEAD);
-                Ok(stream)
+                let session = TlsSession::server(&self.configs, peer).map_err(Error::Config)?;
+                handshake(tcp, session, peer).await
             }
             Opening::Plain => {
                 refuse_plain(tcp).await;
@@ -132,6 +113,24 @@ impl TlsConfig {
     }
 }
 
+/// Runs a TLS handshake to its end, waiting for the socket as the session asks.
+async fn handshake(tcp: TcpStream, mut session: TlsSession, peer: &str) -> Result<TlsTcp> {
+    loop {
+        let waited = match session.handshake(&mut TryIo(&tcp)) {
+            Ok(Handshaking::Done) => return Ok(TlsTcp::new(tcp, session)),
+            Ok(Handshaking::WantsRead) => tcp.readable().await,
+            Ok(Handshaking::WantsWrite) => tcp.writable().await,
+            Err(reason) => {
+                return Err(Error::Tls {
+                    peer: peer.to_string(),
+                    reason,
+                })
+            }
+        };
+        waited.map_err(|e| Error::io(format!("TLS handshake with {peer}"), e))?;
+    }
+}
+
 /// How long, and how many bytes, a refused plain peer is read for after the refusal: its
 /// preamble and first handshake message cross ours, and closing with them unread would
 /// reset the connection before the peer reads why.
@@ -146,21 +145,13 @@ async fn refuse_plain(mut tcp: TcpStream) {
     crate::io::drain(&mut tcp, DRAIN_BYTES, DRAIN_LIMIT).await;
 }
 
-/// The reason in an I/O error that TLS raised after its handshake (an alert the peer sent
-/// when it checked our certificate, say), if it is one.
+/// The reason in an I/O error that the TLS session raised after its handshake (an alert the
+/// peer sent when it checked our certificate, say), if it is one.
 pub(crate) fn explain_io(e: &std::io::Error, peer: &str) -> Option<Error> {
     e.get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-        .map(|tls| Error::Tls {
+        .and_then(|inner| inner.downcast_ref::<crate::tcp::TlsFailed>())
+        .map(|failed| Error::Tls {
             peer: peer.to_string(),
-            reason: explain(tls, peer),
+            reason: failed.0.clone(),
         })
-}
-
-/// Turns a failed TLS handshake into an error that says what to fix.
-fn handshake_error(e: std::io::Error, peer: &str, doing: &str) -> Error {
-    match explain_io(&e, peer) {
-        Some(explained) => explained,
-        None => Error::io(format!("TLS handshake {doing} {peer}"), e),
-    }
 }
