@@ -7,6 +7,7 @@
 //! value, maps and arrays nested at most `max_depth` deep (the top level is 1). Later
 //! duplicate keys win. The tests read every body both ways (`test_native_plain.py`).
 
+use handoff_wire::msgpack::{Any, Reader};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString};
 
@@ -15,11 +16,9 @@ pub(crate) struct NotPlain;
 
 type Read<'py> = Result<Bound<'py, PyAny>, NotPlain>;
 
-/// A reader over one body.
+/// A reader over one body: handoff-wire's msgpack reader, its values made into Python's.
 pub(crate) struct PlainReader<'a> {
-    bytes: &'a [u8],
-    pos: usize,
-    max_depth: usize,
+    reader: Reader<'a>,
     /// Whether some map has the key `marker` (a route-aware value to decode after).
     pub(crate) marked: bool,
     marker: &'a [u8],
@@ -28,9 +27,9 @@ pub(crate) struct PlainReader<'a> {
 impl<'a> PlainReader<'a> {
     pub(crate) fn new(bytes: &'a [u8], max_depth: usize, marker: &'a [u8]) -> PlainReader<'a> {
         PlainReader {
-            bytes,
-            pos: 0,
-            max_depth,
+            // No budget of values: a body's size bounds them, and nothing is made for a
+            // count before its elements are read.
+            reader: Reader::new(bytes, u32::MAX, max_depth.min(u32::MAX as usize) as u32),
             marked: false,
             marker,
         }
@@ -39,131 +38,51 @@ impl<'a> PlainReader<'a> {
     /// The whole body as one value (nothing may follow it).
     pub(crate) fn read_body<'py>(&mut self, py: Python<'py>) -> Read<'py> {
         let value = self.value(py, 1)?;
-        if self.pos != self.bytes.len() {
+        if !self.reader.at_end() {
             return Err(NotPlain);
         }
         Ok(value)
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], NotPlain> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|e| *e <= self.bytes.len())
-            .ok_or(NotPlain)?;
-        let out = &self.bytes[self.pos..end];
-        self.pos = end;
-        Ok(out)
+    fn value<'py>(&mut self, py: Python<'py>, depth: u32) -> Read<'py> {
+        let any = self.reader.read_any(depth).map_err(|_| NotPlain)?;
+        self.made(py, any, depth)
     }
 
-    fn be(&mut self, n: usize) -> Result<u64, NotPlain> {
-        Ok(self.take(n)?.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b)))
-    }
-
-    /// A count of elements: each takes at least one byte, so more than remain is a lie
-    /// caught before anything is made for it.
-    fn count(&mut self, n: usize, per_element: usize) -> Result<usize, NotPlain> {
-        let count = self.be(n)? as usize;
-        if count.saturating_mul(per_element) > self.bytes.len() - self.pos {
-            return Err(NotPlain);
-        }
-        Ok(count)
-    }
-
-    fn text(&mut self, n: usize) -> Result<&'a str, NotPlain> {
-        std::str::from_utf8(self.take(n)?).map_err(|_| NotPlain)
-    }
-
-    fn value<'py>(&mut self, py: Python<'py>, depth: usize) -> Read<'py> {
-        let marker = *self.bytes.get(self.pos).ok_or(NotPlain)?;
-        self.pos += 1;
-        Ok(match marker {
-            0x00..=0x7f => PyInt::new(py, marker).into_any(),
-            0x80..=0x8f => self.map(py, usize::from(marker & 0x0f), depth)?,
-            0x90..=0x9f => self.array(py, usize::from(marker & 0x0f), depth)?,
-            0xa0..=0xbf => PyString::new(py, self.text(usize::from(marker & 0x1f))?).into_any(),
-            0xc0 => py.None().into_bound(py),
-            0xc2 => PyBool::new(py, false).to_owned().into_any(),
-            0xc3 => PyBool::new(py, true).to_owned().into_any(),
-            0xc4..=0xc6 => {
-                let n = self.be(1 << (marker - 0xc4))? as usize;
-                PyBytes::new(py, self.take(n)?).into_any()
+    fn made<'py>(&mut self, py: Python<'py>, any: Any<'_>, depth: u32) -> Read<'py> {
+        Ok(match any {
+            Any::Nil => py.None().into_bound(py),
+            Any::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
+            Any::Uint(v) => PyInt::new(py, v).into_any(),
+            Any::Int(v) => PyInt::new(py, v).into_any(),
+            Any::Float(v) => PyFloat::new(py, v).into_any(),
+            Any::Str(bytes) => PyString::new(py, std::str::from_utf8(bytes).map_err(|_| NotPlain)?).into_any(),
+            Any::Bin(bytes) => PyBytes::new(py, bytes).into_any(),
+            Any::Array(n) => {
+                let list = PyList::empty(py);
+                for _ in 0..n {
+                    list.append(self.value(py, depth + 1)?).map_err(|_| NotPlain)?;
+                }
+                list.into_any()
             }
-            0xca => PyFloat::new(py, f64::from(f32::from_bits(self.be(4)? as u32))).into_any(),
-            0xcb => PyFloat::new(py, f64::from_bits(self.be(8)?)).into_any(),
-            0xcc..=0xcf => PyInt::new(py, self.be(1 << (marker - 0xcc))?).into_any(),
-            0xd0 => PyInt::new(py, self.be(1)? as u8 as i8).into_any(),
-            0xd1 => PyInt::new(py, self.be(2)? as u16 as i16).into_any(),
-            0xd2 => PyInt::new(py, self.be(4)? as u32 as i32).into_any(),
-            0xd3 => PyInt::new(py, self.be(8)? as i64).into_any(),
-            0xd9..=0xdb => {
-                let n = self.be(1 << (marker - 0xd9))? as usize;
-                PyString::new(py, self.text(n)?).into_any()
+            Any::Map(n) => {
+                let dict = PyDict::new(py);
+                for _ in 0..n {
+                    // Keys are str or bin (msgpack's strict_map_key).
+                    let key = self.reader.read_any(depth + 1).map_err(|_| NotPlain)?;
+                    match key {
+                        Any::Str(text) if text == self.marker => self.marked = true,
+                        Any::Str(_) | Any::Bin(_) => {}
+                        _ => return Err(NotPlain),
+                    }
+                    let key = self.made(py, key, depth + 1)?;
+                    let value = self.value(py, depth + 1)?;
+                    dict.set_item(key, value).map_err(|_| NotPlain)?;
+                }
+                dict.into_any()
             }
-            0xdc => {
-                let n = self.count(2, 1)?;
-                self.array(py, n, depth)?
-            }
-            0xdd => {
-                let n = self.count(4, 1)?;
-                self.array(py, n, depth)?
-            }
-            0xde => {
-                let n = self.count(2, 2)?;
-                self.map(py, n, depth)?
-            }
-            0xdf => {
-                let n = self.count(4, 2)?;
-                self.map(py, n, depth)?
-            }
-            0xe0..=0xff => PyInt::new(py, marker as i8).into_any(),
-            // ext and fixext (frame references, resource keys, timestamps), and 0xc1.
-            _ => return Err(NotPlain),
+            // Frame references, resource keys and timestamps are the strict reader's.
+            Any::Ext(..) => return Err(NotPlain),
         })
-    }
-
-    fn array<'py>(&mut self, py: Python<'py>, n: usize, depth: usize) -> Read<'py> {
-        if depth > self.max_depth {
-            return Err(NotPlain);
-        }
-        let list = PyList::empty(py);
-        for _ in 0..n {
-            list.append(self.value(py, depth + 1)?).map_err(|_| NotPlain)?;
-        }
-        Ok(list.into_any())
-    }
-
-    fn map<'py>(&mut self, py: Python<'py>, n: usize, depth: usize) -> Read<'py> {
-        if depth > self.max_depth {
-            return Err(NotPlain);
-        }
-        let dict = PyDict::new(py);
-        for _ in 0..n {
-            let marker = *self.bytes.get(self.pos).ok_or(NotPlain)?;
-            // Keys are str or bin (msgpack's strict_map_key).
-            if !matches!(marker, 0xa0..=0xbf | 0xd9..=0xdb | 0xc4..=0xc6) {
-                return Err(NotPlain);
-            }
-            let start = self.pos;
-            let key = self.value(py, depth + 1)?;
-            if matches!(marker, 0xa0..=0xbf | 0xd9..=0xdb) && self.key_is_marker(start) {
-                self.marked = true;
-            }
-            let value = self.value(py, depth + 1)?;
-            dict.set_item(key, value).map_err(|_| NotPlain)?;
-        }
-        Ok(dict.into_any())
-    }
-
-    /// Whether the str key read from `start` is the marker.
-    fn key_is_marker(&self, start: usize) -> bool {
-        let raw = &self.bytes[start..self.pos];
-        let head = match raw[0] {
-            0xa0..=0xbf => 1,
-            0xd9 => 2,
-            0xda => 3,
-            _ => 5,
-        };
-        &raw[head..] == self.marker
     }
 }

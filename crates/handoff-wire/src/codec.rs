@@ -121,45 +121,20 @@ pub fn decode<T: DeserializeOwned>(
 /// container. Malformed or truncated input ends the scan without a verdict: the
 /// deserializer reports it.
 fn body_depth_exceeds(body: &[u8], max: usize) -> bool {
+    // handoff-wire's msgpack reader, with no limits of its own: the levels are counted here.
+    let mut reader = crate::msgpack::Reader::new(body, u32::MAX, u32::MAX);
     // Items still to read in each open container, innermost last.
     let mut open: Vec<u64> = Vec::new();
-    let mut pos = 0;
-    let be = |at: usize, n: usize| -> Option<u64> {
-        let bytes = body.get(at..at.checked_add(n)?)?;
-        Some(bytes.iter().fold(0u64, |acc, &b| (acc << 8) | b as u64))
-    };
     loop {
-        let Some(&marker) = body.get(pos) else {
-            return false;
+        use crate::msgpack::Any;
+        // Containers have items; an ext is a leaf, but it counts one level.
+        let items = match reader.read_any(0) {
+            Ok(Any::Array(n)) => Some(n as u64),
+            Ok(Any::Map(n)) => Some(2 * n as u64),
+            Ok(Any::Ext(..)) => Some(0),
+            Ok(_) => None,
+            Err(_) => return false,
         };
-        pos += 1;
-        // (items inside, bytes to skip) of this value; containers have items.
-        let (items, skip): (Option<u64>, u64) = match marker {
-            0x00..=0x7f | 0xe0..=0xff | 0xc0 | 0xc2 | 0xc3 => (None, 0),
-            0x80..=0x8f => (Some(2 * (marker & 0x0f) as u64), 0),
-            0x90..=0x9f => (Some((marker & 0x0f) as u64), 0),
-            0xa0..=0xbf => (None, (marker & 0x1f) as u64),
-            0xc1 => return false,
-            0xc4 | 0xd9 => (None, 1 + be(pos, 1).unwrap_or(u64::MAX / 2)),
-            0xc5 | 0xda => (None, 2 + be(pos, 2).unwrap_or(u64::MAX / 2)),
-            0xc6 | 0xdb => (None, 4 + be(pos, 4).unwrap_or(u64::MAX / 2)),
-            // ext: a leaf, but it counts one level
-            0xc7 => (Some(0), 2 + be(pos, 1).unwrap_or(u64::MAX / 2)),
-            0xc8 => (Some(0), 3 + be(pos, 2).unwrap_or(u64::MAX / 2)),
-            0xc9 => (Some(0), 5 + be(pos, 4).unwrap_or(u64::MAX / 2)),
-            0xd4..=0xd8 => (Some(0), 1 + (1u64 << (marker - 0xd4))),
-            0xca | 0xcb => (None, 4 << (marker - 0xca)),
-            0xcc..=0xcf => (None, 1 << (marker - 0xcc)),
-            0xd0..=0xd3 => (None, 1 << (marker - 0xd0)),
-            0xdc => (Some(be(pos, 2).unwrap_or(0)), 2),
-            0xdd => (Some(be(pos, 4).unwrap_or(0)), 4),
-            0xde => (Some(2 * be(pos, 2).unwrap_or(0)), 2),
-            0xdf => (Some(2 * be(pos, 4).unwrap_or(0)), 4),
-        };
-        match usize::try_from(skip).ok().and_then(|s| pos.checked_add(s)) {
-            Some(next) if next <= body.len() => pos = next,
-            _ => return false,
-        }
         if let Some(items) = items {
             if open.len() + 1 > max {
                 return true;

@@ -383,32 +383,35 @@ impl<'a> Reader<'a> {
         Ok(len)
     }
 
-    /// Passes over one value of any type, which would sit at nesting `level` if it were an
-    /// array, map or ext. Its contents count against the budget and the nesting limit like
-    /// any value; they are checked only for being valid msgpack (keys of any type, strs not
-    /// checked for UTF-8) and build nothing.
-    pub fn skip(&mut self, level: u32) -> Result<()> {
+    /// Reads the head of one value of any type: a scalar whole, an array's or a map's
+    /// length (its elements follow, at `level + 1`), an ext's type and payload. A reader
+    /// that builds values of its own (the Python extension's plain bodies) walks a body
+    /// with this, so the encodings, the budget and the nesting limit are this reader's.
+    /// A str's bytes are not checked for UTF-8 here ([`check_utf8`]).
+    pub fn read_any(&mut self, level: u32) -> Result<Any<'a>> {
         let at = self.pos;
         let m = self.marker()?;
-        let skip_bytes = |r: &mut Self, n: usize| r.take(n).map(drop);
-        match m {
-            0x00..=0x7f | 0xe0..=0xff | NIL | 0xc2 | 0xc3 => Ok(()),
-            0xcc | 0xd0 => skip_bytes(self, 1),
-            0xcd | 0xd1 => skip_bytes(self, 2),
-            0xce | 0xd2 | 0xca => skip_bytes(self, 4),
-            0xcf | 0xd3 | 0xcb => skip_bytes(self, 8),
-            0xa0..=0xbf => skip_bytes(self, (m & 0x1f) as usize),
-            0xd9 | 0xc4 => {
-                let n = self.len(1)?;
-                skip_bytes(self, n)
+        let any = match m {
+            0x00..=0x7f => Any::Uint(m as u64),
+            0xe0..=0xff => Any::Int(m as i8 as i64),
+            NIL => Any::Nil,
+            0xc2 => Any::Bool(false),
+            0xc3 => Any::Bool(true),
+            0xcc..=0xcf => Any::Uint(self.be(1 << (m - 0xcc))?),
+            0xd0 => Any::Int(self.be(1)? as u8 as i8 as i64),
+            0xd1 => Any::Int(self.be(2)? as u16 as i16 as i64),
+            0xd2 => Any::Int(self.be(4)? as u32 as i32 as i64),
+            0xd3 => Any::Int(self.be(8)? as i64),
+            0xca => Any::Float(f64::from(f32::from_bits(self.be(4)? as u32))),
+            0xcb => Any::Float(f64::from_bits(self.be(8)?)),
+            0xa0..=0xbf => Any::Str(self.take((m & 0x1f) as usize)?),
+            0xd9..=0xdb => {
+                let n = self.len(1 << (m - 0xd9))?;
+                Any::Str(self.take(n)?)
             }
-            0xda | 0xc5 => {
-                let n = self.len(2)?;
-                skip_bytes(self, n)
-            }
-            0xdb | 0xc6 => {
-                let n = self.len(4)?;
-                skip_bytes(self, n)
+            0xc4..=0xc6 => {
+                let n = self.len(1 << (m - 0xc4))?;
+                Any::Bin(self.take(n)?)
             }
             0x90..=0x9f | 0xdc | 0xdd => {
                 let len = match m {
@@ -417,10 +420,7 @@ impl<'a> Reader<'a> {
                     _ => (m & 0x0f) as u64,
                 };
                 self.enter(at, level)?;
-                for _ in 0..len {
-                    self.skip(level + 1)?;
-                }
-                Ok(())
+                Any::Array(len as u32)
             }
             0x80..=0x8f | 0xde | 0xdf => {
                 let len = match m {
@@ -429,11 +429,7 @@ impl<'a> Reader<'a> {
                     _ => (m & 0x0f) as u64,
                 };
                 self.enter(at, level)?;
-                for _ in 0..len {
-                    self.skip(level + 1)?;
-                    self.skip(level + 1)?;
-                }
-                Ok(())
+                Any::Map(len as u32)
             }
             0xd4..=0xd8 | 0xc7..=0xc9 => {
                 let len = match m {
@@ -443,12 +439,54 @@ impl<'a> Reader<'a> {
                     _ => 1 << (m - 0xd4),
                 };
                 self.enter(at, level)?;
-                // The ext's type byte, then its payload.
-                skip_bytes(self, 1 + len)
+                let kind = self.byte()? as i8;
+                Any::Ext(kind, self.take(len)?)
             }
             0xc1 => unreachable!("marker() refuses c1"),
-        }
+        };
+        Ok(any)
     }
+
+    /// Passes over one value of any type, which would sit at nesting `level` if it were an
+    /// array, map or ext. Its contents count against the budget and the nesting limit like
+    /// any value; they are checked only for being valid msgpack (keys of any type, strs not
+    /// checked for UTF-8) and build nothing.
+    pub fn skip(&mut self, level: u32) -> Result<()> {
+        let elements = match self.read_any(level)? {
+            Any::Array(n) => n as u64,
+            Any::Map(n) => 2 * n as u64,
+            _ => 0,
+        };
+        for _ in 0..elements {
+            self.skip(level + 1)?;
+        }
+        Ok(())
+    }
+}
+
+/// The head of one msgpack value, as [`Reader::read_any`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Any<'a> {
+    /// nil.
+    Nil,
+    /// A bool.
+    Bool(bool),
+    /// An integer of an unsigned format, or a positive fixint.
+    Uint(u64),
+    /// An integer of a signed format, or a negative fixint.
+    Int(i64),
+    /// A float (32-bit ones widened).
+    Float(f64),
+    /// A str's bytes, not yet checked for UTF-8.
+    Str(&'a [u8]),
+    /// A bin's bytes.
+    Bin(&'a [u8]),
+    /// An array of this many elements, which follow.
+    Array(u32),
+    /// A map of this many entries, whose keys and values follow.
+    Map(u32),
+    /// An ext value: its type and its payload.
+    Ext(i8, &'a [u8]),
 }
 
 /// Appends the canonical encoding of the unsigned integer `v`.

@@ -239,3 +239,44 @@ fn the_writer_is_canonical() {
     write_map_len(&mut out, 70_000);
     assert_eq!(out, [0x9f, 0xdc, 0, 16, 0x8f, 0xdf, 0, 1, 0x11, 0x70]);
 }
+
+#[test]
+fn read_any_gives_each_family_its_head_in_any_encoding() {
+    let bytes = [
+        0x05, 0xff, 0xc0, 0xc3, 0xcd, 0x01, 0x00, 0xd0, 0x80, 0xca, 0x3f, 0x80, 0, 0, 0xa2, b'h', b'i', 0xc4, 1, 9,
+        0x92, 0xde, 0, 1, 0xd6, 0x01, 0, 0, 0, 7,
+    ];
+    let mut r = Reader::new(&bytes, u32::MAX, 8);
+    let got: Vec<Any<'_>> = std::iter::from_fn(|| (!r.at_end()).then(|| r.read_any(1).unwrap())).collect();
+    assert_eq!(
+        got,
+        vec![
+            Any::Uint(5),
+            Any::Int(-1),
+            Any::Nil,
+            Any::Bool(true),
+            Any::Uint(256),
+            Any::Int(-128),
+            Any::Float(1.0),
+            Any::Str(b"hi"),
+            Any::Bin(&[9]),
+            Any::Array(2),
+            Any::Map(1),
+            Any::Ext(1, &[0, 0, 0, 7]),
+        ]
+    );
+}
+
+#[test]
+fn read_any_keeps_the_budget_the_nesting_limit_and_refuses_c1() {
+    assert!(Reader::new(&[0x91, 0x90], u32::MAX, 1).read_any(2).is_err());
+    let mut r = Reader::new(&[1, 2], 1, 8);
+    r.read_any(1).unwrap();
+    assert!(r.read_any(1).unwrap_err().to_string().contains("more than 1"));
+    assert!(Reader::new(&[0xc1], 9, 9).read_any(1).is_err());
+    assert!(Reader::new(&[0xd9, 5, b'a'], 9, 9)
+        .read_any(1)
+        .unwrap_err()
+        .to_string()
+        .contains("cut short"));
+}
