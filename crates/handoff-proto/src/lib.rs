@@ -41,6 +41,7 @@ pub mod inbound;
 pub mod inbox;
 pub mod log_limit;
 pub mod outbound;
+pub mod outgoing;
 pub mod peers;
 pub mod receive;
 pub mod recv_buffers;

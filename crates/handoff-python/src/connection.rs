@@ -20,8 +20,6 @@
 //! - `("error", code, message, by_peer)`: the connection failed; `by_peer` when the peer
 //!   sent the error, else the engine refused what the peer did (and told it so).
 
-use std::collections::VecDeque;
-use std::io::IoSlice;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -35,6 +33,7 @@ use handoff_proto::inbound::{Digest, Event, Frame as InFrame, Inbound};
 use handoff_proto::outbound::{
     inline_routes, message_head, Planned, Routed, Router, ShmRouting, MAX_RELEASES_PER_MESSAGE,
 };
+use handoff_proto::outgoing::Outgoing;
 use handoff_proto::receive::{self, Asked, Receiving};
 use handoff_proto::send_policy::{self, issued_claim, FramePlan, TicketPolicy};
 use handoff_proto::shm::buffers::{Held, PassFd};
@@ -76,87 +75,6 @@ enum Phase {
     },
     /// Over: nothing more is read, and what is queued is written.
     Over,
-}
-
-/// Bytes queued to write, in order, and the descriptors that ride on some of them.
-#[derive(Default)]
-struct Outgoing {
-    parts: VecDeque<Bytes>,
-    /// Descriptors to pass, each with the stream offset of the byte they go with (a
-    /// message's first).
-    fds: VecDeque<(u64, Vec<PassFd>)>,
-    /// Stream offsets: bytes written so far, and the end of what is queued.
-    written: u64,
-    queued: u64,
-    /// Where each queued answer to a peer's pull ends on the stream (spec §9.1 bounds how
-    /// many are being written).
-    pulled_answers: VecDeque<u64>,
-    /// Other control bytes the peer's requests made us queue (answers, refusals): where each
-    /// ends on the stream and its length, and their sum while unwritten.
-    control: VecDeque<(u64, u64)>,
-    control_bytes: u64,
-    /// When a write last made progress, while bytes wait.
-    last_progress: Option<Instant>,
-}
-
-impl Outgoing {
-    fn push(&mut self, bytes: Bytes) {
-        if self.parts.is_empty() {
-            // The write timeout counts from when bytes start to wait.
-            self.last_progress = Some(Instant::now());
-        }
-        self.queued += bytes.len() as u64;
-        if !bytes.is_empty() {
-            self.parts.push_back(bytes);
-        }
-    }
-
-    /// `head` with `fds` on its first byte.
-    fn push_with_fds(&mut self, head: Bytes, fds: Vec<PassFd>) {
-        if !fds.is_empty() {
-            self.fds.push_back((self.queued, fds));
-        }
-        self.push(head);
-    }
-
-    fn is_empty(&self) -> bool {
-        self.parts.is_empty()
-    }
-
-    /// Control bytes the peer's requests made us queue.
-    fn push_control(&mut self, bytes: Bytes) {
-        let len = bytes.len() as u64;
-        self.push(bytes);
-        self.control.push_back((self.queued, len));
-        self.control_bytes += len;
-    }
-
-    /// `n` more bytes were written.
-    fn wrote(&mut self, n: u64, now: Instant) {
-        self.written += n;
-        self.last_progress = Some(now);
-        while self.pulled_answers.front().is_some_and(|end| *end <= self.written) {
-            self.pulled_answers.pop_front();
-        }
-        while let Some(&(end, len)) = self.control.front() {
-            if end > self.written {
-                break;
-            }
-            self.control.pop_front();
-            self.control_bytes -= len;
-        }
-    }
-
-    /// Drops what was queued (the connection is gone).
-    fn clear(&mut self) {
-        self.parts.clear();
-        self.fds.clear();
-        self.pulled_answers.clear();
-        self.control.clear();
-        self.control_bytes = 0;
-        self.written = self.queued;
-        self.last_progress = None;
-    }
 }
 
 /// A received message, its room in the node's receive budget held until
@@ -607,9 +525,10 @@ impl Connection {
                 Routed::Ticket(_) => {}
             }
         }
-        self.out.push_with_fds(Bytes::from(head), fds);
+        let now = Instant::now();
+        self.out.push_with_fds(Bytes::from(head), fds, now);
         for b in inline {
-            self.out.push(b);
+            self.out.push(b, now);
         }
         self.write_queued()?;
         Ok(None)
@@ -693,7 +612,7 @@ impl Connection {
     /// before the connection stops reading its requests).
     #[getter]
     fn queued_answers(&self) -> usize {
-        self.out.pulled_answers.len()
+        self.out.pulled_answers()
     }
 
     /// Leases of this node's segments that the peer holds: `(count, bytes)`.
@@ -756,24 +675,19 @@ impl Outbound {
     }
 }
 
-/// Control bytes (answers, refusals, releases) a connection queues for a peer that does
-/// not read them before it stops reading that peer's requests.
-const MAX_CONTROL_BACKLOG: u64 = 1 << 20;
-
 impl Connection {
     /// When the bytes waiting to be written will have made no progress for the write
     /// timeout.
     fn write_deadline(&self) -> Option<Instant> {
-        let waiting = !self.out.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write());
-        let since = self.out.last_progress.filter(|_| waiting && self.socket.is_some())?;
-        Some(since + self.shared.bounds.write_timeout)
+        let tls_waiting = self.tls.as_ref().is_some_and(|t| t.wants_write());
+        self.socket.as_ref()?;
+        self.out.write_deadline(self.shared.bounds.write_timeout, tls_waiting)
     }
 
     /// Whether the peer leaves our answers unread: as many pulled answers queued as spec
     /// §9.1 allows, or a backlog of other control bytes.
     fn answers_backed_up(&self) -> bool {
-        self.out.pulled_answers.len() >= self.shared.bounds.max_pull_answers.max(1)
-            || self.out.control_bytes > MAX_CONTROL_BACKLOG
+        self.out.backed_up(self.shared.bounds.max_pull_answers)
     }
 
     /// The phase, for a look from `&self`.
@@ -883,7 +797,7 @@ impl Connection {
         }
         let mut head = Vec::with_capacity(96);
         encode_header_into(header, &mut head);
-        self.out.push(Bytes::from(head));
+        self.out.push(Bytes::from(head), Instant::now());
         self.write_queued()
     }
 
@@ -945,7 +859,7 @@ impl Connection {
     fn queue_handshake_bytes(&mut self) {
         if let Phase::Handshake(hs) = phase!(self) {
             if hs.has_transmit() {
-                self.out.push(Bytes::from(hs.take_transmit()));
+                self.out.push(Bytes::from(hs.take_transmit()), Instant::now());
             }
         }
     }
@@ -968,7 +882,7 @@ impl Connection {
                         self.tls = None;
                         self.opening = false;
                         self.out.clear(); // our preamble, queued for TLS
-                        self.out.push(Bytes::from(plain_refusal()));
+                        self.out.push(Bytes::from(plain_refusal()), Instant::now());
                         *phase!(self) = draining();
                         let _ = self.write_queued();
                         self.shut_writing();
@@ -1233,7 +1147,7 @@ impl Connection {
         } else {
             Phase::Over
         };
-        self.out.push(Bytes::from(error_header(e)));
+        self.out.push(Bytes::from(error_header(e)), Instant::now());
         let _ = self.write_queued();
         self.shut_writing();
         events.push(error_event(py, e.code(), &e.to_string(), false)?);
@@ -1274,12 +1188,14 @@ impl Connection {
                 if let Some(reply) = answer.reply() {
                     let mut head = Vec::with_capacity(64);
                     encode_header_into(&Header::Ticket(reply), &mut head);
-                    self.out.push_control(Bytes::from(head));
-                    if let handoff_proto::ticket_leases::OwnerAnswer::Pulled { bytes, .. } = answer {
-                        self.out.push(bytes.into_bytes());
+                    let now = Instant::now();
+                    match answer {
                         // Counted until written: past the bound, this connection reads no
                         // more requests (`wants_read`) until its answers drain.
-                        self.out.pulled_answers.push_back(self.out.queued);
+                        handoff_proto::ticket_leases::OwnerAnswer::Pulled { bytes, .. } => {
+                            self.out.push_pulled_answer(Bytes::from(head), bytes.into_bytes(), now)
+                        }
+                        _ => self.out.push_control(Bytes::from(head), now),
                     }
                 }
                 None
@@ -1341,7 +1257,7 @@ impl Connection {
         for chunk in leases.chunks(MAX_RELEASES_PER_MESSAGE) {
             let mut head = Vec::with_capacity(16 + chunk.len() * 9);
             encode_header_into(&Header::Release { leases: chunk.to_vec() }, &mut head);
-            self.out.push(Bytes::from(head));
+            self.out.push(Bytes::from(head), Instant::now());
         }
     }
 
@@ -1351,52 +1267,21 @@ impl Connection {
             return Ok(());
         };
         let out = &mut self.out;
-        while !out.parts.is_empty() {
-            // Descriptors go with their message's first byte, and a write never reaches past
-            // the first byte of the next message that has some.
-            let attach = out.fds.front().filter(|(at, _)| *at == out.written);
-            let mut limit = out
-                .fds
-                .iter()
-                .find(|(at, _)| *at > out.written)
-                .map_or(u64::MAX, |(at, _)| at - out.written);
-            let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(out.parts.len().min(64));
-            for part in out.parts.iter().take(64) {
-                if limit == 0 {
-                    break;
-                }
-                let take = (part.len() as u64).min(limit) as usize;
-                slices.push(IoSlice::new(&part[..take]));
-                limit -= take as u64;
-            }
-            let fds: Vec<std::os::fd::BorrowedFd<'_>> = attach
-                .map(|(_, fds)| fds.iter().map(PassFd::as_fd).collect())
-                .unwrap_or_default();
+        while !out.is_empty() {
+            let t = out.transmit();
+            let fds: Vec<BorrowedFd<'_>> = t.fds.iter().map(PassFd::as_fd).collect();
             let sent = match self.tls.as_deref_mut() {
                 // (No descriptors on TCP.)
                 Some(tls) => tls
-                    .write(&mut SocketIo(socket.as_fd()), &slices)
+                    .write(&mut SocketIo(socket.as_fd()), &t.slices)
                     .map(|n| (n > 0).then_some(n)),
-                None => socket::send(socket.as_fd(), &slices, &fds),
+                None => socket::send(socket.as_fd(), &t.slices, &fds),
             }
             .map_err(|e| io_error(&format!("writing to {}", self.label), e))?;
-            let Some(mut n) = sent else {
+            let Some(n) = sent else {
                 return Ok(());
             };
-            if n > 0 && !fds.is_empty() {
-                out.fds.pop_front();
-            }
-            out.wrote(n as u64, Instant::now());
-            while n > 0 {
-                let first = out.parts.front_mut().expect("bytes were sent from it");
-                if n >= first.len() {
-                    n -= first.len();
-                    out.parts.pop_front();
-                } else {
-                    let _ = first.split_to(n);
-                    n = 0;
-                }
-            }
+            out.advance(n, Instant::now());
         }
         if let Some(tls) = self.tls.as_deref_mut() {
             tls.flush(&mut SocketIo(socket.as_fd()))
