@@ -169,26 +169,19 @@ pub fn inline_routes(frames: Vec<Planned>) -> Vec<Routed> {
         .collect()
 }
 
-/// The frames written on the stream after the header, in order.
-pub fn inline_frames(routed: &[Routed]) -> Vec<Buffer> {
-    routed
-        .iter()
-        .filter_map(|r| match r {
-            Routed::Inline(b) => Some(b.clone()),
-            _ => None,
-        })
-        .collect()
-}
-
-/// The descriptors that ride with the header's first byte, in the order of its frames.
-pub fn shared_fds(routed: &[Routed]) -> Vec<std::os::fd::BorrowedFd<'_>> {
-    routed
-        .iter()
-        .filter_map(|r| match r {
-            Routed::Shared { fd, .. } => Some(fd.as_fd()),
-            _ => None,
-        })
-        .collect()
+/// What goes on the stream after the header of a routed message: the descriptors that
+/// ride with its first byte (in the order of its frames), and the inline frames' bytes.
+pub fn stream_parts(routed: Vec<Routed>) -> (Vec<PassFd>, Vec<bytes::Bytes>) {
+    let mut fds = Vec::new();
+    let mut inline = Vec::new();
+    for r in routed {
+        match r {
+            Routed::Inline(b) => inline.push(b.into_bytes()),
+            Routed::Shared { fd, .. } => fds.push(fd),
+            Routed::Ticket(_) => {}
+        }
+    }
+    (fds, inline)
 }
 
 /// The whole header of a message whose frames were routed, the shared ones with their

@@ -91,6 +91,17 @@ impl Outgoing {
         self.pulled_answers.push_back(self.queued);
     }
 
+    /// Bytes written so far: the stream offset a message queued before ends at, once
+    /// written, is at most this.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// The stream offset where what is queued ends.
+    pub fn queued(&self) -> u64 {
+        self.queued
+    }
+
     /// Whether nothing waits to be written.
     pub fn is_empty(&self) -> bool {
         self.parts.is_empty()

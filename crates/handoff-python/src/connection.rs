@@ -31,7 +31,7 @@ use handoff_proto::established::{Established, Refused, Step};
 use handoff_proto::handshake::{error_header, Config, Failure, Handshake, Status, DRAIN_BYTES, DRAIN_TIME};
 use handoff_proto::inbound::{Digest, Event, Frame as InFrame, Inbound};
 use handoff_proto::outbound::{
-    inline_routes, message_head, Planned, Routed, Router, ShmRouting, MAX_RELEASES_PER_MESSAGE,
+    inline_routes, message_head, stream_parts, Planned, Routed, Router, ShmRouting, MAX_RELEASES_PER_MESSAGE,
 };
 use handoff_proto::outgoing::Outgoing;
 use handoff_proto::receive::{self, Asked, Receiving};
@@ -516,15 +516,7 @@ impl Connection {
                 return Err(unsendable(e));
             }
         };
-        let mut fds = Vec::new();
-        let mut inline = Vec::new();
-        for r in routed {
-            match r {
-                Routed::Inline(b) => inline.push(b.into_bytes()),
-                Routed::Shared { fd, .. } => fds.push(fd),
-                Routed::Ticket(_) => {}
-            }
-        }
+        let (fds, inline) = stream_parts(routed);
         let now = Instant::now();
         self.out.push_with_fds(Bytes::from(head), fds, now);
         for b in inline {

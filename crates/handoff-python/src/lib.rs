@@ -12,7 +12,8 @@ pub mod frames;
 mod holds;
 pub mod plain;
 mod plain_read;
-mod socket;
+/// The system calls both drivers share.
+use handoff_sys as socket;
 pub mod tickets;
 mod tls;
 

@@ -9,8 +9,8 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use crate::connection::{open_tcp, open_unix, Side};
 use crate::handshake::refuse_overloaded;
 use crate::state::NodeInner;
-use crate::tcp::TcpConn;
 use crate::{limited_warn, Error, Peer, Result};
+use handoff_proto::tls_session::TlsSession;
 
 /// A listening socket of a node: TCP for any peer, Unix for same-host peers.
 pub(crate) enum Listening {
@@ -56,16 +56,16 @@ fn log_accept(node: &NodeInner, label: &str, result: &Result<Peer>) {
 /// An accepted TCP stream as the handshake gets it: plain, or after the TLS handshake when
 /// the node has TLS (spec §3.1; a plain peer is then refused with `tls-required`). The TLS
 /// handshake counts against the same deadline as the handoff handshake.
-async fn tcp_conn(node: &NodeInner, stream: TcpStream, label: &str) -> Result<TcpConn> {
+async fn tcp_conn(node: &NodeInner, stream: TcpStream, label: &str) -> Result<(TcpStream, Option<TlsSession>)> {
     let Some(tls) = &node.ctx.tls else {
-        return Ok(TcpConn::Plain(stream));
+        return Ok((stream, None));
     };
     let _ = stream.set_nodelay(true);
     let limit = node.ctx.bounds.handshake_timeout;
     let tls_stream = tokio::time::timeout(limit, tls.accept(stream, label))
         .await
         .map_err(|_| Error::Timeout(format!("the TLS handshake with {label} took over {limit:?}")))??;
-    Ok(TcpConn::Tls(tls_stream))
+    Ok((tls_stream.0, Some(tls_stream.1)))
 }
 
 /// Accepts connections until the node shuts down; each handshakes in a task of its own.
@@ -109,8 +109,9 @@ pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: Listening) {
                                 ))),
                             };
                             let r = match tls {
-                                Ok(conn) => {
-                                    open_tcp(node.clone(), conn, label.clone(), Side::Accepted { evicted }).await
+                                Ok((stream, tls)) => {
+                                    let side = Side::Accepted { evicted };
+                                    open_tcp(node.clone(), stream, tls, label.clone(), side).await
                                 }
                                 Err(e) => Err(e),
                             };

@@ -5,19 +5,19 @@ use std::sync::Arc;
 
 use handoff_wire::{Channel, Ident};
 use tokio::net::{TcpStream, UnixStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 use crate::handshake::handshake;
 use crate::inproc;
-use crate::io::HandshakeReader;
 use crate::link::{Link, ShmLink};
 use crate::peer::PeerAddrs;
-use crate::receive::{read_loop, release_loop};
+use crate::receive::read_loop;
+use crate::socket::Socket;
 use crate::state::NodeInner;
-use crate::tcp::TcpConn;
-use crate::unix::{self, FdReader, UnixWriter};
+use crate::unix;
 use crate::{Error, Peer, Result};
 use handoff_proto::handshake::Config;
+use handoff_proto::tls_session::TlsSession;
 use handoff_proto::{peers, Handshaken};
 use handoff_wire::auth::Role;
 
@@ -43,8 +43,8 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
         })?
         .map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
     let label = addr.to_string();
-    let conn = match &node.ctx.tls {
-        None => TcpConn::Plain(stream),
+    let (stream, tls) = match &node.ctx.tls {
+        None => (stream, None),
         Some(tls) => {
             set_nodelay(&stream, &label)?;
             let host = target.rsplit_once(':').map_or(target, |(host, _port)| host);
@@ -56,10 +56,10 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
                         node.ctx.bounds.handshake_timeout
                     ))
                 })??;
-            TcpConn::Tls(tls_stream)
+            (tls_stream.0, Some(tls_stream.1))
         }
     };
-    let peer = open_tcp(node.clone(), conn, label, Side::Dialed).await?;
+    let peer = open_tcp(node.clone(), stream, tls, label, Side::Dialed).await?;
     if channel == Some(Channel::Tcp) {
         return Ok(peer);
     }
@@ -130,18 +130,8 @@ pub(crate) enum Side {
     },
 }
 
-/// Runs the handshake on a fresh connection's reader and writer.
-async fn run_handshake<R, W>(
-    node: &Arc<NodeInner>,
-    reader: &mut HandshakeReader<R>,
-    writer: &mut W,
-    label: &str,
-    side: Side,
-) -> Result<Handshaken>
-where
-    R: tokio::io::AsyncRead + crate::io::FdSource + Unpin,
-    W: tokio::io::AsyncWrite + Unpin,
-{
+/// Runs the handshake on a fresh connection.
+async fn run_handshake(node: &Arc<NodeInner>, socket: &Arc<Socket>, label: &str, side: Side) -> Result<Handshaken> {
     let check = |ident: &Ident| {
         let connected = node.peer_by_id(&ident.node_id);
         peers::admit(&node.ctx.me.node_id, ident, connected.as_ref().map(Peer::endpoint))
@@ -167,7 +157,7 @@ where
         Side::Dialed => None,
         Side::Accepted { evicted } => Some(evicted),
     };
-    handshake(reader, writer, config, ctx.bounds.write_timeout, &check, label, evicted).await
+    handshake(socket, config, &check, label, evicted).await
 }
 
 fn set_nodelay(stream: &TcpStream, label: &str) -> Result<()> {
@@ -193,36 +183,35 @@ fn register(node: &Arc<NodeInner>, done: Handshaken, channel: Channel, link: Lin
 
 /// Handshakes on a fresh TCP connection (plain, or after its TLS handshake), registers the
 /// peer and starts its reader.
-pub(crate) async fn open_tcp(node: Arc<NodeInner>, conn: TcpConn, label: String, side: Side) -> Result<Peer> {
-    let tls = matches!(conn, TcpConn::Tls(_));
-    if let TcpConn::Plain(stream) = &conn {
-        set_nodelay(stream, &label)?;
-    }
-    let (read_half, mut write_half) = conn.split();
-    let mut reader = HandshakeReader::new(read_half, label.clone());
-    let handshaken = run_handshake(&node, &mut reader, &mut write_half, &label, side).await;
-    let done = match handshaken {
+pub(crate) async fn open_tcp(
+    node: Arc<NodeInner>,
+    stream: TcpStream,
+    tls: Option<TlsSession>,
+    label: String,
+    side: Side,
+) -> Result<Peer> {
+    let tls_on = tls.is_some();
+    set_nodelay(&stream, &label)?;
+    let socket = Socket::tcp(stream, tls, node.ctx.bounds.write_timeout);
+    let done = match run_handshake(&node, &socket, &label, side).await {
         // In TLS 1.3 the peer checks our certificate after its handshake: its refusal (an
         // alert) arrives with the first read of ours.
-        Err(Error::Io { source, .. }) if tls && crate::tls::explain_io(&source, &label).is_some() => {
+        Err(Error::Io { source, .. }) if tls_on && crate::tls::explain_io(&source, &label).is_some() => {
             return Err(crate::tls::explain_io(&source, &label).expect("checked"));
         }
         other => other?,
     };
-    let writer = tokio::sync::Mutex::new(write_half);
-    let peer = register(&node, done, Channel::Tcp, Link::Tcp { writer });
+    let peer = register(&node, done, Channel::Tcp, Link::Tcp(socket.clone()));
     tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), locality = %peer.locality(), "tcp peer ready");
-    tokio::spawn(read_loop(node, peer.clone(), reader, None));
+    tokio::spawn(read_loop(node, peer.clone(), socket));
     Ok(peer)
 }
 
 /// Handshakes on a Unix stream from or to a same-host node; the peer's uid must be ours.
 pub(crate) async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: String, side: Side) -> Result<Peer> {
     unix::check_peer_uid(&stream)?;
-    let stream = Arc::new(stream);
-    let mut reader = HandshakeReader::new(FdReader::new(stream.clone()), label.clone());
-    let mut writer = UnixWriter::new(stream);
-    let done = run_handshake(&node, &mut reader, &mut writer, &label, side).await?;
+    let socket = Socket::unix(stream, node.ctx.bounds.write_timeout);
+    let done = run_handshake(&node, &socket, &label, side).await?;
     let ident = &done.ident;
     if ident.host_id != node.ctx.me.host_id {
         crate::limited_warn!(
@@ -233,16 +222,9 @@ pub(crate) async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: S
             ident.host_id
         );
     }
-    let link = Arc::new(ShmLink::new(writer, &node.ctx));
-    let peer = register(&node, done, Channel::Shm, Link::Shm(link.clone()));
+    let link = Arc::new(ShmLink::new(socket.clone(), &node.ctx));
+    let peer = register(&node, done, Channel::Shm, Link::Shm(link));
     tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), "shm peer ready");
-    let (release_tx, release_rx) = mpsc::unbounded_channel();
-    let (closed_tx, closed_rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(release_loop(link, release_rx, closed_rx, node.ctx.bounds.write_timeout));
-    let reading = peer.clone();
-    tokio::spawn(async move {
-        read_loop(node, reading, reader, Some(release_tx)).await;
-        drop(closed_tx);
-    });
+    tokio::spawn(read_loop(node, peer.clone(), socket));
     Ok(peer)
 }

@@ -2,7 +2,7 @@
 //! engine's [`Handshake`] (crate `handoff-proto`), which decides everything (spec §5), and
 //! keeps its clock and its eviction.
 
-use std::time::Duration;
+use std::sync::Arc;
 
 use handoff_proto::handshake::{error_header, Config, Failure, Handshake, Status, ERROR_WRITE_LIMIT};
 pub(crate) use handoff_proto::handshake::{DRAIN_BYTES, DRAIN_TIME};
@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::io::{write_all, FdSource, HandshakeReader};
+use crate::socket::Socket;
 use crate::{Error, Result};
 
 /// Capabilities of this implementation, the same in every protocol version (`shm` only
@@ -66,28 +66,27 @@ fn now() -> std::time::Instant {
     Instant::now().into_std()
 }
 
-/// Runs the handshake the engine's `config` describes, writing within `write_timeout`,
-/// with `admit` as the node-id check before `ready`; on any failure the peer is told why
-/// (when possible) and an error returned.
-pub(crate) async fn handshake<R, W>(
-    reader: &mut HandshakeReader<R>,
-    writer: &mut W,
+/// Runs the handshake the engine's `config` describes on a fresh connection, with `admit`
+/// as the node-id check before `ready`; on any failure the peer is told why (when possible)
+/// and an error returned.
+///
+/// Reads never go past the item the engine reads (its `wants`): so every descriptor that
+/// arrives before the connection is established came with a handshake byte, and those of
+/// the first message after `ready` are never taken for them (spec §5.1).
+pub(crate) async fn handshake(
+    socket: &Arc<Socket>,
     config: Config,
-    write_timeout: Duration,
     admit: Admit<'_>,
     label: &str,
     mut evicted: Option<oneshot::Receiver<()>>,
-) -> Result<Handshaken>
-where
-    R: AsyncRead + FdSource + Unpin,
-    W: AsyncWrite + Unpin,
-{
+) -> Result<Handshaken> {
     let mut hs = Handshake::new(config, now());
     let timeout_at = |hs: &Handshake| hs.poll_timeout().map(Instant::from_std);
+    let mut buf = Vec::new();
     loop {
         if hs.has_transmit() && !hs.is_over() {
             let out = hs.take_transmit();
-            let write = write_all(writer, &out, write_timeout);
+            let write = socket.send(out.into(), Vec::new(), Vec::new());
             match until(timeout_at(&hs), &mut evicted, write).await {
                 Woke::Done(Ok(())) => {}
                 Woke::Done(Err(e)) => return Err(Error::io(format!("handshake with {label}"), e)),
@@ -105,25 +104,25 @@ where
                 continue;
             }
             Status::Done(done) => return Ok(done),
-            Status::Failed(failure) => return Err(fail(reader, writer, &mut hs, failure, label).await),
+            Status::Failed(failure) => return Err(fail(socket, &mut hs, failure, label).await),
         }
         if hs.has_transmit() {
             continue;
         }
-        let wants = hs.wants();
-        match until(timeout_at(&hs), &mut evicted, reader.read_some(wants)).await {
-            Woke::Done(Ok(bytes)) => {
+        buf.resize(hs.wants(), 0);
+        match until(timeout_at(&hs), &mut evicted, socket.read(&mut buf)).await {
+            Woke::Done(Ok(got)) => {
                 // Descriptors that came with these bytes are closed here, and counted: the
                 // engine refuses a connection that sent any before `ready` (spec §5.1).
-                let stream = reader.stream_mut();
-                let fds = stream.drain_fds().len() + usize::from(stream.take_fd_error().is_some());
-                if bytes.is_empty() && fds == 0 {
+                let fds = got.fds.len() + usize::from(got.truncated);
+                drop(got.fds);
+                if got.bytes == 0 && fds == 0 {
                     hs.handle_eof();
                 } else {
-                    hs.handle_input(&bytes, fds, now());
+                    hs.handle_input(&buf[..got.bytes], fds, now());
                 }
             }
-            Woke::Done(Err(e)) => return Err(e),
+            Woke::Done(Err(e)) => return Err(Error::io(format!("reading from {label}"), e)),
             Woke::TimedOut => hs.handle_timeout(now()),
             Woke::Evicted => {
                 evicted = None;
@@ -137,17 +136,7 @@ where
 /// time), our sending side shut down first (so the error is delivered and not reset away),
 /// what the peer still sends read and dropped for a moment when the engine says so; then the
 /// error to return (the caller drops the socket).
-async fn fail<R, W>(
-    reader: &mut HandshakeReader<R>,
-    writer: &mut W,
-    hs: &mut Handshake,
-    failure: Failure,
-    label: &str,
-) -> Error
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
+async fn fail(socket: &Arc<Socket>, hs: &mut Handshake, failure: Failure, label: &str) -> Error {
     let err = match failure {
         Failure::Refused(e) => e,
         Failure::PeerRefused { code, message } => {
@@ -162,20 +151,16 @@ where
         }
     };
     // What the engine queued, its `error` last (none to a peer that sent no preamble).
-    let told = hs.take_transmit();
-    if !told.is_empty() {
-        let _ = write_all(writer, &told, ERROR_WRITE_LIMIT).await;
-    }
-    let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, writer.shutdown()).await;
+    socket.say_and_shutdown(hs.take_transmit(), ERROR_WRITE_LIMIT).await;
     if hs.drain_after_failure() {
-        crate::io::drain(reader.stream_mut(), DRAIN_BYTES, DRAIN_TIME).await;
+        socket.drain(DRAIN_BYTES, DRAIN_TIME).await;
     }
     err.into()
 }
 
 /// Sends an `error` header to the peer, best effort and bounded in time, before we close.
-pub(crate) async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, err: &WireError) {
-    let _ = write_all(w, &error_header(err), ERROR_WRITE_LIMIT).await;
+async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, err: &WireError) {
+    let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, w.write_all(&error_header(err))).await;
 }
 
 /// Refuses a connection the node cannot take at all (too many connections): our preamble,
@@ -187,7 +172,7 @@ pub(crate) async fn refuse_overloaded<S: AsyncRead + AsyncWrite + Unpin>(
     preamble: Preamble,
     why: String,
 ) {
-    let _ = write_all(stream, &preamble.encode(), ERROR_WRITE_LIMIT).await;
+    let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, stream.write_all(&preamble.encode())).await;
     let mut theirs = [0u8; handoff_wire::preamble::PREAMBLE_LEN];
     let read = tokio::time::timeout(ERROR_WRITE_LIMIT, stream.read_exact(&mut theirs)).await;
     if matches!(read, Ok(Ok(_))) {
@@ -201,6 +186,7 @@ mod tests {
     use super::*;
     use handoff_wire::framing::encode_header_into;
     use handoff_wire::Header;
+    use std::time::Duration;
     use tokio::net::{TcpListener, TcpStream};
 
     /// One dialer handshake whose peer sends its challenge and then lets the deadline pass
@@ -211,8 +197,7 @@ mod tests {
         let (client, server) = tokio::join!(TcpStream::connect(addr), listener.accept());
         let (node_sock, mut attacker) = (client.unwrap(), server.unwrap().0);
         let node_task = tokio::spawn(async move {
-            let (r, mut w) = node_sock.into_split();
-            let mut reader = HandshakeReader::new(r, "peer".into());
+            let socket = crate::socket::Socket::tcp(node_sock, None, Duration::from_secs(5));
             let me = handoff_wire::Endpoint {
                 node_id: "0".repeat(32),
                 name: "n".into(),
@@ -233,16 +218,7 @@ mod tests {
                 dialed: std::sync::Arc::new(handoff_proto::handshake::DialerNonces::new(Duration::from_millis(300))),
             };
             let admit = |_: &Ident| Ok(());
-            let _ = handshake(
-                &mut reader,
-                &mut w,
-                config,
-                Duration::from_secs(5),
-                &admit,
-                "peer",
-                None,
-            )
-            .await;
+            let _ = handshake(&socket, config, &admit, "peer", None).await;
         });
         let mut pre = [0u8; 16];
         attacker.read_exact(&mut pre).await.unwrap();

@@ -29,9 +29,10 @@
 // This crate is the tokio driver of the protocol engine `handoff_proto` (no I/O, no async):
 // the engine decides, this crate moves bytes, descriptors and time, and keeps the public API.
 // The modules, bottom up; each uses only modules below it.
-// - leaves: error, limited_warn, budget (waiting for room), hashing, message, payload, io,
-//   unix, shm (buffers that are views of segments), handshake (drives the engine's
-//   handshake), tickets::{owner (waiting for a lease), modes, pending};
+// - leaves: error, limited_warn, budget (waiting for room), hashing, message, payload,
+//   unix, socket (a connection's socket: the engine's write queue and TLS session, reads
+//   with descriptors), shm (buffers that are views of segments), handshake (drives the
+//   engine's handshake), tickets::{owner (waiting for a lease), modes, pending};
 // - context: what the parts of a running node share (`Context`), and `LocalNode`, the node
 //   as its peers and tickets reach it;
 // - link (how bytes reach a peer), tickets::holder (received tickets), peer, envelope, inbox;
@@ -52,7 +53,6 @@ mod handshake;
 mod hashing;
 mod inbox;
 mod inproc;
-mod io;
 mod limited_warn;
 mod link;
 mod message;
@@ -61,8 +61,8 @@ mod payload;
 mod peer;
 mod receive;
 pub mod shm;
+mod socket;
 mod state;
-mod tcp;
 pub mod tickets;
 pub mod tls;
 mod unix;

@@ -1,38 +1,33 @@
 //! [`Link`]: how bytes reach a peer — in-process, a TCP stream, or a Unix socket that also
-//! passes shared-memory segments — and writing to it within the write timeout.
-//!
-//! A write that makes no progress for the write timeout (the peer reads nothing) fails,
-//! and the connection is shut down in both directions, so that its reader ends too and
-//! only that peer's sends fail (spec §9.1).
+//! passes shared-memory segments. Writing, and its write timeout, is the connection's
+//! [`Socket`]'s.
 
 use std::future::Future;
-use std::os::fd::BorrowedFd;
 use std::pin::Pin;
 
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
+use bytes::Bytes;
 use handoff_wire::Buffer;
-use tokio::io::AsyncWriteExt;
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::Notify;
 
 use crate::context::Context;
 use crate::payload::Payload;
 use crate::shm::Held;
-use crate::tcp::TcpWriter;
+use crate::socket::Socket;
 use crate::tickets::owner::WhenFull;
-use crate::unix::UnixWriter;
 use crate::{Error, Result};
 pub(crate) use handoff_proto::outbound::Planned;
-use handoff_proto::outbound::{inline_frames, inline_routes, message_head, shared_fds, Routed, Router, ShmRouting};
+use handoff_proto::outbound::{inline_routes, message_head, stream_parts, Routed, Router, ShmRouting};
 use handoff_proto::shm::leases::ShmLeases;
 
 /// How messages reach a peer.
 pub(crate) enum Link {
     /// A node in this process: envelopes go straight into its inbox.
     Inproc(Arc<dyn InprocTarget>),
-    /// A TCP connection, plain or inside TLS; the reader task owns the read half.
-    Tcp { writer: Mutex<TcpWriter> },
+    /// A TCP connection, plain or inside TLS.
+    Tcp(Arc<Socket>),
     /// A Unix socket to a same-host node; large buffers go as shared memory.
     Shm(Arc<ShmLink>),
 }
@@ -60,30 +55,6 @@ pub(crate) trait InprocTarget: Send + Sync {
     ) -> Pin<Box<dyn Future<Output = Result<()>> + Send + '_>>;
 }
 
-/// The writing half of a connection's socket.
-pub(crate) trait SocketWriter: tokio::io::AsyncWrite + Unpin + Send {
-    /// The socket, to shut it down in both directions when a write stalls: pending and
-    /// later reads and writes on it end at once (a stalled write, the connection's reader),
-    /// whoever holds it.
-    fn socket(&self) -> BorrowedFd<'_>;
-
-    fn abort(&self) {
-        let _ = rustix::net::shutdown(self.socket(), rustix::net::Shutdown::Both);
-    }
-}
-
-impl SocketWriter for TcpWriter {
-    fn socket(&self) -> BorrowedFd<'_> {
-        TcpWriter::socket(self)
-    }
-}
-
-impl SocketWriter for UnixWriter {
-    fn socket(&self) -> BorrowedFd<'_> {
-        UnixWriter::socket(self)
-    }
-}
-
 /// What a send is, for its errors and its limits.
 pub(crate) struct Sending<'a> {
     pub(crate) type_name: &'a str,
@@ -91,7 +62,6 @@ pub(crate) struct Sending<'a> {
     pub(crate) peer: &'a str,
     /// What the receiver accepts (spec §9): nothing it must refuse is sent.
     pub(crate) limits: &'a handoff_wire::Limits,
-    pub(crate) write_timeout: Duration,
 }
 
 impl Sending<'_> {
@@ -111,27 +81,23 @@ pub(crate) fn unsendable(type_name: &str, peer: &str, reason: handoff_wire::Wire
 }
 
 impl Link {
-    /// The socket's writing half; none in process.
-    fn writer(&self) -> Option<&Mutex<dyn SocketWriter>> {
+    /// The connection's socket; none in process.
+    pub(crate) fn socket(&self) -> Option<&Arc<Socket>> {
         match self {
-            Link::Tcp { writer } => Some(writer),
-            Link::Shm(link) => Some(&link.writer),
+            Link::Tcp(socket) => Some(socket),
+            Link::Shm(link) => Some(&link.socket),
             Link::Inproc(_) => None,
         }
     }
 
     /// Writes `head` then `frames` (a whole message without shared segments), within the
-    /// write timeout; a stall shuts the connection down.
-    pub(crate) async fn write(&self, head: &[u8], frames: &[Buffer], stall: Duration) -> std::io::Result<()> {
-        let Some(writer) = self.writer() else {
-            return Err(std::io::Error::other("no wire protocol between in-process nodes"));
+    /// write timeout; a stall fails the connection.
+    pub(crate) async fn write(&self, head: Vec<u8>, frames: &[Buffer]) -> std::io::Result<()> {
+        let Some(socket) = self.socket() else {
+            return Err(std::io::Error::other("no socket protocol between in-process nodes"));
         };
-        let mut w = writer.lock().await;
-        let r = crate::io::write_all_vectored(&mut &mut *w, head, frames, stall).await;
-        if r.is_err() {
-            w.abort();
-        }
-        r
+        let frames = frames.iter().map(|f| f.as_bytes().clone()).collect();
+        socket.send(Bytes::from(head), Vec::new(), frames).await
     }
 
     /// Sends a message whose frames went through the ticket policy: over TCP with every
@@ -143,30 +109,32 @@ impl Link {
                 let routed = inline_routes(frames);
                 let head = message_head(sending.type_name, body, &routed, &[], sending.limits)
                     .map_err(|reason| unsendable(sending.type_name, sending.peer, reason))?;
-                self.write(&head, &inline_frames(&routed), sending.write_timeout)
+                let (_, inline) = stream_parts(routed);
+                let Some(socket) = self.socket() else {
+                    unreachable!("in-process peers send values")
+                };
+                socket
+                    .send(Bytes::from(head), Vec::new(), inline)
                     .await
                     .map_err(|e| sending.failed(e))
             }
         }
     }
 
-    /// Sends an `error` (best effort, within `limit` to get the writer at all), then shuts
-    /// our sending direction down, so the peer reads the error before the end of the stream.
+    /// Sends an `error` (best effort, within `limit`), then shuts our sending direction
+    /// down, so the peer reads the error before the end of the stream.
     pub(crate) async fn send_error_and_shutdown(&self, err: &handoff_wire::WireError, limit: Duration) {
-        if let Some(writer) = self.writer() {
-            if let Ok(mut w) = tokio::time::timeout(limit, writer.lock()).await {
-                crate::handshake::send_error(&mut &mut *w, err).await;
-                let _ = tokio::time::timeout(limit, w.shutdown()).await;
-            }
+        if let Some(socket) = self.socket() {
+            socket
+                .say_and_shutdown(handoff_proto::handshake::error_header(err), limit)
+                .await;
         }
     }
 
     /// Shuts our sending direction down (the peer sees the end of the stream), within `limit`.
     pub(crate) async fn shutdown_writing(&self, limit: Duration) {
-        if let Some(writer) = self.writer() {
-            if let Ok(mut w) = tokio::time::timeout(limit, writer.lock()).await {
-                let _ = tokio::time::timeout(limit, w.shutdown()).await;
-            }
+        if let Some(socket) = self.socket() {
+            socket.shutdown_writing(limit).await;
         }
     }
 }
@@ -182,7 +150,7 @@ pub struct LeaseStats {
 
 /// The sending state of a same-host connection.
 pub(crate) struct ShmLink {
-    pub(crate) writer: Mutex<UnixWriter>,
+    pub(crate) socket: Arc<Socket>,
     /// What we keep alive for the peer until it releases each lease (spec §7.4), bounded
     /// in bytes and count (§9.1).
     leases: StdMutex<ShmLeases<Held>>,
@@ -197,9 +165,9 @@ pub(crate) struct ShmLink {
 }
 
 impl ShmLink {
-    pub(crate) fn new(writer: UnixWriter, ctx: &Context) -> ShmLink {
+    pub(crate) fn new(socket: Arc<Socket>, ctx: &Context) -> ShmLink {
         ShmLink {
-            writer: Mutex::new(writer),
+            socket,
             leases: StdMutex::new(ShmLeases::new(
                 ctx.bounds.max_shm_lease_bytes_per_peer,
                 ctx.bounds.max_shm_leases_per_peer,
@@ -252,7 +220,7 @@ impl ShmLink {
         let routing = ShmRouting {
             threshold: self.threshold,
             sealed_only: self.sealed,
-            max_fds: crate::unix::MAX_FDS_PER_READ,
+            max_fds: handoff_proto::inbound::MAX_FDS_PER_READ,
         };
         // Frame by frame: each shared frame's lease is taken (waiting for the peer to
         // release some, as configured) before the next frame is copied, so that a waiting
@@ -282,17 +250,10 @@ impl ShmLink {
             self.release(&leased);
             unsendable(sending.type_name, sending.peer, reason)
         })?;
-        let mut w = self.writer.lock().await;
-        let sent = match w
-            .send_with_fds(&head, &shared_fds(&routed), sending.write_timeout)
+        let (fds, inline) = stream_parts(routed);
+        self.socket
+            .send(Bytes::from(head), fds, inline)
             .await
-        {
-            Ok(()) => crate::io::write_all_vectored(&mut *w, &[], &inline_frames(&routed), sending.write_timeout).await,
-            Err(e) => Err(e),
-        };
-        if sent.is_err() {
-            w.abort();
-        }
-        sent.map_err(|e| sending.failed(e))
+            .map_err(|e| sending.failed(e))
     }
 }

@@ -7,7 +7,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use handoff_wire::framing::encode_header_into;
 use handoff_wire::{Buffer, Channel, Endpoint, Header, Locality, Route, TicketClaim};
-use tokio::sync::Semaphore;
 
 use crate::budget::Account;
 use crate::context::LocalNode;
@@ -41,8 +40,6 @@ pub(crate) struct PeerInner {
     pub(crate) account: Arc<Account>,
     /// Warnings about this peer, at most so many per period.
     pub(crate) log: LogLimiter,
-    /// `pulled` answers being written to this peer (spec §9.1).
-    pub(crate) pull_answers: Arc<Semaphore>,
     /// How long a write to this peer may make no progress.
     pub(crate) write_timeout: Duration,
 }
@@ -52,7 +49,7 @@ impl PeerInner {
     pub(crate) async fn write_control(&self, header: &Header<'_>, frames: &[Buffer]) -> Result<()> {
         let mut head = Vec::with_capacity(96);
         encode_header_into(header, &mut head);
-        self.link.write(&head, frames, self.write_timeout).await.map_err(|e| {
+        self.link.write(head, frames).await.map_err(|e| {
             self.closed.store(true, Ordering::Release);
             Error::io(format!("writing to {}", self.remote.name), e)
         })
@@ -124,7 +121,6 @@ impl Peer {
                 ctx.bounds.warnings_per_period,
                 ctx.bounds.warning_period,
             ),
-            pull_answers: Arc::new(Semaphore::new(ctx.bounds.max_pull_answers.max(1))),
             write_timeout: ctx.bounds.write_timeout,
         }))
     }
@@ -256,7 +252,6 @@ impl Peer {
             type_name: T::TYPE_NAME,
             peer: self.name(),
             limits: &limits,
-            write_timeout: self.0.write_timeout,
         };
         self.0
             .link

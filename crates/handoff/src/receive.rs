@@ -16,69 +16,37 @@ use handoff_proto::receive::{self, Receiving};
 use handoff_proto::ticket_leases::OwnerAnswer;
 use handoff_wire::{Buffer, Header, WireError};
 use std::time::Instant;
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
 use crate::envelope::Envelope;
 use crate::handshake::{DRAIN_BYTES, DRAIN_TIME};
 use crate::hashing::HashThread;
-use crate::io::{FdSource, HandshakeReader};
 use crate::limited_warn;
-use crate::link::{Link, ShmLink};
+use crate::link::Link;
 use crate::payload::Payload;
 use crate::shm::{self, RemoteView};
+use crate::socket::Socket;
 use crate::state::NodeInner;
 use crate::tickets::holder::{Ticket, TicketHandle, TicketOrigin};
 use crate::tickets::modes::Redeem;
 use crate::tickets::pending::{Answer, Waiter};
 use crate::{Error, Peer, Result};
+use handoff_proto::inbound::MAX_FDS_PER_READ;
 use handoff_proto::shm::buffers::Release;
-
-/// Sends `release` messages for the leases whose last local view was dropped.
-pub(crate) async fn release_loop(
-    link: Arc<ShmLink>,
-    mut rx: mpsc::UnboundedReceiver<u64>,
-    mut closed: tokio::sync::oneshot::Receiver<()>,
-    write_timeout: std::time::Duration,
-) {
-    use handoff_wire::framing::encode_header_into;
-    loop {
-        let first = tokio::select! {
-            l = rx.recv() => match l { Some(l) => l, None => return },
-            _ = &mut closed => return,
-        };
-        let mut leases = vec![first];
-        while leases.len() < handoff_proto::outbound::MAX_RELEASES_PER_MESSAGE {
-            match rx.try_recv() {
-                Ok(l) => leases.push(l),
-                Err(_) => break,
-            }
-        }
-        let mut head = Vec::with_capacity(16 + leases.len() * 9);
-        encode_header_into(&Header::Release { leases }, &mut head);
-        let mut w = link.writer.lock().await;
-        if crate::io::write_all(&mut *w, &head, write_timeout).await.is_err() {
-            return;
-        }
-    }
-}
+use handoff_wire::framing::encode_header_into;
 
 /// Receives messages from one peer until it closes or breaks the protocol.
-pub(crate) async fn read_loop<R>(
-    node: Arc<NodeInner>,
-    peer: Peer,
-    reader: HandshakeReader<R>,
-    releases: Option<mpsc::UnboundedSender<u64>>,
-) where
-    R: AsyncRead + FdSource + Unpin,
-{
+pub(crate) async fn read_loop(node: Arc<NodeInner>, peer: Peer, socket: Arc<Socket>) {
     let _counted = node.connection_guard();
     let mut shutdown = node.ctx.shutdown.subscribe();
-    let mut stream = reader.into_stream();
-    // A received view's last drop queues its lease's `release`.
-    let release: Option<Release> = releases.map(|tx| {
+    // A received view's last drop queues its lease's `release` (a view that outlives the
+    // connection keeps no socket open).
+    let release: Option<Release> = matches!(peer.0.link, Link::Shm(_)).then(|| {
+        let socket = Arc::downgrade(&socket);
         Arc::new(move |lease| {
-            let _ = tx.send(lease);
+            if let Some(socket) = socket.upgrade() {
+                socket.queue_release(lease);
+            }
         }) as Release
     });
     let types = node.clone();
@@ -98,7 +66,7 @@ pub(crate) async fn read_loop<R>(
     .with_mappings(node.ctx.mappings.clone());
     let mut conn = Established::new(inbound, peer.0.pending.clone(), node.ctx.budget.max_per_peer());
     let result = tokio::select! {
-        r = read_messages(&node, &peer, &mut stream, &mut conn, release.as_ref()) => r,
+        r = read_messages(&node, &peer, &socket, &mut conn, release.as_ref()) => r,
         _ = shutdown.changed() => Ok(()),
     };
     // Whatever room the connection held goes back now, not after the goodbyes below.
@@ -131,7 +99,7 @@ pub(crate) async fn read_loop<R>(
             // and dropped for a moment, so the error is not reset away (spec §11.3).
             peer.0.link.send_error_and_shutdown(&w, DRAIN_TIME).await;
             if receive::drain_after(&w) {
-                crate::io::drain(&mut stream, DRAIN_BYTES, DRAIN_TIME).await;
+                socket.drain(DRAIN_BYTES, DRAIN_TIME).await;
             }
         }
         Err(e) => {
@@ -150,48 +118,46 @@ pub(crate) async fn read_loop<R>(
 
 /// One read into the engine's space, within its progress timeout when a message is under
 /// way; the descriptors that came with it go to the engine too.
-async fn read_into<R>(stream: &mut R, inbound: &mut Inbound) -> Result<()>
-where
-    R: AsyncRead + FdSource + Unpin,
-{
+async fn read_into(socket: &Arc<Socket>, inbound: &mut Inbound) -> Result<()> {
     let deadline = inbound.poll_timeout();
-    let read = stream.read(inbound.recv_space());
-    let n = match deadline {
+    let read = socket.read(inbound.recv_space());
+    let got = match deadline {
         Some(at) => match tokio::time::timeout_at(at.into(), read).await {
-            Ok(n) => n,
+            Ok(got) => got,
             // The timer is the judge (its clock may run apart from the engine's).
             Err(_) => return Err(inbound.handle_timeout(at).expect_err("at the deadline").into()),
         },
         None => read.await,
     }
     .map_err(|e| Error::io("reading from the peer", e))?;
-    if let Some(problem) = stream.take_fd_error() {
+    if got.truncated {
+        let problem = format!("a message carried more than {MAX_FDS_PER_READ} descriptors");
         return Err(WireError::BadShm(problem).into());
     }
-    inbound.handle_fds(stream.drain_fds())?;
-    if n == 0 {
+    inbound.handle_fds(got.fds)?;
+    if got.bytes == 0 {
         inbound.handle_eof();
     } else {
-        inbound.received(n, Instant::now());
+        inbound.received(got.bytes, Instant::now());
     }
     Ok(())
 }
 
-async fn read_messages<R>(
+async fn read_messages(
     node: &Arc<NodeInner>,
     peer: &Peer,
-    stream: &mut R,
+    socket: &Arc<Socket>,
     conn: &mut Established<Waiter>,
     release: Option<&Release>,
-) -> Result<()>
-where
-    R: AsyncRead + FdSource + Unpin,
-{
+) -> Result<()> {
     let mut delivery: Option<Delivery> = None;
     loop {
         let event = match conn.poll(Instant::now())? {
             Step::Read => {
-                read_into(stream, conn.inbound()).await?;
+                // The peer leaves our answers unread: nothing more of its is read or
+                // answered until they drain (spec §9.1).
+                socket.drained(node.ctx.bounds.max_pull_answers).await;
+                read_into(socket, conn.inbound()).await?;
                 continue;
             }
             Step::Room => {
@@ -269,7 +235,7 @@ where
                     node.deliver(envelope)?;
                 }
             }
-            Event::Owner { answer, .. } => answer_as_owner(node, peer, answer).await?,
+            Event::Owner { answer, .. } => answer_as_owner(node, peer, socket, answer).await,
             Event::Release(leases) => {
                 let Link::Shm(link) = &peer.0.link else {
                     unreachable!("the engine takes releases only on shared-memory connections")
@@ -337,49 +303,31 @@ fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Opt
     })
 }
 
-/// Carries out the owner's answer to a ticket request.
-async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, owner_answer: OwnerAnswer) -> Result<()> {
-    let reply = owner_answer.reply().map(Header::Ticket);
-    match (owner_answer, reply) {
-        (OwnerAnswer::Pulled { bytes, .. }, Some(answer)) => {
-            // Written by a task: a large answer must not stop this loop from reading.
-            // Only so many at once: past that, this loop waits, and so reads no more
-            // requests from this peer until its answers drain.
-            let place = peer
-                .0
-                .pull_answers
-                .clone()
-                .acquire_owned()
-                .await
-                .expect("the semaphore is never closed");
-            let peer = peer.clone();
-            tokio::spawn(async move {
-                if let Err(e) = peer.write_control(&answer, &[bytes]).await {
-                    tracing::debug!(peer = %peer.name(), "could not answer a pull: {}", e.chain());
-                }
-                drop(place);
-            });
+/// Carries out the owner's answer to a ticket request: queued for the peer, counted until
+/// written (a peer that leaves them unread stops being read).
+async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, socket: &Arc<Socket>, answer: OwnerAnswer) {
+    match &answer {
+        OwnerAnswer::Refused { what, refusal: r, .. } => {
+            limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a {what}: {} [{}]", r.message, r.code)
         }
-        (other, reply) => {
-            match &other {
-                OwnerAnswer::Refused { what, refusal: r, .. } => {
-                    limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a {what}: {} [{}]", r.message, r.code)
-                }
-                OwnerAnswer::ReleaseIgnored(r) => {
-                    tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), "ignored a release: {} [{}]", r.message, r.code)
-                }
-                OwnerAnswer::RenewalRefused(r) => {
-                    limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a renewal: {} [{}]", r.message, r.code)
-                }
-                _ => {}
-            }
-            // A forward's token or a refusal is small: answered in place, no task each.
-            if let Some(reply) = reply {
-                peer.write_control(&reply, &[]).await?;
-            }
+        OwnerAnswer::ReleaseIgnored(r) => {
+            tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), "ignored a release: {} [{}]", r.message, r.code)
         }
+        OwnerAnswer::RenewalRefused(r) => {
+            limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a renewal: {} [{}]", r.message, r.code)
+        }
+        _ => {}
     }
-    Ok(())
+    let Some(reply) = answer.reply() else {
+        return;
+    };
+    let mut head = Vec::with_capacity(64);
+    encode_header_into(&Header::Ticket(reply), &mut head);
+    let pulled = match answer {
+        OwnerAnswer::Pulled { bytes, .. } => Some(bytes.into_bytes()),
+        _ => None,
+    };
+    socket.queue_control(Bytes::from(head), pulled).await;
 }
 
 /// Messages of one connection that wait for their tickets to be redeemed, in order.

@@ -18,11 +18,13 @@ pub use handoff_proto::tls::TLS_REQUIRED_MESSAGE;
 use handoff_proto::tls::{plain_refusal, Configs, Opening};
 use handoff_proto::tls_session::{Handshaking, TlsSession};
 use rustls::{ClientConfig, ServerConfig};
-use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use crate::error::{Error, Result};
-use crate::tcp::{TlsTcp, TryIo};
+use crate::socket::{Socket, TlsFailed, TryIo};
+
+/// A TCP connection after its TLS handshake, with its session.
+pub(crate) type TlsTcp = (TcpStream, TlsSession);
 
 /// A node's TLS settings: its certificate chain and key, and the certificate authorities
 /// its peers' certificates must chain to. Cheap to clone.
@@ -117,7 +119,7 @@ impl TlsConfig {
 async fn handshake(tcp: TcpStream, mut session: TlsSession, peer: &str) -> Result<TlsTcp> {
     loop {
         let waited = match session.handshake(&mut TryIo(&tcp)) {
-            Ok(Handshaking::Done) => return Ok(TlsTcp::new(tcp, session)),
+            Ok(Handshaking::Done) => return Ok((tcp, session)),
             Ok(Handshaking::WantsRead) => tcp.readable().await,
             Ok(Handshaking::WantsWrite) => tcp.writable().await,
             Err(reason) => {
@@ -139,17 +141,17 @@ const DRAIN_BYTES: usize = 64 << 10;
 
 /// Our preamble, then `error {code: "tls-required"}`, best effort; then reads what the
 /// peer still sends (bounded) until it closes, so that it reads the error.
-async fn refuse_plain(mut tcp: TcpStream) {
-    let _ = tokio::time::timeout(DRAIN_LIMIT, tcp.write_all(&plain_refusal())).await;
-    let _ = tcp.shutdown().await;
-    crate::io::drain(&mut tcp, DRAIN_BYTES, DRAIN_LIMIT).await;
+async fn refuse_plain(tcp: TcpStream) {
+    let socket = Socket::tcp(tcp, None, DRAIN_LIMIT);
+    socket.say_and_shutdown(plain_refusal(), DRAIN_LIMIT).await;
+    socket.drain(DRAIN_BYTES, DRAIN_LIMIT).await;
 }
 
 /// The reason in an I/O error that the TLS session raised after its handshake (an alert the
 /// peer sent when it checked our certificate, say), if it is one.
 pub(crate) fn explain_io(e: &std::io::Error, peer: &str) -> Option<Error> {
     e.get_ref()
-        .and_then(|inner| inner.downcast_ref::<crate::tcp::TlsFailed>())
+        .and_then(|inner| inner.downcast_ref::<TlsFailed>())
         .map(|failed| Error::Tls {
             peer: peer.to_string(),
             reason: failed.0.clone(),

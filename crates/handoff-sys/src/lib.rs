@@ -1,6 +1,8 @@
-//! The system calls of a connection driven from Python's event loop: a non-blocking
-//! `recvmsg` that collects the descriptors a Unix socket passes, and a gathering `sendmsg`.
-//! What the descriptors mean, and whether they are allowed, is the engine's to decide.
+//! The system calls that handoff's two drivers (tokio in crate `handoff`, asyncio in
+//! `handoff-python`) share, kept out of the engine (`handoff-proto` does no I/O): a
+//! non-blocking `recvmsg` that collects the descriptors a Unix socket passes, a gathering
+//! `sendmsg` with descriptors on its first byte, and the keepalive that bounds a silent TCP
+//! peer. What the descriptors mean, and whether they are allowed, is the engine's to decide.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -10,17 +12,17 @@ use handoff_proto::inbound::MAX_FDS_PER_READ;
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendFlags};
 
 /// What one read brought.
-pub(crate) struct Received {
+pub struct Received {
     /// Bytes read; 0 at the end of the stream.
-    pub(crate) bytes: usize,
+    pub bytes: usize,
     /// Descriptors that came with them.
-    pub(crate) fds: Vec<OwnedFd>,
+    pub fds: Vec<OwnedFd>,
     /// Whether more descriptors came than one read takes (they were closed by the kernel).
-    pub(crate) truncated: bool,
+    pub truncated: bool,
 }
 
 /// One `recvmsg` into `buf`; `None` when nothing is there to read now.
-pub(crate) fn recv(socket: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<Option<Received>> {
+pub fn recv(socket: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<Option<Received>> {
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_READ))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut iov = [IoSliceMut::new(buf)];
@@ -45,11 +47,7 @@ pub(crate) fn recv(socket: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<Op
 
 /// One gathering `sendmsg` of `parts`, with `fds` on its first byte; `None` when the socket
 /// takes nothing now.
-pub(crate) fn send(
-    socket: BorrowedFd<'_>,
-    parts: &[IoSlice<'_>],
-    fds: &[BorrowedFd<'_>],
-) -> std::io::Result<Option<usize>> {
+pub fn send(socket: BorrowedFd<'_>, parts: &[IoSlice<'_>], fds: &[BorrowedFd<'_>]) -> std::io::Result<Option<usize>> {
     let mut space = vec![MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(rustix::net::SendAncillaryMessage::ScmRights(fds)) {
@@ -65,7 +63,7 @@ pub(crate) fn send(
 /// Keepalive probes and `TCP_USER_TIMEOUT`, so that a silent TCP peer fails reads and
 /// writes with `ETIMEDOUT` within `timeout` (the plan is the engine's,
 /// `handoff_proto::bounds::keepalive_plan`).
-pub(crate) fn set_tcp_timeout(socket: BorrowedFd<'_>, timeout: std::time::Duration) -> Result<(), String> {
+pub fn set_tcp_timeout(socket: BorrowedFd<'_>, timeout: std::time::Duration) -> Result<(), String> {
     use rustix::net::sockopt;
     use std::time::Duration;
     let (idle, interval, probes) = handoff_proto::bounds::keepalive_plan(timeout)?;
