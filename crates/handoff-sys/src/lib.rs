@@ -26,11 +26,13 @@ pub fn recv(socket: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<Option<Re
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_READ))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut iov = [IoSliceMut::new(buf)];
-    let msg = match rustix::net::recvmsg(socket, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
-        Ok(msg) => msg,
-        Err(rustix::io::Errno::AGAIN) => return Ok(None),
-        Err(rustix::io::Errno::INTR) => return Ok(None),
-        Err(e) => return Err(e.into()),
+    let msg = loop {
+        match rustix::net::recvmsg(socket, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
+            Ok(msg) => break msg,
+            Err(rustix::io::Errno::AGAIN) => return Ok(None),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
     };
     let mut fds = Vec::new();
     for m in control.drain() {
@@ -53,10 +55,13 @@ pub fn send(socket: BorrowedFd<'_>, parts: &[IoSlice<'_>], fds: &[BorrowedFd<'_>
     if !fds.is_empty() && !control.push(rustix::net::SendAncillaryMessage::ScmRights(fds)) {
         return Err(std::io::Error::other("too many descriptors for one message"));
     }
-    match rustix::net::sendmsg(socket, parts, &mut control, SendFlags::NOSIGNAL) {
-        Ok(n) => Ok(Some(n)),
-        Err(rustix::io::Errno::AGAIN) | Err(rustix::io::Errno::INTR) => Ok(None),
-        Err(e) => Err(e.into()),
+    loop {
+        match rustix::net::sendmsg(socket, parts, &mut control, SendFlags::NOSIGNAL) {
+            Ok(n) => return Ok(Some(n)),
+            Err(rustix::io::Errno::AGAIN) => return Ok(None),
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 

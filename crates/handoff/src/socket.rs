@@ -14,6 +14,7 @@
 use std::io::{IoSlice, Read, Write};
 use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
@@ -100,12 +101,15 @@ struct State {
     out: Outgoing,
     /// The TLS session, on a TCP connection with TLS: records it made wait here too.
     tls: Option<TlsSession>,
-    /// Leases of the peer's segments whose last view here was dropped: `release`s to send.
-    releases: Vec<u64>,
-    /// Why writing failed: every later send fails with it.
-    failed: Option<(std::io::ErrorKind, String)>,
-    /// Our sending direction ends once the queue is written.
+    /// With TLS: the stream offset up to which every record is on the socket.
+    tls_through: u64,
+    /// Why writing failed, and the stream offset written by then: every send of bytes
+    /// after it fails with it.
+    failed: Option<(std::io::ErrorKind, String, u64)>,
+    /// Our sending direction ends once the queue is written (TLS's close_notify last).
     shut: bool,
+    /// TLS's close_notify was queued.
+    close_notified: bool,
     /// The socket's sending direction was shut down.
     shut_done: bool,
     /// A task writes what is queued.
@@ -120,6 +124,12 @@ pub(crate) struct Socket {
     progress: Notify,
     /// The state was let go: a task waiting for it tries again.
     unlocked: Notify,
+    /// Leases of the peer's segments whose last view here was dropped: `release`s to send.
+    /// Apart from the state: a view's last reference may be dropped while the state is
+    /// held (a queued frame written or cleared), and its release must not wait for it.
+    releases: Mutex<Vec<u64>>,
+    /// A task is on its way to write the releases.
+    release_task: AtomicBool,
     write_timeout: Duration,
     /// Where flusher tasks run (a view may be dropped on any thread).
     runtime: tokio::runtime::Handle,
@@ -157,7 +167,15 @@ impl State {
     /// Whether the stream is written up to offset `end`: the queue that far, and every
     /// TLS record made of it.
     fn written(&self, end: u64) -> bool {
-        self.out.written() >= end && !self.tls_waiting()
+        self.out.written() >= end && (self.tls.is_none() || self.tls_through >= end)
+    }
+
+    /// The error of a send whose bytes end at `end`, if writing failed before them.
+    fn failed_before(&self, end: u64) -> Option<std::io::Error> {
+        match &self.failed {
+            Some((kind, why, at)) if end > *at => Some(std::io::Error::new(*kind, why.clone())),
+            _ => None,
+        }
     }
 
     /// Whether TLS records wait to be written.
@@ -190,25 +208,20 @@ impl Socket {
             state: Mutex::new(State {
                 out: Outgoing::default(),
                 tls,
-                releases: Vec::new(),
+                tls_through: 0,
                 failed: None,
                 shut: false,
+                close_notified: false,
                 shut_done: false,
                 flusher: false,
             }),
             progress: Notify::new(),
             unlocked: Notify::new(),
+            releases: Mutex::default(),
+            release_task: AtomicBool::new(false),
             write_timeout,
             runtime: tokio::runtime::Handle::current(),
         })
-    }
-
-    /// The state, from a caller that cannot wait as a task (a view dropped on any thread).
-    fn lock(&self) -> Guard<'_> {
-        Guard {
-            state: Some(self.state.lock().unwrap_or_else(PoisonError::into_inner)),
-            unlocked: &self.unlocked,
-        }
     }
 
     /// The state, for a task: it waits as a task while another holds the state (a TLS
@@ -306,7 +319,7 @@ impl Socket {
     pub(crate) async fn send(&self, head: Bytes, fds: Vec<PassFd>, frames: Vec<Bytes>) -> std::io::Result<()> {
         let end = {
             let mut state = self.lock_async().await;
-            if let Some((kind, why)) = &state.failed {
+            if let Some((kind, why, _)) = &state.failed {
                 return Err(std::io::Error::new(*kind, why.clone()));
             }
             if state.shut {
@@ -335,11 +348,11 @@ impl Socket {
                 if !state.written(end) {
                     self.flush(&mut state);
                 }
+                if let Some(e) = state.failed_before(end) {
+                    return Err(e);
+                }
                 if state.written(end) {
                     return Ok(());
-                }
-                if let Some((kind, why)) = &state.failed {
-                    return Err(std::io::Error::new(*kind, why.clone()));
                 }
                 state
                     .out
@@ -370,23 +383,46 @@ impl Socket {
         if state.out.written() > before {
             self.progress.notify_waiters();
         }
-        if state.shut && !state.shut_done && state.out.is_empty() && !state.tls_waiting() {
+        if state.shut && state.out.is_empty() {
+            self.end_stream(state);
+        }
+    }
+
+    /// Ends our sending direction once the queue is written: TLS's close_notify first
+    /// (after every byte queued before it), then the socket's.
+    fn end_stream(&self, state: &mut State) {
+        if let (Raw::Tcp(s), Some(tls)) = (&self.raw, state.tls.as_mut()) {
+            if !state.close_notified {
+                state.close_notified = true;
+                tls.close_notify();
+            }
+            if !matches!(tls.flush(&mut TryIo(s)), Ok(true)) {
+                return;
+            }
+        }
+        if !state.shut_done {
             state.shut_done = true;
             let _ = rustix::net::shutdown(self.raw.fd(), rustix::net::Shutdown::Write);
         }
     }
 
     fn write_queued(&self, state: &mut State) -> std::io::Result<()> {
-        let State { out, tls, releases, .. } = state;
-        if !releases.is_empty() {
-            for chunk in releases.chunks(MAX_RELEASES_PER_MESSAGE) {
-                let mut head = Vec::with_capacity(16 + chunk.len() * 9);
-                encode_header_into(&Header::Release { leases: chunk.to_vec() }, &mut head);
-                out.push(Bytes::from(head), Instant::now());
-            }
-            releases.clear();
+        let State {
+            out, tls, tls_through, ..
+        } = state;
+        let releases = std::mem::take(&mut *self.releases.lock().unwrap_or_else(PoisonError::into_inner));
+        for chunk in releases.chunks(MAX_RELEASES_PER_MESSAGE) {
+            let mut head = Vec::with_capacity(16 + chunk.len() * 9);
+            encode_header_into(&Header::Release { leases: chunk.to_vec() }, &mut head);
+            out.push(Bytes::from(head), Instant::now());
         }
         while !out.is_empty() {
+            if let (Raw::Tcp(s), Some(tls)) = (&self.raw, tls.as_mut()) {
+                // Every record made so far is on the socket: the stream is written that far.
+                if tls.flush(&mut TryIo(s))? {
+                    *tls_through = out.written();
+                }
+            }
             let t = out.transmit();
             let sent = match (&self.raw, tls.as_mut()) {
                 (Raw::Tcp(s), Some(tls)) => match tls.write(&mut TryIo(s), &t.slices)? {
@@ -409,7 +445,9 @@ impl Socket {
             }
         }
         if let (Raw::Tcp(s), Some(tls)) = (&self.raw, tls.as_mut()) {
-            tls.flush(&mut TryIo(s))?;
+            if tls.flush(&mut TryIo(s))? {
+                *tls_through = out.written();
+            }
         }
         Ok(())
     }
@@ -418,7 +456,7 @@ impl Socket {
     /// directions (the reader ends too).
     fn fail(&self, state: &mut State, why: (std::io::ErrorKind, String)) {
         if state.failed.is_none() {
-            state.failed = Some(why);
+            state.failed = Some((why.0, why.1, state.out.written()));
             state.out.clear();
             let _ = rustix::net::shutdown(self.raw.fd(), rustix::net::Shutdown::Both);
         }
@@ -442,15 +480,29 @@ impl Socket {
         self.flush_later(&mut state);
     }
 
-    /// Queues a `release` of the peer's lease (a view's last drop, on any thread).
+    /// Queues a `release` of the peer's lease (a view's last drop, on any thread, maybe
+    /// while this socket's state is held further up the stack): written now if the state
+    /// is free, else by a task.
     pub(crate) fn queue_release(self: &Arc<Self>, lease: u64) {
-        let mut state = self.lock();
-        if state.failed.is_some() || state.shut {
-            return;
+        self.releases.lock().unwrap_or_else(PoisonError::into_inner).push(lease);
+        match self.try_lock() {
+            Some(mut state) => {
+                self.flush(&mut state);
+                self.flush_later(&mut state);
+            }
+            // One task at a time: it takes every release queued by then.
+            None if !self.release_task.swap(true, Ordering::AcqRel) => {
+                let socket = Arc::downgrade(self);
+                self.runtime.spawn(async move {
+                    let Some(socket) = Weak::upgrade(&socket) else { return };
+                    socket.release_task.store(false, Ordering::Release);
+                    let mut state = socket.lock_async().await;
+                    socket.flush(&mut state);
+                    socket.flush_later(&mut state);
+                });
+            }
+            None => {}
         }
-        state.releases.push(lease);
-        self.flush(&mut state);
-        self.flush_later(&mut state);
     }
 
     /// Starts a task that writes what the socket did not take, unless one runs.
@@ -490,29 +542,107 @@ impl Socket {
     /// Shuts our sending direction down once what is queued is written (TLS's close_notify
     /// last), within `limit`; the peer then sees the end of the stream.
     pub(crate) async fn shutdown_writing(&self, limit: Duration) {
+        self.say_and_shutdown(Vec::new(), limit).await;
+    }
+
+    /// Queues `last` (an `error`, say) as the last bytes of the stream, and shuts our
+    /// sending direction down once they are written, within `limit` (then at once).
+    pub(crate) async fn say_and_shutdown(&self, last: Vec<u8>, limit: Duration) {
         let end = {
             let mut state = self.lock_async().await;
-            if !state.shut {
-                state.shut = true;
-                if let Some(tls) = state.tls.as_mut() {
-                    tls.close_notify();
-                }
+            if !state.shut && state.failed.is_none() {
+                state.out.push(Bytes::from(last), Instant::now());
             }
+            state.shut = true;
             self.flush(&mut state);
             state.out.queued()
         };
-        let _ = tokio::time::timeout(limit, self.written(end)).await;
+        // Our bytes, then TLS's close_notify, then the socket's end.
+        let finish = async {
+            self.written(end).await?;
+            loop {
+                {
+                    let mut state = self.lock_async().await;
+                    self.flush(&mut state);
+                    if state.shut_done || state.failed.is_some() {
+                        return Ok(());
+                    }
+                }
+                self.raw.ready(Interest::WRITABLE).await?;
+            }
+        };
+        let _: Result<std::io::Result<()>, _> = tokio::time::timeout(limit, finish).await;
         let mut state = self.lock_async().await;
         if !state.shut_done {
             state.shut_done = true;
             let _ = rustix::net::shutdown(self.raw.fd(), rustix::net::Shutdown::Write);
         }
     }
+}
 
-    /// Sends `bytes` (an `error`, say), best effort within `limit`, then shuts our sending
-    /// direction down.
-    pub(crate) async fn say_and_shutdown(&self, bytes: Vec<u8>, limit: Duration) {
-        let _ = tokio::time::timeout(limit, self.send(Bytes::from(bytes), Vec::new(), Vec::new())).await;
-        self.shutdown_writing(limit).await;
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    fn pair(write_timeout: Duration) -> (Arc<Socket>, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        (Socket::unix(a, write_timeout), b)
+    }
+
+    #[tokio::test]
+    async fn a_send_whose_bytes_a_stall_threw_away_fails_and_so_do_later_ones() {
+        let (socket, _peer_reads_nothing) = pair(Duration::from_millis(200));
+        let big = Bytes::from(vec![7u8; 32 << 20]);
+        let waiting = {
+            let socket = socket.clone();
+            let big = big.clone();
+            tokio::spawn(async move { socket.send(Bytes::from_static(b"h"), Vec::new(), vec![big]).await })
+        };
+        let second = socket.send(Bytes::from_static(b"h2"), Vec::new(), vec![big]).await;
+        let first = waiting.await.unwrap();
+        for r in [first, second] {
+            let e = r.expect_err("the bytes were never written");
+            assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+            assert!(e.to_string().contains("read nothing"), "{e}");
+        }
+        let later = socket.send(Bytes::from_static(b"x"), Vec::new(), Vec::new()).await;
+        assert!(later.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_release_queued_while_the_state_is_held_is_written_later_not_deadlocked() {
+        let (socket, mut peer) = pair(Duration::from_secs(5));
+        {
+            let _held = socket.lock_async().await;
+            // A view's last drop while the state is held (same thread): no deadlock.
+            socket.queue_release(7);
+            socket.queue_release(8);
+        }
+        let mut got = vec![0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), peer.read(&mut got))
+            .await
+            .expect("the releases arrive")
+            .unwrap();
+        let header = Header::decode(&got[4..n], &handoff_wire::Limits::DEFAULT).unwrap();
+        assert!(matches!(header, Header::Release { leases } if leases == vec![7, 8]));
+    }
+
+    #[tokio::test]
+    async fn the_last_bytes_arrive_before_the_end_of_the_stream_and_nothing_after_them() {
+        let (socket, mut peer) = pair(Duration::from_secs(5));
+        socket
+            .send(Bytes::from_static(b"first "), Vec::new(), Vec::new())
+            .await
+            .unwrap();
+        socket.say_and_shutdown(b"last".to_vec(), Duration::from_secs(5)).await;
+        let refused = socket.send(Bytes::from_static(b"late"), Vec::new(), Vec::new()).await;
+        assert!(refused.is_err(), "nothing follows the last bytes");
+        let mut all = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), peer.read_to_end(&mut all))
+            .await
+            .expect("the end of the stream comes")
+            .unwrap();
+        assert_eq!(all, b"first last");
     }
 }
