@@ -105,22 +105,33 @@ def engine(size: int, reps: int) -> list[float]:
         d = Driver(Engine("bulk-receiver", SECRET, host_id="receiver-host", max_buffered_bytes_per_peer=2 * size))
         c = d.adopt(a, "dialer", "sender")
         await c.ready(10)
-        runs = []
-        for rep in range(reps + 1):
-            t = time.perf_counter()
+
+        async def take():
+            started = time.perf_counter()
             got = await c.recv(60)
-            array = np.frombuffer(got.frames[0], dtype=np.uint8)
-            elapsed = time.perf_counter() - t
-            assert len(array) == size
-            if rep:
-                runs.append(size / elapsed / 1e9)
-            del array, got
-            await c.send("bench.Go", b"\x80")
+            return np.frombuffer(got.frames[0], dtype=np.uint8), started
+
+        runs = await timed_rounds(c, reps, size, take)
         d.close()
         return runs
 
     runs = asyncio.run(parent())
     os.waitpid(pid, 0)
+    return runs
+
+
+async def timed_rounds(c, reps: int, size: int, take) -> list[float]:
+    """`reps` timed rounds after one warm-up: `take()` gives one transfer's bytes and when
+    its timing started; each round ends with our go for the next. GB/s per round."""
+    runs = []
+    for rep in range(reps + 1):
+        data, started = await take()
+        elapsed = time.perf_counter() - started
+        assert len(data) == size
+        if rep:
+            runs.append(size / elapsed / 1e9)
+        del data
+        await c.send("bench.Go", b"\x80")
     return runs
 
 
@@ -156,17 +167,13 @@ def ticket(size: int, reps: int) -> list[float]:
         d = Driver(Engine("bulk-holder", SECRET, host_id="holder-host", capabilities=caps))
         c = d.adopt(a, "dialer", "owner")
         await c.ready(10)
-        runs = []
-        for rep in range(reps + 1):
+
+        async def take():
             got = await c.recv(60)
-            t = time.perf_counter()
-            data = await d.redeem(got.frames[0])
-            elapsed = time.perf_counter() - t
-            assert len(data) == size
-            if rep:
-                runs.append(size / elapsed / 1e9)
-            del data, got
-            await c.send("bench.Go", b"\x80")
+            started = time.perf_counter()
+            return await d.redeem(got.frames[0]), started
+
+        runs = await timed_rounds(c, reps, size, take)
         d.close()
         return runs
 

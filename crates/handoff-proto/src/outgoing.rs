@@ -16,6 +16,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use handoff_wire::framing::encode_header_into;
+use handoff_wire::Header;
+
+use crate::outbound::MAX_RELEASES_PER_MESSAGE;
 use crate::shm::buffers::PassFd;
 
 /// Control bytes (answers, refusals, releases) a connection queues for a peer that does
@@ -81,6 +85,16 @@ impl Outgoing {
         self.push(bytes, now);
         self.control.push_back((self.queued, len));
         self.control_bytes += len;
+    }
+
+    /// Queues `release` messages for `leases` of the peer's segments whose last view was
+    /// dropped, as many leases to a message as spec §9.1 allows.
+    pub fn push_releases(&mut self, leases: &[u64], now: Instant) {
+        for chunk in leases.chunks(MAX_RELEASES_PER_MESSAGE) {
+            let mut head = Vec::with_capacity(16 + chunk.len() * 9);
+            encode_header_into(&Header::Release { leases: chunk.to_vec() }, &mut head);
+            self.push(Bytes::from(head), now);
+        }
     }
 
     /// Queues the answer to a peer's pull: its header, counted as control bytes, then the
@@ -261,6 +275,16 @@ mod tests {
         assert!(out.backed_up(64), "one byte still unwritten");
         out.advance(1, now);
         assert!(!out.backed_up(64));
+    }
+
+    #[test]
+    fn releases_go_in_messages_of_at_most_the_allowed_count() {
+        let mut out = Outgoing::default();
+        let leases: Vec<u64> = (0..MAX_RELEASES_PER_MESSAGE as u64 + 1).collect();
+        out.push_releases(&leases, Instant::now());
+        assert_eq!(out.parts.len(), 2);
+        let header = Header::decode(&out.parts[1][4..], &handoff_wire::Limits::DEFAULT).unwrap();
+        assert!(matches!(header, Header::Release { leases } if leases == vec![MAX_RELEASES_PER_MESSAGE as u64]));
     }
 
     #[test]

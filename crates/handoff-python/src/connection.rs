@@ -30,9 +30,7 @@ use handoff_proto::budget::{Account, Permit};
 use handoff_proto::established::{Established, Refused, Step};
 use handoff_proto::handshake::{error_header, Config, Failure, Handshake, Status, DRAIN_BYTES, DRAIN_TIME};
 use handoff_proto::inbound::{Digest, Event, Frame as InFrame, Inbound};
-use handoff_proto::outbound::{
-    inline_routes, message_head, stream_parts, Planned, Routed, Router, ShmRouting, MAX_RELEASES_PER_MESSAGE,
-};
+use handoff_proto::outbound::{inline_routes, message_head, stream_parts, Planned, Routed, Router, ShmRouting};
 use handoff_proto::outgoing::Outgoing;
 use handoff_proto::receive::{self, Asked, Receiving};
 use handoff_proto::send_policy::{self, issued_claim, FramePlan, TicketPolicy};
@@ -1246,11 +1244,7 @@ impl Connection {
         if !matches!(phase!(self), Phase::Established(_)) || self.shut {
             return;
         }
-        for chunk in leases.chunks(MAX_RELEASES_PER_MESSAGE) {
-            let mut head = Vec::with_capacity(16 + chunk.len() * 9);
-            encode_header_into(&Header::Release { leases: chunk.to_vec() }, &mut head);
-            self.out.push(Bytes::from(head), Instant::now());
-        }
+        self.out.push_releases(&leases, Instant::now());
     }
 
     /// Writes what is queued, as far as the socket takes it now.

@@ -19,12 +19,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use handoff_proto::outbound::MAX_RELEASES_PER_MESSAGE;
 use handoff_proto::outgoing::Outgoing;
 use handoff_proto::shm::buffers::PassFd;
 use handoff_proto::tls_session::{TlsRead, TlsSession};
-use handoff_wire::framing::encode_header_into;
-use handoff_wire::Header;
 use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::Notify;
@@ -411,11 +408,7 @@ impl Socket {
             out, tls, tls_through, ..
         } = state;
         let releases = std::mem::take(&mut *self.releases.lock().unwrap_or_else(PoisonError::into_inner));
-        for chunk in releases.chunks(MAX_RELEASES_PER_MESSAGE) {
-            let mut head = Vec::with_capacity(16 + chunk.len() * 9);
-            encode_header_into(&Header::Release { leases: chunk.to_vec() }, &mut head);
-            out.push(Bytes::from(head), Instant::now());
-        }
+        out.push_releases(&releases, Instant::now());
         while !out.is_empty() {
             if let (Raw::Tcp(s), Some(tls)) = (&self.raw, tls.as_mut()) {
                 // Every record made so far is on the socket: the stream is written that far.
@@ -583,6 +576,7 @@ impl Socket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use handoff_wire::Header;
     use tokio::io::AsyncReadExt;
 
     fn pair(write_timeout: Duration) -> (Arc<Socket>, UnixStream) {
