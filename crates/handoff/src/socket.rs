@@ -116,6 +116,8 @@ struct State {
 /// One connection's socket, shared by its read loop and its senders.
 pub(crate) struct Socket {
     raw: Raw,
+    /// The connection runs inside TLS (fixed at creation).
+    tls: bool,
     state: Mutex<State>,
     /// Bytes were written, or writing failed: whoever waits on the queue looks again.
     progress: Notify,
@@ -202,6 +204,7 @@ impl Socket {
     fn new(raw: Raw, tls: Option<TlsSession>, write_timeout: Duration) -> Arc<Socket> {
         Arc::new(Socket {
             raw,
+            tls: tls.is_some(),
             state: Mutex::new(State {
                 out: Outgoing::default(),
                 tls,
@@ -264,6 +267,12 @@ impl Socket {
                     }),
                     Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
                     Err(e) => Err(e),
+                }),
+                // Plain TCP reads without the state: only TLS shares the session.
+                Raw::Tcp(s) if !self.tls => s.try_read(buf).map(|bytes| Received {
+                    bytes,
+                    fds: Vec::new(),
+                    truncated: false,
                 }),
                 Raw::Tcp(s) => {
                     let mut state = self.lock_async().await;
