@@ -462,8 +462,10 @@ async def test_f_descriptors_with_every_byte_of_the_preamble(victim):
         for fd in fds:
             os.close(fd)
     # Held until the next header, each connection's descriptors would pile up to 128 (then
-    # fail the connection): 80 connections, ~10 000. Allow each connection its socket, and a little.
-    assert peak[0] - before < 120, f"the victim held {peak[0] - before} more descriptors during the flood"
+    # fail the connection): 80 connections, ~10 000; closed as each read returns, one read still
+    # held 64 for an instant (80 sockets + 64 > 140). Reads before the handshake offer them no
+    # room, so the kernel closes them unopened: allow each connection its socket, and a little.
+    assert peak[0] - before < 100, f"the victim held {peak[0] - before} more descriptors during the flood"
     assert len(answers) == 240
     # Each connection got the victim's preamble and its end: no challenge (the preamble was
     # never complete), no error (§3).

@@ -889,9 +889,9 @@ impl Connection {
                 Phase::Over => return Ok(()),
                 Phase::Draining { left, .. } => {
                     let mut scratch = [0u8; 8192];
-                    match socket::recv(socket.as_fd(), &mut scratch) {
+                    match socket::recv(socket.as_fd(), &mut scratch, false) {
                         Ok(None) => return Ok(()),
-                        // Descriptors that come now are closed as they are dropped here.
+                        // Descriptors that come now are closed by the kernel.
                         Ok(Some(got)) if got.bytes > 0 && got.bytes < *left => *left -= got.bytes,
                         _ => {
                             *phase!(self) = Phase::Over;
@@ -926,7 +926,9 @@ impl Connection {
                     // Never past what the handshake reads: descriptors that come with the
                     // first message after `ready` are not the handshake's (spec §5.1).
                     let mut buf = vec![0u8; hs.wants()];
-                    let got = match read_from(socket.as_fd(), self.tls.as_deref_mut(), &mut buf) {
+                    // No room for descriptors: any that come are closed by the kernel and only
+                    // counted, so a flood of them before `ready` costs this process none.
+                    let got = match read_from(socket.as_fd(), self.tls.as_deref_mut(), &mut buf, false) {
                         Ok(Some(got)) => got,
                         Ok(None) => return Ok(()),
                         Err(ReadError::Io(e)) => {
@@ -938,12 +940,11 @@ impl Connection {
                         }
                     };
                     let now = Instant::now();
-                    if got.bytes == 0 && got.fds.is_empty() {
+                    let fds = got.fds.len() + usize::from(got.truncated);
+                    drop(got.fds);
+                    if got.bytes == 0 && fds == 0 {
                         hs.handle_eof();
                     } else {
-                        // Descriptors are closed here, before the engine refuses them.
-                        let fds = got.fds.len() + usize::from(got.truncated);
-                        drop(got.fds);
                         hs.handle_input(&buf[..got.bytes], fds, now);
                     }
                     self.queue_handshake_bytes();
@@ -972,7 +973,8 @@ impl Connection {
                                 return Ok(());
                             }
                             let space = conn.recv_space().len();
-                            let got = match read_from(socket.as_fd(), self.tls.as_deref_mut(), conn.recv_space()) {
+                            let got = match read_from(socket.as_fd(), self.tls.as_deref_mut(), conn.recv_space(), true)
+                            {
                                 Ok(Some(got)) => got,
                                 Ok(None) => return Ok(()),
                                 Err(ReadError::Io(e)) => {
@@ -1310,9 +1312,10 @@ fn read_from(
     socket: BorrowedFd<'_>,
     tls: Option<&mut TlsSession>,
     buf: &mut [u8],
+    take_fds: bool,
 ) -> Result<Option<socket::Received>, ReadError> {
     let Some(tls) = tls else {
-        return socket::recv(socket, buf).map_err(ReadError::Io);
+        return socket::recv(socket, buf, take_fds).map_err(ReadError::Io);
     };
     match tls.read(&mut SocketIo(socket), buf) {
         TlsRead::Bytes(bytes) => Ok(Some(socket::Received {

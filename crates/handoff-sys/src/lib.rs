@@ -22,9 +22,15 @@ pub struct Received {
 }
 
 /// One `recvmsg` into `buf`; `None` when nothing is there to read now.
-pub fn recv(socket: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<Option<Received>> {
+///
+/// With `take_fds` false the read offers no room for descriptors: any that came are closed
+/// by the kernel before they reach this process's table, and only `truncated` says they
+/// came. A connection that may not carry descriptors yet (the handshake, spec §5.1) reads
+/// this way, so that a flood of them costs it no descriptor at all.
+pub fn recv(socket: BorrowedFd<'_>, buf: &mut [u8], take_fds: bool) -> std::io::Result<Option<Received>> {
     let mut space = [MaybeUninit::<u8>::uninit(); rustix::cmsg_space!(ScmRights(MAX_FDS_PER_READ))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let room = if take_fds { space.len() } else { 0 };
+    let mut control = RecvAncillaryBuffer::new(&mut space[..room]);
     let mut iov = [IoSliceMut::new(buf)];
     let msg = loop {
         match rustix::net::recvmsg(socket, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC) {
@@ -80,4 +86,53 @@ pub fn set_tcp_timeout(socket: BorrowedFd<'_>, timeout: std::time::Duration) -> 
         sockopt::set_tcp_user_timeout(socket, (timeout.as_millis().min(u128::from(u32::MAX))) as u32)
     };
     set().map_err(|e| format!("setting TCP keepalive for a {timeout:?} timeout: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    fn open_descriptors() -> usize {
+        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    }
+
+    /// The tests count this process's descriptors: one at a time.
+    static COUNTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Sends one byte with `n` descriptors (copies of the sender's socket) and reads it back.
+    /// Returns how many descriptors the read handed over, whether it says more came, and
+    /// how many it opened in this process.
+    fn one_byte_with_fds(n: usize, take_fds: bool) -> (usize, bool, usize) {
+        let _one_at_a_time = COUNTING.lock().unwrap_or_else(|p| p.into_inner());
+        let (a, b) = UnixStream::pair().unwrap();
+        b.set_nonblocking(true).unwrap();
+        let fds: Vec<BorrowedFd<'_>> = (0..n).map(|_| a.as_fd()).collect();
+        assert_eq!(send(a.as_fd(), &[IoSlice::new(b"x")], &fds).unwrap(), Some(1));
+        let before = open_descriptors();
+        let mut buf = [0u8; 4];
+        let got = recv(b.as_fd(), &mut buf, take_fds).unwrap().expect("the byte is there");
+        let opened = open_descriptors() - before;
+        assert_eq!(got.bytes, 1);
+        (got.fds.len(), got.truncated, opened)
+    }
+
+    #[test]
+    fn a_read_with_room_takes_the_descriptors() {
+        assert_eq!(one_byte_with_fds(3, true), (3, false, 3));
+    }
+
+    #[test]
+    fn a_read_without_room_opens_none_and_says_some_came() {
+        let (taken, truncated, opened) = one_byte_with_fds(MAX_FDS_PER_READ, false);
+        assert_eq!(taken, 0);
+        assert_eq!(opened, 0, "the kernel closed them before they reached this process");
+        assert!(truncated, "the read learns that descriptors came");
+    }
+
+    #[test]
+    fn a_read_without_room_and_no_descriptors_is_not_truncated() {
+        assert_eq!(one_byte_with_fds(0, false), (0, false, 0));
+    }
 }

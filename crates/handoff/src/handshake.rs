@@ -110,10 +110,11 @@ pub(crate) async fn handshake(
             continue;
         }
         buf.resize(hs.wants(), 0);
-        match until(timeout_at(&hs), &mut evicted, socket.read(&mut buf)).await {
+        match until(timeout_at(&hs), &mut evicted, socket.read(&mut buf, false)).await {
             Woke::Done(Ok(got)) => {
-                // Descriptors that came with these bytes are closed here, and counted: the
-                // engine refuses a connection that sent any before `ready` (spec §5.1).
+                // Descriptors that came with these bytes were closed by the kernel (the read
+                // offers them no room) and are counted: the engine refuses a connection that
+                // sent any before `ready` (spec §5.1).
                 let fds = got.fds.len() + usize::from(got.truncated);
                 drop(got.fds);
                 if got.bytes == 0 && fds == 0 {

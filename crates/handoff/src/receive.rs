@@ -120,7 +120,7 @@ pub(crate) async fn read_loop(node: Arc<NodeInner>, peer: Peer, socket: Arc<Sock
 /// way; the descriptors that came with it go to the engine too.
 async fn read_into(socket: &Arc<Socket>, inbound: &mut Inbound) -> Result<()> {
     let deadline = inbound.poll_timeout();
-    let read = socket.read(inbound.recv_space());
+    let read = socket.read(inbound.recv_space(), true);
     let got = match deadline {
         Some(at) => match tokio::time::timeout_at(at.into(), read).await {
             Ok(got) => got,

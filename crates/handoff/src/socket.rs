@@ -255,18 +255,21 @@ impl Socket {
     }
 
     /// One read into `buf` (through TLS when the connection has it), waiting until the
-    /// socket has something.
-    pub(crate) async fn read(self: &Arc<Self>, buf: &mut [u8]) -> std::io::Result<Received> {
+    /// socket has something. With `take_fds` false, descriptors that come are closed by the
+    /// kernel and only counted by `truncated` (see [`handoff_sys::recv`]).
+    pub(crate) async fn read(self: &Arc<Self>, buf: &mut [u8], take_fds: bool) -> std::io::Result<Received> {
         loop {
             let got = match &self.raw {
-                Raw::Unix(s) => s.try_io(Interest::READABLE, || match handoff_sys::recv(s.as_fd(), buf) {
-                    Ok(Some(got)) => Ok(Received {
-                        bytes: got.bytes,
-                        fds: got.fds,
-                        truncated: got.truncated,
-                    }),
-                    Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
-                    Err(e) => Err(e),
+                Raw::Unix(s) => s.try_io(Interest::READABLE, || {
+                    match handoff_sys::recv(s.as_fd(), buf, take_fds) {
+                        Ok(Some(got)) => Ok(Received {
+                            bytes: got.bytes,
+                            fds: got.fds,
+                            truncated: got.truncated,
+                        }),
+                        Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
+                        Err(e) => Err(e),
+                    }
                 }),
                 // Plain TCP reads without the state: only TLS shares the session.
                 Raw::Tcp(s) if !self.tls => s.try_read(buf).map(|bytes| Received {
@@ -307,13 +310,13 @@ impl Socket {
     /// After an error was sent: reads and drops what still arrives until the peer closes,
     /// `max_bytes` were read or `max_time` passed, so that closing the socket does not
     /// reset the connection while the peer's data is unread (which can destroy the error in
-    /// flight, spec §11.3). Descriptors that come are closed.
+    /// flight, spec §11.3). Descriptors that come are closed by the kernel.
     pub(crate) async fn drain(self: &Arc<Self>, max_bytes: usize, max_time: Duration) {
         let deadline = tokio::time::Instant::now() + max_time;
         let mut read = 0;
         let mut scratch = vec![0u8; 8192];
         while read < max_bytes {
-            match tokio::time::timeout_at(deadline, self.read(&mut scratch)).await {
+            match tokio::time::timeout_at(deadline, self.read(&mut scratch, false)).await {
                 Ok(Ok(got)) if got.bytes > 0 => read += got.bytes,
                 _ => return,
             }

@@ -20,7 +20,7 @@ before the peer's proof is verified names neither this node nor its addresses.
 
 Before the handshake completes a side accepts little (§5.1): headers of at most the
 handshake header limit (64 KiB, ``OurSide.limits``), reads of exactly the handshake's
-bytes and no file descriptors (each closed on arrival, ``bad-shm`` at once: see
+bytes and no file descriptors (the kernel closes them unopened, ``bad-shm`` at once: see
 :class:`~handoff.transport.Transport`), a peer whose ``caps`` include ``inline``; the node
 may refuse the connection after the preambles (``overloaded``, ``OurSide.admit``) and
 refuses, before ``ready``, a node id that is already connected from another process

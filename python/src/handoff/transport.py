@@ -302,7 +302,7 @@ class Transport:
                     self.fds.append(fd)
         if self.handshaking:
             if flags & _MSG_CTRUNC:
-                self.refused_fds = max(self.refused_fds, MAX_FDS_PER_READ + 1)
+                self.refused_fds = max(self.refused_fds, 1)
             return
         if flags & _MSG_CTRUNC:
             self._fd_error = f"a message carried more than {MAX_FDS_PER_READ} descriptors"
@@ -399,9 +399,15 @@ class Transport:
             raise WireError("timeout", message)
         return ok
 
+    def _anc_space(self) -> int:
+        """Room for descriptors in one read: none while :attr:`handshaking`, so that any a
+        peer sends then are closed by the kernel before they reach this process (the read
+        only learns that they came, from ``MSG_CTRUNC``)."""
+        return 0 if self.handshaking else _ANC_SPACE
+
     def _recv_now(self, nbytes: int) -> bytes:
         if self.unix:
-            data, anc, flags, _ = self.sock.recvmsg(nbytes, _ANC_SPACE, _RECV_FLAGS)
+            data, anc, flags, _ = self.sock.recvmsg(nbytes, self._anc_space(), _RECV_FLAGS)
             self._received += len(data)
             self._collect(anc, flags)
         else:
@@ -450,7 +456,7 @@ class Transport:
 
     def _recv_into_now(self, view: memoryview) -> int:
         if self.unix:
-            n, anc, flags, _ = self.sock.recvmsg_into([view], _ANC_SPACE, _RECV_FLAGS)
+            n, anc, flags, _ = self.sock.recvmsg_into([view], self._anc_space(), _RECV_FLAGS)
             self._received += n
             self._collect(anc, flags)
             return n
@@ -492,8 +498,8 @@ class Transport:
         if self.refused_fds:
             raise WireError(
                 "bad-shm",
-                f"bad shared-memory descriptor: {self.refused_fds} file descriptors arrived from {self.label} "
-                "before the connection was established (each was closed on arrival)",
+                f"bad shared-memory descriptor: file descriptors arrived from {self.label} "
+                "before the connection was established (closed unopened)",
             )
 
     async def _fill(self, n: int, what: str, at_boundary: bool) -> bool:
