@@ -37,6 +37,12 @@ pub struct NodeArgs {
     /// 50-100 ms and double, with jitter, up to 1-2 s.
     #[arg(long, value_parser = crate::dial::parse_duration, default_value = "30s")]
     pub connect_timeout: Duration,
+    /// How long a TCP peer may stay silent (its host lost power or was cut off) before its
+    /// connection fails, e.g. 30s: keepalive probes and TCP_USER_TIMEOUT, as Dask's
+    /// distributed.comm.timeouts.tcp. At least 11s. Default: none (a silent peer's idle
+    /// connection stays open until the peer comes back or the process ends).
+    #[arg(long, value_parser = crate::dial::parse_duration)]
+    pub tcp_timeout: Option<Duration>,
     /// When received tickets are redeemed: before delivery, or on first use.
     #[arg(long, value_enum, default_value_t = RedeemArg::Eager)]
     pub redeem: RedeemArg,
@@ -245,6 +251,7 @@ pub async fn run(args: NodeArgs) -> Result<()> {
             ..LeaseConfig::default()
         })
         .pull_timeout(Duration::from_millis(args.pull_timeout_ms))
+        .tcp_timeout(args.tcp_timeout)
         .accept_v1(args.accept_v1)
         .accept_v2(args.accept_v2)
         .bounds(args.bounds.runtime());

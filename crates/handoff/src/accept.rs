@@ -53,10 +53,12 @@ fn log_accept(node: &NodeInner, label: &str, result: &Result<Peer>) {
     }
 }
 
-/// An accepted TCP stream as the handshake gets it: plain, or after the TLS handshake when
+/// An accepted TCP stream as the handshake gets it (with the node's TCP timeout, if any):
+/// plain, or after the TLS handshake when
 /// the node has TLS (spec §3.1; a plain peer is then refused with `tls-required`). The TLS
 /// handshake counts against the same deadline as the handoff handshake.
 async fn tcp_conn(node: &NodeInner, stream: TcpStream, label: &str) -> Result<(TcpStream, Option<TlsSession>)> {
+    crate::connection::set_tcp_timeout(node, &stream, label)?;
     let Some(tls) = &node.ctx.tls else {
         return Ok((stream, None));
     };

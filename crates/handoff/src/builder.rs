@@ -38,6 +38,7 @@ pub struct NodeBuilder {
     pub(crate) accept_v2: bool,
     pub(crate) preamble: Option<Preamble>,
     pub(crate) tls: Option<TlsConfig>,
+    pub(crate) tcp_timeout: Option<Duration>,
 }
 
 impl NodeBuilder {
@@ -64,6 +65,7 @@ impl NodeBuilder {
             accept_v2: false,
             preamble: None,
             tls: None,
+            tcp_timeout: None,
         }
     }
 
@@ -136,6 +138,19 @@ impl NodeBuilder {
     /// When received tickets are redeemed: before delivery (default) or on first use.
     pub fn redeem(mut self, redeem: Redeem) -> Self {
         self.redeem = redeem;
+        self
+    }
+
+    /// How long a TCP peer may stay silent before its connection fails (default: none, as a
+    /// plain socket). A peer whose host lost power or was cut off sends nothing, not even
+    /// an end of stream: with a timeout, each TCP connection sends keepalive probes while
+    /// idle and bounds unacknowledged data with `TCP_USER_TIMEOUT`, so that the connection
+    /// fails with `ETIMEDOUT` within `timeout` and only that peer's sends and requests fail
+    /// (the plan is `handoff_proto::bounds::keepalive_plan`, as Dask derives it from
+    /// `distributed.comm.timeouts.tcp`). At least 11 s; [`build`](Self::build) refuses less.
+    /// Same-host Unix connections need none: the kernel ends them with their process.
+    pub fn tcp_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.tcp_timeout = timeout;
         self
     }
 

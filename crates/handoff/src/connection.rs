@@ -43,6 +43,7 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
         })?
         .map_err(|e| Error::io(format!("connecting to {addr}"), e))?;
     let label = addr.to_string();
+    set_tcp_timeout(node, &stream, &label)?;
     let (stream, tls) = match &node.ctx.tls {
         None => (stream, None),
         Some(tls) => {
@@ -164,6 +165,21 @@ fn set_nodelay(stream: &TcpStream, label: &str) -> Result<()> {
     stream
         .set_nodelay(true)
         .map_err(|e| Error::io(format!("setting TCP_NODELAY for {label}"), e))
+}
+
+/// Keepalive and `TCP_USER_TIMEOUT` on a TCP connection, if the node has a TCP timeout:
+/// a silent peer then fails its connection within it (`NodeBuilder::tcp_timeout`).
+pub(crate) fn set_tcp_timeout(node: &NodeInner, stream: &TcpStream, label: &str) -> Result<()> {
+    use std::os::fd::AsFd;
+    match node.ctx.tcp_timeout {
+        Some(t) => handoff_sys::set_tcp_timeout(stream.as_fd(), t).map_err(|why| {
+            Error::io(
+                format!("setting the TCP timeout for {label}"),
+                std::io::Error::other(why),
+            )
+        }),
+        None => Ok(()),
+    }
 }
 
 /// The peer a handshake established, registered with the node (a newer connection of the

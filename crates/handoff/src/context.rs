@@ -76,6 +76,8 @@ pub(crate) struct Context {
     pub(crate) dialer_nonces: std::sync::Arc<handoff_proto::handshake::DialerNonces>,
     /// TLS for TCP connections (spec §3.1), if the node has it: then required of every TCP peer.
     pub(crate) tls: Option<TlsConfig>,
+    /// Keepalive and `TCP_USER_TIMEOUT` for every TCP connection (`NodeBuilder::tcp_timeout`).
+    pub(crate) tcp_timeout: Option<std::time::Duration>,
 }
 
 impl Context {

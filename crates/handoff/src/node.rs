@@ -40,6 +40,9 @@ impl NodeBuilder {
             return Err(Error::Config("a node needs a name".into()));
         }
         peers::check_own_identity(&self.name, self.host_id.as_deref()).map_err(Error::Config)?;
+        if let Some(t) = self.tcp_timeout {
+            handoff_proto::bounds::keepalive_plan(t).map_err(Error::Config)?;
+        }
         let secret = match self.secret {
             Some(s) => s,
             None => {
@@ -138,6 +141,7 @@ impl NodeBuilder {
                 self.bounds.handshake_timeout,
             )),
             tls: self.tls,
+            tcp_timeout: self.tcp_timeout,
         };
         let inner = Arc::new(NodeInner {
             ctx,

@@ -169,3 +169,57 @@ struct Many {
 impl Message for Many {
     const TYPE_NAME: &'static str = "test.Many";
 }
+
+/// This process's TCP sockets whose `TCP_USER_TIMEOUT` is `ms` and whose keepalive is on.
+fn sockets_with_tcp_timeout(ms: u32) -> usize {
+    use std::os::fd::BorrowedFd;
+    let mut n = 0;
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        // SAFETY: the descriptor is open while this loop looks at it (only this test's nodes
+        // open or close descriptors meanwhile, and a closed one just fails the calls).
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let timeout = rustix::net::sockopt::tcp_user_timeout(fd);
+        let keepalive = rustix::net::sockopt::socket_keepalive(fd);
+        if matches!((timeout, keepalive), (Ok(t), Ok(true)) if t == ms) {
+            n += 1;
+        }
+    }
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_timeout_sets_keepalive_on_dialed_and_accepted_connections_and_is_refused_below_11_s() {
+    let too_short = Node::builder("short")
+        .tcp_timeout(Some(Duration::from_secs(5)))
+        .build()
+        .await;
+    let e = too_short.expect_err("5 s is less than one second per keepalive probe");
+    assert!(e.to_string().contains("at least 11 s"), "{e}");
+
+    let build = |name: &'static str, timeout: Option<Duration>| {
+        Node::builder(name)
+            .secret(SECRET)
+            .listen("127.0.0.1:0")
+            .tcp_timeout(timeout)
+            .build()
+    };
+    let accepting = build("accepting", Some(Duration::from_secs(21))).await.unwrap();
+    let plain = build("plain", None).await.unwrap();
+    let dialing = build("dialing", Some(Duration::from_secs(13))).await.unwrap();
+    let addr = accepting.listen_addr().unwrap().to_string();
+    plain.connect_with(&addr, Some(Channel::Tcp)).await.unwrap();
+    accepting.wait_for_peer("plain", T).await.unwrap();
+    assert_eq!(
+        sockets_with_tcp_timeout(21_000),
+        1,
+        "the accepted side of plain's connection"
+    );
+    assert_eq!(sockets_with_tcp_timeout(13_000), 0);
+    dialing.connect_with(&addr, Some(Channel::Tcp)).await.unwrap();
+    accepting.wait_for_peer("dialing", T).await.unwrap();
+    assert_eq!(sockets_with_tcp_timeout(21_000), 2, "both accepted connections");
+    assert_eq!(sockets_with_tcp_timeout(13_000), 1, "the dialed side");
+}

@@ -118,3 +118,35 @@ async def test_a_partition_during_a_pull_ends_in_owner_lost_and_the_lease_by_its
             assert [r["outcome"] for r in got if r["node"] == "b2" and r["outcome"] != "received"] == ["ok"], got
     finally:
         lab.shape(2)
+
+
+async def test_a_silent_host_fails_its_connections_within_the_tcp_timeout(lab, spawn_node, rust_stats):
+    """A peer's host cut off while the connection is idle sends nothing, not even an end of
+    stream: a Rust node with `--tcp-timeout` drops it within that timeout (keepalive and
+    TCP_USER_TIMEOUT), and one without keeps it. Both wait on host 1 in the same run, so the
+    second shows that the timeout, and nothing else, noticed."""
+    timeout, slack = 12, 6
+    watching = await spawn_node(1, "watching", "--tcp-timeout", f"{timeout}s")
+    plain = await spawn_node(1, "plain")
+    await spawn_node(2, "far", "--connect", watching.listen, "--connect", plain.listen)
+
+    async def peers(node) -> set[str]:
+        return {name for name, _channel in (await rust_stats(node.listen))["peers"]}
+
+    assert await eventually(lambda: _has(peers, watching, "far"), timeout=10)
+    assert await eventually(lambda: _has(peers, plain, "far"), timeout=10)
+    lab.link(2, "down")
+    cut = time.monotonic()
+    try:
+        while "far" in await peers(watching):
+            assert time.monotonic() - cut < timeout + slack, "the silent peer is still connected"
+            await asyncio.sleep(0.25)
+        took = time.monotonic() - cut
+        assert "far" in await peers(plain), "without a TCP timeout the idle connection stays"
+    finally:
+        lab.link(2, "up")
+    assert took > timeout / 2, f"dropped after {took:.1f} s: something other than the timeout noticed"
+
+
+async def _has(peers, node, name: str) -> bool:
+    return name in await peers(node)
