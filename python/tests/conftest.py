@@ -14,6 +14,34 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
+#: ``HANDOFF_ENGINE=1``: every ``handoff.Node`` runs on the Rust engine (handoff.engine_node).
+ON_ENGINE = os.environ.get("HANDOFF_ENGINE") == "1"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "pure_only(why): looks inside the pure-Python peer's own parts (its transport, its lease "
+        "table); skipped when nodes run on the engine (HANDOFF_ENGINE=1)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "engine_gap(why): a promise the engine-backed Node does not keep yet (issue 40); on the "
+        "engine it must fail (strict xfail), so that closing the gap shows",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if not ON_ENGINE:
+        return
+    for item in items:
+        pure = item.get_closest_marker("pure_only")
+        if pure is not None:
+            item.add_marker(pytest.mark.skip(reason=f"pure peer only: {pure.args[0]}"))
+        gap = item.get_closest_marker("engine_gap")
+        if gap is not None:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=f"not on the engine yet: {gap.args[0]}"))
+
 
 def _find_handoff_bin() -> Path:
     env = os.environ.get("HANDOFF_BIN")

@@ -430,6 +430,7 @@ async def test_late_holders_see_expired_while_the_lease_lives():
     assert e.value.code == "unknown-lease"
 
 
+@pytest.mark.pure_only("counts the tasks of the pure peer")
 async def test_refused_pulls_are_answered_in_order_and_logged_sparingly(caplog):
     async with node("a") as a:
 

@@ -703,7 +703,7 @@ async def test_a_peer_that_reads_nothing_times_out_and_only_it():
         a.loop.remove_reader(ab._fd)  # a reads nothing
         ab._reading = False
         ba.send_now("t.Big", b"\x90", [bytes(64 << 20)])
-        with pytest.raises(PeerClosed, match="read nothing"):
+        with pytest.raises(PeerClosed, match="no progress"):
             await ba.recv(10)
         assert ba.conn.fileno() == -1, "the connection was closed"
         # Another peer of the same node is served as before.
@@ -713,6 +713,30 @@ async def test_a_peer_that_reads_nothing_times_out_and_only_it():
         listener.close()
         for d in (a, b, other):
             d.close()
+
+
+async def test_a_send_to_a_peer_that_reads_nothing_waits_and_the_queue_stays_one_message():
+    """``send`` returns once its message is written: to a peer that reads nothing, a sender
+    waits (then fails with the write timeout) instead of queueing without end. The first
+    version returned at once, and a loop of sends to a deaf peer grew the write queue until
+    the process was killed for memory."""
+    a, b, ab, ba, listener = await _pair(b_kw={"write_timeout": 0.5})
+    try:
+        a.loop.remove_reader(ab._fd)  # a reads nothing
+        ab._reading = False
+        sent = 0
+        started = time.monotonic()
+        with pytest.raises(PeerClosed, match="no progress"):
+            while True:
+                await ba.send("t.Big", b"\x90", [bytes(1 << 20)])
+                sent += 1
+                assert ba.conn.queued - ba.conn.written <= 1 << 20, "more than one message queued"
+        # The socket buffers took a few; the rest waited, and the stall failed them.
+        assert sent < 64 and time.monotonic() - started < 10
+    finally:
+        listener.close()
+        a.close()
+        b.close()
 
 
 async def test_an_admission_check_that_fails_refuses_the_peer_only():
@@ -740,7 +764,7 @@ async def test_a_second_node_with_a_connected_id_from_another_process_is_refused
     try:
         await legit.connect(listener.address)
         first = await listener.accept(10)
-        impostor = Node("impostor", secret=SECRET, shm=False)
+        impostor = Node("impostor", secret=SECRET, shm=False, engine=False)  # (its ids set by hand)
         impostor.node_id, impostor.process_id = legit.engine.node_id, "another-process"
         await impostor.start()
         try:

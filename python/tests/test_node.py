@@ -55,6 +55,7 @@ async def test_channels_by_host_id():
         assert direct.channel == "shm"
 
 
+@pytest.mark.pure_only("reads the send buffer of the pure peer's transport")
 async def test_a_unix_connection_asks_for_a_send_buffer_that_holds_a_large_frame():
     """Linux's default Unix send buffer (about 208 KiB) held less than one frame of a few
     hundred KiB, which then crossed in several turns of both event loops; both ends of a
@@ -79,6 +80,7 @@ async def test_a_unix_connection_asks_for_a_send_buffer_that_holds_a_large_frame
             assert p.transport.sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= 2 * want > default
 
 
+@pytest.mark.pure_only("finds the mapping behind a view with the pure peer's mapping table")
 async def test_shm_frames_are_zero_copy_and_released():
     a, b = nodes("a", "b")
     async with a, b:
@@ -102,6 +104,7 @@ async def test_shm_frames_are_zero_copy_and_released():
         assert await eventually(lambda: a.shm_leases()["count"] == 0)
 
 
+@pytest.mark.engine_gap("a segment the application filled is copied, not passed as it is")
 async def test_shm_buffer_is_sent_without_a_copy():
     a, b = nodes("a", "b")
     async with a, b:
@@ -299,6 +302,7 @@ async def test_bad_shm(case):
         assert err.code == "bad-shm", err
 
 
+@pytest.mark.engine_gap("a received frame does not say its lease")
 async def test_raw_shm_frame_is_received_and_released():
     async with Node("a", secret="k", listen="127.0.0.1:0") as a:
         fd = _memfd(8192)
@@ -414,6 +418,7 @@ async def test_corrupt_and_lost_tickets():
         assert e.value.lease == ticket.lease and "owner" in str(e.value)
 
 
+@pytest.mark.pure_only("sets the ttl inside the owner's Python lease table")
 async def test_eager_failure_is_reported_in_place_of_the_body():
     a = Node("owner", secret=b"s", listen="127.0.0.1:0", lease_ttl=0.1)
     async with a:

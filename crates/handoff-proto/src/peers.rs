@@ -96,21 +96,40 @@ pub fn unix_switch<'p>(
 }
 
 /// Whether a ticket's `addr` may be dialled to reach its owner (spec §9.1): only a
-/// `tcp://` address, and not `our_listen`, this node's own listen address; otherwise why not.
+/// `tcp://` address, and not `our_listen`, this node's own listen address, however it is
+/// spelled (a node that listens on a loopback or every address is reached by any local
+/// one: `localhost`, `127.0.0.2`, `[::1]`); otherwise why not.
 pub fn may_dial(addr: &str, our_listen: Option<&str>) -> Result<(), String> {
     let Some(target) = addr.strip_prefix("tcp://") else {
         return Err(format!("the ticket's address {addr:?} is not a tcp:// address"));
     };
     let ours = our_listen.and_then(|l| l.strip_prefix("tcp://"));
-    let same = |a: &str, b: &str| {
-        a == b
-            || matches!((a.parse::<std::net::SocketAddr>(), b.parse::<std::net::SocketAddr>()),
-                (Ok(x), Ok(y)) if x == y)
-    };
-    if ours.is_some_and(|o| same(o, target)) {
+    if ours.is_some_and(|o| same_listener(o, target)) {
         return Err(format!("the ticket's address {addr} is this node's own"));
     }
     Ok(())
+}
+
+/// Whether `host:port` address `b` reaches the listener at `a` plainly: the same text, the
+/// same socket address, or the same port with both hosts local.
+fn same_listener(a: &str, b: &str) -> bool {
+    let split = |s: &str| -> Option<(String, u16)> {
+        let (host, port) = s.rsplit_once(':')?;
+        let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        Some((host.to_ascii_lowercase(), port.parse().ok()?))
+    };
+    let local = |h: &str| {
+        matches!(h, "localhost" | "localhost.localdomain" | "ip6-localhost")
+            || h.parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback() || ip.is_unspecified())
+    };
+    match (split(a), split(b)) {
+        (Some((ha, pa)), Some((hb, pb))) if pa == pb => {
+            let ip = |h: &str| h.parse::<std::net::IpAddr>().ok();
+            ha == hb || ip(&ha).is_some_and(|x| ip(&hb) == Some(x)) || (local(&ha) && local(&hb))
+        }
+        _ => a == b,
+    }
 }
 
 #[cfg(test)]
@@ -168,6 +187,25 @@ mod tests {
         assert!(
             may_dial("tcp://[::1]:9", Some("tcp://[0:0:0:0:0:0:0:1]:9")).is_err(),
             "the same socket address"
+        );
+        // Spelled otherwise, as the Python peer's `is_own_address` sees it too.
+        for alias in ["localhost:9", "LOCALHOST:9", "127.0.0.2:9", "[::1]:9", "0.0.0.0:9"] {
+            assert!(
+                may_dial(&format!("tcp://{alias}"), Some("tcp://127.0.0.1:9")).is_err(),
+                "{alias} reaches our loopback listener"
+            );
+        }
+        assert!(
+            may_dial("tcp://localhost:9", Some("tcp://0.0.0.0:9")).is_err(),
+            "every address"
+        );
+        assert!(
+            may_dial("tcp://localhost:10", Some("tcp://127.0.0.1:9")).is_ok(),
+            "another port"
+        );
+        assert!(
+            may_dial("tcp://10.1.2.3:9", Some("tcp://127.0.0.1:9")).is_ok(),
+            "another host"
         );
     }
 

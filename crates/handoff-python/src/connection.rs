@@ -408,7 +408,10 @@ impl Connection {
             if let Some(socket) = &self.socket {
                 let _ = rustix::net::shutdown(socket, rustix::net::Shutdown::Both);
             }
-            let why = format!("{} read nothing for {stall:?}", self.label);
+            let why = format!(
+                "writing to {}: no progress for {stall:?} (the peer read nothing)",
+                self.label
+            );
             events.push(error_event(py, "timeout", &why, false)?);
             return Ok(events);
         }
@@ -596,6 +599,19 @@ impl Connection {
     #[getter]
     fn peer_id(&self) -> Option<&str> {
         self.peer.as_ref().map(|p| p.ident.node_id.as_str())
+    }
+
+    /// The stream offset just past the last byte queued to be written (a send that wants
+    /// its message written waits until [`written`](Connection::written) reaches it).
+    #[getter]
+    fn queued(&self) -> u64 {
+        self.out.queued()
+    }
+
+    /// The stream offset up to which the queue has been written to the socket.
+    #[getter]
+    fn written(&self) -> u64 {
+        self.out.written()
     }
 
     /// Answers to the peer's pulls queued and not yet written (at most `max_pull_answers`

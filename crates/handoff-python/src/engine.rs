@@ -157,6 +157,45 @@ impl Wake {
     }
 }
 
+/// Sets the field `name` of `bounds` (`handoff_proto::bounds::Bounds`, durations in
+/// seconds) to `value`; an unknown name, or a value that is not a whole number of at least
+/// 1 (a positive number of seconds for a duration), is refused naming it.
+fn set_bound(bounds: &mut Bounds, name: &str, value: f64) -> PyResult<()> {
+    let bad = || PyValueError::new_err(format!("bound {name} cannot be {value}"));
+    let seconds = || {
+        (value.is_finite() && value > 0.0)
+            .then(|| Duration::from_secs_f64(value))
+            .ok_or_else(bad)
+    };
+    let count = || {
+        (value.is_finite() && value >= 1.0 && value.fract() == 0.0 && value <= u64::MAX as f64)
+            .then_some(value as u64)
+            .ok_or_else(bad)
+    };
+    match name {
+        "max_handshakes" => bounds.max_handshakes = count()? as usize,
+        "max_connections" => bounds.max_connections = count()? as usize,
+        "handshake_timeout" => bounds.handshake_timeout = seconds()?,
+        "progress_timeout" => bounds.progress_timeout = seconds()?,
+        "write_timeout" => bounds.write_timeout = seconds()?,
+        "max_buffered_bytes_per_peer" => bounds.max_buffered_bytes_per_peer = count()?,
+        "max_buffered_bytes" => bounds.max_buffered_bytes = count()?,
+        "max_buffered_messages_per_peer" => bounds.max_buffered_messages_per_peer = count()? as usize,
+        "min_buffered_bytes_per_peer" => bounds.min_buffered_bytes_per_peer = count()?,
+        "max_pull_answers" => bounds.max_pull_answers = count()? as usize,
+        "max_holders_per_lease" => bounds.max_holders_per_lease = count()? as usize,
+        "max_shm_lease_bytes_per_peer" => bounds.max_shm_lease_bytes_per_peer = count()?,
+        "max_shm_leases_per_peer" => bounds.max_shm_leases_per_peer = count()? as usize,
+        "max_ticket_dials" => bounds.max_ticket_dials = count()? as usize,
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "no bound named {name} (handoff_proto::bounds::Bounds)"
+            )))
+        }
+    }
+    Ok(())
+}
+
 /// A node's engine state, shared by its connections (see the module's text).
 #[pyclass(frozen, module = "handoff._native")]
 pub struct Engine {
@@ -167,7 +206,9 @@ pub struct Engine {
 impl Engine {
     /// A node named `name` holding the cluster `secret`; `host_id` defaults to this host's
     /// (spec §5.2). `capabilities` are announced in the handshake; `listen` and `unix` are
-    /// the addresses the node announces.
+    /// the addresses the node announces. `bounds` sets fields of
+    /// `handoff_proto::bounds::Bounds` by name (durations in seconds), after the named
+    /// arguments.
     #[new]
     #[pyo3(signature = (name, secret, *, host_id=None, capabilities=None, listen=None, unix=None,
                         accept_v1=false, accept_v2=false, handshake_timeout=None,
@@ -176,7 +217,7 @@ impl Engine {
                         max_shm_lease_bytes_per_peer=None, tls_cert_chain=None, tls_key=None,
                         tls_ca=None, tls_server_name=None, ticket_threshold=None,
                         lease_ttl=None, max_lease_bytes=None, write_timeout=None,
-                        tcp_timeout=None))]
+                        tcp_timeout=None, bounds=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -202,6 +243,7 @@ impl Engine {
         max_lease_bytes: Option<u64>,
         write_timeout: Option<f64>,
         tcp_timeout: Option<f64>,
+        bounds: Option<std::collections::HashMap<String, f64>>,
     ) -> PyResult<Engine> {
         let tls = match (tls_cert_chain, tls_key, tls_ca) {
             (None, None, None) => None,
@@ -216,9 +258,6 @@ impl Engine {
             }
         };
         handoff_proto::peers::check_own_identity(&name, host_id.as_deref()).map_err(PyValueError::new_err)?;
-        if secret.is_empty() {
-            return Err(PyValueError::new_err("the cluster secret is empty"));
-        }
         let seconds = |what: &str, s: Option<f64>, default: Duration| match s {
             None => Ok(default),
             Some(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
@@ -226,6 +265,7 @@ impl Engine {
                 "{what} must be a positive number of seconds, not {s}"
             ))),
         };
+        let given_bounds = bounds;
         let mut bounds = Bounds::DEFAULT;
         bounds.handshake_timeout = seconds("handshake_timeout", handshake_timeout, bounds.handshake_timeout)?;
         bounds.progress_timeout = seconds("progress_timeout", progress_timeout, bounds.progress_timeout)?;
@@ -236,6 +276,9 @@ impl Engine {
         bounds.max_buffered_messages_per_peer = 64;
         bounds.max_shm_lease_bytes_per_peer =
             max_shm_lease_bytes_per_peer.unwrap_or(bounds.max_shm_lease_bytes_per_peer);
+        for (name, value) in given_bounds.unwrap_or_default() {
+            set_bound(&mut bounds, &name, value)?;
+        }
         let me = Endpoint {
             node_id: identity::random_id(),
             name,
@@ -412,6 +455,36 @@ impl Engine {
     fn ticket_leases(&self) -> (usize, u64) {
         let s = self.shared.leases.stats();
         (s.count, s.bytes)
+    }
+
+    /// What the node says to a connection it cannot take at all (spec §9.1, §12): its
+    /// preamble, then, once the peer's whole preamble arrived, `error {code: "overloaded",
+    /// message}` (both framed, as they go on the wire).
+    fn overloaded<'py>(
+        &self,
+        py: Python<'py>,
+        message: &str,
+    ) -> (Bound<'py, pyo3::types::PyBytes>, Bound<'py, pyo3::types::PyBytes>) {
+        let error = handoff_proto::handshake::error_header(&handoff_wire::WireError::Overloaded(message.to_string()));
+        (
+            pyo3::types::PyBytes::new(py, &self.shared.preamble.encode()),
+            pyo3::types::PyBytes::new(py, &error),
+        )
+    }
+
+    /// The lease table's figures, as `handoff.admin.Stats` carries them: `count`, `bytes`,
+    /// `holders`, `oldest_seconds`, `expired`, `pulls` and `bytes_pulled`.
+    fn ticket_lease_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let s = self.shared.leases.stats();
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("count", s.count)?;
+        d.set_item("bytes", s.bytes)?;
+        d.set_item("holders", s.holders)?;
+        d.set_item("oldest_seconds", s.oldest_seconds)?;
+        d.set_item("expired", s.expired)?;
+        d.set_item("pulls", s.pulls)?;
+        d.set_item("bytes_pulled", s.bytes_pulled)?;
+        Ok(d)
     }
 
     /// A sender waits for room in the lease table (the wake pipe fires when a hold ends),

@@ -2,6 +2,7 @@
 //! this node holds on other nodes' buffers ([`Ticket`]), and the end of each hold when its
 //! last handle is dropped. The owner's side (the lease table, its answers) is the engine's.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
@@ -25,6 +26,8 @@ pub struct Ticket {
     pub(crate) holder: String,
     /// This node's engine, when the hold is ours (ended on drop).
     ours: Option<Weak<Shared>>,
+    /// The hold was ended ([`Ticket::release`]): the drop says nothing more.
+    ended: AtomicBool,
 }
 
 impl Ticket {
@@ -34,6 +37,7 @@ impl Ticket {
             holder: shared.me.node_id.clone(),
             claim,
             ours: Some(Arc::downgrade(shared)),
+            ended: AtomicBool::new(false),
         }
     }
 
@@ -43,12 +47,15 @@ impl Ticket {
             claim,
             holder: holder.to_string(),
             ours: None,
+            ended: AtomicBool::new(false),
         }
     }
-}
 
-impl Drop for Ticket {
-    fn drop(&mut self) {
+    /// Ends this node's hold once: the owner is told (`unlease`) by the driver.
+    fn end_hold(&self) {
+        if self.ended.swap(true, Ordering::AcqRel) {
+            return;
+        }
         let Some(shared) = self.ours.as_ref().and_then(Weak::upgrade) else {
             return;
         };
@@ -66,8 +73,82 @@ impl Drop for Ticket {
     }
 }
 
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.end_hold();
+    }
+}
+
 #[pymethods]
 impl Ticket {
+    /// A claim on `len` bytes of node `owner`'s lease `lease`, held by `engine`'s node with
+    /// `token` (what a ticket received earlier said, kept by the application): `digest` is
+    /// `("blake3", 32 bytes)` or `("xxh3", 16 bytes)`. The hold ends when the last handle
+    /// is dropped, as a received ticket's.
+    #[staticmethod]
+    #[pyo3(signature = (engine, len, owner, lease, token, digest, ttl_ms, addr=None, lazy=false))]
+    #[allow(clippy::too_many_arguments)]
+    fn claim(
+        engine: &Bound<'_, crate::engine::Engine>,
+        len: u64,
+        owner: String,
+        lease: u64,
+        token: Vec<u8>,
+        digest: (String, Vec<u8>),
+        ttl_ms: u64,
+        addr: Option<String>,
+        lazy: bool,
+    ) -> PyResult<Ticket> {
+        let bad = |why: String| pyo3::exceptions::PyValueError::new_err(why);
+        let digest = match (digest.0.as_str(), digest.1.len()) {
+            ("blake3", 32) => TicketDigest::Blake3(digest.1.try_into().expect("32 bytes")),
+            ("xxh3", 16) => TicketDigest::Xxh3(digest.1.try_into().expect("16 bytes")),
+            (kind, n) => {
+                return Err(bad(format!(
+                    "a ticket's digest is blake3 (32 bytes) or xxh3 (16), not {kind} of {n}"
+                )))
+            }
+        };
+        if token.len() != 32 {
+            return Err(bad(format!("a ticket's token has 32 bytes, not {}", token.len())));
+        }
+        let claim = TicketClaim {
+            len,
+            owner,
+            addr,
+            lease,
+            token,
+            digest,
+            ttl_ms,
+            lazy,
+        };
+        Ok(Ticket::held(claim, &engine.get().shared))
+    }
+
+    /// Ends this node's hold now (`unlease`), whatever still refers to the ticket; the
+    /// owner refuses later requests with it.
+    fn release(&self) {
+        self.end_hold();
+    }
+
+    /// Whether the hold was ended by [`release`](Ticket::release).
+    #[getter]
+    fn released(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// The token that proves the hold to the owner (32 bytes, valid only for `holder`).
+    #[getter]
+    fn token<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.claim.token)
+    }
+
+    /// Milliseconds the hold lasts unless renewed.
+    #[getter]
+    fn ttl_ms(&self) -> u64 {
+        self.claim.ttl_ms
+    }
+
     /// Length of the owner's buffer.
     #[getter]
     fn len(&self) -> u64 {

@@ -47,6 +47,10 @@ from .errors import (
     TicketRefused,
 )
 from .node import Node
+from .native import ext as _ext
+
+if _ext is not None:
+    from . import engine_node as _engine_node  # noqa: F401  (registers nodes on the engine with Node)
 from .tls import TlsConfig
 from .peer import Peer
 from .pins import Pin, PinBounds

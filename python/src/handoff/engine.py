@@ -23,6 +23,7 @@ from typing import Callable, Optional
 from .errors import (
     AuthenticationError,
     CapReached,
+    HandoffError,
     MessageTooLarge,
     OwnerLost,
     PeerClosed,
@@ -177,7 +178,7 @@ class Driver:
                 return c
             try:
                 c = await self.connect(addr, timeout=max(0.001, deadline - self.loop.time()))
-            except (OSError, TimeoutError, PeerClosed) as e:
+            except (OSError, TimeoutError, HandoffError) as e:
                 raise OwnerLost(owner, ticket.lease, len(ticket), f"cannot connect to {addr}: {e}") from None
         finally:
             self._dials.release()
@@ -188,13 +189,14 @@ class Driver:
             )
         return c
 
-    async def redeem(self, ticket: Ticket) -> Frame:
-        """Pulls the whole buffer from its owner and checks it against the ticket's digest."""
+    async def redeem(self, ticket: Ticket, owner_label: Optional[str] = None) -> Frame:
+        """Pulls the whole buffer from its owner and checks it against the ticket's digest
+        (errors name the owner ``owner_label``, by default its node id)."""
         c = await self.owner_of(ticket)
         blake3 = ticket.digest[0] == "blake3"
         frame, hashed = await c._pull(ticket, 0, len(ticket), blake3)
         if not ticket.verify(frame, hashed):
-            raise TicketCorrupt(ticket.owner, ticket.lease)
+            raise TicketCorrupt(owner_label or ticket.owner, ticket.lease)
         return frame
 
     async def read(self, ticket: Ticket, offset: int, length: int) -> Frame:
@@ -310,6 +312,11 @@ class Driver:
 
 #: Connections a listener accepts per turn of the loop.
 ACCEPTS_PER_TURN = 32
+#: Refusals (``overloaded``) a listener runs at once, each at most :data:`REFUSAL_TIME`;
+#: a connection past them is closed without a word.
+MAX_REFUSALS = 64
+#: How long a refusal waits for the peer's preamble before it closes (seconds).
+REFUSAL_TIME = 1.0
 #: How long a listener rests when the process is out of descriptors.
 ACCEPT_REST = 0.1
 
@@ -317,8 +324,18 @@ ACCEPT_REST = 0.1
 class Listener:
     """Accepts connections and runs their handshakes (see :meth:`Driver.listen`)."""
 
-    def __init__(self, driver: Driver, sock: socket.socket, admit, max_handshakes: int, max_unaccepted: int):
+    def __init__(
+        self,
+        driver: Driver,
+        sock: socket.socket,
+        admit,
+        max_handshakes: int,
+        max_unaccepted: int,
+        on_failed: Optional[Callable[[str, BaseException], None]] = None,
+    ):
         self.driver, self.sock, self.admit = driver, sock, admit
+        #: Called with the label and the error of each handshake that fails (to log it).
+        self.on_failed = on_failed
         self.max_handshakes, self.max_unaccepted = max_handshakes, max_unaccepted
         name = sock.getsockname()
         self.address = f"unix://{name}" if sock.family == socket.AF_UNIX else f"tcp://{name[0]}:{name[1]}"
@@ -326,6 +343,8 @@ class Listener:
         self._handshaking: dict[EngineConnection, None] = {}
         self._ready: asyncio.Queue = asyncio.Queue()
         self._resting: Optional[asyncio.TimerHandle] = None
+        #: Refusals under way (sockets told ``overloaded``).
+        self._refusing: set = set()
         #: Connections refused because a bound was reached, handshakes evicted for newer
         #: ones, and handshakes that failed.
         self.refused = 0
@@ -346,11 +365,16 @@ class Listener:
                 self.driver.loop.remove_reader(self.sock.fileno())
                 self._resting = self.driver.loop.call_later(ACCEPT_REST, self._wake_up)
                 return
-            if len(self.driver.connections) >= self.driver.engine.bounds["max_connections"] or (
-                self._ready.qsize() >= self.max_unaccepted
-            ):
+            established = sum(1 for c in self.driver.connections if c.peer is not None and not c._ended)
+            cap = self.driver.engine.bounds["max_connections"]
+            if established >= cap or self._ready.qsize() >= self.max_unaccepted:
                 self.refused += 1
-                s.close()
+                why = (
+                    f"this node has {cap} connections, as many as it allows"
+                    if established >= cap
+                    else f"{self.max_unaccepted} connections wait to be accepted, as many as the listener allows"
+                )
+                self._refuse(s, why)
                 continue
             if len(self._handshaking) >= self.max_handshakes:
                 # The oldest handshake makes room (spec §9.1): it is told `overloaded`, or
@@ -377,16 +401,49 @@ class Listener:
             ec._ready.add_done_callback(lambda f, ec=ec: self._handshake_over(ec, f))
             ec._on_closed = lambda ec=ec: self._handshaking.pop(ec, None)
 
+    def _refuse(self, sock: socket.socket, why: str) -> None:
+        """Tells a connection the node cannot take that it is ``overloaded`` (our preamble,
+        then the error once the peer's whole preamble came, spec §3, §12), and closes it;
+        past :data:`MAX_REFUSALS` at once, closes it without a word."""
+        if len(self._refusing) >= MAX_REFUSALS:
+            sock.close()
+            return
+        task = self.driver.loop.create_task(self._say_overloaded(sock, why))
+        self._refusing.add(task)
+        task.add_done_callback(self._refusing.discard)
+
+    async def _say_overloaded(self, sock: socket.socket, why: str) -> None:
+        loop = self.driver.loop
+        preamble, error = self.driver.engine.overloaded(why)
+        try:
+            sock.setblocking(False)
+            async with asyncio.timeout(REFUSAL_TIME):
+                await loop.sock_sendall(sock, preamble)
+                theirs = b""
+                while len(theirs) < len(preamble):
+                    got = await loop.sock_recv(sock, len(preamble) - len(theirs))
+                    if not got:
+                        return
+                    theirs += got
+                await loop.sock_sendall(sock, error)
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            sock.close()
+
     def _wake_up(self) -> None:
         self._resting = None
         self.driver.loop.add_reader(self.sock.fileno(), self._on_acceptable)
 
     def _handshake_over(self, ec: "EngineConnection", f: asyncio.Future) -> None:
-        if f.exception() is None:
+        error = f.exception()
+        if error is None:
             self._handshaking.pop(ec, None)
             self._ready.put_nowait(ec)
-        else:
-            self.failed += 1
+            return
+        self.failed += 1
+        if self.on_failed is not None:
+            self.on_failed(ec.label, error)
 
     async def accept(self, timeout: Optional[float] = None) -> "EngineConnection":
         """The next connection whose handshake is over."""
@@ -401,6 +458,8 @@ class Listener:
         self.sock.close()
         for ec in list(self._handshaking):
             ec.close()
+        for task in list(self._refusing):
+            task.cancel()
 
 
 def _time_out(waiter: asyncio.Future) -> None:
@@ -434,6 +493,10 @@ class EngineConnection:
         self._redeemer: Optional[asyncio.Task] = None
         #: Our ticket requests on this connection, by id, waiting for the owner's answer.
         self._requests: dict[int, asyncio.Future] = {}
+        #: Sends waiting until the stream is written up to their message's end, in order:
+        #: ``(end offset, future)``. A peer that reads nothing makes its senders wait here
+        #: (and, past the write timeout, fail), not the queue grow.
+        self._written_waiters: collections.deque = collections.deque()
         driver.connections.add(self)
         self.loop.add_reader(self._fd, self._on_readable)
         self._after()
@@ -510,6 +573,12 @@ class EngineConnection:
     def _after(self) -> None:
         """Watches the socket as the engine wants it (reading, writing), and arms the
         engine's deadline and its retry for room."""
+        if self._written_waiters:
+            written = self.conn.written
+            while self._written_waiters and self._written_waiters[0][0] <= written:
+                _, fut = self._written_waiters.popleft()
+                if not fut.done():
+                    fut.set_result(None)
         read, want, delay, recheck, done = self.conn.state()
         if self._ended and done:
             self._stop_watching()
@@ -559,6 +628,11 @@ class EngineConnection:
                 fut.set_exception(PeerClosed(f"{self.label} closed before it answered"))
                 fut.exception()
         self._requests.clear()
+        while self._written_waiters:
+            _, fut = self._written_waiters.popleft()
+            if not fut.done():
+                fut.set_exception(failure)
+                fut.exception()
         if not self._ready.done():
             self._ready.set_exception(failure)
             self._ready.exception()  # retrieved: the caller of ready() raises it
@@ -611,7 +685,11 @@ class EngineConnection:
         """:meth:`send_now`, waiting (at most ``timeout`` seconds) for room: for the peer to
         release shared memory, or for holds in the node's lease table to end. Tickets this
         node holds among the frames are redeemed or forwarded first, as the engine says
-        (spec §7.8). ``by_ticket`` sends every non-empty frame as a ticket."""
+        (spec §7.8). ``by_ticket`` sends every non-empty frame as a ticket.
+
+        Returns once the message is written to the socket: a peer that reads nothing holds
+        up its own senders (until the write timeout fails the connection), and the queue of
+        what it has not read stays one message per sender."""
         frames = [await self._resolve(f) if isinstance(f, Ticket) else f for f in frames]
         deadline = None if timeout is None else self.loop.time() + timeout
         while (blocked := self._send(type_name, body, frames, by_ticket)) is not None:
@@ -628,6 +706,19 @@ class EngineConnection:
                 pass
             finally:
                 self._release_waiter = None
+        await self.written()
+
+    async def written(self) -> None:
+        """Waits until everything queued so far is written to the socket; raises why the
+        connection failed if it did first."""
+        end = self.conn.queued
+        if self.conn.written >= end:
+            return
+        if self._ended:
+            raise self._failure or PeerClosed(f"{self.label} is closed")
+        fut = self.loop.create_future()
+        self._written_waiters.append((end, fut))
+        await fut
 
     async def _resolve(self, ticket: Ticket):
         """A ticket among a send's frames, as it can travel to this peer."""
@@ -644,7 +735,9 @@ class EngineConnection:
                 f"the node's ticket leases pin {held} bytes in {count} leases{how_long}, as much as they may"
             )
         count, held = self.conn.shm_leases
-        return CapReached(f"{self.label} holds {held} bytes of our shared memory in {count} leases{how_long}")
+        return CapReached(
+            f"{self.label} holds {count} shared-memory leases of ours ({held} bytes){how_long}, as many as it may"
+        )
 
     def _send(self, type_name: str, body, frames, by_ticket: bool = False) -> Optional[str]:
         if self._ended:
@@ -721,12 +814,16 @@ class EngineConnection:
         frame, hashed = value
         return frame, hashed
 
-    async def recv(self, timeout: Optional[float] = None) -> Received:
-        """The next message; its room in the receive budget goes back as it is taken."""
+    async def recv(self, timeout: Optional[float] = None, *, take: bool = True) -> Received:
+        """The next message; its room in the receive budget goes back as it is taken
+        (``take``), or when the caller calls its ``taken()`` (a node whose application
+        takes it later)."""
         if not self._messages:
             await self._arrival(timeout)
         received = self._messages.popleft()
         # Room given back fires the wake pipe: a connection that waited for it reads on.
+        if not take:
+            return received  # (its failure, if any, is the caller's to report)
         received.taken()
         if received.failure is not None:
             # Its eager redemption failed: the message is consumed, and its error raised.

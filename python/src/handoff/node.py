@@ -49,6 +49,18 @@ from .tls import TlsConfig
 from .turns import after_new_input
 from .transport import Transport, keepalive_plan, raise_unix_send_buffer
 
+
+def _engine_wanted() -> bool:
+    """``HANDOFF_ENGINE=1``: nodes run on the Rust engine (:mod:`handoff.engine_node`)."""
+    return os.environ.get("HANDOFF_ENGINE") == "1"
+
+
+#: The class of nodes on the Rust engine: :mod:`handoff.engine_node` registers it when the
+#: package is imported with the extension (it builds on this module, which so never
+#: imports it).
+_ENGINE_NODE: Optional[type] = None
+
+
 __all__ = ["Node", "DEFAULT_SHM_THRESHOLD", "HANDSHAKE_TIMEOUT", "STATS_MAX_PEERS"]
 
 log = logging.getLogger("handoff")
@@ -133,10 +145,18 @@ class Node:
     (:class:`~handoff.pins.PinBounds`).
     """
 
+    def __new__(cls, *args, engine: Optional[bool] = None, **kwargs):
+        if cls is Node and (engine if engine is not None else _engine_wanted()):
+            if _ENGINE_NODE is None:
+                raise ValueError(f"a node on the engine needs the extension handoff._native: {native.REASON}")
+            return super().__new__(_ENGINE_NODE)
+        return super().__new__(cls)
+
     def __init__(
         self,
         name: str,
         *,
+        engine: Optional[bool] = None,
         host_id: Optional[str] = None,
         secret: bytes | str = b"",
         listen: Optional[str] = None,

@@ -1,0 +1,552 @@
+"""``handoff.Node`` whose connections run on the Rust engine (issue 40, step 1).
+
+:class:`EngineNode` keeps :class:`~handoff.node.Node`'s API and everything above the
+connections: the node's inbox (fair by bytes), ``per_connection`` queues and
+``on_accept``, route-aware encoding, resources and pins. Below them, each connection is
+an :class:`~handoff.engine.EngineConnection` of the node's
+:class:`~handoff.engine.Driver`: the handshake, reading, the bounds, the receive budget,
+shared memory, tickets and TLS are the engine's, as in the Rust node.
+
+Selected with ``Node(..., engine=True)`` or ``HANDOFF_ENGINE=1`` while the move is under
+way; options the engine does not take yet are refused by name (:data:`NOT_YET`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from typing import Any, Optional
+
+from . import engine as eng
+from . import identity, pins, wire
+from .addresses import sanitize_name, split_host_port, strip_scheme
+from .codec import OnDemand, encode_body
+from .envelope import Envelope, ReceivedFrame
+from .errors import HandoffError, PeerClosed
+from .inbox import ConnectionQueue, Inbox
+from . import node as _node
+from .node import _LISTEN_BACKLOG, STATS_MAX_PEERS, Node
+from .outgoing import check_type_name
+from .route import Route
+from .shm import PooledFrame, SharedFrame
+from .tickets import Ticket as PyTicket
+
+__all__ = ["EngineNode", "EnginePeer", "NOT_YET"]
+
+log = logging.getLogger("handoff")
+
+#: Node options the engine does not take yet, and what each would need.
+NOT_YET = {
+    "tls": "TLS from ssl contexts (the engine's rustls takes PEM)",
+    "shm_pool": "sends from the process's pool of reused segments",
+    "shm_private": "private (copy-on-write) mappings of received segments",
+    "preamble": "a preamble other than the node's own",
+}
+
+
+class _EngineBudget:
+    """What :class:`Node` asks of its receive budget, on the engine's: a message's room
+    goes back when the application takes it (``Received.taken``)."""
+
+    def __init__(self, node: "EngineNode"):
+        self.node = node
+
+    def release_env(self, env: Envelope) -> None:
+        received = getattr(env, "_received", None)
+        if received is not None:
+            env._received = None
+            received.taken()
+
+    def wake(self) -> None:
+        pass
+
+    @property
+    def total(self) -> int:
+        driver = self.node._driver
+        return driver.engine.buffered_bytes if driver is not None else 0
+
+
+class EngineNode(Node):
+    """:class:`~handoff.node.Node` on the Rust engine (see the module's text)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        for option, why in NOT_YET.items():
+            if kwargs.get(option):
+                raise ValueError(f"Node({option}=...) does not run on the engine yet: it needs {why}")
+        super().__init__(*args, **kwargs)
+        self._budget = _EngineBudget(self)
+        self._driver: Optional[eng.Driver] = None
+        self._engine_listeners: list = []
+
+    # ------------------------------------------------------------------ life
+
+    async def start(self) -> "EngineNode":
+        if self._started:
+            return self
+        self.loop = asyncio.get_running_loop()
+        self._inbox = Inbox(self.bounds.message_overhead)
+        self._peers_changed = asyncio.Condition()
+        socks = []
+        if self._listen is not None:
+            host, port = split_host_port(strip_scheme(self._listen, "tcp://"))
+            infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            family, _, _, _, sockaddr = infos[0]
+            lsock = socket.socket(family, socket.SOCK_STREAM)
+            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            lsock.bind(sockaddr)
+            lsock.listen(_LISTEN_BACKLOG)
+            lsock.setblocking(False)
+            bound = lsock.getsockname()
+            self.listen_addr = (
+                f"tcp://[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 else f"tcp://{bound[0]}:{bound[1]}"
+            )
+            socks.append(lsock)
+        if self.shm:
+            path = identity.runtime_dir() / f"{sanitize_name(self.name)}-{self.node_id[:12]}.sock"
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            usock.bind(str(path))
+            os.chmod(path, 0o600)
+            usock.listen(_LISTEN_BACKLOG)
+            usock.setblocking(False)
+            self.unix_path = path
+            socks.append(usock)
+        try:
+            self._check_own_identity()
+            engine = self._make_engine()
+        except BaseException:
+            for s in socks:
+                s.close()
+            self._listeners = []
+            self.stop_listening()
+            raise
+        # The engine names the node and this process (a node made before a fork is not
+        # this process's).
+        self.node_id = engine.node_id
+        self.process_id = engine.process_id
+        self._driver = eng.Driver(engine, self.loop, pull_timeout=self.pull_timeout, redeem=self.redeem)
+        b = self.bounds
+        for s in socks:
+            listener = eng.Listener(
+                self._driver,
+                s,
+                self._admit,
+                max_handshakes=b.max_handshakes,
+                max_unaccepted=b.max_handshakes,
+                on_failed=self._refused,
+            )
+            self._engine_listeners.append(listener)
+            self._accept_tasks.append(self._spawn(self._accept_from(listener)))
+        self._spawn(self._reap_expired())
+        self._started = True
+        pins.register_node(self)
+        log.info(
+            "node %s started on the engine (host %s, listen %s, unix %s)",
+            self.name,
+            self.host_id,
+            self.listen_addr,
+            self.unix_addr,
+        )
+        return self
+
+    def _engine_bounds(self) -> dict:
+        """The node's :class:`~handoff.bounds.Bounds` in the engine's names."""
+        b = self.bounds
+        return {
+            "max_handshakes": b.max_handshakes,
+            "max_connections": b.max_connections,
+            "max_buffered_messages_per_peer": b.max_buffered_messages_per_peer,
+            "min_buffered_bytes_per_peer": b.min_buffered_bytes_per_peer,
+            "max_pull_answers": b.max_pulls_in_flight,
+            "max_holders_per_lease": b.max_holders_per_lease,
+            "max_shm_lease_bytes_per_peer": b.max_shm_bytes_per_peer,
+            "max_shm_leases_per_peer": b.max_shm_leases_per_peer,
+            "max_ticket_dials": b.max_owner_dials,
+        }
+
+    def _make_engine(self) -> "eng.Engine":
+        b = self.bounds
+        engine = eng.Engine(
+            self.name,
+            self.secret,
+            host_id=self.host_id,
+            capabilities=self.caps,
+            listen=self.listen_addr,
+            unix=self.unix_addr,
+            accept_v1=self.preamble.min_version <= 1,
+            accept_v2=self.preamble.min_version <= 2,
+            handshake_timeout=b.handshake_timeout,
+            progress_timeout=b.progress_timeout,
+            max_buffered_bytes=b.max_buffered_bytes,
+            max_buffered_bytes_per_peer=b.max_buffered_bytes_per_peer,
+            shm_threshold=self.shm_threshold,
+            ticket_threshold=self.ticket_threshold,
+            lease_ttl=self.leases.ttl,
+            write_timeout=b.write_timeout,
+            tcp_timeout=self.tcp_timeout,
+            max_lease_bytes=b.max_ticket_bytes,
+            bounds=self._engine_bounds(),
+        )
+        if self.types is not None:
+            engine.register(sorted(self.types | {pins.TYPE_UPDATE}))
+        return engine
+
+    def register(self, *type_names: str) -> None:
+        super().register(*type_names)
+        if self._driver is not None:
+            self._driver.engine.register(sorted(self.types | {pins.TYPE_UPDATE}))
+
+    def stop_listening(self) -> None:
+        for listener in self._engine_listeners:
+            listener.close()
+        self._engine_listeners.clear()
+        super().stop_listening()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        await super().close()
+        if self._driver is not None:
+            self._driver.close()
+
+    def _refused(self, label: str, error: BaseException) -> None:
+        source = "unix peers" if label.startswith("unix://") else f"connections to {label.split(' <- ')[0]}"
+        self._warn_about(source, "refused connection from %s: %s", label, error)
+
+    def _admit(self, ident: dict) -> Optional[str]:
+        """Refuses, before ``ready``, a node id already connected from another process (§5.1)."""
+        if ident["node_id"] == self.node_id:
+            return "that is this node's own id"
+        for p in self.connections_to(ident["node_id"]):
+            if p.ident.proc != ident["process_id"]:
+                return f"node {ident['node_id']} is connected already, from another process"
+        return None
+
+    # ------------------------------------------------------------------ connections
+
+    async def _accept_from(self, listener: "eng.Listener") -> None:
+        while True:
+            try:
+                ec = await listener.accept()
+            except asyncio.CancelledError:
+                return
+            peer = self._adopt(ec, accepted=True)
+            log.info("%s: accepted peer %s (%s, %s)", self.name, peer.name, peer.locality, peer.channel)
+
+    def _adopt(self, ec: "eng.EngineConnection", accepted: bool) -> "EnginePeer":
+        peer = EnginePeer(self, ec, accepted)
+        self._add_peer(peer)
+        peer.reader = self.loop.create_task(peer.read_loop())
+        return peer
+
+    async def connect(self, addr: str, channel: Optional[str] = None) -> "EnginePeer":
+        if not self._started:
+            await self.start()
+        if addr.startswith("unix://"):
+            return await self._connect_unix(strip_scheme(addr, "unix://"))
+        target = strip_scheme(addr, "tcp://")
+        ec = await self._driver.connect(f"tcp://{target}", admit=self._admit, timeout=self.bounds.handshake_timeout)
+        peer = self._adopt(ec, accepted=False)
+        if channel == "tcp":
+            return peer
+        try:
+            return await self._switch_to_unix(peer, channel)
+        except BaseException:
+            peer.abort()
+            raise
+
+    async def _connect_unix(self, path: str) -> "EnginePeer":
+        ec = await self._driver.connect(f"unix://{path}", admit=self._admit, timeout=self.bounds.handshake_timeout)
+        return self._adopt(ec, accepted=False)
+
+    # ------------------------------------------------------------------ tickets (holder side)
+
+    def _native_ticket(self, ticket: PyTicket) -> "eng.Ticket":
+        """The engine's claim behind a ticket this node holds."""
+        native = getattr(ticket, "native", None)
+        if native is not None:
+            return native
+        d = ticket.desc  # a Ticket made from a kept description
+        digest = ("xxh3", d.xxh3) if d.xxh3 is not None else ("blake3", d.digest)
+        return eng.Ticket.claim(self._driver.engine, d.n, d.owner, d.lease, d.token, digest, d.ttl, d.addr, d.lazy)
+
+    async def _pull(self, ticket: PyTicket, off: int, n: int, whole: bool) -> memoryview:
+        if ticket.released:
+            raise HandoffError(f"the ticket for lease {ticket.lease} was released")
+        native = self._native_ticket(ticket)
+        if whole:
+            frame = await self._driver.redeem(native, ticket.owner_label)
+        else:
+            frame = await self._driver.read(native, off, n)
+        return memoryview(frame)
+
+    async def _renew(self, ticket: PyTicket) -> None:
+        if ticket.released:
+            raise HandoffError(f"the ticket for lease {ticket.lease} was released")
+        await self._driver.renew(self._native_ticket(ticket))
+
+    def _owner_label(self, native: "eng.Ticket") -> str:
+        """How errors name a ticket's owner: its name if connected, and its address."""
+        owner = self.peer_by_id(native.owner)
+        name = owner.name if owner is not None else native.owner[:12]
+        return f"{name} ({native.addr})" if native.addr and owner is None else name
+
+    def _ticket_released(self, desc: wire.TicketDesc, label: str) -> None:
+        pass  # the engine's claim ends its hold when its last handle goes (EngineTicket.release)
+
+    # ------------------------------------------------------------------ observing
+
+    def shm_leases(self) -> dict:
+        count = total = 0
+        for p in self._all_peers:
+            s = p.shm_leases()
+            count += s["count"]
+            total += s["bytes"]
+        return {"count": count, "bytes": total}
+
+    def ticket_leases(self) -> dict:
+        if self._driver is None:
+            return {
+                "count": 0,
+                "bytes": 0,
+                "holders": 0,
+                "oldest_seconds": 0.0,
+                "expired": 0,
+                "pulls": 0,
+                "bytes_pulled": 0,
+            }
+        return self._driver.engine.ticket_lease_stats()
+
+    def stats(self) -> dict:
+        out = super().stats()
+        peers = self.peers
+        out["peers"] = [[p.name, p.channel] for p in peers[:STATS_MAX_PEERS]]
+        return out
+
+
+class EngineTicket(PyTicket):
+    """A ticket this node received on the engine, with :class:`~handoff.tickets.Ticket`'s
+    API; the engine's claim (``native``) ends the hold when it is dropped or released."""
+
+    def __init__(self, node: EngineNode, native: "eng.Ticket", owner_label: str):
+        kind, digest = native.digest
+        desc = wire.TicketDesc(
+            n=native.len,
+            owner=native.owner,
+            lease=native.lease,
+            token=native.token,
+            digest=digest if kind == "blake3" else None,
+            ttl=native.ttl_ms,
+            addr=native.addr,
+            lazy=native.lazy,
+            xxh3=digest if kind == "xxh3" else None,
+        )
+        super().__init__(node, desc, owner_label)
+        self.native: Optional["eng.Ticket"] = native
+
+    def release(self) -> None:
+        super().release()
+        if self.native is not None:
+            self.native.release()  # now, even if a traceback still refers to it
+            self.native = None
+
+
+#: How a frame came, in the names of :class:`~handoff.envelope.ReceivedFrame`.
+_KINDS = {"inline": "inline", "shm": "shm", "pulled": "ticket"}
+
+
+def _ident(peer: dict) -> wire.Ident:
+    return wire.Ident(
+        node=peer["node_id"],
+        name=peer["name"],
+        host=peer["host_id"],
+        pid=peer["pid"],
+        proc=peer["process_id"],
+        lang=peer["language"],
+        impl=peer["implementation"],
+        caps=list(peer["capabilities"]),
+        listen=peer["listen"],
+        unix=peer["unix"],
+    )
+
+
+class EnginePeer:
+    """A connected node, as :class:`~handoff.peer.Peer` offers it, on an engine connection."""
+
+    def __init__(self, node: EngineNode, ec: "eng.EngineConnection", accepted: bool):
+        self.node = node
+        self.ec = ec
+        self.ident = _ident(ec.peer)
+        self.channel = "shm" if ec.conn.unix else "tcp"
+        self.protocol_version = ec.peer["version"] or 3
+        self.accepted = accepted
+        self.closed = False
+        self.reader: Optional[asyncio.Task] = None
+        self.done = asyncio.Event()
+        self.queue: Optional[ConnectionQueue] = ConnectionQueue() if node.per_connection else None
+        self._delivered = False
+        self._routes: Optional[tuple] = None
+
+    name = property(lambda self: self.ident.name)
+    node_id = property(lambda self: self.ident.node)
+    host_id = property(lambda self: self.ident.host)
+    lang = property(lambda self: self.ident.lang)
+    caps = property(lambda self: list(self.ident.caps))
+    listen_addr = property(lambda self: self.ident.listen)
+    unix_addr = property(lambda self: self.ident.unix)
+
+    @property
+    def locality(self) -> str:
+        if self.ident.host != self.node.host_id:
+            return "remote"
+        return "same-process" if self.ident.proc == self.node.process_id else "same-host"
+
+    @property
+    def route(self) -> Route:
+        if self._routes is None:
+            out = Route.outbound(self)
+            self._routes = (out, out.reversed())
+        return self._routes[0]
+
+    @property
+    def inbound_route(self) -> Route:
+        self.route
+        return self._routes[1]
+
+    @property
+    def buffered(self) -> int:
+        return self.ec.buffered_bytes
+
+    def __repr__(self) -> str:
+        return f"Peer({self.name}, {self.locality}, {self.channel}, engine)"
+
+    def shm_leases(self) -> dict:
+        count, held = self.ec.conn.shm_leases
+        return {"count": count, "bytes": held}
+
+    # ------------------------------------------------------------------ sending
+
+    def _encode(self, body: Any) -> tuple:
+        enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
+        frames = list(enc.frames)
+        for i, source in enumerate(enc.sources):
+            if isinstance(source, (SharedFrame, PooledFrame)):
+                # A segment the application filled goes as its bytes: the engine copies it
+                # into a segment of its own (not yet passed as it is).
+                frames[i] = source.view
+            elif isinstance(source, PyTicket):
+                if source.released:
+                    raise HandoffError(f"the ticket for lease {source.lease} was released")
+                # Forwarded or redeemed as the engine says (spec §7.8).
+                frames[i] = self.node._native_ticket(source)
+            elif isinstance(source, OnDemand):
+                raise HandoffError("an on-demand frame does not travel on the engine yet")
+        return enc.body, frames
+
+    async def send(self, type_name: str, body: Any, *, by_ticket: bool = False) -> None:
+        check_type_name(type_name)
+        if self.closed:
+            raise PeerClosed(f"the connection to {self.name} is closed")
+        packed, frames = self._encode(body)
+        try:
+            await self.ec.send(type_name, packed, frames, by_ticket=by_ticket, timeout=self.node.bounds.lease_wait)
+        except PeerClosed:
+            self.closed = True
+            raise
+
+    def send_now(self, type_name: str, body: Any) -> bool:
+        check_type_name(type_name)
+        if self.closed:
+            return False
+        packed, frames = self._encode(body)
+        if frames or self.ec.conn.queued > self.ec.conn.written:
+            return False  # a frame, or another write in progress: send() waits its turn
+        try:
+            self.ec.send_now(type_name, packed)
+        except Exception:  # noqa: BLE001 - send() raises it
+            return False
+        return True
+
+    async def send_packed(self, type_name: str, body: bytes) -> None:
+        check_type_name(type_name)
+        if self.closed:
+            raise PeerClosed(f"the connection to {self.name} is closed")
+        await self.ec.send(type_name, body, (), timeout=None)
+
+    # ------------------------------------------------------------------ receiving
+
+    async def read_loop(self) -> None:
+        try:
+            while True:
+                try:
+                    received = await self.ec.recv(take=False)
+                except PeerClosed:
+                    return
+                frames = [self._frame(f) for f in received.frames]
+                env = Envelope(self, received.type_name, memoryview(received.body), frames)
+                env._received = received
+                if received.failure is not None:
+                    # Its eager redemption failed: the body raises why (as the Python peer's).
+                    env.error, env._decoded = received.failure, True
+                    received.failure = None
+                del received, frames  # the envelope holds the message now, and only it
+                try:
+                    self.node._deliver_now(env)
+                except wire.WireError as e:
+                    self.node._warn_about(f"peer {self.name}", "closing the connection to %s: %s", self.name, e)
+                    return
+                del env
+        finally:
+            self.closed = True
+            self.done.set()
+            self.ec.close()
+            if self.queue is not None:
+                self.queue.close()
+            self.node._remove_peer(self)
+            self.node._holder_disconnected(self.node_id, self.name)
+
+    def _frame(self, f: Any) -> ReceivedFrame:
+        if isinstance(f, eng.Ticket):
+            return ReceivedFrame("ticket", EngineTicket(self.node, f, self.node._owner_label(f)))
+        return ReceivedFrame(_KINDS.get(f.kind, f.kind), memoryview(f))
+
+    async def recv(self, timeout: Optional[float] = None) -> Envelope:
+        if self.queue is None:
+            raise HandoffError("this node delivers every message to Node.recv() (built without per_connection)")
+        env = await self.queue.get(timeout)
+        if env is None:
+            raise PeerClosed(f"the connection to {self.name} is closed")
+        self.node._budget.release_env(env)
+        return env
+
+    def _drop_queued(self) -> None:
+        if self.queue is not None:
+            for env in self.queue.close(drop=True):
+                self.node._budget.release_env(env)
+
+    def abort(self) -> None:
+        self.closed = True
+        self._drop_queued()
+        self.ec.close()
+
+    async def close(self) -> None:
+        self.closed = True
+        self._drop_queued()
+        self.ec.close()
+        if self.reader is not None and self.reader is not asyncio.current_task():
+            try:
+                await asyncio.wait_for(asyncio.shield(self.done.wait()), 5)
+            except asyncio.TimeoutError:
+                self.reader.cancel()
+
+
+def _is_node_frame(obj: Any) -> bool:
+    return isinstance(obj, (SharedFrame, PooledFrame, PyTicket))
+
+
+_node._ENGINE_NODE = EngineNode  # Node(engine=True) and HANDOFF_ENGINE=1 make these
