@@ -202,6 +202,7 @@ def test_a_dask_process_keeps_no_received_mapping_by_default(env, setting, kept)
 
 
 @gen_test(timeout=60)
+@pytest.mark.engine_gap("received segments are mapped read-only, not copy-on-write")
 async def test_numpy_arrays_arrive_zero_copy_in_a_private_writable_mapping(monkeypatch):
     monkeypatch.setattr(HandoffComm, "max_shard_size", MIB)  # 8 shards of one buffer
     a, b = await _pair()
@@ -453,6 +454,7 @@ _TLS_TCP = {**SECRET, "distributed.comm.handoff.shm": False}
 
 
 @gen_test(timeout=120)
+@pytest.mark.engine_gap("the engine takes TLS from PEM files, not Dask's ready-made ssl contexts")
 async def test_a_cluster_with_a_security_object_computes_over_tls(dask_pki):
     sec = _security(dask_pki)
     with dask.config.set(_TLS_TCP):
@@ -469,6 +471,7 @@ async def test_a_cluster_with_a_security_object_computes_over_tls(dask_pki):
 
 
 @gen_test(timeout=60)
+@pytest.mark.engine_gap("the engine takes TLS from PEM files, not Dask's ready-made ssl contexts")
 async def test_a_plain_client_is_refused_by_a_tls_scheduler_clearly(dask_pki):
     with dask.config.set(_TLS_TCP):
         async with Scheduler(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import errno
 import socket
 from typing import Callable, Optional
 
@@ -258,8 +259,11 @@ class Driver:
         unix = sock.family == socket.AF_UNIX
         if not unix:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        names = (sock.getsockname(), sock.getpeername())
         conn = _native.Connection(self.engine, sock.detach(), role, label, unix, admit, host)
-        return EngineConnection(self, conn)
+        ec = EngineConnection(self, conn)
+        ec.sockname, ec.peername = names
+        return ec
 
     async def listen(
         self, addr: str = "tcp://127.0.0.1:0", *, admit=None, max_handshakes: int = 64, max_unaccepted: int = 64
@@ -480,6 +484,11 @@ class EngineConnection:
         self._waiter: Optional[asyncio.Future] = None
         self._ready: asyncio.Future = self.loop.create_future()
         self._failure: Optional[Exception] = None
+        #: The ``OSError`` that ended the connection (a reset, ``ETIMEDOUT``), if one did.
+        self.os_failure: Optional[OSError] = None
+        #: This end's and the peer's socket addresses (set by :meth:`Driver.adopt`).
+        self.sockname: object = None
+        self.peername: object = None
         self._ended = False
         self._writing = False
         self._timer: Optional[asyncio.TimerHandle] = None
@@ -529,6 +538,8 @@ class EngineConnection:
                 self._handle(events)
             self._after()
         except Exception as e:  # noqa: BLE001 - whatever it is, it ends this connection only
+            if isinstance(e, OSError) and self.os_failure is None:
+                self.os_failure = e
             self._end(PeerClosed(f"{self.label}: {e}"))
             self._stop_watching()
 
@@ -568,6 +579,10 @@ class EngineConnection:
                 self._end(PeerClosed(f"{self.label} closed the connection"))
             elif kind == "error":
                 _, code, message, by_peer = event
+                if code == "timeout" and not by_peer and self.os_failure is None:
+                    # A write that made no progress, or silence inside a message: as the
+                    # kernel's own timeouts say it.
+                    self.os_failure = TimeoutError(errno.ETIMEDOUT, message)
                 self._end(_error(self.label, code, message, by_peer))
 
     def _after(self) -> None:

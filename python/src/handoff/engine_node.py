@@ -39,11 +39,12 @@ log = logging.getLogger("handoff")
 
 #: Node options the engine does not take yet, and what each would need.
 NOT_YET = {
-    "tls": "TLS from ssl contexts (the engine's rustls takes PEM)",
-    "shm_pool": "sends from the process's pool of reused segments",
-    "shm_private": "private (copy-on-write) mappings of received segments",
     "preamble": "a preamble other than the node's own",
 }
+# Taken, with a difference: ``shm_pool`` is what the engine always does (it sends from its
+# pool of reused segments), and ``shm_private`` still delivers read-only views of the
+# sender's segment (a consumer that needs to write copies, as Dask does for read-only
+# frames) until the engine maps received segments copy-on-write.
 
 
 class _EngineBudget:
@@ -75,6 +76,12 @@ class EngineNode(Node):
         for option, why in NOT_YET.items():
             if kwargs.get(option):
                 raise ValueError(f"Node({option}=...) does not run on the engine yet: it needs {why}")
+        tls = kwargs.get("tls")
+        if tls is not None and tls.files is None:
+            raise ValueError(
+                "a node on the engine runs TLS on rustls, from PEM files: give it TlsConfig.from_files(...) "
+                "(ready-made ssl contexts, such as Dask's, do not run on the engine yet)"
+            )
         super().__init__(*args, **kwargs)
         self._budget = _EngineBudget(self)
         self._driver: Optional[eng.Driver] = None
@@ -169,6 +176,17 @@ class EngineNode(Node):
             "max_ticket_dials": b.max_owner_dials,
         }
 
+    def _engine_tls(self) -> dict:
+        """The node's TLS as the engine takes it: the PEM of :meth:`TlsConfig.from_files`."""
+        if self.tls is None:
+            return {}
+        chain, key, ca = self.tls.files
+        pem = {}
+        for name, path in (("tls_cert_chain", chain), ("tls_key", key), ("tls_ca", ca)):
+            with open(path, "rb") as f:
+                pem[name] = f.read()
+        return {**pem, "tls_server_name": self.tls.server_name}
+
     def _make_engine(self) -> "eng.Engine":
         b = self.bounds
         engine = eng.Engine(
@@ -191,6 +209,7 @@ class EngineNode(Node):
             tcp_timeout=self.tcp_timeout,
             max_lease_bytes=b.max_ticket_bytes,
             bounds=self._engine_bounds(),
+            **self._engine_tls(),
         )
         if self.types is not None:
             engine.register(sorted(self.types | {pins.TYPE_UPDATE}))
@@ -424,6 +443,19 @@ class EnginePeer:
 
     def __repr__(self) -> str:
         return f"Peer({self.name}, {self.locality}, {self.channel}, engine)"
+
+    @property
+    def failure(self) -> Optional[OSError]:
+        """The ``OSError`` that ended the connection, if one did (see ``Peer.failure``)."""
+        return self.ec.os_failure
+
+    def sockname(self):
+        """This end's socket address."""
+        return self.ec.sockname
+
+    def peername(self):
+        """The peer's socket address."""
+        return self.ec.peername
 
     def shm_leases(self) -> dict:
         count, held = self.ec.conn.shm_leases

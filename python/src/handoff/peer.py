@@ -276,6 +276,21 @@ class Peer:
     def __repr__(self) -> str:
         return f"Peer({self.name}, {self.locality}, {self.channel})"
 
+    @property
+    def failure(self) -> Optional[OSError]:
+        """The ``OSError`` that ended the connection (a reset, ``ETIMEDOUT`` from keepalive
+        or a write that made no progress, a broken pipe), or ``None`` while it is open or
+        if it closed cleanly or for a protocol reason."""
+        return self.transport.failure
+
+    def sockname(self):
+        """This end's socket address (``OSError`` once the connection is closed)."""
+        return self.transport.sock.getsockname()
+
+    def peername(self):
+        """The peer's socket address (``OSError`` once the connection is closed)."""
+        return self.transport.sock.getpeername()
+
     # ------------------------------------------------------------------ sending
 
     def shm_leases(self) -> dict:

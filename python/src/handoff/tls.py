@@ -66,6 +66,10 @@ class TlsConfig:
     server: Optional[ssl.SSLContext] = None
     client: Optional[ssl.SSLContext] = None
     server_name: Optional[str] = None
+    #: The PEM files the contexts were built from (:meth:`from_files`): certificate chain,
+    #: key and CA. A node on the Rust engine, whose TLS is rustls, loads them itself; it
+    #: cannot use contexts built otherwise.
+    files: Optional[tuple] = None
 
     @classmethod
     def from_files(cls, cert_chain: _Path, key: _Path, ca: _Path, server_name: Optional[str] = None) -> "TlsConfig":
@@ -91,7 +95,8 @@ class TlsConfig:
                 ctx.load_verify_locations(cafile=os.fspath(ca))
             except (OSError, ssl.SSLError) as e:
                 raise TlsError(f"cannot load the CA certificates {os.fspath(ca)!r}: {e} (a PEM file)") from None
-        return cls(server=server, client=client, server_name=server_name)
+        files = (os.fspath(cert_chain), os.fspath(key), os.fspath(ca))
+        return cls(server=server, client=client, server_name=server_name, files=files)
 
 
 def wrap(ctx: ssl.SSLContext, sock: socket.socket, server_side: bool, server_hostname: Optional[str]) -> ssl.SSLSocket:

@@ -184,7 +184,7 @@ class HandoffComm(Comm):
 
     def _ended(self, error: Optional[BaseException] = None) -> CommClosedError:
         """What Dask's TCP comm raises for a stream that ended (:func:`comm_closed`)."""
-        return comm_closed(self, self._peer.transport.failure, error)
+        return comm_closed(self, self._peer.failure, error)
 
     async def write(self, msg, serializers=None, on_error="message") -> int:
         if self._closed:

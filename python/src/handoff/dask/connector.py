@@ -50,7 +50,7 @@ _unix_routes: dict = {}
 
 def _local_address(peer: Peer, host: str) -> str:
     if peer.channel == "tcp":
-        return PREFIX + unparse_host_port(*peer.transport.sock.getsockname()[:2])
+        return PREFIX + unparse_host_port(*peer.sockname()[:2])
     # A Unix socket has no port: the host this side reaches the listener from, port 0.
     return PREFIX + unparse_host_port(host, 0)
 
@@ -108,7 +108,7 @@ class HandoffConnector(Connector):
                 local = _local_address(peer, host)
                 await peer.send(TYPE_OPEN, {"from": local, "to": PREFIX + address})
             except (PeerClosed, OSError) as e:
-                err = comm_closed(f"handoff://{address}", peer.transport.failure, e)
+                err = comm_closed(f"handoff://{address}", peer.failure, e)
                 raise err from err.__cause__
         except BaseException:
             # Failed or cancelled: nobody else holds the connection (or the node for it).

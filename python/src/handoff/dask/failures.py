@@ -7,7 +7,7 @@ the task's error. Dask's TCP comm raises ``CommClosedError("in <comm>: <kind>: <
 whose ``__cause__`` is the ``OSError`` that ended the stream: the socket's own error (a
 reset, ``ETIMEDOUT`` from keepalive or the user timeout, a broken pipe) where there was
 one, else Tornado's ``StreamClosedError`` (a clean close). :func:`comm_closed` builds the
-same from what ended a handoff connection (:attr:`handoff.transport.Transport.failure`),
+same from what ended a handoff connection (``Peer.failure``),
 so that a comm whose peer died, reset, closed or timed out raises the same class with
 the same kind of cause; a handoff-level reason (the peer's ``error`` message, a protocol
 error) has no ``OSError`` and gets ``StreamClosedError``, its text in the message.

@@ -149,8 +149,8 @@ class HandoffListener(BaseListener):
             return
         if peer.channel == "tcp":
             try:
-                peer_addr = self.prefix + unparse_host_port(*peer.transport.sock.getpeername()[:2])
-                local_addr = self.prefix + unparse_host_port(*peer.transport.sock.getsockname()[:2])
+                peer_addr = self.prefix + unparse_host_port(*peer.peername()[:2])
+                local_addr = self.prefix + unparse_host_port(*peer.sockname()[:2])
             except OSError:  # it closed already
                 peer.abort()
                 return
