@@ -657,9 +657,11 @@ impl Drop for Connection {
     }
 }
 
-/// One frame Python gave a send: bytes, or a ticket made for the receiver.
+/// One frame Python gave a send: bytes, bytes to send only on demand (with their BLAKE3
+/// if known), or a ticket made for the receiver.
 enum Outbound {
     Bytes(Bytes),
+    OnDemand(Bytes, Option<[u8; 32]>),
     Ticket(TicketClaim, String),
 }
 
@@ -669,13 +671,17 @@ impl Outbound {
             let t = t.get();
             return Ok(Outbound::Ticket(t.claim.clone(), t.holder.clone()));
         }
+        if let Ok(o) = obj.cast::<crate::frames::OnDemand>() {
+            let o = o.get();
+            return Ok(Outbound::OnDemand(o.bytes.clone(), o.digest));
+        }
         bytes_of(obj).map(Outbound::Bytes)
     }
 
     /// Bytes the frame announces (a ticket: none on the stream).
     fn len(&self) -> u64 {
         match self {
-            Outbound::Bytes(b) => b.len() as u64,
+            Outbound::Bytes(b) | Outbound::OnDemand(b, _) => b.len() as u64,
             Outbound::Ticket(..) => 0,
         }
     }
@@ -742,16 +748,18 @@ impl Connection {
                     planned.push(Planned::Ticket(claim));
                     continue;
                 }
-                Outbound::Bytes(b) => b,
+                Outbound::Bytes(b) => (b, false, None),
+                Outbound::OnDemand(b, known) => (b, true, known),
             };
+            let (bytes, on_demand, known) = bytes;
             let len = bytes.len();
-            match policy.plan(send_policy::Frame::Bytes { len, on_demand: false }) {
+            match policy.plan(send_policy::Frame::Bytes { len, on_demand }) {
                 FramePlan::Issue { lazy, xxh3 } => {
                     let buffer = Buffer::from(bytes);
                     // The digest is computed with the GIL released (a large buffer's BLAKE3).
                     let leases = &shared.leases;
                     let tried = py.detach(|| {
-                        let digest = LeaseTable::digest_for(&buffer, None, xxh3);
+                        let digest = LeaseTable::digest_for(&buffer, known, xxh3);
                         leases.try_issue(&buffer, digest, &receiver.node_id)
                     });
                     let Ok(lease) = tried else {

@@ -78,6 +78,39 @@ impl AsRef<[u8]> for Exported {
     }
 }
 
+/// Bytes a send may carry only as an on-demand ticket (spec §7.5, `lazy`): a fallback the
+/// receiver pulls only when it uses it. A receiver that takes no tickets gets the bytes.
+#[pyclass(frozen, module = "handoff._native")]
+pub struct OnDemand {
+    pub(crate) bytes: Bytes,
+    /// The bytes' BLAKE3, when the caller knows it (the owner then does not hash them).
+    pub(crate) digest: Option<[u8; 32]>,
+}
+
+#[pymethods]
+impl OnDemand {
+    /// `data` (any C-contiguous buffer, held without a copy) to send on demand; `digest`,
+    /// if given, is its BLAKE3 (32 bytes).
+    #[new]
+    #[pyo3(signature = (data, digest=None))]
+    fn new(data: &Bound<'_, PyAny>, digest: Option<Vec<u8>>) -> PyResult<OnDemand> {
+        let digest = match digest {
+            None => None,
+            Some(d) => Some(<[u8; 32]>::try_from(d.as_slice()).map_err(|_| {
+                PyValueError::new_err(format!("an on-demand digest is a BLAKE3 of 32 bytes, not {}", d.len()))
+            })?),
+        };
+        Ok(OnDemand {
+            bytes: bytes_of(data)?,
+            digest,
+        })
+    }
+
+    fn __len__(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
 /// The bytes of any C-contiguous buffer-protocol object, without a copy.
 pub(crate) fn bytes_of(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
     if let Ok(frame) = obj.cast::<Frame>() {

@@ -41,6 +41,7 @@ _native = ext
 
 Engine = _native.Engine
 Frame = _native.Frame
+OnDemand = _native.OnDemand
 Received = _native.Received
 Ticket = _native.Ticket
 
@@ -814,7 +815,8 @@ class EngineConnection:
             raise OwnerLost(ticket.owner, ticket.lease, len(ticket), str(e)) from None
         if kind == "refused":
             code, message = value
-            raise TicketRefused(self.label, ticket.lease, what, code, message)
+            owner = self.peer["name"] if self.peer is not None else self.label
+            raise TicketRefused(owner, ticket.lease, what, code, message)
         if kind == "mismatch":
             raise OwnerLost(ticket.owner, ticket.lease, len(ticket), value)
         return kind, value

@@ -69,6 +69,31 @@ class _EngineBudget:
         return driver.engine.buffered_bytes if driver is not None else 0
 
 
+class _EngineLeases:
+    """The node's ticket leases as :class:`Node` reads them (``leases``), from the engine's
+    lease table: its figures, and its expiry. A holder's holds end in the engine with its
+    last connection."""
+
+    def __init__(self, node: "EngineNode", ttl: float):
+        self.node = node
+        #: The ttl of the leases the node issues (seconds), fixed when it starts.
+        self.ttl = ttl
+
+    def stats(self) -> dict:
+        return self.node.ticket_leases()
+
+    pulls = property(lambda self: self.stats()["pulls"])
+    bytes_pulled = property(lambda self: self.stats()["bytes_pulled"])
+    expired = property(lambda self: self.stats()["expired"])
+
+    def expire(self) -> int:
+        driver = self.node._driver
+        return driver.engine.expire_leases()[0] if driver is not None else 0
+
+    def drop_holder(self, node_id: str) -> int:
+        return 0
+
+
 class EngineNode(Node):
     """:class:`~handoff.node.Node` on the Rust engine (see the module's text)."""
 
@@ -84,6 +109,7 @@ class EngineNode(Node):
             )
         super().__init__(*args, **kwargs)
         self._budget = _EngineBudget(self)
+        self.leases = _EngineLeases(self, self.leases.ttl)
         self._driver: Optional[eng.Driver] = None
         self._engine_listeners: list = []
 
@@ -477,7 +503,8 @@ class EnginePeer:
                 # Forwarded or redeemed as the engine says (spec §7.8).
                 frames[i] = self.node._native_ticket(source)
             elif isinstance(source, OnDemand):
-                raise HandoffError("an on-demand frame does not travel on the engine yet")
+                # A lazy ticket to a peer that takes tickets, the bytes to one that does not.
+                frames[i] = eng.OnDemand(frames[i], source.digest)
         return enc.body, frames
 
     async def send(self, type_name: str, body: Any, *, by_ticket: bool = False) -> None:
@@ -503,6 +530,16 @@ class EnginePeer:
         except Exception:  # noqa: BLE001 - send() raises it
             return False
         return True
+
+    def _queue_control(self, msg: wire.Msg) -> None:
+        """Queues a message without frames that the node sends on its own (a pin update,
+        :mod:`handoff.pins`), without waiting; a closed connection drops it."""
+        if self.closed or msg.f:
+            return
+        try:
+            self.ec.send_now(msg.t, msg.b)
+        except (PeerClosed, OSError):
+            pass
 
     async def send_packed(self, type_name: str, body: bytes) -> None:
         check_type_name(type_name)
