@@ -202,7 +202,7 @@ def test_a_dask_process_keeps_no_received_mapping_by_default(env, setting, kept)
 
 
 @gen_test(timeout=60)
-@pytest.mark.engine_gap("received segments are mapped read-only, not copy-on-write")
+@pytest.mark.pure_only("finds the mapping and the lease among the pure peer's parts (the engine's: test_engine_driver)")
 async def test_numpy_arrays_arrive_zero_copy_in_a_private_writable_mapping(monkeypatch):
     monkeypatch.setattr(HandoffComm, "max_shard_size", MIB)  # 8 shards of one buffer
     a, b = await _pair()

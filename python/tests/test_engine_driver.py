@@ -386,6 +386,54 @@ async def test_shm_sends_to_rust_go_as_segments_and_come_back(spawn_rust, rust_s
         driver.close()
 
 
+def _region_of(view) -> str:
+    """The name of the mapping that holds ``view``'s first byte (``/proc/self/maps``)."""
+    import ctypes
+
+    at = ctypes.addressof(ctypes.c_char.from_buffer(view)) if not view.readonly else None
+    if at is None:
+        at = np.frombuffer(view, dtype=np.uint8).ctypes.data
+    with open("/proc/self/maps") as f:
+        for line in f:
+            span, rest = line.split(" ", 1)
+            lo, hi = (int(x, 16) for x in span.split("-"))
+            if lo <= at < hi:
+                parts = rest.split()
+                return parts[4] if len(parts) > 4 else "anonymous memory"
+    return "not mapped"
+
+
+async def test_shm_private_frames_are_writable_views_of_the_segment_and_writes_stay_here(tmp_path):
+    """``Engine(shm_private=True)``: a frame of a same-host peer's segment is a private,
+    writable mapping of it (no copy: it lies in the peer's memfd), and what the receiver
+    writes reaches neither the sender nor the next frame sent from the same segment."""
+    a = Driver(engine("py-eng-private-a"))
+    b = Driver(engine("py-eng-private-b", shm_private=True))
+    listener = await b.listen(f"unix://{tmp_path}/private.sock")
+    try:
+        sender = await a.connect(listener.address)
+        receiver = await listener.accept(10)
+        chunk = np.full(4 * MIB, 7, dtype=np.uint8)
+        for round in range(2):
+            await request(sender, "t.Big", {"data": chunk})
+            got, body = await expect(receiver, "t.Big")
+            frame = got.frames[0]
+            assert frame.kind == "shm" and frame.writable
+            view = memoryview(frame)
+            assert not view.readonly
+            assert _region_of(view).startswith("/memfd:handoff-segment"), "a copy, not the segment"
+            arr = np.frombuffer(view, dtype=np.uint8)
+            assert (arr == 7).all(), f"round {round}: a write of the last round came back"
+            arr[:] = 9  # our own pages from here on
+            del got, body, frame, view, arr  # the lease goes back: round 2 may reuse the segment
+            await asyncio.sleep(0.05)
+        assert (chunk == 7).all()
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
 async def test_python_to_python_over_shm_with_the_lease_cap(tmp_path):
     a = Driver(engine("py-eng-cap-a", max_shm_lease_bytes_per_peer=3 * MIB))
     b = Driver(engine("py-eng-cap-b"))

@@ -310,6 +310,8 @@ pub struct Inbound {
     handed_out: bool,
     hash_behind: Option<HashBehindMaker>,
     mappings: Option<Arc<MappingCache>>,
+    /// Map received frames private and writable (see [`Inbound::with_private_mappings`]).
+    private_mappings: bool,
     /// The node's receive budget and this peer's account in it.
     budget: Option<(Arc<Budget>, Arc<Account>)>,
     /// The room taken for the item being read.
@@ -348,6 +350,7 @@ impl Inbound {
             handed_out: false,
             hash_behind: None,
             mappings: None,
+            private_mappings: false,
             budget: None,
             permit: None,
             owner: None,
@@ -377,6 +380,14 @@ impl Inbound {
     /// ([`Frame::Mapped`]); without it they come out as [`Frame::Shm`] for the driver.
     pub fn with_mappings(mut self, cache: Arc<MappingCache>) -> Inbound {
         self.mappings = Some(cache);
+        self
+    }
+
+    /// With [`with_mappings`](Self::with_mappings): each received frame gets a private,
+    /// writable (copy-on-write) mapping of its own ([`MappingCache::map_private`]), for a
+    /// receiver that writes into what it receives without its writes reaching the sender.
+    pub fn with_private_mappings(mut self, private: bool) -> Inbound {
+        self.private_mappings = private;
         self
     }
 
@@ -918,9 +929,12 @@ impl Inbound {
                     // any later frame is read.
                     r.frames.push(match &self.mappings {
                         Some(cache) => {
-                            let (mapping, at) = cache
-                                .map(fd, size, sealed, offset, len)
-                                .map_err(|e| WireError::BadShm(e.0))?;
+                            let mapped = if self.private_mappings {
+                                cache.map_private(fd, size, sealed, offset, len)
+                            } else {
+                                cache.map(fd, size, sealed, offset, len)
+                            };
+                            let (mapping, at) = mapped.map_err(|e| WireError::BadShm(e.0))?;
                             Frame::Mapped {
                                 mapping,
                                 at,

@@ -1115,7 +1115,8 @@ impl Connection {
         )
         .with_budget(self.shared.budget.clone(), self.account.clone())
         .with_owner(self.shared.leases.clone(), &done.ident.node_id, &self.shared.me.node_id)
-        .with_mappings(self.shared.mappings.clone());
+        .with_mappings(self.shared.mappings.clone())
+        .with_private_mappings(self.shared.shm_private);
         self.shared.register(&done.ident);
         self.peer = Some(done);
         let conn = Established::new(
@@ -1249,9 +1250,12 @@ impl Connection {
                         shared.wake.signal();
                     }
                 });
+                let writable = mapping.writable();
                 let view = RemoteView::new(mapping, at, len as usize, lease, release)
                     .ok_or_else(|| PyValueError::new_err("a frame outside its mapping"))?;
-                Py::new(py, Frame::new(Bytes::from_owner(view), "shm"))?.into_any()
+                let frame = Frame::new(Bytes::from_owner(view), "shm");
+                let frame = if writable { frame.into_writable() } else { frame };
+                Py::new(py, frame)?.into_any()
             }
             InFrame::Shm { .. } => unreachable!("the engine maps segments itself (with_mappings)"),
             InFrame::Ticket(claim) => Py::new(py, Ticket::held(claim, &self.shared))?.into_any(),

@@ -61,6 +61,9 @@ pub(crate) struct Shared {
     /// Within how long a TCP peer that stopped answering (its host lost power, or was cut
     /// off) fails the connection: keepalive and `TCP_USER_TIMEOUT` (`None`: the kernel's).
     pub(crate) tcp_timeout: Option<std::time::Duration>,
+    /// Received segments are mapped private and writable, one mapping per frame
+    /// (`Engine(shm_private=True)`).
+    pub(crate) shm_private: bool,
     /// Ids of the ticket requests this node sends.
     pub(crate) next_req: AtomicU64,
     /// Holds on other nodes' buffers whose last handle was dropped.
@@ -196,6 +199,24 @@ fn set_bound(bounds: &mut Bounds, name: &str, value: f64) -> PyResult<()> {
     Ok(())
 }
 
+/// The process's pool of shared segments that engines send from, as the Python peer's pool
+/// reports itself: `segments`, `bytes`, `idle_segments`, `idle_bytes`, `busy_segments`,
+/// `created`, `reused` and `retired`.
+#[pyfunction]
+pub fn segment_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let s = handoff_proto::shm::segment::SegmentPool::global().stats();
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("segments", s.segments)?;
+    d.set_item("bytes", s.bytes)?;
+    d.set_item("idle_segments", s.idle_segments)?;
+    d.set_item("idle_bytes", s.idle_bytes)?;
+    d.set_item("busy_segments", s.segments - s.idle_segments)?;
+    d.set_item("created", s.created)?;
+    d.set_item("reused", s.reused)?;
+    d.set_item("retired", s.retired)?;
+    Ok(d)
+}
+
 /// A node's engine state, shared by its connections (see the module's text).
 #[pyclass(frozen, module = "handoff._native")]
 pub struct Engine {
@@ -208,7 +229,9 @@ impl Engine {
     /// (spec §5.2). `capabilities` are announced in the handshake; `listen` and `unix` are
     /// the addresses the node announces. `bounds` sets fields of
     /// `handoff_proto::bounds::Bounds` by name (durations in seconds), after the named
-    /// arguments.
+    /// arguments. With `shm_private` each received frame of a same-host peer's segment is a
+    /// private, writable (copy-on-write) mapping of its own, as `handoff.Node(shm_private=True)`
+    /// gives Dask writable arrays.
     #[new]
     #[pyo3(signature = (name, secret, *, host_id=None, capabilities=None, listen=None, unix=None,
                         accept_v1=false, accept_v2=false, handshake_timeout=None,
@@ -217,7 +240,7 @@ impl Engine {
                         max_shm_lease_bytes_per_peer=None, tls_cert_chain=None, tls_key=None,
                         tls_ca=None, tls_server_name=None, ticket_threshold=None,
                         lease_ttl=None, max_lease_bytes=None, write_timeout=None,
-                        tcp_timeout=None, bounds=None))]
+                        tcp_timeout=None, bounds=None, shm_private=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -244,6 +267,7 @@ impl Engine {
         write_timeout: Option<f64>,
         tcp_timeout: Option<f64>,
         bounds: Option<std::collections::HashMap<String, f64>>,
+        shm_private: bool,
     ) -> PyResult<Engine> {
         let tls = match (tls_cert_chain, tls_key, tls_ca) {
             (None, None, None) => None,
@@ -343,6 +367,7 @@ impl Engine {
                 leases,
                 ticket_threshold,
                 tcp_timeout,
+                shm_private,
                 next_req: AtomicU64::new(1),
                 ended_holds: EndedHolds::default(),
                 connected: Mutex::default(),

@@ -18,11 +18,24 @@ use pyo3::prelude::*;
 pub struct Frame {
     bytes: Bytes,
     kind: &'static str,
+    /// The bytes lie in a private (copy-on-write) mapping of their own: views may write.
+    writable: bool,
 }
 
 impl Frame {
     pub(crate) fn new(bytes: Bytes, kind: &'static str) -> Frame {
-        Frame { bytes, kind }
+        Frame {
+            bytes,
+            kind,
+            writable: false,
+        }
+    }
+
+    /// The same frame, exported writable: its bytes lie in a private mapping made for it
+    /// alone (`handoff_proto::shm::MappingCache::map_private`), whose writes reach no other
+    /// frame and not the sender.
+    pub(crate) fn into_writable(self) -> Frame {
+        Frame { writable: true, ..self }
     }
 
     /// The bytes.
@@ -47,17 +60,27 @@ impl Frame {
         format!("<Frame {} {} bytes>", self.kind, self.bytes.len())
     }
 
+    /// Whether views of the frame may write (a private mapping of a peer's segment).
+    #[getter]
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
-        if flags & pyo3::ffi::PyBUF_WRITABLE == pyo3::ffi::PyBUF_WRITABLE {
+        let (ptr, len, writable) = {
+            let frame = slf.get();
+            (frame.bytes.as_ptr(), frame.bytes.len(), frame.writable)
+        };
+        if !writable && flags & pyo3::ffi::PyBUF_WRITABLE == pyo3::ffi::PyBUF_WRITABLE {
             return Err(PyBufferError::new_err("a received frame is read-only"));
         }
-        let (ptr, len) = {
-            let frame = slf.get();
-            (frame.bytes.as_ptr(), frame.bytes.len())
-        };
         // SAFETY: the view keeps the frame (and so its bytes, which never move) alive until
-        // it is released: `obj` takes a reference to it.
-        let r = unsafe { pyo3::ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut _, len as isize, 1, flags) };
+        // it is released: `obj` takes a reference to it. A writable frame's bytes are a
+        // private mapping made for it alone (`Frame::writable`), so a write through the view
+        // changes memory no other frame and no other process sees.
+        let readonly = c_int::from(!writable);
+        let r =
+            unsafe { pyo3::ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut _, len as isize, readonly, flags) };
         if r == 0 {
             Ok(())
         } else {

@@ -41,10 +41,8 @@ log = logging.getLogger("handoff")
 NOT_YET = {
     "preamble": "a preamble other than the node's own",
 }
-# Taken, with a difference: ``shm_pool`` is what the engine always does (it sends from its
-# pool of reused segments), and ``shm_private`` still delivers read-only views of the
-# sender's segment (a consumer that needs to write copies, as Dask does for read-only
-# frames) until the engine maps received segments copy-on-write.
+# ``shm_pool`` is what the engine always does (it sends from its pool of reused segments);
+# ``shm_private`` maps each received frame private and writable (copy-on-write).
 
 
 class _EngineBudget:
@@ -235,6 +233,7 @@ class EngineNode(Node):
             tcp_timeout=self.tcp_timeout,
             max_lease_bytes=b.max_ticket_bytes,
             bounds=self._engine_bounds(),
+            shm_private=self.shm_private,
             **self._engine_tls(),
         )
         if self.types is not None:

@@ -50,8 +50,9 @@ from .turns import after_new_input
 from .transport import Transport, keepalive_plan, raise_unix_send_buffer
 
 
-def _engine_wanted() -> bool:
-    """``HANDOFF_ENGINE=1``: nodes run on the Rust engine (:mod:`handoff.engine_node`)."""
+def engine_default() -> bool:
+    """Whether nodes that do not say run on the Rust engine (:mod:`handoff.engine_node`):
+    ``HANDOFF_ENGINE=1``."""
     return os.environ.get("HANDOFF_ENGINE") == "1"
 
 
@@ -146,7 +147,7 @@ class Node:
     """
 
     def __new__(cls, *args, engine: Optional[bool] = None, **kwargs):
-        if cls is Node and (engine if engine is not None else _engine_wanted()):
+        if cls is Node and (engine if engine is not None else engine_default()):
             if _ENGINE_NODE is None:
                 raise ValueError(f"a node on the engine needs the extension handoff._native: {native.REASON}")
             return super().__new__(_ENGINE_NODE)

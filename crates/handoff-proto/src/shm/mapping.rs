@@ -18,18 +18,44 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use memmap2::{Mmap, MmapOptions};
+use memmap2::{Mmap, MmapMut, MmapOptions};
 use rustix::fs::SealFlags;
 
 /// Received segments whose descriptors the cache keeps, so that their buffers can be
 /// forwarded with no copy: the ones received last.
 pub const FORWARDABLE: usize = 64;
 
-/// A peer's segment, or the part of it around a window, mapped read-only into this process.
+/// How a segment is mapped here.
+enum Map {
+    /// Shared and read-only: the segment's own pages (kept in the cache for reuse).
+    Shared(Mmap),
+    /// Private and writable (copy-on-write): the receiver may write, its writes go to pages
+    /// of its own and never reach the segment; made for one frame and never reused.
+    Private(MmapMut),
+}
+
+impl Map {
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            Map::Shared(m) => m.as_ptr(),
+            Map::Private(m) => m.as_ptr(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Map::Shared(m) => m.len(),
+            Map::Private(m) => m.len(),
+        }
+    }
+}
+
+/// A peer's segment, or the part of it around a window, mapped into this process:
+/// read-only and shared, or private and writable ([`MappingCache::map_private`]).
 pub struct Mapping {
     /// The segment's descriptor while it is among the [`FORWARDABLE`] received last.
     fd: Mutex<Option<Arc<OwnedFd>>>,
-    map: Mmap,
+    map: Map,
     inode: (u64, u64),
     sealed: bool,
     /// Size of the whole segment.
@@ -48,6 +74,12 @@ impl Mapping {
     /// The first mapped byte (byte `file_offset` of the segment).
     pub fn base(&self) -> *const u8 {
         self.map.as_ptr()
+    }
+
+    /// Whether the mapping is private and writable: the one holder of a view of it may
+    /// write through it, and its writes stay in this process.
+    pub fn writable(&self) -> bool {
+        matches!(self.map, Map::Private(_))
     }
 
     /// Bytes mapped.
@@ -169,35 +201,57 @@ impl MappingCache {
         offset: u64,
         len: u64,
     ) -> Result<(Arc<Mapping>, usize), MapError> {
-        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| {
-            MapError(format!(
-                "the received descriptor is not a sealable shared-memory file (F_GET_SEALS: {e}); \
-                 segments must be memfds sealed against shrinking"
-            ))
-        })?;
-        if !seals.contains(SEAL_NEEDED) {
-            return Err(MapError(format!(
-                "the received segment is not sealed against shrinking (its seals are {seals:?}); \
-                 a sender must add F_SEAL_SHRINK before passing a segment"
-            )));
+        let inode = checked(&fd, size, sealed)?;
+        self.map_checked(fd, inode, size, sealed, offset, len)
+    }
+
+    /// Maps the window `offset .. offset + len` of the segment behind `fd` private and
+    /// writable (copy-on-write), after the same checks as [`map`](Self::map): a mapping of
+    /// the window's pages for this one frame, never shared with another frame nor reused,
+    /// so that the receiver's writes reach neither the segment nor any later frame in it.
+    /// The descriptor is closed here (such a frame is copied if it is passed on).
+    pub fn map_private(
+        &self,
+        fd: OwnedFd,
+        size: u64,
+        sealed: bool,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Arc<Mapping>, usize), MapError> {
+        let inode = checked(&fd, size, sealed)?;
+        let page = page_size();
+        let start = offset / page * page;
+        let end = ((offset + len).div_ceil(page) * page).min(size).max(start + 1);
+        // SAFETY: a private mapping of a file sealed against shrinking, within the size we
+        // checked: no part of it can disappear while it is mapped; our writes go to pages of
+        // our own (copy-on-write) and never to the file.
+        let map = unsafe {
+            MmapOptions::new()
+                .offset(start)
+                .len((end - start) as usize)
+                .map_copy(&fd)
         }
-        if sealed && !seals.contains(SEALS_FOR_SEALED) {
-            return Err(MapError(format!(
-                "the descriptor claims a sealed segment, but its seals are {seals:?}"
-            )));
-        }
-        let st = rustix::fs::fstat(&fd).map_err(|e| MapError(format!("cannot stat the received descriptor: {e}")))?;
-        if st.st_size as u64 != size {
-            return Err(MapError(format!(
-                "the descriptor says the segment has {size} bytes, the received file has {}",
-                st.st_size
-            )));
-        }
-        if size == 0 {
-            return Err(MapError("an empty shared segment".into()));
-        }
-        // The same `fstat` names the segment (device and inode): one system call, not two.
-        let inode = (st.st_dev, st.st_ino);
+        .map_err(|e| MapError(format!("cannot map the received segment privately: {e}")))?;
+        let mapping = Arc::new(Mapping {
+            fd: Mutex::new(None),
+            map: Map::Private(map),
+            inode,
+            sealed,
+            segment_size: size,
+            file_offset: start,
+        });
+        Ok((mapping, (offset - start) as usize))
+    }
+
+    fn map_checked(
+        &self,
+        fd: OwnedFd,
+        inode: (u64, u64),
+        size: u64,
+        sealed: bool,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Arc<Mapping>, usize), MapError> {
         let tick = self.tick.fetch_add(1, Ordering::Relaxed);
         let mut entries = self.entries.lock().expect("mapping cache lock");
         if let Some(list) = entries.get_mut(&inode) {
@@ -221,7 +275,7 @@ impl MappingCache {
             .map_err(|e| MapError(format!("cannot map the received segment: {e}")))?;
         let mapping = Arc::new(Mapping {
             fd: Mutex::new(None),
-            map,
+            map: Map::Shared(map),
             inode,
             sealed,
             segment_size: size,
@@ -236,7 +290,42 @@ impl MappingCache {
         self.keep_fd(&mapping, fd);
         Ok((mapping, (offset - start) as usize))
     }
+}
 
+/// The checks of spec §7.2 on a received segment (seals, then size); its (device, inode).
+fn checked(fd: &OwnedFd, size: u64, sealed: bool) -> Result<(u64, u64), MapError> {
+    let seals = rustix::fs::fcntl_get_seals(fd).map_err(|e| {
+        MapError(format!(
+            "the received descriptor is not a sealable shared-memory file (F_GET_SEALS: {e}); \
+                 segments must be memfds sealed against shrinking"
+        ))
+    })?;
+    if !seals.contains(SEAL_NEEDED) {
+        return Err(MapError(format!(
+            "the received segment is not sealed against shrinking (its seals are {seals:?}); \
+                 a sender must add F_SEAL_SHRINK before passing a segment"
+        )));
+    }
+    if sealed && !seals.contains(SEALS_FOR_SEALED) {
+        return Err(MapError(format!(
+            "the descriptor claims a sealed segment, but its seals are {seals:?}"
+        )));
+    }
+    let st = rustix::fs::fstat(fd).map_err(|e| MapError(format!("cannot stat the received descriptor: {e}")))?;
+    if st.st_size as u64 != size {
+        return Err(MapError(format!(
+            "the descriptor says the segment has {size} bytes, the received file has {}",
+            st.st_size
+        )));
+    }
+    if size == 0 {
+        return Err(MapError("an empty shared segment".into()));
+    }
+    // The same `fstat` names the segment (device and inode): one system call, not two.
+    Ok((st.st_dev, st.st_ino))
+}
+
+impl MappingCache {
     /// Drops every mapping no view uses (when the peers that sent them are gone).
     pub fn forget_idle(&self) {
         let mut entries = self.entries.lock().expect("mapping cache lock");
@@ -301,5 +390,51 @@ mod tests {
         );
         let (start, len) = span(1 << 40, page - 1, 2);
         assert_eq!((start, len), (0, 2 * page), "a window across a page boundary");
+    }
+
+    /// A memfd of `size` bytes holding `fill`, sealed against shrinking (as senders pass).
+    fn segment(size: usize, fill: u8) -> OwnedFd {
+        use rustix::fs::MemfdFlags;
+        let fd = rustix::fs::memfd_create("test-segment", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+        rustix::fs::ftruncate(&fd, size as u64).unwrap();
+        rustix::io::pwrite(&fd, &vec![fill; size], 0).unwrap();
+        rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK).unwrap();
+        fd
+    }
+
+    fn dup(fd: &OwnedFd) -> OwnedFd {
+        rustix::io::fcntl_dupfd_cloexec(fd, 0).unwrap()
+    }
+
+    #[test]
+    fn a_private_mapping_takes_writes_that_reach_neither_the_segment_nor_the_next_frame() {
+        let cache = MappingCache::new(1 << 30);
+        let fd = segment(3 * 4096, 7);
+        let (first, at) = cache.map_private(dup(&fd), 3 * 4096, false, 4096 + 10, 100).unwrap();
+        assert!(first.writable());
+        // SAFETY: a private mapping of ours, `at + 100` within it.
+        unsafe { std::ptr::write_bytes(first.base().add(at) as *mut u8, 9, 100) };
+        // The segment keeps its bytes: what the sender and any later frame see.
+        let mut back = [0u8; 100];
+        rustix::io::pread(&fd, &mut back, 4096 + 10).unwrap();
+        assert_eq!(back, [7u8; 100], "a write went to the segment");
+        let (second, at2) = cache.map_private(dup(&fd), 3 * 4096, false, 4096 + 10, 100).unwrap();
+        // SAFETY: within the mapping just made.
+        let seen = unsafe { std::slice::from_raw_parts(second.base().add(at2), 100) };
+        assert_eq!(seen, [7u8; 100], "the next frame saw the first one's writes");
+        assert_eq!(cache.mapped_bytes(), 0, "private mappings are not kept for reuse");
+        // A shared mapping of the same window is read-only, and cached.
+        let (shared, _) = cache.map(dup(&fd), 3 * 4096, false, 4096 + 10, 100).unwrap();
+        assert!(!shared.writable() && cache.mapped_bytes() > 0);
+    }
+
+    #[test]
+    fn a_private_mapping_is_refused_as_a_shared_one_is() {
+        let cache = MappingCache::new(1 << 30);
+        let fd = segment(4096, 1);
+        let err = cache.map_private(dup(&fd), 8192, false, 0, 10).unwrap_err();
+        assert!(err.0.contains("the received file has 4096"), "{}", err.0);
+        let err = cache.map_private(dup(&fd), 4096, true, 0, 10).unwrap_err();
+        assert!(err.0.contains("claims a sealed segment"), "{}", err.0);
     }
 }

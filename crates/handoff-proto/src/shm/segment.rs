@@ -100,6 +100,9 @@ struct PoolState {
     idle_bytes: usize,
     segments: usize,
     bytes: usize,
+    created: u64,
+    reused: u64,
+    retired: u64,
 }
 
 /// What the pool holds now.
@@ -113,6 +116,15 @@ pub struct PoolStats {
     pub idle_segments: usize,
     /// Bytes of idle segments.
     pub idle_bytes: usize,
+    /// Segments created since the process started.
+    #[serde(default)]
+    pub created: u64,
+    /// Times an idle segment was taken again.
+    #[serde(default)]
+    pub reused: u64,
+    /// Segments given back when the pool held as many idle bytes as it keeps (closed).
+    #[serde(default)]
+    pub retired: u64,
 }
 
 /// The process's pool of shared-memory segments.
@@ -159,6 +171,7 @@ impl SegmentPool {
             let found = state.free.get_mut(&class).and_then(Vec::pop);
             if let Some(d) = &found {
                 state.idle_bytes -= d.size();
+                state.reused += 1;
             }
             found
         };
@@ -169,6 +182,7 @@ impl SegmentPool {
                 let mut state = self.state.lock().expect("pool lock");
                 state.segments += 1;
                 state.bytes += class;
+                state.created += 1;
                 d
             }
         };
@@ -187,6 +201,7 @@ impl SegmentPool {
         } else {
             state.segments -= 1;
             state.bytes -= size;
+            state.retired += 1;
         }
     }
 
@@ -198,6 +213,9 @@ impl SegmentPool {
             bytes: state.bytes,
             idle_segments: state.free.values().map(Vec::len).sum(),
             idle_bytes: state.idle_bytes,
+            created: state.created,
+            reused: state.reused,
+            retired: state.retired,
         }
     }
 

@@ -85,6 +85,7 @@ from __future__ import annotations
 
 from ..pool import pool
 from .. import native, pins
+from ..node import engine_default
 from . import config  # noqa: F401  (registers the configuration defaults)
 from . import serialize  # noqa: F401  (registers the serialization family)
 from . import data  # noqa: F401  (registers dataset objects as route-aware types)
@@ -96,6 +97,13 @@ from .listener import HandoffListener
 __all__ = ["HandoffBackend", "HandoffComm", "HandoffConnector", "HandoffListener", "stats"]
 
 
+def _pool_stats() -> dict:
+    """The pool this process's nodes send from: the engine's, for nodes on the engine."""
+    if engine_default() and native.ext is not None:
+        return native.ext.segment_pool_stats()
+    return pool().stats()
+
+
 def stats() -> dict:
     """This process's comms and bytes by channel, its pool of shared segments, the pins
     its nodes keep for peers (:func:`handoff.pins.stats`), and which implementation it
@@ -103,7 +111,7 @@ def stats() -> dict:
     :mod:`handoff.native`)."""
     return {
         "counters": dict(counters),
-        "pool": pool().stats(),
+        "pool": _pool_stats(),
         "pins": pins.stats(),
         "native": native.ENABLED,
         "native_reason": native.REASON,
