@@ -81,6 +81,7 @@ async def test_shm_python_to_rust(spawn_rust, rust_stats):
         assert ["py-shm-out", "shm"] in stats["peers"]
 
 
+@pytest.mark.pure_only("finds the mapping behind a view with the pure peer's mapping table")
 async def test_shm_rust_to_python_zero_copy_and_release(spawn_rust, rust_stats):
     rust = await spawn_rust("rs-shm-out")
     async with Node("py-shm-in", secret=SECRET) as node:

@@ -302,7 +302,6 @@ async def test_bad_shm(case):
         assert err.code == "bad-shm", err
 
 
-@pytest.mark.engine_gap("a received frame does not say its lease")
 async def test_raw_shm_frame_is_received_and_released():
     async with Node("a", secret="k", listen="127.0.0.1:0") as a:
         fd = _memfd(8192)

@@ -120,6 +120,7 @@ def test_dialer_nonces_are_remembered_for_their_window_and_bounded(monkeypatch):
     assert len(seen) == 3 and not seen.sent_as_dialer(many[0]) and seen.sent_as_dialer(many[-1])
 
 
+@pytest.mark.pure_only("reads the pure node's table of dialer nonces")
 async def test_a_nodes_window_is_twice_its_handshake_timeout():
     from handoff.bounds import Bounds
 
@@ -133,9 +134,11 @@ async def test_two_nodes_of_one_process_connect_both_ways_on_tcp_and_shm():
             for channel in ("tcp", "shm"):
                 p = await x.connect(y.listen_addr, channel=channel)
                 assert (p.channel, p.protocol_version) == (channel, 3)
-        assert len(a.dialer_nonces) >= 2 and len(b.dialer_nonces) >= 2
+        if a.dialer_nonces is not None:  # (a node on the engine keeps them in Rust)
+            assert len(a.dialer_nonces) >= 2 and len(b.dialer_nonces) >= 2
 
 
+@pytest.mark.pure_only("reads the pure node's table of dialer nonces")
 async def test_a_nodes_own_dialer_nonce_as_a_challenge_is_refused():
     """What the relay of §5.8 presents on the accepted connection."""
     async with py_node("n") as n:

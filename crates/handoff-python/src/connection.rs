@@ -467,7 +467,7 @@ impl Connection {
         }
         let body = bytes_of(body)?;
         let frames = frames.iter().map(Outbound::of).collect::<PyResult<Vec<Outbound>>>()?;
-        let limits = self.shared.limits;
+        let limits = self.shared.limits.for_sending();
         let label = self.label.clone();
         // (message, code, limit): Python raises `MessageTooLarge` with the code the peer
         // would have sent and the limit it would have applied.
@@ -1251,9 +1251,16 @@ impl Connection {
                     }
                 });
                 let writable = mapping.writable();
+                let origin = crate::frames::ShmOrigin {
+                    lease,
+                    inode: mapping.inode(),
+                    offset: (mapping.file_offset() + at) as u64,
+                    size: mapping.segment_size() as u64,
+                    sealed: mapping.sealed(),
+                };
                 let view = RemoteView::new(mapping, at, len as usize, lease, release)
                     .ok_or_else(|| PyValueError::new_err("a frame outside its mapping"))?;
-                let frame = Frame::new(Bytes::from_owner(view), "shm");
+                let frame = Frame::shared(Bytes::from_owner(view), origin);
                 let frame = if writable { frame.into_writable() } else { frame };
                 Py::new(py, frame)?.into_any()
             }

@@ -160,6 +160,30 @@ impl Wake {
     }
 }
 
+/// The limits of one message (spec §9) from `given`, by field name (`max_header_bytes`,
+/// `max_frames`, `max_frame_bytes`, `max_message_bytes`, `max_header_values`), the rest
+/// the defaults; an unknown name or a value out of range is refused naming it.
+fn limits_of(given: std::collections::HashMap<String, u64>) -> PyResult<Limits> {
+    let mut limits = Limits::default();
+    for (name, value) in given {
+        let small =
+            || u32::try_from(value).map_err(|_| PyValueError::new_err(format!("limit {name} cannot be {value}")));
+        match name.as_str() {
+            "max_header_bytes" => limits.max_header_bytes = small()?,
+            "max_frames" => limits.max_frames = small()?,
+            "max_frame_bytes" => limits.max_frame_bytes = value,
+            "max_message_bytes" => limits.max_message_bytes = value,
+            "max_header_values" => limits.max_header_values = small()?,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "no limit named {name} (handoff_wire::Limits)"
+                )))
+            }
+        }
+    }
+    Ok(limits)
+}
+
 /// Sets the field `name` of `bounds` (`handoff_proto::bounds::Bounds`, durations in
 /// seconds) to `value`; an unknown name, or a value that is not a whole number of at least
 /// 1 (a positive number of seconds for a duration), is refused naming it.
@@ -240,7 +264,7 @@ impl Engine {
                         max_shm_lease_bytes_per_peer=None, tls_cert_chain=None, tls_key=None,
                         tls_ca=None, tls_server_name=None, ticket_threshold=None,
                         lease_ttl=None, max_lease_bytes=None, write_timeout=None,
-                        tcp_timeout=None, bounds=None, shm_private=false))]
+                        tcp_timeout=None, bounds=None, shm_private=false, limits=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -268,6 +292,7 @@ impl Engine {
         tcp_timeout: Option<f64>,
         bounds: Option<std::collections::HashMap<String, f64>>,
         shm_private: bool,
+        limits: Option<std::collections::HashMap<String, u64>>,
     ) -> PyResult<Engine> {
         let tls = match (tls_cert_chain, tls_key, tls_ca) {
             (None, None, None) => None,
@@ -288,6 +313,10 @@ impl Engine {
             Some(s) => Err(PyValueError::new_err(format!(
                 "{what} must be a positive number of seconds, not {s}"
             ))),
+        };
+        let node_limits = match limits {
+            None => Limits::default(),
+            Some(given) => limits_of(given)?,
         };
         let given_bounds = bounds;
         let mut bounds = Bounds::DEFAULT;
@@ -350,7 +379,7 @@ impl Engine {
             Shared {
                 me,
                 secret,
-                limits: Limits::default(),
+                limits: node_limits,
                 bounds,
                 preamble: Preamble::ours(accept_v1, accept_v2),
                 listen,

@@ -20,6 +20,23 @@ pub struct Frame {
     kind: &'static str,
     /// The bytes lie in a private (copy-on-write) mapping of their own: views may write.
     writable: bool,
+    /// For a view of a peer's segment: the sender's lease, and where the frame lies.
+    shm: Option<ShmOrigin>,
+}
+
+/// Where a received shared-memory frame lies, and the lease that keeps it.
+#[derive(Clone, Copy)]
+pub(crate) struct ShmOrigin {
+    /// The sender's lease on it (released when the last view is gone).
+    pub(crate) lease: u64,
+    /// The segment's (device, inode).
+    pub(crate) inode: (u64, u64),
+    /// Where the frame starts in the segment.
+    pub(crate) offset: u64,
+    /// The segment's size.
+    pub(crate) size: u64,
+    /// Whether the sender sealed the segment against writes.
+    pub(crate) sealed: bool,
 }
 
 impl Frame {
@@ -28,6 +45,15 @@ impl Frame {
             bytes,
             kind,
             writable: false,
+            shm: None,
+        }
+    }
+
+    /// A view of a peer's segment (`origin` says which, and where).
+    pub(crate) fn shared(bytes: Bytes, origin: ShmOrigin) -> Frame {
+        Frame {
+            shm: Some(origin),
+            ..Frame::new(bytes, "shm")
         }
     }
 
@@ -64,6 +90,27 @@ impl Frame {
     #[getter]
     fn writable(&self) -> bool {
         self.writable
+    }
+
+    /// For a view of a peer's segment: the sender's lease on it; else `None`.
+    #[getter]
+    fn lease(&self) -> Option<u64> {
+        self.shm.map(|s| s.lease)
+    }
+
+    /// For a view of a peer's segment, where it lies, as `handoff.demo.Held` says it
+    /// (Appendix A): `{device, inode, offset, size, pool_id, sealed}`; else `None`.
+    #[getter]
+    fn segment<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, pyo3::types::PyDict>>> {
+        let Some(s) = self.shm else { return Ok(None) };
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("device", s.inode.0)?;
+        d.set_item("inode", s.inode.1)?;
+        d.set_item("offset", s.offset)?;
+        d.set_item("size", s.size)?;
+        d.set_item("pool_id", py.None())?;
+        d.set_item("sealed", s.sealed)?;
+        Ok(Some(d))
     }
 
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {

@@ -69,6 +69,20 @@ impl Limits {
             ..*self
         }
     }
+
+    /// The limits a node sends within: the defaults of spec §9, or these where smaller. A
+    /// node that accepts more than the defaults still sends nothing a peer with the
+    /// defaults must refuse (as the Python peer's `outgoing.send_limits`).
+    pub fn for_sending(&self) -> Limits {
+        let d = Limits::DEFAULT;
+        Limits {
+            max_header_bytes: self.max_header_bytes.min(d.max_header_bytes),
+            max_frames: self.max_frames.min(d.max_frames),
+            max_frame_bytes: self.max_frame_bytes.min(d.max_frame_bytes),
+            max_message_bytes: self.max_message_bytes.min(d.max_message_bytes),
+            ..*self
+        }
+    }
 }
 
 impl Limits {

@@ -264,10 +264,10 @@ impl Peer {
             })
     }
 
-    /// The limits a receiver enforces, as this node enforces them itself (spec §9).
+    /// The limits a receiver enforces: this node's, where smaller than the defaults of spec §9.
     fn limits(&self) -> Result<handoff_wire::Limits> {
         let node = self.0.local.upgrade().ok_or(Error::NodeClosed)?;
-        Ok(node.context().limits)
+        Ok(node.context().limits.for_sending())
     }
 
     /// Ends the leases of tickets we issued for a message that was not sent after all.

@@ -812,7 +812,8 @@ class EngineConnection:
                 ticket.owner, ticket.lease, len(ticket), f"no answer to the {what} within {self.driver.pull_timeout} s"
             ) from None
         except PeerClosed as e:
-            raise OwnerLost(ticket.owner, ticket.lease, len(ticket), str(e)) from None
+            owner = self.peer["name"] if self.peer is not None else ticket.owner
+            raise OwnerLost(owner, ticket.lease, len(ticket), str(e)) from None
         if kind == "refused":
             code, message = value
             owner = self.peer["name"] if self.peer is not None else self.label

@@ -14,6 +14,7 @@ way; options the engine does not take yet are refused by name (:data:`NOT_YET`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -27,7 +28,7 @@ from .envelope import Envelope, ReceivedFrame
 from .errors import HandoffError, PeerClosed
 from .inbox import ConnectionQueue, Inbox
 from . import node as _node
-from .node import _LISTEN_BACKLOG, STATS_MAX_PEERS, Node
+from .node import _LISTEN_BACKLOG, Node
 from .outgoing import check_type_name
 from .route import Route
 from .shm import PooledFrame, SharedFrame
@@ -108,6 +109,7 @@ class EngineNode(Node):
         super().__init__(*args, **kwargs)
         self._budget = _EngineBudget(self)
         self.leases = _EngineLeases(self, self.leases.ttl)
+        self.dialer_nonces = None  # the engine's own (handoff_proto::handshake::DialerNonces)
         self._driver: Optional[eng.Driver] = None
         self._engine_listeners: list = []
 
@@ -234,6 +236,7 @@ class EngineNode(Node):
             max_lease_bytes=b.max_ticket_bytes,
             bounds=self._engine_bounds(),
             shm_private=self.shm_private,
+            limits=dataclasses.asdict(self.limits),
             **self._engine_tls(),
         )
         if self.types is not None:
@@ -366,11 +369,6 @@ class EngineNode(Node):
             }
         return self._driver.engine.ticket_lease_stats()
 
-    def stats(self) -> dict:
-        out = super().stats()
-        peers = self.peers
-        out["peers"] = [[p.name, p.channel] for p in peers[:STATS_MAX_PEERS]]
-        return out
 
 
 class EngineTicket(PyTicket):
@@ -581,7 +579,7 @@ class EnginePeer:
     def _frame(self, f: Any) -> ReceivedFrame:
         if isinstance(f, eng.Ticket):
             return ReceivedFrame("ticket", EngineTicket(self.node, f, self.node._owner_label(f)))
-        return ReceivedFrame(_KINDS.get(f.kind, f.kind), memoryview(f))
+        return ReceivedFrame(_KINDS.get(f.kind, f.kind), memoryview(f), f.lease, f.segment)
 
     async def recv(self, timeout: Optional[float] = None) -> Envelope:
         if self.queue is None:

@@ -147,7 +147,10 @@ class Node:
     """
 
     def __new__(cls, *args, engine: Optional[bool] = None, **kwargs):
-        if cls is Node and (engine if engine is not None else engine_default()):
+        # A node that plays an older peer (``preamble``, tests only) is the pure one.
+        if engine is None:
+            engine = engine_default() and kwargs.get("preamble") is None
+        if cls is Node and engine:
             if _ENGINE_NODE is None:
                 raise ValueError(f"a node on the engine needs the extension handoff._native: {native.REASON}")
             return super().__new__(_ENGINE_NODE)
