@@ -8,7 +8,10 @@ ping-pong as handoff messages through ``handoff.engine`` (the handshake first, t
 ``msg`` with a body of ``{"seq": n, "data": <100 bytes>}`` encoded and decoded by
 ``handoff.codec`` on both sides, as an application does), on the same kind of socket pair;
 the ``no codec`` row sends and echoes the body as it is (what the engine and its driver
-add on their own).
+add on their own). The ``Node`` rows are what applications run: ``handoff.Node`` on the
+engine (``engine=True``) and the Python implementation, each side a node, the pinger's
+``peer.send`` and ``node.recv`` against the echo's, over the node's own TCP listener or
+Unix socket.
 
 Each style has an echo process of its own, forked once; the pinger runs every style in one
 event loop, one batch at a time, the order rotating each round, so that a drift of the
@@ -37,7 +40,23 @@ from python_rtt_floor import MESSAGE_BYTES, echo_add_reader, ping_add_reader, so
 
 SECRET = b"bench secret"
 TYPE = "handoff.bench.Ping"
-STYLES = ("add_reader", "engine", "engine, no codec")
+STYLES = ("add_reader", "engine", "engine, no codec", "Node on the engine", "Node (Python)")
+NODE_STYLES = {"Node on the engine": True, "Node (Python)": False}
+
+
+async def echo_node(w: int, channel: str, engine: bool) -> None:
+    """A node that echoes every message to its sender; writes its address to ``w``."""
+    from handoff import Node
+
+    async with Node("bench-echo", secret=SECRET, listen="127.0.0.1:0", engine=engine, shm=channel == "unix") as node:
+        addr = node.listen_addr if channel == "tcp" else node.unix_addr
+        os.write(w, addr.encode() + b"\n")
+        os.close(w)
+        while True:
+            env = await node.recv()
+            if env.type_name == "bench.Stop":
+                break
+            await env.sender.send(env.type_name, env.body)
 
 
 async def echo_engine(sock, codec: bool = True) -> None:
@@ -76,7 +95,19 @@ def pin(cpu: int) -> None:
 
 
 def fork_echo(channel: str, style: str):
-    """A socket pair whose other end a forked process echoes in ``style``: (socket, pid)."""
+    """A socket pair whose other end a forked process echoes in ``style``: (socket, pid);
+    for a ``Node`` style, the echo node's address instead of a socket."""
+    if style in NODE_STYLES:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            pin(1)
+            asyncio.run(echo_node(w, channel, NODE_STYLES[style]))
+            os._exit(0)
+        os.close(w)
+        with os.fdopen(r) as f:
+            return f.readline().strip(), pid
     a, b = socket_pair(channel)
     pid = os.fork()
     if pid == 0:
@@ -99,15 +130,27 @@ async def measure(channel: str, n: int, rounds: int) -> dict:
     pin(0)
     driver = Driver(Engine("bench-pinger", SECRET))
     conns = {}
-    for style in STYLES[1:]:
+    for style in ("engine", "engine, no codec"):
         conns[style] = driver.adopt(echoes[style][0], "dialer", style)
         await conns[style].ready(10)
+    from handoff import Node
+
+    nodes, peers = {}, {}
+    for style, engine in NODE_STYLES.items():
+        nodes[style] = await Node(f"bench-pinger-{int(engine)}", secret=SECRET, engine=engine).start()
+        peers[style] = await nodes[style].connect(echoes[style][0], channel="tcp" if channel == "tcp" else None)
     data = os.urandom(MESSAGE_BYTES)
     raw = encode_body({"seq": 0, "data": data}).body
 
     async def ping(style: str, k: int) -> None:
         if style == "add_reader":
             await ping_add_reader(echoes[style][0], k)
+            return
+        if style in NODE_STYLES:
+            node, peer = nodes[style], peers[style]
+            for seq in range(k):
+                await peer.send(TYPE, {"seq": seq, "data": data})
+                (await node.recv(30)).body
             return
         conn = conns[style]
         for seq in range(k):
@@ -124,14 +167,18 @@ async def measure(channel: str, n: int, rounds: int) -> dict:
         await ping(style, 500)  # warm-up
     per_rt: dict[str, list[float]] = {style: [] for style in STYLES}
     for r in range(rounds):
-        order = STYLES[r % 3 :] + STYLES[: r % 3]
+        order = STYLES[r % len(STYLES) :] + STYLES[: r % len(STYLES)]
         for style in order:
             t = time.perf_counter()
             await ping(style, n)
             per_rt[style].append((time.perf_counter() - t) / n)
     driver.close()
+    for style, node in nodes.items():
+        await peers[style].send("bench.Stop", {})
+        await node.close()
     for style, (sock, pid) in echoes.items():
-        sock.close()
+        if style not in NODE_STYLES:
+            sock.close()
         os.waitpid(pid, 0)
     return per_rt
 

@@ -503,6 +503,12 @@ class EngineConnection:
         self._redeemer: Optional[asyncio.Task] = None
         #: Our ticket requests on this connection, by id, waiting for the owner's answer.
         self._requests: dict[int, asyncio.Future] = {}
+        #: Set by a node that takes each message in the loop's callback that read it
+        #: (instead of :meth:`recv`): called with each ``Received``, in order.
+        self.on_message: Optional[Callable[[Received], None]] = None
+        #: Called once with why the connection ended, after its last message.
+        self.on_end: Optional[Callable[[Exception], None]] = None
+        self._end_told = False
         #: Sends waiting until the stream is written up to their message's end, in order:
         #: ``(end offset, future)``. A peer that reads nothing makes its senders wait here
         #: (and, past the write timeout, fail), not the queue grow.
@@ -556,8 +562,7 @@ class EngineConnection:
                     if self._redeemer is None:
                         self._redeemer = self.loop.create_task(self._redeem_in_order())
                 else:
-                    self._messages.append(received)
-                    self._wake()
+                    self._deliver(received)
             elif kind == "ready":
                 self.peer = event[1]
                 self.driver._by_id.setdefault(self.peer["node_id"], []).append(self)
@@ -585,6 +590,23 @@ class EngineConnection:
                     # kernel's own timeouts say it.
                     self.os_failure = TimeoutError(errno.ETIMEDOUT, message)
                 self._end(_error(self.label, code, message, by_peer))
+
+    def _deliver(self, received: Received) -> None:
+        """A message, in order: to :attr:`on_message` if a node takes them so, else queued
+        for :meth:`recv`."""
+        if self.on_message is not None:
+            self.on_message(received)
+        else:
+            self._messages.append(received)
+            self._wake()
+
+    def _tell_end(self) -> None:
+        """Tells :attr:`on_end` why the connection ended, once, after its last message (those
+        whose tickets are being redeemed come first)."""
+        if self._end_told or not self._ended or self._redeeming or self.on_end is None:
+            return
+        self._end_told = True
+        self.on_end(self._failure or PeerClosed(f"{self.label} is closed"))
 
     def _after(self) -> None:
         """Watches the socket as the engine wants it (reading, writing), and arms the
@@ -653,6 +675,7 @@ class EngineConnection:
             self._ready.set_exception(failure)
             self._ready.exception()  # retrieved: the caller of ready() raises it
         self._wake()
+        self._tell_end()
 
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -778,10 +801,10 @@ class EngineConnection:
                 if received.eager_tickets and self.driver.redemption == "eager":
                     await self._redeem_all(received)
                 self._redeeming.popleft()
-                self._messages.append(received)
-                self._wake()
+                self._deliver(received)
         finally:
             self._redeemer = None
+            self._tell_end()
 
     async def _redeem_all(self, received: Received) -> None:
         """Replaces each eager ticket of ``received`` with its bytes (charged to the sender's
@@ -875,6 +898,7 @@ class EngineConnection:
         if self._redeemer is not None:
             self._redeemer.cancel()
             self._redeemer = None
+            self._redeeming.clear()  # (their messages go with the connection)
         if not self._ended:
             self._end(PeerClosed(f"{self.label} is closed"))
         self._stop_watching()

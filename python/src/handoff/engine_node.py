@@ -288,7 +288,7 @@ class EngineNode(Node):
     def _adopt(self, ec: "eng.EngineConnection", accepted: bool) -> "EnginePeer":
         peer = EnginePeer(self, ec, accepted)
         self._add_peer(peer)
-        peer.reader = self.loop.create_task(peer.read_loop())
+        peer.take_messages()
         return peer
 
     async def connect(self, addr: str, channel: Optional[str] = None) -> "EnginePeer":
@@ -370,7 +370,6 @@ class EngineNode(Node):
         return self._driver.engine.ticket_lease_stats()
 
 
-
 class EngineTicket(PyTicket):
     """A ticket this node received on the engine, with :class:`~handoff.tickets.Ticket`'s
     API; the engine's claim (``native``) ends the hold when it is dropped or released."""
@@ -428,7 +427,6 @@ class EnginePeer:
         self.protocol_version = ec.peer["version"] or 3
         self.accepted = accepted
         self.closed = False
-        self.reader: Optional[asyncio.Task] = None
         self.done = asyncio.Event()
         self.queue: Optional[ConnectionQueue] = ConnectionQueue() if node.per_connection else None
         self._delivered = False
@@ -546,35 +544,40 @@ class EnginePeer:
 
     # ------------------------------------------------------------------ receiving
 
-    async def read_loop(self) -> None:
+    def take_messages(self) -> None:
+        """From now on each message goes to the node as the loop's callback reads it (no
+        task is woken for it), and the connection's end ends this peer."""
+        ec = self.ec
+        ec.on_end = self._ended
+        ec.on_message = self._on_message
+        while ec._messages:  # what arrived before (with the handshake's last bytes)
+            self._on_message(ec._messages.popleft())
+        if ec._ended:
+            ec._tell_end()
+
+    def _on_message(self, received: Any) -> None:
+        frames = [self._frame(f) for f in received.frames]
+        env = Envelope(self, received.type_name, memoryview(received.body), frames)
+        env._received = received
+        if received.failure is not None:
+            # Its eager redemption failed: the body raises why (as the Python peer's).
+            env.error, env._decoded = received.failure, True
+            received.failure = None
         try:
-            while True:
-                try:
-                    received = await self.ec.recv(take=False)
-                except PeerClosed:
-                    return
-                frames = [self._frame(f) for f in received.frames]
-                env = Envelope(self, received.type_name, memoryview(received.body), frames)
-                env._received = received
-                if received.failure is not None:
-                    # Its eager redemption failed: the body raises why (as the Python peer's).
-                    env.error, env._decoded = received.failure, True
-                    received.failure = None
-                del received, frames  # the envelope holds the message now, and only it
-                try:
-                    self.node._deliver_now(env)
-                except wire.WireError as e:
-                    self.node._warn_about(f"peer {self.name}", "closing the connection to %s: %s", self.name, e)
-                    return
-                del env
-        finally:
-            self.closed = True
-            self.done.set()
+            self.node._deliver_now(env)
+        except wire.WireError as e:
+            self.node._warn_about(f"peer {self.name}", "closing the connection to %s: %s", self.name, e)
+            self.node._budget.release_env(env)
             self.ec.close()
-            if self.queue is not None:
-                self.queue.close()
-            self.node._remove_peer(self)
-            self.node._holder_disconnected(self.node_id, self.name)
+
+    def _ended(self, failure: Exception) -> None:
+        self.closed = True
+        self.done.set()
+        self.ec.close()
+        if self.queue is not None:
+            self.queue.close()
+        self.node._remove_peer(self)
+        self.node._holder_disconnected(self.node_id, self.name)
 
     def _frame(self, f: Any) -> ReceivedFrame:
         if isinstance(f, eng.Ticket):
@@ -601,14 +604,8 @@ class EnginePeer:
         self.ec.close()
 
     async def close(self) -> None:
-        self.closed = True
-        self._drop_queued()
-        self.ec.close()
-        if self.reader is not None and self.reader is not asyncio.current_task():
-            try:
-                await asyncio.wait_for(asyncio.shield(self.done.wait()), 5)
-            except asyncio.TimeoutError:
-                self.reader.cancel()
+        """Closes the connection (what is queued is written first, as far as it goes now)."""
+        self.abort()
 
 
 def _is_node_frame(obj: Any) -> bool:
