@@ -16,21 +16,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
-import socket
 from typing import Any, Optional
 
 from . import engine as eng
-from . import identity, pins, wire
-from .addresses import sanitize_name, split_host_port, strip_scheme
+from . import pins, wire
+from .addresses import strip_scheme
 from .codec import OnDemand, encode_body
 from .envelope import Envelope, ReceivedFrame
 from .errors import HandoffError, PeerClosed
 from .inbox import ConnectionQueue, Inbox
 from . import node as _node
-from .node import _LISTEN_BACKLOG, Node
+from .node import Node
 from .outgoing import check_type_name
-from .route import Route
+from .peer import PeerBase
 from .shm import PooledFrame, SharedFrame
 from .tickets import Ticket as PyTicket
 
@@ -79,7 +77,12 @@ class _EngineLeases:
         self.ttl = ttl
 
     def stats(self) -> dict:
-        return self.node.ticket_leases()
+        driver = self.node._driver
+        if driver is None:
+            return dict.fromkeys(("count", "bytes", "holders", "expired", "pulls", "bytes_pulled"), 0) | {
+                "oldest_seconds": 0.0
+            }
+        return driver.engine.ticket_lease_stats()
 
     pulls = property(lambda self: self.stats()["pulls"])
     bytes_pulled = property(lambda self: self.stats()["bytes_pulled"])
@@ -121,41 +124,11 @@ class EngineNode(Node):
         self.loop = asyncio.get_running_loop()
         self._inbox = Inbox(self.bounds.message_overhead)
         self._peers_changed = asyncio.Condition()
-        socks = []
-        if self._listen is not None:
-            host, port = split_host_port(strip_scheme(self._listen, "tcp://"))
-            infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-            family, _, _, _, sockaddr = infos[0]
-            lsock = socket.socket(family, socket.SOCK_STREAM)
-            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            lsock.bind(sockaddr)
-            lsock.listen(_LISTEN_BACKLOG)
-            lsock.setblocking(False)
-            bound = lsock.getsockname()
-            self.listen_addr = (
-                f"tcp://[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 else f"tcp://{bound[0]}:{bound[1]}"
-            )
-            socks.append(lsock)
-        if self.shm:
-            path = identity.runtime_dir() / f"{sanitize_name(self.name)}-{self.node_id[:12]}.sock"
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-            usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            usock.bind(str(path))
-            os.chmod(path, 0o600)
-            usock.listen(_LISTEN_BACKLOG)
-            usock.setblocking(False)
-            self.unix_path = path
-            socks.append(usock)
+        socks = await self._bind()
         try:
             self._check_own_identity()
             engine = self._make_engine()
         except BaseException:
-            for s in socks:
-                s.close()
-            self._listeners = []
             self.stop_listening()
             raise
         # The engine names the node and this process (a node made before a fork is not
@@ -348,27 +321,6 @@ class EngineNode(Node):
 
     # ------------------------------------------------------------------ observing
 
-    def shm_leases(self) -> dict:
-        count = total = 0
-        for p in self._all_peers:
-            s = p.shm_leases()
-            count += s["count"]
-            total += s["bytes"]
-        return {"count": count, "bytes": total}
-
-    def ticket_leases(self) -> dict:
-        if self._driver is None:
-            return {
-                "count": 0,
-                "bytes": 0,
-                "holders": 0,
-                "oldest_seconds": 0.0,
-                "expired": 0,
-                "pulls": 0,
-                "bytes_pulled": 0,
-            }
-        return self._driver.engine.ticket_lease_stats()
-
 
 class EngineTicket(PyTicket):
     """A ticket this node received on the engine, with :class:`~handoff.tickets.Ticket`'s
@@ -416,7 +368,7 @@ def _ident(peer: dict) -> wire.Ident:
     )
 
 
-class EnginePeer:
+class EnginePeer(PeerBase):
     """A connected node, as :class:`~handoff.peer.Peer` offers it, on an engine connection."""
 
     def __init__(self, node: EngineNode, ec: "eng.EngineConnection", accepted: bool):
@@ -431,32 +383,6 @@ class EnginePeer:
         self.queue: Optional[ConnectionQueue] = ConnectionQueue() if node.per_connection else None
         self._delivered = False
         self._routes: Optional[tuple] = None
-
-    name = property(lambda self: self.ident.name)
-    node_id = property(lambda self: self.ident.node)
-    host_id = property(lambda self: self.ident.host)
-    lang = property(lambda self: self.ident.lang)
-    caps = property(lambda self: list(self.ident.caps))
-    listen_addr = property(lambda self: self.ident.listen)
-    unix_addr = property(lambda self: self.ident.unix)
-
-    @property
-    def locality(self) -> str:
-        if self.ident.host != self.node.host_id:
-            return "remote"
-        return "same-process" if self.ident.proc == self.node.process_id else "same-host"
-
-    @property
-    def route(self) -> Route:
-        if self._routes is None:
-            out = Route.outbound(self)
-            self._routes = (out, out.reversed())
-        return self._routes[0]
-
-    @property
-    def inbound_route(self) -> Route:
-        self.route
-        return self._routes[1]
 
     @property
     def buffered(self) -> int:
@@ -583,20 +509,6 @@ class EnginePeer:
         if isinstance(f, eng.Ticket):
             return ReceivedFrame("ticket", EngineTicket(self.node, f, self.node._owner_label(f)))
         return ReceivedFrame(_KINDS.get(f.kind, f.kind), memoryview(f), f.lease, f.segment)
-
-    async def recv(self, timeout: Optional[float] = None) -> Envelope:
-        if self.queue is None:
-            raise HandoffError("this node delivers every message to Node.recv() (built without per_connection)")
-        env = await self.queue.get(timeout)
-        if env is None:
-            raise PeerClosed(f"the connection to {self.name} is closed")
-        self.node._budget.release_env(env)
-        return env
-
-    def _drop_queued(self) -> None:
-        if self.queue is not None:
-            for env in self.queue.close(drop=True):
-                self.node._budget.release_env(env)
 
     def abort(self) -> None:
         self.closed = True

@@ -301,35 +301,9 @@ class Node:
         # Bounded by the buffered-bytes budget, which every envelope in it is charged against.
         self._inbox = Inbox(self.bounds.message_overhead)
         self._peers_changed = asyncio.Condition()
-        if self._listen is not None:
-            host, port = split_host_port(strip_scheme(self._listen, "tcp://"))
-            infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-            family, _, _, _, sockaddr = infos[0]
-            lsock = socket.socket(family, socket.SOCK_STREAM)
-            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            lsock.bind(sockaddr)
-            lsock.listen(_LISTEN_BACKLOG)
-            lsock.setblocking(False)
-            bound = lsock.getsockname()
-            self.listen_addr = (
-                f"tcp://[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 else f"tcp://{bound[0]}:{bound[1]}"
-            )
-            self._listeners.append(lsock)
-            self._accept_tasks.append(self._spawn(self._accept_loop(lsock, unix=False)))
-        if self.shm:
-            path = identity.runtime_dir() / f"{sanitize_name(self.name)}-{self.node_id[:12]}.sock"
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-            usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            usock.bind(str(path))
-            os.chmod(path, 0o600)
-            usock.listen(_LISTEN_BACKLOG)
-            usock.setblocking(False)
-            self.unix_path = path
-            self._listeners.append(usock)
-            self._accept_tasks.append(self._spawn(self._accept_loop(usock, unix=True)))
+        for lsock in await self._bind():
+            unix = lsock.family == socket.AF_UNIX
+            self._accept_tasks.append(self._spawn(self._accept_loop(lsock, unix=unix)))
         try:
             self._check_own_identity()  # the addresses are known now
         except ValueError:
@@ -347,6 +321,40 @@ class Node:
             native.REASON,
         )
         return self
+
+    async def _bind(self) -> list:
+        """Binds the node's listening sockets, its TCP listener (``listen``) and, with
+        ``shm``, its Unix socket (mode 0600), and sets :attr:`listen_addr` and
+        :attr:`unix_path`; returns them (kept in ``_listeners`` too, closed by
+        :meth:`stop_listening`)."""
+        if self._listen is not None:
+            host, port = split_host_port(strip_scheme(self._listen, "tcp://"))
+            infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+            family, _, _, _, sockaddr = infos[0]
+            lsock = socket.socket(family, socket.SOCK_STREAM)
+            lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            lsock.bind(sockaddr)
+            lsock.listen(_LISTEN_BACKLOG)
+            lsock.setblocking(False)
+            bound = lsock.getsockname()
+            self.listen_addr = (
+                f"tcp://[{bound[0]}]:{bound[1]}" if family == socket.AF_INET6 else f"tcp://{bound[0]}:{bound[1]}"
+            )
+            self._listeners.append(lsock)
+        if self.shm:
+            path = identity.runtime_dir() / f"{sanitize_name(self.name)}-{self.node_id[:12]}.sock"
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                pass
+            usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            usock.bind(str(path))
+            os.chmod(path, 0o600)
+            usock.listen(_LISTEN_BACKLOG)
+            usock.setblocking(False)
+            self.unix_path = path
+            self._listeners.append(usock)
+        return list(self._listeners)
 
     def stop_listening(self) -> None:
         """Stops accepting connections (TCP and Unix socket); established ones carry on."""

@@ -172,57 +172,19 @@ def _kept_released(peer_ref: "weakref.ref[Peer]", kept: Kept, lease: int) -> Non
         pass  # the event loop is closed
 
 
-class Peer:
-    """A connected node. Get one from :meth:`Node.connect`, :meth:`Node.peer` or ``envelope.sender``.
+class PeerBase:
+    """What both kinds of peer share, :class:`Peer` and the engine's
+    (:mod:`handoff.engine_node`): who the peer is and how it is reached, from its ``ident``
+    (what it said in the handshake) and the node's own identity, and the connection's own
+    queue of messages on a ``per_connection`` node. A class that uses it sets ``node``,
+    ``ident``, ``channel``, ``protocol_version``, ``queue`` and ``_routes = None``."""
 
-    On a node built with ``per_connection=True`` each connection delivers its messages to
-    its own queue, taken with :meth:`recv`, instead of the node's inbox."""
-
-    def __init__(self, node: PeerNode, transport: Transport, ident: wire.Ident, channel: str, version: int = 3):
-        self.node = node
-        self.transport = transport
-        #: What the peer said about itself in the handshake (its ident, or its v1 hello's fields).
-        self.ident = ident
-        #: ``tcp`` or ``shm`` (a Unix socket).
-        self.channel = channel
-        #: The wire protocol version of the connection (§3): 3, or 2 or 1 with an older peer
-        #: that the node accepts.
-        self.protocol_version = version
-        self.closed = False
-        self.pending: dict = {}  # req -> (future, what, bytes expected for a pull or None, whole redemption)
-        #: The shared-memory leases this node keeps for the peer (:mod:`handoff.shm_leases`).
-        self._shm = ShmLeases()
-        self._releases: list = []
-        self._release_task: Optional[asyncio.Task] = None
-        #: Whole-segment private mappings kept for the next frame (:mod:`handoff.mapcache`).
-        self._maps: Optional[MapCache] = MapCache(node.loop)
-        self._deliveries: Optional[asyncio.Queue] = None
-        self._delivery_task: Optional[asyncio.Task] = None
-        self._queued = 0
-        #: Bytes of this peer's messages buffered and not yet taken by the application (§9.1).
-        self.buffered = 0
-        #: How many messages those are.
-        self.messages = 0
-        self._charge = 0  # of the message being read
-        # Ticket answers and other control headers waiting for the writer (one task).
-        self._control = ControlWriter(
-            self._send_control,
-            lambda: self.node.bounds,
-            lambda: self.closed,
-            node.loop,
-            lambda: (self.node.name, self.name),
-        )
-        self._tasks: set = set()
-        self.reader: Optional[asyncio.Task] = None
-        self.done = asyncio.Event()
-        #: Whether the peer connected to us (we accepted the connection).
-        self.accepted = False
-        #: This connection's own messages (``per_connection`` nodes), taken by :meth:`recv`.
-        self.queue: Optional[ConnectionQueue] = ConnectionQueue() if node.per_connection else None
-        self._delivered = False
-        self._routes: Optional[tuple] = None
-
-    # ------------------------------------------------------------------ who
+    node: Any
+    ident: wire.Ident
+    channel: str
+    protocol_version: int
+    queue: Optional[ConnectionQueue]
+    _routes: Optional[tuple]
 
     @property
     def name(self) -> str:
@@ -272,6 +234,76 @@ class Peer:
         """The route of what the peer sends to this node."""
         self.route
         return self._routes[1]
+
+    async def recv(self, timeout: Optional[float] = None) -> Envelope:
+        """The next message of this connection (``per_connection`` nodes only).
+
+        Messages that arrived before the connection ended are still returned; then it
+        raises :class:`PeerClosed`. Taking a message gives its bytes back to the node's
+        buffered bounds (§9.1), as :meth:`Node.recv` does."""
+        if self.queue is None:
+            raise HandoffError("this node delivers every message to Node.recv() (built without per_connection)")
+        env = await self.queue.get(timeout)
+        if env is None:
+            raise PeerClosed(f"the connection to {self.name} is closed")
+        self.node._budget.release_env(env)
+        return env
+
+    def _drop_queued(self) -> None:
+        if self.queue is not None:
+            for env in self.queue.close(drop=True):
+                self.node._budget.release_env(env)
+
+
+class Peer(PeerBase):
+    """A connected node. Get one from :meth:`Node.connect`, :meth:`Node.peer` or ``envelope.sender``.
+
+    On a node built with ``per_connection=True`` each connection delivers its messages to
+    its own queue, taken with :meth:`recv`, instead of the node's inbox."""
+
+    def __init__(self, node: PeerNode, transport: Transport, ident: wire.Ident, channel: str, version: int = 3):
+        self.node = node
+        self.transport = transport
+        #: What the peer said about itself in the handshake (its ident, or its v1 hello's fields).
+        self.ident = ident
+        #: ``tcp`` or ``shm`` (a Unix socket).
+        self.channel = channel
+        #: The wire protocol version of the connection (§3): 3, or 2 or 1 with an older peer
+        #: that the node accepts.
+        self.protocol_version = version
+        self.closed = False
+        self.pending: dict = {}  # req -> (future, what, bytes expected for a pull or None, whole redemption)
+        #: The shared-memory leases this node keeps for the peer (:mod:`handoff.shm_leases`).
+        self._shm = ShmLeases()
+        self._releases: list = []
+        self._release_task: Optional[asyncio.Task] = None
+        #: Whole-segment private mappings kept for the next frame (:mod:`handoff.mapcache`).
+        self._maps: Optional[MapCache] = MapCache(node.loop)
+        self._deliveries: Optional[asyncio.Queue] = None
+        self._delivery_task: Optional[asyncio.Task] = None
+        self._queued = 0
+        #: Bytes of this peer's messages buffered and not yet taken by the application (§9.1).
+        self.buffered = 0
+        #: How many messages those are.
+        self.messages = 0
+        self._charge = 0  # of the message being read
+        # Ticket answers and other control headers waiting for the writer (one task).
+        self._control = ControlWriter(
+            self._send_control,
+            lambda: self.node.bounds,
+            lambda: self.closed,
+            node.loop,
+            lambda: (self.node.name, self.name),
+        )
+        self._tasks: set = set()
+        self.reader: Optional[asyncio.Task] = None
+        self.done = asyncio.Event()
+        #: Whether the peer connected to us (we accepted the connection).
+        self.accepted = False
+        #: This connection's own messages (``per_connection`` nodes), taken by :meth:`recv`.
+        self.queue: Optional[ConnectionQueue] = ConnectionQueue() if node.per_connection else None
+        self._delivered = False
+        self._routes: Optional[tuple] = None
 
     def __repr__(self) -> str:
         return f"Peer({self.name}, {self.locality}, {self.channel})"
@@ -520,25 +552,6 @@ class Peer:
                 return
 
     # ------------------------------------------------------------------ closing
-
-    async def recv(self, timeout: Optional[float] = None) -> Envelope:
-        """The next message of this connection (``per_connection`` nodes only).
-
-        Messages that arrived before the connection ended are still returned; then it
-        raises :class:`PeerClosed`. Taking a message gives its bytes back to the node's
-        buffered bounds (§9.1), as :meth:`Node.recv` does."""
-        if self.queue is None:
-            raise HandoffError("this node delivers every message to Node.recv() (built without per_connection)")
-        env = await self.queue.get(timeout)
-        if env is None:
-            raise PeerClosed(f"the connection to {self.name} is closed")
-        self.node._budget.release_env(env)
-        return env
-
-    def _drop_queued(self) -> None:
-        if self.queue is not None:
-            for env in self.queue.close(drop=True):
-                self.node._budget.release_env(env)
 
     def abort(self) -> None:
         """Closes the connection at once, without waiting (its reader cleans up after it)."""

@@ -65,6 +65,17 @@ pub struct Mapping {
 }
 
 impl Mapping {
+    fn new(map: Map, inode: (u64, u64), sealed: bool, segment_size: u64, file_offset: u64) -> Arc<Mapping> {
+        Arc::new(Mapping {
+            fd: Mutex::new(None),
+            map,
+            inode,
+            sealed,
+            segment_size,
+            file_offset,
+        })
+    }
+
     /// The segment's memfd, to pass the segment on, while the cache keeps it (see
     /// [`FORWARDABLE`]); `None` once it was closed.
     pub fn fd(&self) -> Option<Arc<OwnedFd>> {
@@ -232,14 +243,7 @@ impl MappingCache {
                 .map_copy(&fd)
         }
         .map_err(|e| MapError(format!("cannot map the received segment privately: {e}")))?;
-        let mapping = Arc::new(Mapping {
-            fd: Mutex::new(None),
-            map: Map::Private(map),
-            inode,
-            sealed,
-            segment_size: size,
-            file_offset: start,
-        });
+        let mapping = Mapping::new(Map::Private(map), inode, sealed, size, start);
         Ok((mapping, (offset - start) as usize))
     }
 
@@ -273,14 +277,7 @@ impl MappingCache {
         // descriptor later does not unmap it).
         let map = unsafe { MmapOptions::new().offset(start).len(map_len as usize).map(&fd) }
             .map_err(|e| MapError(format!("cannot map the received segment: {e}")))?;
-        let mapping = Arc::new(Mapping {
-            fd: Mutex::new(None),
-            map: Map::Shared(map),
-            inode,
-            sealed,
-            segment_size: size,
-            file_offset: start,
-        });
+        let mapping = Mapping::new(Map::Shared(map), inode, sealed, size, start);
         entries.entry(inode).or_default().push(Entry {
             mapping: mapping.clone(),
             last_used: tick,
