@@ -150,6 +150,8 @@ pub struct Connection {
     tls: Option<Box<TlsSession>>,
     /// Our ticket requests on this connection that wait for the owner's answer, by id.
     requests: Arc<Mutex<Requests<u64>>>,
+    /// The peer's process id, on a Unix socket (`SO_PEERCRED`).
+    peer_pid: Option<u32>,
     /// The first byte is still to be looked at (a plain peer where TLS is required gets
     /// `tls-required`).
     opening: bool,
@@ -195,10 +197,12 @@ impl Connection {
         // SAFETY: the caller hands the descriptor over (`socket.detach()`).
         let socket = unsafe { OwnedFd::from_raw_fd(fd) };
         rustix::io::ioctl_fionbio(&socket, true).map_err(|e| io_error("making the socket non-blocking", e.into()))?;
+        let mut peer_pid = None;
         if unix {
             // A same-host peer shares our memory: only one of our own user (spec §7.1).
             let cred = rustix::net::sockopt::socket_peercred(&socket)
                 .map_err(|e| io_error("reading the peer's credentials (SO_PEERCRED)", e.into()))?;
+            peer_pid = Some(cred.pid.as_raw_nonzero().get() as u32);
             let ours = rustix::process::geteuid();
             if cred.uid != ours {
                 return Err(PyPermissionError::new_err(format!(
@@ -263,6 +267,7 @@ impl Connection {
             ),
             // An accepting side with TLS looks at the first byte before TLS does.
             opening: tls.is_some() && role == Role::Acceptor,
+            peer_pid,
             tls,
             requests: Arc::default(),
         };
@@ -635,8 +640,14 @@ impl Connection {
         let _ = self.write_queued();
         self.socket = None;
         self.out.clear();
-        // The peer is gone: what it held goes back to the pool.
-        self.shm_leases.release_all();
+        // The peer is gone: what it held goes back to the pool, unless its process may
+        // still map it (the connection closed, the process lives): then never reused.
+        let exited = self.peer_pid.is_some_and(socket::process_exited);
+        self.shm_leases.release_all_with(|held| {
+            if !exited {
+                held.retire();
+            }
+        });
         self.unregister();
     }
 

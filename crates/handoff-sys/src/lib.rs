@@ -71,6 +71,20 @@ pub fn send(socket: BorrowedFd<'_>, parts: &[IoSlice<'_>], fds: &[BorrowedFd<'_>
     }
 }
 
+/// Whether process `pid` has exited (or is a zombie, whose memory is gone): then its
+/// mappings of our segments are gone too, and the segments may be reused. `false` while it
+/// runs, or when that cannot be told (a process of another namespace).
+pub fn process_exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis (which may contain spaces).
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
 /// Keepalive probes and `TCP_USER_TIMEOUT`, so that a silent TCP peer fails reads and
 /// writes with `ETIMEDOUT` within `timeout` (the plan is the engine's,
 /// `handoff_proto::bounds::keepalive_plan`).
@@ -129,6 +143,23 @@ mod tests {
         assert_eq!(taken, 0);
         assert_eq!(opened, 0, "the kernel closed them before they reached this process");
         assert!(truncated, "the read learns that descriptors came");
+    }
+
+    #[test]
+    fn a_process_has_exited_once_it_is_a_zombie_or_gone() {
+        assert!(!process_exited(std::process::id()), "this one runs");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Exited, not reaped yet: a zombie, whose memory (and mappings) are gone.
+        while !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap()
+            .contains(") Z")
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(process_exited(pid), "a zombie");
+        child.wait().unwrap();
+        assert!(process_exited(pid), "reaped");
     }
 
     #[test]

@@ -225,7 +225,7 @@ pub(crate) async fn open_tcp(
 
 /// Handshakes on a Unix stream from or to a same-host node; the peer's uid must be ours.
 pub(crate) async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: String, side: Side) -> Result<Peer> {
-    unix::check_peer_uid(&stream)?;
+    let peer_pid = unix::check_peer_uid(&stream)?;
     let socket = Socket::unix(stream, node.ctx.bounds.write_timeout);
     let done = run_handshake(&node, &socket, &label, side).await?;
     let ident = &done.ident;
@@ -238,7 +238,7 @@ pub(crate) async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: S
             ident.host_id
         );
     }
-    let link = Arc::new(ShmLink::new(socket.clone(), &node.ctx));
+    let link = Arc::new(ShmLink::new(socket.clone(), &node.ctx, peer_pid));
     let peer = register(&node, done, Channel::Shm, Link::Shm(link));
     tracing::debug!(node = %node.ctx.me.name, peer = %peer.name(), "shm peer ready");
     tokio::spawn(read_loop(node, peer.clone(), socket));

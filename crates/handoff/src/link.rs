@@ -162,10 +162,12 @@ pub(crate) struct ShmLink {
     sealed: bool,
     /// What a send does when the peer holds that much already.
     when_full: WhenFull,
+    /// The peer's process id (`SO_PEERCRED`).
+    peer_pid: Option<u32>,
 }
 
 impl ShmLink {
-    pub(crate) fn new(socket: Arc<Socket>, ctx: &Context) -> ShmLink {
+    pub(crate) fn new(socket: Arc<Socket>, ctx: &Context, peer_pid: Option<u32>) -> ShmLink {
         ShmLink {
             socket,
             leases: StdMutex::new(ShmLeases::new(
@@ -176,6 +178,7 @@ impl ShmLink {
             threshold: ctx.shm_threshold,
             sealed: ctx.shm_sealed,
             when_full: ctx.leases.config.when_full,
+            peer_pid,
         }
     }
 
@@ -188,9 +191,16 @@ impl ShmLink {
         ended
     }
 
-    /// Ends every lease (the peer is gone).
+    /// Ends every lease (the connection is gone). Our segments it held go back to the pool
+    /// only if its process exited: one that lives may still map them, and must not see the
+    /// next sender's bytes there, so they are retired instead.
     pub(crate) fn release_all(&self) -> usize {
-        let n = self.leases.lock().expect("leases lock").release_all();
+        let exited = self.peer_pid.is_some_and(handoff_sys::process_exited);
+        let n = self.leases.lock().expect("leases lock").release_all_with(|held| {
+            if !exited {
+                held.retire();
+            }
+        });
         self.released.notify_waiters();
         n
     }

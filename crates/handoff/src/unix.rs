@@ -44,8 +44,8 @@ pub(crate) fn runtime_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Checks that the process at the other end of `stream` runs as our user.
-pub(crate) fn check_peer_uid(stream: &UnixStream) -> Result<()> {
+/// Checks that the process at the other end of `stream` runs as our user; returns its pid.
+pub(crate) fn check_peer_uid(stream: &UnixStream) -> Result<Option<u32>> {
     let cred = stream
         .peer_cred()
         .map_err(|e| Error::io("reading the peer's credentials (SO_PEERCRED)", e))?;
@@ -57,5 +57,5 @@ pub(crate) fn check_peer_uid(stream: &UnixStream) -> Result<()> {
             cred.pid()
         )));
     }
-    Ok(())
+    Ok(cred.pid().and_then(|pid| u32::try_from(pid).ok()))
 }

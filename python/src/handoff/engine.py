@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import logging
 import socket
-from typing import Callable, Optional
+from typing import Awaitable, Callable, Optional
 
 from .errors import (
     AuthenticationError,
@@ -44,6 +45,9 @@ Frame = _native.Frame
 OnDemand = _native.OnDemand
 Received = _native.Received
 Ticket = _native.Ticket
+
+
+log = logging.getLogger("handoff")
 
 
 class ConnectionFailed(PeerClosed):
@@ -96,6 +100,9 @@ class Driver:
         #: How long a ticket request waits for the owner's answer.
         self.pull_timeout = pull_timeout
         self._wake_fd = engine.wake_fd()
+        #: How a ticket's owner is dialed (``dial(addr, timeout)``, giving a ready
+        #: connection): a node sets it so that such a connection is one of its peers too.
+        self.dial: Optional[Callable[[str, float], Awaitable["EngineConnection"]]] = None
         self._lease_room: Optional[asyncio.Future] = None
         self._expiry: Optional[asyncio.TimerHandle] = None
         self.loop.add_reader(self._wake_fd, self._on_wake)
@@ -179,7 +186,8 @@ class Driver:
             if c is not None:
                 return c
             try:
-                c = await self.connect(addr, timeout=max(0.001, deadline - self.loop.time()))
+                left = max(0.001, deadline - self.loop.time())
+                c = await (self.dial(addr, left) if self.dial is not None else self.connect(addr, timeout=left))
             except (OSError, TimeoutError, HandoffError) as e:
                 raise OwnerLost(owner, ticket.lease, len(ticket), f"cannot connect to {addr}: {e}") from None
         finally:
@@ -463,6 +471,8 @@ class Listener:
         self.sock.close()
         for ec in list(self._handshaking):
             ec.close()
+        while not self._ready.empty():  # ready, never accepted: nobody will take them
+            self._ready.get_nowait().close()
         for task in list(self._refusing):
             task.cancel()
 
@@ -547,6 +557,8 @@ class EngineConnection:
         except Exception as e:  # noqa: BLE001 - whatever it is, it ends this connection only
             if isinstance(e, OSError) and self.os_failure is None:
                 self.os_failure = e
+            elif not isinstance(e, OSError):
+                log.warning("closing the connection to %s: %r", self.label, e)
             self._end(PeerClosed(f"{self.label}: {e}"))
             self._stop_watching()
 
@@ -801,7 +813,13 @@ class EngineConnection:
                 if received.eager_tickets and self.driver.redemption == "eager":
                     await self._redeem_all(received)
                 self._redeeming.popleft()
-                self._deliver(received)
+                try:
+                    self._deliver(received)
+                except Exception as e:  # noqa: BLE001 - it ends this connection only
+                    log.warning("closing the connection to %s: %r", self.label, e)
+                    self._redeeming.clear()
+                    self._end(PeerClosed(f"{self.label}: {e}"))
+                    self._stop_watching()
         finally:
             self._redeemer = None
             self._tell_end()

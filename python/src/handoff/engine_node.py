@@ -136,6 +136,7 @@ class EngineNode(Node):
         self.node_id = engine.node_id
         self.process_id = engine.process_id
         self._driver = eng.Driver(engine, self.loop, pull_timeout=self.pull_timeout, redeem=self.redeem)
+        self._driver.dial = self._dial_owner
         b = self.bounds
         for s in socks:
             listener = eng.Listener(
@@ -280,6 +281,13 @@ class EngineNode(Node):
             peer.abort()
             raise
 
+    async def _dial_owner(self, addr: str, timeout: float) -> "eng.EngineConnection":
+        """A ticket owner's connection, made one of this node's peers (what it sends on it
+        reaches the node, and the node-id check applies)."""
+        ec = await self._driver.connect(addr, admit=self._admit, timeout=timeout)
+        self._adopt(ec, accepted=False)
+        return ec
+
     async def _connect_unix(self, path: str) -> "EnginePeer":
         ec = await self._driver.connect(f"unix://{path}", admit=self._admit, timeout=self.bounds.handshake_timeout)
         return self._adopt(ec, accepted=False)
@@ -291,9 +299,11 @@ class EngineNode(Node):
         native = getattr(ticket, "native", None)
         if native is not None:
             return native
-        d = ticket.desc  # a Ticket made from a kept description
+        d = ticket.desc  # a Ticket made from a kept description: one claim for its life
         digest = ("xxh3", d.xxh3) if d.xxh3 is not None else ("blake3", d.digest)
-        return eng.Ticket.claim(self._driver.engine, d.n, d.owner, d.lease, d.token, digest, d.ttl, d.addr, d.lazy)
+        claim = eng.Ticket.claim(self._driver.engine, d.n, d.owner, d.lease, d.token, digest, d.ttl, d.addr, d.lazy)
+        ticket.native = claim
+        return claim
 
     async def _pull(self, ticket: PyTicket, off: int, n: int, whole: bool) -> memoryview:
         if ticket.released:
@@ -340,13 +350,7 @@ class EngineTicket(PyTicket):
             xxh3=digest if kind == "xxh3" else None,
         )
         super().__init__(node, desc, owner_label)
-        self.native: Optional["eng.Ticket"] = native
-
-    def release(self) -> None:
-        super().release()
-        if self.native is not None:
-            self.native.release()  # now, even if a traceback still refers to it
-            self.native = None
+        self.native = native
 
 
 #: How a frame came, in the names of :class:`~handoff.envelope.ReceivedFrame`.
@@ -485,6 +489,9 @@ class EnginePeer(PeerBase):
         frames = [self._frame(f) for f in received.frames]
         env = Envelope(self, received.type_name, memoryview(received.body), frames)
         env._received = received
+        # Its weight in the node's inbox, which serves connections fairly by bytes.
+        env.charge = len(received.body) + sum(len(f.view) for f in frames if f.kind != "ticket")
+        env.charge += self.node.bounds.message_overhead
         if received.failure is not None:
             # Its eager redemption failed: the body raises why (as the Python peer's).
             env.error, env._decoded = received.failure, True
@@ -497,9 +504,9 @@ class EnginePeer(PeerBase):
             self.ec.close()
 
     def _ended(self, failure: Exception) -> None:
+        # (The connection closes itself once what it still says, an error, is written.)
         self.closed = True
         self.done.set()
-        self.ec.close()
         if self.queue is not None:
             self.queue.close()
         self.node._remove_peer(self)

@@ -430,6 +430,9 @@ class Ticket:
         self.owner_label = owner_label
         #: Taken over by a data handle (its fallback): the envelope's release leaves it alone.
         self.adopted = False
+        #: On a node on the Rust engine: the engine's claim behind this ticket, whose hold
+        #: ends when it is released or dropped (:mod:`handoff.engine_node`).
+        self.native: Any = None
         self._node = weakref.ref(node)
         self._finalizer = weakref.finalize(self, _send_unlease, self._node, desc, owner_label)
         self._finalizer.atexit = False
@@ -471,6 +474,9 @@ class Ticket:
     def release(self) -> None:
         """Ends this node's hold now (``unlease``); the ticket cannot be used afterwards."""
         self._finalizer()
+        if self.native is not None:
+            self.native.release()  # now, even if a traceback still refers to it
+            self.native = None
 
     @property
     def released(self) -> bool:

@@ -268,6 +268,16 @@ pub enum Held {
 }
 
 impl Held {
+    /// Keeps a segment of our pool out of the pool for good (see [`Segment::retire`]); a
+    /// sealed copy is never reused anyway.
+    pub fn retire(&self) {
+        if let Held::Buffer(b) = self {
+            if let Some(ShmOrigin::Local(segment)) = origin_of(b) {
+                segment.retire();
+            }
+        }
+    }
+
     /// The bytes it keeps alive.
     pub fn bytes(&self) -> usize {
         match self {

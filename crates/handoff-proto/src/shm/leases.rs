@@ -67,7 +67,16 @@ impl<T> ShmLeases<T> {
 
     /// Ends every lease (the peer is gone); returns how many there were.
     pub fn release_all(&mut self) -> usize {
+        self.release_all_with(|_| {})
+    }
+
+    /// Ends every lease, after `each` saw what it kept (to retire the segments of a peer
+    /// whose process may still map them); returns how many there were.
+    pub fn release_all_with(&mut self, mut each: impl FnMut(&T)) -> usize {
         let n = self.held.len();
+        for (kept, _) in self.held.values() {
+            each(kept);
+        }
         self.held.clear();
         self.bytes = 0;
         n

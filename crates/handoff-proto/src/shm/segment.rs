@@ -53,11 +53,20 @@ pub fn inode_of(fd: BorrowedFd<'_>) -> std::io::Result<(u64, u64)> {
 pub struct Segment {
     data: Option<SegmentData>,
     pool: Weak<SegmentPool>,
+    /// Never reused: a peer that may still map it outlived the lease on it.
+    retired: std::sync::atomic::AtomicBool,
 }
 
 impl Segment {
     fn data(&self) -> &SegmentData {
         self.data.as_ref().expect("a live segment has its data")
+    }
+
+    /// Keeps the segment out of the pool when its last holder lets go: a peer that may still
+    /// map it (its connection closed with the lease outstanding, its process alive) would
+    /// see the next sender's bytes in what it holds. The memory goes when the peer unmaps.
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Release);
     }
 
     /// Id of the segment, unique in this process.
@@ -89,7 +98,11 @@ impl Segment {
 impl Drop for Segment {
     fn drop(&mut self) {
         if let (Some(data), Some(pool)) = (self.data.take(), self.pool.upgrade()) {
-            pool.give_back(data);
+            if self.retired.load(Ordering::Acquire) {
+                pool.retire(data);
+            } else {
+                pool.give_back(data);
+            }
         }
     }
 }
@@ -189,7 +202,17 @@ impl SegmentPool {
         Ok(Arc::new(Segment {
             data: Some(data),
             pool: self.me.clone(),
+            retired: std::sync::atomic::AtomicBool::new(false),
         }))
+    }
+
+    /// A segment that must not be reused: counted out (its memfd is closed here; a peer's
+    /// mapping keeps the memory until it unmaps).
+    fn retire(&self, data: SegmentData) {
+        let mut state = self.state.lock().expect("pool lock");
+        state.segments -= 1;
+        state.bytes -= data.size();
+        state.retired += 1;
     }
 
     fn give_back(&self, data: SegmentData) {
@@ -247,4 +270,26 @@ pub struct SealedSegment {
     pub fd: OwnedFd,
     /// Bytes in the segment.
     pub size: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retired_segment_never_goes_back_to_the_pool() {
+        let pool = SegmentPool::new(1 << 30);
+        let first = pool.take(100_000).unwrap();
+        let id = first.id();
+        drop(first);
+        assert!(pool.is_idle(id), "a segment let go of is idle, to be reused");
+        let again = pool.take(100_000).unwrap();
+        assert_eq!(again.id(), id, "reused");
+        again.retire();
+        drop(again);
+        let stats = pool.stats();
+        assert!(!pool.is_idle(id), "a retired segment is not idle");
+        assert_eq!((stats.segments, stats.retired, stats.reused), (0, 1, 1));
+        assert_ne!(pool.take(100_000).unwrap().id(), id, "and never handed out again");
+    }
 }
