@@ -151,7 +151,10 @@ fn filled_prefix(seed: u8) -> [u8; 4] {
 }
 
 #[tokio::test]
-async fn a_receiver_that_disconnects_gives_every_segment_back() {
+async fn a_receiver_that_disconnects_holding_a_frame_keeps_it_and_the_segment_is_never_reused() {
+    // The receiver's process (this one) lives on and still maps the segment after its
+    // connection closed: the lease ends with the connection, but the segment must not go
+    // back to the pool, or the next send of that size would write into the frame it holds.
     let a = node("gone-a").await;
     let b = node("gone-b").await;
     let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
@@ -167,9 +170,21 @@ async fn a_receiver_that_disconnects_gives_every_segment_back() {
     drop(data);
     let held: Frame = b.recv_timeout(T).await.unwrap().decode().unwrap();
     assert_eq!(peer.leases().count, 1);
+    let retired = shm::pool().stats().retired;
     b.shutdown();
-    wait_until("the lease ends with the connection", || shm::pool().is_idle(pool_id)).await;
-    drop(held);
+    wait_until("the lease ends with the connection", || peer.leases().count == 0).await;
+    wait_until("the segment is retired", || shm::pool().stats().retired > retired).await;
+    assert!(
+        !shm::pool().is_idle(pool_id),
+        "a segment a live receiver maps is not reused"
+    );
+    let next = filled(1 << 20, 2); // what a reuse would have written into `held`
+    assert_ne!(segment_info(&next).unwrap().pool_id, Some(pool_id));
+    assert_eq!(
+        &held.data.as_bytes()[..4],
+        &filled_prefix(1),
+        "the frame kept its bytes"
+    );
 }
 
 #[tokio::test]
