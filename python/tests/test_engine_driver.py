@@ -465,6 +465,32 @@ async def test_a_segment_whose_connection_closed_under_a_live_view_is_never_reus
         b.close()
 
 
+async def test_one_release_wakes_every_send_that_waits_for_room(tmp_path):
+    """Two sends wait while the peer holds as much shared memory as it may; the release
+    that makes room for both lets both go (the first version kept one waiter, and the
+    other waited out its whole timeout)."""
+    a = Driver(engine("py-eng-wake-a", max_shm_lease_bytes_per_peer=3 * MIB))
+    b = Driver(engine("py-eng-wake-b"))
+    listener = await b.listen(f"unix://{tmp_path}/wake.sock")
+    try:
+        sender = await a.connect(listener.address)
+        receiver = await listener.accept(10)
+        await request(sender, "t.Big", {"data": np.full(2 * MIB, 1, dtype=np.uint8)})
+        got, body = await expect(receiver, "t.Big")
+        half = np.full(MIB + MIB // 2, 2, dtype=np.uint8)
+        waiting = [asyncio.create_task(sender.send("t.Half", *encoded({"data": half}), timeout=8)) for _ in range(2)]
+        await asyncio.sleep(0.2)
+        assert not any(t.done() for t in waiting), "both wait for room"
+        started = time.monotonic()
+        del got, body  # the release makes room for both
+        await asyncio.wait_for(asyncio.gather(*waiting), 6)
+        assert time.monotonic() - started < 3, "a waiter slept through the release"
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
 async def test_python_to_python_over_shm_with_the_lease_cap(tmp_path):
     a = Driver(engine("py-eng-cap-a", max_shm_lease_bytes_per_peer=3 * MIB))
     b = Driver(engine("py-eng-cap-b"))

@@ -264,7 +264,8 @@ impl Engine {
                         max_shm_lease_bytes_per_peer=None, tls_cert_chain=None, tls_key=None,
                         tls_ca=None, tls_server_name=None, ticket_threshold=None,
                         lease_ttl=None, max_lease_bytes=None, write_timeout=None,
-                        tcp_timeout=None, bounds=None, shm_private=false, limits=None))]
+                        tcp_timeout=None, bounds=None, shm_private=false, limits=None,
+                        max_lease_bytes_per_peer=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -293,6 +294,7 @@ impl Engine {
         bounds: Option<std::collections::HashMap<String, f64>>,
         shm_private: bool,
         limits: Option<std::collections::HashMap<String, u64>>,
+        max_lease_bytes_per_peer: Option<u64>,
     ) -> PyResult<Engine> {
         let tls = match (tls_cert_chain, tls_key, tls_ca) {
             (None, None, None) => None,
@@ -351,6 +353,7 @@ impl Engine {
         let mut lease_config = LeaseConfig::default();
         lease_config.ttl = seconds("lease_ttl", lease_ttl, lease_config.ttl)?;
         lease_config.max_bytes = max_lease_bytes.unwrap_or(lease_config.max_bytes);
+        lease_config.max_bytes_per_peer = max_lease_bytes_per_peer.unwrap_or(lease_config.max_bytes_per_peer);
         let leases = Arc::new(LeaseTable::new(lease_config, bounds.max_holders_per_lease));
         let wake = Wake::new().map_err(|e| PyValueError::new_err(format!("making the wake pipe: {e}")))?;
         let budget = Budget::new(

@@ -506,7 +506,8 @@ class EngineConnection:
         self._recheck: Optional[asyncio.TimerHandle] = None
         self._reading = True
         self._on_closed: Optional[Callable[[], None]] = None
-        self._release_waiter: Optional[asyncio.Future] = None
+        #: Sends waiting for the peer to release shared memory (each woken by a release).
+        self._release_waiters: list = []
         #: Messages whose tickets are being redeemed (eager redemption), in order; bounded by
         #: the receive budget, which each holds its room in.
         self._redeeming: collections.deque = collections.deque()
@@ -591,8 +592,7 @@ class EngineConnection:
                 if fut is not None and not fut.done():
                     fut.set_result((what, value))
             elif kind == "released":
-                if self._release_waiter is not None and not self._release_waiter.done():
-                    self._release_waiter.set_result(None)
+                self._wake_release_waiters()
             elif kind == "closed":
                 self._end(PeerClosed(f"{self.label} closed the connection"))
             elif kind == "error":
@@ -689,11 +689,19 @@ class EngineConnection:
         self._wake()
         self._tell_end()
 
+    def _wake_release_waiters(self) -> None:
+        """Every send waiting for the peer's releases tries again (one release may make
+        room for several)."""
+        waiters, self._release_waiters = self._release_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
     def _wake(self) -> None:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
-        if self._ended and self._release_waiter is not None and not self._release_waiter.done():
-            self._release_waiter.set_result(None)
+        if self._ended:
+            self._wake_release_waiters()
 
     def _stop_watching(self) -> None:
         if self._fd >= 0:
@@ -750,13 +758,15 @@ class EngineConnection:
             if blocked == "ticket-leases":
                 await self.driver._wait_for_lease_room(left)
                 continue
-            self._release_waiter = self.loop.create_future()
+            waiter = self.loop.create_future()
+            self._release_waiters.append(waiter)
             try:
-                await asyncio.wait_for(self._release_waiter, left)
+                await asyncio.wait_for(waiter, left)
             except TimeoutError:
                 pass
             finally:
-                self._release_waiter = None
+                if waiter in self._release_waiters:
+                    self._release_waiters.remove(waiter)
         await self.written()
 
     async def written(self) -> None:

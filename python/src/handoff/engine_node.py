@@ -208,6 +208,7 @@ class EngineNode(Node):
             write_timeout=b.write_timeout,
             tcp_timeout=self.tcp_timeout,
             max_lease_bytes=b.max_ticket_bytes,
+            max_lease_bytes_per_peer=b.max_ticket_bytes_per_peer,
             bounds=self._engine_bounds(),
             shm_private=self.shm_private,
             limits=dataclasses.asdict(self.limits),
