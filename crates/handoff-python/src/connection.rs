@@ -640,14 +640,9 @@ impl Connection {
         let _ = self.write_queued();
         self.socket = None;
         self.out.clear();
-        // The peer is gone: what it held goes back to the pool, unless its process may
-        // still map it (the connection closed, the process lives): then never reused.
-        let exited = self.peer_pid.is_some_and(socket::process_exited);
-        self.shm_leases.release_all_with(|held| {
-            if !exited {
-                held.retire();
-            }
-        });
+        // The peer is gone: what it held goes back to the pool once its process cannot
+        // map it any more (see `handoff_sys::end_leases_of`).
+        socket::end_leases_of(self.peer_pid, self.shm_leases.take_all());
         self.unregister();
     }
 

@@ -85,6 +85,45 @@ pub fn process_exited(pid: u32) -> bool {
     }
 }
 
+/// Segments kept for peers whose connection closed while their process lived: each goes
+/// back to the pool once its process has exited (`park_until_exit`).
+static PARKED: std::sync::Mutex<Vec<(u32, Vec<handoff_proto::shm::buffers::Held>)>> = std::sync::Mutex::new(Vec::new());
+/// A thread sweeps [`PARKED`].
+static SWEEPING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// How often the sweep looks at the parked peers' processes.
+const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// What the leases of a closed connection kept, ended as the peer's process allows: our
+/// segments go back to the pool at once if process `pid` has exited (its mappings are
+/// gone), else when it exits (a thread looks every 50 ms while any wait), so that no
+/// send writes into a segment a live receiver still maps. With no pid known, the segments
+/// are retired: never reused.
+pub fn end_leases_of(pid: Option<u32>, kept: Vec<handoff_proto::shm::buffers::Held>) {
+    match pid {
+        Some(pid) if !process_exited(pid) && !kept.is_empty() => {
+            let mut parked = PARKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            parked.push((pid, kept));
+            if !SWEEPING.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                std::thread::spawn(sweep_parked);
+            }
+        }
+        Some(_) => drop(kept),
+        None => kept.iter().for_each(handoff_proto::shm::buffers::Held::retire),
+    }
+}
+
+fn sweep_parked() {
+    loop {
+        std::thread::sleep(SWEEP_EVERY);
+        let mut parked = PARKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        parked.retain(|(pid, _)| !process_exited(*pid));
+        if parked.is_empty() {
+            SWEEPING.store(false, std::sync::atomic::Ordering::Release);
+            return;
+        }
+    }
+}
+
 /// Keepalive probes and `TCP_USER_TIMEOUT`, so that a silent TCP peer fails reads and
 /// writes with `ETIMEDOUT` within `timeout` (the plan is the engine's,
 /// `handoff_proto::bounds::keepalive_plan`).

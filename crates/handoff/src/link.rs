@@ -192,15 +192,12 @@ impl ShmLink {
     }
 
     /// Ends every lease (the connection is gone). Our segments it held go back to the pool
-    /// only if its process exited: one that lives may still map them, and must not see the
-    /// next sender's bytes there, so they are retired instead.
+    /// once the peer's process cannot map them any more: one that lives must not see the
+    /// next sender's bytes there (`handoff_sys::end_leases_of`).
     pub(crate) fn release_all(&self) -> usize {
-        let exited = self.peer_pid.is_some_and(handoff_sys::process_exited);
-        let n = self.leases.lock().expect("leases lock").release_all_with(|held| {
-            if !exited {
-                held.retire();
-            }
-        });
+        let kept = self.leases.lock().expect("leases lock").take_all();
+        let n = kept.len();
+        handoff_sys::end_leases_of(self.peer_pid, kept);
         self.released.notify_waiters();
         n
     }

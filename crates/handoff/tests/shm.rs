@@ -151,10 +151,12 @@ fn filled_prefix(seed: u8) -> [u8; 4] {
 }
 
 #[tokio::test]
-async fn a_receiver_that_disconnects_holding_a_frame_keeps_it_and_the_segment_is_never_reused() {
+async fn a_receiver_that_disconnects_holding_a_frame_keeps_it_and_the_segment_is_not_reused() {
     // The receiver's process (this one) lives on and still maps the segment after its
     // connection closed: the lease ends with the connection, but the segment must not go
-    // back to the pool, or the next send of that size would write into the frame it holds.
+    // back to the pool while that process lives, or the next send of that size would write
+    // into the frame it holds. (When the peer's process exits, it does: the Python suite's
+    // killed-worker test.)
     let a = node("gone-a").await;
     let b = node("gone-b").await;
     let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
@@ -170,10 +172,9 @@ async fn a_receiver_that_disconnects_holding_a_frame_keeps_it_and_the_segment_is
     drop(data);
     let held: Frame = b.recv_timeout(T).await.unwrap().decode().unwrap();
     assert_eq!(peer.leases().count, 1);
-    let retired = shm::pool().stats().retired;
     b.shutdown();
     wait_until("the lease ends with the connection", || peer.leases().count == 0).await;
-    wait_until("the segment is retired", || shm::pool().stats().retired > retired).await;
+    tokio::time::sleep(Duration::from_millis(200)).await; // (the sweep looks every 50 ms)
     assert!(
         !shm::pool().is_idle(pool_id),
         "a segment a live receiver maps is not reused"

@@ -70,6 +70,13 @@ impl<T> ShmLeases<T> {
         self.release_all_with(|_| {})
     }
 
+    /// Ends every lease and hands over what they kept (a driver keeps it while the peer's
+    /// process may still map it).
+    pub fn take_all(&mut self) -> Vec<T> {
+        self.bytes = 0;
+        self.held.drain().map(|(_, (kept, _))| kept).collect()
+    }
+
     /// Ends every lease, after `each` saw what it kept (to retire the segments of a peer
     /// whose process may still map them); returns how many there were.
     pub fn release_all_with(&mut self, mut each: impl FnMut(&T)) -> usize {
