@@ -142,7 +142,7 @@ class EngineNode(Node):
             listener = eng.Listener(
                 self._driver,
                 s,
-                self._admit,
+                None,  # (node-id uniqueness is the engine's own check, peers::admit)
                 max_handshakes=b.max_handshakes,
                 max_unaccepted=b.max_handshakes,
                 on_failed=self._refused,
@@ -240,15 +240,6 @@ class EngineNode(Node):
         source = "unix peers" if label.startswith("unix://") else f"connections to {label.split(' <- ')[0]}"
         self._warn_about(source, "refused connection from %s: %s", label, error)
 
-    def _admit(self, ident: dict) -> Optional[str]:
-        """Refuses, before ``ready``, a node id already connected from another process (§5.1)."""
-        if ident["node_id"] == self.node_id:
-            return "that is this node's own id"
-        for p in self.connections_to(ident["node_id"]):
-            if p.ident.proc != ident["process_id"]:
-                return f"node {ident['node_id']} is connected already, from another process"
-        return None
-
     # ------------------------------------------------------------------ connections
 
     async def _accept_from(self, listener: "eng.Listener") -> None:
@@ -272,7 +263,7 @@ class EngineNode(Node):
         if addr.startswith("unix://"):
             return await self._connect_unix(strip_scheme(addr, "unix://"))
         target = strip_scheme(addr, "tcp://")
-        ec = await self._driver.connect(f"tcp://{target}", admit=self._admit, timeout=self.bounds.handshake_timeout)
+        ec = await self._driver.connect(f"tcp://{target}", timeout=self.bounds.handshake_timeout)
         peer = self._adopt(ec, accepted=False)
         if channel == "tcp":
             return peer
@@ -285,12 +276,12 @@ class EngineNode(Node):
     async def _dial_owner(self, addr: str, timeout: float) -> "eng.EngineConnection":
         """A ticket owner's connection, made one of this node's peers (what it sends on it
         reaches the node, and the node-id check applies)."""
-        ec = await self._driver.connect(addr, admit=self._admit, timeout=timeout)
+        ec = await self._driver.connect(addr, timeout=timeout)
         self._adopt(ec, accepted=False)
         return ec
 
     async def _connect_unix(self, path: str) -> "EnginePeer":
-        ec = await self._driver.connect(f"unix://{path}", admit=self._admit, timeout=self.bounds.handshake_timeout)
+        ec = await self._driver.connect(f"unix://{path}", timeout=self.bounds.handshake_timeout)
         return self._adopt(ec, accepted=False)
 
     # ------------------------------------------------------------------ tickets (holder side)
