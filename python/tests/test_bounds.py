@@ -7,12 +7,14 @@ import asyncio
 import fcntl
 import os
 import secrets
+import socket
 import struct
 import time
 
 import pytest
 from handoff import Buffer, HandoffError, Node, OwnerLost, Ticket, wire
 from handoff.bounds import Bounds
+from handoff.codec import encode_body
 from handoff.errors import CapReached
 from handoff.shm import map_received
 from handoff.tickets import LeaseTable, Refusal
@@ -352,6 +354,66 @@ async def test_a_pulled_answer_is_never_stuck_behind_messages_waiting_for_room()
         assert time.monotonic() - started < 3, "the redemption waited for its pull to time out"
         for i in range(1, 7):
             assert (await b.recv(10)).body["i"] == i
+
+
+async def test_a_flood_of_eager_tickets_waits_for_room_before_it_is_pulled():
+    """§9.1: a redeemed ticket counts in its sender's buffered bytes, admitted before it is
+    pulled. A raw owner sends 40 small messages at once, each with a 1 MiB ticket, and
+    answers every pull behind them: the holder, whose application takes nothing, pulls
+    only what fits its bound instead of all 40 MiB (room charged after each pull would let
+    every message already read in), and its reader still gets to the answers (room charged
+    as each message is read would stop it in front of them until the pulls time out)."""
+    import blake3
+
+    per_peer = 4 * MIB
+    bounds = Bounds(max_buffered_bytes_per_peer=per_peer, max_buffered_bytes=64 * MIB)
+    count = 40
+    datas = [bytes([i]) * MIB for i in range(count)]
+    async with Node("holder", secret=SECRET, listen="127.0.0.1:0", bounds=bounds, pull_timeout=10) as a:
+        raw = RawPeer(a.listen_addr, timeout=30)
+        asked: list = []
+
+        def owner() -> None:
+            raw.handshake(SECRET, host="other-host")
+            token = secrets.token_bytes(32)
+            flood = b""
+            for i, data in enumerate(datas):
+                desc = wire.TicketDesc(MIB, raw.node_id, i + 1, token, blake3.blake3(data).digest(), 60_000)
+                flood += wire.encode_message(wire.Msg("t.X", encode_body({"i": i, "d": Buffer(data)}).body, [desc]))
+            raw.send(flood)
+            raw.sock.settimeout(None)
+            while True:
+                try:
+                    h, _ = raw.read_message()
+                except (EOFError, OSError):
+                    return  # the test shut the socket down
+                if isinstance(h, wire.Pull):
+                    asked.append(h.lease)
+                    raw.send(wire.encode_message(wire.Pulled(h.req, h.n)) + datas[h.lease - 1][h.off : h.off + h.n])
+
+        answering = asyncio.get_running_loop().run_in_executor(None, owner)
+        try:
+            # Until it settles: nothing is taken, so the holder stops where its bound says.
+            held = -1
+            for _ in range(60):
+                await asyncio.sleep(0.25)
+                now = a.buffered()["total"]
+                if now == held and asked:
+                    break
+                held = now
+            # Each ticket's room is taken before its pull (the messages themselves hold a little).
+            most = per_peer + 64 * 1024
+            assert 0 < held <= most, f"the holder buffers {held} bytes, over {most}: it pulled before it had room"
+            assert len(asked) < count, f"it pulled all {count} tickets while its application took nothing"
+            for i in range(count):
+                env = await a.recv(10)
+                assert env.body["i"] == i and bytes(env.body["d"]) == datas[i], "every ticket redeemed, in order"
+                env.release()
+            assert sorted(asked) == list(range(1, count + 1))
+        finally:
+            raw.sock.shutdown(socket.SHUT_RDWR)
+            await answering
+            raw.close()
 
 
 async def test_pulled_answers_nobody_asked_for_are_dropped_not_allocated():

@@ -138,14 +138,29 @@ impl Permit {
     /// permit is all its peer (or the node) has buffered, so a message whose large header
     /// already holds room is never stuck behind itself.
     pub fn try_expand(&mut self, bytes: u64, messages: usize, slack: u64) -> bool {
+        self.expand(bytes, messages, slack, 0)
+    }
+
+    /// Room for the tickets of this permit's message that the node redeems on receipt,
+    /// taken before they are pulled (spec §9.1): `false` while the bounds do not allow it.
+    /// `behind` is the room held by that peer's messages read after this one, which wait
+    /// for it to keep their order: they do not count against its being alone, so a ticket
+    /// up to the message limit gets through once the application has taken that peer's
+    /// earlier messages.
+    pub fn try_expand_ahead(&mut self, bytes: u64, behind: u64) -> bool {
+        self.expand(bytes, 0, 0, behind)
+    }
+
+    fn expand(&mut self, bytes: u64, messages: usize, slack: u64, behind: u64) -> bool {
         let budget = &self.budget;
         let mut used = budget.used.lock().expect("budget lock");
         let peer_bytes = self.account.bytes.load(Ordering::Acquire);
         let peer_messages = self.account.messages.load(Ordering::Acquire);
-        let peer_alone = peer_bytes == self.bytes && peer_messages == self.messages;
+        let peer_alone =
+            peer_bytes.saturating_sub(behind) == self.bytes && (behind > 0 || peer_messages == self.messages);
         let peer_fits = peer_bytes.saturating_add(bytes) <= budget.max_per_peer.saturating_add(slack)
             && peer_messages + messages <= budget.max_messages_per_peer;
-        let total_alone = *used == self.bytes;
+        let total_alone = used.saturating_sub(behind) == self.bytes;
         let total_fits = used.saturating_add(bytes) <= budget.max_total.saturating_add(slack);
         let within_share = peer_bytes.saturating_add(bytes) <= budget.min_per_peer
             && peer_messages + messages <= budget.max_messages_per_peer;
@@ -158,14 +173,6 @@ impl Permit {
         self.bytes += bytes;
         self.messages += messages;
         true
-    }
-
-    /// Charges `bytes` more to this permit without waiting (bytes the node asked for
-    /// itself, such as a redeemed ticket: they are bounded by its own requests).
-    pub fn grow(&mut self, bytes: u64) {
-        *self.budget.used.lock().expect("budget lock") += bytes;
-        self.account.bytes.fetch_add(bytes, Ordering::AcqRel);
-        self.bytes += bytes;
     }
 
     /// Bytes this permit holds.
@@ -221,16 +228,39 @@ mod tests {
     }
 
     #[test]
-    fn message_counts_and_growth() {
+    fn message_counts() {
         let budget = Budget::new(1 << 30, 1 << 30, 0, 2);
         let a = Arc::new(Account::default());
         let _one = budget.try_acquire(&a, 10, 1, 0).unwrap();
         let mut two = budget.try_acquire(&a, 10, 1, 0).unwrap();
         assert!(budget.try_acquire(&a, 10, 1, 0).is_none(), "two messages per peer");
-        two.grow(1000);
+        assert!(two.try_expand_ahead(1000, 0));
         assert_eq!(a.bytes(), 1020);
         drop(two);
         assert_eq!(a.bytes(), 10);
+    }
+
+    #[test]
+    fn tickets_wait_for_room_and_go_alone_ahead_of_the_messages_behind_them() {
+        let budget = Budget::new(1 << 30, 1000, 0, 10);
+        let a = Arc::new(Account::default());
+        let earlier = budget.try_acquire(&a, 100, 1, 0).unwrap();
+        let mut first = budget.try_acquire(&a, 100, 1, 0).unwrap();
+        let _behind = budget.try_acquire(&a, 100, 1, 0).unwrap();
+        assert!(
+            !first.try_expand_ahead(800, 100),
+            "an earlier message not yet taken holds room"
+        );
+        assert!(first.try_expand_ahead(700, 100), "it fits");
+        assert_eq!(a.bytes(), 1000);
+        drop(first);
+        // A ticket larger than the whole share waits until the earlier message is taken,
+        // then goes alone ahead of the one behind it.
+        let mut second = budget.try_acquire(&a, 100, 1, 0).unwrap();
+        assert!(!second.try_expand_ahead(5000, 100));
+        drop(earlier);
+        assert!(second.try_expand_ahead(5000, 100), "alone but for what waits behind it");
+        assert_eq!(a.bytes(), 5200);
     }
 
     #[test]

@@ -103,13 +103,25 @@ impl Received {
         self.permit.lock().expect("permit lock").take();
     }
 
-    /// `bytes` pulled for the message's tickets count against the sender's budget with the
-    /// rest of it until it is taken. They never wait for room: they are bounded by this
-    /// node's own requests (spec §9.1).
-    fn charge(&self, bytes: u64) {
-        if let Some(permit) = self.permit.lock().expect("permit lock").as_mut() {
-            permit.grow(bytes);
+    /// Room for `bytes` of tickets the node redeems on receipt, taken before they are pulled
+    /// (spec §9.1): `False` while the sender's bounds do not allow it (wait for room, as
+    /// `Engine.wait_for_room` tells). `behind` is the room of that peer's messages read
+    /// after this one, waiting for it (`handoff_proto::budget::Permit::try_expand_ahead`).
+    fn reserve(&self, bytes: u64, behind: u64) -> bool {
+        match self.permit.lock().expect("permit lock").as_mut() {
+            Some(permit) => permit.try_expand_ahead(bytes, behind),
+            None => true, // taken already: nothing is buffered for it
         }
+    }
+
+    /// Bytes the message holds in the receive budget until it is taken.
+    #[getter]
+    fn room(&self) -> u64 {
+        self.permit
+            .lock()
+            .expect("permit lock")
+            .as_ref()
+            .map_or(0, Permit::bytes)
     }
 }
 

@@ -544,6 +544,16 @@ impl Engine {
         Ok(d)
     }
 
+    /// A redemption waits for room in the receive budget (the wake pipe fires when room is
+    /// given back), or stops waiting.
+    fn wait_for_room(&self, waiting: bool) {
+        if waiting {
+            self.shared.waiting_for_room.fetch_add(1, Ordering::AcqRel);
+        } else {
+            self.shared.waiting_for_room.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
     /// A sender waits for room in the lease table (the wake pipe fires when a hold ends),
     /// or stops waiting.
     fn wait_for_leases(&self, waiting: bool) {

@@ -6,7 +6,7 @@
 //! connection while there is none), `pulled` answers being written take one of a few
 //! places, and a `pulled` nobody asked for is read into a small buffer and dropped.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -334,16 +334,21 @@ async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, socket: &Arc<Socket
 struct Delivery {
     tx: mpsc::UnboundedSender<Envelope>,
     queued: Arc<AtomicUsize>,
+    /// Room the queued messages hold in the receive budget (what waits behind the one being
+    /// redeemed).
+    room: Arc<AtomicU64>,
 }
 
 impl Delivery {
     fn start(node: Arc<NodeInner>) -> Delivery {
         let (tx, mut rx) = mpsc::unbounded_channel::<Envelope>();
         let queued = Arc::new(AtomicUsize::new(0));
-        let count = queued.clone();
+        let room = Arc::new(AtomicU64::new(0));
+        let (count, behind) = (queued.clone(), room.clone());
         tokio::spawn(async move {
             while let Some(mut envelope) = rx.recv().await {
-                redeem_all(&mut envelope).await;
+                behind.fetch_sub(room_of(&envelope), Ordering::AcqRel);
+                redeem_all(&node, &mut envelope, &behind).await;
                 let delivered = node.deliver(envelope);
                 count.fetch_sub(1, Ordering::AcqRel);
                 if delivered.is_err() {
@@ -351,7 +356,7 @@ impl Delivery {
                 }
             }
         });
-        Delivery { tx, queued }
+        Delivery { tx, queued, room }
     }
 
     fn busy(&self) -> bool {
@@ -359,29 +364,51 @@ impl Delivery {
     }
 
     fn push(&self, envelope: Envelope) {
+        let room = room_of(&envelope);
         self.queued.fetch_add(1, Ordering::AcqRel);
+        self.room.fetch_add(room, Ordering::AcqRel);
         if self.tx.send(envelope).is_err() {
             self.queued.fetch_sub(1, Ordering::AcqRel);
+            self.room.fetch_sub(room, Ordering::AcqRel);
         }
     }
 }
 
+fn room_of(envelope: &Envelope) -> u64 {
+    envelope.permit.as_ref().map_or(0, |p| p.bytes())
+}
+
 /// Pulls every ticket of an envelope; on failure the envelope carries the error instead.
-/// The pulled bytes count against the sender's budget with the rest of the message (they
-/// are bounded by our own requests, so they never wait for room).
-async fn redeem_all(envelope: &mut Envelope) {
+///
+/// The pulled bytes count against the sender's budget with the rest of the message, and
+/// are admitted before the pulls are sent (spec §9.1): the redemption, not the connection's
+/// reader, waits for room, so the owner's answers on that connection are still read.
+/// `behind` is the room of the messages queued after this one.
+async fn redeem_all(node: &NodeInner, envelope: &mut Envelope, behind: &AtomicU64) {
     let Payload::Encoded { frames, .. } = &mut envelope.payload else {
         return;
     };
+    let tickets: u64 = frames
+        .iter()
+        .filter_map(|f| Ticket::of(f).filter(|t| !t.is_on_demand()))
+        .map(|t| t.len())
+        .sum();
+    if tickets > 0 {
+        if let Some(permit) = envelope.permit.as_mut() {
+            node.ctx
+                .budget
+                .wait_for(None, || {
+                    permit
+                        .try_expand_ahead(tickets, behind.load(Ordering::Acquire))
+                        .then_some(())
+                })
+                .await;
+        }
+    }
     for frame in frames.iter_mut() {
         if let Some(ticket) = Ticket::of(frame).filter(|t| !t.is_on_demand()) {
             match ticket.redeem().await {
-                Ok(bytes) => {
-                    if let Some(p) = envelope.permit.as_mut() {
-                        p.grow(bytes.len() as u64);
-                    }
-                    *frame = bytes;
-                }
+                Ok(bytes) => *frame = bytes,
                 Err(e) => {
                     limited_warn!(envelope.from.0.log, from = %envelope.from.name(), "a ticket could not be redeemed: {}", e.chain());
                     envelope.payload = Payload::Failed(Box::new(e));

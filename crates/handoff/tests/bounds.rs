@@ -223,3 +223,101 @@ async fn a_tcp_timeout_sets_keepalive_on_dialed_and_accepted_connections_and_is_
     assert_eq!(sockets_with_tcp_timeout(21_000), 2, "both accepted connections");
     assert_eq!(sockets_with_tcp_timeout(13_000), 1, "the dialed side");
 }
+
+/// spec §9.1: a redeemed ticket counts in its sender's buffered bytes, and is admitted
+/// before it is pulled. A peer that floods a node that redeems eagerly with small messages
+/// carrying large tickets waits for room as one that sends the bytes inline does, instead of
+/// making the node pull them all while its application takes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_eager_tickets_waits_for_room_before_it_is_pulled() {
+    let per_peer = 4 << 20;
+    let receiver = node(
+        "eager-receiver",
+        Bounds {
+            max_buffered_bytes_per_peer: per_peer,
+            max_buffered_bytes: 16 << 20,
+            ..Bounds::DEFAULT
+        },
+    )
+    .await;
+    let flooder = Node::builder("ticket-flooder")
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .register::<Chunk>()
+        .ticket_threshold(Some(64 << 10))
+        .build()
+        .await
+        .unwrap();
+    let to_receiver = flooder
+        .connect_with(receiver.listen_addr().unwrap(), Some(Channel::Tcp))
+        .await
+        .unwrap();
+    let count = 32;
+    for seq in 0..count {
+        to_receiver.send(chunk("ticket-flooder", seq, 1 << 20)).await.unwrap();
+    }
+    // Until it settles: the pulls take their time (a debug build hashes slowly).
+    let mut held = receiver.buffered_bytes();
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = receiver.buffered_bytes();
+        if now == held {
+            break;
+        }
+        held = now;
+    }
+    // Each ticket's room is taken before its pull (the messages themselves hold a little).
+    let most = per_peer + (64 << 10);
+    assert!(
+        held <= most,
+        "the receiver holds {held} bytes of redeemed tickets, over {most}: it pulled before it had room"
+    );
+    assert!(held > 0, "the receiver took the first messages");
+    for seq in 0..count {
+        let got: Chunk = receiver.recv_timeout(T).await.unwrap().decode().unwrap();
+        assert_eq!(
+            (got.seq, got.data.len()),
+            (seq, 1 << 20),
+            "every ticket redeemed, in order"
+        );
+        assert!(got.data.iter().all(|&b| b == seq as u8));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(receiver.buffered_bytes(), 0, "everything taken, nothing held");
+}
+
+/// A ticket larger than the sender's whole share is redeemed once that peer has nothing
+/// else buffered but the messages waiting behind it (spec §9.1), so it never waits for
+/// room that only its own followers hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_larger_than_the_bound_is_redeemed_ahead_of_the_messages_behind_it() {
+    let receiver = node(
+        "small-eager-receiver",
+        Bounds {
+            max_buffered_bytes_per_peer: 1 << 20,
+            max_buffered_bytes: 1 << 20,
+            ..Bounds::DEFAULT
+        },
+    )
+    .await;
+    let sender = Node::builder("big-ticket-sender")
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .register::<Chunk>()
+        .ticket_threshold(Some(64 << 10))
+        .build()
+        .await
+        .unwrap();
+    let peer = sender
+        .connect_with(receiver.listen_addr().unwrap(), Some(Channel::Tcp))
+        .await
+        .unwrap();
+    peer.send(chunk("big-ticket-sender", 0, 4 << 20)).await.unwrap();
+    for seq in 1..4 {
+        peer.send(chunk("big-ticket-sender", seq, 100)).await.unwrap();
+    }
+    for seq in 0..4 {
+        let got: Chunk = receiver.recv_timeout(T).await.unwrap().decode().unwrap();
+        assert_eq!(got.seq, seq);
+    }
+}

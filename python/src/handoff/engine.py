@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import errno
+import itertools
 import logging
 import socket
 from typing import Awaitable, Callable, Optional
@@ -104,6 +105,7 @@ class Driver:
         #: connection): a node sets it so that such a connection is one of its peers too.
         self.dial: Optional[Callable[[str, float], Awaitable["EngineConnection"]]] = None
         self._lease_room: Optional[asyncio.Future] = None
+        self._room: Optional[asyncio.Future] = None
         self._expiry: Optional[asyncio.TimerHandle] = None
         self.loop.add_reader(self._wake_fd, self._on_wake)
 
@@ -127,8 +129,26 @@ class Driver:
                     c._after()
                 except OSError:
                     pass  # the connection is gone: the hold ends with it (or its ttl)
-        if self._lease_room is not None and not self._lease_room.done():
-            self._lease_room.set_result(None)
+        for room in (self._lease_room, self._room):
+            if room is not None and not room.done():
+                room.set_result(None)
+
+    async def _reserve(self, received: Received, need: int, behind: Callable[[], int]) -> None:
+        """Takes room for ``need`` bytes of ``received``'s tickets before they are pulled,
+        waiting until room is given back in the receive budget (``behind()``: the room of
+        the messages waiting after it)."""
+        if received.reserve(need, behind()):
+            return
+        # Counted as waiting before trying again: room given back from now on fires the
+        # wake pipe, whose handler wakes the future made before this task yields.
+        self.engine.wait_for_room(True)
+        try:
+            while not received.reserve(need, behind()):
+                if self._room is None or self._room.done():
+                    self._room = self.loop.create_future()
+                await asyncio.shield(self._room)
+        finally:
+            self.engine.wait_for_room(False)
 
     async def _wait_for_lease_room(self, timeout: Optional[float]) -> None:
         """Waits until a hold in the lease table ends (or `timeout` passes)."""
@@ -835,9 +855,19 @@ class EngineConnection:
             self._tell_end()
 
     async def _redeem_all(self, received: Received) -> None:
-        """Replaces each eager ticket of ``received`` with its bytes (charged to the sender's
-        budget with the rest of the message); on a failure the message carries the error."""
+        """Replaces each eager ticket of ``received`` with its bytes; on a failure the message
+        carries the error.
+
+        The tickets count against the sender's budget with the rest of the message, and
+        their room is taken before they are pulled (spec §9.1): this waits for room (until
+        the application takes that peer's earlier messages), while the connection goes on
+        reading, so the owner's answers on it still arrive."""
         frames = received.frames
+        need = sum(f.len for f in frames if isinstance(f, Ticket) and not f.lazy)
+        if need:
+            await self.driver._reserve(
+                received, need, lambda: sum(r.room for r in itertools.islice(self._redeeming, 1, None))
+            )
         for i, frame in enumerate(frames):
             if not isinstance(frame, Ticket) or frame.lazy:
                 continue
@@ -847,7 +877,6 @@ class EngineConnection:
                 received.failure = e
                 return
             frames[i] = data
-            received.charge(len(data))
             del frame  # our hold ends with the last handle (unlease)
 
     async def _request(self, ticket: Ticket, what: str, req: int):

@@ -282,6 +282,8 @@ class Peer(PeerBase):
         self._deliveries: Optional[asyncio.Queue] = None
         self._delivery_task: Optional[asyncio.Task] = None
         self._queued = 0
+        #: What the messages in ``_deliveries`` are charged (they wait behind the one redeemed).
+        self._queued_charge = 0
         #: Bytes of this peer's messages buffered and not yet taken by the application (§9.1).
         self.buffered = 0
         #: How many messages those are.
@@ -744,6 +746,7 @@ class Peer(PeerBase):
                 env = self._deliveries.get_nowait()
                 if env is not None:
                     self.node._budget.release_env(env)
+            self._queued_charge = 0
             self._deliveries.put_nowait(None)
         if self.queue is not None:
             self.queue.close()  # what arrived stays readable; then recv() raises PeerClosed
@@ -754,16 +757,10 @@ class Peer(PeerBase):
         return bool(self.pending)
 
     def _charge_of(self, h: wire.Msg) -> int:
-        """Bytes a message buffers beyond its header: inline frames, shm windows, and the
-        tickets redeemed on receipt (§9.1)."""
-        eager = self.node.redeem == "eager"
-        total = 0
-        for d in h.f:
-            if isinstance(d, (wire.Inline, wire.Shm)):
-                total += d.n
-            elif isinstance(d, wire.TicketDesc) and eager and not d.lazy:
-                total += d.n
-        return total
+        """Bytes a message buffers beyond its header when it is read: inline frames and shm
+        windows (the tickets redeemed on receipt are charged before they are pulled, by
+        the delivery loop: §9.1)."""
+        return sum(d.n for d in h.f if isinstance(d, (wire.Inline, wire.Shm)))
 
     async def _on_msg(self, h: wire.Msg) -> None:
         """Admits a message's frames against the buffered bounds, reads or maps them, and
@@ -854,6 +851,7 @@ class Peer(PeerBase):
             self._delivery_task = self.node.loop.create_task(self._delivery_loop())
             self._tasks.add(self._delivery_task)
         self._queued += 1
+        self._queued_charge += env.charge
         self._deliveries.put_nowait(env)  # bounded by the buffered bytes each message is charged
 
     async def _delivery_loop(self) -> None:
@@ -862,9 +860,11 @@ class Peer(PeerBase):
             env = await self._deliveries.get()
             if env is None:
                 return
+            self._queued_charge -= env.charge
             delivered = False
             try:
                 if self.node.redeem == "eager":
+                    await self._reserve_tickets(env)
                     await self.node._tickets.redeem_all(env)
                 await self.node._deliver(env)
                 delivered = True
@@ -872,6 +872,21 @@ class Peer(PeerBase):
                 self._queued -= 1
                 if not delivered:
                     self.node._budget.release_env(env)
+
+    async def _reserve_tickets(self, env: Envelope) -> None:
+        """Charges the tickets ``env`` redeems on receipt to this peer before they are
+        pulled (§9.1), waiting for room: the delivery waits until the application takes
+        this peer's earlier messages, while the reader goes on (so the owner's answers
+        still arrive). The messages queued behind it do not count against its being alone,
+        so a ticket up to the message limit gets through."""
+        need = sum(
+            f.view.desc.n
+            for f in env.frames
+            if f.kind == "ticket" and isinstance(f.view, Ticket) and not f.view.desc.lazy
+        )
+        if need and env.charge:
+            await self.node._budget.admit(self, need, own=env.charge + self._queued_charge)
+            env.charge += need
 
     async def _on_pulled(self, h: wire.Pulled) -> None:
         entry = self.pending.get(h.req)
