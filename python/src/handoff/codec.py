@@ -157,6 +157,25 @@ def _plain_native(frame_threshold: Any) -> bool:
     )
 
 
+def pack_plain(value: Any, frame_threshold: int = DEFAULT_FRAME_THRESHOLD) -> Optional[bytes]:
+    """``value``'s msgpack if the extension packs it whole (plain types only, no frame):
+    what :func:`encode_body` gives as its body then; ``None`` otherwise (encode it with
+    :func:`encode_body`)."""
+    if _plain_native(frame_threshold):
+        return _PLAIN.pack(value, frame_threshold)
+    return None
+
+
+def unpack_plain(body: Any) -> Any:
+    """A body without frames read whole by the extension: ``(value,)``, or ``None`` when
+    :func:`decode_body` must read it (no extension, a route-aware value, ext types, …)."""
+    if _PLAIN is not None:
+        read = _PLAIN.unpack(body, MARKER)
+        if read is not None and not read[1]:
+            return (read[0],)
+    return None
+
+
 def _framed_native(value: Any, frame_threshold: int) -> Optional[EncodedBody]:
     """:func:`encode_body`'s result from the extension for a value that is plain but for
     frames, or ``None`` (then the walk runs)."""

@@ -146,13 +146,14 @@ class Inbox:
     def _take_new(self) -> Optional[Any]:
         key = self._new[0]
         q = self._queues[key]
-        if self._weight(q.messages[0]) > q.credit:
+        weight = self._weight(q.messages[0])
+        if weight > q.credit:
             # More than a quantum (a large message): it waits for its share in the round.
             self._new.popleft()
             self._turns.append(key)
             return None
         env = q.messages.popleft()
-        q.credit -= self._weight(env)
+        q.credit -= weight
         if not q.messages:
             del self._queues[key]
             self._new.popleft()
@@ -194,7 +195,20 @@ class Inbox:
         """The next message, waiting until there is one (``asyncio.TimeoutError`` after
         ``timeout`` seconds). A message already waiting is taken without yielding."""
         if not self._queues:
-            await _wait_until(self._has_messages, self._arrived, timeout)
+            if timeout is None:
+                # (Signal.wait in place, without its timer: the common wait of a receiver.)
+                waiters = self._arrived._waiters
+                loop = asyncio.get_running_loop()
+                while not self._queues:
+                    fut = loop.create_future()
+                    waiters.append(fut)
+                    try:
+                        await fut
+                    finally:
+                        if fut in waiters:  # cancelled: not woken by set()
+                            waiters.remove(fut)
+            else:
+                await _wait_until(self._has_messages, self._arrived, timeout)
         return self._take()
 
     def _has_messages(self) -> bool:
