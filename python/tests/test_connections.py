@@ -13,7 +13,6 @@ import sys
 import numpy as np
 import pytest
 from handoff import Buffer, Node, PeerClosed
-from handoff.pool import pool
 from helpers import eventually, mapping_of
 
 MIB = 1 << 20
@@ -81,36 +80,75 @@ async def test_pooled_segments_are_reused_and_received_writable():
         Node("tx", secret="k", per_connection=True, shm_pool=True) as tx,
     ):
         p = await tx.connect(rx.listen_addr)
-        before = pool().stats()
+        before = tx.segment_pool_stats()
         arr = np.arange(MIB, dtype=np.int32)  # 4 MiB
         await p.send("t.A", {"x": arr})
         assert await eventually(lambda: accepted)
         env = await accepted[0].recv(5)
         x = env.body["x"]
-        # A private mapping of the segment (through the frame's own exporter when the
-        # connection keeps the mapping, handoff.mapcache).
-        assert mapping_of(x) is not None and not x.readonly
+        # A private (copy-on-write) mapping of the sender's pooled segment, writable.
+        assert not x.readonly
         assert env.frames[0].kind == "shm" and env.segment_of(x)["sealed"] is False
         got = np.frombuffer(x, dtype=np.int32)
         assert np.array_equal(got, arr)
         got[:4] = -1  # copy-on-write: the receiver's own pages, the sender's segment is untouched
-        stats = pool().stats()
+        stats = tx.segment_pool_stats()
         assert stats["created"] == before["created"] + 1 and stats["busy_segments"] >= 1
         assert tx.shm_leases()["count"] == 1
         del got, x, env
         gc.collect()
         assert await eventually(lambda: tx.shm_leases()["count"] == 0)
-        assert pool().stats()["idle_segments"] >= 1
+        assert await eventually(lambda: tx.segment_pool_stats()["idle_segments"] >= 1)
         # The next send of that size reuses the warm segment, with the sender's bytes.
         await p.send("t.A", {"x": arr})
         env = await accepted[0].recv(5)
         assert np.array_equal(np.frombuffer(env.body["x"], dtype=np.int32), arr)
-        assert pool().stats()["reused"] == before["reused"] + 1
+        assert tx.segment_pool_stats()["reused"] == before["reused"] + 1
         del env
         gc.collect()
         assert await eventually(lambda: tx.shm_leases()["count"] == 0)
 
 
+async def test_a_reused_segment_shows_the_senders_new_bytes_not_the_receivers_writes():
+    """The receiver writes into its (private) view of a pooled segment and lets it go; the
+    next frame the sender puts in that segment shows the sender's new bytes everywhere,
+    and the sender's segment never saw the receiver's writes."""
+    accepted: list = []
+    async with (
+        _accepting("rx", accepted, shm_private=True) as rx,
+        Node("tx", secret="k", per_connection=True, shm_pool=True) as tx,
+    ):
+        p = await tx.connect(rx.listen_addr)
+        first = np.arange(MIB, dtype=np.int32)  # 4 MiB
+        await p.send("t.A", {"x": first})
+        assert await eventually(lambda: accepted)
+        conn = accepted[0]
+        env = await conn.recv(5)
+        segment = env.segment_of(env.body["x"])
+        got = np.frombuffer(env.body["x"], dtype=np.int32)
+        assert np.array_equal(got, first)
+        got[:4] = -1  # pages of the receiver's own, in the first and a later page
+        got[300_000] = -2
+        del got, env
+        gc.collect()
+        assert await eventually(lambda: tx.shm_leases()["count"] == 0)
+        assert await eventually(lambda: tx.segment_pool_stats()["idle_segments"] >= 1)
+        second = np.arange(MIB, dtype=np.int32)[::-1].copy()
+        before = tx.segment_pool_stats()
+        await p.send("t.A", {"x": second})
+        env = await conn.recv(5)
+        assert tx.segment_pool_stats()["reused"] == before["reused"] + 1, "a warm segment again"
+        again = env.segment_of(env.body["x"])
+        assert (again["device"], again["inode"]) == (segment["device"], segment["inode"]), "the same one"
+        got = np.frombuffer(env.body["x"], dtype=np.int32)
+        assert np.array_equal(got, second)  # the written pages show the sender's bytes again
+        assert got.flags.writeable
+        del got, env
+        gc.collect()
+        assert await eventually(lambda: tx.shm_leases()["count"] == 0)
+
+
+@pytest.mark.pure_only("counts the Python peer's mapping cache (handoff.mapcache)")
 async def test_a_kept_mapping_serves_the_next_frame_in_its_segment_without_the_receivers_writes():
     """handoff.mapcache: the receiver keeps the mapping of a pooled segment; the next frame in
     that segment comes through it, with the sender's new bytes where the receiver wrote."""
@@ -151,6 +189,7 @@ async def test_a_kept_mapping_serves_the_next_frame_in_its_segment_without_the_r
         assert await eventually(lambda: conn._maps.stats()["idle"] == 0)
 
 
+@pytest.mark.pure_only("sets and counts the Python peer's mapping cache (handoff.mapcache)")
 async def test_with_no_bytes_to_keep_every_frame_is_mapped_anew():
     from handoff import mapcache
 
@@ -186,14 +225,19 @@ async def test_a_segment_whose_connection_closed_under_a_live_view_is_never_reus
         await p.send("t.A", {"x": Buffer(b"\x01" * MIB)})
         assert await eventually(lambda: accepted)
         kept = (await accepted[0].recv(5)).body["x"]  # the receiver keeps its view...
-        retired = pool().stats()["retired"]
+        before = tx.segment_pool_stats()
         await p.close()  # ...and the connection ends under it
-        assert await eventually(lambda: pool().stats()["retired"] == retired + 1)
+        assert await eventually(lambda: tx.shm_leases()["count"] == 0)
+        await asyncio.sleep(0.3)  # (past the sender's sweeps of ended leases)
+        # The segment does not come back to the pool while the receiver's process lives
+        # (the Python peer retires it; the engine keeps it until that process exits).
+        assert tx.segment_pool_stats()["idle_segments"] == before["idle_segments"]
         # A new send of that size gets another segment; the kept view never changes.
         q = await tx.connect(rx.listen_addr)
         await q.send("t.A", {"x": Buffer(b"\x02" * MIB)})
         assert await eventually(lambda: len(accepted) == 2)
         other = (await accepted[1].recv(5)).body["x"]
+        assert tx.segment_pool_stats()["created"] == before["created"] + 1
         assert bytes(other[:4]) == b"\x02" * 4
         assert bytes(kept) == b"\x01" * MIB
 
@@ -225,15 +269,15 @@ async def test_segments_held_by_a_killed_process_come_back_to_the_pool():
             assert await eventually(lambda: accepted, timeout=20)
             peer = accepted[0]
             await peer.recv(5)
-            assert peer.channel == "shm" and peer.transport.peer_pid == child.pid
+            assert peer.channel == "shm" and peer.ident.pid == child.pid
             await peer.send("t.A", {"x": Buffer(b"\x07" * (2 * MIB))})
             line = await asyncio.get_running_loop().run_in_executor(None, child.stdout.readline)
             assert line.startswith(b"holding")
             assert owner.shm_leases()["count"] == 1
-            before = pool().stats()
+            before = owner.segment_pool_stats()
             child.send_signal(signal.SIGKILL)
-            assert await eventually(lambda: pool().stats()["idle_segments"] == before["idle_segments"] + 1)
-            assert pool().stats()["retired"] == before["retired"]
+            assert await eventually(lambda: owner.segment_pool_stats()["idle_segments"] == before["idle_segments"] + 1)
+            assert owner.segment_pool_stats()["retired"] == before["retired"]
             assert owner.shm_leases()["count"] == 0
         finally:
             child.kill()

@@ -323,6 +323,9 @@ class EngineNode(Node):
 
     # ------------------------------------------------------------------ observing
 
+    def segment_pool_stats(self) -> dict:
+        return eng._native.segment_pool_stats()
+
 
 class EngineTicket(PyTicket):
     """A ticket this node received on the engine, with :class:`~handoff.tickets.Ticket`'s

@@ -885,6 +885,16 @@ class Node:
         """The leases this node holds as the owner of tickets it sent."""
         return self.leases.stats()
 
+    def segment_pool_stats(self) -> dict:
+        """The pool of shared segments this process sends from (every node of the process
+        shares it): ``{segments, bytes, idle_segments, idle_bytes, busy_segments, created,
+        reused, retired}``. A segment is busy while a peer may map it, and idle (warm, for
+        the next frame of its size) once every peer let go of it; one whose receiver still
+        maps it is never reused."""
+        from .pool import pool
+
+        return pool().stats()
+
     def stats(self) -> dict:
         """What ``handoff.admin.Stats`` carries (spec Appendix A): ``peers`` lists at most
         :data:`STATS_MAX_PEERS` connections, oldest first, and ``peers_total`` counts them
