@@ -95,6 +95,15 @@ pub fn unix_switch<'p>(
     }
 }
 
+/// Whether a ticket's owner may be asked for its bytes at all (spec §9.1): not when the
+/// ticket names this node (`me`) itself, which a node never dials; otherwise why not.
+pub fn check_owner(owner: &str, me: &str) -> Result<(), String> {
+    if owner == me {
+        return Err("the ticket names this node itself as its owner; a node does not dial itself".into());
+    }
+    Ok(())
+}
+
 /// Whether a ticket's `addr` may be dialled to reach its owner (spec §9.1): only a
 /// `tcp://` address, and not `our_listen`, this node's own listen address, however it is
 /// spelled (a node that listens on a loopback or every address is reached by any local
@@ -105,7 +114,9 @@ pub fn may_dial(addr: &str, our_listen: Option<&str>) -> Result<(), String> {
     };
     let ours = our_listen.and_then(|l| l.strip_prefix("tcp://"));
     if ours.is_some_and(|o| same_listener(o, target)) {
-        return Err(format!("the ticket's address {addr} is this node's own"));
+        return Err(format!(
+            "the ticket's address {addr} is this node's own listen address; a node does not dial itself"
+        ));
     }
     Ok(())
 }

@@ -470,6 +470,12 @@ impl Engine {
         handoff_proto::peers::may_dial(addr, self.shared.listen.as_deref()).err()
     }
 
+    /// Why a ticket owned by `owner` may not be redeemed from it at all (it names this node
+    /// itself), or `None` (`handoff_proto::peers::check_owner`).
+    fn check_owner(&self, owner: &str) -> Option<String> {
+        handoff_proto::peers::check_owner(owner, &self.shared.me.node_id).err()
+    }
+
     /// The bounds of spec §9.1 this node keeps that its driver applies: `max_handshakes`,
     /// `max_connections`, `max_ticket_dials`, `write_timeout` (seconds).
     #[getter]

@@ -179,8 +179,9 @@ class Driver:
     async def owner_of(self, ticket: Ticket) -> "EngineConnection":
         """A connection to the ticket's owner: the one we have, or a new one to its address."""
         owner = ticket.owner
-        if owner == self.engine.node_id:
-            raise OwnerLost(owner, ticket.lease, len(ticket), "the ticket names this node as its owner")
+        why = self.engine.check_owner(owner)
+        if why is not None:
+            raise OwnerLost(owner, ticket.lease, len(ticket), why)
         c = self.connection_to(owner)
         if c is not None:
             return c

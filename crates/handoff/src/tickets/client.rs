@@ -27,9 +27,7 @@ fn lost(claim: &TicketClaim, owner: &str, reason: impl Into<String>) -> Error {
 impl NodeInner {
     /// A connection to the ticket's owner: the one we have, or a new one to its address.
     pub(crate) async fn owner_peer(self: &Arc<Self>, claim: &TicketClaim, owner: &str) -> Result<Peer> {
-        if claim.owner == self.ctx.me.node_id {
-            return Err(lost(claim, owner, "the ticket names this node as its owner"));
-        }
+        handoff_proto::peers::check_owner(&claim.owner, &self.ctx.me.node_id).map_err(|why| lost(claim, owner, why))?;
         if let Some(p) = self.peer_by_id(&claim.owner) {
             return Ok(p);
         }
