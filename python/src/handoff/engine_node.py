@@ -23,7 +23,7 @@ from . import pins, wire
 from .addresses import strip_scheme
 from .codec import OnDemand, encode_body, pack_plain
 from .envelope import Envelope, ReceivedFrame
-from .errors import HandoffError, PeerClosed
+from .errors import HandoffError, PeerClosed, PeerRefused
 from .inbox import ConnectionQueue, Inbox
 from . import node as _node
 from .node import Node
@@ -518,6 +518,10 @@ class EnginePeer(PeerBase):
 
     def _ended(self, failure: Exception) -> None:
         # (The connection closes itself once what it still says, an error, is written.)
+        if isinstance(failure, eng.ConnectionFailed) and not failure.by_peer:
+            self._warn("closing connection to %s: %s [%s]", self.name, failure.message, failure.code)
+        elif isinstance(failure, PeerRefused):
+            self._warn("peer %s closed the connection: %s [%s]", self.name, failure.message, failure.code)
         self.closed = True
         self.done.set()
         if self.queue is not None:

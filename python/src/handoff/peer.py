@@ -235,6 +235,10 @@ class PeerBase:
         self.route
         return self._routes[1]
 
+    def _warn(self, fmt: str, *args: Any) -> None:
+        """A warning about this peer, rate-limited per peer (§9.1)."""
+        self.node._throttle.warn(f"peer {self.name}", "%s: " + fmt, self.node.name, *args)
+
     async def recv(self, timeout: Optional[float] = None) -> Envelope:
         """The next message of this connection (``per_connection`` nodes only).
 
@@ -582,10 +586,6 @@ class Peer(PeerBase):
         task = self.node.loop.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def _warn(self, fmt: str, *args: Any) -> None:
-        """A warning about this peer, rate-limited per peer (§9.1)."""
-        self.node._throttle.warn(f"peer {self.name}", "%s: " + fmt, self.node.name, *args)
 
     async def read_loop(self) -> None:
         """Reads messages until the connection ends or the peer breaks the protocol."""
