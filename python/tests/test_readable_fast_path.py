@@ -88,6 +88,7 @@ async def test_the_buffered_bounds_hold_for_a_burst_the_application_does_not_tak
         raw.close()
 
 
+@pytest.mark.pure_only("counts the Python peer's reader waits (Transport.read_waits)")
 async def test_small_messages_do_not_wake_the_reader():
     """The point of the path: 50 round trips of frameless messages, and the echoing node's
     reader waits for the socket no more than a few times (without the path: once each)."""
@@ -113,6 +114,7 @@ async def test_small_messages_do_not_wake_the_reader():
         assert from_b.transport.read_waits - waits < 5
 
 
+@pytest.mark.pure_only("wraps the Python peer's readable callback (Transport.on_messages)")
 async def test_a_burst_longer_than_one_slice_is_finished_by_the_reader_in_order():
     """The callback handles one slice of work (100 µs) and hands the rest of what it
     received to the reader: a burst of 3000 messages (64 KiB and more per receive, far

@@ -40,6 +40,11 @@ impl Account {
     pub fn bytes(&self) -> u64 {
         self.bytes.load(Ordering::Acquire)
     }
+
+    /// Messages this peer has buffered now.
+    pub fn messages(&self) -> usize {
+        self.messages.load(Ordering::Acquire)
+    }
 }
 
 /// Room taken from the budget; given back when dropped.

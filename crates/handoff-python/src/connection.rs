@@ -364,6 +364,12 @@ impl Connection {
         self.account.bytes()
     }
 
+    /// How many messages of this peer the node holds and the application has not taken.
+    #[getter]
+    fn buffered_messages(&self) -> usize {
+        self.account.messages()
+    }
+
     /// Reads what the socket has, as far as the engine lets it, and returns the events.
     fn on_readable(&mut self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
         let mut events = Vec::new();

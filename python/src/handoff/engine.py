@@ -951,6 +951,11 @@ class EngineConnection:
         """Bytes of this peer's messages held and not yet taken."""
         return self.conn.buffered_bytes
 
+    @property
+    def buffered_messages(self) -> int:
+        """How many of this peer's messages are held and not yet taken."""
+        return self.conn.buffered_messages
+
     def close(self) -> None:
         """Closes the connection (what is queued is written first, as far as it goes now)."""
         if self._redeemer is not None:

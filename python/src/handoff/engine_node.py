@@ -386,7 +386,13 @@ class EnginePeer(PeerBase):
 
     @property
     def buffered(self) -> int:
+        """Bytes of this peer's messages the node holds and the application has not taken."""
         return self.ec.buffered_bytes
+
+    @property
+    def messages(self) -> int:
+        """How many messages those are."""
+        return self.ec.buffered_messages
 
     def __repr__(self) -> str:
         return f"Peer({self.name}, {self.locality}, {self.channel}, engine)"
