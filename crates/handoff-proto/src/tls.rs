@@ -117,29 +117,89 @@ pub fn plain_refusal() -> Vec<u8> {
     out
 }
 
-/// What a TLS failure with `peer` means, in words that say what to fix.
-pub fn explain(tls: &rustls::Error, peer: &str) -> String {
+/// How a node learns to trust the cluster's CA, in the words an error gives.
+const HOW_TO_TRUST: &str = "the cluster's CA (its TLS CA: --tls-ca, TlsConfig.from_files)";
+
+/// Which end of the TLS session a node is, for [`explain`].
+#[derive(Debug, Clone, Copy)]
+pub enum Side<'a> {
+    /// It dialed, and checked that the peer's certificate names `name`.
+    Client {
+        /// The name it checked (the dialed host, or the name it was told to expect).
+        name: &'a str,
+    },
+    /// It accepted, and checked the connecting peer's certificate.
+    Server,
+}
+
+/// What a TLS failure with `peer` means, in words that say what to fix: whose certificate
+/// failed which check, or what the peer's alert says of ours, or that the peer does not
+/// speak TLS. The Python peer words the same failures alike (`handoff.tls.explain`).
+pub fn explain(tls: &rustls::Error, peer: &str, side: Side<'_>) -> String {
     use rustls::Error::{AlertReceived, InvalidCertificate, InvalidMessage, NoCertificatesPresented};
+    let whose = match side {
+        Side::Server => "the certificate the connecting peer presented".to_string(),
+        Side::Client { .. } => format!("the certificate of {peer}"),
+    };
     match tls {
         InvalidCertificate(CertificateError::Expired | CertificateError::ExpiredContext { .. }) => {
-            "the peer's certificate has expired".to_string()
+            format!("{whose} has expired; renew it (and check both hosts' clocks)")
         }
         InvalidCertificate(CertificateError::NotValidYet | CertificateError::NotValidYetContext { .. }) => {
-            "the peer's certificate is not valid yet".to_string()
+            format!("{whose} is not valid yet; check both hosts' clocks, or wait for its start date")
         }
-        InvalidCertificate(CertificateError::UnknownIssuer) => {
-            "the peer's certificate is not signed by a CA this node trusts (its TLS CA)".to_string()
-        }
-        InvalidCertificate(CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. }) => {
-            format!("the peer's certificate does not name {peer} (or the name this node was told to expect)")
-        }
-        InvalidMessage(_) => "the peer did not answer in TLS: it has no TLS configured".to_string(),
-        NoCertificatesPresented => "the peer sent no certificate, and this node requires one (mutual TLS)".to_string(),
-        AlertReceived(alert) => format!(
-            "the peer refused this node's certificate (TLS alert {alert:?}): it does not trust the CA that signed it, \
-             or the certificate has expired"
+        InvalidCertificate(CertificateError::UnknownIssuer) => format!(
+            "{whose} is not signed by a CA this node trusts; give the peer a certificate signed by the \
+             cluster's CA, or give this node {HOW_TO_TRUST}"
         ),
+        InvalidCertificate(CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. }) => {
+            let name = match side {
+                Side::Client { name } => name,
+                Side::Server => "?",
+            };
+            format!(
+                "{whose} does not name '{name}', the name this node checked; issue it with '{name}' among \
+                 its subject alternative names (an IP or DNS entry), or give this node the name to expect \
+                 (server_name)"
+            )
+        }
+        InvalidMessage(_) => match side {
+            Side::Server => "the connecting peer did not start a TLS handshake (it answered in plain text)".into(),
+            Side::Client { .. } => "the peer does not speak TLS (it has no TLS configured: it answered in plain \
+                                    text); turn TLS on there as well, or off here"
+                .into(),
+        },
+        NoCertificatesPresented => "the connecting peer sent no certificate, and this node requires one; give it \
+                                    a certificate signed by the cluster's CA, and its key"
+            .into(),
+        AlertReceived(alert) => format!("the peer refused this node's certificate: {}", alert_says(*alert)),
         other => format!("{other}"),
+    }
+}
+
+/// What an alert the peer sent says about this node's certificate, and what to fix.
+fn alert_says(alert: rustls::AlertDescription) -> String {
+    use rustls::AlertDescription as A;
+    match alert {
+        A::UnknownCA => format!(
+            "it does not trust the CA that signed our certificate; give it {HOW_TO_TRUST}, or us a \
+             certificate signed by the cluster's CA"
+        ),
+        A::CertificateExpired => {
+            "it says our certificate has expired (or is not valid yet by its clock); renew it".into()
+        }
+        A::CertificateRequired => {
+            "it requires a certificate and we sent none; give this node its certificate and key".into()
+        }
+        A::BadCertificate | A::CertificateUnknown | A::UnsupportedCertificate | A::DecryptError => {
+            "it refused our certificate; check that the certificate is signed by the cluster's CA and is valid \
+             now (not expired)"
+                .into()
+        }
+        A::ProtocolVersion | A::HandshakeFailure | A::InsufficientSecurity => {
+            "it shares no TLS version or cipher with this node (TLS 1.2 at least on both)".into()
+        }
+        other => format!("it sent the alert {other:?}"),
     }
 }
 

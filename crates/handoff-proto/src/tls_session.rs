@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use rustls::{ClientConnection, Connection, ServerConnection};
 
-use crate::tls::{explain, server_name, Configs};
+use crate::tls::{explain, server_name, Configs, Side};
 
 /// Ciphertext one read of the socket takes once the TLS handshake is done.
 pub const READ_AHEAD: usize = 64 << 10;
@@ -31,6 +31,9 @@ pub struct TlsSession {
     conn: Connection,
     /// How errors name the peer.
     peer: String,
+    /// The name a dialing session checks the peer's certificate against (`None`: it
+    /// accepted).
+    checked_name: Option<String>,
     /// Ciphertext read from the socket that rustls has not taken yet: `inbox[start..end]`.
     inbox: Box<[u8]>,
     start: usize,
@@ -70,7 +73,9 @@ impl TlsSession {
     pub fn client(configs: &Configs, host: &str, peer: &str) -> Result<TlsSession, String> {
         let name = server_name(host)?;
         let conn = ClientConnection::new(Arc::clone(&configs.client), name).map_err(|e| format!("TLS: {e}"))?;
-        Ok(TlsSession::new(conn.into(), peer))
+        let mut session = TlsSession::new(conn.into(), peer);
+        session.checked_name = Some(host.to_string());
+        Ok(session)
     }
 
     /// The accepting side, asking for the peer's certificate.
@@ -84,6 +89,7 @@ impl TlsSession {
         TlsSession {
             conn,
             peer: peer.to_string(),
+            checked_name: None,
             inbox: vec![0u8; HANDSHAKE_READ].into_boxed_slice(),
             start: 0,
             end: 0,
@@ -162,7 +168,11 @@ impl TlsSession {
         if let Err(e) = self.conn.process_new_packets() {
             // Tell the peer (an alert) as far as the socket takes it now.
             let _ = self.flush(socket);
-            return Err(explain(&e, &self.peer));
+            let side = match &self.checked_name {
+                Some(name) => Side::Client { name },
+                None => Side::Server,
+            };
+            return Err(explain(&e, &self.peer, side));
         }
         // Handshake messages to answer with (key updates after it).
         if let Err(e) = self.flush(socket) {
@@ -192,6 +202,11 @@ impl TlsSession {
             }
         }
         Ok(true)
+    }
+
+    /// Whether the TLS handshake is still going on (no plaintext may flow yet).
+    pub fn is_handshaking(&self) -> bool {
+        self.conn.is_handshaking()
     }
 
     /// Whether records wait to be written.

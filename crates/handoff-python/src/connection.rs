@@ -358,6 +358,12 @@ impl Connection {
         &self.label
     }
 
+    /// Whether the connection runs inside TLS (spec §3.1).
+    #[getter]
+    fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// Bytes of this peer's messages the node holds and the application has not taken.
     #[getter]
     fn buffered_bytes(&self) -> u64 {
@@ -439,7 +445,21 @@ impl Connection {
             return Ok(events);
         }
         match phase!(self) {
-            Phase::Handshake(hs) => hs.handle_timeout(now),
+            Phase::Handshake(hs) => {
+                hs.handle_timeout(now);
+                let failed = matches!(hs.status(), Status::Failed(_));
+                let allowed = hs.allowed();
+                if failed && self.tls.as_ref().is_some_and(|t| t.is_handshaking()) {
+                    // Inside a TLS handshake there is nothing to say in plain text: the
+                    // TLS failure says which handshake stalled (spec §3.1).
+                    let why = format!(
+                        "the TLS handshake did not complete within {} s (the handshake timeout); the peer stalled",
+                        handoff_proto::handshake::seconds(allowed)
+                    );
+                    events.push(self.tls_failed(py, &why)?);
+                    return Ok(events);
+                }
+            }
             Phase::Established(conn) => {
                 if let Err(e) = conn.inbound().handle_timeout(now) {
                     self.refuse(py, &e, &mut events)?;

@@ -178,7 +178,8 @@ impl WireError {
 /// handoff node at all.
 fn bad_magic_hint(got: &[u8; 8]) -> &'static str {
     if got[0] == 0x16 && got[1] == 0x03 {
-        "the peer started a TLS handshake, and this node has no TLS configured"
+        "the first byte 0x16 starts a TLS handshake: the peer speaks TLS and this node has no TLS (turn TLS on \
+         here too, or off there)"
     } else {
         "is the peer a handoff node?"
     }

@@ -36,6 +36,7 @@ from .errors import (
     TlsError,
 )
 from .native import REASON, ext
+from .tls import required_by as tls_required_by
 
 if ext is None:
     raise ImportError(f"handoff.engine runs on the extension handoff._native, which is not in use: {REASON}")
@@ -65,7 +66,10 @@ def _error(label: str, code: str, message: str, by_peer: bool) -> Exception:
     if code == "auth-failed":
         return AuthenticationError(f"{label}: {message}")
     if code == "tls":
-        return TlsError(f"TLS with {label} failed: {message}")
+        return TlsError(f"TLS with {label}: {message}")
+    if code == "tls-required" and by_peer:
+        # A node that requires TLS refused our plain connection (spec §3.1).
+        return tls_required_by(label, message)
     if by_peer:
         return PeerRefused(label, code, message)
     return ConnectionFailed(label, code, message, by_peer)

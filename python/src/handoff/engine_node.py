@@ -31,6 +31,7 @@ from .outgoing import check_type_name
 from .peer import PeerBase
 from .shm import PooledFrame, SharedFrame
 from .tickets import Ticket as PyTicket
+from .tls import refused_plain as tls_refused_plain
 
 __all__ = ["EngineNode", "EnginePeer", "NOT_YET"]
 
@@ -238,6 +239,11 @@ class EngineNode(Node):
 
     def _refused(self, label: str, error: BaseException) -> None:
         source = "unix peers" if label.startswith("unix://") else f"connections to {label.split(' <- ')[0]}"
+        if getattr(error, "code", None) == "tls-required" and not getattr(error, "by_peer", True):
+            # A plain peer, answered tls-required (spec §3.1).
+            self.tls_refusals += 1
+            self._warn_about(source, "%s", tls_refused_plain(label))
+            return
         self._warn_about(source, "refused connection from %s: %s", label, error)
 
     # ------------------------------------------------------------------ connections
@@ -396,6 +402,11 @@ class EnginePeer(PeerBase):
 
     def __repr__(self) -> str:
         return f"Peer({self.name}, {self.locality}, {self.channel}, engine)"
+
+    @property
+    def tls(self) -> bool:
+        """Whether the connection runs inside TLS (spec §3.1)."""
+        return self.ec.conn.tls
 
     @property
     def failure(self) -> Optional[OSError]:

@@ -35,8 +35,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from . import tls as tls_layer
 from . import wire
-from .errors import AuthenticationError, PeerClosed, PeerRefused, TlsError
+from .errors import AuthenticationError, PeerClosed, PeerRefused
 from .nonces import DialerNonces
 from .outgoing import clip
 from .transport import Transport
@@ -142,12 +143,7 @@ async def _expect(transport: Transport, header, step: str) -> None:
                 "(do both sides use the same cluster secret?)"
             )
         if header.code == "tls-required":
-            raise TlsError(
-                f"{transport.label} requires TLS and refused this plain connection: {header.msg} [tls-required]; "
-                "turn TLS on for this node (Node(tls=TlsConfig.from_files(cert, key, ca)), or the worker's "
-                "--tls-cert, --tls-key and --tls-ca)",
-                code="tls-required",
-            )
+            raise tls_layer.required_by(transport.label, header.msg)
         raise PeerRefused(transport.label, header.code, header.msg)
     await _fail(
         transport, wire.WireError("handshake", f"handshake failed: expected {step}, got a {header.kind!r} header")

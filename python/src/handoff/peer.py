@@ -315,6 +315,11 @@ class Peer(PeerBase):
         return f"Peer({self.name}, {self.locality}, {self.channel})"
 
     @property
+    def tls(self) -> bool:
+        """Whether the connection runs inside TLS (spec §3.1)."""
+        return bool(self.transport.tls)
+
+    @property
     def failure(self) -> Optional[OSError]:
         """The ``OSError`` that ended the connection (a reset, ``ETIMEDOUT`` from keepalive
         or a write that made no progress, a broken pipe), or ``None`` while it is open or

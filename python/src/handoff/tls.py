@@ -164,6 +164,16 @@ async def peek_first_byte(sock: socket.socket) -> Optional[int]:
         return data[0] if data else None
 
 
+def required_by(label: str, message: str) -> TlsError:
+    """What a plain node raises when ``label`` requires TLS and refused it (``tls-required``)."""
+    return TlsError(
+        f"{label} requires TLS and refused this plain connection: {message} [tls-required]; "
+        "turn TLS on for this node (Node(tls=TlsConfig.from_files(cert, key, ca)), or the worker's "
+        "--tls-cert, --tls-key and --tls-ca)",
+        code="tls-required",
+    )
+
+
 def refused_plain(label: str) -> TlsError:
     """What the node that refused a plain peer logs."""
     return TlsError(

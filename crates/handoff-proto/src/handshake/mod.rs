@@ -160,6 +160,8 @@ pub struct Handshake {
     input: Input,
     /// The time of the latest input, for the dialer-nonce window and the progress timeout.
     now: Instant,
+    /// How long it had from its start until its deadline (errors say it).
+    allowed: Duration,
     transmit: Vec<u8>,
     status: Status,
 }
@@ -176,6 +178,7 @@ impl Handshake {
         }
         let own_preamble = config.preamble.encode();
         let input = Input::new(config.limits.during_handshake());
+        let allowed = config.deadline.saturating_duration_since(now);
         let mut hs = Handshake {
             config,
             own_preamble,
@@ -183,6 +186,7 @@ impl Handshake {
             version: NOT_YET,
             step: Step::Preamble,
             input,
+            allowed,
             now,
             transmit: own_preamble.to_vec(),
             status: Status::InProgress,
@@ -191,6 +195,11 @@ impl Handshake {
             hs.handle_timeout(now);
         }
         hs
+    }
+
+    /// How long the handshake had, from its start until its deadline.
+    pub fn allowed(&self) -> Duration {
+        self.allowed
     }
 
     /// Where the handshake stands.
@@ -254,7 +263,10 @@ impl Handshake {
             return;
         }
         if now >= self.config.deadline {
-            self.refuse(WireError::Timeout("the handshake did not complete in time".into()));
+            self.refuse(WireError::Timeout(format!(
+                "the handshake did not complete within {} s",
+                seconds(self.allowed)
+            )));
         } else if self.stall_at().is_some_and(|stall| now >= stall) {
             let what = self.input.reading();
             self.refuse(WireError::Timeout(format!(
@@ -659,6 +671,19 @@ fn check_capabilities(capabilities: &[String]) -> Result<(), WireError> {
         "the peer lacks the capability \"inline\" that every node announces (it has: {})",
         capabilities.join(", ")
     )))
+}
+
+/// A duration in seconds as people write it: `0.5`, `20`, `1.25`.
+pub fn seconds(d: Duration) -> String {
+    // To the millisecond: a deadline set a moment before the handshake began reads as set.
+    let ms = (d.as_secs_f64() * 1000.0).round() as u64;
+    if ms.is_multiple_of(1000) {
+        format!("{}", ms / 1000)
+    } else {
+        format!("{}.{:03}", ms / 1000, ms % 1000)
+            .trim_end_matches('0')
+            .to_string()
+    }
 }
 
 #[cfg(test)]
