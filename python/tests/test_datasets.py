@@ -55,9 +55,10 @@ async def test_toml_data_storage_blobs_and_trees():
     assert await c.blob("embedded_file").read_all() == b"hello from TOML\n"  # type "File"
     assert c.dataset("embedded_filetree").kind == "BlobTree"  # type "FileTree"
     tree = c.tree("embedded_tree")
-    assert [e.path for e in await tree.walk()] == ["d01/a.txt", "d01/b.txt", "d02/a.txt", "d02/b.txt"]
+    assert [e.path for e in await tree.walk()] == [f"d0{i}/{f}.txt" for i in range(1, 5) for f in "ab"]
     assert [e.path for e in await tree.tree("d01").list()] == ["a.txt", "b.txt"]
     assert await tree.blob("d02/b.txt").read_all() == b"2 b content"
+    assert await tree.blob("d04/b.txt").read_all() == b"4 b content"
     assert await tree.blob("d01/../d02/a.txt").read_range(0, 1) == b"2"
     assert [e.path for e in await c.tree("embedded_filetree").walk()] == ["a.txt", "b.txt"]
 
@@ -170,7 +171,7 @@ async def test_object_store_datasets_on_a_real_s3_server(s3, tmp_path):
     assert c.dataset("big").source.identity == f"s3://bucket/data/big.bin?endpoint={s3}", "as Rust spells it"
     tree = c.tree("tree")
     assert [(e.path, e.size) for e in await tree.walk()] == [("x.txt", 1), ("y/z.txt", 2)]
-    assert [e.path for e in await tree.list()] == ["x.txt"]
+    assert [(e.path, e.is_dir) for e in await tree.list()] == [("x.txt", False), ("y", True)], "as Rust lists it"
     assert await tree.blob("y/z.txt").read_all() == b"zz"
     with pytest.raises(Exception) as e:
         await tree.blob("missing.txt").read_all()

@@ -281,7 +281,7 @@ async def test_every_fixture_dataset_reads_alike_in_both_languages(handoff_bin, 
                 listed = rust.stderr.decode().rsplit("it has: ", 1)[-1].strip()
                 sub = await catalog.open(f"{name}#{folder}")
                 assert isinstance(sub, BlobTree)
-                python = sorted([e.path for e in await sub.list()])
+                python = sorted([e.shown for e in await sub.list()])
                 assert listed.split(", ") == python, (fixture.name, name, folder, listed, python)
             missing = f"{name}#no/such/file"
             assert cli(missing).returncode != 0

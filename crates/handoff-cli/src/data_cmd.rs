@@ -1,4 +1,4 @@
-//! `handoff data ls|cat|fetch|verify|gc`: the data commands over a stack of catalogs and their cache.
+//! `handoff data ls|show|cat|tree|fetch|verify|gc`: the data commands over a stack of catalogs and their cache.
 //!
 //! `main` mounts [`Args`] as the `data` subcommand and calls [`run`].
 
@@ -33,12 +33,40 @@ pub struct Args {
 #[derive(clap::Subcommand, Debug, Clone)]
 pub enum Command {
     /// List the datasets, the catalog each comes from, and what the cache holds of each.
-    Ls,
+    Ls {
+        /// Print one JSON document instead: `catalogs` (file, number of datasets), `datasets` (per dataset its
+        /// name, uuid, type, driver, description and what the table shows) and `cache`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show what a spec selects, as DataSets.jl's `dataset(project, spec)`: the dataset (name, uuid, type, driver,
+    /// catalog), the spec's query and fragment, and what it opens to (a blob and its size, or a tree).
+    Show {
+        /// The dataset spec, e.g. `a_tree_example?x=1#1.csv` or a uuid.
+        spec: String,
+        /// Print one JSON document: `spec`, `dataset`, `uuid`, `type`, `driver`, `catalog`, `query`, `fragment`,
+        /// `opens` (`Blob` or `BlobTree`), `path` (within the dataset) and `size` (a blob's bytes).
+        #[arg(long)]
+        json: bool,
+    },
     /// Write a blob's bytes to standard output (through the cache for remote storage), as Julia's
     /// `open(String, dataset(spec))`. SPEC is `name[?query][#fragment]`; in a tree the fragment names the file.
     Cat {
         /// The dataset spec, e.g. `a_tree_example#1.csv`.
         spec: String,
+    },
+    /// List a tree: every file below it with its size (DataSets.jl's walk), or with --list what lies directly in
+    /// it (folders end in `/`, as DataSets.jl's readdir). SPEC is a BlobTree dataset, or `name#folder`.
+    Tree {
+        /// The dataset spec, e.g. `a_tree_example` or `embedded_tree#d01`.
+        spec: String,
+        /// Only the files and folders directly in the tree.
+        #[arg(long)]
+        list: bool,
+        /// Print one JSON document: `dataset`, `uuid`, `catalog`, `path` (the folder within the dataset), `list`
+        /// (entries directly in it: `path`, `is_dir`, `size`) and `walk` (every file below: `path`, `size`).
+        #[arg(long)]
+        json: bool,
     },
     /// Download datasets into the cache (all of them when none is named).
     Fetch {
@@ -121,8 +149,10 @@ pub async fn run_to(args: Args, out: &mut dyn Write) -> anyhow::Result<()> {
     }
     let stack = load_stack(&args.catalog, cache.clone())?;
     match args.command {
-        Command::Ls => ls(&stack, &cache, out),
+        Command::Ls { json } => ls(&stack, &cache, json, out),
+        Command::Show { spec, json } => show(&stack, &spec, json, out).await,
         Command::Cat { spec } => cat(&stack, &spec, out).await,
+        Command::Tree { spec, list, json } => tree(&stack, &spec, list, json, out).await,
         Command::Fetch { names } => fetch(&stack, &cache, &names, out).await,
         Command::Gc { .. } | Command::Verify { .. } => unreachable!("handled above"),
     }
@@ -156,29 +186,24 @@ fn storage_text(ds: &DataSet) -> String {
     }
 }
 
-fn ls(stack: &CatalogStack, cache: &Cache, out: &mut dyn Write) -> anyhow::Result<()> {
+/// What `data ls` shows of one dataset: the cells of its row, and its JSON object.
+struct Listed {
+    row: Vec<String>,
+    description: Option<String>,
+    json: serde_json::Value,
+}
+
+fn ls(stack: &CatalogStack, cache: &Cache, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
     let entries = cache.entries();
     let blocks = cache.block_sets();
     let several = stack.catalogs().len() > 1;
-    for (i, c) in stack.catalogs().iter().enumerate() {
-        let number = if several { format!(" #{}", i + 1) } else { String::new() };
-        writeln!(
-            out,
-            "catalog{number} {} ({} datasets)",
-            c.file().display(),
-            c.datasets().len()
-        )?;
-    }
-    // A catalog by its place in the stack (the lines above say which file each is).
-    let place = |file: &std::path::Path| {
-        let i = stack.catalogs().iter().position(|c| c.file() == file).unwrap_or(0);
-        format!("#{}", i + 1)
-    };
-    let listed = stack.entries();
-    let mut rows: Vec<Vec<String>> = Vec::new();
-    let mut notes: Vec<Option<String>> = Vec::new();
-    for e in &listed {
+    // A catalog by its place in the stack (the lines above the table say which file each is).
+    let index = |file: &std::path::Path| stack.catalogs().iter().position(|c| c.file() == file).unwrap_or(0);
+    let place = |file: &std::path::Path| format!("#{}", index(file) + 1);
+    let mut listed: Vec<Listed> = Vec::new();
+    for e in &stack.entries() {
         let ds = &e.dataset;
+        let mut counts = serde_json::Value::Null;
         let cached = if let Some(why) = ds.invalid_name() {
             format!("cannot be opened: {why}")
         } else if !ds.storage().is_available() {
@@ -187,7 +212,7 @@ fn ls(stack: &CatalogStack, cache: &Cache, out: &mut dyn Write) -> anyhow::Resul
             "local files, read in place".to_string()
         } else {
             let id = ds.source().identity();
-            let root = ds.source().object_path("").to_string();
+            let root = ds.source().key_path("").to_string();
             let under = |p: &str| p == root || root.is_empty() || p.starts_with(&format!("{root}/"));
             let (n, bytes) = entries
                 .iter()
@@ -197,6 +222,7 @@ fn ls(stack: &CatalogStack, cache: &Cache, out: &mut dyn Write) -> anyhow::Resul
                 .iter()
                 .filter(|(m, _, _)| m.identity == id && under(&m.path))
                 .fold((0, 0), |(n, b), (_, k, bytes)| (n + k, b + bytes));
+            counts = serde_json::json!({"objects": n, "bytes": bytes, "blocks": bn, "block_bytes": bbytes});
             let mut s = format!("cached: {n} objects, {}", human(bytes));
             if bn > 0 {
                 s.push_str(&format!("; {bn} blocks, {}", human(bbytes)));
@@ -217,25 +243,175 @@ fn ls(stack: &CatalogStack, cache: &Cache, out: &mut dyn Write) -> anyhow::Resul
         }
         row.push(storage_text(ds));
         row.push(format!("[{cached}]"));
-        rows.push(row);
-        notes.push(ds.description().map(str::to_string));
+        let json = serde_json::json!({
+            "name": ds.name(),
+            "uuid": ds.uuid(),
+            "type": ds.kind().as_str(),
+            "driver": ds.storage().driver(),
+            "description": ds.description(),
+            "catalog": e.catalog.display().to_string(),
+            "catalog_index": index(&e.catalog) + 1,
+            "shadowed_by": e.shadowed_by.as_ref().map(|p| p.display().to_string()),
+            "storage": storage_text(ds),
+            "location": ds.storage().location(),
+            "available": ds.storage().is_available(),
+            "invalid_name": ds.invalid_name(),
+            "cache": cached,
+            "cached": counts,
+        });
+        listed.push(Listed {
+            row,
+            description: ds.description().map(str::to_string),
+            json,
+        });
+    }
+    if json {
+        let doc = serde_json::json!({
+            "catalogs": stack.catalogs().iter().map(|c| serde_json::json!({
+                "file": c.file().display().to_string(),
+                "datasets": c.datasets().len(),
+            })).collect::<Vec<_>>(),
+            "datasets": listed.into_iter().map(|l| l.json).collect::<Vec<_>>(),
+            "cache": {
+                "dir": cache.dir().display().to_string(),
+                "usage_bytes": cache.usage(),
+                "max_bytes": cache.max_bytes(),
+            },
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(());
+    }
+    for (i, c) in stack.catalogs().iter().enumerate() {
+        let number = if several { format!(" #{}", i + 1) } else { String::new() };
+        writeln!(
+            out,
+            "catalog{number} {} ({} datasets)",
+            c.file().display(),
+            c.datasets().len()
+        )?;
     }
     let header: &[&str] = if several {
         &["NAME", "TYPE", "UUID", "CATALOG", "STORAGE", "CACHE"]
     } else {
         &["NAME", "TYPE", "UUID", "STORAGE", "CACHE"]
     };
+    let rows: Vec<Vec<String>> = listed.iter().map(|l| l.row.clone()).collect();
     let lines = crate::table::render(header, &rows);
     let mut lines = lines.lines();
     writeln!(out, "{}", lines.next().unwrap_or_default())?;
-    for (line, note) in lines.zip(&notes) {
+    for (line, l) in lines.zip(&listed) {
         writeln!(out, "{line}")?;
-        if let Some(d) = note {
+        if let Some(d) = &l.description {
             writeln!(out, "    {d}")?;
         }
     }
     let cap = cache.max_bytes().map(human).unwrap_or_else(|| "no cap".into());
     writeln!(out, "cache {}: {} ({cap})", cache.dir().display(), human(cache.usage()))?;
+    Ok(())
+}
+
+/// `data show SPEC`: the dataset a spec selects, with its query and fragment, and what it opens to.
+async fn show(stack: &CatalogStack, spec: &str, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    let (catalog, sel) = stack.locate(spec)?;
+    let (opens, path, size) = match stack.open(spec).await? {
+        Opened::Blob(blob) => {
+            let size = blob
+                .size()
+                .await
+                .with_context(|| format!("reading the size of {spec}"))?;
+            ("Blob", blob.path().to_string(), Some(size))
+        }
+        Opened::Tree(tree) => ("BlobTree", tree.path().to_string(), None),
+    };
+    let ds = sel.dataset();
+    if json {
+        let doc = serde_json::json!({
+            "spec": spec,
+            "dataset": ds.name(),
+            "uuid": ds.uuid(),
+            "type": ds.kind().as_str(),
+            "driver": ds.storage().driver(),
+            "catalog": catalog.file().display().to_string(),
+            "query": sel.query(),
+            "fragment": sel.fragment(),
+            "opens": opens,
+            "path": path,
+            "size": size,
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(());
+    }
+    writeln!(out, "dataset   {} ({})", ds.name(), ds.uuid())?;
+    writeln!(out, "type      {} ({})", ds.kind().as_str(), storage_text(ds))?;
+    writeln!(out, "catalog   {}", catalog.file().display())?;
+    if let Some(q) = sel.query() {
+        let pairs: Vec<String> = q.iter().map(|(k, v)| format!("{k:?}={v:?}")).collect();
+        writeln!(out, "query     {}", pairs.join(" "))?;
+    }
+    if let Some(f) = sel.fragment() {
+        writeln!(out, "fragment  {f:?}")?;
+    }
+    let what = if path.is_empty() {
+        String::new()
+    } else {
+        format!(" {path}")
+    };
+    match size {
+        Some(n) => writeln!(out, "opens     {opens}{what} ({})", human(n))?,
+        None => writeln!(out, "opens     {opens}{what}")?,
+    }
+    Ok(())
+}
+
+/// `data tree SPEC`: a tree's files (its walk), or with `list` what lies directly in it; a blob is refused.
+async fn tree(stack: &CatalogStack, spec: &str, list: bool, json: bool, out: &mut dyn Write) -> anyhow::Result<()> {
+    let (catalog, _) = stack.locate(spec)?;
+    let tree = match stack.open(spec).await? {
+        Opened::Tree(tree) => tree,
+        Opened::Blob(_) => bail!("{spec} is a blob, not a tree: read its bytes with `handoff data cat {spec}`"),
+    };
+    let listing =
+        |what: &'static str, e: handoff_data::Error| anyhow::Error::new(e).context(format!("listing {what} of {spec}"));
+    let entries = if json || list {
+        tree.list().await.map_err(|e| listing("the entries", e))?
+    } else {
+        Vec::new()
+    };
+    let files = if json || !list {
+        tree.walk().await.map_err(|e| listing("the files", e))?
+    } else {
+        Vec::new()
+    };
+    if json {
+        let ds = tree.dataset();
+        let doc = serde_json::json!({
+            "dataset": ds.name(),
+            "uuid": ds.uuid(),
+            "catalog": catalog.file().display().to_string(),
+            "path": tree.path(),
+            "list": entries,
+            "walk": files.iter().map(|e| serde_json::json!({"path": e.path, "size": e.size})).collect::<Vec<_>>(),
+        });
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(());
+    }
+    let shown = if list { &entries } else { &files };
+    let rows: Vec<Vec<String>> = shown
+        .iter()
+        .map(|e| vec![e.shown(), e.size.map_or_else(|| "-".to_string(), |n| n.to_string())])
+        .collect();
+    write!(out, "{}", crate::table::render(&["PATH", "BYTES"], &rows))?;
+    let (n, bytes) = shown
+        .iter()
+        .filter(|e| !e.is_dir)
+        .fold((0, 0), |(n, b), e| (n + 1, b + e.size.unwrap_or(0)));
+    let dirs = shown.iter().filter(|e| e.is_dir).count();
+    let folders = if dirs > 0 {
+        format!(", {dirs} folders")
+    } else {
+        String::new()
+    };
+    writeln!(out, "{n} files ({}){folders}", human(bytes))?;
     Ok(())
 }
 
@@ -488,7 +664,7 @@ mod tests {
         let file = file_store_catalog(tmp.path());
         let cache_dir = tmp.path().join("cache");
 
-        let (res, out) = cli(&file, &cache_dir, Command::Ls).await;
+        let (res, out) = cli(&file, &cache_dir, Command::Ls { json: false }).await;
         res.unwrap();
         assert!(
             out.contains("blob") && out.contains("BlobTree") && out.contains("cached: 0 objects"),
@@ -510,7 +686,7 @@ mod tests {
         );
         assert!(out.contains("3 GETs"), "{out}");
 
-        let (res, out) = cli(&file, &cache_dir, Command::Ls).await;
+        let (res, out) = cli(&file, &cache_dir, Command::Ls { json: false }).await;
         res.unwrap();
         let big_line = out.lines().find(|l| l.starts_with("big ")).unwrap();
         assert!(big_line.contains("cached: 1 objects, 1.0 MiB"), "{out}");
@@ -562,7 +738,7 @@ mod tests {
         let tmp = TempDir::new("embedded");
         let cache_dir = tmp.path().join("cache");
         let run = |command| cli(&embedded, &cache_dir, command);
-        let (res, out) = run(Command::Ls).await;
+        let (res, out) = run(Command::Ls { json: false }).await;
         res.unwrap();
         let old = out.lines().find(|l| l.starts_with("old_backend_blob")).expect("listed");
         assert!(
@@ -638,6 +814,120 @@ mod tests {
         assert_eq!(out, "From the first catalog\n");
     }
 
+    /// `data ls --json`: one document with every dataset's fields; `data tree`: a tree's walk and listing, as text
+    /// and as JSON (DataSets.jl's embedded tree: four folders of two files).
+    #[tokio::test]
+    async fn data_ls_json_and_tree_read_a_catalog() {
+        let tmp = TempDir::new("json");
+        let cache_dir = tmp.path().join("cache");
+        let embedded = [julia("Embedded.toml")];
+        let (res, out) = cli_stack(&embedded, &cache_dir, Command::Ls { json: true }).await;
+        res.unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(doc["catalogs"][0]["datasets"], 6, "{doc}");
+        let tree = &doc["datasets"][1];
+        assert_eq!(tree["name"], "embedded_tree");
+        assert_eq!(tree["type"], "BlobTree");
+        assert_eq!(tree["driver"], "TomlDataStorage");
+        assert_eq!(tree["description"], "A data tree embedded in the TOML");
+        assert_eq!(tree["storage"], "TomlDataStorage (in the catalog: 8 files)");
+        assert_eq!(tree["cached"]["objects"], 0);
+        let old = &doc["datasets"][4];
+        assert_eq!(
+            (&old["driver"], &old["available"]),
+            (&"OldBackendAPI".into(), &false.into())
+        );
+        assert!(
+            old["cache"].as_str().unwrap().starts_with("not available here"),
+            "{doc}"
+        );
+        let file = &doc["datasets"][2];
+        assert_eq!(
+            (&file["type"], &file["description"]),
+            (&"Blob".into(), &"The newer type names: a File".into())
+        );
+
+        let tree_cmd = |spec: &str, list: bool, json: bool| Command::Tree {
+            spec: spec.into(),
+            list,
+            json,
+        };
+        let (res, out) = cli_stack(&embedded, &cache_dir, tree_cmd("embedded_tree", false, true)).await;
+        res.unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let walk: Vec<&str> = doc["walk"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(walk.len(), 8, "{doc}");
+        assert_eq!((walk[0], walk[7]), ("d01/a.txt", "d04/b.txt"));
+        assert_eq!(doc["walk"][7]["size"], 11);
+        let list: Vec<(&str, bool)> = doc["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["path"].as_str().unwrap(), e["is_dir"].as_bool().unwrap()))
+            .collect();
+        assert_eq!(list, [("d01", true), ("d02", true), ("d03", true), ("d04", true)]);
+        let (res, out) = cli_stack(&embedded, &cache_dir, tree_cmd("embedded_tree#d04", false, true)).await;
+        res.unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(doc["path"], "d04");
+        assert_eq!(doc["walk"][1]["path"], "b.txt");
+
+        let (res, out) = cli_stack(&embedded, &cache_dir, tree_cmd("embedded_tree", true, false)).await;
+        res.unwrap();
+        assert!(
+            out.starts_with("PATH") && out.contains("d03/") && out.ends_with("0 files (0 B), 4 folders\n"),
+            "{out}"
+        );
+        let (res, out) = cli_stack(&embedded, &cache_dir, tree_cmd("embedded_tree", false, false)).await;
+        res.unwrap();
+        assert!(
+            out.contains("d04/b.txt  11") && out.ends_with("8 files (88 B)\n"),
+            "{out}"
+        );
+        let (res, _) = cli_stack(&embedded, &cache_dir, tree_cmd("embedded_file", false, false)).await;
+        let msg = format!("{:#}", res.unwrap_err());
+        assert!(
+            msg.contains("is a blob") && msg.contains("handoff data cat embedded_file"),
+            "{msg}"
+        );
+        let (res, _) = cli_stack(&embedded, &cache_dir, tree_cmd("embedded_tree#d09", false, false)).await;
+        assert!(format!("{:#}", res.unwrap_err()).contains("\"d09\""));
+
+        let show = |spec: &str, json: bool| Command::Show {
+            spec: spec.into(),
+            json,
+        };
+        let (res, out) = cli_stack(&embedded, &cache_dir, show("embedded_tree?k=v#d04/b.txt", true)).await;
+        res.unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(
+            (&doc["dataset"], &doc["opens"], &doc["path"]),
+            (&"embedded_tree".into(), &"Blob".into(), &"d04/b.txt".into())
+        );
+        assert_eq!(
+            (&doc["query"]["k"], &doc["fragment"], &doc["size"]),
+            (&"v".into(), &"d04/b.txt".into(), &11.into())
+        );
+        let (res, out) = cli_stack(&embedded, &cache_dir, show("embedded_tree#d03", false)).await;
+        res.unwrap();
+        assert!(
+            out.contains("opens     BlobTree d03") && out.contains("fragment  \"d03\""),
+            "{out}"
+        );
+        let (res, _) = cli_stack(
+            &embedded,
+            &cache_dir,
+            show("b498f769-a7f6-4f67-8d74-40b770398f26", false),
+        )
+        .await;
+        assert!(format!("{:#}", res.unwrap_err()).contains("names several datasets"));
+    }
+
     /// `data ls` over a stack: a CATALOG column that marks shadowed datasets, invalid names listed as such, and
     /// every column aligned whatever the names' lengths and scripts.
     #[tokio::test]
@@ -659,7 +949,7 @@ mod tests {
         )
         .unwrap();
         let stack = [long, julia("stack"), julia("Data.toml"), julia("Names.toml")];
-        let (res, out) = cli_stack(&stack, &cache_dir, Command::Ls).await;
+        let (res, out) = cli_stack(&stack, &cache_dir, Command::Ls { json: false }).await;
         res.unwrap();
         let rows: Vec<&str> = out
             .lines()

@@ -82,7 +82,10 @@ enum Place<'a> {
     Local(PathBuf),
     Store {
         store: &'a Arc<dyn ObjectStore>,
+        /// The object as requests name it.
         location: StorePath,
+        /// The object as cache keys name it (spec/CACHE.md §2.3).
+        key_path: StorePath,
     },
 }
 
@@ -200,6 +203,7 @@ impl Blob {
             Backend::Store { store, .. } => Place::Store {
                 store,
                 location: source.object_path(&self.inner.rel),
+                key_path: source.key_path(&self.inner.rel),
             },
         }
     }
@@ -216,7 +220,7 @@ impl Blob {
         let source = self.inner.dataset.source();
         ObjectKey {
             identity: source.identity().to_string(),
-            path: source.object_path(&self.inner.rel).to_string(),
+            path: source.key_path(&self.inner.rel).to_string(),
             version: meta.version.clone(),
         }
     }
@@ -240,11 +244,15 @@ impl Blob {
                     version_id: None,
                 })
             }
-            Place::Store { store, location } => {
+            Place::Store {
+                store,
+                location,
+                key_path,
+            } => {
                 let cache = &self.inner.cache;
                 if cache.is_offline() {
                     let identity = ds.source().identity().to_string();
-                    let (c, loc) = (cache.clone(), location.to_string());
+                    let (c, loc) = (cache.clone(), key_path.to_string());
                     if let Some(m) = blocking(move || c.offline_meta(&identity, &loc)).await {
                         return Ok(m);
                     }
@@ -286,7 +294,12 @@ impl Blob {
             self.set_origin(Origin::CacheByDigest);
             return Ok(Fetched::File(f));
         }
-        let Place::Store { store, location } = self.place() else {
+        let Place::Store {
+            store,
+            location,
+            key_path,
+        } = self.place()
+        else {
             unreachable!("only store blobs are cached")
         };
         let expected = self.inner.tag.as_ref().and_then(|t| t.digest.as_deref());
@@ -294,7 +307,7 @@ impl Blob {
         let cache = &self.inner.cache;
         let identity = self.inner.dataset.source().identity();
         if self.inner.meta.get().is_none() && !cache.is_offline() {
-            let (c, id, loc) = (cache.clone(), identity.to_string(), location.to_string());
+            let (c, id, loc) = (cache.clone(), identity.to_string(), key_path.to_string());
             if !blocking(move || c.has_path(&id, &loc)).await {
                 // Never cached here: GET straight away, without a HEAD first.
                 let cold = ColdRequest {
@@ -302,6 +315,7 @@ impl Blob {
                     rel: &rel,
                     store,
                     location: &location,
+                    key_path: &key_path,
                     identity,
                     expected_digest: expected,
                     progress,
@@ -430,7 +444,7 @@ impl Blob {
             return Ok(Bytes::from(data));
         }
         let meta = self.meta().await?;
-        let Place::Store { store, location } = self.place() else {
+        let Place::Store { store, location, .. } = self.place() else {
             unreachable!()
         };
         let rel = self.display_path();

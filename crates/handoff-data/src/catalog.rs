@@ -265,6 +265,14 @@ impl Catalog {
             }
             String::new()
         } else {
+            // A path names a file of a tree: a Blob dataset has none (spec §8.5: its path is "").
+            if ds.kind() != DataKind::BlobTree {
+                return Err(Error::WrongType {
+                    dataset: ds.name().to_string(),
+                    actual: ds.kind().as_str(),
+                    wanted: "BlobTree",
+                });
+            }
             relpath::normalize(ds.name(), &tag.path)?
         };
         if !path.is_empty() {

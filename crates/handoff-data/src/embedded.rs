@@ -35,7 +35,7 @@ use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::kind::DataKind;
-use crate::relpath::join_store_path;
+use crate::relpath::raw_store_path;
 
 /// Folders nested deeper than this in an embedded tree are refused (a catalog is small).
 pub const MAX_DEPTH: usize = 64;
@@ -118,7 +118,7 @@ impl Embedded {
             Embedded::Tree(t) => {
                 let root = StorePath::from("tree");
                 for (path, b) in t {
-                    put(join_store_path(&root, path), b)?;
+                    put(raw_store_path(&root, path), b)?;
                 }
                 root
             }
@@ -149,9 +149,16 @@ fn walk(table: &toml::Table, prefix: &str, depth: usize, files: &mut BTreeMap<St
         return Err(format!("nests folders deeper than {MAX_DEPTH} levels (at {prefix:?})"));
     }
     for (name, value) in table {
-        if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\\') {
+        if name.is_empty()
+            || name == "."
+            || name == ".."
+            || name.contains('/')
+            || name.contains('\\')
+            || name.chars().any(|c| c.is_ascii_control())
+        {
             return Err(format!(
-                "has an entry named {name:?} in folder {prefix:?}: a name must be one path part (no '/', not '.' or '..')"
+                "has an entry named {name:?} in folder {prefix:?}: a name must be one path part (no '/', not '.' or \
+                 '..', no control characters)"
             ));
         }
         let path = if prefix.is_empty() {
@@ -212,6 +219,7 @@ mod tests {
             "\"a/b\" = \"YQ==\"",
             "\"\" = \"YQ==\"",
             "\"x\" = 3",
+            "\"a\\tb\" = \"YQ==\"",
         ] {
             let err = tree(&format!("[data]\n{bad}\n")).unwrap_err();
             assert!(err.contains("name") || err.contains("neither"), "{bad}: {err}");

@@ -2,7 +2,7 @@
 
 use std::path::{Component, Path};
 
-use object_store::path::Path as StorePath;
+use object_store::path::{Path as StorePath, PathPart};
 
 use crate::error::{Error, Result};
 
@@ -98,11 +98,34 @@ pub(crate) fn check_local_symlinks(dataset: &str, root: Option<&Path>, rel: &str
     Ok(())
 }
 
-/// `root/rel` as an object path; `rel` is normalized (no `.`/`..`, no empty parts).
+/// `root/rel` as the cache keys name it (spec/CACHE.md §2.3): each part of `rel` percent-encoded as
+/// `object_store`'s `PathPart::from` encodes it; `rel` is normalized (no `.`/`..`, no empty parts).
 pub(crate) fn join_store_path(root: &StorePath, rel: &str) -> StorePath {
     rel.split('/')
         .filter(|p| !p.is_empty())
-        .fold(root.clone(), |acc, part| acc.clone().join(part))
+        .fold(root.clone(), |acc, part| acc.join(part))
+}
+
+/// `root/rel` as a request to the store names it: each part of `rel` as it is written. An object store's key is the
+/// name itself (the file `é.txt` of a tree is the object `…/é.txt`, on S3 as in a folder), as the Python peer names
+/// it through obstore; only a part `object_store` cannot hold verbatim (one with an ASCII control character) is
+/// percent-encoded, and so names no object.
+pub(crate) fn raw_store_path(root: &StorePath, rel: &str) -> StorePath {
+    rel.split('/')
+        .filter(|p| !p.is_empty())
+        .fold(root.clone(), |acc, part| match PathPart::parse(part) {
+            Ok(verbatim) => acc.join(verbatim),
+            Err(_) => acc.join(part),
+        })
+}
+
+/// Undoes [`join_store_path`]'s encoding of one part (`%C3%A9.txt` → `é.txt`); a part that is not such an encoding
+/// is returned as it is.
+pub(crate) fn decode_store_part(part: &str) -> String {
+    match percent_encoding::percent_decode_str(part).decode_utf8() {
+        Ok(decoded) => decoded.into_owned(),
+        Err(_) => part.to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -118,5 +141,19 @@ mod tests {
         assert!(normalize("d", "/etc/passwd").is_err());
         assert_eq!(join("d", "sub", "../x").unwrap(), "x");
         assert!(join("d", "sub", "../../x").is_err());
+    }
+
+    #[test]
+    fn store_paths_name_parts_verbatim_and_keys_encode_them() {
+        let root = StorePath::from("tree");
+        for name in ["é.txt", "x#y", "50%", "q?", "a%41", "c~d.txt", "a b/ü"] {
+            assert_eq!(raw_store_path(&root, name).as_ref(), format!("tree/{name}"), "{name}");
+            let key = join_store_path(&root, name);
+            let decoded: Vec<String> = key.as_ref().split('/').skip(1).map(decode_store_part).collect();
+            assert_eq!(decoded.join("/"), name, "{key}");
+        }
+        assert_eq!(join_store_path(&root, "é.txt").as_ref(), "tree/%C3%A9.txt");
+        // A control character cannot be held verbatim: encoded, it names no object.
+        assert_eq!(raw_store_path(&root, "a\tb").as_ref(), "tree/a%09b");
     }
 }

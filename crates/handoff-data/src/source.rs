@@ -9,7 +9,7 @@ use std::time::Duration;
 use object_store::path::Path as StorePath;
 use object_store::{ObjectStore, RetryConfig};
 
-use crate::relpath::join_store_path;
+use crate::relpath::{join_store_path, raw_store_path};
 use crate::storage::StorageConfig;
 
 /// Url schemes enabled by this build's cargo features beyond s3, http(s), file and memory.
@@ -123,9 +123,20 @@ impl Source {
         }
     }
 
-    /// The object path of `rel` (already normalized) below the store root; `object_path("")` is the root, under
-    /// which the cache's entries for this dataset lie (`handoff data ls` counts them so).
+    /// The object path of `rel` (already normalized) below the store root, as requests to the store name it: the
+    /// parts of `rel` verbatim, so that a file `é.txt` of a tree is the object `…/é.txt` (see [`Source::key_path`]
+    /// for the cache's spelling).
     pub fn object_path(&self, rel: &str) -> StorePath {
+        match &self.backend {
+            Backend::Store { root, .. } => raw_store_path(root, rel),
+            Backend::Local { .. } => StorePath::from(rel),
+        }
+    }
+
+    /// The object path of `rel` as cache keys spell it (spec/CACHE.md §2.3): the parts of `rel` percent-encoded as
+    /// `object_store` encodes them. `key_path("")` is the root, under which the cache's entries for this dataset lie
+    /// (`handoff data ls` counts them so).
+    pub fn key_path(&self, rel: &str) -> StorePath {
         match &self.backend {
             Backend::Store { root, .. } => join_store_path(root, rel),
             Backend::Local { .. } => StorePath::from(rel),

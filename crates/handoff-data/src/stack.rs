@@ -75,7 +75,9 @@ impl CatalogStack {
                     }
                 }
                 "@" => {
-                    if let Some(project) = std::env::var_os("JULIA_PROJECT").map(PathBuf::from) {
+                    // Julia takes an empty JULIA_PROJECT as unset: no active project.
+                    let project = std::env::var_os("JULIA_PROJECT").filter(|p| !p.is_empty());
+                    if let Some(project) = project.map(PathBuf::from) {
                         let dir = if project.is_dir() {
                             project
                         } else {

@@ -190,10 +190,10 @@ impl BlobTree {
         }
     }
 
-    /// Offline: what the cache holds whole below this tree.
+    /// Offline: what the cache holds whole below this tree (its entries spell paths as keys do: decoded here).
     fn offline_entries(&self, recursive: bool) -> Vec<TreeEntry> {
         let identity = self.dataset.source().identity();
-        let base = self.store_base();
+        let base = self.dataset.source().key_path(&self.rel).to_string();
         let mut seen = std::collections::BTreeMap::new();
         for (e, present) in self.cache.entries() {
             if !present || e.identity != identity {
@@ -207,6 +207,11 @@ impl BlobTree {
                     None => continue,
                 }
             };
+            let rest = rest
+                .split('/')
+                .map(relpath::decode_store_part)
+                .collect::<Vec<_>>()
+                .join("/");
             match (recursive, rest.split_once('/')) {
                 (false, Some((dir, _))) => {
                     seen.insert(
@@ -220,9 +225,9 @@ impl BlobTree {
                 }
                 _ => {
                     seen.insert(
-                        rest.to_string(),
+                        rest.clone(),
                         TreeEntry {
-                            path: rest.to_string(),
+                            path: rest.clone(),
                             is_dir: false,
                             size: Some(e.size),
                         },

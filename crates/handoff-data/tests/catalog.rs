@@ -247,10 +247,26 @@ async fn toml_data_storage_blobs_and_trees_read_from_the_catalog() {
 
     let tree = catalog.tree("embedded_tree").unwrap();
     let files: Vec<_> = tree.walk().await.unwrap().into_iter().map(|e| e.path).collect();
-    assert_eq!(files, ["d01/a.txt", "d01/b.txt", "d02/a.txt", "d02/b.txt"]);
+    assert_eq!(
+        files,
+        [
+            "d01/a.txt",
+            "d01/b.txt",
+            "d02/a.txt",
+            "d02/b.txt",
+            "d03/a.txt",
+            "d03/b.txt",
+            "d04/a.txt",
+            "d04/b.txt"
+        ]
+    );
     assert_eq!(
         &tree.blob("d02/b.txt").unwrap().read_all().await.unwrap()[..],
         b"2 b content"
+    );
+    assert_eq!(
+        &tree.blob("d04/b.txt").unwrap().read_all().await.unwrap()[..],
+        b"4 b content"
     );
     let top = catalog.tree("embedded_filetree").unwrap();
     let files: Vec<_> = top.walk().await.unwrap().into_iter().map(|e| e.path).collect();
@@ -261,6 +277,12 @@ async fn toml_data_storage_blobs_and_trees_read_from_the_catalog() {
     let tag = file.describe().await.unwrap();
     let bound = catalog.open_tag(&tag).unwrap();
     assert_eq!(&bound.read_all().await.unwrap()[..], b"hello from TOML\n");
+
+    // A tag's path names a file of a tree: on a Blob dataset it is refused, as the Python peer refuses it.
+    let mut into_blob = tag.clone();
+    into_blob.path = "x.txt".into();
+    let err = catalog.open_tag(&into_blob).unwrap_err();
+    assert!(matches!(err, Error::WrongType { wanted: "BlobTree", .. }), "{err}");
 }
 
 #[tokio::test]
@@ -309,4 +331,82 @@ fn datasets_may_share_a_uuid_and_only_a_lookup_by_it_is_refused() {
     );
     let tag = tag_for(shared);
     assert!(matches!(catalog.open_tag(&tag), Err(Error::Ambiguous { .. })));
+}
+
+/// Files whose names object_store's `Path` would percent-encode (`é`, `#`, `%`, `?`, `~`), in an embedded tree and a
+/// `file://` store: listed by their names, opened by them, and read; offline, the cache lists them by name too. The
+/// Python peer reads the same (python/tests/test_catalog_agreement.py).
+#[tokio::test]
+async fn names_a_store_would_encode_are_listed_and_read_as_written() {
+    const NAMES: [&str; 6] = ["é.txt", "x#y", "50%", "q?", "c~d.txt", "a%41"];
+    let tmp = TempDir::new("odd-names");
+    let root = tmp.path().join("odd");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    let mut embedded = String::new();
+    for name in NAMES {
+        std::fs::write(root.join(name), name).unwrap();
+        let b64 = base64_of(name.as_bytes());
+        embedded.push_str(&format!("\"{name}\" = \"{b64}\"\n"));
+    }
+    std::fs::write(root.join("sub/ü"), "ü").unwrap();
+    let text = format!(
+        "data_config_version = 1\n\
+         [[datasets]]\nname = \"emb\"\nuuid = \"5e1e7c2a-0000-4000-8000-0000000000a1\"\n\
+         [datasets.storage]\ndriver = \"TomlDataStorage\"\ntype = \"BlobTree\"\n\
+         [datasets.storage.data]\n{embedded}[datasets.storage.data.sub]\n\"ü\" = \"{}\"\n\
+         [[datasets]]\nname = \"store\"\nuuid = \"5e1e7c2a-0000-4000-8000-0000000000a2\"\n\
+         [datasets.storage]\ndriver = \"ObjectStore\"\ntype = \"BlobTree\"\nurl = \"file://{}\"\n",
+        base64_of("ü".as_bytes()),
+        root.display()
+    );
+    let file = tmp.path().join("Data.toml");
+    let catalog = Catalog::parse(&text, &file, cache(&tmp)).unwrap();
+    let mut want: Vec<String> = NAMES.iter().map(|n| n.to_string()).collect();
+    want.push("sub/ü".into());
+    want.sort();
+    for ds in ["emb", "store"] {
+        let tree = catalog.tree(ds).unwrap();
+        let walk: Vec<String> = tree.walk().await.unwrap().into_iter().map(|e| e.path).collect();
+        assert_eq!(walk, want, "{ds}");
+        for name in NAMES.iter().copied().chain(["sub/ü"]) {
+            let bytes = tree.blob(name).unwrap().read_all().await.unwrap();
+            let expected = name.rsplit('/').next().unwrap();
+            assert_eq!(&bytes[..], expected.as_bytes(), "{ds}: {name}");
+        }
+        let opened = catalog.open(&format!("{ds}#x%23y")).await.unwrap().into_blob().unwrap();
+        assert_eq!(&opened.read_all().await.unwrap()[..], b"x#y");
+        let sub = catalog.open(&format!("{ds}#sub")).await.unwrap().into_tree().unwrap();
+        assert_eq!(sub.list().await.unwrap()[0].path, "ü");
+    }
+    // Offline, from the cache alone (whose keys spell the names percent-encoded): the same names.
+    catalog.cache().set_offline(true);
+    let walk: Vec<String> = catalog
+        .tree("store")
+        .unwrap()
+        .walk()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.path)
+        .collect();
+    assert_eq!(walk, want, "offline");
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (*b as u32) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
 }

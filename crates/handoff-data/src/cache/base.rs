@@ -177,6 +177,8 @@ pub(crate) struct ColdRequest<'a> {
     pub rel: &'a str,
     pub store: &'a Arc<dyn ObjectStore>,
     pub location: &'a StorePath,
+    /// The object as cache keys name it (spec/CACHE.md §2.3).
+    pub key_path: &'a StorePath,
     pub identity: &'a str,
     pub expected_digest: Option<&'a str>,
     pub progress: Option<&'a (dyn Fn(u64) + Send + Sync)>,

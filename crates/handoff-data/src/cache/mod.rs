@@ -76,7 +76,7 @@ impl Cache {
     ) -> Result<Option<(Meta, Fetched)>> {
         let probe = ObjectKey {
             identity: req.identity.to_string(),
-            path: req.location.to_string(),
+            path: req.key_path.to_string(),
             version: String::new(),
         };
         let lock_path = self.layout.path_lock(&probe);
@@ -84,7 +84,7 @@ impl Cache {
         let _lock = lock::exclusive(lock_path.clone())
             .await
             .map_err(|e| Error::io("cannot lock", &lock_path, e))?;
-        let (me, id, loc) = (self.clone(), req.identity.to_string(), req.location.to_string());
+        let (me, id, loc) = (self.clone(), req.identity.to_string(), req.key_path.to_string());
         if blocking(move || me.has_path(&id, &loc)).await {
             return Ok(None);
         }

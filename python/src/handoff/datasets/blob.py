@@ -176,7 +176,9 @@ class BlobTree:
         return BlobTree(self.dataset, self._rel(rel), self.cache)
 
     async def list(self) -> List[Entry]:
-        """The files directly in this folder, sorted."""
+        """The files and folders directly in this folder, sorted by path (a folder's
+        :class:`~handoff.datasets.stores.Entry` has ``is_dir`` and no size), as DataSets.jl's
+        ``readdir`` and the Rust reference's ``BlobTree::list``."""
         return await self.dataset.source.list(self.dataset.name, self.path, recursive=False)
 
     async def walk(self) -> List[Entry]:

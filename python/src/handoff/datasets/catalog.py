@@ -136,7 +136,8 @@ class Catalog:
         # Version 0 (DataSets.jl <= 0.2.3) has the structure of version 1, which added '/' in names
         # and [[drivers]]: DataSets.jl reads both with one parser, and so does handoff.
         version = root.get("data_config_version")
-        if version not in (0, 1) or isinstance(version, bool):
+        # An integer: 1.0 is a float in TOML, which the Rust reference refuses too.
+        if type(version) is not int or version not in (0, 1):
             found = "missing" if version is None else _toml_repr(version)
             raise CatalogError(
                 f"catalog {path}: data_config_version is {found}; handoff reads DataSets.jl catalogs of versions 0 and 1"

@@ -46,9 +46,10 @@ def _walk(table: dict, prefix: str, depth: int, files: Dict[str, bytes]) -> None
     if depth > MAX_DEPTH:
         raise ValueError(f"nests folders deeper than {MAX_DEPTH} levels (at {prefix!r})")
     for name, value in table.items():
-        if name in ("", ".", "..") or "/" in name or "\\" in name:
+        if name in ("", ".", "..") or "/" in name or "\\" in name or any(c < " " or c == "\x7f" for c in name):
             raise ValueError(
-                f"has an entry named {name!r} in folder {prefix!r}: a name must be one path part (no '/', not '.' or '..')"
+                f"has an entry named {name!r} in folder {prefix!r}: a name must be one path part (no '/', not '.' or "
+                "'..', no control characters)"
             )
         path = f"{prefix}/{name}" if prefix else name
         if isinstance(value, str):

@@ -51,18 +51,28 @@ class StorageError(BlobError):
 
 
 class Entry:
-    """A file of a tree: its path relative to the tree, and its size."""
+    """An entry of a tree: its path relative to the tree, and a file's size; a folder (only a
+    listing of one level has them, as DataSets.jl's ``readdir``) has ``is_dir`` and no size."""
 
-    __slots__ = ("path", "size")
+    __slots__ = ("path", "size", "is_dir")
 
-    def __init__(self, path: str, size: int):
-        self.path, self.size = path, size
+    def __init__(self, path: str, size: Optional[int], is_dir: bool = False):
+        self.path, self.size, self.is_dir = path, size, is_dir
+
+    @property
+    def shown(self) -> str:
+        """The path as a listing shows it: a folder's with a final ``/``."""
+        return self.path + "/" if self.is_dir else self.path
 
     def __repr__(self) -> str:
-        return f"Entry({self.path!r}, {self.size})"
+        return f"Entry({self.path!r}, is_dir=True)" if self.is_dir else f"Entry({self.path!r}, {self.size})"
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, Entry) and (self.path, self.size) == (other.path, other.size)
+        return isinstance(other, Entry) and (self.path, self.size, self.is_dir) == (
+            other.path,
+            other.size,
+            other.is_dir,
+        )
 
 
 def _truthy(v: str) -> bool:
@@ -169,7 +179,8 @@ class Source:
             raise StorageError(f"dataset {dataset}: cannot read {path}: {e.strerror or e}") from None
 
     async def list(self, dataset: str, rel: str, recursive: bool) -> List[Entry]:
-        """The files below ``rel`` (every level, or only the next one), sorted by path."""
+        """The files below ``rel`` at every level, or the files and folders directly in it
+        (as the Rust reference and DataSets.jl's ``readdir`` list them), sorted by path."""
         if self.local is not None:
             return await asyncio.to_thread(self._list_local, dataset, rel, recursive)
         import obstore
@@ -187,6 +198,8 @@ class Source:
                         out.append(Entry(path[cut:], int(meta["size"])))
             else:
                 listed = await obstore.list_with_delimiter_async(self.store, prefix or None)
+                for folder in listed["common_prefixes"]:
+                    out.append(Entry(folder[cut:].rstrip("/"), None, is_dir=True))
                 for meta in listed["objects"]:
                     out.append(Entry(meta["path"][cut:], int(meta["size"])))
         except Exception as e:
@@ -204,19 +217,22 @@ class Source:
             return "BlobTree" if real.is_dir() else "Blob" if real.is_file() else None
         import obstore
 
-        prefix = self.object_path(rel)
+        # What the listing of its folder says, as the Rust reference asks it (a listing's prefix
+        # names a folder in every object store): so a folder a store lists without objects
+        # below it (an empty one of a file:// tree) is one, and a folder wins over a file of
+        # the same name, as it comes first in a listing.
+        parent, _, leaf = rel.rpartition("/")
+        prefix = self.object_path(parent)
+        cut = len(prefix) + 1 if prefix else 0
         try:
-            # A listing's prefix names a folder in every object store (object_store adds the
-            # delimiter): a file is asked about by its own path.
-            try:
-                await obstore.head_async(self.store, prefix)
-                return "Blob"
-            except FileNotFoundError:
-                pass
-            listed = await obstore.list_with_delimiter_async(self.store, prefix + "/")
+            listed = await obstore.list_with_delimiter_async(self.store, prefix or None)
         except Exception as e:
-            raise StorageError(f"dataset {dataset}: listing {prefix} in {self.identity} failed: {e}") from None
-        return "BlobTree" if listed["objects"] or listed["common_prefixes"] else None
+            raise StorageError(f"dataset {dataset}: listing {prefix or '/'} in {self.identity} failed: {e}") from None
+        if any(p[cut:].rstrip("/") == leaf for p in listed["common_prefixes"]):
+            return "BlobTree"
+        if any(m["path"][cut:] == leaf for m in listed["objects"]):
+            return "Blob"
+        return None
 
     async def top_level(self, dataset: str) -> List[str]:
         """The files and folders (``name/``) at the top of the tree, sorted by name."""
@@ -251,6 +267,9 @@ class Source:
                 real = full.resolve()
                 if real != real_root and real_root not in real.parents:
                     continue  # a symlink out of the tree is not listed
+                if real.is_dir() and not recursive:
+                    out.append(Entry(full.relative_to(base).as_posix(), None, is_dir=True))
+                    continue
                 if not real.is_file():
                     continue
                 out.append(Entry(full.relative_to(base).as_posix(), real.stat().st_size))
