@@ -454,7 +454,6 @@ _TLS_TCP = {**SECRET, "distributed.comm.handoff.shm": False}
 
 
 @gen_test(timeout=120)
-@pytest.mark.engine_gap("the engine takes TLS from PEM files, not Dask's ready-made ssl contexts")
 async def test_a_cluster_with_a_security_object_computes_over_tls(dask_pki):
     sec = _security(dask_pki)
     with dask.config.set(_TLS_TCP):
@@ -467,11 +466,10 @@ async def test_a_cluster_with_a_security_object_computes_over_tls(dask_pki):
                     assert w.address.startswith("handoff://")
                     (listener,) = s.listeners
                     peers = listener.node.peers
-                    assert peers and all(p.channel == "tcp" and p.transport.tls for p in peers)
+                    assert peers and all(p.channel == "tcp" and p.tls for p in peers)
 
 
 @gen_test(timeout=60)
-@pytest.mark.engine_gap("the engine takes TLS from PEM files, not Dask's ready-made ssl contexts")
 async def test_a_plain_client_is_refused_by_a_tls_scheduler_clearly(dask_pki):
     with dask.config.set(_TLS_TCP):
         async with Scheduler(

@@ -7,10 +7,12 @@ use std::sync::Arc;
 
 use handoff_wire::framing::encode_header_into;
 use handoff_wire::{Header, Preamble};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{CertificateError, ClientConfig, RootCertStore, ServerConfig};
+use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 
 /// What the accepting side of a plain connection tells a peer when it requires TLS.
 pub const TLS_REQUIRED_MESSAGE: &str =
@@ -33,6 +35,14 @@ impl Configs {
     /// private key (PKCS#8, PKCS#1 or SEC1), and one or more CA certificates. The error says
     /// which of the three is wrong, and how.
     pub fn from_pem(cert_chain: &[u8], key: &[u8], ca: &[u8]) -> Result<Configs, String> {
+        Configs::from_pem_checking(cert_chain, key, ca, NameCheck::Name)
+    }
+
+    /// [`Configs::from_pem`], with the connecting side's check of the accepting side's
+    /// certificate as `check` says: its chain and its name, or its chain alone (as Dask's
+    /// TLS does: its nodes are dialed by IP address, and their certificates need not name
+    /// it).
+    pub fn from_pem_checking(cert_chain: &[u8], key: &[u8], ca: &[u8], check: NameCheck) -> Result<Configs, String> {
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_chain)
             .collect::<Result<_, _>>()
             .map_err(|e| format!("TLS certificate chain: not PEM certificates: {e}"))?;
@@ -56,10 +66,20 @@ impl Configs {
         let misfit = |e: rustls::Error| format!("TLS: the key does not fit the certificate: {e}");
         let client = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS: {e}"))?
-            .with_root_certificates(roots.clone())
-            .with_client_auth_cert(chain.clone(), key.clone_key())
-            .map_err(misfit)?;
+            .map_err(|e| format!("TLS: {e}"))?;
+        let client = match check {
+            NameCheck::Name => client.with_root_certificates(roots.clone()),
+            NameCheck::ChainOnly => {
+                let webpki = WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
+                    .build()
+                    .map_err(|e| format!("TLS CA: {e}"))?;
+                client
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
+            }
+        }
+        .with_client_auth_cert(chain.clone(), key.clone_key())
+        .map_err(misfit)?;
         let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
             .build()
             .map_err(|e| format!("TLS CA: {e}"))?;
@@ -73,6 +93,64 @@ impl Configs {
             client: Arc::new(client),
             server: Arc::new(server),
         })
+    }
+}
+
+/// What a connecting side checks of the accepting side's certificate, besides its dates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameCheck {
+    /// Its chain up to a trusted CA, and that it names the dialed host (or the name it was
+    /// told to expect).
+    Name,
+    /// Its chain up to a trusted CA only.
+    ChainOnly,
+}
+
+/// A verifier that checks the chain as rustls's WebPKI verifier does and takes a
+/// certificate that does not name the dialed host (that check comes after the chain's).
+#[derive(Debug)]
+struct ChainOnly(Arc<WebPkiServerVerifier>);
+
+impl ServerCertVerifier for ChainOnly {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        match self
+            .0
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
     }
 }
 

@@ -234,6 +234,7 @@ mod tests {
     use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
 
     use super::*;
+    use crate::tls::NameCheck;
 
     /// One direction of an in-memory socket pair: reads say `WouldBlock` while it is empty.
     #[derive(Clone, Default)]
@@ -289,6 +290,10 @@ mod tests {
 
     /// Both sides' configurations: one certificate for 127.0.0.1 signed by a fresh CA.
     fn configs() -> Configs {
+        configs_checking(NameCheck::Name)
+    }
+
+    fn configs_checking(check: NameCheck) -> Configs {
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         let ca_key = KeyPair::generate().unwrap();
@@ -297,7 +302,13 @@ mod tests {
         leaf.subject_alt_names = vec![SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into())];
         let key = KeyPair::generate().unwrap();
         let cert = leaf.signed_by(&key, &Issuer::from_params(&ca, &ca_key)).unwrap();
-        Configs::from_pem(cert.pem().as_bytes(), key.serialize_pem().as_bytes(), ca_pem.as_bytes()).unwrap()
+        Configs::from_pem_checking(
+            cert.pem().as_bytes(),
+            key.serialize_pem().as_bytes(),
+            ca_pem.as_bytes(),
+            check,
+        )
+        .unwrap()
     }
 
     /// Runs both handshakes to the end.
@@ -425,5 +436,31 @@ mod tests {
         }
         let why = failed.expect("the client refused the certificate");
         assert!(why.to_lowercase().contains("name") || why.contains("10.9.9.9"), "{why}");
+    }
+
+    #[test]
+    fn checking_the_chain_only_takes_a_certificate_that_does_not_name_the_host() {
+        // The same dialed address the test above is refused for: its chain is good.
+        let configs = configs_checking(NameCheck::ChainOnly);
+        let (mut ce, mut se) = pair();
+        let mut c = TlsSession::client(&configs, "10.9.9.9", "server").unwrap();
+        let mut s = TlsSession::server(&configs, "client").unwrap();
+        handshake(&mut c, &mut ce, &mut s, &mut se);
+        // A certificate of another CA is still refused.
+        let other = configs_checking(NameCheck::ChainOnly);
+        let (mut ce, mut se) = pair();
+        let mut c = TlsSession::client(&configs, "127.0.0.1", "server").unwrap();
+        let mut s = TlsSession::server(&other, "client").unwrap();
+        let mut failed = None;
+        for _ in 0..10 {
+            if let Err(why) = c.handshake(&mut ce) {
+                failed = Some(why);
+                break;
+            }
+            let _ = s.handshake(&mut se);
+        }
+        // (Both test CAs have the same empty name: rustls finds the signature bad.)
+        let why = failed.expect("the client refused the other CA's certificate");
+        assert!(why.contains("certificate"), "{why}");
     }
 }

@@ -255,7 +255,8 @@ impl Engine {
     /// `handoff_proto::bounds::Bounds` by name (durations in seconds), after the named
     /// arguments. With `shm_private` each received frame of a same-host peer's segment is a
     /// private, writable (copy-on-write) mapping of its own, as `handoff.Node(shm_private=True)`
-    /// gives Dask writable arrays.
+    /// gives Dask writable arrays. With `tls_check_name` false a dialing node checks the
+    /// accepting node's certificate chain and not its name, as Dask's TLS does.
     #[new]
     #[pyo3(signature = (name, secret, *, host_id=None, capabilities=None, listen=None, unix=None,
                         accept_v1=false, accept_v2=false, handshake_timeout=None,
@@ -265,7 +266,7 @@ impl Engine {
                         tls_ca=None, tls_server_name=None, ticket_threshold=None,
                         lease_ttl=None, max_lease_bytes=None, write_timeout=None,
                         tcp_timeout=None, bounds=None, shm_private=false, limits=None,
-                        max_lease_bytes_per_peer=None))]
+                        max_lease_bytes_per_peer=None, tls_check_name=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -295,13 +296,22 @@ impl Engine {
         shm_private: bool,
         limits: Option<std::collections::HashMap<String, u64>>,
         max_lease_bytes_per_peer: Option<u64>,
+        tls_check_name: bool,
     ) -> PyResult<Engine> {
         let tls = match (tls_cert_chain, tls_key, tls_ca) {
             (None, None, None) => None,
-            (Some(chain), Some(key), Some(ca)) => Some(Tls {
-                configs: handoff_proto::tls::Configs::from_pem(&chain, &key, &ca).map_err(PyValueError::new_err)?,
-                server_name: tls_server_name,
-            }),
+            (Some(chain), Some(key), Some(ca)) => {
+                let check = if tls_check_name {
+                    handoff_proto::tls::NameCheck::Name
+                } else {
+                    handoff_proto::tls::NameCheck::ChainOnly
+                };
+                Some(Tls {
+                    configs: handoff_proto::tls::Configs::from_pem_checking(&chain, &key, &ca, check)
+                        .map_err(PyValueError::new_err)?,
+                    server_name: tls_server_name,
+                })
+            }
             _ => {
                 return Err(PyValueError::new_err(
                     "TLS needs all three of tls_cert_chain, tls_key and tls_ca (PEM bytes)",

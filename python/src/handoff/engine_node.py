@@ -105,10 +105,10 @@ class EngineNode(Node):
             if kwargs.get(option):
                 raise ValueError(f"Node({option}=...) does not run on the engine yet: it needs {why}")
         tls = kwargs.get("tls")
-        if tls is not None and tls.files is None:
+        if tls is not None and tls.files is None and tls.pem is None:
             raise ValueError(
-                "a node on the engine runs TLS on rustls, from PEM files: give it TlsConfig.from_files(...) "
-                "(ready-made ssl contexts, such as Dask's, do not run on the engine yet)"
+                "a node on the engine runs TLS on rustls, from PEM: give it TlsConfig.from_files(...) (a ready-made "
+                "ssl context cannot be read back; Dask's are, from the Security that made them)"
             )
         super().__init__(*args, **kwargs)
         self._budget = _EngineBudget(self)
@@ -178,15 +178,18 @@ class EngineNode(Node):
         }
 
     def _engine_tls(self) -> dict:
-        """The node's TLS as the engine takes it: the PEM of :meth:`TlsConfig.from_files`."""
+        """The node's TLS as the engine takes it: the PEM of :meth:`TlsConfig.from_files`, or
+        the PEM it was given (``TlsConfig.pem``)."""
         if self.tls is None:
             return {}
-        chain, key, ca = self.tls.files
-        pem = {}
-        for name, path in (("tls_cert_chain", chain), ("tls_key", key), ("tls_ca", ca)):
-            with open(path, "rb") as f:
-                pem[name] = f.read()
-        return {**pem, "tls_server_name": self.tls.server_name}
+        if self.tls.pem is not None:
+            pem = dict(zip(("tls_cert_chain", "tls_key", "tls_ca"), self.tls.pem))
+        else:
+            pem = {}
+            for name, path in zip(("tls_cert_chain", "tls_key", "tls_ca"), self.tls.files):
+                with open(path, "rb") as f:
+                    pem[name] = f.read()
+        return {**pem, "tls_server_name": self.tls.server_name, "tls_check_name": self.tls.check_name}
 
     def _make_engine(self) -> "eng.Engine":
         b = self.bounds

@@ -70,6 +70,13 @@ class TlsConfig:
     #: key and CA. A node on the Rust engine, whose TLS is rustls, loads them itself; it
     #: cannot use contexts built otherwise.
     files: Optional[tuple] = None
+    #: Or the PEM itself, as bytes: certificate chain, key and CA (what Dask's ``Security``
+    #: names for the contexts it made, :mod:`handoff.dask.security`).
+    pem: Optional[tuple] = None
+    #: Whether a connecting node checks that the accepting node's certificate names the
+    #: host it dialed (or :attr:`server_name`), or its chain only (Dask's contexts: its
+    #: nodes are dialed by IP address).
+    check_name: bool = True
 
     @classmethod
     def from_files(cls, cert_chain: _Path, key: _Path, ca: _Path, server_name: Optional[str] = None) -> "TlsConfig":
