@@ -625,3 +625,33 @@ async def test_a_sparse_connection_goes_before_the_backlogs_and_closed_ones_go_l
     first_of_gone = next(i for i, e in enumerate(order) if e.sender is gone)
     assert all(e.sender is gone for e in order[first_of_gone:]), "after every open connection's"
     assert len(inbox) == 0
+
+
+async def test_timed_waits_end_at_their_limits_and_share_one_timer():
+    """The inbox's waits with a time limit (``recv(timeout)``) each end at their own limit,
+    and a receiver that waits again and again arms the loop's timer once, not per message."""
+    from handoff.inbox import Inbox, Signal
+
+    loop = asyncio.get_running_loop()
+    signal = Signal()
+    started = loop.time()
+    assert await signal.wait(0.05) is False
+    assert 0.045 <= loop.time() - started < 0.5
+    # Woken by set() 100 times, each wait with a 30 s limit: one timer for all of them.
+    timers = set()
+    for _ in range(100):
+        loop.call_later(0.001, signal.set)
+        assert await signal.wait(30) is True
+        timers.add(id(signal._timer))
+    assert len(timers) == 1
+    # Two waits with different limits: the shorter ends first, the longer at its own.
+    started = loop.time()
+    long_wait = asyncio.ensure_future(signal.wait(0.3))
+    assert await signal.wait(0.05) is False
+    assert loop.time() - started < 0.25 and not long_wait.done()
+    assert await long_wait is False and loop.time() - started >= 0.29
+    # The inbox's recv with a limit.
+    started = loop.time()
+    with pytest.raises(asyncio.TimeoutError):
+        await Inbox(1024).get(0.03)
+    assert 0.025 <= loop.time() - started < 0.5

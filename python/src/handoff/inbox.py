@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import time
 from typing import Any, Optional
 
 __all__ = ["Inbox", "ConnectionQueue", "Signal"]
 
 
-def _expire(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(False)
+#: The clock's resolution: a timer is due this close to its time (as asyncio counts it).
+_RESOLUTION = time.get_clock_info("monotonic").resolution
 
 
 class Signal:
@@ -47,12 +47,18 @@ class Signal:
 
     ``asyncio.wait_for`` runs the awaited coroutine as a task of its own: one more task
     and two more turns of the event loop for every message a timed ``recv`` takes. Here a
-    wait is one future and, with a time limit, one timer."""
+    wait is one future. The time limits share one timer, armed for the earliest of them:
+    a receiver that waits with a limit again and again (``recv(30)`` in a loop) re-arms it
+    only when it fires, not for every message (a timer that fires before a wait's own
+    limit re-arms itself for the earliest limit still waiting)."""
 
-    __slots__ = ("_waiters",)
+    __slots__ = ("_waiters", "_limits", "_timer")
 
     def __init__(self) -> None:
         self._waiters: list = []
+        #: The waits with a time limit: future -> when it ends (the loop's clock).
+        self._limits: dict = {}
+        self._timer: Optional[asyncio.TimerHandle] = None
 
     def set(self) -> None:
         """Wakes every task waiting now."""
@@ -66,14 +72,38 @@ class Signal:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._waiters.append(fut)
-        timer = loop.call_later(timeout, _expire, fut) if timeout is not None else None
+        if timeout is not None:
+            at = loop.time() + timeout
+            self._limits[fut] = at
+            if self._timer is None or self._timer.when() > at:
+                self._arm(loop, at)
         try:
             return await fut
         finally:
-            if timer is not None:
-                timer.cancel()
+            if timeout is not None:
+                self._limits.pop(fut, None)
             if fut in self._waiters:  # timed out or cancelled: not woken by set()
                 self._waiters.remove(fut)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(at, self._expire, loop)
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer fired: ends the waits whose limit passed, and re-arms for the rest."""
+        self._timer = None
+        now = loop.time()
+        earliest = None
+        for fut, at in list(self._limits.items()):
+            if fut.done():
+                continue
+            if at <= now + _RESOLUTION:  # (due, as the loop counts timers due)
+                fut.set_result(False)
+            elif earliest is None or at < earliest:
+                earliest = at
+        if earliest is not None:
+            self._arm(loop, earliest)
 
 
 async def _wait_until(ready, signal: Signal, timeout: Optional[float]) -> None:
