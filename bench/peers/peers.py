@@ -1,8 +1,9 @@
 """Side-by-side benchmarks: handoff against Dask distributed, Ray and the raw limits.
 
-Runs each system's script (``sys_raw.py``, ``sys_handoff.py``, ``sys_dask.py`` — once
-on Dask's ``tcp://`` for ``dask`` and once on ``handoff://`` for ``dask-handoff`` —
-``sys_ray.py``) in its own process, one after the other, merges what they measured into
+Runs each system's script (``sys_raw.py``, ``sys_handoff.py`` — again for the Python
+peer alone as ``handoff-pure``, on its pure-Python path, and as ``handoff-engine``, on the
+Rust engine —, ``sys_dask.py`` — once on Dask's ``tcp://`` for ``dask`` and once on
+``handoff://`` for ``dask-handoff`` — ``sys_ray.py``) in its own process, one after the other, merges what they measured into
 ``peers.json`` and renders the report (``peers.md``, PNG plots) into the output folder,
 and, unless told not to, the generated part of ``BENCHMARKS.md``. A system that cannot
 be imported or fails is recorded as such in the report, never left out silently.
@@ -31,15 +32,17 @@ sys.path.insert(0, str(HERE))
 
 from common import DEFAULT_SIZES, MiB, RepsPolicy, parse_size, size_arg  # noqa: E402
 
-SYSTEMS = ("raw", "handoff", "handoff-pure", "dask", "dask-handoff", "ray")
+SYSTEMS = ("raw", "handoff", "handoff-pure", "handoff-engine", "dask", "dask-handoff", "ray")
 #: Systems measured by another system's script: (script, its extra arguments).
 SCRIPTS = {
     "dask-handoff": ("dask", ["--protocol", "handoff"]),
     # The Python peer's rows again, on its pure-Python path (HANDOFF_NATIVE=0, docs/native.md).
     "handoff-pure": ("handoff", ["--skip-rust", "--pure"]),
+    # Again, with handoff.Node on the Rust engine (HANDOFF_ENGINE=1, docs/native.md).
+    "handoff-engine": ("handoff", ["--skip-rust", "--engine"]),
 }
 #: What a system's script runs with, beyond this process's environment.
-SCRIPT_ENV = {"handoff-pure": {"HANDOFF_NATIVE": "0"}}
+SCRIPT_ENV = {"handoff-pure": {"HANDOFF_NATIVE": "0"}, "handoff-engine": {"HANDOFF_ENGINE": "1"}}
 SMOKE_SIZES = [1 << 10, 64 << 10, 1 << 20]
 
 
@@ -153,7 +156,7 @@ def main(argv=None) -> int:
 
     if args.smoke:
         sizes, reps, rtt_reps = SMOKE_SIZES, RepsPolicy(fixed=args.reps or 2), args.rtt_reps or 2
-        systems = [s for s in args.systems.split(",") if s in ("raw", "handoff", "handoff-pure")]
+        systems = [s for s in args.systems.split(",") if s in ("raw", "handoff", "handoff-pure", "handoff-engine")]
     else:
         sizes = [parse_size(s) for s in args.sizes.split(",")] if args.sizes else list(DEFAULT_SIZES)
         if args.quick and not args.sizes:

@@ -196,14 +196,60 @@ async def fetch(node, peer, n: int, id_: int) -> tuple:
     return t1 - t0 - prep, t2 - t0 - prep, t3 - t0 - prep, kinds
 
 
-async def python_rows(binary: Path, sizes: list, reps, rtt_reps: int, result: dict, pure: bool = False) -> None:
-    """The Python peer's rows: on the native path, or with ``pure`` on the pure-Python one
+async def floor_rows(rtt_reps: int, result: dict, suffix: str) -> None:
+    """The asyncio floor of a 100-byte round trip between two Python processes, on a Unix
+    socket pair and on loopback TCP: ``bench/python_rtt_floor.py``'s ``add_reader`` style
+    (an event loop on both sides, readiness from ``add_reader``, ``recv`` and ``send``; the
+    style that can also receive descriptors), measured in the same run as the Python peer's
+    round trips it is the floor of."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from python_rtt_floor import echo_add_reader, ping_add_reader, socket_pair
+
+    for channel in ("unix", "tcp"):
+        a, b = socket_pair(channel)
+        pid = os.fork()
+        if pid == 0:
+            a.close()
+            asyncio.run(echo_add_reader(b))
+            os._exit(0)
+        b.close()
+        try:
+
+            async def one(a=a) -> None:
+                await ping_add_reader(a, 1)
+
+            runs, batch = await round_trips_async(one, rtt_reps)
+        finally:
+            a.close()
+            os.waitpid(pid, 0)
+        result["rtt"].append(
+            row(
+                f"asyncio add_reader floor {channel}{suffix}",
+                "raw",
+                "same-host" if channel == "unix" else "remote",
+                None,
+                None,
+                runs,
+                f"100 bytes echoed between two Python processes on a {channel} socket pair: an event loop on "
+                f"both sides, add_reader readiness, recv and send, no framing ({batch} round trips per "
+                "repetition; bench/python_rtt_floor.py's add_reader style)",
+            )
+        )
+
+
+async def python_rows(
+    binary: Path, sizes: list, reps, rtt_reps: int, result: dict, pure: bool = False, engine: bool = False
+) -> None:
+    """The Python peer's rows: on the native path, with ``pure`` on the pure-Python one
     (this process and the worker run with ``HANDOFF_NATIVE=0``; the series end in
-    " (pure Python)" and their system is ``handoff-python-pure``)."""
+    " (pure Python)" and their system is ``handoff-python-pure``), or with ``engine`` on the
+    Rust engine (``HANDOFF_ENGINE=1``: series end in " (engine)", system
+    ``handoff-python-engine``). The asyncio floors of the round trips come first."""
     from handoff import Bin, Node
 
-    system = "handoff-python-pure" if pure else "handoff-python"
-    suffix = " (pure Python)" if pure else ""
+    system = "handoff-python-pure" if pure else "handoff-python-engine" if engine else "handoff-python"
+    suffix = " (pure Python)" if pure else " (engine)" if engine else ""
+    await floor_rows(rtt_reps, result, suffix)
 
     tmp = tempfile.TemporaryDirectory()
     secret_file = Path(tmp.name) / "secret"
@@ -323,11 +369,16 @@ def main() -> int:
     p.add_argument(
         "--pure", action="store_true", help="the Python peer's rows on its pure-Python path (needs HANDOFF_NATIVE=0)"
     )
+    p.add_argument(
+        "--engine", action="store_true", help="the Python peer's rows on the Rust engine (needs HANDOFF_ENGINE=1)"
+    )
     args = p.parse_args()
     import handoff.native
 
     if args.pure and handoff.native.ENABLED:
         p.error("--pure needs HANDOFF_NATIVE=0 in the environment (the path is chosen per process)")
+    if args.engine and os.environ.get("HANDOFF_ENGINE") != "1":
+        p.error("--engine needs HANDOFF_ENGINE=1 in the environment (the worker's too)")
     sizes, reps = parse_common(args)
     binary = find_bin()
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True).stdout.strip()
@@ -339,7 +390,7 @@ def main() -> int:
     source = f"git {described}" if described else f"built in {src}, not a git checkout"
     source = os.environ.get("HANDOFF_BIN_SOURCE", source)  # where a binary built elsewhere came from
     result = {
-        "system": "handoff-pure" if args.pure else "handoff",
+        "system": "handoff-pure" if args.pure else "handoff-engine" if args.engine else "handoff",
         "versions": {
             "handoff (Rust)": f"{version} ({source})",
             "handoff (Python peer)": f"{versions(['handoff'])['handoff']} (from {python_peer_source()})",
@@ -355,7 +406,7 @@ def main() -> int:
     if not args.skip_python:
         result["notes"].append(f"the Python peer runs {handoff.native.REASON}")
         try:
-            asyncio.run(python_rows(binary, sizes, reps, args.rtt_reps, result, pure=args.pure))
+            asyncio.run(python_rows(binary, sizes, reps, args.rtt_reps, result, pure=args.pure, engine=args.engine))
         except Exception as e:  # recorded, not hidden
             import traceback
 

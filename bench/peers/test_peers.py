@@ -90,11 +90,20 @@ def test_round_trips_of_handoff_and_raw_sockets(smoke):
         "handoff Python↔Python tcp",
         "handoff Python↔Python tcp (pure Python)",
         "handoff Python↔Python shm (pure Python)",
+        "handoff Python↔Python tcp (engine)",
+        "handoff Python↔Rust shm (engine)",
+        # The asyncio floors, measured in the same run as each Python series.
+        "asyncio add_reader floor unix",
+        "asyncio add_reader floor tcp (engine)",
     ):
         assert name in names, name
     assert all(0 < r["median"] < 0.1 for r in data["rtt"])
-    pure = [r for r in data["rtt"] if r["series"].endswith("(pure Python)")]
+    pure = [r for r in data["rtt"] if r["series"].endswith("(pure Python)") and not r["series"].startswith("asyncio")]
     assert pure and {r["system"] for r in pure} == {"handoff-python-pure"}
+    engine = [r for r in data["rtt"] if r["series"].endswith("(engine)") and not r["series"].startswith("asyncio")]
+    assert engine and {r["system"] for r in engine} == {"handoff-python-engine"}
+    floors = [r for r in data["rtt"] if r["series"].startswith("asyncio add_reader floor")]
+    assert floors and {r["system"] for r in floors} == {"raw"}
 
 
 def test_the_report_has_its_tables_and_updates_only_its_part_of_the_doc(smoke, tmp_path):

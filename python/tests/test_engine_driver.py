@@ -623,9 +623,9 @@ async def test_tls_required_a_plain_peer_is_told_so(pki):
     plain = Driver(engine("py-plain", host_id="host-plain"))
     listener = await b.listen()
     try:
-        with pytest.raises(PeerRefused) as caught:
+        with pytest.raises(TlsError) as caught:
             await plain.connect(listener.address, timeout=10)
-        assert caught.value.code == "tls-required"
+        assert caught.value.code == "tls-required" and "--tls-cert" in str(caught.value)
     finally:
         listener.close()
         b.close()
