@@ -209,9 +209,11 @@ async def floor_rows(rtt_reps: int, result: dict, suffix: str) -> None:
         a, b = socket_pair(channel)
         pid = os.fork()
         if pid == 0:
-            a.close()
-            asyncio.run(echo_add_reader(b))
-            os._exit(0)
+            try:  # (the child never returns into the parent's code, whatever happens)
+                a.close()
+                asyncio.run(echo_add_reader(b))
+            finally:
+                os._exit(0)
         b.close()
         try:
 

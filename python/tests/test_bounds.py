@@ -655,3 +655,104 @@ async def test_timed_waits_end_at_their_limits_and_share_one_timer():
     with pytest.raises(asyncio.TimeoutError):
         await Inbox(1024).get(0.03)
     assert 0.025 <= loop.time() - started < 0.5
+
+
+def _ticket_owner(addr: str, script, answers: dict):
+    """A raw owner of tickets: handshakes, then runs ``script(raw, token)`` (which sends
+    messages), answering every pull with the bytes of ``answers[lease]`` as it comes."""
+    import threading
+
+    raw = RawPeer(addr, timeout=30)
+    raw.handshake(SECRET, host="owner-host")
+    token = secrets.token_bytes(32)
+    pulls: list = []
+
+    def answer() -> None:
+        while True:
+            try:
+                h, _ = raw.read_message()
+            except (EOFError, OSError):
+                return
+            if isinstance(h, wire.Pull):
+                pulls.append(h.lease)
+                data = answers[h.lease]
+                raw.send(wire.encode_message(wire.Pulled(h.req, h.n)) + data[h.off : h.off + h.n])
+
+    reader = threading.Thread(target=answer, daemon=True)
+    reader.start()
+    script(raw, token, pulls)
+    return raw, reader
+
+
+def _ticket_msg(raw: RawPeer, token: bytes, i: int, lease: int, data: bytes) -> bytes:
+    import blake3
+
+    desc = wire.TicketDesc(len(data), raw.node_id, lease, token, blake3.blake3(data).digest(), 60_000)
+    return wire.encode_message(wire.Msg("t.X", encode_body({"i": i, "d": Buffer(data)}).body, [desc]))
+
+
+async def test_a_ticket_larger_than_the_bound_goes_alone_once_the_earlier_messages_are_taken():
+    """§9.1: a ticket over the per-peer bound waits until the application takes that
+    peer's earlier message, then goes alone ahead of the messages queued behind it: also
+    when the one behind it was still arriving when the room came back."""
+    bounds = Bounds(max_buffered_bytes_per_peer=MIB, max_buffered_bytes=64 * MIB)
+    big = os.urandom(3 * MIB)
+    async with Node("holder", secret=SECRET, listen="127.0.0.1:0", bounds=bounds, pull_timeout=10) as a:
+
+        def script(raw, token, pulls):
+            tail = wire.encode_message(
+                wire.Msg("t.X", encode_body({"i": 2, "d": Buffer(b"z" * (200 << 10))}).body, [wire.Inline(200 << 10)]),
+                [b"z" * (200 << 10)],
+            )
+            raw.send(wire.encode_message(wire.Msg("t.X", encode_body({"i": 0}).body, [])))
+            raw.send(_ticket_msg(raw, token, 1, 1, big) + tail[: len(tail) // 2])
+            time.sleep(0.4)  # the third message is still arriving when the first is taken
+            raw.send(tail[len(tail) // 2 :])
+
+        raw, reader = await asyncio.to_thread(_ticket_owner, a.listen_addr, script, {1: big})
+        try:
+            first = await a.recv(5)
+            assert first.body == {"i": 0}
+            await asyncio.sleep(0.15)
+            first.release()  # room back while the third message is half read
+            second = await a.recv(10)
+            assert second.body["i"] == 1 and bytes(second.body["d"]) == big
+            assert (await a.recv(5)).body["i"] == 2
+        finally:
+            raw.sock.shutdown(socket.SHUT_RDWR)
+            await asyncio.to_thread(reader.join, 5)
+            raw.close()
+
+
+async def test_a_reserved_ticket_does_not_stop_the_reader_in_front_of_its_answer():
+    """§9.1: a ticket admitted alone may be larger than twice the per-peer bound; while its
+    pull is out, the reader's bounds are raised by it too, so the owner's next message, and
+    the `pulled` behind it, are still read."""
+    bounds = Bounds(max_buffered_bytes_per_peer=MIB, max_buffered_bytes=64 * MIB)
+    big = os.urandom(3 * MIB)
+    async with Node("holder", secret=SECRET, listen="127.0.0.1:0", bounds=bounds, pull_timeout=5) as a:
+
+        def owner() -> RawPeer:
+            raw = RawPeer(a.listen_addr, timeout=30)
+            raw.handshake(SECRET, host="owner-host")
+            raw.send(_ticket_msg(raw, secrets.token_bytes(32), 1, 1, big))
+            while True:  # the pull: then a message goes in front of its answer
+                h, _ = raw.read_message()
+                if isinstance(h, wire.Pull):
+                    break
+            raw.send(
+                wire.encode_message(wire.Msg("t.X", encode_body({"i": 2}).body, []))
+                + wire.encode_message(wire.Pulled(h.req, h.n))
+                + big[h.off : h.off + h.n]
+            )
+            return raw
+
+        raw = await asyncio.to_thread(owner)
+        try:
+            started = time.monotonic()
+            env = await a.recv(10)
+            assert env.body["i"] == 1 and bytes(env.body["d"]) == big
+            assert time.monotonic() - started < 4, "the redemption waited for its pull to time out"
+            assert (await a.recv(5)).body == {"i": 2}
+        finally:
+            raw.close()

@@ -1076,3 +1076,21 @@ async def test_a_relay_that_joins_a_node_to_itself_is_refused():
         relay.close()
         listener.close()
         a.close()
+
+
+async def test_tls_13_only_and_a_bad_minimum_is_refused_by_name(pki):
+    """``tls_min_version="1.3"`` (Dask's ``tls.min-version: 1.3``, kept by the engine's
+    rustls): such a node still talks to a default one (TLS 1.3); a version it does not know
+    is refused at construction, by name."""
+    a = Driver(tls_engine("py-tls13-a", pki, "a", tls_min_version="1.3"))
+    b = Driver(tls_engine("py-tls13-b", pki, "b"))
+    listener = await b.listen()
+    try:
+        conn = await a.connect(listener.address, timeout=10)
+        assert conn.conn.tls
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+    with pytest.raises(ValueError, match="tls_min_version"):
+        tls_engine("py-tls11", pki, "a", tls_min_version="1.1")

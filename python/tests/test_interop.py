@@ -291,3 +291,64 @@ async def test_ticket_refusal_and_owner_loss_name_owner_and_lease(spawn_rust):
             await fresh.redeem()
         assert "rs-short" in str(err.value) and f"lease {fresh.lease}" in str(err.value)
         del dg
+
+
+async def test_a_rust_holder_reads_past_a_message_to_the_answer_of_a_ticket_over_twice_its_bound(spawn_rust):
+    """§9.1 on the Rust node: a raw owner sends a Payload with a 3 MiB ticket to a node whose
+    per-peer bound is 1 MiB (admitted alone, room taken before the pull), then, in front of
+    the pull's answer, a second Payload: the node reads past it to the answer (its bounds
+    raised by the reserved ticket), and verifies both."""
+    import blake3
+    import secrets
+
+    from handoff import wire
+    from handoff.codec import encode_body
+    from helpers import RawPeer
+
+    rust = await spawn_rust(
+        "rs-eager-holder", "--max-buffered-bytes-per-peer", str(1 << 20), "--pull-timeout-ms", "5000"
+    )
+    big = os.urandom(3 << 20)
+    small = os.urandom(1000)
+
+    def payload(i: int, data: bytes, frame) -> bytes:
+        body = encode_body(
+            {"id": i, "digest": Buffer(blake3.blake3(data).digest()), "data": Buffer(data), "prepare_seconds": 0.0},
+            frame_threshold=1,
+        ).body
+        return body, frame
+
+    def owner() -> list:
+        raw = RawPeer(rust.listen, timeout=30)
+        raw.handshake(SECRET, host="owner-host")
+        token = secrets.token_bytes(32)
+        ticket = wire.TicketDesc(len(big), raw.node_id, 1, token, blake3.blake3(big).digest(), 60_000)
+        body, _ = payload(1, big, None)
+        digest_frame = blake3.blake3(big).digest()
+        raw.send(wire.encode_message(wire.Msg("handoff.demo.Payload", body, [wire.Inline(32), ticket]), [digest_frame]))
+        got = []
+        while True:
+            h, frames = raw.read_message()
+            if isinstance(h, wire.Pull):
+                body2, _ = payload(2, small, None)
+                raw.send(
+                    wire.encode_message(
+                        wire.Msg("handoff.demo.Payload", body2, [wire.Inline(32), wire.Inline(len(small))]),
+                        [blake3.blake3(small).digest(), small],
+                    )
+                    + wire.encode_message(wire.Pulled(h.req, h.n))
+                    + big[h.off : h.off + h.n]
+                )
+            elif isinstance(h, wire.Msg) and h.t == "handoff.demo.Receipt":
+                got.append(h)
+                if len(got) == 2:
+                    raw.close()
+                    return got
+
+    started = asyncio.get_running_loop().time()
+    receipts = await asyncio.wait_for(asyncio.to_thread(owner), 20)
+    assert asyncio.get_running_loop().time() - started < 4.5, "the redemption waited for its pull to time out"
+    from handoff.codec import decode_body
+
+    bodies = [decode_body(r.b, []) for r in receipts]
+    assert [(b["id"], b["verified"]) for b in bodies] == [(1, True), (2, True)], bodies

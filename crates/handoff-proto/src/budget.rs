@@ -33,6 +33,8 @@ pub struct Budget {
 pub struct Account {
     bytes: AtomicU64,
     messages: AtomicUsize,
+    /// Of `bytes`, those of tickets taken ahead of their pull ([`Permit::try_expand_ahead`]).
+    tickets: AtomicU64,
 }
 
 impl Account {
@@ -45,6 +47,13 @@ impl Account {
     pub fn messages(&self) -> usize {
         self.messages.load(Ordering::Acquire)
     }
+
+    /// Of the bytes buffered now, those of tickets redeemed on receipt (room taken ahead of
+    /// their pull): the reader's bounds are raised by them while it waits for answers
+    /// ([`crate::receive::room_slack`]).
+    pub fn ticket_bytes(&self) -> u64 {
+        self.tickets.load(Ordering::Acquire)
+    }
 }
 
 /// Room taken from the budget; given back when dropped.
@@ -53,6 +62,8 @@ pub struct Permit {
     account: Arc<Account>,
     bytes: u64,
     messages: usize,
+    /// Of `bytes`, those of tickets taken ahead of their pull.
+    tickets: u64,
 }
 
 impl Budget {
@@ -121,6 +132,7 @@ impl Budget {
             account: account.clone(),
             bytes,
             messages,
+            tickets: 0,
         })
     }
 
@@ -153,7 +165,12 @@ impl Permit {
     /// up to the message limit gets through once the application has taken that peer's
     /// earlier messages.
     pub fn try_expand_ahead(&mut self, bytes: u64, behind: u64) -> bool {
-        self.expand(bytes, 0, 0, behind)
+        if !self.expand(bytes, 0, 0, behind) {
+            return false;
+        }
+        self.tickets += bytes;
+        self.account.tickets.fetch_add(bytes, Ordering::AcqRel);
+        true
     }
 
     fn expand(&mut self, bytes: u64, messages: usize, slack: u64, behind: u64) -> bool {
@@ -188,6 +205,9 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        if self.tickets > 0 {
+            self.account.tickets.fetch_sub(self.tickets, Ordering::AcqRel);
+        }
         self.budget.give_back(&self.account, self.bytes, self.messages);
     }
 }

@@ -108,10 +108,11 @@ impl<W> Established<W> {
     }
 
     /// Tries to take the room the last [`Step::Room`] needs; whether it was taken. While we
-    /// wait for answers on this connection the bounds are raised by one per-peer bound, so
-    /// that the answers behind the waiting message arrive.
+    /// wait for answers on this connection the bounds are raised by one per-peer bound (and
+    /// by the peer's tickets taken ahead of their pull), so that the answers behind the
+    /// waiting message arrive.
     pub fn try_take_room(&mut self, now: Instant) -> bool {
-        let slack = receive::room_slack(self.asking(), self.max_per_peer);
+        let slack = receive::room_slack(self.asking(), self.max_per_peer, self.inbound.ticket_bytes());
         self.inbound.try_take_room(slack, now)
     }
 

@@ -565,6 +565,11 @@ impl Inbound {
         }
     }
 
+    /// Bytes of this peer's tickets taken ahead of their pull (0 without a budget).
+    pub fn ticket_bytes(&self) -> u64 {
+        self.budget.as_ref().map_or(0, |(_, account)| account.ticket_bytes())
+    }
+
     /// Tries to take the room [`Step::Room`] asked for, at `now`, with the bounds raised by
     /// `slack` ([`receive::room_slack`]); whether it was taken. If not, the driver waits for
     /// the budget's waker (or a moment, if its slack can change) and tries again.

@@ -172,12 +172,14 @@ pub fn drain_after(error: &WireError) -> bool {
 /// requests wait on it: they change [`room_slack`] without the budget being told.
 pub const ROOM_RECHECK: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// How much a connection's bounds are raised while it waits for room: by one per-peer
-/// bound while this node waits for answers to its own ticket requests on it (those
-/// answers may lie behind the waiting message, spec §9.1), else not at all.
-pub fn room_slack(asking: bool, max_per_peer: u64) -> u64 {
+/// How much a connection's bounds are raised while it waits for room: while this node
+/// waits for answers to its own ticket requests on it (those answers may lie behind the
+/// waiting message, spec §9.1), by one per-peer bound and by the `tickets` bytes of that
+/// peer's tickets already taken ahead of their pull (a ticket admitted alone may be larger
+/// than the bound: its answer must still get through); else not at all.
+pub fn room_slack(asking: bool, max_per_peer: u64, tickets: u64) -> u64 {
     if asking {
-        max_per_peer
+        max_per_peer.saturating_add(tickets)
     } else {
         0
     }
@@ -303,8 +305,9 @@ mod tests {
         assert!(check_descriptors(2, 2).is_ok());
         assert!(stray_descriptors(1, 0).is_err());
         assert!(stray_descriptors(1, 5).is_ok(), "the next message may have brought it");
-        assert_eq!(room_slack(true, 7), 7);
-        assert_eq!(room_slack(false, 7), 0);
+        assert_eq!(room_slack(true, 7, 0), 7);
+        assert_eq!(room_slack(true, 7, 100), 107);
+        assert_eq!(room_slack(false, 7, 100), 0);
     }
 
     #[test]

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use handoff_wire::framing::encode_header_into;
 use handoff_wire::{Header, Preamble};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::client::WebPkiServerVerifier;
+use rustls::client::verify_server_cert_signed_by_trust_anchor;
+use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, WebPkiSupportedAlgorithms};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use rustls::server::WebPkiClientVerifier;
+use rustls::server::{ParsedCertificate, WebPkiClientVerifier};
 use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
 
 /// What the accepting side of a plain connection tells a peer when it requires TLS.
@@ -35,14 +36,20 @@ impl Configs {
     /// private key (PKCS#8, PKCS#1 or SEC1), and one or more CA certificates. The error says
     /// which of the three is wrong, and how.
     pub fn from_pem(cert_chain: &[u8], key: &[u8], ca: &[u8]) -> Result<Configs, String> {
-        Configs::from_pem_checking(cert_chain, key, ca, NameCheck::Name)
+        Configs::from_pem_with(cert_chain, key, ca, Policy::default())
     }
 
-    /// [`Configs::from_pem`], with the connecting side's check of the accepting side's
-    /// certificate as `check` says: its chain and its name, or its chain alone (as Dask's
+    /// [`Configs::from_pem`], with the `policy` given: the connecting side's check of the
+    /// accepting side's certificate (its chain and its name, or its chain alone, as Dask's
     /// TLS does: its nodes are dialed by IP address, and their certificates need not name
-    /// it).
-    pub fn from_pem_checking(cert_chain: &[u8], key: &[u8], ca: &[u8], check: NameCheck) -> Result<Configs, String> {
+    /// it), and whether TLS 1.2 is allowed besides 1.3.
+    pub fn from_pem_with(cert_chain: &[u8], key: &[u8], ca: &[u8], policy: Policy) -> Result<Configs, String> {
+        let check = policy.name_check;
+        let versions: &[&'static rustls::SupportedProtocolVersion] = if policy.tls13_only {
+            &[&rustls::version::TLS13]
+        } else {
+            rustls::DEFAULT_VERSIONS
+        };
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_chain)
             .collect::<Result<_, _>>()
             .map_err(|e| format!("TLS certificate chain: not PEM certificates: {e}"))?;
@@ -65,18 +72,14 @@ impl Configs {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let misfit = |e: rustls::Error| format!("TLS: the key does not fit the certificate: {e}");
         let client = ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(versions)
             .map_err(|e| format!("TLS: {e}"))?;
         let client = match check {
             NameCheck::Name => client.with_root_certificates(roots.clone()),
-            NameCheck::ChainOnly => {
-                let webpki = WebPkiServerVerifier::builder_with_provider(roots.clone(), provider.clone())
-                    .build()
-                    .map_err(|e| format!("TLS CA: {e}"))?;
-                client
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
-            }
+            NameCheck::ChainOnly => client.dangerous().with_custom_certificate_verifier(Arc::new(ChainOnly {
+                roots: roots.clone(),
+                algorithms: provider.signature_verification_algorithms,
+            })),
         }
         .with_client_auth_cert(chain.clone(), key.clone_key())
         .map_err(misfit)?;
@@ -84,7 +87,7 @@ impl Configs {
             .build()
             .map_err(|e| format!("TLS CA: {e}"))?;
         let server = ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(versions)
             .map_err(|e| format!("TLS: {e}"))?
             .with_client_cert_verifier(verifier)
             .with_single_cert(chain, key)
@@ -93,6 +96,24 @@ impl Configs {
             client: Arc::new(client),
             server: Arc::new(server),
         })
+    }
+}
+
+/// What a node's TLS allows and checks, beyond mutual TLS from one CA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Policy {
+    /// What a connecting side checks of the accepting side's certificate.
+    pub name_check: NameCheck,
+    /// TLS 1.3 only (else 1.2 too).
+    pub tls13_only: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy {
+            name_check: NameCheck::Name,
+            tls13_only: false,
+        }
     }
 }
 
@@ -106,29 +127,27 @@ pub enum NameCheck {
     ChainOnly,
 }
 
-/// A verifier that checks the chain as rustls's WebPKI verifier does and takes a
-/// certificate that does not name the dialed host (that check comes after the chain's).
+/// A verifier that checks the certificate's chain up to a trusted CA (its signatures,
+/// dates and server-auth usage: rustls's `verify_server_cert_signed_by_trust_anchor`) and
+/// not its name; the handshake's signatures as rustls's WebPKI verifier checks them.
 #[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
+struct ChainOnly {
+    roots: Arc<RootCertStore>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
 
 impl ServerCertVerifier for ChainOnly {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp_response: &[u8],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
+        let cert = ParsedCertificate::try_from(end_entity)?;
+        verify_server_cert_signed_by_trust_anchor(&cert, &self.roots, intermediates, now, self.algorithms.all)?;
+        Ok(ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
@@ -137,7 +156,7 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        verify_tls12_signature(message, cert, dss, &self.algorithms)
     }
 
     fn verify_tls13_signature(
@@ -146,11 +165,11 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        verify_tls13_signature(message, cert, dss, &self.algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.algorithms.supported_schemes()
     }
 }
 

@@ -387,7 +387,8 @@ impl Sim {
                 Ok(Step::Room { .. }) => {
                     let node = &self.nodes[to];
                     let asking = to != OWNER && from == OWNER && !node.requests.is_empty();
-                    let slack = receive::room_slack(asking, node.budget.max_per_peer());
+                    let tickets = self.streams.get(&key).map_or(0, |s| s.inbound.ticket_bytes());
+                    let slack = receive::room_slack(asking, node.budget.max_per_peer(), tickets);
                     let budget = node.budget.clone();
                     let s = self.streams.get_mut(&key).expect("present");
                     if !s.inbound.try_take_room(slack, now) {

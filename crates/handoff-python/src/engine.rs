@@ -256,7 +256,8 @@ impl Engine {
     /// arguments. With `shm_private` each received frame of a same-host peer's segment is a
     /// private, writable (copy-on-write) mapping of its own, as `handoff.Node(shm_private=True)`
     /// gives Dask writable arrays. With `tls_check_name` false a dialing node checks the
-    /// accepting node's certificate chain and not its name, as Dask's TLS does.
+    /// accepting node's certificate chain and not its name, as Dask's TLS does;
+    /// `tls_min_version` "1.3" allows TLS 1.3 only (default "1.2": 1.2 and 1.3).
     #[new]
     #[pyo3(signature = (name, secret, *, host_id=None, capabilities=None, listen=None, unix=None,
                         accept_v1=false, accept_v2=false, handshake_timeout=None,
@@ -266,7 +267,8 @@ impl Engine {
                         tls_ca=None, tls_server_name=None, ticket_threshold=None,
                         lease_ttl=None, max_lease_bytes=None, write_timeout=None,
                         tcp_timeout=None, bounds=None, shm_private=false, limits=None,
-                        max_lease_bytes_per_peer=None, tls_check_name=true))]
+                        max_lease_bytes_per_peer=None, tls_check_name=true,
+                        tls_min_version=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -297,18 +299,30 @@ impl Engine {
         limits: Option<std::collections::HashMap<String, u64>>,
         max_lease_bytes_per_peer: Option<u64>,
         tls_check_name: bool,
+        tls_min_version: Option<String>,
     ) -> PyResult<Engine> {
         let tls = match (tls_cert_chain, tls_key, tls_ca) {
             (None, None, None) => None,
             (Some(chain), Some(key), Some(ca)) => {
-                let check = if tls_check_name {
-                    handoff_proto::tls::NameCheck::Name
-                } else {
-                    handoff_proto::tls::NameCheck::ChainOnly
+                use handoff_proto::tls::{Configs, NameCheck, Policy};
+                let policy = Policy {
+                    name_check: if tls_check_name {
+                        NameCheck::Name
+                    } else {
+                        NameCheck::ChainOnly
+                    },
+                    tls13_only: match tls_min_version.as_deref() {
+                        None | Some("1.2") => false,
+                        Some("1.3") => true,
+                        Some(other) => {
+                            return Err(PyValueError::new_err(format!(
+                                "tls_min_version is \"1.2\" or \"1.3\", not {other:?}"
+                            )))
+                        }
+                    },
                 };
                 Some(Tls {
-                    configs: handoff_proto::tls::Configs::from_pem_checking(&chain, &key, &ca, check)
-                        .map_err(PyValueError::new_err)?,
+                    configs: Configs::from_pem_with(&chain, &key, &ca, policy).map_err(PyValueError::new_err)?,
                     server_name: tls_server_name,
                 })
             }

@@ -21,6 +21,8 @@ mod tls;
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // How often a wait for room looks again at what the budget is not told of (seconds).
+    m.add("ROOM_RECHECK", handoff_proto::receive::ROOM_RECHECK.as_secs_f64())?;
     m.add_class::<plain::PlainCodec>()?;
     m.add_class::<engine::Engine>()?;
     m.add_class::<connection::Connection>()?;

@@ -395,14 +395,24 @@ async fn redeem_all(node: &NodeInner, envelope: &mut Envelope, behind: &AtomicU6
         .sum();
     if tickets > 0 {
         if let Some(permit) = envelope.permit.as_mut() {
-            node.ctx
+            // Room given back wakes it; so does, within `ROOM_RECHECK`, a message queued
+            // behind it (which the budget is not told of) or the node shutting down.
+            let room = node
+                .ctx
                 .budget
-                .wait_for(None, || {
+                .wait_for(Some(receive::ROOM_RECHECK), || {
+                    if node.ctx.shut_down.load(Ordering::Acquire) {
+                        return Some(false);
+                    }
                     permit
                         .try_expand_ahead(tickets, behind.load(Ordering::Acquire))
-                        .then_some(())
+                        .then_some(true)
                 })
                 .await;
+            if !room {
+                envelope.payload = Payload::Failed(Box::new(Error::NodeClosed));
+                return;
+            }
         }
     }
     for frame in frames.iter_mut() {

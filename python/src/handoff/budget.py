@@ -24,7 +24,7 @@ application takes, only for all but one to wait again.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from typing import Any, Callable, Union
 
 from .bounds import Bounds
 from .errors import PeerClosed
@@ -58,8 +58,11 @@ class Budget:
             return account  # a new message, and this peer has as many waiting as it may
         if account.buffered + n <= self.share:
             return False  # small messages are never stuck behind another peer's large one
-        per_peer = self.per_peer * 2 if over else self.per_peer
-        limit = self.limit + self.per_peer if over else self.limit
+        # Over: one more per-peer bound, and the peer's tickets taken ahead of their pull
+        # (one admitted alone may be larger than the bound: its answer must still come).
+        tickets = getattr(account, "tickets", 0) if over else 0
+        per_peer = self.per_peer * 2 + tickets if over else self.per_peer
+        limit = self.limit + self.per_peer + tickets if over else self.limit
         if not (account.buffered + n <= per_peer or account.buffered == own):
             return account
         if not (self.total + n <= limit or self.total == own):
@@ -76,13 +79,18 @@ class Budget:
         self.total += n
         return True
 
-    async def admit(self, account: Any, n: int, own: int = 0, over: Callable[[], bool] = bool) -> None:
+    async def admit(
+        self, account: Any, n: int, own: Union[int, Callable[[], int]] = 0, over: Callable[[], bool] = bool
+    ) -> None:
         """Charges ``n`` bytes to ``account``, waiting for room first (see the module).
 
-        ``over()`` says whether the account may go over the bounds now (it has requests
-        of this node outstanding); it is asked again each time room may have appeared."""
+        ``own``: bytes of the same message charged already (it is alone when they are all
+        its peer has), or what says them now. ``over()`` says whether the account may go
+        over the bounds now (it has requests of this node outstanding). Both are asked
+        again each time room may have appeared."""
+        own_now = own if callable(own) else (lambda: own)
         while True:
-            blocker = self._blocker(account, n, own, over())
+            blocker = self._blocker(account, n, own_now(), over())
             if blocker is False:
                 break
             if account.closed:
@@ -99,7 +107,7 @@ class Budget:
                     if not waiters and self._waiting.get(key) is waiters:
                         del self._waiting[key]
         account.buffered += n
-        if own == 0:
+        if not callable(own) and own == 0:
             account.messages += 1
         self.total += n
 
@@ -114,10 +122,21 @@ class Budget:
 
     def release_env(self, env: Any) -> None:
         """Gives back what a delivered (or dropped) envelope was charged."""
+        tickets = getattr(env, "ticket_charge", 0)
+        if tickets:
+            env.ticket_charge = 0
+            env.sender.tickets -= tickets
         charge = getattr(env, "charge", 0)
         if charge:
             env.charge = 0
             self.release(env.sender, charge)
+
+    def poke(self, account: Any) -> None:
+        """Lets the waits that ``account``'s state may now let through check again (a
+        message queued behind a ticket that waits to be admitted alone)."""
+        if self._waiting:
+            self._wake(id(account))
+            self._wake(None)
 
     def _wake(self, key: Any) -> None:
         for room in self._waiting.pop(key, ()):

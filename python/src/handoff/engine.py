@@ -144,13 +144,17 @@ class Driver:
         if received.reserve(need, behind()):
             return
         # Counted as waiting before trying again: room given back from now on fires the
-        # wake pipe, whose handler wakes the future made before this task yields.
+        # wake pipe, whose handler wakes the future made before this task yields. A message
+        # queued behind it (which the budget is not told of) is seen within ROOM_RECHECK.
         self.engine.wait_for_room(True)
         try:
             while not received.reserve(need, behind()):
                 if self._room is None or self._room.done():
                     self._room = self.loop.create_future()
-                await asyncio.shield(self._room)
+                try:
+                    await asyncio.wait_for(asyncio.shield(self._room), _native.ROOM_RECHECK)
+                except TimeoutError:
+                    pass
         finally:
             self.engine.wait_for_room(False)
 

@@ -189,7 +189,12 @@ class EngineNode(Node):
             for name, path in zip(("tls_cert_chain", "tls_key", "tls_ca"), self.tls.files):
                 with open(path, "rb") as f:
                     pem[name] = f.read()
-        return {**pem, "tls_server_name": self.tls.server_name, "tls_check_name": self.tls.check_name}
+        return {
+            **pem,
+            "tls_server_name": self.tls.server_name,
+            "tls_check_name": self.tls.check_name,
+            "tls_min_version": self.tls.min_version,
+        }
 
     def _make_engine(self) -> "eng.Engine":
         b = self.bounds

@@ -288,6 +288,9 @@ class Peer(PeerBase):
         self._queued = 0
         #: What the messages in ``_deliveries`` are charged (they wait behind the one redeemed).
         self._queued_charge = 0
+        #: Of :attr:`buffered`, the bytes of tickets redeemed on receipt, charged ahead of
+        #: their pull (the reader's bounds are raised by them while it waits for answers).
+        self.tickets = 0
         #: Bytes of this peer's messages buffered and not yet taken by the application (§9.1).
         self.buffered = 0
         #: How many messages those are.
@@ -858,6 +861,7 @@ class Peer(PeerBase):
         self._queued += 1
         self._queued_charge += env.charge
         self._deliveries.put_nowait(env)  # bounded by the buffered bytes each message is charged
+        self.node._budget.poke(self)  # a ticket waiting ahead of it may be alone now
 
     async def _delivery_loop(self) -> None:
         """Delivers queued messages in order, redeeming their tickets first (eager redemption)."""
@@ -890,8 +894,12 @@ class Peer(PeerBase):
             if f.kind == "ticket" and isinstance(f.view, Ticket) and not f.view.desc.lazy
         )
         if need and env.charge:
-            await self.node._budget.admit(self, need, own=env.charge + self._queued_charge)
+            # (Alone: what the peer has buffered is this message and those queued behind it,
+            # as they are each time the budget looks.)
+            await self.node._budget.admit(self, need, own=lambda: env.charge + self._queued_charge)
             env.charge += need
+            env.ticket_charge = need
+            self.tickets += need
 
     async def _on_pulled(self, h: wire.Pulled) -> None:
         entry = self.pending.get(h.req)

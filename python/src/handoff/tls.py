@@ -77,6 +77,9 @@ class TlsConfig:
     #: host it dialed (or :attr:`server_name`), or its chain only (Dask's contexts: its
     #: nodes are dialed by IP address).
     check_name: bool = True
+    #: The oldest TLS version allowed: ``"1.2"`` (1.2 and 1.3) or ``"1.3"``. A node on the
+    #: engine keeps it (rustls); the Python implementation keeps its contexts' own.
+    min_version: str = "1.2"
 
     @classmethod
     def from_files(cls, cert_chain: _Path, key: _Path, ca: _Path, server_name: Optional[str] = None) -> "TlsConfig":

@@ -40,13 +40,18 @@ def tls_from_connection_args(connection_args: dict, server: bool) -> Optional[Tl
             f"handoff:// expects an ssl.SSLContext as ssl_context (check the TLS configuration), got {ctx!r}"
         )
     pem = _pem_of(_settings_behind(ctx))
-    # Dask's contexts check the chain, not the name (check_hostname off): so does the engine.
-    check_name = bool(ctx.check_hostname)
+    if pem is not None and not _same_cas(pem[2], ctx):
+        pem = None  # (settings that name other CAs than the context trusts: not its own)
+    # What the engine keeps of the context's policy: Dask's contexts check the chain, not
+    # the name (check_hostname off), and its tls.min-version may be 1.3.
+    policy = {
+        "pem": pem,
+        "check_name": bool(ctx.check_hostname),
+        "min_version": "1.3" if ctx.minimum_version == ssl.TLSVersion.TLSv1_3 else "1.2",
+    }
     if server:
-        return TlsConfig(server=ctx, pem=pem, check_name=check_name)
-    return TlsConfig(
-        client=ctx, server_name=connection_args.get("server_hostname") or None, pem=pem, check_name=check_name
-    )
+        return TlsConfig(server=ctx, **policy)
+    return TlsConfig(client=ctx, server_name=connection_args.get("server_hostname") or None, **policy)
 
 
 #: Dask's servers and clients, and the role their TLS settings are for.
@@ -130,6 +135,19 @@ def _first_certificate(cert: str) -> Optional[bytes]:
         return ssl.PEM_cert_to_DER_cert(text[begin:end])
     except (OSError, ValueError):
         return None
+
+
+def _same_cas(ca_pem: bytes, ctx: ssl.SSLContext) -> bool:
+    """Whether ``ca_pem`` holds the CA certificates ``ctx`` trusts."""
+    text = ca_pem.decode("ascii", "replace")
+    marker, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    ours = set()
+    at = text.find(marker)
+    while at >= 0:
+        stop = text.index(end, at) + len(end)
+        ours.add(ssl.PEM_cert_to_DER_cert(text[at:stop]))
+        at = text.find(marker, stop)
+    return ours == set(ctx.get_ca_certs(binary_form=True))
 
 
 def _pem_of(settings: Optional[dict]) -> Optional[tuple]:
