@@ -12,8 +12,9 @@ is reached, so that another peer's large (or slowly trickling) message delays no
 
 While a connection has requests of this node outstanding (pulls, forwards), its reader
 may go over the bounds — up to twice the per-peer bound for that peer and one per-peer
-bound over the total — so that a ``pulled`` this node waits for is never stuck behind
-a message that waits for room held by the message that waits for the ``pulled``.
+bound over the total, each raised by that peer's tickets charged ahead of their pull —
+so that a ``pulled`` this node waits for is never stuck behind a message that waits for
+room held by the message that waits for the ``pulled``.
 
 A reader that waits because of its own peer's bounds (bytes or messages) is woken when
 that peer's messages are released, not by every release: a flood spread over many
