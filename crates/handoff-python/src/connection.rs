@@ -169,8 +169,15 @@ pub struct Connection {
     opening: bool,
 }
 
+/// An `OSError` that says what failed, with the system's errno where there is one: Python
+/// makes it the subclass the errno names (`ConnectionResetError` for `ECONNRESET`, …), as
+/// a socket's own error is, so that Dask sees what its TCP comm would raise.
 fn io_error(what: &str, e: std::io::Error) -> PyErr {
-    PyOSError::new_err(format!("{what}: {e}"))
+    let message = format!("{what}: {e}");
+    match e.raw_os_error() {
+        Some(errno) => PyOSError::new_err((errno, message)),
+        None => PyOSError::new_err(message),
+    }
 }
 
 #[pymethods]

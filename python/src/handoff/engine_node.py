@@ -416,6 +416,11 @@ class EnginePeer(PeerBase):
         """Whether the connection runs inside TLS (spec §3.1)."""
         return self.ec.conn.tls
 
+    def fileno(self) -> int:
+        """The connection's socket descriptor, to look at (its options, its addresses); the
+        engine reads and writes it, nothing else may."""
+        return self.ec._fd
+
     @property
     def failure(self) -> Optional[OSError]:
         """The ``OSError`` that ended the connection, if one did (see ``Peer.failure``)."""

@@ -322,6 +322,11 @@ class Peer(PeerBase):
         """Whether the connection runs inside TLS (spec §3.1)."""
         return bool(self.transport.tls)
 
+    def fileno(self) -> int:
+        """The connection's socket descriptor, to look at (its options, its addresses); the
+        node reads and writes it, nothing else may."""
+        return self.transport.sock.fileno()
+
     @property
     def failure(self) -> Optional[OSError]:
         """The ``OSError`` that ended the connection (a reset, ``ETIMEDOUT`` from keepalive

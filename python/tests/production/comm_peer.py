@@ -24,11 +24,12 @@ from distributed.comm import listen
 
 
 def _tcp_socket(comm) -> socket.socket:
-    """The TCP socket under a comm of either scheme."""
+    """The TCP socket under a comm of either scheme (for handoff, a duplicate of the
+    connection's descriptor: options set on it are the connection's)."""
     stream = getattr(comm, "stream", None)
     if stream is not None:
         return stream.socket
-    return comm.peer.transport.sock
+    return socket.socket(fileno=os.dup(comm.peer.fileno()))
 
 
 async def _serve(comm) -> None:

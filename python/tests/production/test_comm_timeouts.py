@@ -12,6 +12,7 @@ the options of the sockets at both ends.
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 
 import dask
@@ -27,15 +28,16 @@ _OPTIONS = {
 }
 
 
-def _sock(comm) -> socket.socket:
-    stream = getattr(comm, "stream", None)
-    return stream.socket if stream is not None else comm.peer.transport.sock
-
-
 def _options(comm) -> dict:
-    s = _sock(comm)
-    assert s.family in (socket.AF_INET, socket.AF_INET6), s
-    return {name: s.getsockopt(level, opt) for name, (level, opt) in _OPTIONS.items()}
+    stream = getattr(comm, "stream", None)
+    # (handoff's connection: a look at its descriptor, through a duplicate of our own.)
+    s = stream.socket if stream is not None else socket.socket(fileno=os.dup(comm.peer.fileno()))
+    try:
+        assert s.family in (socket.AF_INET, socket.AF_INET6), s
+        return {name: s.getsockopt(level, opt) for name, (level, opt) in _OPTIONS.items()}
+    finally:
+        if stream is None:
+            s.close()
 
 
 async def _socket_options(scheme: str, timeout: str) -> dict:
@@ -102,7 +104,6 @@ async def test_the_backends_own_timeouts_come_from_dask_config():
             try:
                 for node in (comm.peer.node, listener.node):
                     assert (node.bounds.progress_timeout, node.bounds.write_timeout) == (7.0, 45.0)
-                    assert comm.peer.transport.bounds.progress_timeout == 7.0
             finally:
                 await comm.close()
         finally:
