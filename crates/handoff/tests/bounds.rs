@@ -30,6 +30,18 @@ async fn node(name: &str, bounds: Bounds) -> Node {
         .unwrap()
 }
 
+/// A node that sends buffers of 64 KiB and more to TCP peers as tickets.
+async fn ticket_sender(name: &str) -> Node {
+    Node::builder(name)
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .register::<Chunk>()
+        .ticket_threshold(Some(64 << 10))
+        .build()
+        .await
+        .unwrap()
+}
+
 fn chunk(from: &str, seq: u64, len: usize) -> Chunk {
     Chunk {
         from: from.into(),
@@ -240,14 +252,7 @@ async fn a_flood_of_eager_tickets_waits_for_room_before_it_is_pulled() {
         },
     )
     .await;
-    let flooder = Node::builder("ticket-flooder")
-        .secret(SECRET)
-        .listen("127.0.0.1:0")
-        .register::<Chunk>()
-        .ticket_threshold(Some(64 << 10))
-        .build()
-        .await
-        .unwrap();
+    let flooder = ticket_sender("ticket-flooder").await;
     let to_receiver = flooder
         .connect_with(receiver.listen_addr().unwrap(), Some(Channel::Tcp))
         .await
@@ -300,14 +305,7 @@ async fn a_ticket_larger_than_the_bound_is_redeemed_ahead_of_the_messages_behind
         },
     )
     .await;
-    let sender = Node::builder("big-ticket-sender")
-        .secret(SECRET)
-        .listen("127.0.0.1:0")
-        .register::<Chunk>()
-        .ticket_threshold(Some(64 << 10))
-        .build()
-        .await
-        .unwrap();
+    let sender = ticket_sender("big-ticket-sender").await;
     let peer = sender
         .connect_with(receiver.listen_addr().unwrap(), Some(Channel::Tcp))
         .await

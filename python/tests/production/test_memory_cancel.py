@@ -41,6 +41,10 @@ def slow_first_copy(monkeypatch):
     pool().clear()
 
 
+@pytest.mark.pure_only(
+    "slows the Python implementation's copy thread (handoff.pool.Segment.write); the engine copies inside "
+    "its send, where no cancellation lands"
+)
 async def test_a_send_cancelled_during_its_copy_does_not_overwrite_the_next_one(slow_first_copy):
     accepted: list = []
     async with (
@@ -65,6 +69,10 @@ async def test_a_send_cancelled_during_its_copy_does_not_overwrite_the_next_one(
         gc.collect()
 
 
+@pytest.mark.pure_only(
+    "slows the Python implementation's copy thread (handoff.pool.Segment.write); the engine copies inside "
+    "its send, where no cancellation lands"
+)
 async def test_a_dask_write_cancelled_during_its_copy_does_not_overwrite_the_next_one(slow_first_copy):
     dask = pytest.importorskip("dask")
     from distributed.comm import connect, listen

@@ -76,6 +76,11 @@ def copy_waits_for_a_kill(monkeypatch):
     return dead
 
 
+@pytest.mark.pure_only(
+    "slows the Python implementation's copy thread (handoff.pool.Segment.write); the engine copies inside "
+    "its send, and a killed receiver's segments coming back is test_connections' "
+    "test_segments_held_by_a_killed_process_come_back_to_the_pool, on both"
+)
 async def test_a_receiver_killed_during_a_large_copy_leaves_no_segment(copy_waits_for_a_kill):
     pool().clear()
     fds_before, shmem_before = memfds(), shmem()

@@ -78,6 +78,9 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.engine_gap(
+    "the engine's segment pool and mapping cache give nothing back near Dask's memory limits (no idle time, no memory-pressure release as the Python implementation's pool and mapping cache have), so a worker pauses where tcp:// does not"
+)
 def test_memory_limited_workers_neither_pause_nor_restart_and_hold_what_tcp_holds(run_program):
     env = {"HANDOFF_SHM_POOL_IDLE_SECONDS": "1", "HANDOFF_SHM_KEEP_SECONDS": "1"}
     got = {scheme: run_program(PROGRAM, scheme, env=env, timeout=150) for scheme in ("tcp", "handoff")}
