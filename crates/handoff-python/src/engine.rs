@@ -574,6 +574,21 @@ impl Engine {
         Ok(d)
     }
 
+    /// Gives idle shared memory back to the host: the pool's segments idle for
+    /// `HANDOFF_SHM_POOL_IDLE_SECONDS` (default 10) and this node's mappings no view has
+    /// used for `HANDOFF_SHM_KEEP_SECONDS` (default 10), the knobs of the Python
+    /// implementation's pool and mapping cache. Returns how long until it should run again
+    /// (seconds): the driver runs it from a timer.
+    fn sweep_idle(&self) -> f64 {
+        handoff_proto::shm::IdleTimes::from_env()
+            .sweep(
+                handoff_proto::shm::SegmentPool::global(),
+                &self.shared.mappings,
+                std::time::Instant::now(),
+            )
+            .as_secs_f64()
+    }
+
     /// A redemption waits for room in the receive budget (the wake pipe fires when room is
     /// given back), or stops waiting.
     fn wait_for_room(&self, waiting: bool) {

@@ -158,6 +158,7 @@ impl NodeBuilder {
         }
         tokio::spawn(unlease_loop(Arc::downgrade(&inner), unlease_rx));
         tokio::spawn(reap_expired(Arc::downgrade(&inner)));
+        tokio::spawn(sweep_idle_shm(Arc::downgrade(&inner)));
         tracing::info!(node = %inner.ctx.me.name, host = %inner.ctx.me.host_id, listen = ?inner.ctx.listen_addr, "node started");
         Ok(Node {
             inner: inner.clone(),
@@ -415,5 +416,25 @@ impl std::fmt::Debug for Node {
             .field("host_id", &self.inner.ctx.me.host_id)
             .field("listen", &self.inner.ctx.listen_addr)
             .finish()
+    }
+}
+
+/// Gives idle shared memory back to the host from time to time, until the node goes: the
+/// pool's segments and this node's mappings idle past their time
+/// (`handoff_proto::shm::IdleTimes`, the same sweep the asyncio driver runs).
+async fn sweep_idle_shm(node: std::sync::Weak<NodeInner>) {
+    loop {
+        let wait = {
+            let Some(node) = node.upgrade() else { return };
+            if node.ctx.is_shut_down() {
+                return;
+            }
+            handoff_proto::shm::IdleTimes::from_env().sweep(
+                crate::shm::pool(),
+                &node.ctx.mappings,
+                std::time::Instant::now(),
+            )
+        };
+        tokio::time::sleep(wait).await;
     }
 }

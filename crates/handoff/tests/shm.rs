@@ -281,3 +281,38 @@ async fn the_socket_and_its_folder_are_private() {
         "the socket is removed at shutdown"
     );
 }
+
+/// Idle shared memory goes back to the host after its idle time
+/// (`HANDOFF_SHM_POOL_IDLE_SECONDS`, `HANDOFF_SHM_KEEP_SECONDS`): the sender's segment that
+/// no peer maps any more is retired, and the receiver's mapping of it dropped.
+#[tokio::test]
+async fn idle_segments_and_mappings_are_given_back_after_their_idle_time() {
+    // (Each test is a process of its own under nextest; set before the nodes start.)
+    std::env::set_var("HANDOFF_SHM_POOL_IDLE_SECONDS", "0.3");
+    std::env::set_var("HANDOFF_SHM_KEEP_SECONDS", "0.3");
+    let a = node("idle-a").await;
+    let b = node("idle-b").await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    assert_eq!(peer.channel(), Channel::Shm);
+    let data = filled(1 << 20, 9);
+    let pool_id = segment_info(&data).unwrap().pool_id.unwrap();
+    peer.send(Frame {
+        seq: 1,
+        data: data.clone(),
+        small: Buffer::from_static(b"x"),
+    })
+    .await
+    .unwrap();
+    let got: Frame = b.recv_timeout(T).await.unwrap().decode().unwrap();
+    assert_eq!(got.data, data);
+    assert!(b.mapped_bytes() >= 1 << 20);
+    let retired = shm::pool().stats().retired;
+    drop((data, got));
+    wait_until("the segment comes back to the pool", || shm::pool().is_idle(pool_id)).await;
+    wait_until("it is retired after its idle time", || {
+        shm::pool().stats().retired > retired
+    })
+    .await;
+    assert!(!shm::pool().is_idle(pool_id));
+    wait_until("the receiver's mapping is dropped", || b.mapped_bytes() == 0).await;
+}

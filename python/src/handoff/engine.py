@@ -110,6 +110,8 @@ class Driver:
         self.dial: Optional[Callable[[str, float], Awaitable["EngineConnection"]]] = None
         self._lease_room: Optional[asyncio.Future] = None
         self._room: Optional[asyncio.Future] = None
+        #: Gives idle shared memory back to the host from time to time (Engine.sweep_idle).
+        self._sweeper: Optional[asyncio.TimerHandle] = self.loop.call_later(engine.sweep_idle(), self._sweep)
         self._expiry: Optional[asyncio.TimerHandle] = None
         self.loop.add_reader(self._wake_fd, self._on_wake)
 
@@ -342,8 +344,14 @@ class Driver:
             "mapped_bytes": self.engine.mapped_bytes,
         }
 
+    def _sweep(self) -> None:
+        self._sweeper = self.loop.call_later(self.engine.sweep_idle(), self._sweep)
+
     def close(self) -> None:
         """Closes every connection and stops watching the wake pipe."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for c in list(self.connections):
             c.close()
         if self._expiry is not None:

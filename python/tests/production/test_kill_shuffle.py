@@ -126,9 +126,6 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.engine_gap(
-    "the engine's segment pool and mapping cache keep idle segments and mappings with no idle time (HANDOFF_SHM_POOL_IDLE_SECONDS, HANDOFF_SHM_KEEP_SECONDS), so a live worker still holds some after the work is released"
-)
 def test_workers_killed_during_a_shuffle_give_a_correct_result_and_leak_no_shared_memory(run_program):
     env = {"HANDOFF_SHM_POOL_IDLE_SECONDS": "1", "HANDOFF_SHM_KEEP_SECONDS": "1"}
     got = {scheme: run_program(PROGRAM, scheme, env=env, timeout=420) for scheme in ("tcp", "handoff")}

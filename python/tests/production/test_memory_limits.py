@@ -79,7 +79,8 @@ if __name__ == "__main__":
 
 
 @pytest.mark.engine_gap(
-    "the engine's segment pool and mapping cache give nothing back near Dask's memory limits (no idle time, no memory-pressure release as the Python implementation's pool and mapping cache have), so a worker pauses where tcp:// does not"
+    "the engine's pool and mapping cache give idle memory back on a timer only, not when Dask nears its "
+    "memory limits as the Python implementation's do: a worker holds more than on tcp:// and pauses"
 )
 def test_memory_limited_workers_neither_pause_nor_restart_and_hold_what_tcp_holds(run_program):
     env = {"HANDOFF_SHM_POOL_IDLE_SECONDS": "1", "HANDOFF_SHM_KEEP_SECONDS": "1"}

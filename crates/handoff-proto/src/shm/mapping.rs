@@ -17,6 +17,7 @@ use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use memmap2::{Mmap, MmapMut, MmapOptions};
 use rustix::fs::SealFlags;
@@ -137,6 +138,8 @@ pub struct MapError(pub String);
 struct Entry {
     mapping: Arc<Mapping>,
     last_used: u64,
+    /// When a sweep first found no view using it ([`MappingCache::forget_idle_for`]).
+    idle_since: Option<Instant>,
 }
 
 /// Mappings of received segments, reused while the segment lives.
@@ -264,6 +267,7 @@ impl MappingCache {
             });
             if let Some(entry) = reuse {
                 entry.last_used = tick;
+                entry.idle_since = None;
                 let at = (offset - entry.mapping.file_offset) as usize;
                 let mapping = entry.mapping.clone();
                 drop(entries);
@@ -281,6 +285,7 @@ impl MappingCache {
         entries.entry(inode).or_default().push(Entry {
             mapping: mapping.clone(),
             last_used: tick,
+            idle_since: None,
         });
         evict(&mut entries, self.max_idle_bytes);
         drop(entries);
@@ -330,6 +335,29 @@ impl MappingCache {
             list.retain(|e| Arc::strong_count(&e.mapping) > 1);
         }
         entries.retain(|_, list| !list.is_empty());
+    }
+
+    /// Drops the mappings no view has used for `keep` or longer at `now`, as far as the
+    /// sweeps can tell (a mapping is idle from the first sweep that finds no view using it);
+    /// whether idle mappings are left (then sweep again). A driver calls it from a timer, as
+    /// the Python implementation's mapping cache does with `HANDOFF_SHM_KEEP_SECONDS`.
+    pub fn forget_idle_for(&self, now: Instant, keep: Duration) -> bool {
+        let mut entries = self.entries.lock().expect("mapping cache lock");
+        let mut left = false;
+        for list in entries.values_mut() {
+            list.retain_mut(|e| {
+                if Arc::strong_count(&e.mapping) > 1 {
+                    e.idle_since = None;
+                    return true;
+                }
+                let since = *e.idle_since.get_or_insert(now);
+                let keep_it = now.saturating_duration_since(since) < keep;
+                left |= keep_it;
+                keep_it
+            });
+        }
+        entries.retain(|_, list| !list.is_empty());
+        left
     }
 
     /// Bytes mapped now.
@@ -433,5 +461,21 @@ mod tests {
         assert!(err.0.contains("the received file has 4096"), "{}", err.0);
         let err = cache.map_private(dup(&fd), 4096, true, 0, 10).unwrap_err();
         assert!(err.0.contains("claims a sealed segment"), "{}", err.0);
+    }
+
+    #[test]
+    fn a_mapping_no_view_uses_is_forgotten_after_the_keep_time() {
+        let cache = MappingCache::new(1 << 30);
+        let fd = segment(64 << 10, 1);
+        let (view, _) = cache.map(dup(&fd), 64 << 10, false, 0, 100).unwrap();
+        let keep = Duration::from_secs(10);
+        let t0 = Instant::now();
+        assert!(!cache.forget_idle_for(t0, keep), "in use: nothing idle");
+        drop(view);
+        assert!(cache.forget_idle_for(t0, keep), "idle from this sweep on");
+        assert!(cache.forget_idle_for(t0 + keep / 2, keep), "kept until its time");
+        assert_eq!(cache.mapped_bytes(), 64 << 10);
+        assert!(!cache.forget_idle_for(t0 + keep, keep), "then forgotten");
+        assert_eq!(cache.mapped_bytes(), 0);
     }
 }

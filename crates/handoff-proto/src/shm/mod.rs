@@ -8,10 +8,12 @@
 //! drivers (tokio and asyncio) share this module.
 
 pub mod buffers;
+pub mod idle;
 pub mod leases;
 pub mod mapping;
 pub mod segment;
 
 pub use buffers::{copy_in, origin_of, pool, segment_info, Held, PassFd, SegmentInfo, SharedBufMut, ShmOrigin};
+pub use idle::IdleTimes;
 pub use mapping::{MapError, Mapping, MappingCache};
 pub use segment::{inode_of, sealed_copy, PoolStats, SealedSegment, Segment, SegmentPool, MIN_SEGMENT};

@@ -9,6 +9,7 @@ use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use memmap2::{MmapMut, MmapOptions};
 use rustix::fs::{MemfdFlags, SealFlags};
@@ -109,7 +110,8 @@ impl Drop for Segment {
 
 #[derive(Default)]
 struct PoolState {
-    free: BTreeMap<usize, Vec<SegmentData>>,
+    /// Idle segments by size, each with when it became idle.
+    free: BTreeMap<usize, Vec<(SegmentData, Instant)>>,
     idle_bytes: usize,
     segments: usize,
     bytes: usize,
@@ -181,7 +183,7 @@ impl SegmentPool {
         let class = len.max(MIN_SEGMENT).next_power_of_two();
         let reused = {
             let mut state = self.state.lock().expect("pool lock");
-            let found = state.free.get_mut(&class).and_then(Vec::pop);
+            let found = state.free.get_mut(&class).and_then(Vec::pop).map(|(d, _)| d);
             if let Some(d) = &found {
                 state.idle_bytes -= d.size();
                 state.reused += 1;
@@ -220,7 +222,7 @@ impl SegmentPool {
         let size = data.size();
         if (state.idle_bytes + size) as u64 <= self.max_idle_bytes.load(Ordering::Relaxed) {
             state.idle_bytes += size;
-            state.free.entry(size).or_default().push(data);
+            state.free.entry(size).or_default().push((data, Instant::now()));
         } else {
             state.segments -= 1;
             state.bytes -= size;
@@ -242,10 +244,39 @@ impl SegmentPool {
         }
     }
 
+    /// Retires the segments idle for `idle` or longer at `now` (their memory goes back to
+    /// the host); when the next idle one is due, if any is left. A driver calls it from a
+    /// timer, as the Python implementation's pool does with `HANDOFF_SHM_POOL_IDLE_SECONDS`.
+    pub fn retire_idle(&self, now: Instant, idle: Duration) -> Option<Instant> {
+        let mut state = self.state.lock().expect("pool lock");
+        let mut next: Option<Instant> = None;
+        let mut retired = Vec::new();
+        for list in state.free.values_mut() {
+            list.retain_mut(|(data, since)| {
+                let due = *since + idle;
+                if due <= now {
+                    retired.push(data.size());
+                    false
+                } else {
+                    next = Some(next.map_or(due, |n| n.min(due)));
+                    true
+                }
+            });
+        }
+        state.free.retain(|_, list| !list.is_empty());
+        for size in retired {
+            state.idle_bytes -= size;
+            state.segments -= 1;
+            state.bytes -= size;
+            state.retired += 1;
+        }
+        next
+    }
+
     /// Whether the segment with this id is idle in the pool (returned by every holder).
     pub fn is_idle(&self, id: u64) -> bool {
         let state = self.state.lock().expect("pool lock");
-        state.free.values().flatten().any(|d| d.id == id)
+        state.free.values().flatten().any(|(d, _)| d.id == id)
     }
 }
 
@@ -291,5 +322,28 @@ mod tests {
         assert!(!pool.is_idle(id), "a retired segment is not idle");
         assert_eq!((stats.segments, stats.retired, stats.reused), (0, 1, 1));
         assert_ne!(pool.take(100_000).unwrap().id(), id, "and never handed out again");
+    }
+
+    #[test]
+    fn idle_segments_are_retired_after_their_idle_time() {
+        let pool = SegmentPool::new(1 << 30);
+        let (a, b) = (pool.take(100_000).unwrap(), pool.take(300_000).unwrap());
+        drop(a);
+        let t0 = Instant::now();
+        drop(b);
+        let idle = Duration::from_secs(10);
+        let next = pool.retire_idle(t0, idle).expect("both idle, neither due");
+        assert!(next >= t0 + Duration::from_secs(9), "due after its idle time");
+        assert_eq!(pool.stats().idle_segments, 2);
+        let in_use = pool.take(100_000).unwrap(); // taken again: not idle any more
+        assert_eq!(
+            pool.retire_idle(Instant::now() + idle * 2, idle),
+            None,
+            "the idle one retired"
+        );
+        let stats = pool.stats();
+        assert_eq!((stats.segments, stats.idle_segments, stats.idle_bytes), (1, 0, 0));
+        drop(in_use);
+        assert_eq!(pool.stats().idle_segments, 1, "and the one in use is idle anew");
     }
 }
