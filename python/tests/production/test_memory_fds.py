@@ -7,6 +7,8 @@ maps): the workers ran out of descriptors and the task timed out."""
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 pytest.importorskip("distributed")
@@ -73,6 +75,7 @@ def test_held_received_mappings_keep_no_descriptor():
     # read): no descriptor stays with any of them.
     from handoff.shm import map_received, sealed_copy
 
+    gc.collect()  # (what earlier tests left for the collector closes now, not during the count)
     before = _fds()
     held = []
     for i in range(2000):
@@ -81,7 +84,7 @@ def test_held_received_mappings_keep_no_descriptor():
         mapping, start, _ = map_received(fd, frame.size, True)
         whole = mapping.view() if hasattr(mapping, "view") else memoryview(mapping)  # (an mmap before)
         held.append(whole[start : start + 4096])
-    assert _fds() == before
+    assert _fds() <= before
     assert all(bytes(v[:1]) == bytes([i % 251]) for i, v in enumerate(held))
 
 
