@@ -187,6 +187,9 @@ pub struct Incoming {
     pub frames: Vec<Frame>,
     /// Whether it carries a ticket to redeem before delivery when the node redeems eagerly.
     pub eager_tickets: bool,
+    /// The bytes of those tickets: the room to take before pulling them
+    /// ([`crate::budget::Permit::try_expand_ahead`]).
+    pub eager_ticket_bytes: u64,
     /// The room it holds in the receive budget until the application takes it (`None`
     /// without [`Inbound::with_budget`]).
     pub permit: Option<Permit>,
@@ -242,6 +245,7 @@ struct Reading {
     type_name: String,
     body: Bytes,
     eager_tickets: bool,
+    eager_ticket_bytes: u64,
     /// Descriptors the header announced (its `shm` frames).
     announced: usize,
     descriptors: std::vec::IntoIter<Descriptor>,
@@ -857,6 +861,7 @@ impl Inbound {
                     type_name: plan.type_name.to_string(),
                     body: header.slice_ref(plan.body),
                     eager_tickets: plan.eager_tickets,
+                    eager_ticket_bytes: plan.eager_ticket_bytes,
                     announced: plan.descriptors,
                     descriptors: plan.frames.into_iter(),
                     inline_lengths: plan.inline_lengths.into_iter(),
@@ -918,6 +923,7 @@ impl Inbound {
                     body: r.body,
                     frames: r.frames,
                     eager_tickets: r.eager_tickets,
+                    eager_ticket_bytes: r.eager_ticket_bytes,
                     permit: self.permit.take(),
                 })));
             };

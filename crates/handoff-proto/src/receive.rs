@@ -42,6 +42,9 @@ pub struct MessagePlan<'h> {
     /// Whether it carries a ticket the node redeems before delivery when it redeems eagerly
     /// (lazy tickets wait for use).
     pub eager_tickets: bool,
+    /// The bytes of those tickets: the room their redemption takes before it pulls them
+    /// (spec §9.1, `budget::Permit::try_expand_ahead`).
+    pub eager_ticket_bytes: u64,
 }
 
 /// What a header asks of the connection.
@@ -110,9 +113,13 @@ impl Receiving {
                     .map(Descriptor::len)
                     .sum();
                 let descriptors = frames.iter().filter(|d| matches!(d, Descriptor::Shm { .. })).count();
-                let eager_tickets = frames
-                    .iter()
-                    .any(|d| matches!(d, Descriptor::Ticket(TicketClaim { lazy: false, .. })));
+                let eager = || {
+                    frames
+                        .iter()
+                        .filter(|d| matches!(d, Descriptor::Ticket(TicketClaim { lazy: false, .. })))
+                };
+                let (eager_tickets, eager_ticket_bytes) =
+                    (eager().next().is_some(), eager().map(Descriptor::len).sum());
                 Ok(Step::Message(MessagePlan {
                     type_name,
                     body,
@@ -121,6 +128,7 @@ impl Receiving {
                     descriptors,
                     room: frame_bytes + MESSAGE_OVERHEAD,
                     eager_tickets,
+                    eager_ticket_bytes,
                 }))
             }
             Header::Ticket(op) => Ok(Step::Ticket(op)),

@@ -89,6 +89,8 @@ pub struct Received {
     /// sender's lazy ones wait for use).
     #[pyo3(get)]
     eager_tickets: bool,
+    /// The bytes of those tickets (the room their redemption takes before it pulls them).
+    eager_ticket_bytes: u64,
     /// Why its eager redemption failed (the message is delivered with the error).
     #[pyo3(get, set)]
     failure: Option<Py<PyAny>>,
@@ -103,14 +105,14 @@ impl Received {
         self.permit.lock().expect("permit lock").take();
     }
 
-    /// Room for `bytes` of tickets the node redeems on receipt, taken before they are pulled
-    /// (spec §9.1): `False` while the sender's bounds do not allow it (wait for room, as
+    /// Room for the tickets the node redeems on receipt, taken before they are pulled (spec
+    /// §9.1): `False` while the sender's bounds do not allow it (wait for room, as
     /// `Engine.wait_for_room` tells). `behind` is the room of that peer's messages read
     /// after this one, waiting for it (`handoff_proto::budget::Permit::try_expand_ahead`).
-    fn reserve(&self, bytes: u64, behind: u64) -> bool {
+    fn reserve(&self, behind: u64) -> bool {
         match self.permit.lock().expect("permit lock").as_mut() {
-            Some(permit) => permit.try_expand_ahead(bytes, behind),
-            None => true, // taken already: nothing is buffered for it
+            Some(permit) if self.eager_ticket_bytes > 0 => permit.try_expand_ahead(self.eager_ticket_bytes, behind),
+            _ => true, // nothing to take, or taken already: nothing is buffered for it
         }
     }
 
@@ -1233,6 +1235,7 @@ impl Connection {
                 }
                 let received = Received {
                     eager_tickets: incoming.eager_tickets,
+                    eager_ticket_bytes: incoming.eager_ticket_bytes,
                     failure: None,
                     type_name: incoming.type_name,
                     body: Py::new(py, Frame::new(incoming.body, "body"))?,

@@ -208,7 +208,8 @@ async fn read_messages(
         };
         match event {
             Event::Message(incoming) => {
-                let eager = incoming.eager_tickets;
+                let eager = incoming.eager_tickets && node.ctx.redeem == Redeem::Eager;
+                let tickets = if eager { incoming.eager_ticket_bytes } else { 0 };
                 let frames = incoming
                     .frames
                     .into_iter()
@@ -224,13 +225,13 @@ async fn read_messages(
                     permit: incoming.permit,
                 };
                 let queued = delivery.as_ref().is_some_and(Delivery::busy);
-                if (eager && node.ctx.redeem == Redeem::Eager) || queued {
+                if eager || queued {
                     // Redeemed by a task of its own, so this loop keeps reading the owner's
                     // answers; later messages queue behind it to keep their order. The queue
                     // is bounded by the budget: each envelope in it holds its room.
                     delivery
                         .get_or_insert_with(|| Delivery::start(node.clone()))
-                        .push(envelope);
+                        .push(envelope, tickets);
                 } else {
                     node.deliver(envelope)?;
                 }
@@ -330,9 +331,10 @@ async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, socket: &Arc<Socket
     socket.queue_control(Bytes::from(head), pulled).await;
 }
 
-/// Messages of one connection that wait for their tickets to be redeemed, in order.
+/// Messages of one connection that wait for their tickets to be redeemed, in order, each
+/// with the bytes of its tickets to redeem (the engine's `eager_ticket_bytes`).
 struct Delivery {
-    tx: mpsc::UnboundedSender<Envelope>,
+    tx: mpsc::UnboundedSender<(Envelope, u64)>,
     queued: Arc<AtomicUsize>,
     /// Room the queued messages hold in the receive budget (what waits behind the one being
     /// redeemed).
@@ -341,14 +343,14 @@ struct Delivery {
 
 impl Delivery {
     fn start(node: Arc<NodeInner>) -> Delivery {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Envelope>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Envelope, u64)>();
         let queued = Arc::new(AtomicUsize::new(0));
         let room = Arc::new(AtomicU64::new(0));
         let (count, behind) = (queued.clone(), room.clone());
         tokio::spawn(async move {
-            while let Some(mut envelope) = rx.recv().await {
+            while let Some((mut envelope, tickets)) = rx.recv().await {
                 behind.fetch_sub(room_of(&envelope), Ordering::AcqRel);
-                redeem_all(&node, &mut envelope, &behind).await;
+                redeem_all(&node, &mut envelope, tickets, &behind).await;
                 let delivered = node.deliver(envelope);
                 count.fetch_sub(1, Ordering::AcqRel);
                 if delivered.is_err() {
@@ -363,11 +365,11 @@ impl Delivery {
         self.queued.load(Ordering::Acquire) > 0
     }
 
-    fn push(&self, envelope: Envelope) {
+    fn push(&self, envelope: Envelope, tickets: u64) {
         let room = room_of(&envelope);
         self.queued.fetch_add(1, Ordering::AcqRel);
         self.room.fetch_add(room, Ordering::AcqRel);
-        if self.tx.send(envelope).is_err() {
+        if self.tx.send((envelope, tickets)).is_err() {
             self.queued.fetch_sub(1, Ordering::AcqRel);
             self.room.fetch_sub(room, Ordering::AcqRel);
         }
@@ -383,16 +385,12 @@ fn room_of(envelope: &Envelope) -> u64 {
 /// The pulled bytes count against the sender's budget with the rest of the message, and
 /// are admitted before the pulls are sent (spec §9.1): the redemption, not the connection's
 /// reader, waits for room, so the owner's answers on that connection are still read.
-/// `behind` is the room of the messages queued after this one.
-async fn redeem_all(node: &NodeInner, envelope: &mut Envelope, behind: &AtomicU64) {
+/// `tickets` is the bytes of its tickets to redeem, `behind` the room of the messages queued
+/// after it.
+async fn redeem_all(node: &NodeInner, envelope: &mut Envelope, tickets: u64, behind: &AtomicU64) {
     let Payload::Encoded { frames, .. } = &mut envelope.payload else {
         return;
     };
-    let tickets: u64 = frames
-        .iter()
-        .filter_map(|f| Ticket::of(f).filter(|t| !t.is_on_demand()))
-        .map(|t| t.len())
-        .sum();
     if tickets > 0 {
         if let Some(permit) = envelope.permit.as_mut() {
             // Room given back wakes it; so does, within `ROOM_RECHECK`, a message queued

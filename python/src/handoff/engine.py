@@ -139,18 +139,18 @@ class Driver:
             if room is not None and not room.done():
                 room.set_result(None)
 
-    async def _reserve(self, received: Received, need: int, behind: Callable[[], int]) -> None:
-        """Takes room for ``need`` bytes of ``received``'s tickets before they are pulled,
-        waiting until room is given back in the receive budget (``behind()``: the room of
-        the messages waiting after it)."""
-        if received.reserve(need, behind()):
+    async def _reserve(self, received: Received, behind: Callable[[], int]) -> None:
+        """Takes room for ``received``'s tickets before they are pulled (the engine knows
+        their bytes), waiting until room is given back in the receive budget
+        (``behind()``: the room of the messages waiting after it)."""
+        if received.reserve(behind()):
             return
         # Counted as waiting before trying again: room given back from now on fires the
         # wake pipe, whose handler wakes the future made before this task yields. A message
         # queued behind it (which the budget is not told of) is seen within ROOM_RECHECK.
         self.engine.wait_for_room(True)
         try:
-            while not received.reserve(need, behind()):
+            while not received.reserve(behind()):
                 if self._room is None or self._room.done():
                     self._room = self.loop.create_future()
                 try:
@@ -880,11 +880,7 @@ class EngineConnection:
         the application takes that peer's earlier messages), while the connection goes on
         reading, so the owner's answers on it still arrive."""
         frames = received.frames
-        need = sum(f.len for f in frames if isinstance(f, Ticket) and not f.lazy)
-        if need:
-            await self.driver._reserve(
-                received, need, lambda: sum(r.room for r in itertools.islice(self._redeeming, 1, None))
-            )
+        await self.driver._reserve(received, lambda: sum(r.room for r in itertools.islice(self._redeeming, 1, None)))
         for i, frame in enumerate(frames):
             if not isinstance(frame, Ticket) or frame.lazy:
                 continue

@@ -126,28 +126,30 @@ def _presented_certificate(ctx: ssl.SSLContext) -> Optional[bytes]:
     return None
 
 
+def _certificates(text: str) -> list:
+    """The certificates (DER) of a PEM text, in order."""
+    marker, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    found = []
+    at = text.find(marker)
+    while at >= 0:
+        stop = text.index(end, at) + len(end)
+        found.append(ssl.PEM_cert_to_DER_cert(text[at:stop]))
+        at = text.find(marker, stop)
+    return found
+
+
 def _first_certificate(cert: str) -> Optional[bytes]:
     """The first certificate (DER) of a PEM chain: a file's path, or the PEM text."""
     try:
         text = cert if "\n" in cert else open(cert, encoding="ascii").read()
-        begin = text.index("-----BEGIN CERTIFICATE-----")
-        end = text.index("-----END CERTIFICATE-----", begin) + len("-----END CERTIFICATE-----")
-        return ssl.PEM_cert_to_DER_cert(text[begin:end])
+        return next(iter(_certificates(text)), None)
     except (OSError, ValueError):
         return None
 
 
 def _same_cas(ca_pem: bytes, ctx: ssl.SSLContext) -> bool:
     """Whether ``ca_pem`` holds the CA certificates ``ctx`` trusts."""
-    text = ca_pem.decode("ascii", "replace")
-    marker, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
-    ours = set()
-    at = text.find(marker)
-    while at >= 0:
-        stop = text.index(end, at) + len(end)
-        ours.add(ssl.PEM_cert_to_DER_cert(text[at:stop]))
-        at = text.find(marker, stop)
-    return ours == set(ctx.get_ca_certs(binary_form=True))
+    return set(_certificates(ca_pem.decode("ascii", "replace"))) == set(ctx.get_ca_certs(binary_form=True))
 
 
 def _pem_of(settings: Optional[dict]) -> Optional[tuple]:
