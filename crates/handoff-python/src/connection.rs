@@ -31,10 +31,9 @@ use handoff_proto::established::{Established, Refused, Step};
 use handoff_proto::handshake::{error_header, Config, Failure, Handshake, Status, DRAIN_BYTES, DRAIN_TIME};
 use handoff_proto::inbound::{Digest, Event, Frame as InFrame, Inbound};
 use handoff_proto::outbound::{inline_routes, message_head, stream_parts, Planned, Routed, Router, ShmRouting};
-use handoff_proto::outgoing::Outgoing;
 use handoff_proto::receive::{self, Asked, Receiving};
 use handoff_proto::send_policy::{self, issued_claim, FramePlan, TicketPolicy};
-use handoff_proto::shm::buffers::{Held, PassFd};
+use handoff_proto::shm::buffers::Held;
 use handoff_proto::shm::buffers::{Release, RemoteView};
 use handoff_proto::shm::leases::ShmLeases;
 use handoff_proto::ticket_leases::LeaseTable;
@@ -52,9 +51,9 @@ use crate::engine::{Engine, Shared};
 use crate::frames::{bytes_of, Frame};
 use crate::socket;
 use crate::tickets::Ticket;
-use crate::tls::SocketIo;
 use handoff_proto::tls::{plain_refusal, Opening, TLS_REQUIRED_MESSAGE};
-use handoff_proto::tls_session::{TlsRead, TlsSession};
+use handoff_proto::tls_session::TlsSession;
+use handoff_sys::stream::{StreamIo, TlsFailed};
 
 /// The implementation this driver announces.
 const IMPLEMENTATION: &str = concat!("handoff-py-engine/", env!("CARGO_PKG_VERSION"));
@@ -145,9 +144,8 @@ pub struct Connection {
     /// Behind a lock only so that the connection may be shared between threads (what
     /// Python asks of a class); its methods reach it through `&mut self`.
     phase: Mutex<Phase>,
-    out: Outgoing,
-    /// Our sending direction was shut down (after an error, or at close).
-    shut: bool,
+    /// The write queue and, on a TCP connection of an engine with TLS, the TLS session.
+    stream: StreamIo,
     /// Leases of the peer's segments whose last view here was dropped: `release`s to send.
     releases: Arc<Mutex<Vec<u64>>>,
     account: Arc<Account>,
@@ -160,8 +158,6 @@ pub struct Connection {
     shm_routing: Option<ShmRouting>,
     /// What we keep alive for the peer until it releases each lease (spec §7.4, §9.1).
     shm_leases: ShmLeases<Held>,
-    /// The TLS session, on a TCP connection of an engine with TLS.
-    tls: Option<Box<TlsSession>>,
     /// Our ticket requests on this connection that wait for the owner's answer, by id.
     requests: Arc<Mutex<Requests<u64>>>,
     /// The peer's process id, on a Unix socket (`SO_PEERCRED`).
@@ -242,13 +238,11 @@ impl Connection {
                 let name = tls.server_name.clone().or(host).ok_or_else(|| {
                     PyValueError::new_err(format!("TLS: no host to check {label}'s certificate against"))
                 })?;
-                Some(Box::new(
-                    TlsSession::client(&tls.configs, &name, &label).map_err(PyValueError::new_err)?,
-                ))
+                Some(TlsSession::client(&tls.configs, &name, &label).map_err(PyValueError::new_err)?)
             }
-            (Some(tls), false, Role::Acceptor) => Some(Box::new(
-                TlsSession::server(&tls.configs, &label).map_err(PyValueError::new_err)?,
-            )),
+            (Some(tls), false, Role::Acceptor) => {
+                Some(TlsSession::server(&tls.configs, &label).map_err(PyValueError::new_err)?)
+            }
             _ => None,
         };
         let shared = engine.shared.clone();
@@ -270,8 +264,6 @@ impl Connection {
             unix,
             label,
             phase: Mutex::new(Phase::Handshake(Box::new(Handshake::new(config, now)))),
-            out: Outgoing::default(),
-            shut: false,
             releases: Arc::default(),
             account: Arc::default(),
             admit,
@@ -288,8 +280,8 @@ impl Connection {
             ),
             // An accepting side with TLS looks at the first byte before TLS does.
             opening: tls.is_some() && role == Role::Acceptor,
+            stream: StreamIo::new(tls),
             peer_pid,
-            tls,
             requests: Arc::default(),
         };
         connection.queue_handshake_bytes();
@@ -336,17 +328,14 @@ impl Connection {
 
     /// Whether bytes wait to be written (the loop then watches for writability).
     fn wants_write(&self) -> bool {
-        (!self.out.is_empty() || self.tls.as_ref().is_some_and(|t| t.wants_write())) && self.socket.is_some()
+        self.stream.wants_write() && self.socket.is_some()
     }
 
     /// Whether the connection has nothing left to do: nothing to write, nothing to drain.
     /// The loop then stops watching it and closes it.
     #[getter]
     fn done(&self) -> bool {
-        self.socket.is_none()
-            || (matches!(*self.phase_now(), Phase::Over)
-                && self.out.is_empty()
-                && !self.tls.as_ref().is_some_and(|t| t.wants_write()))
+        self.socket.is_none() || (matches!(*self.phase_now(), Phase::Over) && !self.stream.wants_write())
     }
 
     /// Whether the handshake is over and the connection not yet.
@@ -370,7 +359,7 @@ impl Connection {
     /// Whether the connection runs inside TLS (spec §3.1).
     #[getter]
     fn tls(&self) -> bool {
-        self.tls.is_some()
+        self.stream.tls().is_some()
     }
 
     /// Bytes of this peer's messages the node holds and the application has not taken.
@@ -442,14 +431,14 @@ impl Connection {
             // what it held (queued answers, leased views) goes (spec §9.1).
             let stall = self.shared.bounds.write_timeout;
             *phase!(self) = Phase::Over;
-            self.out.clear();
-            if let Some(socket) = &self.socket {
-                let _ = rustix::net::shutdown(socket, rustix::net::Shutdown::Both);
-            }
             let why = format!(
                 "writing to {}: no progress for {stall:?} (the peer read nothing)",
                 self.label
             );
+            if let Some(socket) = &self.socket {
+                self.stream
+                    .fail(socket.as_fd(), std::io::ErrorKind::TimedOut, why.clone());
+            }
             events.push(error_event(py, "timeout", &why, false)?);
             return Ok(events);
         }
@@ -458,7 +447,7 @@ impl Connection {
                 hs.handle_timeout(now);
                 let failed = matches!(hs.status(), Status::Failed(_));
                 let allowed = hs.allowed();
-                if failed && self.tls.as_ref().is_some_and(|t| t.is_handshaking()) {
+                if failed && self.stream.tls().is_some_and(TlsSession::is_handshaking) {
                     // Inside a TLS handshake there is nothing to say in plain text: the
                     // TLS failure says which handshake stalled (spec §3.1).
                     let why = format!(
@@ -511,7 +500,7 @@ impl Connection {
         frames: Vec<Bound<'_, PyAny>>,
         by_ticket: bool,
     ) -> PyResult<Option<&'static str>> {
-        if !matches!(phase!(self), Phase::Established(_)) || self.shut {
+        if !matches!(phase!(self), Phase::Established(_)) || !self.stream.takes_more() {
             return Err(PyOSError::new_err(format!(
                 "the connection to {} is not open",
                 self.label
@@ -571,9 +560,10 @@ impl Connection {
         };
         let (fds, inline) = stream_parts(routed);
         let now = Instant::now();
-        self.out.push_with_fds(Bytes::from(head), fds, now);
+        let out = self.stream.out_mut();
+        out.push_with_fds(Bytes::from(head), fds, now);
         for b in inline {
-            self.out.push(b, now);
+            out.push(b, now);
         }
         self.write_queued()?;
         Ok(None)
@@ -657,20 +647,20 @@ impl Connection {
     /// its message written waits until [`written`](Connection::written) reaches it).
     #[getter]
     fn queued(&self) -> u64 {
-        self.out.queued()
+        self.stream.out().queued()
     }
 
     /// The stream offset up to which the queue has been written to the socket.
     #[getter]
     fn written(&self) -> u64 {
-        self.out.written()
+        self.stream.out().written()
     }
 
     /// Answers to the peer's pulls queued and not yet written (at most `max_pull_answers`
     /// before the connection stops reading its requests).
     #[getter]
     fn queued_answers(&self) -> usize {
-        self.out.pulled_answers()
+        self.stream.out().pulled_answers()
     }
 
     /// Leases of this node's segments that the peer holds: `(count, bytes)`.
@@ -686,7 +676,7 @@ impl Connection {
         self.stop_waiting_for_room();
         let _ = self.write_queued();
         self.socket = None;
-        self.out.clear();
+        self.stream.out_mut().clear();
         // The peer is gone: what it held goes back to the pool once its process cannot
         // map it any more (see `handoff_sys::end_leases_of`).
         socket::end_leases_of(self.peer_pid, self.shm_leases.take_all());
@@ -744,15 +734,14 @@ impl Connection {
     /// When the bytes waiting to be written will have made no progress for the write
     /// timeout.
     fn write_deadline(&self) -> Option<Instant> {
-        let tls_waiting = self.tls.as_ref().is_some_and(|t| t.wants_write());
         self.socket.as_ref()?;
-        self.out.write_deadline(self.shared.bounds.write_timeout, tls_waiting)
+        self.stream.write_deadline(self.shared.bounds.write_timeout)
     }
 
     /// Whether the peer leaves our answers unread: as many pulled answers queued as spec
     /// §9.1 allows, or a backlog of other control bytes.
     fn answers_backed_up(&self) -> bool {
-        self.out.backed_up(self.shared.bounds.max_pull_answers)
+        self.stream.out().backed_up(self.shared.bounds.max_pull_answers)
     }
 
     /// The phase, for a look from `&self`.
@@ -856,7 +845,7 @@ impl Connection {
 
     /// Queues a control header and writes what the socket takes now.
     fn control(&mut self, header: &Header<'_>) -> PyResult<()> {
-        if !matches!(phase!(self), Phase::Established(_)) || self.shut {
+        if !matches!(phase!(self), Phase::Established(_)) || !self.stream.takes_more() {
             return Err(PyOSError::new_err(format!(
                 "the connection to {} is not open",
                 self.label
@@ -864,7 +853,7 @@ impl Connection {
         }
         let mut head = Vec::with_capacity(96);
         encode_header_into(header, &mut head);
-        self.out.push(Bytes::from(head), Instant::now());
+        self.stream.out_mut().push(Bytes::from(head), Instant::now());
         self.write_queued()
     }
 
@@ -926,7 +915,9 @@ impl Connection {
     fn queue_handshake_bytes(&mut self) {
         if let Phase::Handshake(hs) = phase!(self) {
             if hs.has_transmit() {
-                self.out.push(Bytes::from(hs.take_transmit()), Instant::now());
+                self.stream
+                    .out_mut()
+                    .push(Bytes::from(hs.take_transmit()), Instant::now());
             }
         }
     }
@@ -946,10 +937,10 @@ impl Connection {
                     Ok((1, _)) if Opening::of(first[0]) == Opening::Plain => {
                         // A plain handoff peer where TLS is required: our preamble, then
                         // `tls-required` (readable by every version), then the drain.
-                        self.tls = None;
+                        self.stream.drop_tls();
                         self.opening = false;
-                        self.out.clear(); // our preamble, queued for TLS
-                        self.out.push(Bytes::from(plain_refusal()), Instant::now());
+                        self.stream.out_mut().clear(); // our preamble, queued for TLS
+                        self.stream.out_mut().push(Bytes::from(plain_refusal()), Instant::now());
                         *phase!(self) = draining();
                         let _ = self.write_queued();
                         self.shut_writing();
@@ -1005,7 +996,7 @@ impl Connection {
                     let mut buf = vec![0u8; hs.wants()];
                     // No room for descriptors: any that come are closed by the kernel and only
                     // counted, so a flood of them before `ready` costs this process none.
-                    let got = match read_from(socket.as_fd(), self.tls.as_deref_mut(), &mut buf, false) {
+                    let got = match read_from(&mut self.stream, socket.as_fd(), &mut buf, false) {
                         Ok(Some(got)) => got,
                         Ok(None) => return Ok(()),
                         Err(ReadError::Io(e)) => {
@@ -1046,12 +1037,11 @@ impl Connection {
                             // loop (level-triggered) calls again when more comes, so no second
                             // read is spent to learn that nothing is there. (Not with TLS,
                             // which may hold plaintext the socket no longer signals.)
-                            if drained && self.tls.is_none() {
+                            if drained && self.stream.tls().is_none() {
                                 return Ok(());
                             }
                             let space = conn.recv_space().len();
-                            let got = match read_from(socket.as_fd(), self.tls.as_deref_mut(), conn.recv_space(), true)
-                            {
+                            let got = match read_from(&mut self.stream, socket.as_fd(), conn.recv_space(), true) {
                                 Ok(Some(got)) => got,
                                 Ok(None) => return Ok(()),
                                 Err(ReadError::Io(e)) => {
@@ -1183,7 +1173,7 @@ impl Connection {
     /// The TLS session failed: nothing more can be said to the peer in the format.
     fn tls_failed(&mut self, py: Python<'_>, why: &str) -> PyResult<Py<PyAny>> {
         *phase!(self) = Phase::Over;
-        self.out.clear();
+        self.stream.out_mut().clear();
         let _ = self.write_queued();
         self.shut_writing();
         error_event(py, "tls", why, false)
@@ -1217,7 +1207,7 @@ impl Connection {
         } else {
             Phase::Over
         };
-        self.out.push(Bytes::from(error_header(e)), Instant::now());
+        self.stream.out_mut().push(Bytes::from(error_header(e)), Instant::now());
         let _ = self.write_queued();
         self.shut_writing();
         events.push(error_event(py, e.code(), &e.to_string(), false)?);
@@ -1263,10 +1253,11 @@ impl Connection {
                     match answer {
                         // Counted until written: past the bound, this connection reads no
                         // more requests (`wants_read`) until its answers drain.
-                        handoff_proto::ticket_leases::OwnerAnswer::Pulled { bytes, .. } => {
-                            self.out.push_pulled_answer(Bytes::from(head), bytes.into_bytes(), now)
-                        }
-                        _ => self.out.push_control(Bytes::from(head), now),
+                        handoff_proto::ticket_leases::OwnerAnswer::Pulled { bytes, .. } => self
+                            .stream
+                            .out_mut()
+                            .push_pulled_answer(Bytes::from(head), bytes.into_bytes(), now),
+                        _ => self.stream.out_mut().push_control(Bytes::from(head), now),
                     }
                 }
                 None
@@ -1332,59 +1323,34 @@ impl Connection {
             }
             std::mem::take(&mut *releases)
         };
-        if !matches!(phase!(self), Phase::Established(_)) || self.shut {
+        if !matches!(phase!(self), Phase::Established(_)) || !self.stream.takes_more() {
             return;
         }
-        self.out.push_releases(&leases, Instant::now());
+        self.stream.out_mut().push_releases(&leases, Instant::now());
     }
 
-    /// Writes what is queued, as far as the socket takes it now.
+    /// Writes what is queued, as far as the socket takes it now (and, once the connection
+    /// is over, ends our sending direction after it).
     fn write_queued(&mut self) -> PyResult<()> {
         let Some(socket) = self.socket.as_ref() else {
             return Ok(());
         };
-        let out = &mut self.out;
-        while !out.is_empty() {
-            let t = out.transmit();
-            let fds: Vec<BorrowedFd<'_>> = t.fds.iter().map(PassFd::as_fd).collect();
-            let sent = match self.tls.as_deref_mut() {
-                // (No descriptors on TCP.)
-                Some(tls) => tls
-                    .write(&mut SocketIo(socket.as_fd()), &t.slices)
-                    .map(|n| (n > 0).then_some(n)),
-                None => socket::send(socket.as_fd(), &t.slices, &fds),
+        if matches!(phase!(self), Phase::Over) {
+            self.stream.shut();
+        }
+        match self.stream.flush(socket.as_fd()) {
+            Err(e) if e.kind() != std::io::ErrorKind::WouldBlock => {
+                Err(io_error(&format!("writing to {}", self.label), e))
             }
-            .map_err(|e| io_error(&format!("writing to {}", self.label), e))?;
-            let Some(n) = sent else {
-                return Ok(());
-            };
-            out.advance(n, Instant::now());
+            _ => Ok(()),
         }
-        if let Some(tls) = self.tls.as_deref_mut() {
-            tls.flush(&mut SocketIo(socket.as_fd()))
-                .map_err(|e| io_error(&format!("writing to {}", self.label), e))?;
-        }
-        if self.shut || matches!(phase!(self), Phase::Over) {
-            self.shut_writing();
-        }
-        Ok(())
     }
 
     /// Shuts our sending direction down once the queue is written (the peer sees the end
     /// of the stream after what we sent, an `error` included).
     fn shut_writing(&mut self) {
-        let first = !self.shut;
-        self.shut = true;
-        if first {
-            if let Some(tls) = self.tls.as_deref_mut() {
-                tls.close_notify();
-            }
-        }
-        if self.out.is_empty() && !self.tls.as_ref().is_some_and(|t| t.wants_write()) {
-            if let Some(socket) = &self.socket {
-                let _ = rustix::net::shutdown(socket, rustix::net::Shutdown::Write);
-            }
-        }
+        self.stream.shut();
+        let _ = self.write_queued();
     }
 }
 
@@ -1398,22 +1364,18 @@ enum ReadError {
 /// One read from the socket, through TLS when the connection has it; `None` when nothing is
 /// there now.
 fn read_from(
+    stream: &mut StreamIo,
     socket: BorrowedFd<'_>,
-    tls: Option<&mut TlsSession>,
     buf: &mut [u8],
     take_fds: bool,
 ) -> Result<Option<socket::Received>, ReadError> {
-    let Some(tls) = tls else {
-        return socket::recv(socket, buf, take_fds).map_err(ReadError::Io);
-    };
-    match tls.read(&mut SocketIo(socket), buf) {
-        TlsRead::Bytes(bytes) => Ok(Some(socket::Received {
-            bytes,
-            fds: Vec::new(),
-            truncated: false,
-        })),
-        TlsRead::WouldBlock => Ok(None),
-        TlsRead::Failed(why) => Err(ReadError::Tls(why)),
+    match stream.read(socket, buf, take_fds) {
+        Ok(got) => Ok(Some(got)),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) => Err(match TlsFailed::of(&e) {
+            Some(why) => ReadError::Tls(why.to_string()),
+            None => ReadError::Io(e),
+        }),
     }
 }
 

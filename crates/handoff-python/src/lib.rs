@@ -15,7 +15,6 @@ mod plain_read;
 /// The system calls both drivers share.
 use handoff_sys as socket;
 pub mod tickets;
-mod tls;
 
 /// The module `handoff._native`.
 #[pymodule]

@@ -2,16 +2,20 @@
 //! `handoff-python`) share, kept out of the engine (`handoff-proto` does no I/O): a
 //! non-blocking `recvmsg` that collects the descriptors a Unix socket passes, a gathering
 //! `sendmsg` with descriptors on its first byte, and the keepalive that bounds a silent TCP
-//! peer. What the descriptors mean, and whether they are allowed, is the engine's to decide.
+//! peer; and [`stream::StreamIo`], a connection's stream read and written through its write
+//! queue and TLS session without waiting. What the descriptors mean, and whether they are allowed, is the engine's to decide.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
+pub mod stream;
+
 use handoff_proto::inbound::MAX_FDS_PER_READ;
 use rustix::net::{RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer, SendFlags};
 
 /// What one read brought.
+#[derive(Debug)]
 pub struct Received {
     /// Bytes read; 0 at the end of the stream.
     pub bytes: usize,

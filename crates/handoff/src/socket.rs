@@ -1,7 +1,7 @@
-//! [`Socket`]: one connection's socket as its read loop and every sender share it — the
-//! engine's write queue (`handoff_proto::outgoing`), the TLS session on a TCP connection
-//! with TLS (`handoff_proto::tls_session`), and the reads with the descriptors a Unix
-//! socket passes.
+//! [`Socket`]: one connection's socket as its read loop and every sender share it. What
+//! is read and written, through the engine's write queue and the TLS session, is
+//! `handoff_sys::stream::StreamIo`'s (shared with the asyncio driver); this module waits for
+//! the socket, the state's lock and the write timeout as tasks.
 //!
 //! Nothing waits inside the lock: a sender queues its message and writes what the socket
 //! takes now; if bytes of its message are still queued, it waits for the socket to be
@@ -13,15 +13,16 @@
 
 use std::io::{IoSlice, Read, Write};
 use std::ops::{Deref, DerefMut};
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use handoff_proto::outgoing::Outgoing;
 use handoff_proto::shm::buffers::PassFd;
-use handoff_proto::tls_session::{TlsRead, TlsSession};
+use handoff_proto::tls_session::TlsSession;
+use handoff_sys::stream::StreamIo;
+use handoff_sys::Received;
 use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::Notify;
@@ -46,10 +47,23 @@ impl Raw {
             Raw::Unix(s) => s.ready(interest).await.map(drop),
         }
     }
+
+    /// Runs `op` on the socket if tokio saw it ready; a `WouldBlock` from it makes tokio
+    /// forget that readiness, so that the next wait waits.
+    fn try_io<R>(
+        &self,
+        interest: Interest,
+        op: impl FnOnce(BorrowedFd<'_>) -> std::io::Result<R>,
+    ) -> std::io::Result<R> {
+        match self {
+            Raw::Tcp(s) => s.try_io(interest, || op(s.as_fd())),
+            Raw::Unix(s) => s.try_io(interest, || op(s.as_fd())),
+        }
+    }
 }
 
-/// The socket as a TLS session reads and writes it: without waiting (`WouldBlock` when it
-/// cannot go on now, and tokio forgets the readiness it had).
+/// A TCP stream as a TLS handshake reads and writes it: without waiting (`WouldBlock` when
+/// it cannot go on now, and tokio forgets the readiness it had).
 pub(crate) struct TryIo<'a>(pub(crate) &'a TcpStream);
 
 impl Read for TryIo<'_> {
@@ -72,43 +86,8 @@ impl Write for TryIo<'_> {
     }
 }
 
-/// A TLS session failure, as an I/O error's inner error (`tls::explain_io` finds it).
-#[derive(Debug)]
-pub(crate) struct TlsFailed(pub(crate) String);
-
-impl std::fmt::Display for TlsFailed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for TlsFailed {}
-
-/// What one read brought.
-pub(crate) struct Received {
-    /// Bytes read; 0 at the end of the stream.
-    pub(crate) bytes: usize,
-    /// Descriptors that came with them (a Unix socket's).
-    pub(crate) fds: Vec<OwnedFd>,
-    /// Whether more descriptors came than one read takes (the kernel closed the rest).
-    pub(crate) truncated: bool,
-}
-
 struct State {
-    out: Outgoing,
-    /// The TLS session, on a TCP connection with TLS: records it made wait here too.
-    tls: Option<TlsSession>,
-    /// With TLS: the stream offset up to which every record is on the socket.
-    tls_through: u64,
-    /// Why writing failed, and the stream offset written by then: every send of bytes
-    /// after it fails with it.
-    failed: Option<(std::io::ErrorKind, String, u64)>,
-    /// Our sending direction ends once the queue is written (TLS's close_notify last).
-    shut: bool,
-    /// TLS's close_notify was queued.
-    close_notified: bool,
-    /// The socket's sending direction was shut down.
-    shut_done: bool,
+    io: StreamIo,
     /// A task writes what is queued.
     flusher: bool,
 }
@@ -162,34 +141,6 @@ impl Drop for Guard<'_> {
     }
 }
 
-impl State {
-    /// Whether the stream is written up to offset `end`: the queue that far, and every
-    /// TLS record made of it.
-    fn written(&self, end: u64) -> bool {
-        self.out.written() >= end && (self.tls.is_none() || self.tls_through >= end)
-    }
-
-    /// The error of a send whose bytes end at `end`, if writing failed before them.
-    fn failed_before(&self, end: u64) -> Option<std::io::Error> {
-        match &self.failed {
-            Some((kind, why, at)) if end > *at => Some(std::io::Error::new(*kind, why.clone())),
-            _ => None,
-        }
-    }
-
-    /// Whether TLS records wait to be written.
-    fn tls_waiting(&self) -> bool {
-        self.tls.as_ref().is_some_and(TlsSession::wants_write)
-    }
-}
-
-fn stalled(stall: Duration) -> (std::io::ErrorKind, String) {
-    (
-        std::io::ErrorKind::TimedOut,
-        format!("the peer read nothing for {stall:?}"),
-    )
-}
-
 impl Socket {
     /// A TCP connection, inside `tls` if given (after its TLS handshake).
     pub(crate) fn tcp(stream: TcpStream, tls: Option<TlsSession>, write_timeout: Duration) -> Arc<Socket> {
@@ -206,13 +157,7 @@ impl Socket {
             raw,
             tls: tls.is_some(),
             state: Mutex::new(State {
-                out: Outgoing::default(),
-                tls,
-                tls_through: 0,
-                failed: None,
-                shut: false,
-                close_notified: false,
-                shut_done: false,
+                io: StreamIo::new(tls),
                 flusher: false,
             }),
             progress: Notify::new(),
@@ -259,45 +204,22 @@ impl Socket {
     /// kernel and only counted by `truncated` (see [`handoff_sys::recv`]).
     pub(crate) async fn read(self: &Arc<Self>, buf: &mut [u8], take_fds: bool) -> std::io::Result<Received> {
         loop {
-            let got = match &self.raw {
-                Raw::Unix(s) => s.try_io(Interest::READABLE, || {
-                    match handoff_sys::recv(s.as_fd(), buf, take_fds) {
-                        Ok(Some(got)) => Ok(Received {
-                            bytes: got.bytes,
-                            fds: got.fds,
-                            truncated: got.truncated,
-                        }),
-                        Ok(None) => Err(std::io::ErrorKind::WouldBlock.into()),
-                        Err(e) => Err(e),
-                    }
-                }),
-                // Plain TCP reads without the state: only TLS shares the session.
-                Raw::Tcp(s) if !self.tls => s.try_read(buf).map(|bytes| Received {
-                    bytes,
-                    fds: Vec::new(),
-                    truncated: false,
-                }),
-                Raw::Tcp(s) => {
-                    let mut state = self.lock_async().await;
-                    let bytes = match state.tls.as_mut() {
-                        None => s.try_read(buf),
-                        Some(tls) => match tls.read(&mut TryIo(s), buf) {
-                            TlsRead::Bytes(n) => Ok(n),
-                            TlsRead::WouldBlock => Err(std::io::ErrorKind::WouldBlock.into()),
-                            TlsRead::Failed(why) => Err(std::io::Error::other(TlsFailed(why))),
-                        },
-                    };
-                    // What TLS queued while reading (an alert, a key update) goes now.
-                    if state.tls_waiting() {
-                        self.flush(&mut state);
-                        self.flush_later(&mut state);
-                    }
-                    bytes.map(|bytes| Received {
-                        bytes,
-                        fds: Vec::new(),
-                        truncated: false,
-                    })
+            let got = if self.tls {
+                let mut state = self.lock_async().await;
+                let got = self
+                    .raw
+                    .try_io(Interest::READABLE, |fd| state.io.read(fd, buf, take_fds));
+                // What TLS queued while reading (an alert, a key update) goes now.
+                if state.io.tls_waiting() {
+                    self.flush(&mut state);
+                    self.flush_later(&mut state);
                 }
+                got
+            } else {
+                // Without TLS nothing but the kernel's socket is shared: no lock.
+                self.raw.try_io(Interest::READABLE, |fd| {
+                    handoff_sys::recv(fd, buf, take_fds)?.ok_or_else(|| std::io::ErrorKind::WouldBlock.into())
+                })
             };
             match got {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => self.raw.ready(Interest::READABLE).await?,
@@ -328,22 +250,17 @@ impl Socket {
     pub(crate) async fn send(&self, head: Bytes, fds: Vec<PassFd>, frames: Vec<Bytes>) -> std::io::Result<()> {
         let end = {
             let mut state = self.lock_async().await;
-            if let Some((kind, why, _)) = &state.failed {
-                return Err(std::io::Error::new(*kind, why.clone()));
-            }
-            if state.shut {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::BrokenPipe,
-                    "the connection is closing",
-                ));
+            if let Some(refused) = state.io.refusal() {
+                return Err(refused);
             }
             let now = Instant::now();
-            state.out.push_with_fds(head, fds, now);
+            let out = state.io.out_mut();
+            out.push_with_fds(head, fds, now);
             for frame in frames {
-                state.out.push(frame, now);
+                out.push(frame, now);
             }
             self.flush(&mut state);
-            state.out.queued()
+            state.io.out().queued()
         };
         self.written(end).await
     }
@@ -354,118 +271,45 @@ impl Socket {
         loop {
             let deadline = {
                 let mut state = self.lock_async().await;
-                if !state.written(end) {
+                if !state.io.written(end) {
                     self.flush(&mut state);
                 }
-                if let Some(e) = state.failed_before(end) {
+                if let Some(e) = state.io.failed_before(end) {
                     return Err(e);
                 }
-                if state.written(end) {
+                if state.io.written(end) {
                     return Ok(());
                 }
                 state
-                    .out
-                    .write_deadline(self.write_timeout, state.tls_waiting())
+                    .io
+                    .write_deadline(self.write_timeout)
                     .unwrap_or_else(|| Instant::now() + self.write_timeout)
             };
             match tokio::time::timeout_at(deadline.into(), self.raw.ready(Interest::WRITABLE)).await {
                 Ok(ready) => ready?,
                 Err(_) => {
                     let mut state = self.lock_async().await;
-                    self.fail(&mut state, stalled(self.write_timeout));
+                    let why = format!("the peer read nothing for {:?}", self.write_timeout);
+                    state.io.fail(self.raw.fd(), std::io::ErrorKind::TimedOut, why);
+                    self.progress.notify_waiters();
                 }
             }
         }
     }
 
-    /// Writes what is queued, as far as the socket takes it now; a write error fails the
-    /// connection.
+    /// Writes what is queued (with the `release`s of views dropped meanwhile), as far as
+    /// the socket takes it now; a write error fails the connection.
     fn flush(&self, state: &mut State) {
-        if state.failed.is_some() {
-            return;
+        let releases = std::mem::take(&mut *self.releases.lock().unwrap_or_else(PoisonError::into_inner));
+        if !releases.is_empty() && state.io.takes_more() {
+            state.io.out_mut().push_releases(&releases, Instant::now());
         }
-        let before = state.out.written();
-        if let Err(e) = self.write_queued(state) {
-            self.fail(state, (e.kind(), e.to_string()));
-            return;
-        }
-        if state.out.written() > before {
+        let before = state.io.out().written();
+        // What failed stays in the stream: every waiter finds it there.
+        let _ = self.raw.try_io(Interest::WRITABLE, |fd| state.io.flush(fd));
+        if state.io.out().written() > before || state.io.has_failed() {
             self.progress.notify_waiters();
         }
-        if state.shut && state.out.is_empty() {
-            self.end_stream(state);
-        }
-    }
-
-    /// Ends our sending direction once the queue is written: TLS's close_notify first
-    /// (after every byte queued before it), then the socket's.
-    fn end_stream(&self, state: &mut State) {
-        if let (Raw::Tcp(s), Some(tls)) = (&self.raw, state.tls.as_mut()) {
-            if !state.close_notified {
-                state.close_notified = true;
-                tls.close_notify();
-            }
-            if !matches!(tls.flush(&mut TryIo(s)), Ok(true)) {
-                return;
-            }
-        }
-        if !state.shut_done {
-            state.shut_done = true;
-            let _ = rustix::net::shutdown(self.raw.fd(), rustix::net::Shutdown::Write);
-        }
-    }
-
-    fn write_queued(&self, state: &mut State) -> std::io::Result<()> {
-        let State {
-            out, tls, tls_through, ..
-        } = state;
-        let releases = std::mem::take(&mut *self.releases.lock().unwrap_or_else(PoisonError::into_inner));
-        out.push_releases(&releases, Instant::now());
-        while !out.is_empty() {
-            if let (Raw::Tcp(s), Some(tls)) = (&self.raw, tls.as_mut()) {
-                // Every record made so far is on the socket: the stream is written that far.
-                if tls.flush(&mut TryIo(s))? {
-                    *tls_through = out.written();
-                }
-            }
-            let t = out.transmit();
-            let sent = match (&self.raw, tls.as_mut()) {
-                (Raw::Tcp(s), Some(tls)) => match tls.write(&mut TryIo(s), &t.slices)? {
-                    0 => Err(std::io::ErrorKind::WouldBlock.into()),
-                    n => Ok(n),
-                },
-                (Raw::Tcp(s), None) => s.try_write_vectored(&t.slices),
-                (Raw::Unix(s), _) => {
-                    let fds: Vec<BorrowedFd<'_>> = t.fds.iter().map(PassFd::as_fd).collect();
-                    s.try_io(Interest::WRITABLE, || {
-                        handoff_sys::send(s.as_fd(), &t.slices, &fds)?.ok_or(std::io::ErrorKind::WouldBlock.into())
-                    })
-                }
-            };
-            match sent {
-                Ok(n) => out.advance(n, Instant::now()),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        if let (Raw::Tcp(s), Some(tls)) = (&self.raw, tls.as_mut()) {
-            if tls.flush(&mut TryIo(s))? {
-                *tls_through = out.written();
-            }
-        }
-        Ok(())
-    }
-
-    /// Fails the connection: what is queued goes, and the socket is shut down in both
-    /// directions (the reader ends too).
-    fn fail(&self, state: &mut State, why: (std::io::ErrorKind, String)) {
-        if state.failed.is_none() {
-            state.failed = Some((why.0, why.1, state.out.written()));
-            state.out.clear();
-            let _ = rustix::net::shutdown(self.raw.fd(), rustix::net::Shutdown::Both);
-        }
-        self.progress.notify_waiters();
     }
 
     /// Queues a control header the peer's requests made us send (an answer, a refusal)
@@ -473,13 +317,13 @@ impl Socket {
     /// rest by a task.
     pub(crate) async fn queue_control(self: &Arc<Self>, head: Bytes, pulled: Option<Bytes>) {
         let mut state = self.lock_async().await;
-        if state.failed.is_some() || state.shut {
+        if !state.io.takes_more() {
             return;
         }
         let now = Instant::now();
         match pulled {
-            Some(bytes) => state.out.push_pulled_answer(head, bytes, now),
-            None => state.out.push_control(head, now),
+            Some(bytes) => state.io.out_mut().push_pulled_answer(head, bytes, now),
+            None => state.io.out_mut().push_control(head, now),
         }
         self.flush(&mut state);
         self.flush_later(&mut state);
@@ -512,11 +356,11 @@ impl Socket {
 
     /// Starts a task that writes what the socket did not take, unless one runs.
     fn flush_later(self: &Arc<Self>, state: &mut State) {
-        if (state.out.is_empty() && !state.tls_waiting()) || state.flusher || state.failed.is_some() {
+        if !state.io.wants_write() || state.flusher || state.io.has_failed() {
             return;
         }
         state.flusher = true;
-        let end = state.out.queued();
+        let end = state.io.out().queued();
         let socket = Arc::downgrade(self);
         self.runtime.spawn(async move {
             let Some(socket) = Weak::upgrade(&socket) else { return };
@@ -535,7 +379,7 @@ impl Socket {
             notified.as_mut().enable();
             let backed_up = {
                 let state = self.lock_async().await;
-                state.failed.is_none() && state.out.backed_up(max_pull_answers)
+                !state.io.has_failed() && state.io.out().backed_up(max_pull_answers)
             };
             if !backed_up {
                 return;
@@ -555,12 +399,12 @@ impl Socket {
     pub(crate) async fn say_and_shutdown(&self, last: Vec<u8>, limit: Duration) {
         let end = {
             let mut state = self.lock_async().await;
-            if !state.shut && state.failed.is_none() {
-                state.out.push(Bytes::from(last), Instant::now());
+            if state.io.takes_more() {
+                state.io.out_mut().push(Bytes::from(last), Instant::now());
             }
-            state.shut = true;
+            state.io.shut();
             self.flush(&mut state);
-            state.out.queued()
+            state.io.out().queued()
         };
         // Our bytes, then TLS's close_notify, then the socket's end.
         let finish = async {
@@ -569,7 +413,7 @@ impl Socket {
                 {
                     let mut state = self.lock_async().await;
                     self.flush(&mut state);
-                    if state.shut_done || state.failed.is_some() {
+                    if state.io.shut_done() || state.io.has_failed() {
                         return Ok(());
                     }
                 }
@@ -577,11 +421,7 @@ impl Socket {
             }
         };
         let _: Result<std::io::Result<()>, _> = tokio::time::timeout(limit, finish).await;
-        let mut state = self.lock_async().await;
-        if !state.shut_done {
-            state.shut_done = true;
-            let _ = rustix::net::shutdown(self.raw.fd(), rustix::net::Shutdown::Write);
-        }
+        self.lock_async().await.io.shut_now(self.raw.fd());
     }
 }
 

@@ -21,7 +21,8 @@ use rustls::{ClientConfig, ServerConfig};
 use tokio::net::TcpStream;
 
 use crate::error::{Error, Result};
-use crate::socket::{Socket, TlsFailed, TryIo};
+use crate::socket::{Socket, TryIo};
+use handoff_sys::stream::TlsFailed;
 
 /// A TCP connection after its TLS handshake, with its session.
 pub(crate) type TlsTcp = (TcpStream, TlsSession);
@@ -150,10 +151,8 @@ async fn refuse_plain(tcp: TcpStream) {
 /// The reason in an I/O error that the TLS session raised after its handshake (an alert the
 /// peer sent when it checked our certificate, say), if it is one.
 pub(crate) fn explain_io(e: &std::io::Error, peer: &str) -> Option<Error> {
-    e.get_ref()
-        .and_then(|inner| inner.downcast_ref::<TlsFailed>())
-        .map(|failed| Error::Tls {
-            peer: peer.to_string(),
-            reason: failed.0.clone(),
-        })
+    TlsFailed::of(e).map(|reason| Error::Tls {
+        peer: peer.to_string(),
+        reason: reason.to_string(),
+    })
 }
