@@ -53,6 +53,7 @@ use crate::socket;
 use crate::tickets::Ticket;
 use handoff_proto::tls::{plain_refusal, Opening, TLS_REQUIRED_MESSAGE};
 use handoff_proto::tls_session::TlsSession;
+use handoff_sys::same_host::SameHostError;
 use handoff_sys::stream::{StreamIo, TlsFailed};
 
 /// The implementation this driver announces.
@@ -217,18 +218,10 @@ impl Connection {
         let mut peer_pid = None;
         if unix {
             // A same-host peer shares our memory: only one of our own user (spec §7.1).
-            let cred = rustix::net::sockopt::socket_peercred(&socket)
-                .map_err(|e| io_error("reading the peer's credentials (SO_PEERCRED)", e.into()))?;
-            peer_pid = Some(cred.pid.as_raw_nonzero().get() as u32);
-            let ours = rustix::process::geteuid();
-            if cred.uid != ours {
-                return Err(PyPermissionError::new_err(format!(
-                    "refusing a same-host peer running as uid {} (we are uid {}, its pid {})",
-                    cred.uid.as_raw(),
-                    ours.as_raw(),
-                    cred.pid.as_raw_nonzero()
-                )));
-            }
+            peer_pid = handoff_sys::same_host::check_peer_uid(socket.as_fd()).map_err(|e| match e {
+                SameHostError::Io { what, source } => io_error(&what, source),
+                SameHostError::Refused(why) => PyPermissionError::new_err(why),
+            })?;
         }
         if let (Some(timeout), false) = (engine.shared.tcp_timeout, unix) {
             socket::set_tcp_timeout(socket.as_fd(), timeout).map_err(PyOSError::new_err)?;

@@ -3,12 +3,16 @@
 //! non-blocking `recvmsg` that collects the descriptors a Unix socket passes, a gathering
 //! `sendmsg` with descriptors on its first byte, and the keepalive that bounds a silent TCP
 //! peer; and [`stream::StreamIo`], a connection's stream read and written through its write
-//! queue and TLS session without waiting. What the descriptors mean, and whether they are allowed, is the engine's to decide.
+//! queue and TLS session without waiting; and [`hash_thread::HashThread`], which hashes a large
+//! pulled answer while it arrives; and [`same_host`], where a node's Unix socket lives and
+//! who may connect to it. What the descriptors mean, and whether they are allowed, is the engine's to decide.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{BorrowedFd, OwnedFd};
 
+pub mod hash_thread;
+pub mod same_host;
 pub mod stream;
 
 use handoff_proto::inbound::MAX_FDS_PER_READ;

@@ -14,7 +14,6 @@ use crate::peer::PeerAddrs;
 use crate::receive::read_loop;
 use crate::socket::Socket;
 use crate::state::NodeInner;
-use crate::unix;
 use crate::{Error, Peer, Result};
 use handoff_proto::handshake::Config;
 use handoff_proto::tls_session::TlsSession;
@@ -225,7 +224,7 @@ pub(crate) async fn open_tcp(
 
 /// Handshakes on a Unix stream from or to a same-host node; the peer's uid must be ours.
 pub(crate) async fn open_unix(node: Arc<NodeInner>, stream: UnixStream, label: String, side: Side) -> Result<Peer> {
-    let peer_pid = unix::check_peer_uid(&stream)?;
+    let peer_pid = handoff_sys::same_host::check_peer_uid(std::os::fd::AsFd::as_fd(&stream))?;
     let socket = Socket::unix(stream, node.ctx.bounds.write_timeout);
     let done = run_handshake(&node, &socket, &label, side).await?;
     let ident = &done.ident;

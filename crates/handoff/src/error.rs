@@ -148,6 +148,15 @@ impl Error {
     }
 }
 
+impl From<handoff_sys::same_host::SameHostError> for Error {
+    fn from(e: handoff_sys::same_host::SameHostError) -> Error {
+        match e {
+            handoff_sys::same_host::SameHostError::Io { what, source } => Error::io(what, source),
+            handoff_sys::same_host::SameHostError::Refused(why) => Error::Config(why),
+        }
+    }
+}
+
 /// An error and its sources, displayed as one line (see [`Error::chain`]).
 #[derive(Debug, Clone, Copy)]
 pub struct Chain<'e>(pub &'e (dyn std::error::Error + 'static));

@@ -29,8 +29,8 @@
 // This crate is the tokio driver of the protocol engine `handoff_proto` (no I/O, no async):
 // the engine decides, this crate moves bytes, descriptors and time, and keeps the public API.
 // The modules, bottom up; each uses only modules below it.
-// - leaves: error, limited_warn, budget (waiting for room), hashing, message, payload,
-//   unix, socket (a connection's socket: the engine's write queue and TLS session, reads
+// - leaves: error, limited_warn, budget (waiting for room), message, payload,
+//   socket (a connection's socket: the engine's write queue and TLS session, reads
 //   with descriptors), shm (buffers that are views of segments), handshake (drives the
 //   engine's handshake), tickets::{owner (waiting for a lease), modes, pending};
 // - context: what the parts of a running node share (`Context`), and `LocalNode`, the node
@@ -50,7 +50,6 @@ mod error;
 #[cfg(doctest)]
 mod guide_examples;
 mod handshake;
-mod hashing;
 mod inbox;
 mod inproc;
 mod limited_warn;
@@ -65,7 +64,6 @@ mod socket;
 mod state;
 pub mod tickets;
 pub mod tls;
-mod unix;
 mod wait;
 
 pub use builder::NodeBuilder;

@@ -26,7 +26,6 @@ use crate::shm::MappingCache;
 use crate::state::NodeInner;
 use crate::tickets::owner::{LeaseTable, LeaseTableStats};
 use crate::tickets::tasks::{reap_expired, unlease_loop};
-use crate::unix;
 use crate::{Error, Message, Peer, Result};
 use handoff_proto::bounds::Bounds;
 use handoff_proto::log_limit::LogLimiter;
@@ -70,14 +69,9 @@ impl NodeBuilder {
         };
         let node_id = identity::random_id();
         let unix_listener = if self.shm {
-            let dir = unix::runtime_dir()?;
-            let path = dir.join(format!("{}-{}.sock", sanitize(&self.name), &node_id[..12]));
-            let _ = std::fs::remove_file(&path);
-            let listener =
-                UnixListener::bind(&path).map_err(|e| Error::io(format!("listening on {}", path.display()), e))?;
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-                .map_err(|e| Error::io(format!("restricting {} to mode 0600", path.display()), e))?;
+            let (listener, path) = handoff_sys::same_host::listen(&self.name, &node_id)?;
+            let listener = UnixListener::from_std(listener)
+                .map_err(|e| Error::io(format!("listening on {}", path.display()), e))?;
             Some((listener, path))
         } else {
             None
@@ -165,20 +159,6 @@ impl NodeBuilder {
             _guard: Arc::new(ShutdownOnDrop(inner)),
         })
     }
-}
-
-/// A node name made safe for a file name.
-fn sanitize(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .take(32)
-        .collect()
 }
 
 /// Shuts the node down when the last clone of its `Node` is dropped.

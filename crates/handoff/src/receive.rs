@@ -20,7 +20,6 @@ use tokio::sync::mpsc;
 
 use crate::envelope::Envelope;
 use crate::handshake::{DRAIN_BYTES, DRAIN_TIME};
-use crate::hashing::HashThread;
 use crate::limited_warn;
 use crate::link::Link;
 use crate::payload::Payload;
@@ -33,6 +32,7 @@ use crate::tickets::pending::{Answer, Waiter};
 use crate::{Error, Peer, Result};
 use handoff_proto::inbound::MAX_FDS_PER_READ;
 use handoff_proto::shm::buffers::Release;
+use handoff_sys::hash_thread::HashThread;
 use handoff_wire::framing::encode_header_into;
 
 /// Receives messages from one peer until it closes or breaks the protocol.
@@ -185,10 +185,7 @@ async fn read_messages(
                     Digest::None => None,
                     Digest::Hashed(d) => Some(d),
                     // The helper thread reads `bytes` until it is done: wait for it first.
-                    Digest::Behind(behind) => match behind.into_any().downcast::<HashThread>() {
-                        Ok(thread) => thread.finish().await,
-                        Err(_) => unreachable!("this driver's only hasher"),
-                    },
+                    Digest::Behind(behind) => finish_hash(behind).await,
                 };
                 let _ = waiter.send(Ok(Answer::Bytes(bytes, digest)));
                 continue;
@@ -196,9 +193,7 @@ async fn read_messages(
             Step::Unclaimed { digest, bytes } => {
                 // A helper thread may still read the bytes: it finishes before they go.
                 if let Digest::Behind(behind) = digest {
-                    if let Ok(thread) = behind.into_any().downcast::<HashThread>() {
-                        thread.finish().await;
-                    }
+                    finish_hash(behind).await;
                 }
                 drop(bytes);
                 continue;
@@ -263,6 +258,15 @@ async fn read_messages(
             Event::Ticket(_) | Event::Pulled { .. } | Event::PulledMismatch { .. } => {}
         }
     }
+}
+
+/// Waits, off the runtime's threads, for the helper thread that hashes a pulled answer.
+async fn finish_hash(behind: Box<dyn handoff_proto::inbound::HashBehind>) -> Option<[u8; 32]> {
+    let thread = HashThread::of(behind).expect("this driver's only hasher");
+    tokio::task::spawn_blocking(move || thread.finish())
+        .await
+        .ok()
+        .flatten()
 }
 
 /// A received frame as the application sees it: bytes, a mapped shared-memory view, or a

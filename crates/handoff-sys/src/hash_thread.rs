@@ -1,5 +1,5 @@
-//! The tokio driver's [`HashBehind`]: a large `pulled` answer is hashed on a helper thread
-//! while the rest of it arrives.
+//! [`HashThread`]: a driver's [`HashBehind`], hashing a large `pulled` answer on a helper
+//! thread while the rest of it arrives.
 //!
 //! Reading from a socket and hashing are both CPU work; on one thread they add up. Here the
 //! engine hands the helper each run of bytes as it lands, the reading thread goes straight
@@ -12,18 +12,16 @@ use std::thread::JoinHandle;
 use handoff_proto::inbound::HashBehind;
 
 /// Hashes runs of one answer's bytes, in order, on a helper thread.
-pub(crate) struct HashThread {
+pub struct HashThread {
     /// Each run as (address, length).
     ranges: Option<mpsc::Sender<(usize, usize)>>,
-    result: Option<tokio::sync::oneshot::Receiver<blake3::Hasher>>,
-    thread: Option<JoinHandle<()>>,
+    thread: Option<JoinHandle<blake3::Hasher>>,
 }
 
 impl HashThread {
     /// A helper thread, or `None` if none could start (the engine then hashes inline).
-    pub(crate) fn start() -> Option<Box<dyn HashBehind>> {
+    pub fn start() -> Option<Box<dyn HashBehind>> {
         let (tx, rx) = mpsc::channel::<(usize, usize)>();
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let thread = std::thread::Builder::new()
             .name("handoff-hash".into())
             .spawn(move || {
@@ -34,24 +32,26 @@ impl HashThread {
                     // both wait for this thread to stop.
                     hasher.update(unsafe { std::slice::from_raw_parts(at as *const u8, len) });
                 }
-                let _ = done_tx.send(hasher);
+                hasher
             })
             .ok()?;
         Some(Box::new(HashThread {
             ranges: Some(tx),
-            result: Some(done_rx),
             thread: Some(thread),
         }))
     }
 
-    /// Waits for every run to be hashed: the digest, or `None` if the thread died.
-    pub(crate) async fn finish(mut self) -> Option<[u8; 32]> {
+    /// The helper behind `behind`, if it is one of these.
+    pub fn of(behind: Box<dyn HashBehind>) -> Option<HashThread> {
+        behind.into_any().downcast::<HashThread>().ok().map(|t| *t)
+    }
+
+    /// Waits for every run to be hashed (blocking: the helper is at most a few runs
+    /// behind): the digest, or `None` if the thread died.
+    pub fn finish(mut self) -> Option<[u8; 32]> {
         self.ranges.take();
-        let hasher = self.result.take()?.await.ok();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        hasher.map(|h| *h.finalize().as_bytes())
+        let hasher = self.thread.take()?.join().ok()?;
+        Some(*hasher.finalize().as_bytes())
     }
 }
 
@@ -75,5 +75,21 @@ impl Drop for HashThread {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_handed_over_in_order_hash_as_the_whole() {
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let mut behind = HashThread::start().expect("a thread starts");
+        for run in data.chunks(65_536) {
+            behind.arrived(run);
+        }
+        let digest = HashThread::of(behind).expect("ours").finish();
+        assert_eq!(digest, Some(*blake3::hash(&data).as_bytes()));
     }
 }
