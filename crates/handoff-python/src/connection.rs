@@ -422,15 +422,12 @@ impl Connection {
         if self.write_deadline().is_some_and(|at| at <= now) {
             // The peer read nothing for the write timeout: only this connection fails, and
             // what it held (queued answers, leased views) goes (spec §9.1).
-            let stall = self.shared.bounds.write_timeout;
             *phase!(self) = Phase::Over;
-            let why = format!(
-                "writing to {}: no progress for {stall:?} (the peer read nothing)",
-                self.label
-            );
+            let mut why = String::new();
             if let Some(socket) = &self.socket {
                 self.stream
-                    .fail(socket.as_fd(), std::io::ErrorKind::TimedOut, why.clone());
+                    .fail_stalled(socket.as_fd(), self.shared.bounds.write_timeout);
+                why = format!("writing to {}: {}", self.label, self.stream.refusal().expect("failed"));
             }
             events.push(error_event(py, "timeout", &why, false)?);
             return Ok(events);

@@ -266,6 +266,16 @@ impl StreamIo {
         }
     }
 
+    /// Fails the stream because the peer read nothing for `write_timeout` (spec §9.1), in
+    /// the words both drivers use.
+    pub fn fail_stalled(&mut self, fd: BorrowedFd<'_>, write_timeout: Duration) {
+        let why = format!(
+            "no progress for {} s (the peer reads nothing); the connection is closed",
+            write_timeout.as_secs_f64()
+        );
+        self.fail(fd, ErrorKind::TimedOut, why);
+    }
+
     fn end_stream(&mut self, fd: BorrowedFd<'_>) -> std::io::Result<()> {
         if let Some(tls) = self.tls.as_deref_mut() {
             if !self.close_notified {

@@ -289,8 +289,7 @@ impl Socket {
                 Ok(ready) => ready?,
                 Err(_) => {
                     let mut state = self.lock_async().await;
-                    let why = format!("the peer read nothing for {:?}", self.write_timeout);
-                    state.io.fail(self.raw.fd(), std::io::ErrorKind::TimedOut, why);
+                    state.io.fail_stalled(self.raw.fd(), self.write_timeout);
                     self.progress.notify_waiters();
                 }
             }
@@ -450,7 +449,7 @@ mod tests {
         for r in [first, second] {
             let e = r.expect_err("the bytes were never written");
             assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
-            assert!(e.to_string().contains("read nothing"), "{e}");
+            assert!(e.to_string().contains("the peer reads nothing"), "{e}");
         }
         let later = socket.send(Bytes::from_static(b"x"), Vec::new(), Vec::new()).await;
         assert!(later.is_err());

@@ -134,18 +134,14 @@ async fn handshake(tcp: TcpStream, mut session: TlsSession, peer: &str) -> Resul
     }
 }
 
-/// How long, and how many bytes, a refused plain peer is read for after the refusal: its
-/// preamble and first handshake message cross ours, and closing with them unread would
-/// reset the connection before the peer reads why.
-const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
-const DRAIN_BYTES: usize = 64 << 10;
-
 /// Our preamble, then `error {code: "tls-required"}`, best effort; then reads what the
-/// peer still sends (bounded) until it closes, so that it reads the error.
+/// peer still sends (its preamble and first handshake message cross ours, spec §11.3) until
+/// it closes, as after any `error`, so that it reads the error.
 async fn refuse_plain(tcp: TcpStream) {
-    let socket = Socket::tcp(tcp, None, DRAIN_LIMIT);
-    socket.say_and_shutdown(plain_refusal(), DRAIN_LIMIT).await;
-    socket.drain(DRAIN_BYTES, DRAIN_LIMIT).await;
+    use handoff_proto::handshake::{DRAIN_BYTES, DRAIN_TIME, ERROR_WRITE_LIMIT};
+    let socket = Socket::tcp(tcp, None, ERROR_WRITE_LIMIT);
+    socket.say_and_shutdown(plain_refusal(), ERROR_WRITE_LIMIT).await;
+    socket.drain(DRAIN_BYTES, DRAIN_TIME).await;
 }
 
 /// The reason in an I/O error that the TLS session raised after its handshake (an alert the
