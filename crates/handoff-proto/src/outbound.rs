@@ -14,7 +14,7 @@ use std::sync::Arc;
 use handoff_wire::framing::encode_header_into;
 use handoff_wire::{Buffer, Descriptor, Header, Limits, TicketClaim, WireError};
 
-use crate::shm::buffers::{copy_in, origin_of, Held, PassFd};
+use crate::shm::buffers::{copy_with, origin_of, CopyInto, Held, PassFd};
 use crate::shm::leases::{route_frame, FrameRoute};
 use crate::shm::sealed_copy;
 
@@ -63,6 +63,8 @@ pub struct ShmRouting {
     /// Most descriptors one message may carry (one read takes at most this many): frames
     /// past it go inline.
     pub max_fds: usize,
+    /// How a frame is copied into a segment of the pool.
+    pub copy: CopyInto,
 }
 
 /// Why a frame could not be routed: copying it into shared memory failed.
@@ -126,7 +128,7 @@ impl Router {
                 (Held::Sealed(copy.clone()), PassFd::Sealed(copy))
             }
             FrameRoute::CopyIn => {
-                let copy = copy_in(&frame).map_err(|source| CopyFailed {
+                let copy = copy_with(&frame, routing.copy).map_err(|source| CopyFailed {
                     what: "copying into shared memory",
                     source,
                 })?;
@@ -236,6 +238,7 @@ mod tests {
             threshold,
             sealed_only,
             max_fds,
+            copy: CopyInto::Mapping,
         }
     }
 

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -11,7 +12,8 @@ pub const MIN_POOLED: usize = 64 * 1024;
 
 #[derive(Default)]
 struct PoolState {
-    free: HashMap<usize, Vec<Vec<u8>>>,
+    /// Idle buffers by size class, each with when it came back.
+    free: HashMap<usize, Vec<(Vec<u8>, Instant)>>,
     idle_bytes: usize,
 }
 
@@ -45,7 +47,7 @@ impl RecvPool {
         let class = len.max(MIN_POOLED).next_power_of_two();
         let reused = {
             let mut state = self.state.lock().expect("pool lock");
-            let v = state.free.get_mut(&class).and_then(Vec::pop);
+            let v = state.free.get_mut(&class).and_then(Vec::pop).map(|(v, _)| v);
             if v.is_some() {
                 state.idle_bytes -= class;
             }
@@ -64,6 +66,26 @@ impl RecvPool {
     /// Bytes held idle in the pool now.
     pub fn idle_bytes(&self) -> usize {
         self.state.lock().expect("pool lock").idle_bytes
+    }
+
+    /// Frees the buffers idle for `idle` or longer at `now` (all of them with
+    /// `Duration::ZERO`); the bytes freed. A driver calls it from a timer, as the Python
+    /// implementation's receive pool frees what was idle for its `IDLE_SECONDS`.
+    pub fn free_idle(&self, now: Instant, idle: Duration) -> usize {
+        let mut state = self.state.lock().expect("pool lock");
+        let mut freed = 0;
+        for (class, list) in state.free.iter_mut() {
+            list.retain(|(_, since)| {
+                let keep = now.saturating_duration_since(*since) < idle;
+                if !keep {
+                    freed += class;
+                }
+                keep
+            });
+        }
+        state.free.retain(|_, list| !list.is_empty());
+        state.idle_bytes -= freed;
+        freed
     }
 }
 
@@ -140,7 +162,8 @@ impl Drop for PooledBuf {
         }
         if state.idle_bytes + class <= self.max_idle_bytes {
             state.idle_bytes += class;
-            state.free.entry(class).or_default().push(std::mem::take(&mut self.vec));
+            let buffer = std::mem::take(&mut self.vec);
+            state.free.entry(class).or_default().push((buffer, Instant::now()));
         }
     }
 }

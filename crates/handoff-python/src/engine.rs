@@ -241,6 +241,69 @@ pub fn segment_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyD
     Ok(d)
 }
 
+/// The engines of this process, for what they hold only for reuse ([`held_for_reuse`],
+/// [`give_back_held`]).
+static ENGINES: Mutex<Vec<std::sync::Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// What every engine of this process holds for reuse, summed.
+fn held_now(give_back: bool) -> handoff_proto::shm::idle::HeldForReuse {
+    use handoff_proto::shm::idle;
+    let pool = handoff_proto::shm::SegmentPool::global();
+    let engines: Vec<Arc<Shared>> = ENGINES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .filter_map(std::sync::Weak::upgrade)
+        .collect();
+    let mut held = idle::HeldForReuse {
+        pool_idle: pool.stats().idle_bytes,
+        ..Default::default()
+    };
+    for shared in &engines {
+        let of = match give_back {
+            true => idle::give_back(pool, &shared.mappings, &shared.pool),
+            false => idle::HeldForReuse::of(pool, &shared.mappings, &shared.pool),
+        };
+        held.kept_idle += of.kept_idle;
+        held.recv_idle += of.recv_idle;
+    }
+    if give_back && engines.is_empty() {
+        pool.retire_idle(std::time::Instant::now(), std::time::Duration::ZERO);
+    }
+    held
+}
+
+fn held_dict(py: Python<'_>, held: handoff_proto::shm::idle::HeldForReuse) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let s = handoff_proto::shm::SegmentPool::global().stats();
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("pool-busy", s.bytes - s.idle_bytes)?;
+    d.set_item("pool-idle", held.pool_idle)?;
+    d.set_item("pool-fds", s.segments)?;
+    d.set_item("kept-idle", held.kept_idle)?;
+    d.set_item("recv-idle", held.recv_idle)?;
+    Ok(d)
+}
+
+/// What the engines of this process hold, in bytes, under the names of the Dask worker
+/// metric `handoff` (`handoff.dask.memory.shared_bytes`): `pool-busy` (segments receivers
+/// hold), `pool-idle` (idle segments, in no RSS), `pool-fds` (the pool's descriptors),
+/// `kept-idle` (received segments kept mapped, in this RSS), `recv-idle` (warm receive
+/// buffers, in this RSS).
+#[pyfunction]
+pub fn held_for_reuse(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let held = held_now(false);
+    held_dict(py, held)
+}
+
+/// Gives back now everything the engines of this process hold only for reuse: idle pool
+/// segments, idle kept mappings, warm receive buffers (the process nears a memory limit).
+/// Returns what they held, as [`held_for_reuse`] says it.
+#[pyfunction]
+pub fn give_back_held(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let held = py.detach(|| held_now(true));
+    held_dict(py, held)
+}
+
 /// A node's engine state, shared by its connections (see the module's text).
 #[pyclass(frozen, module = "handoff._native")]
 pub struct Engine {
@@ -431,6 +494,10 @@ impl Engine {
                 waiting_for_leases: AtomicUsize::new(0),
             }
         });
+        let mut live = ENGINES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        live.retain(|e| e.strong_count() > 0);
+        live.push(Arc::downgrade(&shared));
+        drop(live);
         Ok(Engine { shared })
     }
 
@@ -584,6 +651,7 @@ impl Engine {
             .sweep(
                 handoff_proto::shm::SegmentPool::global(),
                 &self.shared.mappings,
+                &self.shared.pool,
                 std::time::Instant::now(),
             )
             .as_secs_f64()

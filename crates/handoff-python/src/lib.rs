@@ -30,6 +30,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<frames::OnDemand>()?;
     m.add_class::<tickets::Ticket>()?;
     m.add_function(wrap_pyfunction!(engine::segment_pool_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(engine::held_for_reuse, m)?)?;
+    m.add_function(wrap_pyfunction!(engine::give_back_held, m)?)?;
     m.add_function(wrap_pyfunction!(plain::plain_msg, m)?)?;
     m.add_function(wrap_pyfunction!(plain::inline_msg, m)?)?;
     Ok(())

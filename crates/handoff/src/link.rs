@@ -228,6 +228,7 @@ impl ShmLink {
             threshold: self.threshold,
             sealed_only: self.sealed,
             max_fds: handoff_proto::inbound::MAX_FDS_PER_READ,
+            copy: handoff_proto::shm::CopyInto::Mapping,
         };
         // Frame by frame: each shared frame's lease is taken (waiting for the peer to
         // release some, as configured) before the next frame is copied, so that a waiting

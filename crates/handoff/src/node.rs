@@ -412,6 +412,7 @@ async fn sweep_idle_shm(node: std::sync::Weak<NodeInner>) {
             handoff_proto::shm::IdleTimes::from_env().sweep(
                 crate::shm::pool(),
                 &node.ctx.mappings,
+                &node.ctx.pool,
                 std::time::Instant::now(),
             )
         };

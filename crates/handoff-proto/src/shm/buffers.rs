@@ -194,10 +194,44 @@ impl DerefMut for SharedBufMut {
     }
 }
 
-/// Copies `data` into a pooled segment (the one copy a heap buffer pays to go through shm).
+/// How a heap buffer is copied into a segment to go through shm ([`copy_in`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CopyInto {
+    /// Through this process's mapping of the segment: the fastest copy (about 10 GB/s on
+    /// these machines), but its pages then count in this process's RSS too, beside the
+    /// receiver's and beside the application's own copy of the data.
+    #[default]
+    Mapping,
+    /// With `pwrite` to the segment's memfd: about half as fast (5 GB/s here), and this
+    /// process never maps the pages, so they count only in the receiver's RSS. What a
+    /// process whose memory is judged by its RSS wants: a Dask worker (its memory manager
+    /// pauses and restarts workers by RSS), as the Python implementation's pool does.
+    Write,
+}
+
+/// Copies `data` into a pooled segment (the one copy a heap buffer pays to go through shm),
+/// through this process's mapping.
 pub fn copy_in(data: &[u8]) -> std::io::Result<Buffer> {
+    copy_with(data, CopyInto::Mapping)
+}
+
+/// Copies `data` into a pooled segment as `how` says.
+pub fn copy_with(data: &[u8], how: CopyInto) -> std::io::Result<Buffer> {
     let mut buf = SharedBufMut::new(data.len())?;
-    buf.copy_from_slice(data);
+    match how {
+        CopyInto::Mapping => buf.copy_from_slice(data),
+        CopyInto::Write => {
+            let mut at = 0;
+            while at < data.len() {
+                match rustix::io::pwrite(buf.segment.fd(), &data[at..], at as u64) {
+                    Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                    Ok(n) => at += n,
+                    Err(rustix::io::Errno::INTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
     Ok(buf.freeze())
 }
 

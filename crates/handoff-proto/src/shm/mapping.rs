@@ -360,6 +360,17 @@ impl MappingCache {
         left
     }
 
+    /// Bytes mapped that no view uses (kept for reuse).
+    pub fn idle_bytes(&self) -> usize {
+        let entries = self.entries.lock().expect("mapping cache lock");
+        entries
+            .values()
+            .flatten()
+            .filter(|e| Arc::strong_count(&e.mapping) == 1)
+            .map(|e| e.mapping.len())
+            .sum()
+    }
+
     /// Bytes mapped now.
     pub fn mapped_bytes(&self) -> usize {
         let entries = self.entries.lock().expect("mapping cache lock");

@@ -13,7 +13,9 @@ pub mod leases;
 pub mod mapping;
 pub mod segment;
 
-pub use buffers::{copy_in, origin_of, pool, segment_info, Held, PassFd, SegmentInfo, SharedBufMut, ShmOrigin};
+pub use buffers::{
+    copy_in, copy_with, origin_of, pool, segment_info, CopyInto, Held, PassFd, SegmentInfo, SharedBufMut, ShmOrigin,
+};
 pub use idle::IdleTimes;
 pub use mapping::{MapError, Mapping, MappingCache};
 pub use segment::{inode_of, sealed_copy, PoolStats, SealedSegment, Segment, SegmentPool, MIN_SEGMENT};

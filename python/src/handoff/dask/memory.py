@@ -8,9 +8,12 @@ are users asking Dask to see that). So the backend keeps its own part of it hone
 
 - a sender unmaps a segment once it is sent (:mod:`handoff.pool`): the receiver counts
   the pages, not both;
+- a node on the Rust engine writes its copies into segments with ``pwrite`` and never
+  maps them (``CopyInto::Write`` in ``handoff-proto``), for the same reason;
 - what is held only for reuse is given back on a timer (the idle segments of the pool,
   the mappings kept by connections, the warm receive buffers: :mod:`handoff.pool`,
-  :mod:`handoff.mapcache`, :mod:`handoff.recvbuf`), and at once when a worker's RSS
+  :mod:`handoff.mapcache`, :mod:`handoff.recvbuf`, and the engine's own, which
+  ``handoff._native.held_for_reuse`` reports), and at once when a worker's RSS
   comes within :data:`TRIM_MARGIN` of the lowest of Dask's spill, pause and terminate
   thresholds (a watcher on the event loop of the process's first comm, :func:`start`,
   checks every :data:`INTERVAL` seconds; no thread: Dask's tests fail on any thread a
@@ -26,6 +29,7 @@ import asyncio
 import logging
 from typing import Any, Optional
 
+from .. import native
 from ..mapcache import idle_bytes as kept_idle_bytes
 from ..mapcache import trim_all as trim_kept
 from ..pool import pool
@@ -50,13 +54,19 @@ def shared_bytes() -> dict:
     ``pool-idle`` (idle segments, in no RSS), ``kept-idle`` (received segments kept
     mapped, in this RSS), ``recv-idle`` (warm receive buffers, in this RSS)."""
     p = pool().stats()
-    return {
+    held = {
         "pool-busy": p["bytes"] - p["idle_bytes"],
         "pool-idle": p["idle_bytes"],
         "pool-fds": p["fds"],
         "kept-idle": kept_idle_bytes(),
         "recv-idle": recv_pool().stats()["idle_bytes"],
     }
+    # The Rust engine's pool, mappings and receive buffers (nodes on the engine), beside the
+    # Python implementation's: one process may have nodes of both.
+    if native.ENABLED:
+        for key, n in native.ext.held_for_reuse().items():
+            held[key] += n
+    return held
 
 
 def trim() -> None:
@@ -64,6 +74,8 @@ def trim() -> None:
     pool().trim()
     trim_kept()
     recv_pool().clear()
+    if native.ENABLED:
+        native.ext.give_back_held()
 
 
 def _worker_metric(worker: Any) -> dict:
