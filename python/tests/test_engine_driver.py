@@ -1094,3 +1094,28 @@ async def test_tls_13_only_and_a_bad_minimum_is_refused_by_name(pki):
         b.close()
     with pytest.raises(ValueError, match="tls_min_version"):
         tls_engine("py-tls11", pki, "a", tls_min_version="1.1")
+
+
+@pytest.mark.parametrize("how", ["write", "map"])
+async def test_a_frame_copied_into_shared_memory_arrives_whole_either_way(monkeypatch, how):
+    """``HANDOFF_SHM_COPY``: ``write`` (the default; the sender never maps its copy) or
+    ``map``; a frame copied either way arrives as it was sent."""
+    from handoff import Node
+
+    monkeypatch.setenv("HANDOFF_SHM_COPY", how)
+    async with (
+        Node("rx", secret="k", listen="127.0.0.1:0", engine=True) as rx,
+        Node("tx", secret="k", engine=True) as tx,
+    ):
+        p = await tx.connect(rx.listen_addr)
+        sent = np.random.default_rng(7).integers(0, 255, 5 * MIB + 3, dtype=np.uint8)
+        await p.send("t.A", {"x": sent})
+        env = await rx.recv(10)
+        assert env.frames[0].kind == "shm"
+        assert np.array_equal(np.asarray(env.body["x"]), sent)
+
+
+def test_an_unknown_way_to_copy_into_shared_memory_is_refused_with_the_ways_there_are(monkeypatch):
+    monkeypatch.setenv("HANDOFF_SHM_COPY", "mmap")
+    with pytest.raises(ValueError, match=r"HANDOFF_SHM_COPY=\"mmap\": expected `write`.*or `map`"):
+        engine("x")

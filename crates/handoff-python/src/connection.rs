@@ -266,8 +266,7 @@ impl Connection {
                 threshold: engine.shared.shm_threshold,
                 sealed_only: false,
                 max_fds: handoff_proto::inbound::MAX_FDS_PER_READ,
-                // A Dask worker is judged by its RSS: the copy is the receiver's to count.
-                copy: handoff_proto::shm::CopyInto::Write,
+                copy: engine.shared.shm_copy,
             }),
             shm_leases: ShmLeases::new(
                 engine.shared.bounds.max_shm_lease_bytes_per_peer,

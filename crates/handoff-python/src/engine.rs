@@ -37,6 +37,9 @@ pub(crate) struct Shared {
     pub(crate) unix: Option<String>,
     /// Frames this large and larger go through shared memory to a same-host peer.
     pub(crate) shm_threshold: usize,
+    /// How a frame is copied into a segment (`HANDOFF_SHM_COPY`): with `pwrite` unless
+    /// `map` is asked for.
+    pub(crate) shm_copy: handoff_proto::shm::CopyInto,
     pub(crate) pool: RecvPool,
     pub(crate) budget: Arc<Budget>,
     pub(crate) mappings: Arc<MappingCache>,
@@ -241,6 +244,21 @@ pub fn segment_pool_stats(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyD
     Ok(d)
 }
 
+/// How frames are copied into shared memory, from `HANDOFF_SHM_COPY`: `write` (the
+/// default: `pwrite`, so the copy counts only in the receiver's RSS, as a Dask worker's
+/// memory manager needs) or `map` (through this process's mapping: about twice as fast,
+/// and the copy counts in this process's RSS too).
+fn shm_copy_from_env() -> Result<handoff_proto::shm::CopyInto, String> {
+    use handoff_proto::shm::CopyInto;
+    match std::env::var("HANDOFF_SHM_COPY").as_deref().map(str::trim) {
+        Err(_) | Ok("") | Ok("write") => Ok(CopyInto::Write),
+        Ok("map") => Ok(CopyInto::Mapping),
+        Ok(other) => Err(format!(
+            "HANDOFF_SHM_COPY={other:?}: expected `write` (pwrite: the copy counts in the receiver's RSS only) or `map` (through a mapping: faster, counted in both)"
+        )),
+    }
+}
+
 /// The engines of this process, for what they hold only for reuse ([`held_for_reuse`],
 /// [`give_back_held`]).
 static ENGINES: Mutex<Vec<std::sync::Weak<Shared>>> = Mutex::new(Vec::new());
@@ -403,6 +421,7 @@ impl Engine {
                 "{what} must be a positive number of seconds, not {s}"
             ))),
         };
+        let shm_copy = shm_copy_from_env().map_err(PyValueError::new_err)?;
         let node_limits = match limits {
             None => Limits::default(),
             Some(given) => limits_of(given)?,
@@ -475,6 +494,7 @@ impl Engine {
                 listen,
                 unix,
                 shm_threshold: shm_threshold.max(1),
+                shm_copy,
                 pool: RecvPool::new(1 << 30),
                 budget,
                 mappings: Arc::new(MappingCache::new(4 << 30)),
