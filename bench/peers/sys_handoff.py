@@ -407,6 +407,13 @@ def main() -> int:
         rust_rows(binary, sizes, reps, args.rtt_reps, result)
     if not args.skip_python:
         result["notes"].append(f"the Python peer runs {handoff.native.REASON}")
+        from handoff.node import engine_default
+
+        result["notes"].append(
+            "its handoff.Node runs on the Rust engine (handoff.engine_node)"
+            if engine_default()
+            else "its handoff.Node is the Python implementation (HANDOFF_ENGINE=0, or no extension)"
+        )
         try:
             asyncio.run(python_rows(binary, sizes, reps, args.rtt_reps, result, pure=args.pure, engine=args.engine))
         except Exception as e:  # recorded, not hidden

@@ -14,15 +14,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: ``HANDOFF_ENGINE=1``: every ``handoff.Node`` runs on the Rust engine (handoff.engine_node).
-ON_ENGINE = os.environ.get("HANDOFF_ENGINE") == "1"
+
+def _on_engine() -> bool:
+    from handoff.node import engine_default
+
+    return engine_default()
+
+
+#: Whether every ``handoff.Node`` that does not say runs on the Rust engine
+#: (handoff.engine_node): wherever the extension is in use, unless ``HANDOFF_ENGINE=0``.
+ON_ENGINE = _on_engine()
 
 
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "pure_only(why): looks inside the pure-Python peer's own parts (its transport, its lease "
-        "table); skipped when nodes run on the engine (HANDOFF_ENGINE=1)",
+        "pure_only(why): looks inside the Python implementation's own parts (its transport, its lease "
+        "table); skipped when nodes run on the engine (the default with the extension)",
     )
     config.addinivalue_line(
         "markers",

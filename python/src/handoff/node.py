@@ -52,8 +52,15 @@ from .transport import Transport, keepalive_plan, raise_unix_send_buffer
 
 def engine_default() -> bool:
     """Whether nodes that do not say run on the Rust engine (:mod:`handoff.engine_node`):
-    ``HANDOFF_ENGINE=1``."""
-    return os.environ.get("HANDOFF_ENGINE") == "1"
+    wherever the extension is in use, unless ``HANDOFF_ENGINE=0`` asks for the Python
+    implementation of the node (the path being retired, kept while the move of issue 40
+    finishes). ``HANDOFF_ENGINE=1`` insists: it is an error without the extension."""
+    choice = os.environ.get("HANDOFF_ENGINE", "")
+    if choice == "0":
+        return False
+    if choice not in ("", "1"):
+        raise ValueError(f"HANDOFF_ENGINE is 0 or 1 (or unset), not {choice!r}")
+    return choice == "1" or _ENGINE_NODE is not None
 
 
 #: The class of nodes on the Rust engine: :mod:`handoff.engine_node` registers it when the
