@@ -15,6 +15,7 @@
 //!   machine (bytes and descriptors in, messages and ticket traffic out);
 //! - [`inbox`]: received messages waiting for the application, taken fairly by bytes;
 //! - [`log_limit`]: how many warnings about a peer reach the log;
+//! - [`node`]: what every connection of a node shares, and how a connection is built from it;
 //! - [`peers`]: the identity a node presents, node-id admission and the switch to shm;
 //! - [`outbound`]: how a message's frames travel on a same-host connection, and its header;
 //! - [`receive`]: what an established connection decides about each header it reads (§9, §11.2);
@@ -40,6 +41,7 @@ pub mod identity;
 pub mod inbound;
 pub mod inbox;
 pub mod log_limit;
+pub mod node;
 pub mod outbound;
 pub mod outgoing;
 pub mod peers;

@@ -28,10 +28,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use handoff_proto::budget::{Account, Permit};
 use handoff_proto::established::{Established, Refused, Step};
-use handoff_proto::handshake::{error_header, Config, Failure, Handshake, Status, DRAIN_BYTES, DRAIN_TIME};
-use handoff_proto::inbound::{Digest, Event, Frame as InFrame, Inbound};
+use handoff_proto::handshake::{error_header, Failure, Handshake, Status, DRAIN_BYTES, DRAIN_TIME};
+use handoff_proto::inbound::{Digest, Event, Frame as InFrame};
 use handoff_proto::outbound::{inline_routes, message_head, stream_parts, Planned, Routed, Router, ShmRouting};
-use handoff_proto::receive::{self, Asked, Receiving};
+use handoff_proto::receive::{self, Asked};
 use handoff_proto::send_policy::{self, issued_claim, FramePlan, TicketPolicy};
 use handoff_proto::shm::buffers::Held;
 use handoff_proto::shm::buffers::{Release, RemoteView};
@@ -240,17 +240,7 @@ impl Connection {
         };
         let shared = engine.shared.clone();
         let now = Instant::now();
-        let config = Config {
-            ident: peers::ident_of(&shared.me, IMPLEMENTATION, shared.listen.clone(), shared.unix.clone()),
-            secret: shared.secret.clone(),
-            limits: shared.limits,
-            preamble: shared.preamble,
-            role,
-            nonce: handoff_proto::identity::random_bytes(),
-            deadline: now + shared.bounds.handshake_timeout,
-            progress_timeout: shared.bounds.progress_timeout,
-            dialed: shared.nonces.clone(),
-        };
+        let config = shared.handshake_config(role, IMPLEMENTATION, shared.listen.clone(), shared.unix.clone(), now);
         let mut connection = Connection {
             shared,
             socket: Some(socket),
@@ -825,7 +815,7 @@ impl Connection {
 
     /// Sends a ticket request `op(req)` and records what it asked for.
     fn request(&mut self, op: impl FnOnce(u64) -> TicketOp, asked: Asked) -> PyResult<u64> {
-        let req = self.shared.next_req.fetch_add(1, Ordering::Relaxed);
+        let req = self.shared.next_request();
         self.requests.lock().expect("requests lock").insert(req, asked, req);
         if let Err(e) = self.control(&Header::Ticket(op(req))) {
             self.requests.lock().expect("requests lock").complete(req);
@@ -1141,16 +1131,10 @@ impl Connection {
     fn establish(&mut self, done: Handshaken) {
         let shared = self.shared.clone();
         let check = Arc::new(move |name: &str| shared.check_type(name));
-        let inbound = Inbound::new(
-            Receiving::new(self.shared.limits, self.unix),
-            check,
-            self.shared.pool.clone(),
-            self.shared.bounds.progress_timeout,
-        )
-        .with_budget(self.shared.budget.clone(), self.account.clone())
-        .with_owner(self.shared.leases.clone(), &done.ident.node_id, &self.shared.me.node_id)
-        .with_mappings(self.shared.mappings.clone())
-        .with_private_mappings(self.shared.shm_private);
+        let inbound = self
+            .shared
+            .inbound(self.unix, check, self.account.clone(), &done.ident.node_id)
+            .with_private_mappings(self.shared.shm_private);
         self.shared.register(&done.ident);
         self.peer = Some(done);
         let conn = Established::new(

@@ -9,30 +9,24 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use handoff_proto::bounds::Bounds;
-use handoff_proto::budget::Budget;
-use handoff_proto::handshake::DialerNonces;
 use handoff_proto::identity;
-use handoff_proto::recv_buffers::RecvPool;
-use handoff_proto::shm::MappingCache;
-use handoff_proto::ticket_leases::{LeaseConfig, LeaseTable};
+use handoff_proto::node::{CoreSettings, NodeCore};
+use handoff_proto::ticket_leases::LeaseConfig;
 
 use crate::holds::EndedHolds;
 use handoff_wire::{Endpoint, Limits, Preamble, WireError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-/// What the connections of one node share.
+/// What the connections of one node share: the engine's [`NodeCore`], as the tokio
+/// driver's nodes have it (reached through `Deref`), and what this driver adds.
 pub(crate) struct Shared {
-    pub(crate) me: Endpoint,
-    pub(crate) secret: Vec<u8>,
-    pub(crate) limits: Limits,
-    pub(crate) bounds: Bounds,
-    pub(crate) preamble: Preamble,
+    pub(crate) core: NodeCore,
     pub(crate) listen: Option<String>,
     pub(crate) unix: Option<String>,
     /// Frames this large and larger go through shared memory to a same-host peer.
@@ -40,10 +34,6 @@ pub(crate) struct Shared {
     /// How a frame is copied into a segment (`HANDOFF_SHM_COPY`): with `pwrite` unless
     /// `map` is asked for.
     pub(crate) shm_copy: handoff_proto::shm::CopyInto,
-    pub(crate) pool: RecvPool,
-    pub(crate) budget: Arc<Budget>,
-    pub(crate) mappings: Arc<MappingCache>,
-    pub(crate) nonces: Arc<DialerNonces>,
     /// The message types the node takes; `None` until one is registered (then any).
     pub(crate) types: Mutex<Option<HashSet<String>>>,
     pub(crate) wake: Wake,
@@ -56,9 +46,6 @@ pub(crate) struct Shared {
     /// TLS for TCP connections (spec §3.1), if the node has it: then required of every TCP
     /// peer.
     pub(crate) tls: Option<Tls>,
-    /// The leases of the buffers this node sent as tickets; every connection answers the
-    /// holders' requests from it.
-    pub(crate) leases: Arc<LeaseTable>,
     /// Over TCP, frames at least this large go as tickets (`None`: only when asked).
     pub(crate) ticket_threshold: Option<usize>,
     /// Within how long a TCP peer that stopped answering (its host lost power, or was cut
@@ -67,8 +54,6 @@ pub(crate) struct Shared {
     /// Received segments are mapped private and writable, one mapping per frame
     /// (`Engine(shm_private=True)`).
     pub(crate) shm_private: bool,
-    /// Ids of the ticket requests this node sends.
-    pub(crate) next_req: AtomicU64,
     /// Holds on other nodes' buffers whose last handle was dropped.
     pub(crate) ended_holds: EndedHolds,
     /// The peers connected now, by node id, with how many connections each has: a second
@@ -82,6 +67,14 @@ pub(crate) struct Shared {
 pub(crate) struct Tls {
     pub(crate) configs: handoff_proto::tls::Configs,
     pub(crate) server_name: Option<String>,
+}
+
+impl std::ops::Deref for Shared {
+    type Target = NodeCore;
+
+    fn deref(&self) -> &NodeCore {
+        &self.core
+    }
 }
 
 impl Shared {
@@ -279,8 +272,8 @@ fn held_now(give_back: bool) -> handoff_proto::shm::idle::HeldForReuse {
     };
     for shared in &engines {
         let of = match give_back {
-            true => idle::give_back(pool, &shared.mappings, &shared.pool),
-            false => idle::HeldForReuse::of(pool, &shared.mappings, &shared.pool),
+            true => shared.give_back(),
+            false => shared.held_for_reuse(),
         };
         held.kept_idle += of.kept_idle;
         held.recv_idle += of.recv_idle;
@@ -460,25 +453,27 @@ impl Engine {
         lease_config.ttl = seconds("lease_ttl", lease_ttl, lease_config.ttl)?;
         lease_config.max_bytes = max_lease_bytes.unwrap_or(lease_config.max_bytes);
         lease_config.max_bytes_per_peer = max_lease_bytes_per_peer.unwrap_or(lease_config.max_bytes_per_peer);
-        let leases = Arc::new(LeaseTable::new(lease_config, bounds.max_holders_per_lease));
         let wake = Wake::new().map_err(|e| PyValueError::new_err(format!("making the wake pipe: {e}")))?;
-        let budget = Budget::new(
-            bounds.max_buffered_bytes,
-            bounds.max_buffered_bytes_per_peer,
-            bounds.min_buffered_bytes_per_peer,
-            bounds.max_buffered_messages_per_peer,
-        );
+        let core = NodeCore::new(CoreSettings {
+            me,
+            secret,
+            limits: node_limits,
+            bounds,
+            preamble: Preamble::ours(accept_v1, accept_v2),
+            leases: lease_config,
+            recv_pool_bytes: 1 << 30,
+        });
         let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
             let weak = weak.clone();
             let lease_weak = weak.clone();
-            leases.set_waker(Box::new(move || {
+            core.leases.set_waker(Box::new(move || {
                 if let Some(shared) = lease_weak.upgrade() {
                     if shared.waiting_for_leases.load(Ordering::Acquire) > 0 {
                         shared.wake.signal();
                     }
                 }
             }));
-            budget.set_waker(Box::new(move || {
+            core.budget.set_waker(Box::new(move || {
                 if let Some(shared) = weak.upgrade() {
                     if shared.waiting_for_room.load(Ordering::Acquire) > 0 {
                         shared.wake.signal();
@@ -486,28 +481,18 @@ impl Engine {
                 }
             }));
             Shared {
-                me,
-                secret,
-                limits: node_limits,
-                bounds,
-                preamble: Preamble::ours(accept_v1, accept_v2),
+                core,
                 listen,
                 unix,
                 shm_threshold: shm_threshold.max(1),
                 shm_copy,
-                pool: RecvPool::new(1 << 30),
-                budget,
-                mappings: Arc::new(MappingCache::new(4 << 30)),
-                nonces: Arc::new(DialerNonces::new(bounds.handshake_timeout)),
                 types: Mutex::new(None),
                 wake,
                 waiting_for_room: AtomicUsize::new(0),
                 tls,
-                leases,
                 ticket_threshold,
                 tcp_timeout,
                 shm_private,
-                next_req: AtomicU64::new(1),
                 ended_holds: EndedHolds::default(),
                 connected: Mutex::default(),
                 connections_of: Mutex::default(),
@@ -667,13 +652,8 @@ impl Engine {
     /// implementation's pool and mapping cache. Returns how long until it should run again
     /// (seconds): the driver runs it from a timer.
     fn sweep_idle(&self) -> f64 {
-        handoff_proto::shm::IdleTimes::from_env()
-            .sweep(
-                handoff_proto::shm::SegmentPool::global(),
-                &self.shared.mappings,
-                &self.shared.pool,
-                std::time::Instant::now(),
-            )
+        self.shared
+            .sweep_idle(&handoff_proto::shm::IdleTimes::from_env(), std::time::Instant::now())
             .as_secs_f64()
     }
 

@@ -20,8 +20,18 @@ pub(crate) struct RecvBudget {
 
 impl RecvBudget {
     /// A budget with the bounds of [`Budget::new`].
+    #[cfg(test)]
     pub(crate) fn new(max_total: u64, max_per_peer: u64, min_per_peer: u64, max_messages_per_peer: usize) -> Self {
-        let budget = Budget::new(max_total, max_per_peer, min_per_peer, max_messages_per_peer);
+        RecvBudget::over(Budget::new(
+            max_total,
+            max_per_peer,
+            min_per_peer,
+            max_messages_per_peer,
+        ))
+    }
+
+    /// Waits, the tokio way, for room in `budget` (a node's, `NodeCore::budget`).
+    pub(crate) fn over(budget: Arc<Budget>) -> Self {
         let freed = Arc::new(Notify::new());
         let waiting = Arc::new(AtomicUsize::new(0));
         let (wake, anyone) = (freed.clone(), waiting.clone());

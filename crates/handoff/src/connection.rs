@@ -15,7 +15,6 @@ use crate::receive::read_loop;
 use crate::socket::Socket;
 use crate::state::NodeInner;
 use crate::{Error, Peer, Result};
-use handoff_proto::handshake::Config;
 use handoff_proto::tls_session::TlsSession;
 use handoff_proto::{peers, Handshaken};
 use handoff_wire::auth::Role;
@@ -137,22 +136,14 @@ async fn run_handshake(node: &Arc<NodeInner>, socket: &Arc<Socket>, label: &str,
         peers::admit(&node.ctx.me.node_id, ident, connected.as_ref().map(Peer::endpoint))
     };
     let ctx = &node.ctx;
-    let implementation = concat!("handoff-rs/", env!("CARGO_PKG_VERSION"));
-    let config = Config {
-        ident: peers::ident_of(&ctx.me, implementation, ctx.listen_addr.clone(), ctx.unix_addr()),
-        secret: ctx.secret.clone(),
-        limits: ctx.limits,
-        preamble: ctx.preamble,
-        role: match side {
-            Side::Dialed => Role::Dialer,
-            Side::Accepted { .. } => Role::Acceptor,
-        },
-        nonce: handoff_proto::identity::random_bytes(),
-        // On tokio's clock, as the handshake driver's (paused in some tests).
-        deadline: (tokio::time::Instant::now() + ctx.bounds.handshake_timeout).into_std(),
-        progress_timeout: ctx.bounds.progress_timeout,
-        dialed: ctx.dialer_nonces.clone(),
+    let role = match side {
+        Side::Dialed => Role::Dialer,
+        Side::Accepted { .. } => Role::Acceptor,
     };
+    let implementation = concat!("handoff-rs/", env!("CARGO_PKG_VERSION"));
+    // On tokio's clock, as the handshake driver's (paused in some tests).
+    let now = tokio::time::Instant::now().into_std();
+    let config = ctx.handshake_config(role, implementation, ctx.listen_addr.clone(), ctx.unix_addr(), now);
     let evicted = match side {
         Side::Dialed => None,
         Side::Accepted { evicted } => Some(evicted),

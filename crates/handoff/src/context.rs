@@ -1,48 +1,45 @@
-//! What the parts of a running node share: its identity and settings, type registry,
-//! resources, lease table, receive budget, pools and counters ([`Context`]), and the node as
-//! its peers and the tickets it holds reach it ([`LocalNode`]).
+//! What the parts of a running node share: the engine's [`NodeCore`] (identity, limits,
+//! budget, buffers, mappings, lease table), with the tokio waits around it, and the type
+//! registry, resources and counters ([`Context`]); and the node as its peers and the
+//! tickets it holds reach it ([`LocalNode`]).
 //!
 //! Nothing here knows peers, connections or the inbox, so that connections, read loops,
 //! peers and tickets can all build on it.
 
 use std::future::Future;
+use std::ops::Deref;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use handoff_wire::{Endpoint, Limits, Preamble, Resources, TicketClaim};
+use handoff_proto::node::NodeCore;
+use handoff_wire::{Resources, TicketClaim};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::budget::RecvBudget;
 use crate::message::TypeRegistry;
-use crate::shm::MappingCache;
 use crate::tickets::modes::Redeem;
 use crate::tickets::owner::LeaseTable;
 use crate::tls::TlsConfig;
 use crate::Result;
 use handoff_proto::admission::Admission;
-use handoff_proto::bounds::Bounds;
 use handoff_proto::log_limit::LogLimiter;
-use handoff_proto::recv_buffers::RecvPool;
 
-/// The settings and shared state of a running node, apart from its peers and inbox.
+/// The settings and shared state of a running node, apart from its peers and inbox; what
+/// the asyncio driver shares too is its [`NodeCore`] (reached through `Deref`).
 pub(crate) struct Context {
-    pub(crate) me: Endpoint,
-    pub(crate) secret: Vec<u8>,
-    pub(crate) limits: Limits,
+    pub(crate) core: NodeCore,
     pub(crate) registry: TypeRegistry,
     pub(crate) force_encode_inproc: bool,
     pub(crate) listen_addr: Option<String>,
     pub(crate) unix_path: Option<PathBuf>,
     pub(crate) shm_threshold: usize,
     pub(crate) shm_sealed: bool,
-    pub(crate) mappings: Arc<MappingCache>,
-    /// What peers can make this node hold (spec §9.1).
-    pub(crate) bounds: Bounds,
-    /// Bytes and messages received and not yet taken by the application.
+    /// Bytes and messages received and not yet taken by the application: the core's
+    /// budget, and its waiting connections.
     pub(crate) budget: Arc<RecvBudget>,
     /// Handshakes in progress on accepted connections.
     pub(crate) handshakes: Arc<Admission<tokio::sync::oneshot::Sender<()>>>,
@@ -55,29 +52,30 @@ pub(crate) struct Context {
     /// Every warning about peers passes this one too: at most so many per period in all,
     /// however many connections a peer opens.
     pub(crate) node_log: Arc<LogLimiter>,
-    pub(crate) pool: RecvPool,
     pub(crate) shutdown: watch::Sender<bool>,
     /// Set with `shutdown`, first: read on every message, so it takes no lock.
     pub(crate) shut_down: std::sync::atomic::AtomicBool,
-    /// Leases on buffers we sent as tickets.
+    /// Leases on buffers we sent as tickets: the core's table, and the sends waiting for
+    /// room in it.
     pub(crate) leases: LeaseTable,
     pub(crate) ticket_threshold: Option<usize>,
     pub(crate) redeem: Redeem,
     pub(crate) pull_timeout: Duration,
-    /// Ids of ticket requests we send.
-    pub(crate) next_req: AtomicU64,
     pub(crate) unlease_tx: mpsc::UnboundedSender<TicketClaim>,
     /// Local objects that values refer to by key (bound while decoding).
     pub(crate) resources: Arc<Resources>,
-    /// The preamble this node sends: version 3 only, or 2..=3 with `accept_v2`, or 1..=3 with
-    /// `accept_v1` (spec §3).
-    pub(crate) preamble: Preamble,
-    /// The nonces this node recently sent as a dialer (spec §5.7 step 3).
-    pub(crate) dialer_nonces: std::sync::Arc<handoff_proto::handshake::DialerNonces>,
     /// TLS for TCP connections (spec §3.1), if the node has it: then required of every TCP peer.
     pub(crate) tls: Option<TlsConfig>,
     /// Keepalive and `TCP_USER_TIMEOUT` for every TCP connection (`NodeBuilder::tcp_timeout`).
     pub(crate) tcp_timeout: Option<std::time::Duration>,
+}
+
+impl Deref for Context {
+    type Target = NodeCore;
+
+    fn deref(&self) -> &NodeCore {
+        &self.core
+    }
 }
 
 impl Context {

@@ -3,7 +3,7 @@
 //! accept loops and background tasks.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -22,14 +22,13 @@ use crate::handshake::CAPABILITIES;
 use crate::inbox::Inbox;
 use crate::link::LeaseStats;
 use crate::message::TypeRegistry;
-use crate::shm::MappingCache;
 use crate::state::NodeInner;
 use crate::tickets::owner::{LeaseTable, LeaseTableStats};
 use crate::tickets::tasks::{reap_expired, unlease_loop};
 use crate::{Error, Message, Peer, Result};
 use handoff_proto::bounds::Bounds;
 use handoff_proto::log_limit::LogLimiter;
-use handoff_proto::recv_buffers::RecvPool;
+use handoff_proto::node::{CoreSettings, NodeCore};
 use handoff_proto::{identity, peers};
 
 impl NodeBuilder {
@@ -97,43 +96,37 @@ impl NodeBuilder {
         let (shutdown_tx, _) = watch::channel(false);
         let (unlease_tx, unlease_rx) = mpsc::unbounded_channel();
         let force_env = std::env::var("HANDOFF_FORCE_ENCODE").is_ok_and(|v| v == "1");
-        let ctx = Context {
+        let core = NodeCore::new(CoreSettings {
             me,
             secret,
             limits: self.limits,
+            bounds,
+            preamble: self.preamble.unwrap_or(Preamble::ours(self.accept_v1, self.accept_v2)),
+            leases: self.lease_config,
+            recv_pool_bytes: self.pool_idle_bytes,
+        });
+        let ctx = Context {
+            budget: Arc::new(RecvBudget::over(core.budget.clone())),
+            leases: LeaseTable::over(core.leases.clone()),
+            core,
             registry: self.registry,
             force_encode_inproc: self.force_encode_inproc || force_env,
             listen_addr,
             unix_path: unix_listener.as_ref().map(|(_, p)| p.clone()),
             shm_threshold: self.shm_threshold.max(1),
             shm_sealed: self.shm_sealed,
-            mappings: Arc::new(MappingCache::new(4 << 30)),
-            budget: Arc::new(RecvBudget::new(
-                bounds.max_buffered_bytes,
-                bounds.max_buffered_bytes_per_peer,
-                bounds.min_buffered_bytes_per_peer,
-                bounds.max_buffered_messages_per_peer,
-            )),
             handshakes: handoff_proto::admission::Admission::new(bounds.max_handshakes),
             connections: AtomicUsize::new(0),
             ticket_dials: Arc::new(Semaphore::new(bounds.max_ticket_dials.max(1))),
             accept_log: LogLimiter::under(node_log.clone(), bounds.warnings_per_period, bounds.warning_period),
             node_log,
-            bounds,
-            pool: RecvPool::new(self.pool_idle_bytes),
             shutdown: shutdown_tx,
             shut_down: std::sync::atomic::AtomicBool::new(false),
-            leases: LeaseTable::new(self.lease_config, self.bounds.max_holders_per_lease),
             ticket_threshold: self.ticket_threshold,
             redeem: self.redeem,
             pull_timeout: self.pull_timeout,
-            next_req: AtomicU64::new(1),
             unlease_tx,
             resources: Arc::new(Resources::new(self.name.clone())),
-            preamble: self.preamble.unwrap_or(Preamble::ours(self.accept_v1, self.accept_v2)),
-            dialer_nonces: std::sync::Arc::new(handoff_proto::handshake::DialerNonces::new(
-                self.bounds.handshake_timeout,
-            )),
             tls: self.tls,
             tcp_timeout: self.tcp_timeout,
         };
@@ -409,12 +402,8 @@ async fn sweep_idle_shm(node: std::sync::Weak<NodeInner>) {
             if node.ctx.is_shut_down() {
                 return;
             }
-            handoff_proto::shm::IdleTimes::from_env().sweep(
-                crate::shm::pool(),
-                &node.ctx.mappings,
-                &node.ctx.pool,
-                std::time::Instant::now(),
-            )
+            node.ctx
+                .sweep_idle(&handoff_proto::shm::IdleTimes::from_env(), std::time::Instant::now())
         };
         tokio::time::sleep(wait).await;
     }

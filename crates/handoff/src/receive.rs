@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use handoff_proto::established::{Established, Refused, Step};
 use handoff_proto::inbound::{Digest, Event, Frame, Inbound};
-use handoff_proto::receive::{self, Receiving};
+use handoff_proto::receive;
 use handoff_proto::ticket_leases::OwnerAnswer;
 use handoff_wire::{Buffer, Header, WireError};
 use std::time::Instant;
@@ -50,20 +50,16 @@ pub(crate) async fn read_loop(node: Arc<NodeInner>, peer: Peer, socket: Arc<Sock
         }) as Release
     });
     let types = node.clone();
-    let inbound = Inbound::new(
-        Receiving::new(node.ctx.limits, release.is_some()),
-        Arc::new(move |name: &str| types.ctx.registry.check(name)),
-        node.ctx.pool.clone(),
-        node.ctx.bounds.progress_timeout,
-    )
-    .with_budget(Arc::clone(&node.ctx.budget), peer.0.account.clone())
-    .with_owner(
-        node.ctx.leases.table.clone(),
-        &peer.0.remote.node_id,
-        &node.ctx.me.node_id,
-    )
-    .with_hash_behind(Box::new(HashThread::start))
-    .with_mappings(node.ctx.mappings.clone());
+    let known_type = Arc::new(move |name: &str| types.ctx.registry.check(name));
+    let inbound = node
+        .ctx
+        .inbound(
+            release.is_some(),
+            known_type,
+            peer.0.account.clone(),
+            &peer.0.remote.node_id,
+        )
+        .with_hash_behind(Box::new(HashThread::start));
     let mut conn = Established::new(inbound, peer.0.pending.clone(), node.ctx.budget.max_per_peer());
     let result = tokio::select! {
         r = read_messages(&node, &peer, &socket, &mut conn, release.as_ref()) => r,

@@ -4,7 +4,6 @@
 //! face of it.
 
 pub(crate) use handoff_proto::shm::buffers::{remote_buffer, Held, RemoteView};
-pub(crate) use handoff_proto::shm::MappingCache;
 pub use handoff_proto::shm::{
     copy_in, pool, segment_info, PoolStats, Segment, SegmentInfo, SegmentPool, SharedBufMut, MIN_SEGMENT,
 };

@@ -1,7 +1,6 @@
 //! Talking to owners: finding (or connecting to) the owner of a ticket, and asking it to
 //! pull, forward or renew; the node's side of [`LocalNode`].
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -90,7 +89,7 @@ impl NodeInner {
         op: impl FnOnce(u64) -> TicketOp,
     ) -> Result<Answer> {
         let peer = self.owner_peer(claim, owner).await?;
-        let req = self.ctx.next_req.fetch_add(1, Ordering::Relaxed);
+        let req = self.ctx.next_request();
         let (tx, rx) = oneshot::channel();
         peer.0
             .pending

@@ -20,15 +20,17 @@ pub(crate) struct LeaseTable {
 }
 
 impl LeaseTable {
+    #[cfg(test)]
     pub(crate) fn new(config: LeaseConfig, max_holders: usize) -> LeaseTable {
-        let table = ticket_leases::LeaseTable::new(config, max_holders);
+        LeaseTable::over(Arc::new(ticket_leases::LeaseTable::new(config, max_holders)))
+    }
+
+    /// Waits, the tokio way, for room in `table` (a node's, `NodeCore::leases`).
+    pub(crate) fn over(table: Arc<ticket_leases::LeaseTable>) -> LeaseTable {
         let changed = Arc::new(Notify::new());
         let wake = changed.clone();
         table.set_waker(Box::new(move || wake.notify_waiters()));
-        LeaseTable {
-            table: Arc::new(table),
-            changed,
-        }
+        LeaseTable { table, changed }
     }
 
     /// Issues a lease on `buffer` to `holder`; when the caps leave no room, waits for it as
