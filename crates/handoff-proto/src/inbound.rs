@@ -514,6 +514,30 @@ impl Inbound {
         self.eof = true;
     }
 
+    /// One read of the socket into the last [`recv_space`](Self::recv_space), at `now`:
+    /// `bytes` read (0 at the end of the stream), the descriptors that came with them, and
+    /// whether more came than one read takes (the kernel closed the rest: the connection
+    /// fails, spec §7.3).
+    pub fn handle_read(
+        &mut self,
+        bytes: usize,
+        fds: Vec<OwnedFd>,
+        truncated: bool,
+        now: Instant,
+    ) -> Result<(), WireError> {
+        if truncated {
+            self.state = State::Done;
+            let problem = format!("a message carried more than {MAX_FDS_PER_READ} descriptors");
+            return Err(WireError::BadShm(problem));
+        }
+        self.handle_fds(fds)?;
+        match bytes {
+            0 => self.handle_eof(),
+            n => self.received(n, now),
+        }
+        Ok(())
+    }
+
     /// Descriptors that arrived on the socket, in order. More waiting than
     /// [`MAX_PENDING_FDS`] fails the connection (and closes them).
     pub fn handle_fds(&mut self, fds: impl IntoIterator<Item = OwnedFd>) -> Result<(), WireError> {

@@ -529,6 +529,21 @@ impl OwnerAnswer {
             OwnerAnswer::Done | OwnerAnswer::ReleaseIgnored(_) | OwnerAnswer::RenewalRefused(_) => None,
         }
     }
+
+    /// Queues the answer to the holder in `out`, if there is one: a `pulled` with its bytes
+    /// (counted until written: past spec §9.1's bound the connection reads no more requests
+    /// until its answers drain), else a control header.
+    pub fn queue_reply(self, out: &mut crate::outgoing::Outgoing, now: Instant) {
+        let Some(reply) = self.reply() else {
+            return;
+        };
+        let mut head = Vec::with_capacity(64);
+        handoff_wire::framing::encode_header_into(&handoff_wire::Header::Ticket(reply), &mut head);
+        match self {
+            OwnerAnswer::Pulled { bytes, .. } => out.push_pulled_answer(head.into(), bytes.into_bytes(), now),
+            _ => out.push_control(head.into(), now),
+        }
+    }
 }
 
 impl LeaseTable {

@@ -988,14 +988,11 @@ impl Connection {
                             return Ok(());
                         }
                     };
-                    let now = Instant::now();
-                    let fds = got.fds.len() + usize::from(got.truncated);
-                    drop(got.fds);
-                    if got.bytes == 0 && fds == 0 {
-                        hs.handle_eof();
-                    } else {
-                        hs.handle_input(&buf[..got.bytes], fds, now);
-                    }
+                    hs.handle_read(
+                        &buf[..got.bytes],
+                        got.fds.len() + usize::from(got.truncated),
+                        Instant::now(),
+                    );
                     self.queue_handshake_bytes();
                 }
                 Phase::Established(_) if backed_up => {
@@ -1033,23 +1030,9 @@ impl Connection {
                                     return Ok(());
                                 }
                             };
-                            if got.truncated {
-                                let e = WireError::BadShm(format!(
-                                    "a message carried more than {} descriptors",
-                                    handoff_proto::inbound::MAX_FDS_PER_READ
-                                ));
+                            if let Err(e) = conn.inbound().handle_read(got.bytes, got.fds, got.truncated, now) {
                                 self.refuse(py, &e, events)?;
                                 return Ok(());
-                            }
-                            let inbound = conn.inbound();
-                            if let Err(e) = inbound.handle_fds(got.fds) {
-                                self.refuse(py, &e, events)?;
-                                return Ok(());
-                            }
-                            if got.bytes == 0 {
-                                inbound.handle_eof();
-                            } else {
-                                inbound.received(got.bytes, now);
                             }
                             drained = got.bytes < space;
                         }
@@ -1221,20 +1204,7 @@ impl Connection {
                 )
             }
             Event::Owner { answer, .. } => {
-                if let Some(reply) = answer.reply() {
-                    let mut head = Vec::with_capacity(64);
-                    encode_header_into(&Header::Ticket(reply), &mut head);
-                    let now = Instant::now();
-                    match answer {
-                        // Counted until written: past the bound, this connection reads no
-                        // more requests (`wants_read`) until its answers drain.
-                        handoff_proto::ticket_leases::OwnerAnswer::Pulled { bytes, .. } => self
-                            .stream
-                            .out_mut()
-                            .push_pulled_answer(Bytes::from(head), bytes.into_bytes(), now),
-                        _ => self.stream.out_mut().push_control(Bytes::from(head), now),
-                    }
-                }
+                answer.queue_reply(self.stream.out_mut(), Instant::now());
                 None
             }
             // Answers nobody waits for (the engine hands ours to their requests, and answers

@@ -115,13 +115,7 @@ pub(crate) async fn handshake(
                 // Descriptors that came with these bytes were closed by the kernel (the read
                 // offers them no room) and are counted: the engine refuses a connection that
                 // sent any before `ready` (spec §5.1).
-                let fds = got.fds.len() + usize::from(got.truncated);
-                drop(got.fds);
-                if got.bytes == 0 && fds == 0 {
-                    hs.handle_eof();
-                } else {
-                    hs.handle_input(&buf[..got.bytes], fds, now());
-                }
+                hs.handle_read(&buf[..got.bytes], got.fds.len() + usize::from(got.truncated), now());
             }
             Woke::Done(Err(e)) => return Err(Error::io(format!("reading from {label}"), e)),
             Woke::TimedOut => hs.handle_timeout(now()),

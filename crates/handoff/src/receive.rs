@@ -14,7 +14,7 @@ use handoff_proto::established::{Established, Refused, Step};
 use handoff_proto::inbound::{Digest, Event, Frame, Inbound};
 use handoff_proto::receive;
 use handoff_proto::ticket_leases::OwnerAnswer;
-use handoff_wire::{Buffer, Header, WireError};
+use handoff_wire::{Buffer, WireError};
 use std::time::Instant;
 use tokio::sync::mpsc;
 
@@ -30,10 +30,8 @@ use crate::tickets::holder::{Ticket, TicketHandle, TicketOrigin};
 use crate::tickets::modes::Redeem;
 use crate::tickets::pending::{Answer, Waiter};
 use crate::{Error, Peer, Result};
-use handoff_proto::inbound::MAX_FDS_PER_READ;
 use handoff_proto::shm::buffers::Release;
 use handoff_sys::hash_thread::HashThread;
-use handoff_wire::framing::encode_header_into;
 
 /// Receives messages from one peer until it closes or breaks the protocol.
 pub(crate) async fn read_loop(node: Arc<NodeInner>, peer: Peer, socket: Arc<Socket>) {
@@ -126,17 +124,7 @@ async fn read_into(socket: &Arc<Socket>, inbound: &mut Inbound) -> Result<()> {
         None => read.await,
     }
     .map_err(|e| Error::io("reading from the peer", e))?;
-    if got.truncated {
-        let problem = format!("a message carried more than {MAX_FDS_PER_READ} descriptors");
-        return Err(WireError::BadShm(problem).into());
-    }
-    inbound.handle_fds(got.fds)?;
-    if got.bytes == 0 {
-        inbound.handle_eof();
-    } else {
-        inbound.received(got.bytes, Instant::now());
-    }
-    Ok(())
+    Ok(inbound.handle_read(got.bytes, got.fds, got.truncated, Instant::now())?)
 }
 
 async fn read_messages(
@@ -319,16 +307,7 @@ async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, socket: &Arc<Socket
         }
         _ => {}
     }
-    let Some(reply) = answer.reply() else {
-        return;
-    };
-    let mut head = Vec::with_capacity(64);
-    encode_header_into(&Header::Ticket(reply), &mut head);
-    let pulled = match answer {
-        OwnerAnswer::Pulled { bytes, .. } => Some(bytes.into_bytes()),
-        _ => None,
-    };
-    socket.queue_control(Bytes::from(head), pulled).await;
+    socket.queue_answer(answer).await;
 }
 
 /// Messages of one connection that wait for their tickets to be redeemed, in order, each

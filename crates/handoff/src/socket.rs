@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use handoff_proto::shm::buffers::PassFd;
+use handoff_proto::ticket_leases::OwnerAnswer;
 use handoff_proto::tls_session::TlsSession;
 use handoff_sys::stream::StreamIo;
 use handoff_sys::Received;
@@ -311,19 +312,14 @@ impl Socket {
         }
     }
 
-    /// Queues a control header the peer's requests made us send (an answer, a refusal)
-    /// and, for a pull, the bytes pulled; written now as far as the socket takes them, the
-    /// rest by a task.
-    pub(crate) async fn queue_control(self: &Arc<Self>, head: Bytes, pulled: Option<Bytes>) {
+    /// Queues the owner's answer to the peer's ticket request (bytes pulled, a refusal);
+    /// written now as far as the socket takes it, the rest by a task.
+    pub(crate) async fn queue_answer(self: &Arc<Self>, answer: OwnerAnswer) {
         let mut state = self.lock_async().await;
         if !state.io.takes_more() {
             return;
         }
-        let now = Instant::now();
-        match pulled {
-            Some(bytes) => state.io.out_mut().push_pulled_answer(head, bytes, now),
-            None => state.io.out_mut().push_control(head, now),
-        }
+        answer.queue_reply(state.io.out_mut(), Instant::now());
         self.flush(&mut state);
         self.flush_later(&mut state);
     }

@@ -7,8 +7,9 @@ an :class:`~handoff.engine.EngineConnection` of the node's
 :class:`~handoff.engine.Driver`: the handshake, reading, the bounds, the receive budget,
 shared memory, tickets and TLS are the engine's, as in the Rust node.
 
-Selected with ``Node(..., engine=True)`` or ``HANDOFF_ENGINE=1`` while the move is under
-way; options the engine does not take yet are refused by name (:data:`NOT_YET`).
+What ``handoff.Node(...)`` makes wherever the extension is in use (``engine=False`` or
+``HANDOFF_ENGINE=0`` give the Python implementation of the node while issue 40 retires
+it); options the engine does not take yet are refused by name (:data:`NOT_YET`).
 """
 
 from __future__ import annotations
@@ -578,4 +579,4 @@ def _is_node_frame(obj: Any) -> bool:
     return isinstance(obj, (SharedFrame, PooledFrame, PyTicket))
 
 
-_node._ENGINE_NODE = EngineNode  # Node(engine=True) and HANDOFF_ENGINE=1 make these
+_node._ENGINE_NODE = EngineNode  # what Node(...) makes with the extension, unless engine=False or HANDOFF_ENGINE=0

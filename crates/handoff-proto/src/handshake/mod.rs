@@ -323,6 +323,18 @@ impl Handshake {
         }
     }
 
+    /// One read of the socket at `now`: the bytes read (none at the end of the stream) and
+    /// how many descriptors came with them (closed by the driver already, and counted here
+    /// whether the read took them or the kernel closed them).
+    pub fn handle_read(&mut self, bytes: &[u8], fds: usize, now: Instant) {
+        match (bytes.is_empty(), fds) {
+            (true, 0) => self.handle_eof(),
+            _ => {
+                self.handle_input(bytes, fds, now);
+            }
+        }
+    }
+
     /// Bytes read from the peer at `now`, with `fds` descriptors that came with them;
     /// returns how many bytes were used (at most [`wants`](Self::wants): a driver that reads
     /// no more than that has none left over). Any descriptor before the connection is
