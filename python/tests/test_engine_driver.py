@@ -1119,3 +1119,47 @@ def test_an_unknown_way_to_copy_into_shared_memory_is_refused_with_the_ways_ther
     monkeypatch.setenv("HANDOFF_SHM_COPY", "mmap")
     with pytest.raises(ValueError, match=r"HANDOFF_SHM_COPY=\"mmap\": expected `write`.*or `map`"):
         engine("x")
+
+
+def test_a_segment_without_the_seals_receivers_require_is_not_sent_as_one():
+    """Spec §7.2: a receiver refuses a segment that could shrink, so the engine refuses to
+    pass one (no node sends what a conforming peer must refuse)."""
+    import mmap
+
+    from handoff import _native
+
+    fd = os.memfd_create("unsealed", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, 1 << 20)
+        with mmap.mmap(fd, 1 << 20) as m:
+            view = memoryview(m)
+            with pytest.raises(ValueError, match="lacks the seals a receiver requires"):
+                _native.SegmentFrame(view, fd)
+            view.release()
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("channel", ["shm", "tcp"])
+async def test_an_application_segment_goes_as_itself_on_shm_and_as_its_bytes_on_tcp(channel):
+    from handoff import Node, ShmBuffer
+
+    async with (
+        Node("rx", secret="k", listen="127.0.0.1:0", engine=True) as rx,
+        Node("tx", secret="k", engine=True) as tx,
+    ):
+        p = await tx.connect(rx.listen_addr, channel=channel)
+        buf = ShmBuffer(2 * MIB, pooled=True)
+        buf.view[:] = bytes(range(256)) * (2 * MIB // 256)
+        frozen = buf.freeze()
+        inode = frozen.inode()
+        await p.send("t.A", {"x": frozen})
+        env = await rx.recv(10)
+        x = env.body["x"]
+        assert bytes(x[:256]) == bytes(range(256)) and len(x) == 2 * MIB
+        if channel == "shm":
+            # The receiver maps the application's own segment: no copy was made.
+            seg = env.segment_of(x)
+            assert (seg["device"], seg["inode"]) == inode
+        else:
+            assert env.frames[0].kind == "inline"

@@ -53,9 +53,6 @@ async def test_a_shared_receiver_keeps_the_mapping_of_a_pooled_segment():
     pool().clear()  # other tests count the segments they create
 
 
-@pytest.mark.engine_gap(
-    "a ShmBuffer the application filled is copied into a segment of the engine's pool, not sent as it is"
-)
 async def test_a_pooled_shm_buffer_is_sent_from_a_warm_segment_and_mapped_through_the_kept_mapping():
     from handoff import ShmBuffer
 

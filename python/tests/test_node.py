@@ -104,7 +104,6 @@ async def test_shm_frames_are_zero_copy_and_released():
         assert await eventually(lambda: a.shm_leases()["count"] == 0)
 
 
-@pytest.mark.engine_gap("a segment the application filled is copied, not passed as it is")
 async def test_shm_buffer_is_sent_without_a_copy():
     a, b = nodes("a", "b")
     async with a, b:

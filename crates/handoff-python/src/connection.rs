@@ -681,10 +681,11 @@ impl Drop for Connection {
     }
 }
 
-/// One frame Python gave a send: bytes, bytes to send only on demand (with their BLAKE3
-/// if known), or a ticket made for the receiver.
+/// One frame Python gave a send: bytes (in an application's segment, for a
+/// `SegmentFrame`), bytes to send only on demand (with their BLAKE3 if known), or a ticket
+/// made for the receiver.
 enum Outbound {
-    Bytes(Bytes),
+    Bytes(Buffer),
     OnDemand(Bytes, Option<[u8; 32]>),
     Ticket(TicketClaim, String),
 }
@@ -699,13 +700,17 @@ impl Outbound {
             let o = o.get();
             return Ok(Outbound::OnDemand(o.bytes.clone(), o.digest));
         }
-        bytes_of(obj).map(Outbound::Bytes)
+        if let Ok(s) = obj.cast::<crate::frames::SegmentFrame>() {
+            return Ok(Outbound::Bytes(s.get().buffer.clone()));
+        }
+        bytes_of(obj).map(|b| Outbound::Bytes(Buffer::from(b)))
     }
 
     /// Bytes the frame announces (a ticket: none on the stream).
     fn len(&self) -> u64 {
         match self {
-            Outbound::Bytes(b) | Outbound::OnDemand(b, _) => b.len() as u64,
+            Outbound::Bytes(b) => b.len() as u64,
+            Outbound::OnDemand(b, _) => b.len() as u64,
             Outbound::Ticket(..) => 0,
         }
     }
@@ -772,13 +777,12 @@ impl Connection {
                     continue;
                 }
                 Outbound::Bytes(b) => (b, false, None),
-                Outbound::OnDemand(b, known) => (b, true, known),
+                Outbound::OnDemand(b, known) => (Buffer::from(b), true, known),
             };
-            let (bytes, on_demand, known) = bytes;
-            let len = bytes.len();
+            let (buffer, on_demand, known) = bytes;
+            let len = buffer.len();
             match policy.plan(send_policy::Frame::Bytes { len, on_demand }) {
                 FramePlan::Issue { lazy, xxh3 } => {
-                    let buffer = Buffer::from(bytes);
                     // The digest is computed with the GIL released (a large buffer's BLAKE3).
                     let leases = &shared.leases;
                     let tried = py.detach(|| {
@@ -794,7 +798,7 @@ impl Connection {
                     issued.push(claim.clone());
                     planned.push(Planned::Ticket(claim));
                 }
-                _ => planned.push(Planned::Bytes(Buffer::from(bytes))),
+                _ => planned.push(Planned::Bytes(buffer)),
             }
         }
         Ok(Some(planned))

@@ -181,6 +181,55 @@ impl OnDemand {
     }
 }
 
+/// A segment the application filled in place (a frozen `ShmBuffer`: `handoff.shm.SharedFrame`
+/// or `PooledFrame`), to send to a same-host peer as it is: the peer maps the same pages
+/// and no byte is copied. Elsewhere (TCP, a frame under the shm threshold) its bytes go.
+#[pyclass(frozen, module = "handoff._native")]
+pub struct SegmentFrame {
+    pub(crate) buffer: handoff_wire::Buffer,
+}
+
+#[pymethods]
+impl SegmentFrame {
+    /// `view` (this process's mapping of the segment, from its first byte) of the segment
+    /// behind descriptor `fd` (duplicated: the caller keeps its own), `sealed` if it is
+    /// sealed against writes. `ended(reusable)` runs when the last lease a send took on it
+    /// ends: `reusable` is false when a receiver that may still map it outlived its lease
+    /// (then it must not be written again). A segment without the seals receivers require
+    /// (spec §7.2) is refused with `ValueError`.
+    #[new]
+    #[pyo3(signature = (view, fd, sealed=false, ended=None))]
+    fn new(view: &Bound<'_, PyAny>, fd: i32, sealed: bool, ended: Option<Py<PyAny>>) -> PyResult<SegmentFrame> {
+        use std::os::fd::BorrowedFd;
+        if fd < 0 {
+            return Err(PyValueError::new_err(format!("not a descriptor: {fd}")));
+        }
+        let bytes = bytes_of(view)?;
+        // SAFETY: the caller's descriptor, open for this call; we take a copy of our own.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+        let own = rustix::io::fcntl_dupfd_cloexec(borrowed, 0)
+            .map_err(|e| PyValueError::new_err(format!("duplicating the segment's descriptor: {e}")))?;
+        let ended = ended.map(|f| -> handoff_proto::shm::buffers::SegmentEnded {
+            Box::new(move |reusable| {
+                Python::attach(|py| {
+                    if let Err(e) = f.call1(py, (reusable,)) {
+                        e.write_unraisable(py, None);
+                    }
+                })
+            })
+        });
+        let segment =
+            handoff_proto::shm::buffers::AppSegment::new(own, &bytes, sealed, ended).map_err(PyValueError::new_err)?;
+        let buffer = handoff_proto::shm::buffers::app_buffer(bytes, segment)
+            .ok_or_else(|| PyValueError::new_err("the view does not lie in the segment's mapping"))?;
+        Ok(SegmentFrame { buffer })
+    }
+
+    fn __len__(&self) -> usize {
+        self.buffer.len()
+    }
+}
+
 /// The bytes of any C-contiguous buffer-protocol object, without a copy.
 pub(crate) fn bytes_of(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
     if let Ok(frame) = obj.cast::<Frame>() {

@@ -28,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<connection::Received>()?;
     m.add_class::<frames::Frame>()?;
     m.add_class::<frames::OnDemand>()?;
+    m.add_class::<frames::SegmentFrame>()?;
     m.add_class::<tickets::Ticket>()?;
     m.add_function(wrap_pyfunction!(engine::segment_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(engine::held_for_reuse, m)?)?;

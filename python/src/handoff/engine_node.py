@@ -446,9 +446,9 @@ class EnginePeer(PeerBase):
         frames = list(enc.frames)
         for i, source in enumerate(enc.sources):
             if isinstance(source, (SharedFrame, PooledFrame)):
-                # A segment the application filled goes as its bytes: the engine copies it
-                # into a segment of its own (not yet passed as it is).
-                frames[i] = source.view
+                # A segment the application filled goes as it is to a same-host peer (its
+                # descriptor, no copy), as its bytes elsewhere.
+                frames[i] = _segment_frame(source)
             elif isinstance(source, PyTicket):
                 if source.released:
                     raise HandoffError(f"the ticket for lease {source.lease} was released")
@@ -573,6 +573,23 @@ class EnginePeer(PeerBase):
     async def close(self) -> None:
         """Closes the connection (what is queued is written first, as far as it goes now)."""
         self.abort()
+
+
+def _segment_frame(source: SharedFrame) -> Any:
+    """``source`` as the engine sends it: a :class:`handoff._native.SegmentFrame`, which a
+    same-host send passes by descriptor. A pooled segment stays busy (out of the pool) until
+    the last lease a send takes on it ends; one a receiver may still map after its lease
+    ended (its connection closed) is never written again."""
+    view = source.view
+    segment = getattr(source, "segment", None)
+    if segment is None:
+        return eng._native.SegmentFrame(view, source.fd, source.sealed)
+    segment.hold()
+    try:
+        return eng._native.SegmentFrame(view, source.fd, source.sealed, segment.let_go)
+    except BaseException:
+        segment.let_go(True)
+        raise
 
 
 def _is_node_frame(obj: Any) -> bool:

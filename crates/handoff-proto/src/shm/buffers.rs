@@ -21,6 +21,8 @@ pub enum ShmOrigin {
     Local(Arc<Segment>),
     /// A peer's segment mapped here.
     Remote(Arc<Mapping>),
+    /// A segment the application made and filled itself.
+    App(Arc<AppSegment>),
 }
 
 /// A segment's descriptor, held open while it is passed to a peer.
@@ -31,6 +33,8 @@ pub enum PassFd {
     Received(Arc<OwnedFd>),
     /// A sealed copy.
     Sealed(Arc<SealedSegment>),
+    /// A segment of the application's.
+    App(Arc<AppSegment>),
 }
 
 impl PassFd {
@@ -40,8 +44,99 @@ impl PassFd {
             PassFd::Local(s) => s.fd(),
             PassFd::Received(fd) => fd.as_fd(),
             PassFd::Sealed(s) => s.fd.as_fd(),
+            PassFd::App(s) => s.fd.as_fd(),
         }
     }
+}
+
+/// What runs when the last lease on an [`AppSegment`] ends: `true` when the segment may be
+/// written again (every receiver released it, or exited), `false` when a receiver that may
+/// still map it outlived its lease (the connection closed): then it must never be written.
+pub type SegmentEnded = Box<dyn FnOnce(bool) + Send + Sync>;
+
+/// A segment an application made and filled itself (a Python `ShmBuffer`, say), sent as it
+/// is, with no copy: a descriptor of its own, the segment's size, seals and identity, where
+/// this process maps it, and what runs when the last lease on it ends.
+pub struct AppSegment {
+    fd: OwnedFd,
+    size: usize,
+    sealed: bool,
+    inode: (u64, u64),
+    /// The address of the segment's first byte in this process's mapping of it.
+    base: usize,
+    /// How many bytes of the segment that mapping covers.
+    mapped_len: usize,
+    retired: std::sync::atomic::AtomicBool,
+    ended: std::sync::Mutex<Option<SegmentEnded>>,
+}
+
+impl AppSegment {
+    /// The segment behind `fd` (a descriptor of its own: dup it first), of which `mapped`
+    /// is this process's mapping from the segment's first byte; `sealed` if it says it is
+    /// sealed against writes. Refused, with why, unless it carries the seals a receiver
+    /// requires (spec §7.2: `F_SEAL_SHRINK` always, `F_SEAL_WRITE` and `F_SEAL_GROW` too when
+    /// sealed) and its size covers the mapping: no node sends what a peer must refuse.
+    pub fn new(
+        fd: OwnedFd,
+        mapped: &[u8],
+        sealed: bool,
+        ended: Option<SegmentEnded>,
+    ) -> Result<Arc<AppSegment>, String> {
+        use rustix::fs::SealFlags;
+        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| format!("reading the segment's seals: {e}"))?;
+        let needed = match sealed {
+            true => SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE,
+            false => SealFlags::SHRINK,
+        };
+        if !seals.contains(needed) {
+            return Err(format!(
+                "the segment lacks the seals a receiver requires (it has {seals:?}, needs {needed:?})"
+            ));
+        }
+        let st = rustix::fs::fstat(&fd).map_err(|e| format!("reading the segment's size: {e}"))?;
+        let size = usize::try_from(st.st_size).unwrap_or(0);
+        if mapped.len() > size {
+            return Err(format!("a mapping of {} bytes of a segment of {size}", mapped.len()));
+        }
+        Ok(Arc::new(AppSegment {
+            fd,
+            size,
+            sealed,
+            inode: (st.st_dev, st.st_ino),
+            base: mapped.as_ptr() as usize,
+            mapped_len: mapped.len(),
+            retired: std::sync::atomic::AtomicBool::new(false),
+            ended: std::sync::Mutex::new(ended),
+        }))
+    }
+
+    /// A receiver that may still map the segment outlived its lease: it must never be
+    /// written again (see [`SegmentEnded`]).
+    pub fn retire(&self) {
+        self.retired.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl Drop for AppSegment {
+    fn drop(&mut self) {
+        let ended = self
+            .ended
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(ended) = ended {
+            ended(!self.retired.load(std::sync::atomic::Ordering::Acquire));
+        }
+    }
+}
+
+/// A buffer over `bytes`, which lie in the application's `segment` (a view of its mapping):
+/// a same-host send passes the segment's descriptor instead of copying them. `None` if the
+/// bytes do not lie in the segment's mapping.
+pub fn app_buffer(bytes: Bytes, segment: Arc<AppSegment>) -> Option<Buffer> {
+    let start = bytes.as_ptr() as usize;
+    let inside = start >= segment.base && start + bytes.len() <= segment.base + segment.mapped_len;
+    inside.then(|| Buffer::with_origin(bytes, Arc::new(ShmOrigin::App(segment))))
 }
 
 impl ShmOrigin {
@@ -51,6 +146,7 @@ impl ShmOrigin {
         match self {
             ShmOrigin::Local(s) => Some(PassFd::Local(s.clone())),
             ShmOrigin::Remote(m) => m.fd().map(PassFd::Received),
+            ShmOrigin::App(s) => Some(PassFd::App(s.clone())),
         }
     }
 
@@ -59,6 +155,7 @@ impl ShmOrigin {
         match self {
             ShmOrigin::Local(s) => (s.base(), 0),
             ShmOrigin::Remote(m) => (m.base(), m.file_offset()),
+            ShmOrigin::App(s) => (s.base as *const u8, 0),
         }
     }
 
@@ -67,6 +164,7 @@ impl ShmOrigin {
         match self {
             ShmOrigin::Local(s) => s.size(),
             ShmOrigin::Remote(m) => m.len(),
+            ShmOrigin::App(s) => s.mapped_len,
         }
     }
 
@@ -75,6 +173,7 @@ impl ShmOrigin {
         match self {
             ShmOrigin::Local(s) => s.size(),
             ShmOrigin::Remote(m) => m.segment_size(),
+            ShmOrigin::App(s) => s.size,
         }
     }
 
@@ -83,6 +182,7 @@ impl ShmOrigin {
         match self {
             ShmOrigin::Local(_) => false,
             ShmOrigin::Remote(m) => m.sealed(),
+            ShmOrigin::App(s) => s.sealed,
         }
     }
 
@@ -90,6 +190,7 @@ impl ShmOrigin {
         match self {
             ShmOrigin::Local(s) => s.inode(),
             ShmOrigin::Remote(m) => m.inode(),
+            ShmOrigin::App(s) => s.inode,
         }
     }
 
@@ -135,7 +236,7 @@ pub fn segment_info(buf: &Buffer) -> Option<SegmentInfo> {
         size: origin.size() as u64,
         pool_id: match origin {
             ShmOrigin::Local(s) => Some(s.id()),
-            ShmOrigin::Remote(_) => None,
+            ShmOrigin::Remote(_) | ShmOrigin::App(_) => None,
         },
         sealed: origin.sealed(),
     })
@@ -306,8 +407,10 @@ impl Held {
     /// sealed copy is never reused anyway.
     pub fn retire(&self) {
         if let Held::Buffer(b) = self {
-            if let Some(ShmOrigin::Local(segment)) = origin_of(b) {
-                segment.retire();
+            match origin_of(b) {
+                Some(ShmOrigin::Local(segment)) => segment.retire(),
+                Some(ShmOrigin::App(segment)) => segment.retire(),
+                _ => {}
             }
         }
     }
@@ -318,5 +421,77 @@ impl Held {
             Held::Buffer(b) => b.len(),
             Held::Sealed(s) => s.size,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rustix::fs::{MemfdFlags, SealFlags};
+    use std::sync::Mutex;
+
+    /// A memfd of `size` bytes with `seals`, and a mapping of it.
+    fn segment(size: usize, seals: SealFlags) -> (OwnedFd, memmap2::MmapMut) {
+        let fd = rustix::fs::memfd_create("app", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING).unwrap();
+        rustix::fs::ftruncate(&fd, size as u64).unwrap();
+        // SAFETY: a fresh memfd of this size, ours alone.
+        let map = unsafe { memmap2::MmapOptions::new().len(size).map_mut(&fd).unwrap() };
+        rustix::fs::fcntl_add_seals(&fd, seals).unwrap();
+        (fd, map)
+    }
+
+    fn ended_log() -> (Arc<Mutex<Vec<bool>>>, SegmentEnded) {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let to = log.clone();
+        (log, Box::new(move |reusable| to.lock().unwrap().push(reusable)))
+    }
+
+    #[test]
+    fn an_application_segment_is_passed_as_itself_and_says_when_its_last_holder_let_go() {
+        let (fd, map) = segment(1 << 16, SealFlags::SHRINK | SealFlags::GROW);
+        let bytes = Bytes::from_owner(map);
+        let (log, ended) = ended_log();
+        let seg = AppSegment::new(fd, &bytes, false, Some(ended)).unwrap();
+        let buf = app_buffer(bytes.slice(4096..8192), seg).expect("inside the mapping");
+        let origin = origin_of(&buf).expect("an shm origin");
+        assert_eq!(origin.offset_of(&buf), Some(4096));
+        assert_eq!(origin.size(), 1 << 16);
+        assert!(origin.pass_fd().is_some());
+        let held = Held::Buffer(buf.clone());
+        drop(buf);
+        assert!(log.lock().unwrap().is_empty(), "held still");
+        drop(held);
+        assert_eq!(*log.lock().unwrap(), vec![true]);
+    }
+
+    #[test]
+    fn a_segment_a_receiver_may_still_map_is_never_reusable() {
+        let (fd, map) = segment(1 << 16, SealFlags::SHRINK);
+        let bytes = Bytes::from_owner(map);
+        let (log, ended) = ended_log();
+        let seg = AppSegment::new(fd, &bytes, false, Some(ended)).unwrap();
+        let held = Held::Buffer(app_buffer(bytes, seg).unwrap());
+        held.retire();
+        drop(held);
+        assert_eq!(*log.lock().unwrap(), vec![false]);
+    }
+
+    #[test]
+    fn a_segment_without_the_seals_a_receiver_requires_is_refused() {
+        let (fd, map) = segment(1 << 16, SealFlags::GROW);
+        let why = AppSegment::new(fd, &map, false, None).err().expect("refused");
+        assert!(why.contains("lacks the seals"), "{why}");
+        let (fd, map) = segment(1 << 16, SealFlags::SHRINK | SealFlags::GROW);
+        let why = AppSegment::new(fd, &map, true, None)
+            .err()
+            .expect("said sealed, is not");
+        assert!(why.contains("lacks the seals"), "{why}");
+    }
+
+    #[test]
+    fn bytes_outside_the_segments_mapping_are_not_taken_for_it() {
+        let (fd, map) = segment(1 << 16, SealFlags::SHRINK);
+        let seg = AppSegment::new(fd, &map[..4096], false, None).unwrap();
+        assert!(app_buffer(Bytes::from(vec![0u8; 16]), seg).is_none());
     }
 }
