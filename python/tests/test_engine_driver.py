@@ -1142,13 +1142,17 @@ def test_a_segment_without_the_seals_receivers_require_is_not_sent_as_one():
 
 @pytest.mark.parametrize("channel", ["shm", "tcp"])
 async def test_an_application_segment_goes_as_itself_on_shm_and_as_its_bytes_on_tcp(channel):
+    import gc
+
     from handoff import Node, ShmBuffer
+    from handoff.pool import pool
 
     async with (
         Node("rx", secret="k", listen="127.0.0.1:0", engine=True) as rx,
         Node("tx", secret="k", engine=True) as tx,
     ):
         p = await tx.connect(rx.listen_addr, channel=channel)
+        busy = pool().stats()["busy_segments"]
         buf = ShmBuffer(2 * MIB, pooled=True)
         buf.view[:] = bytes(range(256)) * (2 * MIB // 256)
         frozen = buf.freeze()
@@ -1163,3 +1167,8 @@ async def test_an_application_segment_goes_as_itself_on_shm_and_as_its_bytes_on_
             assert (seg["device"], seg["inode"]) == inode
         else:
             assert env.frames[0].kind == "inline"
+        # Every hold the send took on the application's pooled segment ends (the lease, or
+        # the bytes queued inline): it goes back to the pool once the application lets go.
+        del x, env, frozen, buf
+        gc.collect()
+        assert await eventually(lambda: pool().stats()["busy_segments"] == busy)

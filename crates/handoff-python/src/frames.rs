@@ -182,8 +182,9 @@ impl OnDemand {
 }
 
 /// A segment the application filled in place (a frozen `ShmBuffer`: `handoff.shm.SharedFrame`
-/// or `PooledFrame`), to send to a same-host peer as it is: the peer maps the same pages
-/// and no byte is copied. Elsewhere (TCP, a frame under the shm threshold) its bytes go.
+/// or `PooledFrame`), to send to a same-host peer as it is, whatever its size (as any frame
+/// already in a segment): the peer maps the same pages and no byte is copied. Over TCP, or
+/// past the descriptors one message may carry, its bytes go.
 #[pyclass(frozen, module = "handoff._native")]
 pub struct SegmentFrame {
     pub(crate) buffer: handoff_wire::Buffer,
@@ -211,22 +212,45 @@ impl SegmentFrame {
             .map_err(|e| PyValueError::new_err(format!("duplicating the segment's descriptor: {e}")))?;
         let ended = ended.map(|f| -> handoff_proto::shm::buffers::SegmentEnded {
             Box::new(move |reusable| {
-                Python::attach(|py| {
+                // Not while the interpreter shuts down (then the callback, and the pool it
+                // would give the segment back to, are going anyway); the callback is let go
+                // with the GIL held.
+                let _ = Python::try_attach(move |py| {
                     if let Err(e) = f.call1(py, (reusable,)) {
                         e.write_unraisable(py, None);
                     }
-                })
+                    drop(f);
+                });
             })
         });
         let segment =
             handoff_proto::shm::buffers::AppSegment::new(own, &bytes, sealed, ended).map_err(PyValueError::new_err)?;
-        let buffer = handoff_proto::shm::buffers::app_buffer(bytes, segment)
-            .ok_or_else(|| PyValueError::new_err("the view does not lie in the segment's mapping"))?;
+        // Every slice of these bytes keeps the segment (and its lease on the application's
+        // pool) too: a frame queued inline (TCP, or past the descriptors one message may
+        // carry) holds it until written, even after the send that queued it was cancelled.
+        let kept = Bytes::from_owner(InSegment {
+            bytes,
+            _segment: segment.clone(),
+        });
+        let buffer = handoff_proto::shm::buffers::app_buffer(kept, segment)
+            .expect("the view is the segment's mapping, checked by AppSegment::new");
         Ok(SegmentFrame { buffer })
     }
 
     fn __len__(&self) -> usize {
         self.buffer.len()
+    }
+}
+
+/// Bytes of an application's segment, owning the segment too (see [`SegmentFrame::new`]).
+struct InSegment {
+    bytes: Bytes,
+    _segment: std::sync::Arc<handoff_proto::shm::buffers::AppSegment>,
+}
+
+impl AsRef<[u8]> for InSegment {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
     }
 }
 

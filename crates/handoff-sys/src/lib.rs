@@ -124,9 +124,20 @@ fn sweep_parked() {
     loop {
         std::thread::sleep(SWEEP_EVERY);
         let mut parked = PARKED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        parked.retain(|(pid, _)| !process_exited(*pid));
-        if parked.is_empty() {
+        let (gone, alive): (Vec<_>, Vec<_>) = std::mem::take(&mut *parked)
+            .into_iter()
+            .partition(|(pid, _)| process_exited(*pid));
+        *parked = alive;
+        let done = parked.is_empty();
+        if done {
             SWEEPING.store(false, std::sync::atomic::Ordering::Release);
+        }
+        drop(parked);
+        // Dropped with the lock let go: what a lease held may be an application's buffer,
+        // whose drop waits for Python's GIL, and a thread holding the GIL may be waiting for
+        // this lock (a connection closing, `end_leases_of`).
+        drop(gone);
+        if done {
             return;
         }
     }

@@ -97,18 +97,38 @@ pub fn listen(name: &str, node_id: &str) -> Result<(UnixListener, PathBuf), Same
 /// Checks that the process at the other end of Unix socket `socket` runs as our user (a
 /// same-host peer shares our memory, spec §7.1); returns its pid.
 pub fn check_peer_uid(socket: BorrowedFd<'_>) -> Result<Option<u32>, SameHostError> {
-    let cred = rustix::net::sockopt::socket_peercred(socket)
-        .map_err(|e| io("reading the peer's credentials (SO_PEERCRED)".into())(e.into()))?;
-    let ours = rustix::process::geteuid();
-    if cred.uid != ours {
+    let (pid, uid) = peer_credentials(socket).map_err(io("reading the peer's credentials (SO_PEERCRED)".into()))?;
+    let ours = rustix::process::geteuid().as_raw();
+    if uid != ours {
         return Err(SameHostError::Refused(format!(
-            "refusing a same-host peer running as uid {} (we are uid {}, its pid {})",
-            cred.uid.as_raw(),
-            ours.as_raw(),
-            cred.pid.as_raw_nonzero()
+            "refusing a same-host peer running as uid {uid} (we are uid {ours}, its pid {})",
+            pid.map_or_else(|| "unknown".to_string(), |p| p.to_string())
         )));
     }
-    Ok(u32::try_from(cred.pid.as_raw_nonzero().get()).ok())
+    Ok(pid)
+}
+
+/// The peer's pid (`None` when the kernel gives 0: a process of a pid namespace we cannot
+/// see) and uid, read as the kernel's `ucred` itself (rustix's would take pid 0 for a
+/// non-zero pid).
+fn peer_credentials(socket: BorrowedFd<'_>) -> std::io::Result<(Option<u32>, u32)> {
+    use std::os::fd::AsRawFd;
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is a `ucred` of `len` bytes, the size SO_PEERCRED writes.
+    let r = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((u32::try_from(cred.pid).ok().filter(|p| *p > 0), cred.uid))
 }
 
 #[cfg(test)]

@@ -169,7 +169,7 @@ async fn read_messages(
                     Digest::None => None,
                     Digest::Hashed(d) => Some(d),
                     // The helper thread reads `bytes` until it is done: wait for it first.
-                    Digest::Behind(behind) => finish_hash(behind).await,
+                    Digest::Behind(behind) => finish_hash(behind, bytes.clone()).await,
                 };
                 let _ = waiter.send(Ok(Answer::Bytes(bytes, digest)));
                 continue;
@@ -177,9 +177,8 @@ async fn read_messages(
             Step::Unclaimed { digest, bytes } => {
                 // A helper thread may still read the bytes: it finishes before they go.
                 if let Digest::Behind(behind) = digest {
-                    finish_hash(behind).await;
+                    finish_hash(behind, bytes).await;
                 }
-                drop(bytes);
                 continue;
             }
             Step::Closed => return Ok(()),
@@ -245,12 +244,18 @@ async fn read_messages(
 }
 
 /// Waits, off the runtime's threads, for the helper thread that hashes a pulled answer.
-async fn finish_hash(behind: Box<dyn handoff_proto::inbound::HashBehind>) -> Option<[u8; 32]> {
+/// `bytes` are the bytes it reads: they stay alive until it stopped, even if this wait is
+/// cancelled (the connection's reader stopped).
+async fn finish_hash(behind: Box<dyn handoff_proto::inbound::HashBehind>, bytes: Bytes) -> Option<[u8; 32]> {
     let thread = HashThread::of(behind).expect("this driver's only hasher");
-    tokio::task::spawn_blocking(move || thread.finish())
-        .await
-        .ok()
-        .flatten()
+    tokio::task::spawn_blocking(move || {
+        let digest = thread.finish();
+        drop(bytes);
+        digest
+    })
+    .await
+    .ok()
+    .flatten()
 }
 
 /// A received frame as the application sees it: bytes, a mapped shared-memory view, or a

@@ -585,10 +585,17 @@ def _segment_frame(source: SharedFrame) -> Any:
     if segment is None:
         return eng._native.SegmentFrame(view, source.fd, source.sealed)
     segment.hold()
+    done: list = []
+
+    def ended(reusable: bool) -> None:
+        if not done:  # once, whether the engine or the failure below ends the hold
+            done.append(reusable)
+            segment.let_go(reusable)
+
     try:
-        return eng._native.SegmentFrame(view, source.fd, source.sealed, segment.let_go)
+        return eng._native.SegmentFrame(view, source.fd, source.sealed, ended)
     except BaseException:
-        segment.let_go(True)
+        ended(True)
         raise
 
 
