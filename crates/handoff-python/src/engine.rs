@@ -270,6 +270,9 @@ fn held_now(give_back: bool) -> handoff_proto::shm::idle::HeldForReuse {
         pool_idle: pool.stats().idle_bytes,
         ..Default::default()
     };
+    if give_back {
+        pool.retire_idle(std::time::Instant::now(), std::time::Duration::ZERO);
+    }
     for shared in &engines {
         let of = match give_back {
             true => shared.give_back(),
@@ -277,9 +280,6 @@ fn held_now(give_back: bool) -> handoff_proto::shm::idle::HeldForReuse {
         };
         held.kept_idle += of.kept_idle;
         held.recv_idle += of.recv_idle;
-    }
-    if give_back && engines.is_empty() {
-        pool.retire_idle(std::time::Instant::now(), std::time::Duration::ZERO);
     }
     held
 }

@@ -76,6 +76,13 @@ struct Failed {
     at: u64,
 }
 
+impl Failed {
+    /// The failure, as the error of a send it ends.
+    fn error(&self) -> std::io::Error {
+        std::io::Error::new(self.kind, self.why.clone())
+    }
+}
+
 /// One connection's stream: its write queue, its TLS session and how writing went.
 pub struct StreamIo {
     out: Outgoing,
@@ -142,7 +149,7 @@ impl StreamIo {
     /// Why sending is over, if it is: the failure, or that the stream is closing.
     pub fn refusal(&self) -> Option<std::io::Error> {
         match &self.failed {
-            Some(f) => Some(std::io::Error::new(f.kind, f.why.clone())),
+            Some(f) => Some(f.error()),
             None if self.shut => Some(std::io::Error::new(ErrorKind::BrokenPipe, "the connection is closing")),
             None => None,
         }
@@ -167,7 +174,7 @@ impl StreamIo {
     /// The error of a send whose bytes end at `end`, if writing failed before them.
     pub fn failed_before(&self, end: u64) -> Option<std::io::Error> {
         match &self.failed {
-            Some(f) if end > f.at => Some(std::io::Error::new(f.kind, f.why.clone())),
+            Some(f) if end > f.at => Some(f.error()),
             _ => None,
         }
     }
@@ -217,7 +224,7 @@ impl StreamIo {
     /// with it.
     pub fn flush(&mut self, fd: BorrowedFd<'_>) -> std::io::Result<()> {
         if let Some(f) = &self.failed {
-            return Err(std::io::Error::new(f.kind, f.why.clone()));
+            return Err(f.error());
         }
         let written = self.write_queued(fd).and_then(|()| {
             if self.shut && self.out.is_empty() {
