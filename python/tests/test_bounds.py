@@ -16,8 +16,8 @@ from handoff import Buffer, HandoffError, Node, OwnerLost, Ticket, wire
 from handoff.bounds import Bounds
 from handoff.codec import encode_body
 from handoff.errors import CapReached
-from handoff.shm import map_received
-from handoff.tickets import LeaseTable, Refusal
+from handoff_pure.shm import map_received
+from handoff_pure.leases import LeaseTable, Refusal
 from helpers import PeerError, RawPeer
 
 MIB = 1 << 20

@@ -148,11 +148,11 @@ async def test_a_reused_segment_shows_the_senders_new_bytes_not_the_receivers_wr
         assert await eventually(lambda: tx.shm_leases()["count"] == 0)
 
 
-@pytest.mark.pure_only("counts the Python peer's mapping cache (handoff.mapcache)")
+@pytest.mark.pure_only("counts the Python peer's mapping cache (handoff_pure.mapcache)")
 async def test_a_kept_mapping_serves_the_next_frame_in_its_segment_without_the_receivers_writes():
-    """handoff.mapcache: the receiver keeps the mapping of a pooled segment; the next frame in
+    """handoff_pure.mapcache: the receiver keeps the mapping of a pooled segment; the next frame in
     that segment comes through it, with the sender's new bytes where the receiver wrote."""
-    from handoff import mapcache
+    from handoff_pure import mapcache
 
     assert mapcache.available()
     accepted: list = []
@@ -189,9 +189,9 @@ async def test_a_kept_mapping_serves_the_next_frame_in_its_segment_without_the_r
         assert await eventually(lambda: conn._maps.stats()["idle"] == 0)
 
 
-@pytest.mark.pure_only("sets and counts the Python peer's mapping cache (handoff.mapcache)")
+@pytest.mark.pure_only("sets and counts the Python peer's mapping cache (handoff_pure.mapcache)")
 async def test_with_no_bytes_to_keep_every_frame_is_mapped_anew():
-    from handoff import mapcache
+    from handoff_pure import mapcache
 
     accepted: list = []
     mapcache.set_keep_bytes(0)

@@ -170,7 +170,7 @@ def test_the_secret_comes_from_config_then_a_file_then_the_environment(tmp_path,
 
 _KEPT_PROBE = """
 import dask, sys
-from handoff import mapcache
+from handoff_pure import mapcache
 from handoff.dask import config
 from handoff.dask.nodes import make_node
 if sys.argv[1]:

@@ -92,7 +92,7 @@ async def test_shm_rust_to_python_zero_copy_and_release(spawn_rust, rust_stats):
         data = env.body["data"]
         # Zero copy: a read-only view straight over the mapping of the Rust node's segment
         # (through the frame's own exporter when the connection keeps the mapping of the
-        # Rust node's pooled segment, handoff.mapcache).
+        # Rust node's pooled segment, handoff_pure.mapcache).
         mapping = mapping_of(data)
         assert isinstance(data, memoryview) and mapping is not None
         assert data.readonly and len(data) == BIG

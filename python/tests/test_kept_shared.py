@@ -1,4 +1,4 @@
-"""handoff.mapcache for shared read-only receivers: a pooled segment's mapping is kept, and
+"""handoff_pure.mapcache for shared read-only receivers: a pooled segment's mapping is kept, and
 the next frame in that segment comes through it (its pages already mapped), read-only,
 with the sender's new bytes."""
 
@@ -15,7 +15,7 @@ from helpers import eventually
 MIB = 1 << 20
 
 
-@pytest.mark.pure_only("counts the Python peer's mapping cache (handoff.mapcache)")
+@pytest.mark.pure_only("counts the Python peer's mapping cache (handoff_pure.mapcache)")
 async def test_a_shared_receiver_keeps_the_mapping_of_a_pooled_segment():
     accepted: list = []
     async with (

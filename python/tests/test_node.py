@@ -25,7 +25,7 @@ from handoff import (
     as_numpy,
     wire,
 )
-from handoff.shm import sealed_copy
+from handoff_pure.shm import sealed_copy
 from helpers import RawPeer, eventually, mapping_of
 
 MIB = 1 << 20
@@ -60,7 +60,7 @@ async def test_a_unix_connection_asks_for_a_send_buffer_that_holds_a_large_frame
     """Linux's default Unix send buffer (about 208 KiB) held less than one frame of a few
     hundred KiB, which then crossed in several turns of both event loops; both ends of a
     Unix connection ask for :data:`UNIX_SEND_BUFFER` (the kernel caps it at wmem_max)."""
-    from handoff.transport import UNIX_SEND_BUFFER
+    from handoff_pure.transport import UNIX_SEND_BUFFER
 
     with open("/proc/sys/net/core/wmem_max") as f:
         cap = int(f.read())

@@ -1,11 +1,11 @@
-"""The pool of warm receive buffers (handoff.recvbuf): reuse, bounds, isolation of frames."""
+"""The pool of warm receive buffers (handoff_pure.recvbuf): reuse, bounds, isolation of frames."""
 
 import gc
 import time
 
 import numpy as np
 
-from handoff.recvbuf import RecvPool
+from handoff_pure.recvbuf import RecvPool
 
 
 def test_a_buffer_comes_back_when_the_last_view_is_gone_and_is_reused():

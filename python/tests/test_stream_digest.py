@@ -2,7 +2,8 @@
 
 import os
 
-from handoff.tickets import StreamDigest, digest
+from handoff.tickets import digest
+from handoff_pure.leases import StreamDigest
 
 
 def test_a_stream_digest_equals_the_digest_of_the_whole_buffer_however_it_is_fed():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from handoff.transport import Transport
+from handoff_pure.transport import Transport
 
 
 async def _read_all(sock: socket.socket, n: int) -> bytes:

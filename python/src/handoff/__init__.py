@@ -1,30 +1,30 @@
-"""handoff for Python: the wire format of spec/WIRE.md (versions 1, 2 and 3) and an asyncio node.
+"""handoff for Python: the API of spec/WIRE.md's nodes, on the Rust engine.
+
+Every connection runs on the engine of the compiled extension ``handoff._native``
+(:mod:`handoff.engine`, :mod:`handoff.engine_node`). The spec's pure-Python reference
+implementation of the connections is the separate package ``handoff_pure``, which this
+package never imports (``HANDOFF_ENGINE=0`` selects it, for tests).
 
 Modules, one job each, from the bottom up (python/pyproject.toml's import contracts
 keep every import pointing down):
 
 - :mod:`handoff.wire` — sans-IO: preamble, framing, headers, descriptors, limits, auth proof.
 - :mod:`handoff.memfd`, :mod:`handoff.pool`, :mod:`handoff.shm` — memfds and their seals,
-  the process's pool of reused segments, segments to send and mappings of received ones.
+  the process's pool of reused segments, and the shared frames an application sends.
 - :mod:`handoff.resources` — resource keys and the node's registry of local objects.
-- :mod:`handoff.tickets` — the owner's leases and the holder's :class:`Ticket`.
+- :mod:`handoff.tickets` — the holder's :class:`Ticket`, and digests.
 - :mod:`handoff.buffers` — :class:`Buffer` and :class:`OnDemand`: how a buffer travels.
 - :mod:`handoff.data` — data handles: tags bound to local sources, or pulled from the sender.
 - :mod:`handoff.route` — routes, and types that encode themselves by route
   (``serialize(obj, source, destination)``); :mod:`handoff.pins` — leases on what such a
   type sends a reference to; :mod:`handoff.spilled` — :class:`SpilledFile`, the example.
 - :mod:`handoff.codec` — bodies: Python values ↔ msgpack with out-of-band frames.
-- :mod:`handoff.transport` — a connection's socket: buffered reads, frames, SCM_RIGHTS.
-- :mod:`handoff.handshake` — preambles, challenges (v1: hellos), proofs, idents, ready.
-- :mod:`handoff.envelope` — what a node receives.
-- :mod:`handoff.ticket_client` — the holder side of tickets: pull, renew, forward, unlease.
-- :mod:`handoff.shm_leases`, :mod:`handoff.control` — a connection's shared-memory leases
-  and its writer of ticket answers; :mod:`handoff.peer` — a connection.
-- :mod:`handoff.admission`, :mod:`handoff.addresses` — which connections get in; addresses.
-- :mod:`handoff.node` — the node: listens, connects, delivers.
+- :mod:`handoff.envelope` — what a node receives; :mod:`handoff.peer` — a connected node.
+- :mod:`handoff.node` — the node's API: options, peers, the inbox, delivery;
+  :mod:`handoff.engine` and :mod:`handoff.engine_node` — its connections on the engine.
 - :mod:`handoff.bounds` — what peers can make a node hold (spec §9.1), in one place;
-  :mod:`handoff.budget` (buffered bytes, backpressure) and :mod:`handoff.throttle`
-  (rate-limited warnings) enforce two of them.
+  :mod:`handoff.throttle` (rate-limited warnings) and :mod:`handoff.held` (memory held
+  for reuse, and its settings).
 - :mod:`handoff.demo_server` — the demo protocol of Appendix A, served by a node;
   :mod:`handoff.worker` — ``python -m handoff.worker``, its command line.
 """

@@ -29,7 +29,7 @@ from .inbox import ConnectionQueue, Inbox
 from . import node as _node
 from .node import Node
 from .outgoing import check_type_name
-from .peer import PeerBase
+from .peer import Peer
 from .shm import PooledFrame, SharedFrame
 from .tickets import Ticket as PyTicket
 from .tls import refused_plain as tls_refused_plain
@@ -101,6 +101,9 @@ class _EngineLeases:
 class EngineNode(Node):
     """:class:`~handoff.node.Node` on the Rust engine (see the module's text)."""
 
+    #: A class that implements the connections: ``Node(...)`` makes it as it is.
+    _implementation = True
+
     def __init__(self, *args: Any, **kwargs: Any):
         for option, why in NOT_YET.items():
             if kwargs.get(option):
@@ -113,7 +116,7 @@ class EngineNode(Node):
             )
         super().__init__(*args, **kwargs)
         self._budget = _EngineBudget(self)
-        self.leases = _EngineLeases(self, self.leases.ttl)
+        self.leases = _EngineLeases(self, self.lease_ttl)
         self.dialer_nonces = None  # the engine's own (handoff_proto::handshake::DialerNonces)
         self._driver: Optional[eng.Driver] = None
         self._engine_listeners: list = []
@@ -382,7 +385,7 @@ def _ident(peer: dict) -> wire.Ident:
     )
 
 
-class EnginePeer(PeerBase):
+class EnginePeer(Peer):
     """A connected node, as :class:`~handoff.peer.Peer` offers it, on an engine connection."""
 
     def __init__(self, node: EngineNode, ec: "eng.EngineConnection", accepted: bool):

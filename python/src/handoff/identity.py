@@ -8,7 +8,10 @@ import secrets
 import stat
 from pathlib import Path
 
-__all__ = ["random_id", "process_id", "host_id", "derive_host_id", "runtime_dir"]
+__all__ = ["random_id", "process_id", "host_id", "derive_host_id", "runtime_dir", "IMPLEMENTATION"]
+
+#: What a Python node says it is in its ident (``impl``, §5.2).
+IMPLEMENTATION = "handoff-py/0.1.0"
 
 
 def random_id() -> str:

@@ -1,66 +1,88 @@
-"""The asyncio :class:`Node`: listens, connects, handshakes, sends and receives.
+"""The public :class:`Node`: its options, its peers, its inbox and what it delivers.
 
 A node speaks the wire format of spec/WIRE.md (version 3 by default) with any
-implementation: over TCP,
-and with a same-host peer (equal host ids) over a Unix socket that carries shared
-memory, switching to it after connecting over TCP as the reference does (§7.1). It
-issues and redeems tickets (§7.5–§7.9).
+implementation: over TCP, and with a same-host peer (equal host ids) over a Unix socket
+that carries shared memory, switching to it after connecting over TCP as the reference
+does (§7.1). It issues and redeems tickets (§7.5–§7.9).
 
-This module is the façade that starts and joins the parts: listening and accepting,
-connecting, the handshake of each connection and its registration as a :class:`Peer`,
-delivery of what the peers receive, and the node's statistics. The parts that can be read
-alone sit below it: which connections get in (:mod:`handoff.admission`), addresses
-(:mod:`handoff.addresses`), the holder side of tickets (:mod:`handoff.ticket_client`), a
-connection (:mod:`handoff.peer`). It is over 600 lines mostly for the :class:`Node`
-docstring and its options, which a reader wants in one place.
+This module holds what every node does above its connections: the options, listening
+sockets, the peers and their registry, delivery to the inbox or to per-connection queues,
+pins, resources and statistics. The connections themselves are the Rust engine's
+(:class:`handoff.engine_node.EngineNode`, what ``Node(...)`` makes). The pure-Python
+implementation of them, the spec's reference, is the separate package ``handoff_pure``
+(``handoff_pure.Node``); production code never imports it, and ``HANDOFF_ENGINE=0``
+(tests only) makes ``Node(...)`` build it. It is over 600 lines mostly for the
+:class:`Node` docstring and its options, which a reader wants in one place.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import errno
+import importlib
 import logging
 import os
 import socket
-import ssl
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-from . import identity, native, pins, tls as tls_layer, wire
-from .admission import Admission
-from .addresses import check_peer_uid, sanitize_name, split_host_port, strip_scheme
-from .bounds import DEFAULT_BOUNDS, Bounds
-from .budget import Budget
+from . import identity, native, pins, wire
+from .addresses import sanitize_name, split_host_port, strip_scheme
+from .bounds import DEFAULT_BOUNDS, Bounds, keepalive_plan
 from .envelope import Envelope
-from .inbox import Inbox
-from .nonces import DialerNonces
+from .errors import HandoffError
+from .identity import IMPLEMENTATION
 from .outgoing import send_limits
-from .errors import HandoffError, PeerClosed, TlsError
-from .handshake import IMPLEMENTATION, OurSide, handshake, send_error
 from .peer import Peer
 from .pins import DEFAULT_PIN_BOUNDS, PinBounds, PinOutbox, PinTable
 from .resources import Resources
 from .throttle import WarningThrottle
-from .ticket_client import TicketClient
-from .tickets import LeaseTable, Ticket
+from .tickets import Ticket
 from .tls import TlsConfig
-from .turns import after_new_input
-from .transport import Transport, keepalive_plan, raise_unix_send_buffer
 
 
 def engine_default() -> bool:
     """Whether nodes that do not say run on the Rust engine (:mod:`handoff.engine_node`):
-    wherever the extension is in use, unless ``HANDOFF_ENGINE=0`` asks for the Python
-    implementation of the node (the path being retired, kept while the move of issue 40
-    finishes). ``HANDOFF_ENGINE=1`` insists: it is an error without the extension."""
+    wherever the extension is in use, unless ``HANDOFF_ENGINE=0`` asks for the pure-Python
+    reference (``handoff_pure``, for tests). ``HANDOFF_ENGINE=1`` insists: it is an error
+    without the extension."""
     choice = os.environ.get("HANDOFF_ENGINE", "")
     if choice == "0":
         return False
     if choice not in ("", "1"):
         raise ValueError(f"HANDOFF_ENGINE is 0 or 1 (or unset), not {choice!r}")
     return choice == "1" or _ENGINE_NODE is not None
+
+
+def _reference_chosen() -> bool:
+    """Whether a test switch asks for the pure-Python reference: ``HANDOFF_ENGINE=0``, or
+    ``HANDOFF_NATIVE=0`` (no extension at all)."""
+    return os.environ.get("HANDOFF_ENGINE") == "0" or os.environ.get("HANDOFF_NATIVE", "").strip() == "0"
+
+
+def reference_node_class() -> type:
+    """``handoff_pure.Node``, the spec's pure-Python reference implementation, loaded by
+    name: production code never imports ``handoff_pure`` (tests and the interop suites do)."""
+    try:
+        return importlib.import_module("handoff_pure").Node
+    except ImportError as e:
+        raise ValueError(f"the pure-Python reference node (handoff_pure) cannot be loaded: {e}") from None
+
+
+#: An application's subclass of :class:`Node`, made on an implementation: ``(cls, impl)``
+#: -> the class that is both (its methods first).
+_IMPLEMENTED: dict = {}
+
+
+def _implemented(cls: type, impl: type) -> type:
+    """``cls`` (a subclass of :class:`Node` an application wrote) on the implementation
+    ``impl``: a class with both as bases, ``cls`` first, named as ``cls``."""
+    made = _IMPLEMENTED.get((cls, impl))
+    if made is None:
+        names = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__}
+        made = type(cls.__name__, (cls, impl), {"_implementation": True, **names})
+        _IMPLEMENTED[(cls, impl)] = made
+    return made
 
 
 #: The class of nodes on the Rust engine: :mod:`handoff.engine_node` registers it when the
@@ -80,8 +102,6 @@ HANDSHAKE_TIMEOUT = DEFAULT_BOUNDS.handshake_timeout
 _LISTEN_BACKLOG = 1024
 #: The most connections ``handoff.admin.Stats`` lists (spec Appendix A); ``peers_total`` counts all.
 STATS_MAX_PEERS = 4096
-#: Longest the accept loop accepts waiting connections before other input goes first (s).
-_ACCEPT_SLICE = 100e-6
 
 
 class Node:
@@ -138,7 +158,7 @@ class Node:
     process's pool of reused segments (:mod:`handoff.pool`) instead of fresh sealed
     memfds, and goes inline rather than wait when a peer holds its cap of leases.
     ``shm_private`` maps received segments private and writable (copy-on-write)
-    instead of shared and read-only (:func:`handoff.shm.map_received`).
+    instead of shared and read-only (``MAP_PRIVATE``).
 
     ``tls`` (a :class:`~handoff.tls.TlsConfig`) runs every TCP connection inside TLS, those
     it opens (tickets' pulls from an owner too) and those it accepts (spec §3.1): both
@@ -154,14 +174,25 @@ class Node:
     """
 
     def __new__(cls, *args, engine: Optional[bool] = None, **kwargs):
-        # A node that plays an older peer (``preamble``, tests only) is the pure one.
+        if cls.__dict__.get("_implementation", False):
+            return super().__new__(cls)
+        explicit = engine is not None or kwargs.get("preamble") is not None
         if engine is None:
+            # A node that plays an older peer (``preamble``, tests only) is the reference one.
             engine = engine_default() and kwargs.get("preamble") is None
-        if cls is Node and engine:
+        if engine:
             if _ENGINE_NODE is None:
                 raise ValueError(f"a node on the engine needs the extension handoff._native: {native.REASON}")
-            return super().__new__(_ENGINE_NODE)
-        return super().__new__(cls)
+            impl = _ENGINE_NODE
+        elif explicit or _reference_chosen():
+            impl = reference_node_class()
+        else:
+            raise ValueError(
+                f"handoff.Node runs on the extension handoff._native, which is not in use ({native.REASON}); "
+                "install handoff from its wheel, or build it with `pip install ./python`. The pure-Python "
+                "reference node (the package handoff_pure) is for tests: HANDOFF_ENGINE=0 selects it"
+            )
+        return super().__new__(impl if cls is Node else _implemented(cls, impl))
 
     def __init__(
         self,
@@ -210,7 +241,7 @@ class Node:
         self.tls = tls
         #: Seconds within which a TCP peer that stopped answering (its host lost power,
         #: or was cut off) fails the connection: keepalive and ``TCP_USER_TIMEOUT``
-        #: (:meth:`Transport.set_tcp_timeout <handoff.transport.Transport.set_tcp_timeout>`);
+        #: (:func:`handoff.bounds.keepalive_plan`);
         #: ``None``: the kernel's defaults (keepalive off).
         self.tcp_timeout = tcp_timeout
         if tcp_timeout is not None:
@@ -230,30 +261,16 @@ class Node:
         #: The preamble this node sends (§3): version 3 only; 2..=3 with ``accept_v2``; 1..=3
         #: with ``accept_v1``.
         self.preamble = preamble or wire.our_preamble(accept_v1=accept_v1, accept_v2=accept_v2)
-        #: What a header may be before a connection is established (§5.1, §9: 64 KiB, 1024 values).
-        self.handshake_limits = dataclasses.replace(
-            limits.during_handshake(),
-            max_header_bytes=min(limits.max_header_bytes, bounds.handshake_header_bytes),
-        )
         self.types = set(types) if types is not None else None
-        self.leases = LeaseTable(
-            lease_ttl,
-            max_bytes=bounds.max_ticket_bytes,
-            max_bytes_per_peer=bounds.max_ticket_bytes_per_peer,
-            max_holders=bounds.max_holders_per_lease,
-            wait=bounds.lease_wait,
-        )
-        self._budget = Budget(bounds)
-        #: The nonces this node sent as a dialer, remembered for twice the handshake timeout
-        #: (version 3, §5.7 step 3: one of its own handshakes relayed back into it is refused).
-        self.dialer_nonces = DialerNonces(2 * bounds.handshake_timeout)
+        #: The owner's leases on the tickets this node sent: the implementation's table.
+        self.leases = None
+        #: What this node's peers buffer for the application (§9.1): the implementation's budget.
+        self._budget = None
+        #: The ttl of the ticket leases this node issues (seconds).
+        self.lease_ttl = lease_ttl
         self._throttle = WarningThrottle(
             log, bounds.warnings_per_period, bounds.warning_period, total=bounds.warnings_in_all_per_period
         )
-        #: Which connections get in: the caps on handshakes and connections, and node-id claims.
-        self._admission = Admission(self.node_id, bounds, self.peer_by_id, lambda: len(self._all_peers))
-        #: The holder side of the tickets this node receives (:mod:`handoff.ticket_client`).
-        self._tickets = TicketClient(self, bounds.max_owner_dials)
         #: This node's local resources: resource keys in received bodies bind to them (§8.3).
         self.resources = Resources(name)
         #: What this node keeps for peers under a lease, as route-aware values asked (:mod:`handoff.pins`).
@@ -302,32 +319,20 @@ class Node:
         return f"unix://{self.unix_path}" if self.unix_path else None
 
     async def start(self) -> "Node":
-        if self._started:
-            return self
-        self.loop = asyncio.get_running_loop()
-        # Bounded by the buffered-bytes budget, which every envelope in it is charged against.
-        self._inbox = Inbox(self.bounds.message_overhead)
-        self._peers_changed = asyncio.Condition()
-        for lsock in await self._bind():
-            unix = lsock.family == socket.AF_UNIX
-            self._accept_tasks.append(self._spawn(self._accept_loop(lsock, unix=unix)))
-        try:
-            self._check_own_identity()  # the addresses are known now
-        except ValueError:
-            self.stop_listening()
-            raise
-        self._spawn(self._reap_expired())
-        self._started = True
-        pins.register_node(self)
-        log.info(
-            "node %s started (host %s, listen %s, unix %s; %s)",
-            self.name,
-            self.host_id,
-            self.listen_addr,
-            self.unix_addr,
-            native.REASON,
-        )
-        return self
+        """Binds the listening sockets and starts accepting (the implementation's own)."""
+        raise NotImplementedError
+
+    async def connect(self, addr: str, channel: Optional[str] = None) -> Peer:
+        """Connects to ``tcp://HOST:PORT`` (or ``HOST:PORT``) or ``unix://PATH``.
+
+        Over TCP, a peer with our host id that offers its Unix socket is reached through
+        it (channel ``shm``) unless ``channel="tcp"``; with ``channel="shm"`` it must be.
+        """
+        raise NotImplementedError
+
+    async def _connect_unix(self, path: str) -> Peer:
+        """A connection to the same-host node listening on the Unix socket ``path``."""
+        raise NotImplementedError
 
     async def _bind(self) -> list:
         """Binds the node's listening sockets, its TCP listener (``listen``) and, with
@@ -488,189 +493,8 @@ class Node:
         """Every open connection to the node ``node_id``, oldest first."""
         return [p for p in self._connections.get(node_id, []) if not p.closed]
 
-    def _our_side(self, transport: Optional[Transport] = None, accepted: bool = False) -> OurSide:
-        return OurSide(
-            node_id=self.node_id,
-            name=self.name,
-            host_id=self.host_id,
-            process_id=self.process_id,
-            caps=self.caps,
-            secret=self.secret,
-            limits=self.handshake_limits,
-            listen=self.listen_addr,
-            unix=self.unix_addr,
-            admit=self._admission.room,
-            check_peer=(lambda ident: self._admission.check_node_id(ident, transport))
-            if transport is not None
-            else None,
-            preamble=self.preamble,
-            accepted=accepted,
-            dialer_nonces=self.dialer_nonces,
-        )
-
     def _warn_about(self, source: str, fmt: str, *args) -> None:
         self._throttle.warn(source, "%s: " + fmt, self.name, *args)
-
-    async def _handshake_tls(self, transport: Transport, accepted: bool, host: Optional[str]):
-        """TLS first (spec §3.1), then the handshake inside it; an accepted plain peer is
-        answered ``tls-required``."""
-        config = self.tls
-        label = transport.label
-        if accepted:
-            first = await tls_layer.peek_first_byte(transport.sock)
-            if first is None:
-                raise PeerClosed(f"{label} closed the connection before sending a byte")
-            if first == tls_layer.PREAMBLE_FIRST_BYTE:
-                # A plain peer: our preamble and the error it reads like any refusal (§3.1).
-                self.tls_refusals += 1
-                await transport.send([self.preamble.encode()])
-                await send_error(transport, "tls-required", tls_layer.TLS_REQUIRED_MESSAGE, before_preamble=True)
-                raise tls_layer.refused_plain(label)
-            ctx, name = config.server, None
-            if ctx is None:
-                raise TlsError(f"TLS with {label}: this node has no server TLS context to accept connections with")
-        else:
-            ctx, name = config.client, config.server_name or host
-            if ctx is None:
-                raise TlsError(f"TLS with {label}: this node has no client TLS context to connect with")
-        transport.use_tls(tls_layer.wrap(ctx, transport.sock, accepted, name))
-        try:
-            await tls_layer.run_handshake(transport.sock)
-        except (ssl.SSLError, OSError) as e:
-            # TLS sent its alert: the close drains input first, so that the peer reads the
-            # alert rather than a reset (§11.3), as after an error message.
-            transport.error_sent = True
-            raise tls_layer.explain(e, label, accepted, name) from None
-        transport.tls_ready = True
-        try:
-            return await handshake(transport, self._our_side(transport, accepted))
-        except Exception as e:
-            if transport.tls_failure is not None and not isinstance(e, TlsError):
-                # A TLS 1.3 client learns that the peer refused its certificate on its first read.
-                raise tls_layer.explain(transport.tls_failure, label, accepted, name) from None
-            raise
-
-    async def _open(
-        self,
-        sock: socket.socket,
-        label: str,
-        accepted: bool = False,
-        peer_pid: Optional[int] = None,
-        host: Optional[str] = None,
-    ) -> Peer:
-        """Handshakes on a fresh connection (TLS first on TCP when the node has it, spec
-        §3.1; ``host``: the host part of the dialed address), registers the peer and starts
-        its reader."""
-        if sock.family == socket.AF_UNIX:
-            raise_unix_send_buffer(sock)
-        transport = Transport(sock, label, self.bounds)
-        transport.peer_pid = peer_pid
-        transport.set_tcp_timeout(self.tcp_timeout)
-        entry = self._admission.begin_handshake(transport) if accepted else None
-        timeout = self.bounds.handshake_timeout
-        transport.handshake_deadline = asyncio.get_running_loop().time() + timeout
-        secure = self.tls is not None and not transport.unix
-        try:
-            try:
-                if secure:
-                    done = await asyncio.wait_for(self._handshake_tls(transport, accepted, host), timeout)
-                else:
-                    done = await asyncio.wait_for(handshake(transport, self._our_side(transport, accepted)), timeout)
-            except asyncio.TimeoutError:
-                if secure and not transport.tls_ready:
-                    # Nothing to say in plain text inside a TLS handshake: close.
-                    await transport.aclose()
-                    raise TlsError(
-                        f"TLS with {label}: the TLS handshake did not complete within {timeout:g} s "
-                        "(the handshake timeout); the peer stalled"
-                    ) from None
-                msg = f"the handshake did not complete within {timeout:g} s"
-                # (Sent only if the peer's whole preamble arrived, §3.)
-                await send_error(transport, "timeout", f"timed out: {msg}")
-                await transport.aclose(drain=self.bounds.drain_seconds)
-                raise HandoffError(f"handshake with {label}: {msg}") from None
-            except asyncio.CancelledError:
-                if entry is None or not entry.evicted:
-                    await transport.aclose()
-                    raise
-                # Closed to make room for a newer handshake: say so without waiting for
-                # anything, if the peer has shown it speaks this format (its whole preamble, §3).
-                if transport.preamble_received:
-                    transport.try_send_now(
-                        wire.encode_message(
-                            wire.Error(
-                                "overloaded",
-                                f"this node runs {self.bounds.max_handshakes} handshakes at once, "
-                                "the most it allows, and closed the oldest; try again later",
-                            )
-                        )
-                    )
-                    await transport.aclose(drain=0)
-                else:
-                    await transport.aclose()
-                raise HandoffError(f"handshake with {label}: closed to make room for newer ones") from None
-            except BaseException:
-                await transport.aclose(drain=self.bounds.drain_seconds if transport.error_sent else None)
-                raise
-        finally:
-            if entry is not None:
-                self._admission.end_handshake(entry)
-            if transport.closed:
-                self._admission.unclaim(transport)
-        channel = "shm" if transport.unix else "tcp"
-        ident = done.ident
-        if transport.unix and ident.host != self.host_id:
-            self._warn_about(
-                f"peer {ident.name}",
-                "peer %s on our Unix socket claims another host id (%s); it shares our memory all the same",
-                ident.name,
-                ident.host,
-            )
-        peer = Peer(self, transport, ident, channel, done.version)
-        peer.accepted = accepted
-        self._add_peer(peer)
-        self._admission.unclaim(transport)  # the established connection speaks for the node id now
-        peer.reader = self.loop.create_task(peer.read_loop())
-        return peer
-
-    async def connect(self, addr: str, channel: Optional[str] = None) -> Peer:
-        """Connects to ``tcp://HOST:PORT`` (or ``HOST:PORT``) or ``unix://PATH``.
-
-        Over TCP, a peer with our host id that offers its Unix socket is reached through
-        it (channel ``shm``) unless ``channel="tcp"``; with ``channel="shm"`` it must be.
-        """
-        if not self._started:
-            await self.start()
-        if addr.startswith("unix://"):
-            return await self._connect_unix(strip_scheme(addr, "unix://"))
-        target = strip_scheme(addr, "tcp://")
-        host, port = split_host_port(target)
-        infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        last: Optional[Exception] = None
-        sock = None
-        for family, kind, proto, _, sockaddr in infos:
-            s = socket.socket(family, kind, proto)
-            s.setblocking(False)
-            try:
-                await self.loop.sock_connect(s, sockaddr)
-                sock = s
-                break
-            except OSError as e:
-                s.close()
-                last = e
-        if sock is None:
-            if isinstance(last, OSError) and last.errno is not None:
-                raise type(last)(last.errno, f"connecting to {addr}: {last.strerror}")
-            raise ConnectionError(f"connecting to {addr}: {last}")
-        peer = await self._open(sock, addr, host=host)
-        if channel == "tcp":
-            return peer
-        try:
-            return await self._switch_to_unix(peer, channel)
-        except BaseException:
-            # Cancelled (or failed) after the handshake: nobody else holds this connection.
-            peer.abort()
-            raise
 
     async def _switch_to_unix(self, peer: Peer, channel: Optional[str]) -> Peer:
         """The same-host peer ``peer`` (over TCP) through its Unix socket, if it offers one
@@ -709,66 +533,6 @@ class Node:
             raise
         log.info("%s: same-host peer %s: using shm", self.name, shm_peer.name)
         return shm_peer
-
-    async def _connect_unix(self, path: str) -> Peer:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        try:
-            await self.loop.sock_connect(sock, path)
-            pid = check_peer_uid(sock)
-        except BaseException:
-            sock.close()
-            raise
-        return await self._open(sock, f"unix://{path}", peer_pid=pid)
-
-    async def _accept_loop(self, lsock: socket.socket, unix: bool) -> None:
-        # An accept that finds a connection waiting does not return to the event loop: a
-        # flood of connections (slowloris) would be accepted in one turn, every other
-        # peer's message waiting behind it. After a slice, new input goes first.
-        clock = time.perf_counter
-        turn_began = clock()
-        while True:
-            if clock() - turn_began >= _ACCEPT_SLICE:
-                await after_new_input()
-                turn_began = clock()
-            try:
-                try:
-                    conn, addr = lsock.accept()
-                    conn.setblocking(False)
-                except (BlockingIOError, InterruptedError):
-                    conn, addr = await self.loop.sock_accept(lsock)
-                    turn_began = clock()  # it waited: a new slice begins
-            except asyncio.CancelledError:
-                return
-            except OSError as e:
-                if self._closed:
-                    return
-                self._warn_about("accept", "accept failed: %s", e)
-                # Out of descriptors: wait for connections to close instead of spinning.
-                await asyncio.sleep(0.1 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS) else 0.01)
-                continue
-            if unix:
-                label = "unix peer"
-            else:
-                label = (
-                    f"tcp://[{addr[0]}]:{addr[1]}" if conn.family == socket.AF_INET6 else f"tcp://{addr[0]}:{addr[1]}"
-                )
-            source = "unix peers" if unix else f"connections from {addr[0]}"
-            self._spawn(self._accepted(conn, label, unix, source))
-
-    async def _accepted(self, conn: socket.socket, label: str, unix: bool, source: str) -> None:
-        try:
-            pid = check_peer_uid(conn) if unix else None
-            peer = await self._open(conn, label, accepted=True, peer_pid=pid)
-            log.info("%s: accepted peer %s (%s, %s)", self.name, peer.name, peer.locality, peer.channel)
-        except asyncio.CancelledError:
-            conn.close()
-        except Exception as e:
-            self._warn_about(source, "refused connection from %s: %s", label, e)
-            try:
-                conn.close()
-            except OSError:
-                pass
 
     # ------------------------------------------------------------------ receiving
 
@@ -843,13 +607,16 @@ class Node:
     # connections ask: the ticket client does it.
 
     async def _pull(self, ticket: Ticket, off: int, n: int, whole: bool) -> memoryview:
-        return await self._tickets.pull(ticket, off, n, whole)
+        """``n`` bytes of ``ticket``'s buffer from ``off`` (``whole``: its redemption)."""
+        raise NotImplementedError
 
     async def _renew(self, ticket: Ticket) -> None:
-        await self._tickets.renew(ticket)
+        """Extends the hold on ``ticket``'s lease (§7.7)."""
+        raise NotImplementedError
 
     def _ticket_released(self, desc: wire.TicketDesc, label: str) -> None:
-        self._tickets.released(desc, label)
+        """The application let go of a ticket it held: its owner may end the hold."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------------ tickets (owner side)
 

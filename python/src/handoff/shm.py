@@ -1,37 +1,20 @@
-"""Shared-memory segments (spec §7.2–§7.4): memfds to send, read-only mappings of received ones.
+"""Shared-memory frames an application sends (spec §7.2–§7.4): :class:`ShmBuffer`, filled
+in place and sent with no copy, and :class:`SharedFrame` / :class:`PooledFrame`, a
+segment (a memfd) and the bytes of it that a frame carries.
 
-Sending: a buffer of at least the threshold is copied into a fresh memfd that is then
-sealed (``F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``: the reference's
-"sealed mode", §7.4), or a :class:`ShmBuffer` that the application filled in place is
-sent as it is, with no copy at all (sealed against shrinking and growing at least:
-every segment a node passes is, §7.4).
-
-Receiving: each ``shm`` frame's descriptor is checked — seals first (``F_SEAL_SHRINK``
-always, so that the segment can never be cut short under the mapping and a read can
-never fault; the write and grow seals too if it claims ``sealed``), then its size —
-and mapped read-only and shared; the frame is a ``memoryview`` of that mapping (no
-byte copied). With ``private=True`` the mapping is private and writable instead
-(``MAP_PRIVATE``, copy-on-write): still no byte copied, but the receiver may write into
-the frame — its writes stay its own, the sender never sees them — which is what a
-consumer that expects writable buffers (Dask's deserializers copy a read-only frame
-whose header says writeable) needs to stay zero copy. A small window of a large segment
-maps only the pages that hold it.
-
-Mappings keep no descriptor (:mod:`handoff.shmmap`): the received descriptor is closed
-as soon as it is mapped, so a held frame costs no descriptor. A forked child inherits
-received mappings like any memory and can read them (as it can read what arrived on TCP).
-Each frame gets a mapping of its own, so that the mapping's lifetime is the frame's:
-when the last view of it is gone, the mapping is freed and the frame's lease released —
-except that a receiver's connection may keep the mapping of a whole segment for the next
-frame in it (:mod:`handoff.mapcache`).
+A same-host send passes the segment's descriptor: a sealed segment
+(``F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL``, the reference's "sealed
+mode", §7.4), or a pooled one sealed against shrinking and growing at least (every
+segment a node passes is). What the receiver checks and maps is the engine's (and the
+pure-Python reference's, ``handoff_pure.shm``). Mappings keep no descriptor
+(:mod:`handoff.shmmap`).
 """
 
 from __future__ import annotations
 
 import fcntl
-import mmap
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from .memfd import (  # noqa: F401  (the seal bits were defined here before memfd.py: still importable from here)
     F_ADD_SEALS,
@@ -47,33 +30,8 @@ from .memfd import (  # noqa: F401  (the seal bits were defined here before memf
 from .memfd import memfd as _memfd
 from .pool import pool
 from .shmmap import Region
-from .wire import WireError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .mapcache import MapCache
-
-__all__ = [
-    "ShmBuffer",
-    "SharedFrame",
-    "PooledFrame",
-    "sealed_copy",
-    "map_received",
-    "read_received",
-    "COPY_BELOW",
-    "segment_info",
-    "SEALS_REQUIRED",
-    "SEALS_FIXED",
-]
-
-#: A received shm frame smaller than this is read into the receiver's own memory (one
-#: ``pread``, the lease released at once) instead of mapped: as cheap as the mapping's own
-#: system calls and page faults, and the frame is then a buffer of its own, as Dask's TCP
-#: comm reads each frame into one (a consumer that keeps some small frames and drops
-#: others frees what it drops; Dask's P2P relies on it), costing the sender no lease.
-COPY_BELOW = 1 << 20
-#: A segment this much larger than its window (beyond twice the window) is mapped only
-#: around the window (the reference's rule, §7.2 step 4).
-_WHOLE_SEGMENT_SLACK = 1 << 20
+__all__ = ["ShmBuffer", "SharedFrame", "PooledFrame", "SEALS_REQUIRED", "SEALS_FIXED"]
 
 
 class SharedFrame:
@@ -161,7 +119,7 @@ class ShmBuffer:
 
     With ``pooled`` it is the start of a segment of the process's pool instead (as the
     reference's ``SharedBufMut`` is): its pages are warm when the segment is reused, and
-    a receiver that keeps the segment's mapping (:mod:`handoff.mapcache`) maps the next
+    a receiver that keeps the segment's mapping (``handoff_pure.mapcache``) maps the next
     frame in it without faulting its pages again. Such a segment is never sealed."""
 
     def __init__(self, size: int, pooled: bool = False):
@@ -209,140 +167,3 @@ class ShmBuffer:
         if seg is not None:  # a pooled buffer never frozen
             self._segment = None
             seg.let_go(True)
-
-
-def sealed_copy(data: Any) -> SharedFrame:
-    """Copies a bytes-like object into a fresh memfd and seals it."""
-    view = memoryview(data).cast("B")
-    n = view.nbytes
-    fd = _memfd(n)
-    try:
-        pos = 0
-        while pos < n:
-            pos += os.pwrite(fd, view[pos : pos + (1 << 30)], pos)
-        fcntl.fcntl(fd, F_ADD_SEALS, SEALS_ALL)
-    except OSError:
-        os.close(fd)
-        raise
-    return SharedFrame(fd, n, True)
-
-
-def _bad(message: str) -> WireError:
-    return WireError("bad-shm", f"bad shared-memory descriptor: {message}")
-
-
-def _check(fd: int, size: int, sealed: bool) -> os.stat_result:
-    """The checks of §7.2 on a received descriptor: its seals, then its size (``bad-shm``)."""
-    try:
-        seals = fcntl.fcntl(fd, F_GET_SEALS)
-    except OSError as e:
-        raise _bad(
-            f"the received file descriptor is not a shared-memory segment that supports seals "
-            f"(a memfd), so it could shrink under the mapping: {e.strerror or e}"
-        ) from None
-    if not seals & F_SEAL_SHRINK:
-        raise _bad(
-            f"the segment is not sealed against shrinking (its seals are {seals:#x}); every segment "
-            "must carry F_SEAL_SHRINK before it is passed"
-        )
-    if sealed and seals & SEALS_REQUIRED != SEALS_REQUIRED:
-        raise _bad(f"the descriptor claims a sealed segment, but its seals are {seals:#x}")
-    st = os.fstat(fd)
-    if st.st_size != size:
-        raise _bad(f"the descriptor says the segment has {size} bytes, the received file has {st.st_size}")
-    return st
-
-
-def read_received(fd: int, size: int, sealed: bool, off: int, into: memoryview) -> dict:
-    """Checks a received segment as :func:`map_received` does, then reads its window
-    ``off .. off + len(into)`` into ``into`` (one ``pread``: no mapping, no descriptor
-    kept). Closes ``fd`` in every case; returns the segment's info."""
-    try:
-        st = _check(fd, size, sealed)
-        n = into.nbytes
-        if off < 0 or off + n > size:
-            raise _bad(f"the window {off}+{n} is not inside the segment of {size} bytes")
-        pos = 0
-        while pos < n:
-            got = os.preadv(fd, [into[pos:]], off + pos)
-            if got <= 0:
-                raise _bad(f"the segment ended after {pos} of {n} bytes")
-            pos += got
-        return {"device": st.st_dev, "inode": st.st_ino, "size": size, "sealed": sealed}
-    except OSError as e:
-        raise _bad(f"cannot read the received segment: {e}") from None
-    finally:
-        os.close(fd)
-
-
-def map_received(
-    fd: int,
-    size: int,
-    sealed: bool,
-    off: int = 0,
-    n: Optional[int] = None,
-    private: bool = False,
-    keep: Optional["MapCache"] = None,
-):
-    """Checks a received segment against its descriptor and maps its window read-only (§7.2),
-    or, with ``private``, private and writable (copy-on-write).
-
-    Closes ``fd`` in every case. In order: the seals (``F_SEAL_SHRINK`` required — a file
-    that has no seals, such as a regular file or a pipe, is refused; with ``sealed``
-    also ``F_SEAL_WRITE`` and ``F_SEAL_GROW``), then the size (must equal ``size``);
-    any failure is ``bad-shm``. The whole segment is mapped when ``size <= 2 * n + 1 MiB``,
-    else only the pages around the window ``off .. off + n``.
-
-    Returns ``(mapping, start, info)``: the window is ``mapping.view()[start : start + n]``
-    (``mapping`` a :class:`~handoff.shmmap.Region`, which keeps no descriptor);
-    ``mapping`` is ``None`` for an empty window (nothing to map). With ``keep`` (a
-    connection's :class:`~handoff.mapcache.MapCache`), a whole-segment
-    mapping comes from it or goes to it: ``mapping`` is then a
-    :class:`~handoff.mapcache.Kept` (see :mod:`handoff.mapcache`).
-    """
-    if n is None:
-        n = size - off
-    try:
-        st = _check(fd, size, sealed)
-        info = {"device": st.st_dev, "inode": st.st_ino, "size": size, "sealed": sealed}
-        if n == 0:
-            return None, 0, info
-        if size <= 2 * n + _WHOLE_SEGMENT_SLACK:
-            start, length = 0, size
-        else:
-            start = off - off % mmap.ALLOCATIONGRANULARITY
-            length = off + n - start
-        # A whole segment's mapping is kept for the next frame in it: a private one always
-        # (as before), a shared one if the segment is not sealed (a pooled one, which its
-        # sender writes again; a sealed segment is never sent with new bytes).
-        keep = keep if start == 0 and length == size and (private or not sealed) else None
-        key = (st.st_dev, st.st_ino, private)
-        if keep is not None:
-            kept = keep.take(key, size)
-            if kept is not None:
-                return kept, off, info
-        try:
-            mapping = Region.map(fd, length, write=private, private=private, offset=start)
-        except (OSError, ValueError, OverflowError) as e:
-            raise _bad(f"cannot map the received segment: {e}") from None
-        if keep is not None:
-            kept = keep.add(key, mapping, size, private)
-            if kept is not None:
-                return kept, off, info
-        return mapping, off - start, info
-    except OSError as e:
-        raise _bad(f"cannot check the received segment: {e}") from None
-    finally:
-        os.close(fd)
-
-
-def segment_info(info: dict, offset: int) -> dict:
-    """The ``segment`` map of ``handoff.demo.Held`` (Appendix A) for a received frame."""
-    return {
-        "device": info["device"],
-        "inode": info["inode"],
-        "offset": offset,
-        "size": info["size"],
-        "pool_id": None,
-        "sealed": info["sealed"],
-    }

@@ -73,7 +73,7 @@ def _fds() -> int:
 def test_held_received_mappings_keep_no_descriptor():
     # 2000 received segments mapped and held (frames of 1 MiB and more are mapped, not
     # read): no descriptor stays with any of them.
-    from handoff.shm import map_received, sealed_copy
+    from handoff_pure.shm import map_received, sealed_copy
 
     gc.collect()  # (what earlier tests left for the collector closes now, not during the count)
     before = _fds()

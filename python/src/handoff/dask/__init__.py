@@ -31,7 +31,7 @@ Design, and why:
   under views the receiver keeps retires the segment instead. With ``kept-map-bytes``
   set (0 by default), the receiving connection keeps the mapping of a segment whose views
   are gone (its own writes scrubbed off), so that the next frame the sender sends in that
-  segment arrives with its pages mapped already (:mod:`handoff.mapcache`).
+  segment arrives with its pages mapped already (``handoff_pure.mapcache``, on the reference node).
   Another host: TCP, the frames inline, received into fresh writable buffers.
 - **Addresses.** ``listen_address`` is the bound ``host:port``; a wildcard listener is
   advertised as ``default_host`` or ``get_ip()``, as Dask's TCP. A Unix comm has no

@@ -12,7 +12,7 @@ are users asking Dask to see that). So the backend keeps its own part of it hone
   maps them (``CopyInto::Write`` in ``handoff-proto``), for the same reason;
 - what is held only for reuse is given back on a timer (the idle segments of the pool,
   the mappings kept by connections, the warm receive buffers: :mod:`handoff.pool`,
-  :mod:`handoff.mapcache`, :mod:`handoff.recvbuf`, and the engine's own, which
+  :mod:`handoff.held` (the pure-Python reference's mappings and receive buffers), and the engine's own, which
   ``handoff._native.held_for_reuse`` reports), and at once when a worker's RSS
   comes within :data:`TRIM_MARGIN` of the lowest of Dask's spill, pause and terminate
   thresholds (a watcher on the event loop of the process's first comm, :func:`start`,
@@ -29,11 +29,9 @@ import asyncio
 import logging
 from typing import Any, Optional
 
+from .. import held as held_for_reuse
 from .. import native
-from ..mapcache import idle_bytes as kept_idle_bytes
-from ..mapcache import trim_all as trim_kept
 from ..pool import pool
-from ..recvbuf import recv_pool
 
 __all__ = ["shared_bytes", "trim", "start", "TRIM_MARGIN", "INTERVAL"]
 
@@ -58,11 +56,13 @@ def shared_bytes() -> dict:
         "pool-busy": p["bytes"] - p["idle_bytes"],
         "pool-idle": p["idle_bytes"],
         "pool-fds": p["fds"],
-        "kept-idle": kept_idle_bytes(),
-        "recv-idle": recv_pool().stats()["idle_bytes"],
+        "kept-idle": 0,
+        "recv-idle": 0,
     }
-    # The Rust engine's pool, mappings and receive buffers (nodes on the engine), beside the
-    # Python implementation's: one process may have nodes of both.
+    # The Rust engine's pool, mappings and receive buffers (nodes on the engine), and what
+    # other implementations registered (the pure-Python reference's, in tests).
+    for key, n in held_for_reuse.held().items():
+        held[key] += n
     if native.ENABLED:
         for key, n in native.ext.held_for_reuse().items():
             held[key] += n
@@ -72,8 +72,7 @@ def shared_bytes() -> dict:
 def trim() -> None:
     """Gives back everything held only for reuse, now (from any thread)."""
     pool().trim()
-    trim_kept()
-    recv_pool().clear()
+    held_for_reuse.give_back()
     if native.ENABLED:
         native.ext.give_back_held()
 

@@ -27,7 +27,7 @@ import os
 import weakref
 from typing import Callable, Optional
 
-from .. import mapcache
+from .. import held
 from ..bounds import DEFAULT_BOUNDS
 from ..node import Node
 from ..pool import pool
@@ -80,12 +80,9 @@ def make_node(
     kept = settings.kept_map_bytes
     if kept is None and "HANDOFF_SHM_KEEP_BYTES" not in os.environ:
         kept = KEPT_MAP_BYTES
-    if kept is not None:
-        mapcache.set_keep_bytes(kept)
     if settings.pool_idle_seconds is not None:
         pool().idle_seconds = settings.pool_idle_seconds
-    if settings.kept_map_seconds is not None:
-        mapcache.set_keep_seconds(settings.kept_map_seconds)
+    held.keep_mappings(kept, settings.kept_map_seconds)
     bounds = BOUNDS
     if settings.progress_timeout is not None:
         bounds = dataclasses.replace(bounds, progress_timeout=settings.progress_timeout)

@@ -16,9 +16,9 @@ import os
 import time
 from typing import Any, Callable, Optional
 
-from .bounds import Bounds
-from .errors import CapReached, PeerClosed
-from .pool import Segment, pool
+from handoff.bounds import Bounds
+from handoff.errors import CapReached, PeerClosed
+from handoff.pool import Segment, pool
 
 __all__ = ["ShmLeases", "PooledLease", "SealedLease", "pooled_copy"]
 

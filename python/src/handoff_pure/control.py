@@ -15,9 +15,9 @@ import collections
 import logging
 from typing import Any, Awaitable, Callable, Optional
 
-from . import wire
-from .bounds import Bounds
-from .errors import PeerClosed
+from handoff import wire
+from handoff.bounds import Bounds
+from handoff.errors import PeerClosed
 
 __all__ = ["ControlWriter"]
 

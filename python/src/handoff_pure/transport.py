@@ -48,12 +48,12 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
-from .bounds import DEFAULT_BOUNDS, Bounds
-from .errors import PeerClosed
-from .wire import LEN_PREFIX, PREAMBLE_LEN, Limits, WireError
-from .wire.framing import header_length_at
+from handoff.bounds import DEFAULT_BOUNDS, Bounds, keepalive_plan
+from handoff.errors import PeerClosed
+from handoff.wire import LEN_PREFIX, PREAMBLE_LEN, Limits, WireError
+from handoff.wire.framing import header_length_at
 
-__all__ = ["Transport", "MAX_FDS_PER_READ", "keepalive_plan", "KEEPALIVE_PROBES", "raise_unix_send_buffer"]
+__all__ = ["Transport", "MAX_FDS_PER_READ", "raise_unix_send_buffer"]
 
 READ_CHUNK = 64 * 1024
 #: Most descriptors accepted with one read (spec §7.2); more is ``bad-shm``.
@@ -107,25 +107,8 @@ def raise_unix_send_buffer(sock: socket.socket) -> None:
         pass  # the kernel's default stays
 
 
-#: Keepalive probes sent before a silent peer is given up (Linux's default, and Dask's).
-KEEPALIVE_PROBES = 10
 #: Linux's ``TCP_USER_TIMEOUT`` (since 2.6.37), where the socket module lacks the name.
 _TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)
-
-
-def keepalive_plan(timeout: float) -> tuple[int, int, int]:
-    """``(idle, interval, probes)`` in whole seconds for a TCP connection that must notice a
-    silent peer within ``timeout`` seconds: ``idle + interval * probes == timeout``, with
-    ``probes`` = :data:`KEEPALIVE_PROBES`, a quarter of the timeout (at least 2 s) idle
-    before the first probe and the rest spread over the probes (at least 1 s apart) —
-    the values Dask's TCP comm derives from ``distributed.comm.timeouts.tcp``.
-    ``ValueError`` below ``probes + 1`` seconds, where no such plan exists."""
-    whole = int(timeout)
-    if whole < KEEPALIVE_PROBES + 1:
-        raise ValueError(f"a TCP timeout is at least {KEEPALIVE_PROBES + 1} s (one per keepalive probe), got {timeout}")
-    first = max(2, whole // 4)
-    interval = max(1, (whole - first) // KEEPALIVE_PROBES)
-    return whole - interval * KEEPALIVE_PROBES, interval, KEEPALIVE_PROBES
 
 
 def _wake(fut: asyncio.Future) -> None:

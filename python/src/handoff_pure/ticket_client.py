@@ -14,11 +14,12 @@ import asyncio
 import logging
 from typing import Any, Optional, Protocol
 
-from . import wire
-from .addresses import is_own_address, split_host_port, strip_scheme
-from .envelope import Envelope
-from .errors import HandoffError, OwnerLost, PeerClosed, TicketCorrupt, TicketRefused
-from .tickets import Ticket, check_digest
+from handoff import wire
+from handoff.addresses import is_own_address, split_host_port, strip_scheme
+from handoff.envelope import Envelope
+from handoff.errors import HandoffError, OwnerLost, PeerClosed, TicketCorrupt, TicketRefused
+from handoff.tickets import Ticket
+from .leases import check_digest
 
 __all__ = ["TicketClient", "ClientNode"]
 

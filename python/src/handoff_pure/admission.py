@@ -19,8 +19,8 @@ import asyncio
 import collections
 from typing import Any, Callable, Optional
 
-from . import wire
-from .bounds import Bounds
+from handoff import wire
+from handoff.bounds import Bounds
 from .transport import Transport
 
 __all__ = ["Admission", "Handshaking"]

@@ -35,16 +35,15 @@ import secrets
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from . import tls as tls_layer
-from . import wire
-from .errors import AuthenticationError, PeerClosed, PeerRefused
+from handoff import tls as tls_layer
+from handoff import wire
+from handoff.errors import AuthenticationError, PeerClosed, PeerRefused
 from .nonces import DialerNonces
-from .outgoing import clip
+from handoff.identity import IMPLEMENTATION
+from handoff.outgoing import clip
 from .transport import Transport
 
 __all__ = ["OurSide", "Handshaken", "handshake", "send_error", "IMPLEMENTATION"]
-
-IMPLEMENTATION = "handoff-py/0.1.0"
 
 
 @dataclass

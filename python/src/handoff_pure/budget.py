@@ -27,8 +27,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable, Union
 
-from .bounds import Bounds
-from .errors import PeerClosed
+from handoff.bounds import Bounds
+from handoff.errors import PeerClosed
 
 __all__ = ["Budget"]
 

@@ -1,0 +1,49 @@
+"""handoff_pure: the pure-Python reference implementation of spec/WIRE.md's connections.
+
+``handoff`` runs every connection on the Rust engine (``handoff._native``). This package
+is the spec's second, independent implementation of the same connections, kept to check
+the engine against: the vectors, the interop tests against Rust nodes and the hostile
+suite run on it. It builds on ``handoff``'s API (``handoff.Node``'s options, its peers,
+envelopes, codec, routes, resources, pins and errors), and ``handoff`` never imports it:
+``HANDOFF_ENGINE=0`` (tests only) makes ``handoff.Node(...)`` build :class:`Node` by name.
+
+Modules, one job each, from the bottom up:
+
+- :mod:`handoff_pure.transport` — a connection's socket: buffered reads, frames, SCM_RIGHTS.
+- :mod:`handoff_pure.nonces`, :mod:`handoff_pure.handshake` — preambles, challenges
+  (v1: hellos), proofs, idents, ready, and the dialer's nonces.
+- :mod:`handoff_pure.admission` — which connections get in.
+- :mod:`handoff_pure.budget` — buffered bytes and backpressure (§9.1).
+- :mod:`handoff_pure.shm`, :mod:`handoff_pure.mapcache`, :mod:`handoff_pure.recvbuf` —
+  sealed copies, checks and mappings of received segments, kept mappings, warm receive
+  buffers; :mod:`handoff_pure.shm_leases` — a connection's shared-memory leases.
+- :mod:`handoff_pure.leases`, :mod:`handoff_pure.ticket_client` — the owner's ticket
+  leases, and the holder side of tickets: pull, renew, forward, unlease.
+- :mod:`handoff_pure.control` — a connection's writer of ticket answers.
+- :mod:`handoff_pure.peer` — a connection; :mod:`handoff_pure.node` — the node.
+"""
+
+from handoff import held as _held
+
+from . import mapcache as _mapcache
+from .node import Node
+from .peer import Peer
+from .recvbuf import recv_pool as _recv_pool
+
+__all__ = ["Node", "Peer"]
+
+
+def _keep(n_bytes, seconds) -> None:
+    if n_bytes is not None:
+        _mapcache.set_keep_bytes(n_bytes)
+    if seconds is not None:
+        _mapcache.set_keep_seconds(seconds)
+
+
+_held.register(
+    _held.Holder(
+        held=lambda: {"kept-idle": _mapcache.idle_bytes(), "recv-idle": _recv_pool().stats()["idle_bytes"]},
+        give_back=lambda: (_mapcache.trim_all(), _recv_pool().clear()),
+        keep=_keep,
+    )
+)
