@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How long the Python peer takes to decode one header (``handoff.wire.decode_header``).
+"""How long the Python peer takes to decode one header (``handoff_pure.wire.decode_header``).
 
 Typical headers (a ``msg`` with one inline frame, a ``msg`` with a ticket, a ``hello``)
 are timed with ``timeit`` (best of ``--repeat`` runs, in µs per decode). The hostile
@@ -20,7 +20,7 @@ import struct
 import time
 import timeit
 
-from handoff import wire
+from handoff_pure import wire
 
 MIB16 = 16 << 20
 

@@ -37,11 +37,11 @@ import atheris
 
 with atheris.instrument_imports(include=["handoff"]):
     from handoff.codec import Buffer, decode_body, encode_body
-    from handoff.wire.decode import decode_header_strict
+    from handoff_pure.wire.decode import decode_header_strict
     from handoff.resources import ResourceKey, Resources
     from handoff.route import RouteError
     from handoff.spilled import SpilledFile
-    from handoff.wire import (
+    from handoff_pure.wire import (
         DEFAULT_LIMITS,
         TCP_KINDS,
         UNIX_KINDS,

@@ -14,7 +14,7 @@ import socket
 import struct
 import threading
 
-from handoff import wire
+from handoff_pure import wire
 
 #: What a peer that proved nothing may get from a victim (besides its preamble).
 UNPROVEN_KINDS = {"challenge", "error"}

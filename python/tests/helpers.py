@@ -11,7 +11,7 @@ import socket
 import struct
 import time
 
-from handoff import wire
+from handoff_pure import wire
 
 
 async def eventually(check, timeout: float = 5.0, interval: float = 0.05):

@@ -12,7 +12,8 @@ import struct
 import time
 
 import pytest
-from handoff import Buffer, HandoffError, Node, OwnerLost, Ticket, wire
+from handoff import Buffer, HandoffError, Node, OwnerLost, Ticket
+from handoff_pure import wire
 from handoff.bounds import Bounds
 from handoff.codec import encode_body
 from handoff.errors import CapReached

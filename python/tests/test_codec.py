@@ -7,7 +7,7 @@ import mmap
 import msgpack
 import numpy as np
 import pytest
-from handoff import wire
+from handoff_pure import wire
 from handoff.codec import Buffer, as_bytes_view, as_numpy, decode_body, encode_body
 from handoff.msgpack_read import BadStr, Ext
 

@@ -27,7 +27,7 @@ from handoff import Node
 from handoff.dask import HandoffComm, config
 from handoff.dask.frames import FramesError, plan_message, unpack_part
 from handoff.shmmap import Region
-from handoff.wire import Limits
+from handoff_pure.wire import Limits
 
 MIB = 1 << 20
 SECRET = {"distributed.comm.handoff.secret": "dask test secret"}
@@ -94,7 +94,7 @@ def test_shards_of_one_buffer_travel_as_one_frame_and_come_back_as_slices_of_one
 def test_a_message_of_small_frames_is_packed_as_send_would_encode_it():
     """comm.write sends such a message with Peer.send_packed: the same body bytes."""
     from handoff.codec import encode_body
-    from handoff.wire import packer
+    from handoff_pure.wire import packer
 
     plan = plan_message([b"header", b"x" * 1023, b""])
     assert plan.inline and len(plan.parts) == 1

@@ -19,7 +19,7 @@ import dask
 from attacker import Wire, challenge_of, opened
 from distributed import Client
 from distributed.utils_test import gen_test
-from handoff import wire
+from handoff_pure import wire
 from helpers import dask_cli, start_dask_scheduler, stop_processes
 
 SECRET = {"distributed.comm.handoff.secret": "dask attack secret"}

@@ -20,8 +20,8 @@ from handoff import (
     Resources,
     Ticket,
     dataset_key,
-    wire,
 )
+from handoff_pure import wire
 from handoff.codec import decode_body, encode_body
 from handoff.data import BlobRangeError, is_handle_map
 from handoff.tickets import digest

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from handoff import demo_types
 from handoff.msgpack_read import BadStr
-from handoff.wire import WireError
+from handoff_pure.wire import WireError
 
 PING = "handoff.bench.Ping"
 

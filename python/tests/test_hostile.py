@@ -31,7 +31,8 @@ import time
 import msgpack
 import pytest
 from conftest import SECRET
-from handoff import Bin, Node, wire
+from handoff import Bin, Node
+from handoff_pure import wire
 from helpers import PeerError, RawPeer
 
 MIB = 1 << 20

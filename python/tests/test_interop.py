@@ -301,7 +301,7 @@ async def test_a_rust_holder_reads_past_a_message_to_the_answer_of_a_ticket_over
     import blake3
     import secrets
 
-    from handoff import wire
+    from handoff_pure import wire
     from handoff.codec import encode_body
     from helpers import RawPeer
 

@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("handoff._native")
 
 PROBE = (
-    "import handoff.native as n, handoff.codec as c, handoff.wire.decode as d;"
-    "print(n.ENABLED, c._PLAIN is not None, d._native_plain_msg is not None, '|', n.REASON)"
+    "import handoff.native as n, handoff.codec as c, handoff.node as m;"
+    "print(n.ENABLED, c._PLAIN is not None, m.engine_default(), '|', n.REASON)"
 )
 
 
@@ -35,6 +35,39 @@ def test_0_selects_the_pure_path_everywhere():
     out = probe("0")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False False False | HANDOFF_NATIVE=0"
+
+
+#: A process whose extension cannot be loaded (as on a machine where the wheel's was not
+#: installed), with neither test switch: handoff imports, and a node says why it cannot run.
+NO_EXTENSION = (
+    "import sys; sys.modules['handoff._native'] = None\n"
+    "import handoff, handoff.native as n\n"
+    "assert not n.ENABLED, n.REASON\n"
+    "try:\n"
+    "    handoff.Node('x')\n"
+    "except ValueError as e:\n"
+    "    print('refused:', e)\n"
+    "print('pure loaded:', 'handoff_pure' in sys.modules)\n"
+)
+
+
+def test_without_the_extension_a_node_says_why_and_the_reference_stays_unloaded():
+    env = {k: v for k, v in os.environ.items() if k not in ("HANDOFF_NATIVE", "HANDOFF_ENGINE")}
+    out = subprocess.run([sys.executable, "-c", NO_EXTENSION], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "refused: handoff.Node runs on the extension handoff._native, which is not in use" in out.stdout
+    assert "HANDOFF_ENGINE=0 selects it" in out.stdout
+    assert "pure loaded: False" in out.stdout
+
+
+def test_the_switches_select_the_reference_node_behind_the_same_api():
+    for env_var in ("HANDOFF_NATIVE", "HANDOFF_ENGINE"):
+        env = {k: v for k, v in os.environ.items() if k not in ("HANDOFF_NATIVE", "HANDOFF_ENGINE")}
+        env[env_var] = "0"
+        code = "import handoff, sys; n = handoff.Node('x'); print(type(n).__module__, isinstance(n, handoff.Node))"
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["handoff_pure.node", "True"], (env_var, out.stdout)
 
 
 def test_anything_else_is_refused_with_what_was_wrong():

@@ -23,8 +23,8 @@ from handoff import (
     TicketRefused,
     WireError,
     as_numpy,
-    wire,
 )
+from handoff_pure import wire
 from handoff_pure.shm import sealed_copy
 from helpers import RawPeer, eventually, mapping_of
 

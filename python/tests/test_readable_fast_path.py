@@ -10,7 +10,8 @@ import struct
 
 import msgpack
 import pytest
-from handoff import Node, wire
+from handoff import Node
+from handoff_pure import wire
 from handoff.bounds import Bounds
 from helpers import RawPeer, eventually
 

@@ -34,7 +34,8 @@ import time
 import pytest
 from attacker import Wire, challenge_of, free_port, opened, relay
 from conftest import SECRET
-from handoff import Bin, Node, wire
+from handoff import Bin, Node
+from handoff_pure import wire
 
 PING = "handoff.bench.Ping"
 #: Both victims' handshake timeout in these tests (``--handshake-timeout-ms``).

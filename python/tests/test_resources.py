@@ -18,8 +18,8 @@ from handoff import (
     Resources,
     Ticket,
     WireError,
-    wire,
 )
+from handoff_pure import wire
 from handoff.codec import decode_body, encode_body
 from helpers import RawPeer, eventually
 

@@ -32,7 +32,8 @@ def test_a_cancelled_stream_digest_never_completes():
 
 async def test_a_large_ticket_is_hashed_as_it_arrives_and_a_wrong_digest_is_caught():
     import pytest
-    from handoff import Buffer, Node, Ticket, TicketCorrupt, wire
+    from handoff import Buffer, Node, Ticket, TicketCorrupt
+    from handoff_pure import wire
 
     data = os.urandom(24 << 20)
     a = Node("owner", secret=b"s", listen="127.0.0.1:0")

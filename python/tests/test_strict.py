@@ -14,7 +14,7 @@ import msgpack
 import pytest
 from noncanonical import Pairs, Raw, canonical, pack, randomly, widest
 
-from handoff import wire
+from handoff_pure import wire
 
 TOKEN = bytes(range(32))
 TICKET = {"k": "ticket", "n": 4, "owner": "o", "lease": 1, "token": TOKEN, "digest": TOKEN, "ttl": 1}
@@ -485,7 +485,7 @@ def test_pulled_order():
 
 
 def test_a_hello_never_builds_its_f(monkeypatch):
-    from handoff.wire import decode
+    from handoff_pure.wire import decode
 
     built = []
     real = decode._descriptor
@@ -576,7 +576,7 @@ def model_decode(data: bytes, limits=wire.DEFAULT_LIMITS):
     spec; the streaming decoder must agree with it on every input.
     """
     from handoff.msgpack_read import MsgpackError, Pairs, unpack_one
-    from handoff.wire import decode
+    from handoff_pure.wire import decode
 
     def bad(why):
         return wire.WireError("malformed-header", why)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from noncanonical import canonical, pack, randomly
 from test_strict import _code_and_value, _with_noise, model_decode
 
-from handoff import wire
+from handoff_pure import wire
 
 
 def u(bits: int):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import numpy as np
-from handoff import Bounds, Buffer, Node, PeerClosed, TlsConfig, TlsError, wire
+from handoff import Bounds, Buffer, Node, PeerClosed, TlsConfig, TlsError
+from handoff_pure import wire
 from handoff.tickets import digest
 from handoff.tls import TLS_REQUIRED_MESSAGE
 from conftest import SECRET as CHILD_SECRET

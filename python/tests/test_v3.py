@@ -10,7 +10,8 @@ import struct
 import time
 
 import pytest
-from handoff import Buffer, MessageTooLarge, Node, wire
+from handoff import Buffer, MessageTooLarge, Node
+from handoff_pure import wire
 from handoff_pure import nonces
 from handoff import node as node_module
 from handoff.outgoing import MAX_TEXT, send_limits

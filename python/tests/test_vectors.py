@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from handoff import wire
+from handoff_pure import wire
 from handoff.codec import Buffer, decode_body, encode_body
 from handoff.msgpack_read import Ext, Pairs
 from handoff.resources import ResourceKey

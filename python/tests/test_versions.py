@@ -16,7 +16,8 @@ import struct
 
 import pytest
 from conftest import SECRET
-from handoff import HandoffError, Node, wire
+from handoff import HandoffError, Node
+from handoff_pure import wire
 from handoff.bounds import Bounds
 from helpers import PeerError, RawPeer, eventually
 

@@ -6,7 +6,7 @@ import struct
 
 import msgpack
 import pytest
-from handoff import wire
+from handoff_pure import wire
 
 
 def message(header: dict | bytes, tail: bytes = b"") -> bytes:
@@ -255,7 +255,7 @@ def test_mutated_vectors_raise_only_wire_errors():
 
 def _decode_both(buf: bytes, limits: wire.Limits = wire.DEFAULT_LIMITS) -> tuple:
     """decode_header's result (or error) with and without its path for plain msg headers."""
-    import handoff.wire.decode as decode
+    import handoff_pure.wire.decode as decode
 
     def run():
         try:

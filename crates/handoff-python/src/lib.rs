@@ -33,7 +33,5 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(engine::segment_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(engine::held_for_reuse, m)?)?;
     m.add_function(wrap_pyfunction!(engine::give_back_held, m)?)?;
-    m.add_function(wrap_pyfunction!(plain::plain_msg, m)?)?;
-    m.add_function(wrap_pyfunction!(plain::inline_msg, m)?)?;
     Ok(())
 }

@@ -4,16 +4,12 @@
 //! - [`PlainCodec::pack`] packs a body of plain Python values (what `handoff.codec`'s walk
 //!   would leave as it is) into the canonical msgpack of spec §2, or says it is not plain.
 //! - [`PlainCodec::message`] writes a whole framed `msg` header for such a body.
-//! - [`plain_msg`] reads a header laid out exactly as encoders write a frameless `msg`, and
-//!   [`inline_msg`] one whose frames are all inline, both on handoff-wire's msgpack
-//!   [`Reader`] (this module only checks that each value took its shortest form).
 //!
-//! Every answer is either exactly what the Python path gives or "not plain" (`None`), in
-//! which case the caller takes the Python path, which decides and words any error. The
-//! tests check both paths byte for byte (`python/tests/test_native_plain.py`).
+//! Every answer is either exactly what `handoff.codec`'s walk gives or "not plain"
+//! (`None`), in which case the caller walks the value in Python (route-aware types, frames,
+//! ext values). The tests check both byte for byte (`python/tests/test_native_plain.py`).
+//! Headers are read by the engine (`handoff_proto`), never here.
 
-use handoff_wire::header::MAX_HEADER_DEPTH;
-use handoff_wire::msgpack::Reader;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
@@ -295,137 +291,4 @@ impl PlainCodec {
         out[..4].copy_from_slice(&n.to_be_bytes());
         Some(PyBytes::new(py, &out))
     }
-}
-
-/// A reader over a header. The layouts read here hold a handful of values and an array
-/// at the second level; [`MAX_HEADER_DEPTH`] is the header's own nesting bound, and the
-/// caller holds the values to `Limits::max_header_values`.
-fn header_reader(buf: &[u8]) -> Reader<'_> {
-    Reader::new(buf, u32::MAX, MAX_HEADER_DEPTH)
-}
-
-/// Bytes the shortest form of a str of `n` bytes puts before them.
-fn str_head(n: usize) -> usize {
-    match n {
-        0..32 => 1,
-        32..0x100 => 2,
-        0x100..0x1_0000 => 3,
-        _ => 5,
-    }
-}
-
-/// Bytes the shortest form of a bin of `n` bytes puts before them.
-fn bin_head(n: usize) -> usize {
-    match n {
-        0..0x100 => 2,
-        0x100..0x1_0000 => 3,
-        _ => 5,
-    }
-}
-
-/// Bytes the shortest form of an array of `n` elements puts before them.
-fn array_head(n: usize) -> usize {
-    match n {
-        0..16 => 1,
-        16..0x1_0000 => 3,
-        _ => 5,
-    }
-}
-
-/// Bytes of the shortest form of the unsigned integer `v`.
-fn uint_size(v: u64) -> usize {
-    match v {
-        0..0x80 => 1,
-        0x80..0x100 => 2,
-        0x100..0x1_0000 => 3,
-        0x1_0000..0x1_0000_0000 => 5,
-        _ => 9,
-    }
-}
-
-/// The `t` and `b` of a `msg` header that begins as encoders write it (`{"k": "msg", "t":
-/// str, "b": bin, ...`, `t` a fixstr or a str8 of 32 bytes and more — the forms encoders
-/// write for a type name — and `b` in its shortest form), and the reader just after `b`.
-fn read_t_b(buf: &[u8]) -> Option<(&str, &[u8], Reader<'_>)> {
-    if !buf.starts_with(MSG_HEAD) {
-        return None;
-    }
-    let mut r = header_reader(buf);
-    r.seek(MSG_HEAD.len());
-    if !matches!(r.peek()?, 0xa0..=0xbf | 0xd9) {
-        return None;
-    }
-    let at = r.pos();
-    let t = r.read_str().ok()?;
-    if r.pos() - at != str_head(t.len()) + t.len() || buf.get(r.pos()..r.pos() + 2)? != MSG_B {
-        return None;
-    }
-    r.seek(r.pos() + 2);
-    let at = r.pos();
-    let b = r.read_bin().ok()?;
-    (r.pos() - at == bin_head(b.len()) + b.len()).then_some((t, b, r))
-}
-
-/// `(t, b)` of a `msg` header without frames laid out exactly as encoders write it — a
-/// map of `k`, `t`, `b`, `f` in that order, `t` a str and `b` a bin each with its length in
-/// the shortest form, `f` empty, nothing after — or `None` (the same headers as
-/// `handoff.wire.decode._plain_msg` takes).
-#[pyfunction]
-pub fn plain_msg<'py>(py: Python<'py>, buf: &[u8]) -> Option<(Bound<'py, PyString>, Bound<'py, PyBytes>)> {
-    let end = buf.len().checked_sub(MSG_TAIL.len())?;
-    if !buf.ends_with(MSG_TAIL) || end <= MSG_HEAD.len() {
-        return None;
-    }
-    let (t, b, r) = read_t_b(&buf[..end])?;
-    r.at_end().then(|| (PyString::new(py, t), PyBytes::new(py, b)))
-}
-
-/// `, "f": ` before the frame descriptors of a `msg`.
-const MSG_F: &[u8] = b"\xa1f";
-
-/// `{"k": "inline", "n": ` as encoders write an inline frame's descriptor.
-const INLINE_HEAD: &[u8] = b"\x82\xa1k\xa6inline\xa1n";
-
-/// `(t, b, [n, ...])` of a `msg` header whose frames are all inline, laid out exactly as
-/// encoders write it — `k`, `t`, `b`, `f` in that order, `f` a fixarray or an array16 of 16
-/// and more, each descriptor `{"k": "inline", "n": n}` with `n` a positive fixint or a
-/// uint, every length and number in its shortest form, nothing after — or `None`. The
-/// caller checks the limits (frame count, sizes, header values) and leaves anything over
-/// one to the two-pass decoder, which words the error.
-#[pyfunction]
-#[allow(clippy::type_complexity)]
-pub fn inline_msg<'py>(py: Python<'py>, buf: &[u8]) -> Option<(Bound<'py, PyString>, Bound<'py, PyBytes>, Vec<u64>)> {
-    let (t, b, mut r) = read_t_b(buf)?;
-    if buf.get(r.pos()..r.pos() + 2)? != MSG_F {
-        return None;
-    }
-    r.seek(r.pos() + 2);
-    if !matches!(r.peek()?, 0x90..=0x9f | 0xdc) {
-        return None;
-    }
-    let at = r.pos();
-    let count = r.read_array_len(2).ok()? as usize;
-    if r.pos() - at != array_head(count) {
-        return None;
-    }
-    let mut sizes = Vec::with_capacity(count.min(1024));
-    for _ in 0..count {
-        if buf.get(r.pos()..r.pos() + INLINE_HEAD.len())? != INLINE_HEAD {
-            return None;
-        }
-        r.seek(r.pos() + INLINE_HEAD.len());
-        if !matches!(r.peek()?, 0x00..=0x7f | 0xcc..=0xcf) {
-            return None;
-        }
-        let at = r.pos();
-        let n = r.read_uint(64).ok()?;
-        if r.pos() - at != uint_size(n) {
-            return None;
-        }
-        sizes.push(n);
-    }
-    if !r.at_end() || sizes.is_empty() {
-        return None;
-    }
-    Some((PyString::new(py, t), PyBytes::new(py, b), sizes))
 }

@@ -1,6 +1,6 @@
 """A small msgpack reader with the checks the wire format needs for bodies.
 
-(Headers have their own strict cursor, ``handoff.wire.reader``, which builds nothing it
+(Headers have their own strict cursor, ``handoff_pure.wire.reader``, which builds nothing it
 does not need; this reader builds the whole value, and serves bodies and views of headers.)
 
 The ``msgpack`` package writes every header and body (its packer already produces

@@ -19,7 +19,7 @@ import asyncio
 import collections
 from typing import Any, Callable, Optional
 
-from handoff import wire
+from . import wire
 from handoff.bounds import Bounds
 from .transport import Transport
 

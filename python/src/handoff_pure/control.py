@@ -15,7 +15,7 @@ import collections
 import logging
 from typing import Any, Awaitable, Callable, Optional
 
-from handoff import wire
+from . import wire
 from handoff.bounds import Bounds
 from handoff.errors import PeerClosed
 

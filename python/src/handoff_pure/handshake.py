@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from handoff import tls as tls_layer
-from handoff import wire
+from . import wire
 from handoff.errors import AuthenticationError, PeerClosed, PeerRefused
 from .nonces import DialerNonces
 from handoff.identity import IMPLEMENTATION

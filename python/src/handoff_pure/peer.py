@@ -25,7 +25,7 @@ import time
 import weakref
 from typing import Any, Optional, Protocol
 
-from handoff import wire
+from . import wire
 from handoff.bounds import Bounds
 from .budget import Budget
 from handoff.codec import OnDemand, encode_body, plain_message

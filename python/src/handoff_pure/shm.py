@@ -34,7 +34,7 @@ from handoff.memfd import F_ADD_SEALS, F_GET_SEALS, F_SEAL_SHRINK, SEALS_ALL, SE
 from handoff.memfd import memfd as _memfd
 from handoff.shm import SharedFrame
 from handoff.shmmap import Region
-from handoff.wire import WireError
+from .wire import WireError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .mapcache import MapCache

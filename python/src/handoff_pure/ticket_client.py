@@ -14,7 +14,7 @@ import asyncio
 import logging
 from typing import Any, Optional, Protocol
 
-from handoff import wire
+from . import wire
 from handoff.addresses import is_own_address, split_host_port, strip_scheme
 from handoff.envelope import Envelope
 from handoff.errors import HandoffError, OwnerLost, PeerClosed, TicketCorrupt, TicketRefused

@@ -1,14 +1,12 @@
-"""The handoff wire format, versions 1, 2 and 3 (spec/WIRE.md), sans I/O.
+"""The handoff wire format, versions 1, 2 and 3 (spec/WIRE.md): its types and encoding.
 
-Everything here works on bytes in memory: the preamble (§3), message framing (§4),
-the handshake's headers and the authentication proof (§5), every header kind (§6),
-frame descriptors (§7), limits (§9) and the error codes (§11). The node
-(``handoff.node``) does the reading and writing around it.
-
-Decoding follows the order of checks of §11.2, so that the first failing check names
-the error, exactly as the test vectors expect. Encoding writes the canonical form of
-§2 (smallest encodings, keys in the order of §6/§7, optional keys omitted), so that
-the bytes equal the reference's.
+What the Python API names of the wire format: the preamble (§3), message framing (§4),
+every header kind (§6) and frame descriptor (§7) as dataclasses, the identity bounds
+(§5.2), limits (§9), the error codes (§11), and the canonical encoding of §2 (smallest
+encodings, keys in the order of §6/§7, optional keys omitted), so that the bytes equal
+the reference's. Headers are read and the handshake is run by the engine
+(``handoff_proto``); the pure-Python reference's decoder and authentication proofs are
+``handoff_pure.wire``.
 
 One module per job, each importing only those above it in this list:
 
@@ -16,40 +14,11 @@ One module per job, each importing only those above it in this list:
 - :mod:`.limits` — :class:`Limits` and the fixed limits of §9;
 - :mod:`.preamble` — the preamble and version negotiation (§3);
 - :mod:`.identity` — the bounds on the identity fields of a hello or an ident (§5.2);
-- :mod:`.auth` — the authentication proofs (v1 §5.3, v2 §5.5, v3 §5.7);
 - :mod:`.headers` — headers and descriptors as dataclasses (§6, §7);
 - :mod:`.framing` — the length prefix (§4);
-- :mod:`.reader` — a strict msgpack cursor for headers (§6 rules 1–5, §9);
-- :mod:`.encode` — canonical encoding (§2);
-- :mod:`.decode` — decoding and validation (§6, §7, §9, §11.2).
+- :mod:`.encode` — canonical encoding (§2).
 """
 
-from .auth import (
-    AUTH_CONTEXT,
-    AUTH_CONTEXT_V2,
-    V3_ACCEPTOR_LABEL,
-    V3_DIALER_LABEL,
-    acceptor_proof,
-    dialer_proof,
-    proof,
-    proof_v2,
-    transcript_v3,
-    verify,
-    verify_acceptor_proof,
-    verify_dialer_proof,
-    verify_v2,
-)
-from .decode import (
-    DESCRIPTOR_KEYS,
-    HEADER_KEYS,
-    DecodedMessage,
-    carried_kinds,
-    check_carried,
-    decode_header,
-    looks_plain,
-    decode_message,
-    unpack_header_value,
-)
 from .encode import encode_header, encode_message, frame_plain_msg, packer
 from .errors import WireError
 from .framing import LEN_PREFIX, frame_header, header_length
@@ -110,13 +79,9 @@ from .preamble import (
 __all__ = [
     "ACCEPTING_V1",
     "ACCEPTING_V2",
-    "AUTH_CONTEXT",
-    "AUTH_CONTEXT_V2",
     "DEFAULT_LIMITS",
-    "DESCRIPTOR_KEYS",
     "DESCRIPTOR_KINDS",
     "HANDSHAKE_HEADER_BYTES",
-    "HEADER_KEYS",
     "HEADER_KINDS",
     "IDENTITY_BOUNDS",
     "LEN_PREFIX",
@@ -138,11 +103,8 @@ __all__ = [
     "V1_ONLY",
     "V2_ACCEPTING_V1",
     "V2_DEFAULT",
-    "V3_ACCEPTOR_LABEL",
-    "V3_DIALER_LABEL",
     "Auth",
     "Challenge",
-    "DecodedMessage",
     "Descriptor",
     "Error",
     "Forward",
@@ -165,14 +127,7 @@ __all__ = [
     "TicketError",
     "Unlease",
     "WireError",
-    "acceptor_proof",
-    "carried_kinds",
     "check_identity",
-    "check_carried",
-    "decode_header",
-    "looks_plain",
-    "decode_message",
-    "dialer_proof",
     "encode_header",
     "encode_message",
     "frame_header",
@@ -180,12 +135,4 @@ __all__ = [
     "header_length",
     "our_preamble",
     "packer",
-    "proof",
-    "proof_v2",
-    "transcript_v3",
-    "unpack_header_value",
-    "verify",
-    "verify_acceptor_proof",
-    "verify_dialer_proof",
-    "verify_v2",
 ]  # fmt: skip

@@ -16,7 +16,7 @@ Two fixed limits of §9 are enforced as the cursor goes:
 - **nesting**: every array, map and ext value is one level, the header map is level 1;
   a value deeper than :data:`MAX_HEADER_DEPTH` levels is malformed.
 
-A cursor owns no state but its position and its count; callers (``handoff.wire.decode``)
+A cursor owns no state but its position and its count; callers (``handoff_pure.wire.decode``)
 say at which level each value sits.
 """
 
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import struct
 
-from .errors import WireError, malformed
-from .limits import MAX_HEADER_DEPTH, MAX_HEADER_VALUES, MAX_MAP_ENTRIES
+from handoff.wire.errors import WireError, malformed
+from handoff.wire.limits import MAX_HEADER_DEPTH, MAX_HEADER_VALUES, MAX_MAP_ENTRIES
 
 __all__ = ["Cursor", "describe_marker"]
 

@@ -16,7 +16,7 @@ import hashlib
 import hmac
 import struct
 
-from .errors import WireError
+from handoff.wire.errors import WireError
 
 __all__ = [
     "AUTH_CONTEXT",

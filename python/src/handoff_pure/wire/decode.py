@@ -1,7 +1,7 @@
 """Decoding headers and messages (spec §4, §6, §7, §9), in the order of checks of §11.2.
 
 A header is read in two passes over its bytes, with the strict cursor of
-:mod:`handoff.wire.reader`; nothing is built before the whole header is known to be
+:mod:`handoff_pure.wire.reader`; nothing is built before the whole header is known to be
 well formed, and only what the kind needs is built after:
 
 1. **Structure** (§11.2 step 2, all ``malformed-header``): one map that ends exactly at
@@ -23,12 +23,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..msgpack_read import unpack_one
-from ..native import ext as _native
-from .errors import WireError, malformed
-from .framing import LEN_PREFIX, header_length
-from .identity import MAX_CAP_BYTES, MAX_CAPS, field_problem
-from .headers import (
+from handoff.msgpack_read import unpack_one
+from handoff.wire.errors import WireError, malformed
+from handoff.wire.framing import LEN_PREFIX, header_length
+from handoff.wire.identity import MAX_CAP_BYTES, MAX_CAPS, field_problem
+from handoff.wire.headers import (
     DESCRIPTOR_KINDS,
     TCP_KINDS,
     UNIX_KINDS,
@@ -54,7 +53,7 @@ from .headers import (
     TicketError,
     Unlease,
 )
-from .limits import DEFAULT_LIMITS, MAX_HEADER_DEPTH, Limits
+from handoff.wire.limits import DEFAULT_LIMITS, MAX_HEADER_DEPTH, Limits
 from .reader import Cursor
 
 __all__ = [
@@ -364,15 +363,6 @@ _HELLO_FIELDS = ("node", "name", "host", "pid", "proc", "lang", "impl", "v", "ca
 _IDENT_FIELDS = ("node", "name", "host", "pid", "proc", "lang", "impl", "caps")
 
 
-#: The extension's reader of the same headers as :func:`_plain_msg` (``None`` on the pure path).
-_native_plain_msg = _native.plain_msg if _native is not None else None
-#: The extension's reader of ``msg`` headers whose frames are all inline, laid out as
-#: encoders write them (``None`` on the pure path), and the msgpack values such a header
-#: holds at most: the map, its keys and values, and five per descriptor, with room to spare.
-_native_inline_msg = _native.inline_msg if _native is not None else None
-_INLINE_MSG_VALUES = 16
-_INLINE_DESC_VALUES = 5
-
 _PLAIN_MSG_HEAD = b"\x84\xa1k\xa3msg\xa1t"  # {"k": "msg", "t": ...
 _PLAIN_MSG_TAIL = b"\xa1f\x90"  # ..., "f": []}
 
@@ -438,27 +428,9 @@ def decode_header(data: Any, limits: Limits = DEFAULT_LIMITS) -> Header:
     """Decodes and validates one header (the bytes after the length prefix), §11.2 steps 2–3."""
     buf = data if type(data) is bytes else bytes(data)
     if looks_plain(buf, 0, len(buf)) and limits.max_header_values >= 16:
-        if _native_plain_msg is not None:
-            got = _native_plain_msg(buf)
-            if got is not None:
-                return Msg(got[0], got[1], [])
-        else:
-            plain = _plain_msg(buf)
-            if plain is not None:
-                return plain
-    elif _native_inline_msg is not None and buf.startswith(_PLAIN_MSG_HEAD):
-        got = _native_inline_msg(buf)
-        if got is not None:
-            t, b, sizes = got
-            # Within every limit the two passes check (values counted with room to spare),
-            # or they decide, and word the error.
-            if (
-                len(sizes) <= limits.max_frames
-                and _INLINE_MSG_VALUES + _INLINE_DESC_VALUES * len(sizes) <= limits.max_header_values
-                and max(sizes) <= limits.max_frame_bytes
-                and sum(sizes) <= limits.max_message_bytes
-            ):
-                return Msg(t, b, [Inline(n) for n in sizes])
+        plain = _plain_msg(buf)
+        if plain is not None:
+            return plain
     return decode_header_strict(buf, limits)
 
 
