@@ -30,13 +30,16 @@ With ``HANDOFF_FUZZ_BODY_SEEDS=DIR`` the body target first writes seed bodies ma
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
 import atheris
 
-with atheris.instrument_imports(include=["handoff"]):
+with atheris.instrument_imports(include=["handoff", "handoff_pure"]):
+    from handoff import codec as codec_module
     from handoff.codec import Buffer, decode_body, encode_body
+    from handoff_pure import body as reference_body
     from handoff_pure.wire.decode import decode_header_strict
     from handoff.resources import ResourceKey, Resources
     from handoff.route import RouteError
@@ -227,21 +230,24 @@ def body(data: bytes) -> None:
         # A route-aware value (a map under "handoff.route", such as a SpilledFile) that its
         # decoder refused: a clear error for this message, as WireError is for the others.
         value = e
-    if not frames:
-        # Without frames a plain body is read by msgpack's C reader: the strict reader alone
-        # must decide alike (the same value, or an error with the same code).
-        try:
-            strict = decode_body(data[1:], frames, "fuzz.Value", resources, fast=False)
-        except (WireError, RouteError) as e:
-            strict = e
-        if isinstance(value, Exception) or isinstance(strict, Exception):
-            same = type(value) is type(strict) and getattr(value, "code", None) == getattr(strict, "code", None)
-            expect(same, f"the C reader and the strict reader disagree: {value!r} / {strict!r}")
-        else:
-            expect(
-                repr(value) == repr(strict),
-                f"the C reader and the strict reader read other values: {value!r} / {strict!r}",
-            )
+    # The reader in use (the engine's, or the reference's C pass of bodies without
+    # frames) and the reference's strict reader alone must decide alike (the same value,
+    # or an error with the same code).
+    reader, codec_module._reader = codec_module._reader, functools.partial(reference_body.read, fast=False)
+    try:
+        strict = decode_body(data[1:], frames, "fuzz.Value", resources)
+    except (WireError, RouteError) as e:
+        strict = e
+    finally:
+        codec_module._reader = reader
+    if isinstance(value, Exception) or isinstance(strict, Exception):
+        same = type(value) is type(strict) and getattr(value, "code", None) == getattr(strict, "code", None)
+        expect(same, f"the reader in use and the strict reader disagree: {value!r} / {strict!r}")
+    else:
+        expect(
+            repr(value) == repr(strict),
+            f"the reader in use and the strict reader read other values: {value!r} / {strict!r}",
+        )
     if isinstance(value, Exception):
         return
     repr(value)

@@ -9,7 +9,7 @@ import gc
 
 import numpy as np
 from handoff.codec import Buffer, decode_body, encode_body
-from handoff.msgpack_read import unpack_one
+from handoff_pure.msgpack_read import unpack_one
 
 
 def _garbage_of(fn) -> list:

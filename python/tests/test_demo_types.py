@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from handoff import demo_types
-from handoff.msgpack_read import BadStr
+from handoff.msgpack_values import BadStr
 from handoff_pure.wire import WireError
 
 PING = "handoff.bench.Ping"

@@ -1,14 +1,20 @@
 """The extension's plain-message codec (``handoff._native.PlainCodec``) against the walk of
 ``handoff.codec`` it stands in for, byte for byte: every value either packs to what
 ``_is_plain`` then msgpack give, or is "not plain" exactly where ``_is_plain`` says so.
+And the engine's reader of bodies (``handoff._native.BodyReader``) against the pure-Python
+reference's (``handoff_pure.body``): the same values, or the same fault in the same words.
 (Headers are the engine's to read: the extension reads none for Python.)"""
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 from handoff import codec
 from handoff_pure import wire
 from handoff.codec import Bin
+from handoff.msgpack_values import BadStr, Ext
+from handoff.resources import ResourceKey
+from handoff_pure.body import read as reference_read
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -212,24 +218,24 @@ def test_pack_framed_takes_exact_buffers_and_large_bytes_only():
 CODEC_FRAMED = native.PlainCodec(Bin, wire.MAX_BODY_DEPTH, codec.Buffer)
 
 
-# ------------------------------------------------------- plain bodies read in one call
+# ------------------------------------------------------- bodies: the engine's reader and the reference's
+
+ENGINE_READER = native.BodyReader(wire.MAX_BODY_DEPTH, "handoff.route", ResourceKey, Ext, BadStr)
 
 
-def read_pure(body: bytes):
-    """What ``handoff.codec``'s fast path reads without the extension: ``("value", v)``,
-    ``("too-deep",)`` or ``("not-plain",)``."""
+def read_with(read, body: bytes, frames: list):
+    """``("value", v, keys_seen)`` or ``("fault", code, detail)``."""
     try:
-        return ("value", codec._plain_body(body))
-    except codec._NotPlain:
-        return ("not-plain",)
-    except codec._TooDeep:
-        return ("too-deep",)
+        value, _marked, keys_seen = read(body, frames)
+    except ValueError as e:
+        return ("fault", *e.args)
+    return ("value", value, keys_seen)
 
 
 def marked(value) -> bool:
     if isinstance(value, dict):
         return "handoff.route" in value or any(marked(v) for v in value.values())
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return any(marked(v) for v in value)
     return False
 
@@ -239,97 +245,96 @@ def same(a, b) -> bool:
     if type(a) is not type(b):
         return False
     if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, list):
+        return list(a) == list(b) and all(same(a[k], b[k]) and type(k) is type(k2) for k, k2 in zip(a, b))
+    if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
     if isinstance(a, float) and a != a:
         return b != b
     return a == b
 
 
-def check_unpack(body: bytes) -> None:
-    got = CODEC.unpack(body, "handoff.route")
-    want = read_pure(body)
-    if got is None:
-        # Not read here: only where the pure path does not read a value either, or where it
-        # finds the body too deep (the pure path words that error).
-        assert want[0] in ("not-plain", "too-deep"), (body.hex(), want)
+def check_readers(body: bytes, frames: list = ()) -> None:
+    """The engine's reader and the reference's give the same value (types included) or the
+    same fault, word for word; the engine notes a route-aware value where a map has the key."""
+    frames = list(frames)
+    engine = read_with(ENGINE_READER.read, body, frames)
+    reference = read_with(reference_read, body, frames)
+    assert engine[0] == reference[0], (body.hex(), engine, reference)
+    if engine[0] == "fault":
+        assert engine == reference, body.hex()
         return
-    assert want[0] == "value", (body.hex(), want)
-    assert same(got[0], want[1]), (body.hex(), got[0], want[1])
-    assert got[1] == marked(want[1])
+    assert same(engine[1], reference[1]), (body.hex(), engine[1], reference[1])
+    assert engine[2] == reference[2], body.hex()
+    assert ENGINE_READER.read(body, frames)[1] == marked(engine[1])
 
 
 bodies = values.map(lambda v: expected(v, 1 << 30) or b"\xc0")
+FRAMES = [memoryview(b"frame-0"), memoryview(b"frame-1")]
+with_exts = st.recursive(
+    st.one_of(
+        scalars,
+        st.integers(0, 3).map(lambda i: msgpack.ExtType(1, i.to_bytes(4, "big"))),  # frame refs, one past
+        st.text(max_size=5).map(lambda k: msgpack.ExtType(2, k.encode())),  # resource keys
+        st.tuples(st.integers(0, 127), st.binary(max_size=20)).map(lambda t: msgpack.ExtType(*t)),
+    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=6), st.dictionaries(st.text(max_size=4), inner, max_size=6)),
+    max_leaves=30,
+)
+
+
+def _packed_ext_body(value) -> bytes:
+    try:
+        return msgpack.packb(value, use_bin_type=True)
+    except (ValueError, TypeError, OverflowError):
+        return b"\xc0"
 
 
 @settings(max_examples=1500, deadline=None)
-@given(bodies, st.data())
-def test_unpack_reads_what_the_fast_path_reads(body, data):
-    check_unpack(body)
-    # Mutated: a byte changed, bytes cut or added; the same answer or "not plain".
+@given(st.one_of(bodies, with_exts.map(_packed_ext_body)), st.data())
+def test_the_engine_reads_every_body_as_the_reference_does(body, data):
+    frames = data.draw(st.sampled_from([[], FRAMES[:1], FRAMES]))
+    check_readers(body, frames)
+    # Mutated: a byte changed, bytes cut or added.
     if body:
         i = data.draw(st.integers(0, len(body) - 1))
-        check_unpack(body[:i] + bytes([data.draw(st.integers(0, 255))]) + body[i + 1 :])
-        check_unpack(body[:i])
-    check_unpack(body + data.draw(st.binary(min_size=1, max_size=3)))
+        check_readers(body[:i] + bytes([data.draw(st.integers(0, 255))]) + body[i + 1 :], frames)
+        check_readers(body[:i], frames)
+    check_readers(body + data.draw(st.binary(min_size=1, max_size=3)), frames)
 
 
-def test_unpack_every_form_and_what_is_not_plain():
-    import msgpack
-
+def test_every_form_and_every_fault_reads_alike():
     forms = [
-        0,
-        127,
-        -1,
-        -32,
-        255,
-        256,
-        65535,
-        65536,
-        (1 << 32),
-        (1 << 64) - 1,
-        -129,
-        -(1 << 31) - 1,
-        -(1 << 63),
-        1.5,
-        "",
-        "a" * 31,
-        "a" * 32,
-        "a" * 256,
-        "é" * 40000,
-        b"",
-        b"x" * 300,
-        b"y" * 70000,
-        [],
-        list(range(16)),
-        list(range(70000)),
-        {},
-        {str(i): i for i in range(16)},
-        {b"k": 1},
-        None,
-        True,
-        False,
-    ]
+        0, 127, -1, -32, 255, 256, 65535, 65536, (1 << 32), (1 << 64) - 1, -129, -(1 << 31) - 1, -(1 << 63),
+        1.5, "", "a" * 31, "a" * 32, "a" * 256, "é" * 40000, b"", b"x" * 300, b"y" * 70000,
+        [], list(range(16)), list(range(70000)), {}, {str(i): i for i in range(16)}, {b"k": 1}, {1: 2, None: 3},
+        None, True, False,
+    ]  # fmt: skip
     for v in forms:
-        check_unpack(msgpack.packb(v, use_bin_type=True))
-    check_unpack(msgpack.packb(1.5, use_single_float=True))
-    for not_plain in (
+        check_readers(msgpack.packb(v, use_bin_type=True))
+    check_readers(msgpack.packb(1.5, use_single_float=True))
+    for body in (
         b"\xc1",  # never used
-        b"\xd4\x01\x00",  # a fixext (a frame reference's kind)
-        b"\xc7\x01\x02\x00",  # ext 8
-        b"\x81\x01\x02",  # an int map key
-        b"\xa2\xff\xfe",  # not UTF-8
-        b"\xc0\xc0",  # something after the value
+        b"\xd4\x01\x00",  # a frame reference of 1 byte
+        b"\xd6\x01\x00\x00\x00\x05",  # a frame the message does not have
+        b"\xc7\x01\x02\xff",  # a resource key that is not UTF-8
+        b"\xc7\x01\x07\x00",  # an ext of another type
+        b"\xd4\xff\x00",  # one of a negative type (the timestamp's is -1)
+        b"\x81\x91\x01\x02",  # an array as a map key: a tuple
+        b"\x81\x81\x01\x02\x03",  # a map as a map key
+        b"\xa2\xff\xfe",  # a str that is not UTF-8
+        b"\xc0\xc0",  # something after the value (not looked at)
         b"\xdd\xff\xff\xff\xff",  # an array that claims more than the body holds
+        b"\xdf\x00\x01\x00\x00",  # a map that does
+        b"\xda\x00\x05ab",  # a str cut short
         b"",
     ):
-        assert CODEC.unpack(not_plain, "handoff.route") is None, not_plain.hex()
-        check_unpack(not_plain)
-    # Nested as deep as bodies may be, and one deeper (left to the path that words it).
+        check_readers(body, FRAMES)
+        check_readers(body)
+    # Nested as deep as bodies may be, and one deeper, with and without frames.
     deep = b"\x91" * (wire.MAX_BODY_DEPTH - 1) + b"\x90"
-    check_unpack(deep)
-    assert CODEC.unpack(deep, "handoff.route") is not None
-    assert CODEC.unpack(b"\x91" + deep, "handoff.route") is None and read_pure(b"\x91" + deep) == ("too-deep",)
-    # A received frame, a memoryview: read where they lie.
-    assert CODEC.unpack(memoryview(b"\x81\xadhandoff.route\x01"), "handoff.route") == ({"handoff.route": 1}, True)
+    for body in (deep, b"\x91" + deep, b"\x91" * 126 + b"\xd4\x05\x00", b"\x91" * 127 + b"\xd4\x05\x00"):
+        check_readers(body)
+        check_readers(body, FRAMES)
+    # A received frame, a memoryview: read where it lies; frames are the objects given.
+    got = ENGINE_READER.read(memoryview(b"\x81\xadhandoff.route\xd6\x01\x00\x00\x00\x01"), FRAMES)
+    assert got == ({"handoff.route": FRAMES[1]}, True, False) and got[0]["handoff.route"] is FRAMES[1]

@@ -287,7 +287,7 @@ class _Frameless:
 
 
 def test_a_route_aware_value_without_frames_is_decoded_in_a_body_without_frames():
-    """Such a body takes the fast reader (handoff.codec._plain_body): its values are decoded all the same."""
+    """Such a body is read in one pass (no frame to resolve): its values are decoded all the same."""
     route.register(
         _Frameless, lambda obj, r: ({"n": obj.n}, []), lambda h, frames, r: ("decoded", h["n"]), name="test.Frameless"
     )

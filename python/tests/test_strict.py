@@ -575,7 +575,7 @@ def model_decode(data: bytes, limits=wire.DEFAULT_LIMITS):
     Too slow and too hungry for a peer (it builds every value), but easy to check against the
     spec; the streaming decoder must agree with it on every input.
     """
-    from handoff.msgpack_read import MsgpackError, Pairs, unpack_one
+    from handoff_pure.msgpack_read import MsgpackError, Pairs, unpack_one
     from handoff_pure.wire import decode
 
     def bad(why):

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from handoff_pure import wire
 from handoff.codec import Buffer, decode_body, encode_body
-from handoff.msgpack_read import Ext, Pairs
+from handoff.msgpack_values import Ext
+from handoff_pure.msgpack_read import Pairs
 from handoff.resources import ResourceKey
 from handoff.wire.identity import field_problem
 

@@ -6,12 +6,12 @@
 
 use pyo3::prelude::*;
 
+mod body_read;
 pub mod connection;
 pub mod engine;
 pub mod frames;
 mod holds;
 pub mod plain;
-mod plain_read;
 /// The system calls both drivers share.
 use handoff_sys as socket;
 pub mod tickets;
@@ -23,6 +23,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // How often a wait for room looks again at what the budget is not told of (seconds).
     m.add("ROOM_RECHECK", handoff_proto::receive::ROOM_RECHECK.as_secs_f64())?;
     m.add_class::<plain::PlainCodec>()?;
+    m.add_class::<body_read::BodyReader>()?;
     m.add_class::<engine::Engine>()?;
     m.add_class::<connection::Connection>()?;
     m.add_class::<connection::Received>()?;

@@ -255,20 +255,6 @@ impl PlainCodec {
         Some(PyBytes::new(py, &out))
     }
 
-    /// `(value, marked)` of a plain body (see `plain_read`: what `handoff.codec`'s fast path
-    /// reads, or `None`), `marked` when some map in it has the key `marker` (a route-aware
-    /// value to decode after). `body` is any buffer (bytes, a received frame).
-    fn unpack<'py>(
-        &self,
-        py: Python<'py>,
-        body: &Bound<'py, PyAny>,
-        marker: &str,
-    ) -> PyResult<Option<(Bound<'py, PyAny>, bool)>> {
-        let bytes = crate::frames::bytes_of(body)?;
-        let mut reader = crate::plain_read::PlainReader::new(&bytes, self.max_depth, marker.as_bytes());
-        Ok(reader.read_body(py).ok().map(|v| (v, reader.marked)))
-    }
-
     /// The whole framed header (length prefix included) of a frameless `msg` of type
     /// `type_name` whose body is `value`, if `value` is plain; else `None`.
     fn message<'py>(

@@ -33,7 +33,8 @@ import msgpack
 from .buffers import Buffer, OnDemand, as_bytes_view
 from .buffers import is_ndarray as _is_ndarray
 from .data import BlobHandle, is_handle_map
-from .msgpack_read import Ext, MsgpackError, too_deep, unpack_one
+from .errors import HandoffError
+from .msgpack_values import BadStr, Ext
 from .resources import EXT_RESOURCE_KEY, Resource, ResourceKey, Resources
 from .route import _CURRENT, MARKER, Route, _by_name, _by_type, RouteError, codec_for, decode_value, encode_value
 from .native import ext as _native
@@ -163,16 +164,6 @@ def pack_plain(value: Any, frame_threshold: int = DEFAULT_FRAME_THRESHOLD) -> Op
     :func:`encode_body`)."""
     if _plain_native(frame_threshold):
         return _PLAIN.pack(value, frame_threshold)
-    return None
-
-
-def unpack_plain(body: Any) -> Any:
-    """A body without frames read whole by the extension: ``(value,)``, or ``None`` when
-    :func:`decode_body` must read it (no extension, a route-aware value, ext types, …)."""
-    if _PLAIN is not None:
-        read = _PLAIN.unpack(body, MARKER)
-        if read is not None and not read[1]:
-            return (read[0],)
     return None
 
 
@@ -308,69 +299,23 @@ def encode_body(
     return EncodedBody(body, frames, sources)
 
 
-class _NotPlain(Exception):
-    """The fast reader met something only the strict one handles (see :func:`_plain_body`)."""
+#: A reader of whole bodies: ``read(body, frames) -> (value, marked, keys_seen)`` (frame
+#: references resolved to ``frames[index]``; ``marked``: some map has the key
+#: :data:`~handoff.route.MARKER`; ``keys_seen``: a resource key is in it), raising
+#: ``ValueError((code, detail))`` at the first fault. The extension's
+#: (``handoff._native.BodyReader``), or, in a process without it, the one the pure-Python
+#: reference registers (:func:`use_reader`).
+_reader: Optional[Callable[[Any, Sequence[Any]], tuple]] = (
+    _native.BodyReader(MAX_BODY_DEPTH, MARKER, ResourceKey, Ext, BadStr).read if _native is not None else None
+)
 
 
-class _TooDeep(Exception):
-    """The fast reader read a body whose only fault is nesting deeper than ``MAX_BODY_DEPTH``
-    (see :func:`_plain_body`): the strict reader would say just that, so it need not run."""
-
-
-def _no_ext(code: int, payload: bytes) -> Any:
-    raise _NotPlain
-
-
-_PLAIN_LEAVES = frozenset((str, bytes, int, float, bool, type(None)))
-
-
-def _plain_body(body: Any) -> Any:
-    """A body without ext values, read by the ``msgpack`` package (C), or ``_NotPlain``.
-
-    Only where it gives what the strict reader gives: no ext value (frame references,
-    resource keys and the timestamp type -1, which ``msgpack`` reads itself, are the
-    strict reader's), map keys str or bin, str valid UTF-8, nothing after the value,
-    maps and arrays nested at most ``MAX_BODY_DEPTH`` deep (checked on the result);
-    later duplicate keys win in both. Anything else, valid or not, raises ``_NotPlain``
-    and the strict reader decides (with its own error, if any).
-
-    Raises ``_TooDeep`` where the strict reader refuses the body too (the same ``bad-body``
-    code): the C reader read the whole body and found only the nesting wrong, and the
-    strict reader says just that, "nesting deeper than ``MAX_BODY_DEPTH`` levels". For
-    ``StackError`` (nesting past the C reader's own limit, 1024, before any other fault it
-    checks) the message may differ: the strict reader checks an array's or map's announced
-    count against the bytes left, the C reader against the whole body, so for a container
-    that announces more elements than remain the strict reader names the count. This keeps
-    a peer that sends deep bodies from costing the node the strict reader's ~200 µs each
-    (issue 11: a legitimate peer's round trip during the attack)."""
-    try:
-        value = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True, ext_hook=_no_ext)
-    except msgpack.StackError:
-        raise _TooDeep from None
-    except Exception:
-        raise _NotPlain from None
-    stack = [(value, 1)]
-    leaves = _PLAIN_LEAVES
-    while stack:
-        v, depth = stack.pop()
-        t = type(v)
-        if t is dict:
-            if depth > MAX_BODY_DEPTH:
-                raise _TooDeep
-            for x in v.values():
-                if type(x) in leaves:
-                    continue
-                stack.append((x, depth + 1))
-        elif t is list:
-            if depth > MAX_BODY_DEPTH:
-                raise _TooDeep
-            for x in v:
-                if type(x) in leaves:
-                    continue
-                stack.append((x, depth + 1))
-        elif t not in leaves:
-            raise _NotPlain
-    return value
+def use_reader(read: Callable[[Any, Sequence[Any]], tuple]) -> None:
+    """Reads bodies with ``read`` (same contract as the extension's) where the extension is
+    not in use: how ``handoff_pure`` brings its own reader, which ``handoff`` never imports."""
+    global _reader
+    if _native is None:
+        _reader = read
 
 
 def decode_body(
@@ -379,16 +324,16 @@ def decode_body(
     type_name: str = "?",
     resources: Optional[Resources] = None,
     route: Optional[Route] = None,
-    fast: bool = True,
 ) -> Any:
     """Decodes a body; each frame reference becomes ``frames[index]`` (the object itself).
 
     Raises ``WireError`` ``bad-body`` (not msgpack, nesting deeper than 127, a frame
-    reference whose payload is not 4 bytes, a resource key that is not UTF-8) or
-    ``bad-frame-ref`` (an index the message does not have), at the first problem in
-    document order. Other ext types are returned as ``handoff.msgpack_read.Ext``, and a
-    str that is not UTF-8 as ``handoff.msgpack_read.BadStr`` (bytes), as the reference's
-    generic reader keeps it.
+    reference whose payload is not 4 bytes, a resource key that is not UTF-8, a map used
+    as a map key) or ``bad-frame-ref`` (an index the message does not have), at the first
+    problem in document order. Other ext types are returned as
+    :class:`~handoff.msgpack_values.Ext`, and a str that is not UTF-8 as
+    :class:`~handoff.msgpack_values.BadStr` (bytes), as the reference's generic reader
+    keeps it. Bytes after the value are not looked at.
 
     Resource keys (ext type 2) become :class:`~handoff.resources.ResourceKey`. With the
     receiving node's ``resources``, each is then bound to that node's object
@@ -399,74 +344,25 @@ def decode_body(
     Route-aware values (maps under the key ``handoff.route``) are decoded, innermost first,
     by their registered decoders with ``route`` (the inbound route: the peer sends, this
     node receives); one that cannot be raises :class:`~handoff.route.RouteError`.
-
-    ``fast=False`` skips the C reader for plain bodies (the fuzz targets and tests check
-    that both read every body alike).
     """
-    if fast and not frames:
-        # Most small messages: no frames, so no frame references to resolve (and no
-        # resource keys, which are ext values); route-aware values are decoded as below.
-        if _PLAIN is not None:
-            # The extension reads what the C reader and the walk below read, in one call,
-            # and says whether a route-aware value is in it; else the paths below decide.
-            read = _PLAIN.unpack(body, MARKER)
-            if read is not None:
-                value, marked = read
-                return decode_routed(value, route) if marked and _by_name else value
-        try:
-            value = _plain_body(body)
-        except _NotPlain:
-            pass
-        except _TooDeep:
-            raise WireError(
-                "bad-body", f"cannot decode body of type {type_name!r}: {too_deep(MAX_BODY_DEPTH)}"
-            ) from None
-        else:
-            return _routed(value, body, route)
-    count = len(frames)
-    keys_seen = False
-
-    def hook(code: int, payload: bytes) -> Any:
-        nonlocal keys_seen
-        if code == EXT_RESOURCE_KEY:
-            try:
-                key = payload.decode("utf-8")
-            except UnicodeDecodeError:
-                raise WireError(
-                    "bad-body",
-                    f"cannot decode body of type {type_name!r}: a resource key that is not UTF-8 ({payload.hex()})",
-                ) from None
-            keys_seen = True
-            return ResourceKey(key)
-        if code != EXT_FRAME_REF:
-            return Ext(code, payload)
-        if len(payload) != 4:
-            raise WireError(
-                "bad-body",
-                f"cannot decode body of type {type_name!r}: "
-                f"frame reference payload must be 4 bytes, got {len(payload)}",
-            )
-        (index,) = _INDEX.unpack(payload)
-        if index >= count:
-            raise WireError("bad-frame-ref", f"body refers to frame {index}, but the message has {count} frames")
-        return frames[index]
-
+    read = _reader
+    if read is None:
+        raise HandoffError(
+            "no reader of bodies: the extension handoff._native is not in use, and the pure-Python reference "
+            "(handoff_pure, for tests) was not imported"
+        )
     try:
-        value, _ = unpack_one(body, max_depth=MAX_BODY_DEPTH, ext_hook=hook, lenient_str=True)
-    except MsgpackError as e:
-        raise WireError("bad-body", f"cannot decode body of type {type_name!r}: {e}") from None
+        value, marked, keys_seen = read(body, frames)
+    except ValueError as e:
+        if len(e.args) != 2 or e.args[0] not in ("bad-body", "bad-frame-ref"):
+            raise
+        code, detail = e.args
+        if code == "bad-body":
+            detail = f"cannot decode body of type {type_name!r}: {detail}"
+        raise WireError(code, detail) from None
     if keys_seen and resources is not None:
         value = bind_resources(value, resources)
-    return _routed(value, body, route)
-
-
-_MARKER_BYTES = MARKER.encode()
-
-
-def _routed(value: Any, body: Any, route: Optional[Route]) -> Any:
-    if _by_name and _MARKER_BYTES in (body if isinstance(body, (bytes, bytearray)) else bytes(body)):
-        return decode_routed(value, route)
-    return value
+    return decode_routed(value, route) if marked and _by_name else value
 
 
 def decode_routed(value: Any, route: Optional[Route]) -> Any:

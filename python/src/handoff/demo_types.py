@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .msgpack_read import BadStr
+from .msgpack_values import BadStr
 from .tickets import Ticket
 from .wire import WireError
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .codec import decode_body, unpack_plain
+from .codec import decode_body
 from .tickets import Ticket
 
 __all__ = ["Envelope", "ReceivedFrame"]
@@ -74,17 +74,6 @@ class Envelope:
         :attr:`body` raises it) instead of raising it."""
         if self._decoded:
             return self.error
-        if not self.frames:
-            # Most small messages: the extension reads them whole, and no resource or
-            # route-aware value is in them (else decode_body reads them, as below).
-            try:
-                read = unpack_plain(self._body_bytes)
-            except Exception as e:
-                read, self.error, self._decoded = None, e.with_traceback(None), True
-                return self.error
-            if read is not None:
-                self._body, self._decoded = read[0], True
-                return None
         node = getattr(self.sender, "node", None)
         resources = getattr(node, "resources", None)
         route = getattr(self.sender, "inbound_route", None)

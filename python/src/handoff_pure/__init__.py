@@ -9,6 +9,8 @@ envelopes, codec, routes, resources, pins and errors), and ``handoff`` never imp
 
 Modules, one job each, from the bottom up:
 
+- :mod:`handoff_pure.msgpack_read`, :mod:`handoff_pure.body` — the reader of bodies (the
+  engine's is ``handoff._native.BodyReader``).
 - :mod:`handoff_pure.transport` — a connection's socket: buffered reads, frames, SCM_RIGHTS.
 - :mod:`handoff_pure.nonces`, :mod:`handoff_pure.handshake` — preambles, challenges
   (v1: hellos), proofs, idents, ready, and the dialer's nonces.
@@ -23,8 +25,10 @@ Modules, one job each, from the bottom up:
 - :mod:`handoff_pure.peer` — a connection; :mod:`handoff_pure.node` — the node.
 """
 
+from handoff import codec as _codec
 from handoff import held as _held
 
+from . import body as _body
 from . import mapcache as _mapcache
 from .node import Node
 from .peer import Peer
@@ -40,6 +44,7 @@ def _keep(n_bytes, seconds) -> None:
         _mapcache.set_keep_seconds(seconds)
 
 
+_codec.use_reader(_body.read)  # where the extension is not in use
 _held.register(
     _held.Holder(
         held=lambda: {"kept-idle": _mapcache.idle_bytes(), "recv-idle": _recv_pool().stats()["idle_bytes"]},

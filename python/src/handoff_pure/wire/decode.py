@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from handoff.msgpack_read import unpack_one
+from ..msgpack_read import unpack_one
 from handoff.wire.errors import WireError, malformed
 from handoff.wire.framing import LEN_PREFIX, header_length
 from handoff.wire.identity import MAX_CAP_BYTES, MAX_CAPS, field_problem

@@ -1,7 +1,8 @@
-"""A small msgpack reader with the checks the wire format needs for bodies.
+"""The reference's msgpack reader, with the checks the wire format needs for bodies.
 
-(Headers have their own strict cursor, ``handoff_pure.wire.reader``, which builds nothing it
-does not need; this reader builds the whole value, and serves bodies and views of headers.)
+(Headers have their own strict cursor, :mod:`handoff_pure.wire.reader`, which builds nothing
+it does not need; this reader builds the whole value, and serves bodies
+(:mod:`handoff_pure.body`) and views of headers.)
 
 The ``msgpack`` package writes every header and body (its packer already produces
 the canonical encodings of spec §2). Reading needs more control than it offers:
@@ -14,7 +15,9 @@ document order. So reading is done here, in pure Python.
 from __future__ import annotations
 
 import struct
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, Optional
+
+from handoff.msgpack_values import BadStr, Ext
 
 __all__ = ["MsgpackError", "DepthError", "too_deep", "Pairs", "Ext", "BadStr", "unpack_one"]
 
@@ -30,20 +33,6 @@ class DepthError(MsgpackError):
 def too_deep(max_depth: int) -> DepthError:
     """The error for a value nested deeper than ``max_depth`` levels."""
     return DepthError(f"nesting deeper than {max_depth} levels")
-
-
-class Ext(NamedTuple):
-    """A msgpack extension value that no hook turned into something else."""
-
-    code: int
-    data: bytes
-
-
-class BadStr(bytes):
-    """A msgpack str whose bytes are not UTF-8 (kept, when reading leniently, so that a
-    header key or ignored value like that can be ignored, as the reference does)."""
-
-    __slots__ = ()
 
 
 class Pairs(list):
