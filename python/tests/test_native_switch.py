@@ -60,6 +60,32 @@ def test_without_the_extension_a_node_says_why_and_the_reference_stays_unloaded(
     assert "pure loaded: False" in out.stdout
 
 
+#: What an application and a Dask worker import and run, on the engine: two nodes that
+#: exchange a message with a frame, over shm and over tcp.
+ON_THE_ENGINE = """
+import asyncio, sys
+import handoff, handoff.dask, handoff.worker, handoff.datasets
+
+async def main():
+    async with handoff.Node("a", listen="127.0.0.1:0") as a, handoff.Node("b") as b:
+        for channel in ("shm", "tcp"):
+            peer = await b.connect(a.listen_addr, channel=channel)
+            await peer.send("t.X", {"data": b"x" * 200_000})
+            env = await a.recv(10)
+            assert len(env.body["data"]) == 200_000
+    print(type(a).__module__, sorted(m for m in sys.modules if m.split(".")[0] == "handoff_pure"))
+
+asyncio.run(main())
+"""
+
+
+def test_nodes_on_the_engine_import_nothing_of_the_reference():
+    env = {k: v for k, v in os.environ.items() if k not in ("HANDOFF_NATIVE", "HANDOFF_ENGINE")}
+    out = subprocess.run([sys.executable, "-c", ON_THE_ENGINE], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["handoff.engine_node", "[]"], out.stdout
+
+
 def test_the_switches_select_the_reference_node_behind_the_same_api():
     for env_var in ("HANDOFF_NATIVE", "HANDOFF_ENGINE"):
         env = {k: v for k, v in os.environ.items() if k not in ("HANDOFF_NATIVE", "HANDOFF_ENGINE")}
