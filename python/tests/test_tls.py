@@ -352,7 +352,7 @@ async def test_a_rust_node_with_a_certificate_from_another_ca_is_refused(pki, sp
 
 async def _tls_transport_pair(pki, bounds: Bounds):
     """Two transports over a loopback TCP connection inside TLS (handshakes done)."""
-    from handoff import tls as tls_layer
+    from handoff_pure import tls as tls_layer
     from handoff_pure.transport import Transport
 
     listener = socket.create_server(("127.0.0.1", 0))

@@ -35,7 +35,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from handoff import tls as tls_layer
+from . import tls as tls_layer
 from . import wire
 from handoff.errors import AuthenticationError, PeerClosed, PeerRefused
 from .nonces import DialerNonces

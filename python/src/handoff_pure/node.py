@@ -25,7 +25,8 @@ import time
 from typing import Any, Optional
 
 import handoff.node
-from handoff import native, pins, tls as tls_layer
+from handoff import native, pins
+from . import tls as tls_layer
 from . import wire
 from handoff.addresses import check_peer_uid, split_host_port, strip_scheme
 from handoff.errors import HandoffError, PeerClosed, TlsError
