@@ -6,8 +6,11 @@ A server process listens (``distributed.comm.listen``) and answers every message
 small one; this process connects (``distributed.comm.connect``) and times ``write`` of a
 message holding a numpy array of each ``--sizes`` (``to_serialize``, so the array travels
 as a frame of its own, as Dask's worker-to-worker transfers do) followed by ``read`` of the
-answer. Per scheme and size it reports the median of ``--rounds`` round trips after
-``--warmup`` unmeasured ones; the ratio is handoff's time over tcp's (below 1: faster).
+answer. Both schemes' servers are up at once, and the round trips run in batches of
+``--batch`` that alternate between the schemes, so that a drift of the machine falls on
+both alike. Per scheme and size it reports the median of the batches' medians over
+``--rounds`` round trips after ``--warmup`` unmeasured ones; the ratio is the median of
+handoff's batch time over the tcp batch's beside it (below 1: faster), with their range.
 It also times ``--connects`` new comms: ``connect`` (on handoff://, its authenticated
 handshake) and the first round trip of a small message, the median.
 
@@ -59,24 +62,41 @@ def _serve(scheme: str, ready) -> None:
     asyncio.run(main())
 
 
-async def _round_trips(address: str, size: int, rounds: int, warmup: int) -> list[float]:
+async def _interleaved(addresses: dict, size: int, rounds: int, warmup: int, batch: int) -> dict:
+    """Round trips of one message of ``size`` on each scheme's comm, in batches of ``batch``
+    that alternate between the schemes (the order rotating each time), so that a drift of the
+    machine falls on both alike: ``{scheme: [batch medians, seconds]}``, batch by batch."""
     from distributed.comm import connect
     from distributed.protocol import to_serialize
 
+    comms = {}
     with dask.config.set(SECRET):
-        comm = await connect(address, timeout=30)
+        for scheme, address in addresses.items():
+            comms[scheme] = await connect(address, timeout=30)
     try:
         msg = {"op": "bench", "data": to_serialize(np.random.default_rng(size).random(max(1, size // 8)))}
-        times = []
-        for i in range(warmup + rounds):
-            t0 = time.perf_counter()
-            await comm.write(msg)
-            await comm.read()
-            if i >= warmup:
+
+        async def run(comm, n: int) -> list[float]:
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                await comm.write(msg)
+                await comm.read()
                 times.append(time.perf_counter() - t0)
-        return times
+            return times
+
+        for comm in comms.values():
+            await run(comm, warmup)
+        medians: dict = {scheme: [] for scheme in comms}
+        order = list(comms)
+        for _ in range(max(1, rounds // batch)):
+            for scheme in order:
+                medians[scheme].append(statistics.median(await run(comms[scheme], batch)))
+            order.append(order.pop(0))
+        return medians
     finally:
-        await comm.close()
+        for comm in comms.values():
+            await comm.close()
 
 
 async def _connects(address: str, n: int) -> list[float]:
@@ -94,22 +114,31 @@ async def _connects(address: str, n: int) -> list[float]:
     return times
 
 
-def measure(scheme: str, sizes: list[int], rounds: int, warmup: int, connects: int) -> dict:
-    """``{size: [seconds, ...], "connect": [seconds, ...]}`` for one scheme, against a fresh
-    server process."""
+def _server(scheme: str):
+    """A fresh server process for ``scheme``: ``(process, address)``."""
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     server = ctx.Process(target=_serve, args=(scheme, ready), daemon=True)
     server.start()
+    return server, ready.get(timeout=60)
+
+
+def measure(sizes: list[int], rounds: int, warmup: int, batch: int, connects: int) -> dict:
+    """``{size: {scheme: [batch medians]}, "connect": {scheme: [seconds]}}`` against one
+    server process per scheme, both up for the whole run."""
+    servers = {}
     try:
-        address = ready.get(timeout=60)
-        out: dict = {n: asyncio.run(_round_trips(address, n, rounds, warmup)) for n in sizes}
+        for scheme in SCHEMES:
+            servers[scheme] = _server(scheme)
+        addresses = {scheme: address for scheme, (_, address) in servers.items()}
+        out: dict = {n: asyncio.run(_interleaved(addresses, n, rounds, warmup, batch)) for n in sizes}
         if connects:
-            out["connect"] = asyncio.run(_connects(address, connects))
+            out["connect"] = {s: asyncio.run(_connects(a, connects)) for s, a in addresses.items()}
         return out
     finally:
-        server.kill()
-        server.join()
+        for server, _ in servers.values():
+            server.kill()
+            server.join()
 
 
 def main(argv=None) -> int:
@@ -117,6 +146,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="8,64KiB,256KiB,1MiB,8MiB", help="array sizes, comma-separated")
     ap.add_argument("--rounds", type=int, default=500, help="measured round trips per size")
     ap.add_argument("--warmup", type=int, default=50, help="unmeasured round trips first")
+    ap.add_argument("--batch", type=int, default=50, help="round trips per batch (the schemes alternate by batch)")
     ap.add_argument("--connects", type=int, default=100, help="new comms timed (0: none)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args(argv)
@@ -124,29 +154,50 @@ def main(argv=None) -> int:
         sizes = [parse_bytes(s.strip()) for s in args.sizes.split(",") if s.strip()]
     except ValueError as e:
         ap.error(f"--sizes: {e}")
-    if not sizes or args.rounds < 1 or args.warmup < 0 or args.connects < 0:
-        ap.error("give at least one size, --rounds at least 1, --warmup and --connects at least 0")
-    raw = {s: measure(s, sizes, args.rounds, args.warmup, args.connects) for s in SCHEMES}
+    if not sizes or args.rounds < 1 or args.warmup < 0 or args.connects < 0 or args.batch < 1:
+        ap.error("give at least one size, --rounds and --batch at least 1, --warmup and --connects at least 0")
+    raw = measure(sizes, args.rounds, args.warmup, args.batch, args.connects)
     rows = []
     for n in sizes:
-        t = statistics.median(raw["tcp"][n])
-        h = statistics.median(raw["handoff"][n])
-        rows.append({"bytes": n, "tcp_s": t, "handoff_s": h, "ratio": h / t})
+        t = statistics.median(raw[n]["tcp"])
+        h = statistics.median(raw[n]["handoff"])
+        # Each batch of handoff:// against the tcp:// batch beside it: the median of those
+        # ratios, and their range, say how far the machine's drift could move the figure.
+        paired = sorted(hb / tb for hb, tb in zip(raw[n]["handoff"], raw[n]["tcp"]))
+        rows.append(
+            {
+                "bytes": n,
+                "tcp_s": t,
+                "handoff_s": h,
+                "ratio": statistics.median(paired),
+                "ratio_range": [paired[0], paired[-1]],
+                "batches": len(paired),
+            }
+        )
     connect = None
     if args.connects:
-        t, h = (statistics.median(raw[s]["connect"]) for s in SCHEMES)
+        t, h = (statistics.median(raw["connect"][s]) for s in SCHEMES)
         connect = {"tcp_s": t, "handoff_s": h, "ratio": h / t}
     if args.json:
-        print(json.dumps({"rounds": args.rounds, "warmup": args.warmup, "rows": rows, "connect": connect}))
+        print(
+            json.dumps(
+                {"rounds": args.rounds, "warmup": args.warmup, "batch": args.batch, "rows": rows, "connect": connect}
+            )
+        )
         return 0
-    print(f"{'size':>10} {'tcp:// µs':>11} {'handoff:// µs':>14} {'h/t':>6}")
+    print(f"{'size':>10} {'tcp:// µs':>11} {'handoff:// µs':>14} {'h/t':>6}  {'batches':>13}")
     for r in rows:
-        print(f"{format_bytes(r['bytes']):>10} {r['tcp_s'] * 1e6:11.0f} {r['handoff_s'] * 1e6:14.0f} {r['ratio']:6.2f}")
+        lo, hi = r["ratio_range"]
+        print(
+            f"{format_bytes(r['bytes']):>10} {r['tcp_s'] * 1e6:11.0f} {r['handoff_s'] * 1e6:14.0f} {r['ratio']:6.2f}"
+            f"  {lo:.2f}-{hi:.2f} of {r['batches']}"
+        )
     if connect:
         c = connect
         print(f"{'connect':>10} {c['tcp_s'] * 1e6:11.0f} {c['handoff_s'] * 1e6:14.0f} {c['ratio']:6.2f}")
     print(
-        "median round trip of one message (an array of that size) and a small answer; connect: a new comm"
+        "median round trip of one message (an array of that size) and a small answer, the schemes alternating"
+        " batch by batch; h/t: the median of the batches' ratios (their range beside it); connect: a new comm"
         " and its first round trip; h/t below 1: handoff faster"
     )
     return 0
