@@ -390,6 +390,10 @@ async def test_forwarding_a_ticket_to_a_third_node():
         ticket.release()
         got = (await c.recv(5)).body["d"]
         assert isinstance(got, Ticket) and got.owner == a.node_id and got.desc.token != ticket.desc.token
+        # Errors name the owner as the Rust node names it: b is connected to it (its name and
+        # its address); c is not yet (its id's first 12 characters and its address).
+        assert ticket.owner_label == f"a ({ticket.desc.addr})" and ticket.desc.addr
+        assert got.owner_label == f"{a.node_id[:12]} ({got.desc.addr})" and got.desc.addr
         assert bytes(await got.redeem()) == data  # c connects to a's address by itself
         got.release()
         assert await eventually(lambda: a.ticket_leases()["count"] == 0)

@@ -8,8 +8,22 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
+use handoff_wire::TicketClaim;
 
 use crate::receive::Asked;
+
+/// How errors and logs name the owner of a ticket this node holds: `name (addr)` when the
+/// owner is connected (`owner_name`) and the ticket carries its address, `name` without
+/// one; a node not connected is named by the first 12 characters of its id (`id (addr)`),
+/// or by its whole id without an address. Both drivers name owners so.
+pub fn owner_label(claim: &TicketClaim, owner_name: Option<&str>) -> String {
+    match (owner_name, &claim.addr) {
+        (Some(name), Some(addr)) => format!("{name} ({addr})"),
+        (Some(name), None) => name.to_string(),
+        (None, Some(addr)) => format!("{} ({addr})", claim.owner.chars().take(12).collect::<String>()),
+        (None, None) => claim.owner.clone(),
+    }
+}
 
 /// An owner's answer to one of our requests, as the connection hands it to the request.
 #[derive(Debug)]
@@ -99,6 +113,25 @@ mod tests {
         assert_eq!(Answer::Token(vec![1]).into_token().unwrap(), vec![1]);
         assert!(Answer::Token(vec![1]).into_pulled(1).is_err());
         assert_eq!(Answer::Mismatch("why".into()).into_pulled(1).unwrap_err(), "why");
+    }
+
+    #[test]
+    fn an_owner_is_named_by_its_name_or_id_and_its_address() {
+        let claim = |addr: Option<&str>| TicketClaim {
+            len: 1,
+            owner: "0123456789abcdef0123456789abcdef".into(),
+            addr: addr.map(str::to_string),
+            lease: 1,
+            token: vec![0; 32],
+            digest: handoff_wire::TicketDigest::Blake3([0; 32]),
+            ttl_ms: 1,
+            lazy: false,
+        };
+        let at = Some("tcp://10.0.0.1:7000");
+        assert_eq!(owner_label(&claim(at), Some("rs-a")), "rs-a (tcp://10.0.0.1:7000)");
+        assert_eq!(owner_label(&claim(None), Some("rs-a")), "rs-a");
+        assert_eq!(owner_label(&claim(at), None), "0123456789ab (tcp://10.0.0.1:7000)");
+        assert_eq!(owner_label(&claim(None), None), "0123456789abcdef0123456789abcdef");
     }
 
     #[test]

@@ -165,6 +165,13 @@ impl Ticket {
         &self.claim.owner
     }
 
+    /// How errors name the owner: `owner_name` is its name if it is connected
+    /// (`handoff_proto::ticket_requests::owner_label`, as the Rust node names it).
+    #[pyo3(signature = (owner_name=None))]
+    fn owner_label(&self, owner_name: Option<&str>) -> String {
+        handoff_proto::ticket_requests::owner_label(&self.claim, owner_name)
+    }
+
     /// Where the owner listens, for a holder not connected to it.
     #[getter]
     fn addr(&self) -> Option<&str> {

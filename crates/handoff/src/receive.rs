@@ -281,12 +281,7 @@ fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Opt
             } else {
                 node.peer_by_id(&claim.owner).map(|p| p.name().to_string())
             };
-            let owner_label = match (owner_name, &claim.addr) {
-                (Some(n), Some(a)) => format!("{n} ({a})"),
-                (Some(n), None) => n,
-                (None, Some(a)) => format!("{} ({a})", claim.owner.chars().take(12).collect::<String>()),
-                (None, None) => claim.owner.clone(),
-            };
+            let owner_label = handoff_proto::ticket_requests::owner_label(&claim, owner_name.as_deref());
             let handle = Arc::new(TicketHandle {
                 claim,
                 node: peer.0.local.clone(),

@@ -331,10 +331,10 @@ class EngineNode(Node):
         await self._driver.renew(self._native_ticket(ticket))
 
     def _owner_label(self, native: "eng.Ticket") -> str:
-        """How errors name a ticket's owner: its name if connected, and its address."""
+        """How errors name a ticket's owner (as the Rust node names it): its name if
+        connected, and its address."""
         owner = self.peer_by_id(native.owner)
-        name = owner.name if owner is not None else native.owner[:12]
-        return f"{name} ({native.addr})" if native.addr and owner is None else name
+        return native.owner_label(owner.name if owner is not None else None)
 
     def _ticket_released(self, desc: wire.TicketDesc, label: str) -> None:
         pass  # the engine's claim ends its hold when its last handle goes (EngineTicket.release)
