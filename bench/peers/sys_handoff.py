@@ -412,7 +412,7 @@ def main() -> int:
         result["notes"].append(
             "its handoff.Node runs on the Rust engine (handoff.engine_node)"
             if engine_default()
-            else "its handoff.Node is the Python implementation (HANDOFF_ENGINE=0, or no extension)"
+            else "its handoff.Node is the pure-Python reference, handoff_pure (HANDOFF_ENGINE=0 or HANDOFF_NATIVE=0)"
         )
         try:
             asyncio.run(python_rows(binary, sizes, reps, args.rtt_reps, result, pure=args.pure, engine=args.engine))

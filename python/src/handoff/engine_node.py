@@ -275,21 +275,10 @@ class EngineNode(Node):
         peer.take_messages()
         return peer
 
-    async def connect(self, addr: str, channel: Optional[str] = None) -> "EnginePeer":
-        if not self._started:
-            await self.start()
-        if addr.startswith("unix://"):
-            return await self._connect_unix(strip_scheme(addr, "unix://"))
+    async def _connect_tcp(self, addr: str) -> "EnginePeer":
         target = strip_scheme(addr, "tcp://")
         ec = await self._driver.connect(f"tcp://{target}", timeout=self.bounds.handshake_timeout)
-        peer = self._adopt(ec, accepted=False)
-        if channel == "tcp":
-            return peer
-        try:
-            return await self._switch_to_unix(peer, channel)
-        except BaseException:
-            peer.abort()
-            raise
+        return self._adopt(ec, accepted=False)
 
     async def _dial_owner(self, addr: str, timeout: float) -> "eng.EngineConnection":
         """A ticket owner's connection, made one of this node's peers (what it sends on it

@@ -328,6 +328,23 @@ class Node:
         Over TCP, a peer with our host id that offers its Unix socket is reached through
         it (channel ``shm``) unless ``channel="tcp"``; with ``channel="shm"`` it must be.
         """
+        if not self._started:
+            await self.start()
+        if addr.startswith("unix://"):
+            return await self._connect_unix(strip_scheme(addr, "unix://"))
+        peer = await self._connect_tcp(addr)
+        if channel == "tcp":
+            return peer
+        try:
+            return await self._switch_to_unix(peer, channel)
+        except BaseException:
+            # Cancelled (or failed) after the handshake: nobody else holds this connection.
+            peer.abort()
+            raise
+
+    async def _connect_tcp(self, addr: str) -> Peer:
+        """A connection to the node listening at ``addr`` (``tcp://HOST:PORT`` or
+        ``HOST:PORT``), its handshake done."""
         raise NotImplementedError
 
     async def _connect_unix(self, path: str) -> Peer:

@@ -54,7 +54,7 @@ from typing import Any, Optional
 
 from .idletimer import IdleTimer
 from .memfd import F_ADD_SEALS, SEALS_FIXED, memfd
-from .shmmap import Region
+from .shmmap import Region, release
 
 __all__ = [
     "Segment",
@@ -196,10 +196,9 @@ class Segment:
         self._pool._let_go(self, reusable)
 
     def _close(self) -> None:
-        self.region = None
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        region, self.region = self.region, None
+        fd, self.fd = self.fd, -1
+        release(region, fd, self.size)
 
     def __repr__(self) -> str:
         return f"Segment(#{self.id}, {self.size} bytes, {self.holders} holders)"

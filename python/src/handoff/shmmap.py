@@ -8,7 +8,8 @@ by calling libc's ``mmap`` itself; the caller closes the descriptor right after,
 pages stay mapped (the mapping holds the file, not a descriptor).
 
 The mapping's lifetime is the :class:`Region`'s: it is unmapped (``munmap``) when the
-region and every buffer made from it are gone. A buffer is a fresh numpy array over the
+region and every buffer made from it are gone (a large one by a thread of its own, so that
+the thread that let it go does not wait for it: :data:`UNMAP_ELSEWHERE`). A buffer is a fresh numpy array over the
 region (:meth:`Region.array`, whose ``base`` is the region, through its
 ``__array_interface__``), or without numpy a ctypes array that refers to the region;
 :meth:`Region.view` is a memoryview of one, read-only for a read-only mapping (a write
@@ -24,10 +25,13 @@ import ctypes
 import ctypes.util
 import os
 import sys
+import threading
 from typing import Any, Optional
 
 __all__ = [
     "Region",
+    "release",
+    "UNMAP_ELSEWHERE",
     "PROT_READ",
     "PROT_WRITE",
     "MAP_SHARED",
@@ -61,6 +65,64 @@ _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 def _error(what: str) -> OSError:
     err = ctypes.get_errno()
     return OSError(err, f"{what}: {os.strerror(err)}")
+
+
+#: Mappings at least this large are unmapped by a short-lived thread of their own, a piece
+#: at a time (:data:`UNMAP_PIECE`): tearing down the page tables of a touched mapping costs
+#: about 20-50 ms a GiB here, which on the thread that dropped it would be an event loop's
+#: (a pooled segment going idle as its receiver releases it: in bench/peers a 1 GiB
+#: same-host payload waited 20-30 ms for the one before it to be unmapped).
+UNMAP_ELSEWHERE = 64 << 20
+
+
+_THREAD_NAME = "handoff-munmap"
+
+
+def _elsewhere(work, length: int) -> bool:
+    """Runs ``work`` on a short-lived thread of its own if ``length`` is large enough (it
+    ends when the work is done, so no thread outlives it); ``False``: do it here (small,
+    already on such a thread, or at interpreter shutdown)."""
+    if length < UNMAP_ELSEWHERE or threading.current_thread().name == _THREAD_NAME:
+        return False
+    try:
+        threading.Thread(target=work, name=_THREAD_NAME, daemon=True).start()
+    except RuntimeError:  # interpreter shutdown: no new threads
+        return False
+    return True
+
+
+#: A large mapping is unmapped this much at a time: ``munmap`` holds the process's lock on
+#: its address space while it tears down page tables, and every other thread that maps
+#: memory (a thread's stack, an allocation) waits for it; a piece of 32 MiB holds it for
+#: about a millisecond.
+UNMAP_PIECE = 32 << 20
+
+
+def _munmap_pieces(addr: int, length: int) -> None:
+    for off in range(0, length, UNMAP_PIECE):
+        _munmap(addr + off, min(UNMAP_PIECE, length - off))
+
+
+def _unmap(addr: int, length: int) -> None:
+    """Unmaps ``addr .. addr + length``, a large mapping off this thread, piece by piece."""
+    if not _elsewhere(lambda: _munmap_pieces(addr, length), length):
+        _munmap_pieces(addr, length)
+
+
+def release(region: Optional["Region"], fd: int, length: int) -> None:
+    """Lets go of a segment of ``length`` bytes: this reference to its mapping, then its
+    descriptor. Closing the last descriptor of a memfd no mapping holds frees its pages,
+    about as slow as tearing down a mapping: a large segment is let go of off this thread,
+    both in that order."""
+    held = [region]
+
+    def work() -> None:
+        held.clear()  # the mapping (unmapped here if this was its last reference)
+        if fd >= 0:
+            os.close(fd)
+
+    if not _elsewhere(work, length):
+        work()
 
 
 class Region:
@@ -141,7 +203,7 @@ class Region:
     def __del__(self) -> None:
         addr, self.addr = getattr(self, "addr", 0), 0
         if addr:
-            _munmap(addr, self.length)
+            _unmap(addr, self.length)
 
     def __repr__(self) -> str:
         return f"Region({self.length} bytes at {self.addr:#x}{', read-only' if self.readonly else ''})"

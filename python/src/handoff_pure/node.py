@@ -250,16 +250,7 @@ class Node(handoff.node.Node):
         peer.reader = self.loop.create_task(peer.read_loop())
         return peer
 
-    async def connect(self, addr: str, channel: Optional[str] = None) -> Peer:
-        """Connects to ``tcp://HOST:PORT`` (or ``HOST:PORT``) or ``unix://PATH``.
-
-        Over TCP, a peer with our host id that offers its Unix socket is reached through
-        it (channel ``shm``) unless ``channel="tcp"``; with ``channel="shm"`` it must be.
-        """
-        if not self._started:
-            await self.start()
-        if addr.startswith("unix://"):
-            return await self._connect_unix(strip_scheme(addr, "unix://"))
+    async def _connect_tcp(self, addr: str) -> Peer:
         target = strip_scheme(addr, "tcp://")
         host, port = split_host_port(target)
         infos = await self.loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -279,15 +270,7 @@ class Node(handoff.node.Node):
             if isinstance(last, OSError) and last.errno is not None:
                 raise type(last)(last.errno, f"connecting to {addr}: {last.strerror}")
             raise ConnectionError(f"connecting to {addr}: {last}")
-        peer = await self._open(sock, addr, host=host)
-        if channel == "tcp":
-            return peer
-        try:
-            return await self._switch_to_unix(peer, channel)
-        except BaseException:
-            # Cancelled (or failed) after the handshake: nobody else holds this connection.
-            peer.abort()
-            raise
+        return await self._open(sock, addr, host=host)
 
     async def _connect_unix(self, path: str) -> Peer:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
