@@ -330,6 +330,11 @@ def test_every_form_and_every_fault_reads_alike():
     ):
         check_readers(body, FRAMES)
         check_readers(body)
+    # A frame as a map key (a writable buffer: its bytes, as the reference makes it), and a
+    # deep body whose count is wrong before its depth is (the count is the fault).
+    check_readers(b"\x81\xd6\x01\x00\x00\x00\x00\x01", [memoryview(bytearray(b"key"))])
+    assert ENGINE_READER.read(b"\x81\xd6\x01\x00\x00\x00\x00\x01", [memoryview(bytearray(b"key"))])[0] == {b"key": 1}
+    check_readers(b"\xdc\x04\x4d" + b"\x91" * 1100)
     # Nested as deep as bodies may be, and one deeper, with and without frames.
     deep = b"\x91" * (wire.MAX_BODY_DEPTH - 1) + b"\x90"
     for body in (deep, b"\x91" + deep, b"\x91" * 126 + b"\xd4\x05\x00", b"\x91" * 127 + b"\xd4\x05\x00"):

@@ -76,10 +76,9 @@ def test_a_small_region_is_unmapped_at_once_on_this_thread():
 
 def test_release_closes_the_descriptor_after_the_mapping_goes():
     fd = memfd(SIZE)
-    region = shmmap.Region.map(fd, SIZE, write=True)
-    addr = region.addr
-    shmmap.release(region, fd, SIZE)
-    del region
+    held = [shmmap.Region.map(fd, SIZE, write=True)]
+    addr = held[0].addr
+    shmmap.release(held, fd, SIZE)
     assert eventually(lambda: not mapped(addr)), "still mapped"
     assert eventually(
         lambda: not os.path.exists(f"/proc/self/fd/{fd}") or os.readlink(f"/proc/self/fd/{fd}").find("memfd") < 0

@@ -17,7 +17,8 @@ use crate::receive::Asked;
 /// one; a node not connected is named by the first 12 characters of its id (`id (addr)`),
 /// or by its whole id without an address. Both drivers name owners so.
 pub fn owner_label(claim: &TicketClaim, owner_name: Option<&str>) -> String {
-    match (owner_name, &claim.addr) {
+    // (An empty address is none: the wire lets a ticket carry one.)
+    match (owner_name, claim.addr.as_deref().filter(|a| !a.is_empty())) {
         (Some(name), Some(addr)) => format!("{name} ({addr})"),
         (Some(name), None) => name.to_string(),
         (None, Some(addr)) => format!("{} ({addr})", claim.owner.chars().take(12).collect::<String>()),
@@ -132,6 +133,7 @@ mod tests {
         assert_eq!(owner_label(&claim(None), Some("rs-a")), "rs-a");
         assert_eq!(owner_label(&claim(at), None), "0123456789ab (tcp://10.0.0.1:7000)");
         assert_eq!(owner_label(&claim(None), None), "0123456789abcdef0123456789abcdef");
+        assert_eq!(owner_label(&claim(Some("")), Some("rs-a")), "rs-a");
     }
 
     #[test]

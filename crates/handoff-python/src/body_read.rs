@@ -16,7 +16,7 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyMemoryView, PyString, PyTuple};
 
 /// The ext type of a frame reference (§8.2).
 const EXT_FRAME_REF: i8 = 1;
@@ -249,7 +249,8 @@ impl<'a, 'py> Cursor<'a, 'py> {
             }
             let value = self.value(py, depth)?;
             if let Err(e) = dict.set_item(&key, &value) {
-                if !e.is_instance_of::<PyTypeError>(py) {
+                // (An unhashable key: TypeError; a writable buffer's: ValueError.)
+                if !e.is_instance_of::<PyTypeError>(py) && !e.is_instance_of::<PyValueError>(py) {
                     return Err(e.into());
                 }
                 // An array as a key (it cannot be hashed): a tuple, as the reference reads it.
@@ -261,7 +262,7 @@ impl<'a, 'py> Cursor<'a, 'py> {
 
     fn ext(&mut self, py: Python<'py>, n: usize, depth: u32) -> Read<'py> {
         self.enter(depth)?;
-        self.need(self.pos, 1 + n)?;
+        self.need(self.pos, n.saturating_add(1))?;
         let code = self.take(1)?[0] as i8;
         let payload = self.take(n)?;
         Ok(match code {
@@ -296,9 +297,12 @@ impl<'a, 'py> Cursor<'a, 'py> {
     }
 }
 
-/// A map key Python cannot hash made one it can: an array a tuple (its arrays too); a map
-/// is a fault.
+/// A map key Python cannot hash made one it can: an array a tuple (its arrays too), a
+/// frame (a writable buffer, by a frame reference) its bytes; a map is a fault.
 fn hashable<'py>(py: Python<'py>, key: Bound<'py, PyAny>) -> Read<'py> {
+    if key.cast::<PyByteArray>().is_ok() || key.cast::<PyMemoryView>().is_ok() {
+        return Ok(PyBytes::new(py, &crate::frames::bytes_of(&key)?).into_any());
+    }
     if let Ok(list) = key.cast::<PyList>() {
         let items = list
             .iter()

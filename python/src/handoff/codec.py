@@ -312,7 +312,10 @@ _reader: Optional[Callable[[Any, Sequence[Any]], tuple]] = (
 
 def use_reader(read: Callable[[Any, Sequence[Any]], tuple]) -> None:
     """Reads bodies with ``read`` (same contract as the extension's) where the extension is
-    not in use: how ``handoff_pure`` brings its own reader, which ``handoff`` never imports."""
+    not in use: how ``handoff_pure`` brings its own reader, which ``handoff`` never imports.
+    Where the extension is in use, every node reads with it, the reference's too
+    (``HANDOFF_ENGINE=0``); the reference's reader runs with ``HANDOFF_NATIVE=0``, and
+    ``test_native_plain.py`` holds the two to the same answers."""
     global _reader
     if _native is None:
         _reader = read

@@ -174,8 +174,8 @@ class Node:
     """
 
     def __new__(cls, *args, engine: Optional[bool] = None, **kwargs):
-        if cls.__dict__.get("_implementation", False):
-            return super().__new__(cls)
+        if any(c.__dict__.get("_implementation", False) for c in cls.__mro__):
+            return super().__new__(cls)  # an implementation, or a subclass of one
         explicit = engine is not None or kwargs.get("preamble") is not None
         if engine is None:
             # A node that plays an older peer (``preamble``, tests only) is the reference one.

@@ -196,9 +196,9 @@ class Segment:
         self._pool._let_go(self, reusable)
 
     def _close(self) -> None:
-        region, self.region = self.region, None
+        held, self.region = [self.region], None  # (no other reference of ours: see release)
         fd, self.fd = self.fd, -1
-        release(region, fd, self.size)
+        release(held, fd, self.size)
 
     def __repr__(self) -> str:
         return f"Segment(#{self.id}, {self.size} bytes, {self.holders} holders)"

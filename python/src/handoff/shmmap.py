@@ -109,12 +109,12 @@ def _unmap(addr: int, length: int) -> None:
         _munmap_pieces(addr, length)
 
 
-def release(region: Optional["Region"], fd: int, length: int) -> None:
-    """Lets go of a segment of ``length`` bytes: this reference to its mapping, then its
+def release(held: list, fd: int, length: int) -> None:
+    """Lets go of a segment of ``length`` bytes: its mapping (``held``, a list the caller
+    gives up, holding the caller's last reference to the :class:`Region`), then its
     descriptor. Closing the last descriptor of a memfd no mapping holds frees its pages,
     about as slow as tearing down a mapping: a large segment is let go of off this thread,
     both in that order."""
-    held = [region]
 
     def work() -> None:
         held.clear()  # the mapping (unmapped here if this was its last reference)

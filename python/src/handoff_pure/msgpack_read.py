@@ -199,7 +199,7 @@ def unpack_one(
             v, pos = read(pos, depth)
             try:
                 d[k] = v
-            except TypeError:
+            except (TypeError, ValueError):  # unhashable (a writable buffer: ValueError)
                 d[_hashable(k)] = v
         return d, pos
 
