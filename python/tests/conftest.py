@@ -32,11 +32,6 @@ def pytest_configure(config):
         "pure_only(why): looks inside the Python implementation's own parts (its transport, its lease "
         "table); skipped when nodes run on the engine (the default with the extension)",
     )
-    config.addinivalue_line(
-        "markers",
-        "engine_gap(why): a promise the engine-backed Node does not keep yet (issue 40); on the "
-        "engine it must fail (strict xfail), so that closing the gap shows",
-    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -46,9 +41,6 @@ def pytest_collection_modifyitems(config, items):
         pure = item.get_closest_marker("pure_only")
         if pure is not None:
             item.add_marker(pytest.mark.skip(reason=f"pure peer only: {pure.args[0]}"))
-        gap = item.get_closest_marker("engine_gap")
-        if gap is not None:
-            item.add_marker(pytest.mark.xfail(strict=True, reason=f"not on the engine yet: {gap.args[0]}"))
 
 
 def _find_handoff_bin() -> Path:

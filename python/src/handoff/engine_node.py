@@ -73,10 +73,8 @@ class _EngineLeases:
     lease table: its figures, and its expiry. A holder's holds end in the engine with its
     last connection."""
 
-    def __init__(self, node: "EngineNode", ttl: float):
+    def __init__(self, node: "EngineNode"):
         self.node = node
-        #: The ttl of the leases the node issues (seconds), fixed when it starts.
-        self.ttl = ttl
 
     def stats(self) -> dict:
         driver = self.node._driver
@@ -116,7 +114,7 @@ class EngineNode(Node):
             )
         super().__init__(*args, **kwargs)
         self._budget = _EngineBudget(self)
-        self.leases = _EngineLeases(self, self.lease_ttl)
+        self.leases = _EngineLeases(self)
         self.dialer_nonces = None  # the engine's own (handoff_proto::handshake::DialerNonces)
         self._driver: Optional[eng.Driver] = None
         self._engine_listeners: list = []
@@ -217,7 +215,7 @@ class EngineNode(Node):
             max_buffered_bytes_per_peer=b.max_buffered_bytes_per_peer,
             shm_threshold=self.shm_threshold,
             ticket_threshold=self.ticket_threshold,
-            lease_ttl=self.leases.ttl,
+            lease_ttl=self.lease_ttl,
             write_timeout=b.write_timeout,
             tcp_timeout=self.tcp_timeout,
             max_lease_bytes=b.max_ticket_bytes,
