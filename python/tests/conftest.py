@@ -84,6 +84,9 @@ def runtime_dir(tmp_path_factory, monkeypatch):
     d.chmod(0o700)
     monkeypatch.setenv("HANDOFF_RUNTIME_DIR", str(d))
     monkeypatch.delenv("HANDOFF_HOST_ID", raising=False)
+    # A catalog opened without a cache uses the default folder: each test its own, and never
+    # the user's ~/.cache.
+    monkeypatch.setenv("HANDOFF_CACHE_DIR", str(d / "data-cache"))
     return d
 
 

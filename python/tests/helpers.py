@@ -271,15 +271,18 @@ def start_moto():
 
 def s3_put(endpoint: str, bucket: str, objects: dict) -> None:
     """Creates ``bucket`` on the server at ``endpoint`` and puts ``objects`` ({key: bytes}) in it."""
-    import urllib.request
+    import boto3  # moto's own dependency
 
-    import obstore
-    from obstore.store import S3Store
-
-    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="PUT")).read()
-    store = S3Store(bucket, config={"endpoint": endpoint, **S3_KEYS}, client_options={"allow_http": True})
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=S3_KEYS.get("region", "us-east-1"),
+        aws_access_key_id=S3_KEYS.get("access_key_id", "k"),
+        aws_secret_access_key=S3_KEYS.get("secret_access_key", "s"),
+    )
+    s3.create_bucket(Bucket=bucket)
     for key, data in objects.items():
-        obstore.put(store, key, data)
+        s3.put_object(Bucket=bucket, Key=key, Body=data)
 
 
 def dask_cli(*args: str, env: dict, log):

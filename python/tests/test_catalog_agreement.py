@@ -31,7 +31,6 @@ from urllib.parse import quote
 
 import pytest
 
-pytest.importorskip("obstore")
 
 from handoff.data import BlobError  # noqa: E402
 from handoff.datasets import Blob, BlobTree, Cache, CatalogError, CatalogStack  # noqa: E402

@@ -12,7 +12,6 @@ import threading
 import pytest
 
 pytest.importorskip("distributed")
-pytest.importorskip("obstore")
 
 import dask  # noqa: E402
 from distributed import Client  # noqa: E402

@@ -15,7 +15,6 @@ import pytest
 from conftest import SECRET
 from helpers import RangeHTTPHandler, s3_put, start_moto
 
-pytest.importorskip("obstore")
 
 from handoff import Node  # noqa: E402
 from handoff.data import BlobError, BlobHandle  # noqa: E402
@@ -27,7 +26,6 @@ from handoff.datasets import (  # noqa: E402
     DriverUnavailable,
     NoSuchDataset,
 )
-from handoff.datasets import embedded  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parents[2] / "crates" / "handoff-data" / "tests" / "fixtures" / "julia"
 SHARED = "b498f769-a7f6-4f67-8d74-40b770398f26"
@@ -63,14 +61,21 @@ async def test_toml_data_storage_blobs_and_trees():
     assert [e.path for e in await c.tree("embedded_filetree").walk()] == ["a.txt", "b.txt"]
 
 
-def test_embedded_content_is_named_as_the_rust_reference_names_it():
+def test_embedded_content_is_named_as_the_rust_reference_names_it(tmp_path):
     # The same values as handoff-data's embedded tests: both languages key a cache alike.
-    assert embedded.identity(b"hello from TOML\n") == (
+    c = Catalog.load(FIXTURES / "Embedded.toml")
+    assert c.dataset("embedded_file").source.identity == (
         "toml-data:004701f545ae09d44ca92991a8c55b460732a2b553de4f4607d434b9d4fd015c"
     )
-    tree = embedded.parse("BlobTree", {"d01": {"a.txt": "MSBhIGNvbnRlbnQ="}, "top": "YQ=="})
-    assert tree == {"d01/a.txt": b"1 a content", "top": b"a"}
-    assert embedded.identity(tree) == "toml-data:1d6fe1b7991cb520355d6b71410b68ccab65327cd2d8c9b134ffeba633e80a2e"
+    text = (
+        f'data_config_version = 1\n[[datasets]]\nname = "t"\nuuid = "{SHARED}"\n'
+        '[datasets.storage]\ndriver = "TomlDataStorage"\ntype = "BlobTree"\n'
+        '[datasets.storage.data]\ntop = "YQ=="\n[datasets.storage.data.d01]\n"a.txt" = "MSBhIGNvbnRlbnQ="\n'
+    )
+    t = Catalog.parse(text, tmp_path / "Data.toml")
+    assert t.dataset("t").source.identity == (
+        "toml-data:1d6fe1b7991cb520355d6b71410b68ccab65327cd2d8c9b134ffeba633e80a2e"
+    )
 
 
 def test_a_driver_handoff_lacks_does_not_stop_the_catalog():
@@ -97,7 +102,7 @@ def test_a_shared_uuid_is_refused_only_when_looked_up():
     "body, says",
     [
         ('driver = "TomlDataStorage"\ntype = "Blob"\ndata = "not base64!"', "storage.data is not valid base64"),
-        ('driver = "TomlDataStorage"\ntype = "Blob"\ndata = "YR=="', "canonical"),  # as Rust refuses it
+        ('driver = "TomlDataStorage"\ntype = "Blob"\ndata = "YR=="', "Invalid last symbol"),  # not canonical
         ('driver = "TomlDataStorage"\ntype = "BlobTree"\n[datasets.storage.data]\n".." = "YQ=="', "one path part"),
         ('driver = "FileSystem"\ntype = "Table"\npath = "x"', '"Blob" or "BlobTree"'),
         ('driver = "FileSystem"\ntype = "Blob"', "storage.path is missing"),
@@ -263,20 +268,15 @@ async def test_a_received_handle_binds_to_the_catalog_or_falls_back_with_the_rea
 # ---------------------------------------------------------------- one cache folder, both languages
 
 
-def test_cache_names_follow_the_spec_example():
-    """spec/CACHE.md §10, which handoff-data's layout tests check for Rust too."""
-    from handoff.datasets.cache import Key, encode_part
-
-    key = Key(
-        "s3://ml-data/mnist?endpoint=http://127.0.0.1:9000",
-        "mnist/train/labels.txt",
-        'e:"5eb63bbbe01eeed093cb22bb8f5acdc3"',
+def test_embedded_blobs_are_named_as_the_cache_spec_names_them(tmp_path):
+    """spec/CACHE.md §10's embedded example; handoff-data's layout tests check the rest of
+    §10 (the keys of an entry), which the Python peer now shares with the Rust CLI."""
+    text = (
+        f'data_config_version = 1\n[[datasets]]\nname = "b"\nuuid = "{SHARED}"\n'
+        '[datasets.storage]\ndriver = "TomlDataStorage"\ntype = "Blob"\ndata = "AAAAAAAARUA="\n'
     )
-    assert (key.path_key, key.version_key) == ("693ef5e8dfeeac9eb3e29143714ffa5b", "0cd18f59cccfc5b9510b74b1756be13b")
-    toml = embedded.identity(bytes([0, 0, 0, 0, 0, 0, 0x45, 0x40]))
-    assert toml == "toml-data:a6847e7a830b5518ee25768c2e14f597601a386d2b21508333ed1549c8dc9c32"
-    assert Key(toml, "blob", 'e:"0"').path_key == "718942a0ec0abc644a049104f3693dcb"
-    assert "/".join(encode_part(p) for p in "a b/c~d.txt".split("/")) == "a b/c%7Ed.txt"
+    ds = Catalog.parse(text, tmp_path / "Data.toml").dataset("b")
+    assert ds.source.identity == "toml-data:a6847e7a830b5518ee25768c2e14f597601a386d2b21508333ed1549c8dc9c32"
 
 
 _READER = """
@@ -346,8 +346,8 @@ async def test_three_processes_of_both_languages_share_one_download(http_root, t
     assert RangeHTTPHandler.gets.get("/big.bin") == 1, "a hit sends a HEAD, not a GET"
 
 
-async def test_the_cache_keeps_no_turn_for_a_path_nobody_reads(tmp_path):
-    """Tags from peers choose the paths: the in-process turn table empties after each fill."""
+async def test_each_path_is_fetched_once_and_then_read_from_the_cache(tmp_path):
+    """The cache's counters, as the Rust CLI keeps them: one miss per object, then hits."""
     from handoff.datasets import Cache
 
     cache = Cache(tmp_path / "cache")
@@ -355,8 +355,11 @@ async def test_the_cache_keeps_no_turn_for_a_path_nobody_reads(tmp_path):
     tree = c.tree("embedded_tree")
     for path in ("d01/a.txt", "d01/b.txt", "d02/a.txt"):
         assert await tree.blob(path).read_all()
-    assert cache._turns == {}
-    assert cache.fills == 3
+    assert cache.stats["misses"] == 3 and cache.stats["hits"] == 0
+    for path in ("d01/a.txt", "d01/b.txt", "d02/a.txt"):
+        blob = tree.blob(path)
+        assert await blob.read_all() and blob.last_origin == "cache"
+    assert cache.stats["misses"] == 3 and cache.stats["hits"] == 3
 
 
 async def test_a_pull_from_a_dask_worker_is_bounded_and_checked(monkeypatch):

@@ -106,7 +106,7 @@ impl Blob {
     }
 
     /// The dataset this blob belongs to.
-    pub fn dataset(&self) -> &DataSet {
+    pub fn dataset(&self) -> &Arc<DataSet> {
         &self.inner.dataset
     }
 
@@ -157,6 +157,7 @@ impl Blob {
     /// The whole object's bytes if they are on this node right now, without I/O beyond mapping a file: a
     /// FileSystem dataset's file, or the cached copy of a store object whose digest this handle knows. With the
     /// BLAKE3 digest when known. Used to offer the bytes as a fallback when the handle is sent.
+    #[cfg(feature = "node")]
     pub(crate) fn local_bytes_now(&self) -> Option<(Bytes, Option<[u8; 32]>)> {
         let (file, pin, digest) = match self.place() {
             Place::Local(path) => (std::fs::File::open(path).ok()?, None, None),

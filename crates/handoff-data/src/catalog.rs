@@ -141,7 +141,7 @@ impl Catalog {
     }
 
     /// The dataset with this name or uuid (`None` if none has it); ambiguous and invalid names are errors.
-    pub(crate) fn find(&self, key: &str) -> Result<Option<&Arc<DataSet>>> {
+    pub fn find(&self, key: &str) -> Result<Option<&Arc<DataSet>>> {
         let lower = key.to_ascii_lowercase();
         let found = self.only(key, |d| d.name() == key || d.uuid() == lower)?;
         if let Some(ds) = found {

@@ -240,6 +240,7 @@ pub enum Error {
         reason: String,
     },
     /// Pulling a data handle's bytes from its sender (the RemoteBlob fallback) failed.
+    #[cfg(feature = "node")]
     #[error("{what}: pulling the bytes from the sender failed ({reason}): {source}")]
     Fallback {
         /// The dataset (and path).

@@ -24,6 +24,7 @@ pub mod embedded;
 pub mod error;
 #[cfg(doctest)]
 mod guide_examples;
+#[cfg(feature = "node")]
 pub mod handle;
 mod kind;
 pub mod name;
@@ -41,8 +42,10 @@ pub use blob::{Blob, BlobMap, BlobReader, LocalPath, Origin};
 pub use cache::{Cache, CacheConfig, CacheStats, CachedFile, GcReport, VerifyReport};
 pub use catalog::{Catalog, DataKind, DataSet, StorageConfig, DRIVERS};
 pub use error::{CatalogError, Error, Result};
+#[cfg(feature = "node")]
 pub use handle::BlobHandle;
 pub use name::{check_name, NAME_RULE};
+pub use relpath::local_file;
 pub use selection::{Opened, Selection};
 pub use spec::{DataSpec, SpecError};
 pub use stack::{CatalogStack, StackEntry};

@@ -1,6 +1,6 @@
 //! Relative paths inside a tree: normalized, and refused when they escape it (`..`, absolute paths, symlinks).
 
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 
 use object_store::path::{Path as StorePath, PathPart};
 
@@ -98,6 +98,36 @@ pub(crate) fn check_local_symlinks(dataset: &str, root: Option<&Path>, rel: &str
     Ok(())
 }
 
+/// The file `rel` names in a local dataset whose file or folder is `root`, with the checks of a
+/// `FileSystem` dataset: `rel` is empty for a single file and names a file inside a folder, and
+/// may not leave the folder (`..`, an absolute path, a symlink that resolves outside it).
+pub fn local_file(dataset: &str, root: &Path, rel: &str) -> Result<PathBuf> {
+    let meta = std::fs::metadata(root).map_err(|e| Error::io("cannot open the dataset's", root, e))?;
+    if rel.is_empty() {
+        if meta.is_dir() {
+            return Err(refuse(
+                dataset,
+                rel,
+                "the dataset is a folder (BlobTree); the path names no file in it",
+            ));
+        }
+        return Ok(root.to_path_buf());
+    }
+    if !meta.is_dir() {
+        return Err(refuse(
+            dataset,
+            rel,
+            "the dataset is a single file (Blob); it has no paths",
+        ));
+    }
+    let normalized = normalize(dataset, rel)?;
+    if normalized.is_empty() {
+        return Err(refuse(dataset, rel, "names the tree itself, not a file in it"));
+    }
+    check_local_symlinks(dataset, Some(root), &normalized)?;
+    Ok(root.join(normalized))
+}
+
 /// `root/rel` as the cache keys name it (spec/CACHE.md §2.3): each part of `rel` percent-encoded as
 /// `object_store`'s `PathPart::from` encodes it; `rel` is normalized (no `.`/`..`, no empty parts).
 pub(crate) fn join_store_path(root: &StorePath, rel: &str) -> StorePath {
@@ -141,6 +171,41 @@ mod tests {
         assert!(normalize("d", "/etc/passwd").is_err());
         assert_eq!(join("d", "sub", "../x").unwrap(), "x");
         assert!(join("d", "sub", "../../x").is_err());
+    }
+
+    #[test]
+    fn a_local_file_stays_in_its_folder() {
+        let dir = std::env::temp_dir().join(format!("handoff-local-file-{}", std::process::id()));
+        let tree = dir.join("tree");
+        std::fs::create_dir_all(tree.join("cats")).unwrap();
+        std::fs::write(tree.join("cats/1.png"), b"png").unwrap();
+        std::fs::write(dir.join("secret"), b"no").unwrap();
+        std::os::unix::fs::symlink(dir.join("secret"), tree.join("leak")).unwrap();
+        std::os::unix::fs::symlink(tree.join("cats/1.png"), tree.join("alias")).unwrap();
+        assert_eq!(local_file("d", &tree, "cats/./1.png").unwrap(), tree.join("cats/1.png"));
+        assert_eq!(local_file("d", &tree, "alias").unwrap(), tree.join("alias"));
+        assert_eq!(local_file("d", &dir.join("secret"), "").unwrap(), dir.join("secret"));
+        for bad in [
+            "../secret",
+            "/etc/passwd",
+            "leak",
+            "",
+            "cats/..",
+            "cats/../../secret",
+            "a\\b",
+        ] {
+            let e = local_file("d", &tree, bad).unwrap_err();
+            assert!(matches!(e, Error::BadPath { .. }), "{bad}: {e}");
+        }
+        assert!(matches!(
+            local_file("d", &dir.join("secret"), "x"),
+            Err(Error::BadPath { .. })
+        ));
+        assert!(matches!(
+            local_file("d", &dir.join("nowhere"), ""),
+            Err(Error::Io { .. })
+        ));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

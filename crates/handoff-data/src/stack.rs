@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+#[cfg(feature = "node")]
 use handoff::Resources;
 
 use crate::blob::Blob;
@@ -160,6 +161,7 @@ impl CatalogStack {
 
     /// Makes every catalog answer for its datasets in a node's resources, in stack order (the first
     /// catalog that has a uuid binds the handles that name it).
+    #[cfg(feature = "node")]
     pub fn serve(&self, resources: &Resources) {
         for c in &self.catalogs {
             c.serve(resources);

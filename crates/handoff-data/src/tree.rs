@@ -58,7 +58,7 @@ impl BlobTree {
     }
 
     /// The dataset.
-    pub fn dataset(&self) -> &DataSet {
+    pub fn dataset(&self) -> &Arc<DataSet> {
         &self.dataset
     }
 

@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 mod body_read;
 pub mod connection;
+pub mod datasets;
 pub mod engine;
 pub mod frames;
 mod holds;
@@ -34,5 +35,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(engine::segment_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(engine::held_for_reuse, m)?)?;
     m.add_function(wrap_pyfunction!(engine::give_back_held, m)?)?;
+    datasets::register(m)?;
     Ok(())
 }

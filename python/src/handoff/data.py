@@ -29,11 +29,12 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Optional
 
 from .buffers import OnDemand
 from .errors import HandoffError
+from .native import required
 from .resources import ResourceError, ResourceKey, Resources
 from .tickets import Ticket, digest
 from .wire import WireError
@@ -404,23 +405,10 @@ class FileDataset:
         self.root = Path(path)
 
     def file(self, tag: BlobTag) -> Path:
-        """The file the tag names (checked to stay inside the dataset)."""
-        if not self.root.exists():
-            raise BlobError(f"{tag.describe()}: the dataset's {self.root} does not exist")
-        if not tag.path:
-            if self.root.is_dir():
-                raise BlobError(f"{tag.describe()}: the dataset is a directory (BlobTree); the tag names no file in it")
-            return self.root
-        rel = PurePosixPath(tag.path)
-        if rel.is_absolute() or ".." in rel.parts:
-            raise BlobError(f"{tag.describe()}: path {tag.path!r} leaves the dataset")
-        if not self.root.is_dir():
-            raise BlobError(f"{tag.describe()}: the dataset is a single file (Blob); it has no path {tag.path!r}")
-        full = self.root.joinpath(*rel.parts)
-        real_root = os.path.realpath(self.root)
-        if os.path.commonpath([os.path.realpath(full), real_root]) != real_root:
-            raise BlobError(f"{tag.describe()}: path {tag.path!r} leads out of the dataset (a symlink)")
-        return full
+        """The file the tag names, checked as a ``FileSystem`` dataset's paths are (by
+        ``handoff-data``, the Rust data layer: one rule for both languages)."""
+        local_file = required("handoff.FileDataset").data_local_file
+        return Path(local_file(tag.describe(), str(self.root), tag.path, BlobError))
 
     def size(self, tag: BlobTag) -> int:
         return self.file(tag).stat().st_size

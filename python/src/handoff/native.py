@@ -18,7 +18,7 @@ import os
 from types import ModuleType
 from typing import Optional
 
-__all__ = ["ENABLED", "REASON", "ext"]
+__all__ = ["ENABLED", "REASON", "ext", "required"]
 
 
 def _load() -> tuple[Optional[ModuleType], str]:
@@ -43,3 +43,18 @@ def _load() -> tuple[Optional[ModuleType], str]:
 ext, REASON = _load()
 #: Whether the native path is in use.
 ENABLED = ext is not None
+
+
+def required(what: str) -> ModuleType:
+    """The extension for a part that has no pure-Python implementation (``what`` names it):
+    loaded even with ``HANDOFF_NATIVE=0``, which chooses only between the two peers."""
+    if ext is not None:
+        return ext
+    try:
+        from . import _native
+    except ImportError as e:
+        raise ImportError(
+            f"{what} runs on handoff's extension (handoff._native), which cannot be loaded: {e}; "
+            "install handoff's wheel, or build it with `pip install ./python`"
+        ) from e
+    return _native

@@ -51,7 +51,7 @@ from distributed.utils import sync
 from .. import route as _route
 from ..data import BlobError, BlobTag
 from ..datasets import Blob, Cache, CatalogStack
-from ..datasets.stack import paths_of
+from ..datasets import paths_of
 
 __all__ = ["OpenCatalog", "RemoteBlob", "worker_catalog", "read_all", "read_range", "HANDLER"]
 

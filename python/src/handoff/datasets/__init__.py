@@ -1,8 +1,8 @@
-"""Datasets in the Python peer: DataSets.jl catalogs (``Data.toml``) with the drivers and
-url meanings of the Rust reference, lazy :class:`Blob` / :class:`BlobTree` handles, and the
-binding of received data handles to this node's own storage (spec §8.5)::
+"""Datasets in the Python peer: DataSets.jl catalogs (``Data.toml``), lazy :class:`Blob` /
+:class:`BlobTree` handles, the shared cache, and the binding of received data handles to this
+node's own storage (spec §8.5)::
 
-    from handoff.datasets import Catalog
+    from handoff.datasets import Cache, Catalog
 
     catalog = Catalog.load("Data.toml", Cache("/var/cache/handoff")).serve(node.resources)
     blob = catalog.blob("a_text_file")        # lazy: nothing read yet
@@ -12,29 +12,36 @@ binding of received data handles to this node's own storage (spec §8.5)::
 A stack of catalogs searched in order (Julia's ``JULIA_DATASETS_PATH``) is a
 :class:`CatalogStack`.
 
-Object stores go through ``obstore`` (the Python binding of the ``object_store`` crate the
-Rust reference uses): install the extra ``handoff[data]``.
+All of it runs on ``handoff-data`` through the extension: the Rust CLI's implementation of
+catalogs, specs, names, stores (``object_store``: S3, HTTP, ...) and the cache, so that the
+two languages cannot disagree on a catalog. Its reads are awaited from asyncio.
 """
 
-from .blob import Blob, BlobTree, DatasetSource
-from .cache import Cache, CachedFile
 from .catalog import (
     DRIVERS,
-    Ambiguous,
+    NAME_RULE,
+    Cache,
     Catalog,
+    CatalogStack,
+    DataSpec,
+    Selection,
+    StackEntry,
+    check_name,
+    parse_spec,
+    paths_of,
+)
+from .errors import (
+    Ambiguous,
+    BadPath,
     CatalogError,
-    DataSet,
     DriverUnavailable,
     InvalidName,
+    InvalidSpec,
     NoSuchDataset,
     NoSuchPath,
+    StorageError,
 )
-from .names import NAME_RULE, check_name
-from .paths import BadPath
-from .selection import Selection
-from .spec import DataSpec, InvalidSpec, parse_spec
-from .stack import CatalogStack, StackEntry
-from .stores import Entry, StorageError
+from .handles import Blob, BlobTree, DataSet, DatasetSource, Entry, Storage
 
 __all__ = [
     "Ambiguous",
@@ -42,7 +49,6 @@ __all__ = [
     "Blob",
     "BlobTree",
     "Cache",
-    "CachedFile",
     "Catalog",
     "CatalogError",
     "CatalogStack",
@@ -59,7 +65,9 @@ __all__ = [
     "NoSuchPath",
     "Selection",
     "StackEntry",
+    "Storage",
     "StorageError",
     "check_name",
     "parse_spec",
+    "paths_of",
 ]
