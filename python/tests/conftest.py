@@ -67,14 +67,11 @@ def handoff_bin() -> Path:
 def process_kept_map_budget():
     """Each test starts with the kept-mapping budget of the environment: a Dask node made
     by an earlier test sets this process's to 0 (``handoff.dask.nodes.KEPT_MAP_BYTES``)."""
-    from handoff import held
     from handoff_pure import mapcache
 
     mapcache._state["keep_bytes"] = None
-    held._keep = (None, None)
     yield
     mapcache._state["keep_bytes"] = None
-    held._keep = (None, None)
 
 
 @pytest.fixture(autouse=True)

@@ -175,8 +175,9 @@ from handoff.dask import config
 from handoff.dask.nodes import make_node
 if sys.argv[1]:
     dask.config.set({"distributed.comm.handoff.kept-map-bytes": sys.argv[1]})
-make_node(config.settings(), "t")
-print(mapcache._keep_bytes())
+node = make_node(config.settings(), "t")
+# What the node keeps: the engine's setting, or the reference's process-wide one.
+print(node._kept_map_bytes() if hasattr(node, "_kept_map_bytes") else mapcache._keep_bytes())
 """
 
 

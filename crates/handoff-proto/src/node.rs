@@ -21,8 +21,8 @@ use crate::shm::{MappingCache, SegmentPool};
 use crate::ticket_leases::{LeaseConfig, LeaseTable};
 use crate::Bounds;
 
-/// Idle mappings a node keeps for reuse, at most (bytes).
-const KEPT_MAPPINGS: usize = 4 << 30;
+/// Idle mappings a node keeps for reuse, at most (bytes), unless its settings say.
+pub const DEFAULT_KEPT_MAPPINGS: usize = 4 << 30;
 
 /// What a node is made of, as its driver's settings say.
 pub struct CoreSettings {
@@ -40,6 +40,9 @@ pub struct CoreSettings {
     pub leases: LeaseConfig,
     /// Idle bytes of receive buffers the node keeps for reuse.
     pub recv_pool_bytes: usize,
+    /// Idle bytes of received segments the node keeps mapped for reuse
+    /// ([`DEFAULT_KEPT_MAPPINGS`] unless a driver's settings say).
+    pub kept_mapping_bytes: usize,
 }
 
 /// What every connection of a node shares (see the module's text).
@@ -85,7 +88,7 @@ impl NodeCore {
                 bounds.max_buffered_messages_per_peer,
             ),
             recv_pool: RecvPool::new(settings.recv_pool_bytes),
-            mappings: Arc::new(MappingCache::new(KEPT_MAPPINGS)),
+            mappings: Arc::new(MappingCache::new(settings.kept_mapping_bytes)),
             dialer_nonces: Arc::new(DialerNonces::new(bounds.handshake_timeout)),
             leases: Arc::new(LeaseTable::new(settings.leases, bounds.max_holders_per_lease)),
             next_request: AtomicU64::new(1),

@@ -60,6 +60,9 @@ pub(crate) struct Shared {
     /// node with the same id from another process is refused (spec §5.1).
     pub(crate) connected: Mutex<HashMap<String, Endpoint>>,
     connections_of: Mutex<HashMap<String, usize>>,
+    /// How long a received segment no view uses stays mapped (`Engine(kept_map_seconds=)`;
+    /// `None`: `HANDOFF_SHM_KEEP_SECONDS`, else 10 s).
+    kept_idle: Option<Duration>,
 }
 
 /// A node's TLS: the engine's configurations, and the name to expect in an accepting
@@ -67,6 +70,45 @@ pub(crate) struct Shared {
 pub(crate) struct Tls {
     pub(crate) configs: handoff_proto::tls::Configs,
     pub(crate) server_name: Option<String>,
+}
+
+/// How long the process's pool keeps an idle segment ([`configure_segment_pool`]; `None`:
+/// `HANDOFF_SHM_POOL_IDLE_SECONDS`, else 10 s).
+static POOL_IDLE: Mutex<Option<Duration>> = Mutex::new(None);
+
+impl Shared {
+    /// The idle times this node's sweep applies: the process's pool's, and its own mappings'.
+    fn idle_times(&self) -> handoff_proto::shm::IdleTimes {
+        let mut times = handoff_proto::shm::IdleTimes::from_env();
+        if let Some(pool) = *POOL_IDLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+            times.pool = pool;
+        }
+        if let Some(keep) = self.kept_idle {
+            times.keep = keep;
+        }
+        times
+    }
+}
+
+/// Sets how much of the process's segment pool stays idle for reuse: at most
+/// `max_idle_bytes` (default `HANDOFF_SHM_POOL_BYTES`, else 4 GiB), each segment for at most
+/// `idle_seconds` (default `HANDOFF_SHM_POOL_IDLE_SECONDS`, else 10). `None` leaves a value
+/// as it is. The Dask backend's `pool-idle-bytes` and `pool-idle-seconds`.
+#[pyfunction]
+#[pyo3(signature = (max_idle_bytes=None, idle_seconds=None))]
+pub fn configure_segment_pool(max_idle_bytes: Option<usize>, idle_seconds: Option<f64>) -> PyResult<()> {
+    if let Some(s) = idle_seconds {
+        if !(s.is_finite() && s >= 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "idle_seconds must be zero or a positive number of seconds, not {s}"
+            )));
+        }
+        *POOL_IDLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Duration::from_secs_f64(s));
+    }
+    if let Some(bytes) = max_idle_bytes {
+        handoff_proto::shm::SegmentPool::global().set_max_idle_bytes(bytes);
+    }
+    Ok(())
 }
 
 impl std::ops::Deref for Shared {
@@ -342,7 +384,7 @@ impl Engine {
                         lease_ttl=None, max_lease_bytes=None, write_timeout=None,
                         tcp_timeout=None, bounds=None, shm_private=false, limits=None,
                         max_lease_bytes_per_peer=None, tls_check_name=true,
-                        tls_min_version=None))]
+                        tls_min_version=None, kept_map_bytes=None, kept_map_seconds=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -374,6 +416,8 @@ impl Engine {
         max_lease_bytes_per_peer: Option<u64>,
         tls_check_name: bool,
         tls_min_version: Option<String>,
+        kept_map_bytes: Option<usize>,
+        kept_map_seconds: Option<f64>,
     ) -> PyResult<Engine> {
         let tls = match (tls_cert_chain, tls_key, tls_ca) {
             (None, None, None) => None,
@@ -462,7 +506,17 @@ impl Engine {
             preamble: Preamble::ours(accept_v1, accept_v2),
             leases: lease_config,
             recv_pool_bytes: 1 << 30,
+            kept_mapping_bytes: kept_map_bytes.unwrap_or(handoff_proto::node::DEFAULT_KEPT_MAPPINGS),
         });
+        let kept_idle = match kept_map_seconds {
+            None => None,
+            Some(s) if s.is_finite() && s >= 0.0 => Some(Duration::from_secs_f64(s)),
+            Some(s) => {
+                return Err(PyValueError::new_err(format!(
+                    "kept_map_seconds must be zero or a positive number of seconds, not {s}"
+                )))
+            }
+        };
         let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
             let weak = weak.clone();
             let lease_weak = weak.clone();
@@ -497,6 +551,7 @@ impl Engine {
                 connected: Mutex::default(),
                 connections_of: Mutex::default(),
                 waiting_for_leases: AtomicUsize::new(0),
+                kept_idle,
             }
         });
         let mut live = ENGINES.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -653,7 +708,7 @@ impl Engine {
     /// (seconds): the driver runs it from a timer.
     fn sweep_idle(&self) -> f64 {
         self.shared
-            .sweep_idle(&handoff_proto::shm::IdleTimes::from_env(), std::time::Instant::now())
+            .sweep_idle(&self.shared.idle_times(), std::time::Instant::now())
             .as_secs_f64()
     }
 

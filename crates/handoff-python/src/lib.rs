@@ -23,6 +23,14 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // How often a wait for room looks again at what the budget is not told of (seconds).
     m.add("ROOM_RECHECK", handoff_proto::receive::ROOM_RECHECK.as_secs_f64())?;
+    // The bounds of `handoff.bounds.Bounds` that the engine keeps fixed, at these values.
+    let fixed = pyo3::types::PyDict::new(m.py());
+    fixed.set_item("handshake_header_bytes", handoff_wire::HANDSHAKE_HEADER_BYTES)?;
+    fixed.set_item("max_pending_fds", handoff_proto::inbound::MAX_PENDING_FDS)?;
+    fixed.set_item("message_overhead", handoff_proto::bounds::MESSAGE_OVERHEAD)?;
+    fixed.set_item("drain_seconds", handoff_proto::handshake::DRAIN_TIME.as_secs_f64())?;
+    fixed.set_item("drain_bytes", handoff_proto::handshake::DRAIN_BYTES)?;
+    m.add("ENGINE_FIXED_BOUNDS", fixed)?;
     m.add_class::<plain::PlainCodec>()?;
     m.add_class::<body_read::BodyReader>()?;
     m.add_class::<engine::Engine>()?;
@@ -35,6 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(engine::segment_pool_stats, m)?)?;
     m.add_function(wrap_pyfunction!(engine::held_for_reuse, m)?)?;
     m.add_function(wrap_pyfunction!(engine::give_back_held, m)?)?;
+    m.add_function(wrap_pyfunction!(engine::configure_segment_pool, m)?)?;
     datasets::register(m)?;
     Ok(())
 }

@@ -104,6 +104,7 @@ impl NodeBuilder {
             preamble: self.preamble.unwrap_or(Preamble::ours(self.accept_v1, self.accept_v2)),
             leases: self.lease_config,
             recv_pool_bytes: self.pool_idle_bytes,
+            kept_mapping_bytes: handoff_proto::node::DEFAULT_KEPT_MAPPINGS,
         });
         let ctx = Context {
             budget: Arc::new(RecvBudget::over(core.budget.clone())),

@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 from typing import Any, Optional
 
 from . import engine as eng
 from . import pins, wire
 from .addresses import strip_scheme
+from .bounds import DEFAULT_BOUNDS
 from .codec import OnDemand, encode_body, pack_plain
 from .envelope import Envelope, ReceivedFrame
 from .errors import HandoffError, PeerClosed, PeerRefused
@@ -113,6 +115,7 @@ class EngineNode(Node):
                 "ssl context cannot be read back; Dask's are, from the Security that made them)"
             )
         super().__init__(*args, **kwargs)
+        _check_fixed_bounds(self.bounds)
         self._budget = _EngineBudget(self)
         self.leases = _EngineLeases(self)
         self.dialer_nonces = None  # the engine's own (handoff_proto::handshake::DialerNonces)
@@ -198,8 +201,30 @@ class EngineNode(Node):
             "tls_min_version": self.tls.min_version,
         }
 
+    def _kept_map_bytes(self) -> Optional[int]:
+        """``kept_map_bytes``, else ``$HANDOFF_SHM_KEEP_BYTES``, else ``None`` (the engine's
+        default)."""
+        if self.kept_map_bytes is not None:
+            return self.kept_map_bytes
+        raw = os.environ.get("HANDOFF_SHM_KEEP_BYTES", "").strip()
+        if not raw:
+            return None
+        try:
+            n = int(raw)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise ValueError(f"HANDOFF_SHM_KEEP_BYTES={raw!r}: expected a number of bytes (0: keep none)")
+        return n
+
     def _make_engine(self) -> "eng.Engine":
         b = self.bounds
+        kept = self._kept_map_bytes()
+        kept_seconds = self.kept_map_seconds
+        if kept == 0 and kept_seconds is None:
+            # The engine learns that a mapping went idle when it sweeps: keeping none means
+            # sweeping often (every 50 ms), not at the default's pace.
+            kept_seconds = 0.0
         engine = eng.Engine(
             self.name,
             self.secret,
@@ -223,6 +248,8 @@ class EngineNode(Node):
             bounds=self._engine_bounds(),
             shm_private=self.shm_private,
             limits=dataclasses.asdict(self.limits),
+            kept_map_bytes=kept,
+            kept_map_seconds=kept_seconds,
             **self._engine_tls(),
         )
         if self.types is not None:
@@ -563,6 +590,25 @@ class EnginePeer(Peer):
     async def close(self) -> None:
         """Closes the connection (what is queued is written first, as far as it goes now)."""
         self.abort()
+
+
+def _check_fixed_bounds(bounds: Any) -> None:
+    """Refuses a :class:`~handoff.bounds.Bounds` the engine would not apply: it keeps some
+    bounds at fixed values (``handoff._native.ENGINE_FIXED_BOUNDS``), and bounds the
+    queue of ticket answers by bytes (1 MiB) rather than by ``max_control_queued``."""
+    fixed = dict(eng._native.ENGINE_FIXED_BOUNDS)
+    for name, value in fixed.items():
+        if getattr(bounds, name) != value:
+            raise ValueError(
+                f"Bounds({name}={getattr(bounds, name)!r}): a node on the engine keeps {name} at {value!r}; "
+                "leave it at that value"
+            )
+    if bounds.max_control_queued != DEFAULT_BOUNDS.max_control_queued:
+        raise ValueError(
+            f"Bounds(max_control_queued={bounds.max_control_queued!r}): a node on the engine bounds the ticket "
+            "answers queued for a connection by bytes (1 MiB), not by this count; leave it at "
+            f"{DEFAULT_BOUNDS.max_control_queued}"
+        )
 
 
 def _segment_frame(source: SharedFrame) -> Any:

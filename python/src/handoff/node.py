@@ -158,7 +158,10 @@ class Node:
     process's pool of reused segments (:mod:`handoff.pool`) instead of fresh sealed
     memfds, and goes inline rather than wait when a peer holds its cap of leases.
     ``shm_private`` maps received segments private and writable (copy-on-write)
-    instead of shared and read-only (``MAP_PRIVATE``).
+    instead of shared and read-only (``MAP_PRIVATE``). ``kept_map_bytes`` and
+    ``kept_map_seconds`` say how much of received segments no frame uses any more stays
+    mapped for the next frame, and for how long (it counts in this process's RSS; the Dask
+    backend keeps none).
 
     ``tls`` (a :class:`~handoff.tls.TlsConfig`) runs every TCP connection inside TLS, those
     it opens (tickets' pulls from an owner too) and those it accepts (spec §3.1): both
@@ -222,6 +225,8 @@ class Node:
         pins: PinBounds = DEFAULT_PIN_BOUNDS,
         tls: Optional[TlsConfig] = None,
         tcp_timeout: Optional[float] = None,
+        kept_map_bytes: Optional[int] = None,
+        kept_map_seconds: Optional[float] = None,
     ):
         if not name:
             raise ValueError("a node needs a name")
@@ -246,6 +251,14 @@ class Node:
         self.tcp_timeout = tcp_timeout
         if tcp_timeout is not None:
             keepalive_plan(tcp_timeout)  # a ValueError now, not at the first connection
+        for what, value in (("kept_map_bytes", kept_map_bytes), ("kept_map_seconds", kept_map_seconds)):
+            if value is not None and not value >= 0:
+                raise ValueError(f"{what} is zero or more, not {value!r}")
+        #: Idle bytes of received segments kept mapped for the next frame, and for how long
+        #: (``None``: ``$HANDOFF_SHM_KEEP_BYTES`` / ``$HANDOFF_SHM_KEEP_SECONDS``, else the
+        #: implementation's default).
+        self.kept_map_bytes = kept_map_bytes
+        self.kept_map_seconds = kept_map_seconds
         #: How many plain peers this node refused with ``tls-required``.
         self.tls_refusals = 0
         self.per_connection = per_connection

@@ -37,18 +37,10 @@ from .recvbuf import recv_pool as _recv_pool
 __all__ = ["Node", "Peer"]
 
 
-def _keep(n_bytes, seconds) -> None:
-    if n_bytes is not None:
-        _mapcache.set_keep_bytes(n_bytes)
-    if seconds is not None:
-        _mapcache.set_keep_seconds(seconds)
-
-
 _codec.use_reader(_body.read)  # where the extension is not in use
 _held.register(
     _held.Holder(
         held=lambda: {"kept-idle": _mapcache.idle_bytes(), "recv-idle": _recv_pool().stats()["idle_bytes"]},
         give_back=lambda: (_mapcache.trim_all(), _recv_pool().clear()),
-        keep=_keep,
     )
 )

@@ -26,6 +26,7 @@ from typing import Any, Optional
 
 import handoff.node
 from handoff import native, pins
+from . import mapcache
 from . import tls as tls_layer
 from . import wire
 from handoff.addresses import check_peer_uid, split_host_port, strip_scheme
@@ -58,6 +59,11 @@ class Node(handoff.node.Node):
 
     def __init__(self, name: str, **kwargs: Any):
         super().__init__(name, **kwargs)
+        # The reference's mappings are the process's (handoff_pure.mapcache).
+        if self.kept_map_bytes is not None:
+            mapcache.set_keep_bytes(self.kept_map_bytes)
+        if self.kept_map_seconds is not None:
+            mapcache.set_keep_seconds(self.kept_map_seconds)
         bounds = self.bounds
         #: What a header may be before a connection is established (§5.1, §9: 64 KiB, 1024 values).
         self.handshake_limits = dataclasses.replace(

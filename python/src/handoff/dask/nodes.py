@@ -27,7 +27,7 @@ import os
 import weakref
 from typing import Callable, Optional
 
-from .. import held
+from .. import native
 from ..bounds import DEFAULT_BOUNDS
 from ..node import Node
 from ..pool import pool
@@ -77,12 +77,13 @@ def make_node(
     with ``tls`` on its TCP connections if given."""
     if settings.pool_idle_bytes is not None:
         pool().max_idle_bytes = settings.pool_idle_bytes
+    if settings.pool_idle_seconds is not None:
+        pool().idle_seconds = settings.pool_idle_seconds
+    if native.ENABLED:  # the engine's pool (the process's, as the Python pool is)
+        native.ext.configure_segment_pool(settings.pool_idle_bytes, settings.pool_idle_seconds)
     kept = settings.kept_map_bytes
     if kept is None and "HANDOFF_SHM_KEEP_BYTES" not in os.environ:
         kept = KEPT_MAP_BYTES
-    if settings.pool_idle_seconds is not None:
-        pool().idle_seconds = settings.pool_idle_seconds
-    held.keep_mappings(kept, settings.kept_map_seconds)
     bounds = BOUNDS
     if settings.progress_timeout is not None:
         bounds = dataclasses.replace(bounds, progress_timeout=settings.progress_timeout)
@@ -107,6 +108,8 @@ def make_node(
         limits=limits,
         tls=tls,
         tcp_timeout=settings.tcp_timeout,
+        kept_map_bytes=kept,
+        kept_map_seconds=settings.kept_map_seconds,
         accept_v1=settings.accept_v1,
         accept_v2=settings.accept_v2,
     )
