@@ -395,8 +395,19 @@ async def test_forwarding_a_ticket_to_a_third_node():
         assert ticket.owner_label == f"a ({ticket.desc.addr})" and ticket.desc.addr
         assert got.owner_label == f"{a.node_id[:12]} ({got.desc.addr})" and got.desc.addr
         assert bytes(await got.redeem()) == data  # c connects to a's address by itself
+        # A refusal and a lost owner name it the same way, on either implementation.
+        with pytest.raises(TicketRefused) as e:
+            await got.read(len(data) - 1, 2)
+        assert f"the owner {got.owner_label} refused" in str(e.value), str(e.value)  # as it was at receipt
         got.release()
         assert await eventually(lambda: a.ticket_leases()["count"] == 0)
+        await (await a.wait_for_peer("b")).send("t.X", {"d": data}, by_ticket=True)
+        late = (await b.recv(5)).body["d"]
+        await a.close()
+        assert await eventually(lambda: b.peer_by_id(a.node_id) is None)
+        with pytest.raises(OwnerLost) as e:
+            await late.redeem()
+        assert f"owner {late.owner_label}: " in str(e.value) and late.owner_label.startswith("a ("), str(e.value)
 
 
 async def test_corrupt_and_lost_tickets():

@@ -186,32 +186,40 @@ class Driver:
 
     # ------------------------------------------------------------------ tickets
 
-    async def owner_of(self, ticket: Ticket) -> "EngineConnection":
+    def owner_label(self, ticket: Ticket) -> str:
+        """How errors name a ticket's owner, as the Rust node names it
+        (``handoff_proto::ticket_requests::owner_label``): its name if connected, and the
+        address the ticket carries. A holder fixes its label when it receives the ticket
+        and passes it as ``label`` to the methods below, as the Rust node does."""
+        c = self.connection_to(ticket.owner)
+        name = c.peer["name"] if c is not None and c.peer is not None else None
+        return ticket.owner_label(name)
+
+    def _lost(self, ticket: Ticket, why: str, label: Optional[str]) -> OwnerLost:
+        return OwnerLost(label or self.owner_label(ticket), ticket.lease, len(ticket), why)
+
+    async def owner_of(self, ticket: Ticket, label: Optional[str] = None) -> "EngineConnection":
         """A connection to the ticket's owner: the one we have, or a new one to its address."""
         owner = ticket.owner
         why = self.engine.check_owner(owner)
         if why is not None:
-            raise OwnerLost(owner, ticket.lease, len(ticket), why)
+            raise self._lost(ticket, why, label)
         c = self.connection_to(owner)
         if c is not None:
             return c
         addr = ticket.addr
         if not addr:
-            raise OwnerLost(
-                owner, ticket.lease, len(ticket), "not connected to the owner, and the ticket has no address"
-            )
+            raise self._lost(ticket, "not connected to the owner, and the ticket has no address", label)
         why = self.engine.may_dial(addr)
         if why is not None:
-            raise OwnerLost(owner, ticket.lease, len(ticket), why)
+            raise self._lost(ticket, why, label)
         deadline = self.loop.time() + self.pull_timeout
         try:
             # Only so many dials at once: a flood of tickets cannot make this node open
             # connections without bound.
             await asyncio.wait_for(self._dials.acquire(), self.pull_timeout)
         except TimeoutError:
-            raise OwnerLost(
-                owner, ticket.lease, len(ticket), f"no turn to connect within {self.pull_timeout} s"
-            ) from None
+            raise self._lost(ticket, f"no turn to connect within {self.pull_timeout} s", label) from None
         try:
             c = self.connection_to(owner)
             if c is not None:
@@ -220,43 +228,40 @@ class Driver:
                 left = max(0.001, deadline - self.loop.time())
                 c = await (self.dial(addr, left) if self.dial is not None else self.connect(addr, timeout=left))
             except (OSError, TimeoutError, HandoffError) as e:
-                raise OwnerLost(owner, ticket.lease, len(ticket), f"cannot connect to {addr}: {e}") from None
+                raise self._lost(ticket, f"cannot connect to {addr}: {e}", label) from None
         finally:
             self._dials.release()
         if c.peer["node_id"] != owner:
             c.close()
-            raise OwnerLost(
-                owner, ticket.lease, len(ticket), f"the node at {addr} is {c.peer['node_id']}, not the owner"
-            )
+            raise self._lost(ticket, f"the node at {addr} is {c.peer['node_id']}, not the owner", label)
         return c
 
-    async def redeem(self, ticket: Ticket, owner_label: Optional[str] = None) -> Frame:
-        """Pulls the whole buffer from its owner and checks it against the ticket's digest
-        (errors name the owner ``owner_label``, by default its node id)."""
-        c = await self.owner_of(ticket)
+    async def redeem(self, ticket: Ticket, label: Optional[str] = None) -> Frame:
+        """Pulls the whole buffer from its owner and checks it against the ticket's digest."""
+        c = await self.owner_of(ticket, label)
         blake3 = ticket.digest[0] == "blake3"
-        frame, hashed = await c._pull(ticket, 0, len(ticket), blake3)
+        frame, hashed = await c._pull(ticket, 0, len(ticket), blake3, label)
         if not ticket.verify(frame, hashed):
-            raise TicketCorrupt(owner_label or ticket.owner, ticket.lease)
+            raise TicketCorrupt(label or self.owner_label(ticket), ticket.lease)
         return frame
 
-    async def read(self, ticket: Ticket, offset: int, length: int) -> Frame:
+    async def read(self, ticket: Ticket, offset: int, length: int, label: Optional[str] = None) -> Frame:
         """Pulls only ``length`` bytes from ``offset`` of the ticket's buffer."""
-        c = await self.owner_of(ticket)
-        frame, _ = await c._pull(ticket, offset, length, False)
+        c = await self.owner_of(ticket, label)
+        frame, _ = await c._pull(ticket, offset, length, False, label)
         return frame
 
-    async def forward(self, ticket: Ticket, to: str) -> Ticket:
+    async def forward(self, ticket: Ticket, to: str, label: Optional[str] = None) -> Ticket:
         """Asks the owner to make node ``to`` a holder; returns ``to``'s claim."""
-        c = await self.owner_of(ticket)
-        kind, value = await c._request(ticket, "forward", c.conn.request_forward(ticket, to))
+        c = await self.owner_of(ticket, label)
+        kind, value = await c._request(ticket, "forward", c.conn.request_forward(ticket, to), label)
         if kind != "token":
-            raise OwnerLost(ticket.owner, ticket.lease, len(ticket), f"answered a forward with {value}")
+            raise self._lost(ticket, f"answered a forward with {value}", label)
         return ticket.forwarded(value, to)
 
-    async def renew(self, ticket: Ticket) -> None:
+    async def renew(self, ticket: Ticket, label: Optional[str] = None) -> None:
         """Extends this node's hold on the ticket's lease by its ttl."""
-        c = await self.owner_of(ticket)
+        c = await self.owner_of(ticket, label)
         c.conn.send_renew(ticket)
         c._after()
 
@@ -892,7 +897,10 @@ class EngineConnection:
             frames[i] = data
             del frame  # our hold ends with the last handle (unlease)
 
-    async def _request(self, ticket: Ticket, what: str, req: int):
+    def _lost(self, ticket: Ticket, why: str, label: Optional[str]) -> OwnerLost:
+        return self.driver._lost(ticket, why, label)
+
+    async def _request(self, ticket: Ticket, what: str, req: int, label: Optional[str] = None):
         """Waits for the owner's answer to request ``req``: ``(kind, value)``."""
         self._after()
         fut = self._requests[req] = self.loop.create_future()
@@ -901,27 +909,23 @@ class EngineConnection:
         except TimeoutError:
             self.conn.forget_request(req)
             self._requests.pop(req, None)
-            raise OwnerLost(
-                ticket.owner, ticket.lease, len(ticket), f"no answer to the {what} within {self.driver.pull_timeout} s"
-            ) from None
+            raise self._lost(ticket, f"no answer to the {what} within {self.driver.pull_timeout} s", label) from None
         except PeerClosed as e:
-            owner = self.peer["name"] if self.peer is not None else ticket.owner
-            raise OwnerLost(owner, ticket.lease, len(ticket), str(e)) from None
+            raise self._lost(ticket, str(e), label) from None
         if kind == "refused":
             code, message = value
-            owner = self.peer["name"] if self.peer is not None else self.label
-            raise TicketRefused(owner, ticket.lease, what, code, message)
+            raise TicketRefused(label or self.driver.owner_label(ticket), ticket.lease, what, code, message)
         if kind == "mismatch":
-            raise OwnerLost(ticket.owner, ticket.lease, len(ticket), value)
+            raise self._lost(ticket, value, label)
         return kind, value
 
-    async def _pull(self, ticket: Ticket, offset: int, length: int, hash: bool):
+    async def _pull(self, ticket: Ticket, offset: int, length: int, hash: bool, label: Optional[str] = None):
         """``length`` bytes from ``offset`` of the ticket's buffer, and their BLAKE3 if
         ``hash``: ``(frame, digest or None)``."""
         req = self.conn.request_pull(ticket, offset, length, hash)
-        kind, value = await self._request(ticket, "pull", req)
+        kind, value = await self._request(ticket, "pull", req, label)
         if kind != "bytes":
-            raise OwnerLost(ticket.owner, ticket.lease, len(ticket), f"answered a pull with a {kind}")
+            raise self._lost(ticket, f"answered a pull with a {kind}", label)
         frame, hashed = value
         return frame, hashed
 

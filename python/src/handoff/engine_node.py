@@ -336,13 +336,13 @@ class EngineNode(Node):
         if whole:
             frame = await self._driver.redeem(native, ticket.owner_label)
         else:
-            frame = await self._driver.read(native, off, n)
+            frame = await self._driver.read(native, off, n, ticket.owner_label)
         return memoryview(frame)
 
     async def _renew(self, ticket: PyTicket) -> None:
         if ticket.released:
             raise HandoffError(f"the ticket for lease {ticket.lease} was released")
-        await self._driver.renew(self._native_ticket(ticket))
+        await self._driver.renew(self._native_ticket(ticket), ticket.owner_label)
 
     def _owner_label(self, native: "eng.Ticket") -> str:
         """How errors name a ticket's owner (as the Rust node names it): its name if
