@@ -95,7 +95,7 @@ class RawPeer:
 
     def hello(self, nonce=None, **ident_args) -> bytes:
         """A version-1 hello's header bytes."""
-        return wire.encode_header(self.ident(**ident_args).hello(1, nonce or secrets.token_bytes(32)))
+        return wire.encode_header(wire.hello_of(self.ident(**ident_args), 1, nonce or secrets.token_bytes(32)))
 
     def challenge(self, nonce=None, v: int = 3) -> bytes:
         """A challenge's header bytes (version 3 unless ``v`` says otherwise)."""

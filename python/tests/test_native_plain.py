@@ -1,6 +1,6 @@
 """The extension's plain-message codec (``handoff._native.PlainCodec``) against the walk of
 ``handoff.codec`` it stands in for, byte for byte: every value either packs to what
-``_is_plain`` then msgpack give, or is "not plain" exactly where ``_is_plain`` says so.
+``is_plain`` then msgpack give, or is "not plain" exactly where ``is_plain`` says so.
 And the engine's reader of bodies (``handoff._native.BodyReader``) against the pure-Python
 reference's (``handoff_pure.body``): the same values, or the same fault in the same words.
 (Headers are the engine's to read: the extension reads none for Python.)"""
@@ -32,7 +32,7 @@ class SubStr(str):
 
 
 def expected(value, threshold=THRESHOLD):
-    if not codec._is_plain(value, threshold):
+    if not codec.is_plain(value, threshold):
         return None
     try:
         return wire.packer().pack(value)

@@ -230,7 +230,7 @@ def ident(**kw) -> wire.Ident:
     ],
 )
 def test_identity_fields_are_bounded_in_ident_and_hello(field, ok, too_long):
-    for make in (lambda i: i, lambda i: i.hello(3, bytes(32))):
+    for make in (lambda i: i, lambda i: wire.hello_of(i, 3, bytes(32))):
         assert wire.decode_header(wire.encode_header(make(ident(**{field: ok})))).kind in ("ident", "hello")
         with pytest.raises(wire.WireError) as e:
             wire.decode_header(wire.encode_header(make(ident(**{field: too_long}))))

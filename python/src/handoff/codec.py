@@ -38,7 +38,7 @@ from .msgpack_values import BadStr, Ext
 from .resources import EXT_RESOURCE_KEY, Resource, ResourceKey, Resources
 from .route import _CURRENT, MARKER, Route, _by_name, _by_type, RouteError, codec_for, decode_value, encode_value
 from .native import ext as _native
-from .wire import MAX_BODY_DEPTH, WireError, frame_plain_msg, packer
+from .wire import MAX_BODY_DEPTH, WireError, packer
 
 __all__ = [
     "EXT_FRAME_REF",
@@ -49,9 +49,9 @@ __all__ = [
     "Bin",
     "EncodedBody",
     "encode_body",
-    "plain_message",
     "decode_body",
     "as_bytes_view",
+    "is_plain",
     "as_numpy",
 ]
 
@@ -98,7 +98,7 @@ _CONTAINERS = frozenset((dict, list, tuple))
 _INT_MIN, _INT_END = -(1 << 63), 1 << 64
 
 
-def _is_plain(value: Any, frame_threshold: int) -> bool:
+def is_plain(value: Any, frame_threshold: int) -> bool:
     """Whether :func:`encode_body`'s walk would leave ``value`` as it is, so that msgpack
     may pack it directly: only dicts, lists and tuples (exactly those types) of None,
     bool, float, str, int within msgpack's range and bytes under ``frame_threshold`` or
@@ -138,7 +138,7 @@ def _is_plain(value: Any, frame_threshold: int) -> bool:
 
 
 #: The extension's packer of plain bodies (``None`` on the pure path): the same bytes as
-#: :func:`_is_plain` then msgpack, in one pass in Rust; and of bodies that are plain but for
+#: :func:`is_plain` then msgpack, in one pass in Rust; and of bodies that are plain but for
 #: frames (bytes over the threshold, :class:`Buffer`), the same bytes as the walk.
 _PLAIN = _native.PlainCodec(Bin, MAX_BODY_DEPTH, Buffer) if _native is not None else None
 #: The types the extension packs itself: while a route codec claims one (or every object),
@@ -183,18 +183,6 @@ def _framed_native(value: Any, frame_threshold: int) -> Optional[EncodedBody]:
     return EncodedBody(body, frames, sources)
 
 
-def plain_message(type_name: str, value: Any, frame_threshold: int = DEFAULT_FRAME_THRESHOLD) -> Optional[bytes]:
-    """The framed header of a ``msg`` without frames of type ``type_name`` whose body is
-    ``value``, if ``value`` is plain (see :func:`_is_plain`); else ``None`` (then
-    :func:`encode_body` walks it). The same bytes as ``frame_plain_msg(type_name,
-    encode_body(value).body)``."""
-    if _plain_native(frame_threshold):
-        return _PLAIN.message(type_name, value, frame_threshold)
-    if _is_plain(value, frame_threshold):
-        return frame_plain_msg(type_name, packer().pack(value))
-    return None
-
-
 def encode_body(
     value: Any,
     frame_threshold: int = DEFAULT_FRAME_THRESHOLD,
@@ -211,7 +199,7 @@ def encode_body(
     route-aware types are encoded for it (without one, for :data:`handoff.route.UNKNOWN`).
     A registered type that is a dict, list or tuple is encoded as such.
 
-    A value of plain types only (see :func:`_is_plain`) is packed as it is; ``fast=False``
+    A value of plain types only (see :func:`is_plain`) is packed as it is; ``fast=False``
     always walks it (the tests check that both give the same bytes).
     """
     if fast:
@@ -222,7 +210,7 @@ def encode_body(
             framed = _framed_native(value, frame_threshold)
             if framed is not None:
                 return framed
-        elif _is_plain(value, frame_threshold):
+        elif is_plain(value, frame_threshold):
             return EncodedBody(packer().pack(value), [], [])
     frames: list = []
     sources: list = []

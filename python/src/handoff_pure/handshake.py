@@ -203,7 +203,7 @@ async def _verify(transport: Transport, check: Callable[[], None]) -> None:
 
 async def _v1(transport: Transport, ours: OurSide, ident: wire.Ident, limits: wire.Limits, nonce: bytes):
     """Version 1, steps 2–5 (§5.1): hellos, then proofs over them; returns the peer's identity."""
-    own_hello = wire.encode_header(ident.hello(1, nonce))
+    own_hello = wire.encode_header(wire.hello_of(ident, 1, nonce))
     await transport.send([wire.frame_header(own_hello)])
     peer_hello_bytes, peer_hello = await _read(transport, limits, "hello")
     if not isinstance(peer_hello, wire.Hello):

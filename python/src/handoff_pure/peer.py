@@ -28,7 +28,7 @@ from typing import Any, Optional, Protocol
 from . import wire
 from handoff.bounds import Bounds
 from .budget import Budget
-from handoff.codec import OnDemand, encode_body, plain_message
+from handoff.codec import OnDemand, encode_body, is_plain
 from .control import ControlWriter
 from handoff.envelope import Envelope, ReceivedFrame
 from handoff.errors import HandoffError, PeerClosed, PeerRefused
@@ -47,7 +47,7 @@ from handoff.peer import Peer as PeerBase
 from handoff.tickets import Ticket
 from .leases import STREAM_DIGEST_MIN, LeaseTable, Refusal, StreamDigest
 from .transport import MAX_FDS_PER_READ, Transport
-from handoff.wire.framing import header_length_at
+from .wire.framing import header_length_at
 from .turns import after_new_input
 
 __all__ = ["Peer", "PeerNode"]
@@ -69,6 +69,15 @@ _HUGE_FRAME = 4 << 20
 #: trip would wait behind them (issue 11).
 _READ_SLICE = 100e-6
 _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
+
+
+def _plain_message(type_name: str, value: Any, frame_threshold: int) -> Optional[bytes]:
+    """The framed header of a ``msg`` without frames whose body is ``value``, if ``value``
+    is plain (:func:`handoff.codec.is_plain`); else ``None`` (then ``encode_body`` walks
+    it). The same bytes as ``frame_plain_msg(type_name, encode_body(value).body)``."""
+    if is_plain(value, frame_threshold):
+        return wire.frame_plain_msg(type_name, wire.packer().pack(value))
+    return None
 
 
 class PeerNode(Protocol):
@@ -292,7 +301,7 @@ class Peer(PeerBase):
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
         limits = self.node.send_limits
-        head = plain_message(type_name, body, self.node.frame_threshold)
+        head = _plain_message(type_name, body, self.node.frame_threshold)
         if head is not None:  # no frame, nothing to lease: the header is the message
             await self._send_header_only(head)
             return
@@ -418,7 +427,7 @@ class Peer(PeerBase):
         check_type_name(type_name)
         if self.closed:
             return False
-        head = plain_message(type_name, body, self.node.frame_threshold)
+        head = _plain_message(type_name, body, self.node.frame_threshold)
         if head is None:
             enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
             if enc.frames:

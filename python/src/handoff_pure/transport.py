@@ -51,7 +51,7 @@ from typing import Callable, Optional, Sequence
 from handoff.bounds import DEFAULT_BOUNDS, Bounds, keepalive_plan
 from handoff.errors import PeerClosed
 from .wire import LEN_PREFIX, PREAMBLE_LEN, Limits, WireError
-from handoff.wire.framing import header_length_at
+from .wire.framing import header_length_at
 
 __all__ = ["Transport", "MAX_FDS_PER_READ", "raise_unix_send_buffer"]
 

@@ -1,43 +1,12 @@
-"""Encoding headers and messages in the canonical form of spec §2."""
+"""The canonical msgpack encoding of spec §2: the packer every encoder of the Python API uses."""
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Iterable
-
 import msgpack
 
-from .framing import frame_header
-from .headers import Header
-
-__all__ = ["encode_header", "encode_message", "frame_plain_msg", "packer"]
-
-_LEN = struct.Struct(">I")
-#: ``{"k": "msg", "t": `` and ``, "f": []}`` as :func:`encode_header` writes them.
-_MSG_HEAD = b"\x84\xa1k\xa3msg\xa1t"
-_MSG_B = b"\xa1b"
-_MSG_TAIL = b"\xa1f\x90"
+__all__ = ["packer"]
 
 
 def packer() -> msgpack.Packer:
     """A msgpack packer that writes the canonical form of §2 (bin for bytes, str8, float64)."""
     return msgpack.Packer(use_bin_type=True, use_single_float=False, autoreset=True, strict_types=False)
-
-
-def encode_header(header: Header) -> bytes:
-    """The header's msgpack bytes (without the length prefix), canonical."""
-    return packer().pack(header.to_map())
-
-
-def frame_plain_msg(type_name: str, body: bytes) -> bytes:
-    """``frame_header(encode_header(Msg(type_name, body, [])))``, written directly: the
-    canonical map of ``k``, ``t``, ``b`` and an empty ``f``, each value packed by the
-    same packer (the tests check both give the same bytes)."""
-    p = packer()
-    h = b"".join((_MSG_HEAD, p.pack(type_name), _MSG_B, p.pack(body), _MSG_TAIL))
-    return _LEN.pack(len(h)) + h
-
-
-def encode_message(header: Header, frames: Iterable[bytes] = ()) -> bytes:
-    """A whole message in one byte string (for small messages and tests)."""
-    return frame_header(encode_header(header)) + b"".join(bytes(f) for f in frames)

@@ -1,62 +1,13 @@
-"""Headers (spec §6) and frame descriptors (§7) as dataclasses, each with its canonical map (§2)."""
+"""The headers (spec §6) and descriptors (§7) the Python API names, as dataclasses with their
+canonical maps (§2): a ticket's description, an identity, a message. The rest of §6 and §7 is
+the pure-Python reference's (``handoff_pure.wire.headers``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-__all__ = [
-    "DESCRIPTOR_KINDS",
-    "HEADER_KINDS",
-    "TCP_KINDS",
-    "TICKET_OPS",
-    "UNIX_KINDS",
-    "Auth",
-    "Challenge",
-    "Descriptor",
-    "Error",
-    "Forward",
-    "Forwarded",
-    "Header",
-    "Hello",
-    "Ident",
-    "Inline",
-    "Msg",
-    "Pull",
-    "Pulled",
-    "Ready",
-    "Release",
-    "Renew",
-    "Shm",
-    "Tag",
-    "TicketDesc",
-    "TicketError",
-    "Unlease",
-]  # fmt: skip
-
-# --------------------------------------------------------------------------- descriptors (§7)
-
-
-@dataclass
-class Inline:
-    n: int
-    kind: ClassVar[str] = "inline"
-
-    def to_map(self) -> dict:
-        return {"k": "inline", "n": self.n}
-
-
-@dataclass
-class Shm:
-    n: int
-    off: int
-    size: int
-    lease: int
-    sealed: bool = False
-    kind: ClassVar[str] = "shm"
-
-    def to_map(self) -> dict:
-        return {"k": "shm", "n": self.n, "off": self.off, "size": self.size, "lease": self.lease, "sealed": self.sealed}
+__all__ = ["Ident", "Msg", "TicketDesc"]
 
 
 @dataclass
@@ -91,29 +42,6 @@ class TicketDesc:
         return m
 
 
-@dataclass
-class Tag:
-    key: str
-    kind: ClassVar[str] = "tag"
-
-    @property
-    def n(self) -> int:
-        return 0
-
-    def to_map(self) -> dict:
-        return {"k": "tag", "key": self.key}
-
-
-Descriptor = Inline | Shm | TicketDesc | Tag
-DESCRIPTOR_KINDS = ("inline", "shm", "ticket", "tag")
-
-#: The descriptor kinds each channel carries (§7), for a receiver that announced ``ticket``.
-TCP_KINDS = frozenset({"inline", "ticket"})
-UNIX_KINDS = frozenset({"inline", "shm", "ticket"})
-
-# --------------------------------------------------------------------------- headers (§6)
-
-
 def _identity_map(kind: str, who, middle: dict) -> dict:
     """A hello's or an ident's map, in the order of §6.1 and §6.9: the identity fields up
     to ``impl``, then ``middle`` (the kind's own fields and ``caps``), then the optional
@@ -134,47 +62,6 @@ def _identity_map(kind: str, who, middle: dict) -> dict:
     if who.unix is not None:
         m["unix"] = who.unix
     return m
-
-
-@dataclass
-class Hello:
-    """Version 1's first handshake message: the sender's identity, the version and a nonce (§6.1)."""
-
-    node: str
-    name: str
-    host: str
-    pid: int
-    proc: str
-    lang: str
-    impl: str
-    v: int
-    caps: list
-    nonce: bytes
-    listen: str | None = None
-    unix: str | None = None
-    kind: ClassVar[str] = "hello"
-
-    def to_map(self) -> dict:
-        return _identity_map("hello", self, {"v": self.v, "caps": list(self.caps), "nonce": bytes(self.nonce)})
-
-    def ident(self) -> Ident:
-        """The identity fields of this hello, as a version-2 ``ident`` carries them."""
-        return Ident(
-            self.node, self.name, self.host, self.pid, self.proc, self.lang, self.impl, list(self.caps),
-            listen=self.listen, unix=self.unix,
-        )  # fmt: skip
-
-
-@dataclass
-class Challenge:
-    """Version 2's first handshake message: the version and a nonce, nothing about the sender (§6.8)."""
-
-    v: int
-    nonce: bytes
-    kind: ClassVar[str] = "challenge"
-
-    def to_map(self) -> dict:
-        return {"k": "challenge", "v": self.v, "nonce": bytes(self.nonce)}
 
 
 @dataclass
@@ -199,30 +86,6 @@ class Ident:
     def to_map(self) -> dict:
         return _identity_map("ident", self, {"caps": list(self.caps)})
 
-    def hello(self, v: int, nonce: bytes) -> Hello:
-        """The version-1 hello of this identity, for version ``v`` with ``nonce``."""
-        return Hello(
-            self.node, self.name, self.host, self.pid, self.proc, self.lang, self.impl, v, list(self.caps), nonce,
-            listen=self.listen, unix=self.unix,
-        )  # fmt: skip
-
-
-@dataclass
-class Auth:
-    mac: bytes
-    kind: ClassVar[str] = "auth"
-
-    def to_map(self) -> dict:
-        return {"k": "auth", "mac": bytes(self.mac)}
-
-
-@dataclass
-class Ready:
-    kind: ClassVar[str] = "ready"
-
-    def to_map(self) -> dict:
-        return {"k": "ready"}
-
 
 @dataclass
 class Msg:
@@ -233,118 +96,3 @@ class Msg:
 
     def to_map(self) -> dict:
         return {"k": "msg", "t": self.t, "b": self.b, "f": [d.to_map() for d in self.f]}
-
-
-@dataclass
-class Error:
-    code: str
-    msg: str
-    kind: ClassVar[str] = "error"
-
-    def to_map(self) -> dict:
-        return {"k": "error", "code": self.code, "msg": self.msg}
-
-
-@dataclass
-class Release:
-    leases: list
-    kind: ClassVar[str] = "release"
-
-    def to_map(self) -> dict:
-        return {"k": "release", "leases": list(self.leases)}
-
-
-@dataclass
-class Pull:
-    req: int
-    lease: int
-    token: bytes
-    off: int
-    n: int
-    kind: ClassVar[str] = "pull"
-
-    def to_map(self) -> dict:
-        return {
-            "k": "pull",
-            "req": self.req,
-            "lease": self.lease,
-            "token": bytes(self.token),
-            "off": self.off,
-            "n": self.n,
-        }
-
-
-@dataclass
-class Pulled:
-    req: int
-    n: int
-    kind: ClassVar[str] = "pulled"
-
-    def to_map(self) -> dict:
-        return {"k": "pulled", "req": self.req, "n": self.n}
-
-
-@dataclass
-class Forward:
-    req: int
-    lease: int
-    token: bytes
-    to: str
-    kind: ClassVar[str] = "forward"
-
-    def to_map(self) -> dict:
-        return {"k": "forward", "req": self.req, "lease": self.lease, "token": bytes(self.token), "to": self.to}
-
-
-@dataclass
-class Forwarded:
-    req: int
-    token: bytes
-    kind: ClassVar[str] = "forwarded"
-
-    def to_map(self) -> dict:
-        return {"k": "forwarded", "req": self.req, "token": bytes(self.token)}
-
-
-@dataclass
-class TicketError:
-    req: int
-    code: str
-    msg: str
-    kind: ClassVar[str] = "ticket-error"
-
-    def to_map(self) -> dict:
-        return {"k": "ticket-error", "req": self.req, "code": self.code, "msg": self.msg}
-
-
-@dataclass
-class Unlease:
-    lease: int
-    token: bytes
-    kind: ClassVar[str] = "unlease"
-
-    def to_map(self) -> dict:
-        return {"k": "unlease", "lease": self.lease, "token": bytes(self.token)}
-
-
-@dataclass
-class Renew:
-    lease: int
-    token: bytes
-    kind: ClassVar[str] = "renew"
-
-    def to_map(self) -> dict:
-        return {"k": "renew", "lease": self.lease, "token": bytes(self.token)}
-
-
-Header = (
-    Hello | Challenge | Ident | Auth | Ready | Msg | Error | Release
-    | Pull | Pulled | Forward | Forwarded | TicketError | Unlease | Renew
-)  # fmt: skip
-TICKET_OPS = (Pull, Pulled, Forward, Forwarded, TicketError, Unlease, Renew)
-#: The header kinds of versions 1, 2 and 3: v1 uses ``hello``, v2 and v3 ``challenge`` and
-#: ``ident`` in its place (v3 adds no kind). The decoder knows them all; which may arrive when
-#: is the handshake's check (§5.1, §5.4, §5.7).
-HEADER_KINDS = ("hello", "challenge", "ident", "auth", "ready", "msg", "error", "release") + tuple(
-    c.kind for c in TICKET_OPS
-)

@@ -5,6 +5,9 @@ Decoding follows the order of checks of §11.2, so that the first failing check 
 the error, exactly as the test vectors expect. This package is the reference's own
 reader: it never calls the extension (the engine reads headers with ``handoff_proto``).
 
+- :mod:`.headers` — the headers and descriptors :mod:`handoff.wire` does not name (§6, §7);
+- :mod:`.framing` — the length prefix (§4);
+- :mod:`.encode` — encoding headers and messages (§2);
 - :mod:`.auth` — the authentication proofs (v1 §5.3, v2 §5.5, v3 §5.7);
 - :mod:`.reader` — a strict msgpack cursor for headers (§6 rules 1–5, §9);
 - :mod:`.decode` — decoding and validation (§6, §7, §9, §11.2).
@@ -13,6 +16,34 @@ reader: it never calls the extension (the engine reads headers with ``handoff_pr
 from handoff.wire import *  # noqa: F401,F403  (the types, limits and encoding this package reads)
 from handoff.wire import __all__ as _types
 
+from .encode import encode_header, encode_message, frame_plain_msg
+from .framing import LEN_PREFIX, frame_header, header_length, header_length_at
+from .headers import (
+    DESCRIPTOR_KINDS,
+    HEADER_KINDS,
+    TCP_KINDS,
+    TICKET_OPS,
+    UNIX_KINDS,
+    Auth,
+    Challenge,
+    Descriptor,
+    Error,
+    Forward,
+    Forwarded,
+    Header,
+    Hello,
+    Inline,
+    Pull,
+    Pulled,
+    Ready,
+    Release,
+    Renew,
+    Shm,
+    Tag,
+    TicketError,
+    Unlease,
+    hello_of,
+)
 from .auth import (
     AUTH_CONTEXT,
     AUTH_CONTEXT_V2,
@@ -42,6 +73,37 @@ from .decode import (
 
 __all__ = [
     *_types,
+    "DESCRIPTOR_KINDS",
+    "HEADER_KINDS",
+    "LEN_PREFIX",
+    "TCP_KINDS",
+    "TICKET_OPS",
+    "UNIX_KINDS",
+    "Auth",
+    "Challenge",
+    "Descriptor",
+    "Error",
+    "Forward",
+    "Forwarded",
+    "Header",
+    "Hello",
+    "Inline",
+    "Pull",
+    "Pulled",
+    "Ready",
+    "Release",
+    "Renew",
+    "Shm",
+    "Tag",
+    "TicketError",
+    "Unlease",
+    "encode_header",
+    "encode_message",
+    "frame_header",
+    "frame_plain_msg",
+    "header_length",
+    "header_length_at",
+    "hello_of",
     "AUTH_CONTEXT",
     "AUTH_CONTEXT_V2",
     "V3_ACCEPTOR_LABEL",

@@ -25,9 +25,9 @@ from typing import Any
 
 from ..msgpack_read import unpack_one
 from handoff.wire.errors import WireError, malformed
-from handoff.wire.framing import LEN_PREFIX, header_length
 from handoff.wire.identity import MAX_CAP_BYTES, MAX_CAPS, field_problem
-from handoff.wire.headers import (
+from .framing import LEN_PREFIX, header_length
+from .headers import (
     DESCRIPTOR_KINDS,
     TCP_KINDS,
     UNIX_KINDS,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import struct
 
-from .errors import WireError, malformed
-from .limits import DEFAULT_LIMITS, Limits
+from handoff.wire.errors import WireError, malformed
+from handoff.wire.limits import DEFAULT_LIMITS, Limits
 
 __all__ = ["LEN_PREFIX", "frame_header", "header_length", "header_length_at"]
 
