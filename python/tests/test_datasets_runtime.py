@@ -118,3 +118,42 @@ async def test_a_missing_object_is_a_storage_error_that_names_it(slow_http, tmp_
     assert isinstance(blob, Blob)
     with pytest.raises(StorageError, match="big.bin"):
         await blob.read_all()
+
+
+_READ_AND_EXIT = """
+import asyncio, sys
+from handoff.datasets import Cache, Catalog
+
+async def main():
+    tree = Catalog.load(sys.argv[1], Cache(sys.argv[2])).tree("embedded_tree")
+    paths = [f"d0{i}/{f}.txt" for i in range(1, 5) for f in "ab"]
+    got = await asyncio.gather(*(tree.blob(p).read_all() for p in paths * 4))
+    print(len(got))
+
+asyncio.run(main())
+"""
+
+
+def test_a_process_that_reads_exits_cleanly(tmp_path):
+    """The data runtime's threads never call into Python: a thread that did (to complete
+    an asyncio future) could be ended by the interpreter's exit halfway through and crash
+    the process (about 1 run in 20 did, with pyo3-async-runtimes' completion threads). Many
+    reads end right before each exit here; every run must exit 0."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "read_and_exit.py"
+    script.write_text(_READ_AND_EXIT)
+    for batch in range(10):
+        runs = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(FIXTURES / "Embedded.toml"), str(tmp_path / f"c{batch}-{k}")],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for k in range(4)
+        ]
+        for p in runs:
+            out, err = p.communicate(timeout=60)
+            assert (p.returncode, out.strip()) == (0, "32"), (p.returncode, err[-2000:])

@@ -139,21 +139,6 @@ def test_depth_is_bounded_as_in_the_pure_path():
     assert plain_depths == list(range(1, wire.MAX_BODY_DEPTH + 1))
 
 
-@settings(max_examples=500, deadline=None)
-@given(st.text(max_size=300), values)
-def test_message_is_frame_plain_msg_of_the_packed_body(type_name, value):
-    body = expected(value)
-    got = CODEC.message(type_name, value, THRESHOLD)
-    if body is None:
-        assert got is None
-        return
-    try:
-        want = wire.frame_plain_msg(type_name, body)
-    except UnicodeEncodeError:
-        want = None
-    assert got == want
-
-
 def test_a_codec_deeper_than_its_recursion_allows_is_refused():
     with pytest.raises(ValueError, match="deepest this codec packs"):
         native.PlainCodec(Bin, 10**9)

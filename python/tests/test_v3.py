@@ -14,7 +14,8 @@ from handoff import Buffer, MessageTooLarge, Node
 from handoff_pure import wire
 from handoff_pure import nonces
 from handoff import node as node_module
-from handoff.outgoing import MAX_TEXT, send_limits
+from handoff.outgoing import send_limits
+from handoff_pure.outgoing import MAX_TEXT
 from helpers import RawPeer, eventually
 
 SECRET = b"v3 secret"

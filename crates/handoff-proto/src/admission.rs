@@ -73,9 +73,26 @@ impl<T> Drop for Slot<T> {
     }
 }
 
+/// Why a node with `connections` established refuses one more accepted connection at once
+/// (spec §9.1 `max_connections`, said as `overloaded` to a peer that proved nothing: no
+/// name, nothing that identifies the node); `None` while there is room.
+pub fn over_connections(connections: usize, max_connections: usize) -> Option<String> {
+    (connections >= max_connections)
+        .then(|| format!("this node has {max_connections} connections, as many as it allows"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_connection_past_the_bound_is_refused_without_naming_the_node() {
+        assert_eq!(over_connections(1, 2), None);
+        assert_eq!(
+            over_connections(3, 2).unwrap(),
+            "this node has 2 connections, as many as it allows"
+        );
+    }
 
     #[test]
     fn the_oldest_handshake_gives_way() {

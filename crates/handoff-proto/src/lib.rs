@@ -27,6 +27,7 @@
 //!   (spec §3.1);
 //! - [`seeded`]: the seeded generator of simulations and chaos runs;
 //! - [`send_policy`]: which frames of a message travel as tickets (spec §7.5, §7.8);
+//! - [`settings`]: a node's settings, their defaults and checks, and what it presents from them;
 //! - [`handshake`]: the handshake of every version as a state machine (spec §5), with the
 //!   node's set of dialer nonces.
 
@@ -49,6 +50,7 @@ pub mod receive;
 pub mod recv_buffers;
 pub mod seeded;
 pub mod send_policy;
+pub mod settings;
 pub mod shm;
 pub mod ticket_leases;
 pub mod ticket_requests;

@@ -3,7 +3,7 @@
 //! connection switches to the peer's Unix socket (§7.1), and which ticket addresses may be
 //! dialled (§9.1).
 
-use handoff_wire::{Endpoint, Ident, Locality, WireError};
+use handoff_wire::{Channel, Endpoint, Ident, Locality, Route, WireError};
 
 /// Checks what a node will say about itself against what every peer accepts (spec §5.2): its
 /// name and, if set, its host id; why not, if they do not fit.
@@ -95,6 +95,32 @@ pub fn unix_switch<'p>(
     }
 }
 
+/// Whether a node of this process may connect in process (`inproc://NAME`) to the node
+/// `name`, whose cluster secret is `theirs`, ours being `ours`: only with the same secret,
+/// compared in constant time, as a handshake would prove it.
+pub fn inproc_admit(name: &str, ours: &[u8], theirs: &[u8]) -> Result<(), WireError> {
+    let same = ours.len() == theirs.len() && ours.iter().zip(theirs).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0;
+    if !same {
+        return Err(WireError::AuthFailed(format!(
+            "node {name:?} has a different cluster secret"
+        )));
+    }
+    Ok(())
+}
+
+/// The two routes of a connection between `local` and `remote` on `channel`: the one
+/// messages to the peer take, and the one they come by.
+pub fn routes(local: &Endpoint, remote: &Endpoint, channel: Channel) -> (Route, Route) {
+    let locality = Locality::between(local, remote);
+    let route = |from: &Endpoint, to: &Endpoint| Route {
+        from: from.clone(),
+        to: to.clone(),
+        locality,
+        channel,
+    };
+    (route(local, remote), route(remote, local))
+}
+
 /// Whether a ticket's owner may be asked for its bytes at all (spec §9.1): not when the
 /// ticket names this node (`me`) itself, which a node never dials; otherwise why not.
 pub fn check_owner(owner: &str, me: &str) -> Result<(), String> {
@@ -146,6 +172,24 @@ fn same_listener(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_process_nodes_meet_only_with_the_same_secret() {
+        assert!(inproc_admit("b", b"s3cret", b"s3cret").is_ok());
+        let e = inproc_admit("b", b"s3cret", b"other!").unwrap_err();
+        assert!(matches!(&e, WireError::AuthFailed(m) if m == "node \"b\" has a different cluster secret"));
+        assert!(inproc_admit("b", b"s", b"").is_err());
+    }
+
+    #[test]
+    fn the_routes_of_a_connection_are_mirror_images() {
+        let (a, b) = (endpoint("a", "p", &[]), endpoint("b", "q", &[]));
+        let (out, back) = routes(&a, &b, Channel::Tcp);
+        assert_eq!((out.from.node_id.as_str(), out.to.node_id.as_str()), ("a", "b"));
+        assert_eq!((back.from.node_id.as_str(), back.to.node_id.as_str()), ("b", "a"));
+        assert_eq!(out.locality, back.locality);
+        assert_eq!(back.channel, Channel::Tcp);
+    }
 
     fn endpoint(id: &str, process: &str, caps: &[&str]) -> Endpoint {
         Endpoint {

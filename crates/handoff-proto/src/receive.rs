@@ -11,6 +11,8 @@
 use handoff_wire::framing::{header_len, inline_frame_lengths, LEN_PREFIX, TCP_KINDS, UNIX_KINDS};
 use handoff_wire::{Descriptor, Header, Limits, TicketClaim, TicketOp, WireError};
 
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
 use crate::bounds::{MESSAGE_OVERHEAD, SMALL_HEADER};
 
 /// What a connection knows when it plans: its limits and whether it carries shared memory.
@@ -193,6 +195,52 @@ pub fn room_slack(asking: bool, max_per_peer: u64, tickets: u64) -> u64 {
     }
 }
 
+/// Messages of one connection that wait for their tickets to be redeemed before delivery,
+/// and the messages queued behind them to keep their order: how many, and the room in the
+/// receive budget those behind the one being redeemed hold (which its redemption leaves
+/// them: `Permit::try_expand_ahead`). A driver redeems them one at a time, in order; the
+/// counts are shared between the connection's reader and that redemption, without a lock.
+#[derive(Debug, Default)]
+pub struct Redemptions {
+    queued: AtomicUsize,
+    room_behind: AtomicU64,
+}
+
+impl Redemptions {
+    /// Whether messages wait: a message that arrives now queues behind them, tickets or not.
+    pub fn busy(&self) -> bool {
+        self.queued.load(Ordering::Acquire) > 0
+    }
+
+    /// A message that holds `room` joined the queue.
+    pub fn queued(&self, room: u64) {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        self.room_behind.fetch_add(room, Ordering::AcqRel);
+    }
+
+    /// A queued message could not be handed on after all: as if it never came.
+    pub fn withdrawn(&self, room: u64) {
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+        self.room_behind.fetch_sub(room, Ordering::AcqRel);
+    }
+
+    /// The first queued message, holding `room`, is being redeemed: its room is no longer
+    /// behind it.
+    pub fn started(&self, room: u64) {
+        self.room_behind.fetch_sub(room, Ordering::AcqRel);
+    }
+
+    /// The message being redeemed was delivered (or given up).
+    pub fn finished(&self) {
+        self.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// The room the messages queued behind the one being redeemed hold.
+    pub fn room_behind(&self) -> u64 {
+        self.room_behind.load(Ordering::Acquire)
+    }
+}
+
 /// A request of ours waiting on the connection, as a `pulled` answer is checked against it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Asked {
@@ -230,6 +278,25 @@ pub fn pulled(waiting: Option<Asked>, len: u64) -> Pulled {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_queue_behind_a_redemption_with_their_room() {
+        let r = Redemptions::default();
+        assert!(!r.busy());
+        r.queued(10);
+        r.queued(20);
+        r.queued(5);
+        r.withdrawn(5);
+        assert!(r.busy());
+        r.started(10);
+        assert_eq!(r.room_behind(), 20);
+        r.finished();
+        r.started(20);
+        assert_eq!(r.room_behind(), 0);
+        assert!(r.busy());
+        r.finished();
+        assert!(!r.busy());
+    }
     use handoff_wire::framing::encode_header_into;
 
     fn header(h: &Header<'_>) -> Vec<u8> {

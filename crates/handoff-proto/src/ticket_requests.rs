@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use handoff_wire::TicketClaim;
+use handoff_wire::{TicketClaim, TicketDigest, TicketOp};
 
 use crate::receive::Asked;
 
@@ -24,6 +24,95 @@ pub fn owner_label(claim: &TicketClaim, owner_name: Option<&str>) -> String {
         (None, Some(addr)) => format!("{} ({addr})", claim.owner.chars().take(12).collect::<String>()),
         (None, None) => claim.owner.clone(),
     }
+}
+
+/// What a holder asks a ticket's owner for and waits to be answered (spec §7.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask<'a> {
+    /// `len` bytes from `offset` of the buffer; `hash`: their BLAKE3 as they arrive.
+    Pull {
+        /// Where the bytes start.
+        offset: u64,
+        /// How many.
+        len: u64,
+        /// Hash them while they arrive.
+        hash: bool,
+    },
+    /// A hold for node `to` (its token is the answer).
+    Forward {
+        /// The node id of the new holder.
+        to: &'a str,
+    },
+}
+
+impl Ask<'_> {
+    /// The request's name, as errors and logs say it.
+    pub fn what(&self) -> &'static str {
+        match self {
+            Ask::Pull { .. } => "pull",
+            Ask::Forward { .. } => "forward",
+        }
+    }
+
+    /// What its answer is checked against ([`Requests::insert`]).
+    pub fn asked(&self) -> Asked {
+        match *self {
+            Ask::Pull { len, hash, .. } => Asked { len: Some(len), hash },
+            Ask::Forward { .. } => Asked { len: None, hash: false },
+        }
+    }
+
+    /// The `ticket` header's operation that asks it about `claim`, as request `req`.
+    pub fn op(&self, req: u64, claim: &TicketClaim) -> TicketOp {
+        let (lease, token) = (claim.lease, claim.token.clone());
+        match *self {
+            Ask::Pull { offset, len, .. } => TicketOp::Pull {
+                req,
+                lease,
+                token,
+                offset,
+                len,
+            },
+            Ask::Forward { to } => TicketOp::Forward {
+                req,
+                lease,
+                token,
+                to: to.to_string(),
+            },
+        }
+    }
+}
+
+/// The operation that extends the hold `claim` proves by the lease's ttl (no answer).
+pub fn renew_op(claim: &TicketClaim) -> TicketOp {
+    TicketOp::Renew {
+        lease: claim.lease,
+        token: claim.token.clone(),
+    }
+}
+
+/// The operation that ends the hold `claim` proves (no answer; its last handle was dropped).
+pub fn unlease_op(claim: &TicketClaim) -> TicketOp {
+    TicketOp::Unlease {
+        lease: claim.lease,
+        token: claim.token.clone(),
+    }
+}
+
+/// Whether a full redemption against `want` asks the owner's bytes to be hashed as they
+/// arrive: BLAKE3 is (on a helper thread); XXH3 is checked after, at memory speed.
+pub fn hash_while_pulling(want: TicketDigest) -> bool {
+    matches!(want, TicketDigest::Blake3(_))
+}
+
+/// Whether the `bytes` of a full redemption match the ticket's digest `want` (§7.5),
+/// `hashed` being their BLAKE3 if it was computed as they arrived.
+pub fn redeemed_intact(want: TicketDigest, bytes: &[u8], hashed: Option<[u8; 32]>) -> bool {
+    let got = match hashed {
+        Some(d) if hash_while_pulling(want) => TicketDigest::Blake3(d),
+        _ => want.same_kind_of(bytes),
+    };
+    got == want
 }
 
 /// An owner's answer to one of our requests, as the connection hands it to the request.
@@ -114,6 +203,57 @@ mod tests {
         assert_eq!(Answer::Token(vec![1]).into_token().unwrap(), vec![1]);
         assert!(Answer::Token(vec![1]).into_pulled(1).is_err());
         assert_eq!(Answer::Mismatch("why".into()).into_pulled(1).unwrap_err(), "why");
+    }
+
+    #[test]
+    fn each_request_asks_the_owner_about_its_claim_with_its_token() {
+        let claim = TicketClaim {
+            len: 9,
+            owner: "o".into(),
+            addr: None,
+            lease: 5,
+            token: vec![7; 32],
+            digest: TicketDigest::blake3_of(b"x"),
+            ttl_ms: 1,
+            lazy: false,
+        };
+        let pull = Ask::Pull {
+            offset: 2,
+            len: 3,
+            hash: true,
+        };
+        assert_eq!(
+            (pull.what(), pull.asked()),
+            (
+                "pull",
+                Asked {
+                    len: Some(3),
+                    hash: true
+                }
+            )
+        );
+        assert!(
+            matches!(pull.op(4, &claim), TicketOp::Pull { req: 4, lease: 5, offset: 2, len: 3, ref token } if token == &claim.token)
+        );
+        let fwd = Ask::Forward { to: "n" };
+        assert_eq!((fwd.what(), fwd.asked()), ("forward", Asked { len: None, hash: false }));
+        assert!(matches!(fwd.op(6, &claim), TicketOp::Forward { req: 6, lease: 5, ref to, .. } if to == "n"));
+        assert!(matches!(renew_op(&claim), TicketOp::Renew { lease: 5, .. }));
+        assert!(matches!(unlease_op(&claim), TicketOp::Unlease { lease: 5, .. }));
+    }
+
+    #[test]
+    fn a_redemption_is_checked_against_the_digest_of_its_kind() {
+        let b3 = TicketDigest::blake3_of(b"abc");
+        assert!(hash_while_pulling(b3));
+        assert!(redeemed_intact(b3, b"abc", None));
+        assert!(!redeemed_intact(b3, b"abd", None));
+        let TicketDigest::Blake3(d) = b3 else { unreachable!() };
+        assert!(redeemed_intact(b3, b"ignored: hashed as it came", Some(d)));
+        let x = TicketDigest::xxh3_of(b"abc");
+        assert!(!hash_while_pulling(x));
+        assert!(redeemed_intact(x, b"abc", Some([0; 32])));
+        assert!(!redeemed_intact(x, b"abd", None));
     }
 
     #[test]

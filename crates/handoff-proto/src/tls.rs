@@ -202,6 +202,22 @@ impl Opening {
     }
 }
 
+/// Why a node that requires TLS refuses a connection that opened with something else: a
+/// plain preamble (`Ok((code, message))`, which the peer is told) or neither a TLS
+/// handshake nor a preamble (`Err(reason)`: a TLS failure); `None` for a TLS handshake.
+pub fn refusal(opening: Opening) -> Option<Result<(&'static str, &'static str), String>> {
+    match opening {
+        Opening::Tls => None,
+        Opening::Plain => Some(Ok((
+            "tls-required",
+            "the peer connected without TLS; this node requires it",
+        ))),
+        Opening::Other(byte) => Some(Err(format!(
+            "it sent neither a TLS handshake nor a handoff preamble (first byte {byte:#04x})"
+        ))),
+    }
+}
+
 /// What a node that requires TLS writes to a peer that opened in plain text: our preamble,
 /// then `error {code: "tls-required"}` (readable by every version).
 pub fn plain_refusal() -> Vec<u8> {
@@ -303,6 +319,16 @@ fn alert_says(alert: rustls::AlertDescription) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_opening_other_than_tls_is_refused_in_words() {
+        assert_eq!(refusal(Opening::of(0x16)), None);
+        assert_eq!(refusal(Opening::of(b'H')).unwrap().unwrap().0, "tls-required");
+        assert!(refusal(Opening::of(0x47))
+            .unwrap()
+            .unwrap_err()
+            .contains("first byte 0x47"));
+    }
 
     #[test]
     fn the_first_byte_tells_tls_from_a_preamble() {

@@ -173,7 +173,8 @@ pub(crate) struct Wake {
 }
 
 impl Wake {
-    fn new() -> std::io::Result<Wake> {
+    /// A new wake pipe (both ends close-on-exec and non-blocking).
+    pub(crate) fn new() -> std::io::Result<Wake> {
         let (read, write) =
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)?;
         Ok(Wake {
@@ -191,10 +192,15 @@ impl Wake {
     }
 
     /// Empties the pipe, so the next signal writes again.
-    fn drain(&self) {
+    pub(crate) fn drain(&self) {
         self.pending.store(false, Ordering::Release);
         let mut scratch = [0u8; 64];
         while matches!(rustix::io::read(self.read.as_fd(), &mut scratch), Ok(n) if n > 0) {}
+    }
+
+    /// The read end, which an event loop watches.
+    pub(crate) fn read_fd(&self) -> i32 {
+        self.read.as_raw_fd()
     }
 }
 

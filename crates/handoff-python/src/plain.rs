@@ -14,13 +14,6 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple, PyType};
 
-/// `{"k": "msg", "t": ` as encoders write it.
-const MSG_HEAD: &[u8] = b"\x84\xa1k\xa3msg\xa1t";
-/// `, "b": `
-const MSG_B: &[u8] = b"\xa1b";
-/// `, "f": []}`
-const MSG_TAIL: &[u8] = b"\xa1f\x90";
-
 /// The deepest nesting a codec may be made for: its recursion stays far inside any thread's
 /// stack (spec §2 bounds bodies at 127 levels).
 pub const MAX_DEPTH: usize = 1024;
@@ -252,29 +245,6 @@ impl PlainCodec {
     ) -> Option<Bound<'py, PyBytes>> {
         let mut out = Vec::with_capacity(64);
         self.pack_value(&mut out, value, 1, frame_threshold, None).ok()?;
-        Some(PyBytes::new(py, &out))
-    }
-
-    /// The whole framed header (length prefix included) of a frameless `msg` of type
-    /// `type_name` whose body is `value`, if `value` is plain; else `None`.
-    fn message<'py>(
-        &self,
-        py: Python<'py>,
-        type_name: &Bound<'py, PyString>,
-        value: &Bound<'py, PyAny>,
-        frame_threshold: usize,
-    ) -> Option<Bound<'py, PyBytes>> {
-        let mut body = Vec::with_capacity(64);
-        self.pack_value(&mut body, value, 1, frame_threshold, None).ok()?;
-        let mut out = Vec::with_capacity(body.len() + 64);
-        out.extend_from_slice(&[0; 4]);
-        out.extend_from_slice(MSG_HEAD);
-        write_str(&mut out, type_name.to_str().ok()?).ok()?;
-        out.extend_from_slice(MSG_B);
-        write_bin(&mut out, &body).ok()?;
-        out.extend_from_slice(MSG_TAIL);
-        let n = u32::try_from(out.len() - 4).ok()?;
-        out[..4].copy_from_slice(&n.to_be_bytes());
         Some(PyBytes::new(py, &out))
     }
 }

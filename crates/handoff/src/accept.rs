@@ -82,12 +82,8 @@ pub(crate) async fn accept_loop(node: Arc<NodeInner>, listener: Listening) {
             Ok(conn) => {
                 let node = node.clone();
                 tokio::spawn(async move {
-                    if node.ctx.connections() >= node.ctx.bounds.max_connections {
-                        // Said to a peer that proved nothing: no name, nothing that identifies us.
-                        let why = format!(
-                            "this node has {} connections, as many as it allows",
-                            node.ctx.bounds.max_connections
-                        );
+                    let max = node.ctx.bounds.max_connections;
+                    if let Some(why) = handoff_proto::admission::over_connections(node.ctx.connections(), max) {
                         limited_warn!(node.ctx.accept_log, node = %node.ctx.me.name, "refused a connection: {why}");
                         match conn {
                             Accepted::Tcp(mut s, _) => refuse_overloaded(&mut s, node.ctx.preamble, why).await,

@@ -11,61 +11,24 @@ use crate::tickets::owner::LeaseConfig;
 use crate::tls::TlsConfig;
 use crate::Message;
 use handoff_proto::bounds::Bounds;
-
-/// Default size from which buffers to a same-host peer travel as shared memory.
-pub const DEFAULT_SHM_THRESHOLD: usize = 64 * 1024;
+use handoff_proto::settings::NodeSettings;
 
 /// Settings for a [`Node`]; start with [`Node::builder`].
 #[derive(Debug, Clone)]
 pub struct NodeBuilder {
-    pub(crate) name: String,
-    pub(crate) listen: Option<String>,
-    pub(crate) host_id: Option<String>,
-    pub(crate) secret: Option<Vec<u8>>,
+    /// What the engine's settings hold (their defaults are `handoff_proto::settings`'s).
+    pub(crate) settings: NodeSettings,
     pub(crate) registry: TypeRegistry,
-    pub(crate) limits: Limits,
-    pub(crate) force_encode_inproc: bool,
-    pub(crate) bounds: Bounds,
-    pub(crate) pool_idle_bytes: usize,
-    pub(crate) shm: bool,
-    pub(crate) shm_threshold: usize,
-    pub(crate) shm_sealed: bool,
-    pub(crate) ticket_threshold: Option<usize>,
-    pub(crate) lease_config: LeaseConfig,
-    pub(crate) redeem: Redeem,
-    pub(crate) pull_timeout: Duration,
-    pub(crate) accept_v1: bool,
-    pub(crate) accept_v2: bool,
-    pub(crate) preamble: Option<Preamble>,
     pub(crate) tls: Option<TlsConfig>,
-    pub(crate) tcp_timeout: Option<Duration>,
 }
 
 impl NodeBuilder {
     /// Settings for a new node; `name` is required, the rest has defaults.
     pub(crate) fn new(name: impl Into<String>) -> NodeBuilder {
         NodeBuilder {
-            name: name.into(),
-            listen: None,
-            host_id: None,
-            secret: None,
+            settings: NodeSettings::new(name),
             registry: TypeRegistry::new(),
-            limits: Limits::default(),
-            force_encode_inproc: false,
-            bounds: Bounds::DEFAULT,
-            pool_idle_bytes: 1 << 30,
-            shm: true,
-            shm_threshold: DEFAULT_SHM_THRESHOLD,
-            shm_sealed: false,
-            ticket_threshold: None,
-            lease_config: LeaseConfig::default(),
-            redeem: Redeem::Eager,
-            pull_timeout: Duration::from_secs(30),
-            accept_v1: false,
-            accept_v2: false,
-            preamble: None,
             tls: None,
-            tcp_timeout: None,
         }
     }
 
@@ -93,7 +56,7 @@ impl NodeBuilder {
     /// refused with `unsupported-version`. Turn it on only while such peers are being
     /// upgraded, inside a network you trust.
     pub fn accept_v1(mut self, on: bool) -> Self {
-        self.accept_v1 = on;
+        self.settings.accept_v1 = on;
         self
     }
 
@@ -108,7 +71,7 @@ impl NodeBuilder {
     /// (§5.8). It runs version 3 with every peer that speaks it. Turn it on only while a
     /// cluster upgrades, inside a network you trust.
     pub fn accept_v2(mut self, on: bool) -> Self {
-        self.accept_v2 = on;
+        self.settings.accept_v2 = on;
         self
     }
 
@@ -117,7 +80,7 @@ impl NodeBuilder {
     /// speaks version 1 only). Not for production use.
     #[doc(hidden)]
     pub fn preamble(mut self, preamble: Preamble) -> Self {
-        self.preamble = Some(preamble);
+        self.settings.preamble = Some(preamble);
         self
     }
 
@@ -125,19 +88,19 @@ impl NodeBuilder {
     /// pulls them from us) instead of in the stream. Default: never (`None`);
     /// [`Peer::send_by_ticket`] asks for tickets explicitly.
     pub fn ticket_threshold(mut self, bytes: Option<usize>) -> Self {
-        self.ticket_threshold = bytes;
+        self.settings.ticket_threshold = bytes;
         self
     }
 
     /// Lifetime and caps of the leases this node issues for its tickets.
     pub fn leases(mut self, config: LeaseConfig) -> Self {
-        self.lease_config = config;
+        self.settings.leases = config;
         self
     }
 
     /// When received tickets are redeemed: before delivery (default) or on first use.
     pub fn redeem(mut self, redeem: Redeem) -> Self {
-        self.redeem = redeem;
+        self.settings.redeem = redeem;
         self
     }
 
@@ -150,38 +113,38 @@ impl NodeBuilder {
     /// `distributed.comm.timeouts.tcp`). At least 11 s; [`build`](Self::build) refuses less.
     /// Same-host Unix connections need none: the kernel ends them with their process.
     pub fn tcp_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.tcp_timeout = timeout;
+        self.settings.tcp_timeout = timeout;
         self
     }
 
     /// How long a pull or forward may wait for the owner before it fails (default 30 s).
     pub fn pull_timeout(mut self, timeout: Duration) -> Self {
-        self.pull_timeout = timeout;
+        self.settings.pull_timeout = timeout;
         self
     }
 
     /// The node's name (unique among nodes of one process; shown to peers).
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
+        self.settings.name = name.into();
         self
     }
 
     /// Listen for TCP connections on `addr` (`127.0.0.1:0`, `tcp://[::1]:7000`, …).
     pub fn listen(mut self, addr: impl Into<String>) -> Self {
-        self.listen = Some(addr.into());
+        self.settings.listen = Some(addr.into());
         self
     }
 
     /// Override the host identity (default: from the kernel's machine and boot ids,
     /// or `HANDOFF_HOST_ID`). Nodes with different host ids treat each other as remote.
     pub fn host_id(mut self, host_id: impl Into<String>) -> Self {
-        self.host_id = Some(host_id.into());
+        self.settings.host_id = Some(host_id.into());
         self
     }
 
     /// The cluster secret both sides of every connection must share.
     pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
-        self.secret = Some(secret.into());
+        self.settings.secret = Some(secret.into());
         self
     }
 
@@ -199,55 +162,55 @@ impl NodeBuilder {
 
     /// Limits enforced on received messages.
     pub fn limits(mut self, limits: Limits) -> Self {
-        self.limits = limits;
+        self.settings.limits = limits;
         self
     }
 
     /// Encode and decode even in-process (for tests: keeps both paths equal).
     /// The environment variable `HANDOFF_FORCE_ENCODE=1` sets it too.
     pub fn force_encode_inproc(mut self, on: bool) -> Self {
-        self.force_encode_inproc = on;
+        self.settings.force_encode_inproc = on;
         self
     }
 
     /// Messages that one peer may have waiting in the inbox before the node stops reading
     /// from it (backpressure); sets [`Bounds::max_buffered_messages_per_peer`].
     pub fn inbox_capacity(mut self, capacity: usize) -> Self {
-        self.bounds.max_buffered_messages_per_peer = capacity.max(1);
+        self.settings.bounds.max_buffered_messages_per_peer = capacity.max(1);
         self
     }
 
     /// The bounds on what peers can make this node hold (spec §9.1): handshakes and
     /// connections, timeouts, buffered bytes per peer and in total, leases.
     pub fn bounds(mut self, bounds: Bounds) -> Self {
-        self.bounds = bounds;
+        self.settings.bounds = bounds;
         self
     }
 
     /// Bytes of idle receive buffers kept for reuse.
     pub fn pool_idle_bytes(mut self, bytes: usize) -> Self {
-        self.pool_idle_bytes = bytes;
+        self.settings.pool_idle_bytes = bytes;
         self
     }
 
     /// Whether to open a Unix socket for same-host peers and use shared memory with them
     /// (default: on).
     pub fn shm(mut self, on: bool) -> Self {
-        self.shm = on;
+        self.settings.shm = on;
         self
     }
 
     /// Buffers at least this large travel to same-host peers as shared memory (default 64 KiB);
     /// smaller ones are copied into the socket.
     pub fn shm_threshold(mut self, bytes: usize) -> Self {
-        self.shm_threshold = bytes;
+        self.settings.shm_threshold = bytes;
         self
     }
 
     /// Send only sealed segments to same-host peers: each shared frame is copied into a fresh
     /// memfd sealed against writes, for peers that must never see later reuse.
     pub fn shm_sealed(mut self, on: bool) -> Self {
-        self.shm_sealed = on;
+        self.settings.shm_sealed = on;
         self
     }
 }

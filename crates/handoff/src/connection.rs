@@ -161,7 +161,7 @@ fn set_nodelay(stream: &TcpStream, label: &str) -> Result<()> {
 /// a silent peer then fails its connection within it (`NodeBuilder::tcp_timeout`).
 pub(crate) fn set_tcp_timeout(node: &NodeInner, stream: &TcpStream, label: &str) -> Result<()> {
     use std::os::fd::AsFd;
-    match node.ctx.tcp_timeout {
+    match node.ctx.settings.tcp_timeout {
         Some(t) => handoff_sys::set_tcp_timeout(stream.as_fd(), t).map_err(|why| {
             Error::io(
                 format!("setting the TCP timeout for {label}"),

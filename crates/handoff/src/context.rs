@@ -12,16 +12,15 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use handoff_proto::node::NodeCore;
+use handoff_proto::settings::NodeSettings;
 use handoff_wire::{Resources, TicketClaim};
 use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::budget::RecvBudget;
 use crate::message::TypeRegistry;
-use crate::tickets::modes::Redeem;
 use crate::tickets::owner::LeaseTable;
 use crate::tls::TlsConfig;
 use crate::Result;
@@ -33,11 +32,8 @@ use handoff_proto::log_limit::LogLimiter;
 pub(crate) struct Context {
     pub(crate) core: NodeCore,
     pub(crate) registry: TypeRegistry,
-    pub(crate) force_encode_inproc: bool,
     pub(crate) listen_addr: Option<String>,
     pub(crate) unix_path: Option<PathBuf>,
-    pub(crate) shm_threshold: usize,
-    pub(crate) shm_sealed: bool,
     /// Bytes and messages received and not yet taken by the application: the core's
     /// budget, and its waiting connections.
     pub(crate) budget: Arc<RecvBudget>,
@@ -58,16 +54,13 @@ pub(crate) struct Context {
     /// Leases on buffers we sent as tickets: the core's table, and the sends waiting for
     /// room in it.
     pub(crate) leases: LeaseTable,
-    pub(crate) ticket_threshold: Option<usize>,
-    pub(crate) redeem: Redeem,
-    pub(crate) pull_timeout: Duration,
     pub(crate) unlease_tx: mpsc::UnboundedSender<TicketClaim>,
     /// Local objects that values refer to by key (bound while decoding).
     pub(crate) resources: Arc<Resources>,
     /// TLS for TCP connections (spec §3.1), if the node has it: then required of every TCP peer.
     pub(crate) tls: Option<TlsConfig>,
-    /// Keepalive and `TCP_USER_TIMEOUT` for every TCP connection (`NodeBuilder::tcp_timeout`).
-    pub(crate) tcp_timeout: Option<std::time::Duration>,
+    /// The node's settings as it was built (its secret taken out, into the core).
+    pub(crate) settings: NodeSettings,
 }
 
 impl Deref for Context {

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use handoff_proto::handshake::{error_header, Config, Failure, Handshake, Status, ERROR_WRITE_LIMIT};
+use handoff_proto::handshake::{Config, Failure, Handshake, Status, ERROR_WRITE_LIMIT};
 pub(crate) use handoff_proto::handshake::{DRAIN_BYTES, DRAIN_TIME};
 use handoff_proto::Handshaken;
 use handoff_wire::{Ident, Preamble, WireError};
@@ -14,10 +14,6 @@ use tokio::time::Instant;
 
 use crate::socket::Socket;
 use crate::{Error, Result};
-
-/// Capabilities of this implementation, the same in every protocol version (`shm` only
-/// where the node has a Unix socket for same-host peers).
-pub(crate) const CAPABILITIES: &[&str] = &["inline", "shm", "ticket", handoff_wire::CAP_XXH3];
 
 /// Checks a peer's authenticated identity before we send `ready` (node-id uniqueness, §5.1).
 pub(crate) type Admit<'a> = &'a (dyn Fn(&Ident) -> std::result::Result<(), WireError> + Send + Sync);
@@ -153,11 +149,6 @@ async fn fail(socket: &Arc<Socket>, hs: &mut Handshake, failure: Failure, label:
     err.into()
 }
 
-/// Sends an `error` header to the peer, best effort and bounded in time, before we close.
-async fn send_error<W: AsyncWrite + Unpin>(w: &mut W, err: &WireError) {
-    let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, w.write_all(&error_header(err))).await;
-}
-
 /// Refuses a connection the node cannot take at all (too many connections): our preamble,
 /// then, once the peer's whole preamble arrived (an error goes only to a peer that showed it
 /// speaks the format, spec §3, §11.3; we wait for it a second at most),
@@ -167,11 +158,12 @@ pub(crate) async fn refuse_overloaded<S: AsyncRead + AsyncWrite + Unpin>(
     preamble: Preamble,
     why: String,
 ) {
-    let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, stream.write_all(&preamble.encode())).await;
+    let (ours, error) = handoff_proto::handshake::overloaded(preamble, why);
+    let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, stream.write_all(&ours)).await;
     let mut theirs = [0u8; handoff_wire::preamble::PREAMBLE_LEN];
     let read = tokio::time::timeout(ERROR_WRITE_LIMIT, stream.read_exact(&mut theirs)).await;
     if matches!(read, Ok(Ok(_))) {
-        send_error(stream, &WireError::Overloaded(why)).await;
+        let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, stream.write_all(&error)).await;
     }
     let _ = tokio::time::timeout(ERROR_WRITE_LIMIT, stream.shutdown()).await;
 }

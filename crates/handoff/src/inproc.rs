@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 
-use handoff_wire::{Channel, WireError};
+use handoff_wire::Channel;
 
 use crate::budget::Permit;
 use crate::directory;
@@ -26,12 +26,8 @@ pub(crate) fn connect(node: &Arc<NodeInner>, name: &str) -> Result<Peer> {
     if Arc::ptr_eq(&other, node) {
         return Err(Error::Config("a node cannot connect to itself".into()));
     }
-    if !constant_time_eq(&other.ctx.secret, &node.ctx.secret) {
-        return Err(Error::Wire(WireError::AuthFailed(format!(
-            "node {name:?} has a different cluster secret"
-        ))));
-    }
-    let force = node.ctx.force_encode_inproc || other.ctx.force_encode_inproc;
+    handoff_proto::peers::inproc_admit(name, &node.ctx.secret, &other.ctx.secret)?;
+    let force = node.ctx.settings.force_encode_inproc || other.ctx.settings.force_encode_inproc;
     let to_other = InprocRoute::to(&other);
     let to_us = InprocRoute::to(node);
     let ours = Peer::new(
@@ -64,10 +60,6 @@ pub(crate) fn connect(node: &Arc<NodeInner>, name: &str) -> Result<Peer> {
     node.add_peer(ours.clone());
     tracing::debug!(from = %node.ctx.me.name, to = %name, "connected in-process");
     Ok(ours)
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A static name as one word, its address and its length, where both fit (on 64-bit

@@ -175,8 +175,8 @@ impl ShmLink {
                 ctx.bounds.max_shm_leases_per_peer,
             )),
             released: Notify::new(),
-            threshold: ctx.shm_threshold,
-            sealed: ctx.shm_sealed,
+            threshold: ctx.settings.shm_threshold(),
+            sealed: ctx.settings.shm_sealed,
             when_full: ctx.leases.config.when_full,
             peer_pid,
         }

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use handoff_wire::{Channel, Endpoint, Preamble, Resources};
+use handoff_wire::{Channel, Endpoint, Resources};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{mpsc, watch, Notify, Semaphore};
 
@@ -18,7 +18,6 @@ use crate::connection::{self, strip_scheme};
 use crate::context::Context;
 use crate::directory;
 use crate::envelope::Envelope;
-use crate::handshake::CAPABILITIES;
 use crate::inbox::Inbox;
 use crate::link::LeaseStats;
 use crate::message::TypeRegistry;
@@ -27,28 +26,24 @@ use crate::tickets::owner::{LeaseTable, LeaseTableStats};
 use crate::tickets::tasks::{reap_expired, unlease_loop};
 use crate::{Error, Message, Peer, Result};
 use handoff_proto::bounds::Bounds;
+use handoff_proto::identity;
 use handoff_proto::log_limit::LogLimiter;
-use handoff_proto::node::{CoreSettings, NodeCore};
-use handoff_proto::{identity, peers};
+use handoff_proto::node::NodeCore;
 
 impl NodeBuilder {
     /// Starts the node: binds the listener (if any) and registers the node for in-process peers.
     pub async fn build(self) -> Result<Node> {
-        if self.name.is_empty() {
-            return Err(Error::Config("a node needs a name".into()));
-        }
-        peers::check_own_identity(&self.name, self.host_id.as_deref()).map_err(Error::Config)?;
-        if let Some(t) = self.tcp_timeout {
-            handoff_proto::bounds::keepalive_plan(t).map_err(Error::Config)?;
-        }
-        let secret = match self.secret {
-            Some(s) => s,
-            None => {
-                tracing::warn!(node = %self.name, "no cluster secret set: using the empty secret; any peer without a secret can connect");
-                Vec::new()
-            }
-        };
-        let listener = match &self.listen {
+        let NodeBuilder {
+            mut settings,
+            registry,
+            tls,
+        } = self;
+        settings.check().map_err(Error::Config)?;
+        let secret = settings.secret.take().unwrap_or_else(|| {
+            tracing::warn!(node = %settings.name, "no cluster secret set: using the empty secret; any peer without a secret can connect");
+            Vec::new()
+        });
+        let listener = match &settings.listen {
             Some(addr) => {
                 let addr = strip_scheme(addr, "tcp://");
                 Some(
@@ -67,55 +62,31 @@ impl NodeBuilder {
             None => None,
         };
         let node_id = identity::random_id();
-        let unix_listener = if self.shm {
-            let (listener, path) = handoff_sys::same_host::listen(&self.name, &node_id)?;
+        let unix_listener = if settings.shm {
+            let (listener, path) = handoff_sys::same_host::listen(&settings.name, &node_id)?;
             let listener = UnixListener::from_std(listener)
                 .map_err(|e| Error::io(format!("listening on {}", path.display()), e))?;
             Some((listener, path))
         } else {
             None
         };
-        let capabilities = CAPABILITIES
-            .iter()
-            .filter(|c| self.shm || **c != "shm")
-            .map(|c| c.to_string())
-            .collect();
-        let me = Endpoint {
-            node_id,
-            name: self.name.clone(),
-            host_id: self.host_id.unwrap_or_else(identity::host_id),
-            process_id: identity::process_id().to_string(),
-            language: "rust".into(),
-            capabilities,
-        };
-        let bounds = self.bounds;
+        let me = settings.endpoint(node_id, "rust");
+        let bounds = settings.bounds;
         let node_log = Arc::new(LogLimiter::new(
             bounds.warnings_in_all_per_period,
             bounds.warning_period,
         ));
         let (shutdown_tx, _) = watch::channel(false);
         let (unlease_tx, unlease_rx) = mpsc::unbounded_channel();
-        let force_env = std::env::var("HANDOFF_FORCE_ENCODE").is_ok_and(|v| v == "1");
-        let core = NodeCore::new(CoreSettings {
-            me,
-            secret,
-            limits: self.limits,
-            bounds,
-            preamble: self.preamble.unwrap_or(Preamble::ours(self.accept_v1, self.accept_v2)),
-            leases: self.lease_config,
-            recv_pool_bytes: self.pool_idle_bytes,
-            kept_mapping_bytes: handoff_proto::node::DEFAULT_KEPT_MAPPINGS,
-        });
+        settings.force_encode_inproc |= std::env::var("HANDOFF_FORCE_ENCODE").is_ok_and(|v| v == "1");
+        let core = NodeCore::new(settings.core(me, secret));
         let ctx = Context {
             budget: Arc::new(RecvBudget::over(core.budget.clone())),
             leases: LeaseTable::over(core.leases.clone()),
             core,
-            registry: self.registry,
-            force_encode_inproc: self.force_encode_inproc || force_env,
+            registry,
             listen_addr,
             unix_path: unix_listener.as_ref().map(|(_, p)| p.clone()),
-            shm_threshold: self.shm_threshold.max(1),
-            shm_sealed: self.shm_sealed,
             handshakes: handoff_proto::admission::Admission::new(bounds.max_handshakes),
             connections: AtomicUsize::new(0),
             ticket_dials: Arc::new(Semaphore::new(bounds.max_ticket_dials.max(1))),
@@ -123,13 +94,10 @@ impl NodeBuilder {
             node_log,
             shutdown: shutdown_tx,
             shut_down: std::sync::atomic::AtomicBool::new(false),
-            ticket_threshold: self.ticket_threshold,
-            redeem: self.redeem,
-            pull_timeout: self.pull_timeout,
             unlease_tx,
-            resources: Arc::new(Resources::new(self.name.clone())),
-            tls: self.tls,
-            tcp_timeout: self.tcp_timeout,
+            resources: Arc::new(Resources::new(settings.name.clone())),
+            tls,
+            settings,
         };
         let inner = Arc::new(NodeInner {
             ctx,

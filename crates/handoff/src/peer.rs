@@ -89,27 +89,14 @@ impl Peer {
         force_encode: bool,
     ) -> Peer {
         let ctx = node.context();
-        let local = &ctx.me;
-        let locality = Locality::between(local, &remote);
-        let outbound = Arc::new(Route {
-            from: local.clone(),
-            to: remote.clone(),
-            locality,
-            channel,
-        });
-        let inbound = Arc::new(Route {
-            from: remote.clone(),
-            to: local.clone(),
-            locality,
-            channel,
-        });
+        let (outbound, inbound) = handoff_proto::peers::routes(&ctx.me, &remote, channel);
         Peer(Arc::new(PeerInner {
             remote,
             listen: addrs.listen,
             unix: addrs.unix,
             version: addrs.version,
-            outbound,
-            inbound,
+            outbound: Arc::new(outbound),
+            inbound: Arc::new(inbound),
             link,
             closed: AtomicBool::new(false),
             force_encode,
@@ -295,7 +282,7 @@ impl Peer {
         let policy = TicketPolicy {
             receiver: &self.0.remote,
             channel: self.channel(),
-            threshold: ctx.ticket_threshold,
+            threshold: ctx.settings.ticket_threshold,
             by_ticket,
         };
         let mut out = Vec::with_capacity(frames.len());

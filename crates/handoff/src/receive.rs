@@ -6,13 +6,12 @@
 //! connection while there is none), `pulled` answers being written take one of a few
 //! places, and a `pulled` nobody asked for is read into a small buffer and dropped.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use handoff_proto::established::{Established, Refused, Step};
 use handoff_proto::inbound::{Digest, Event, Frame, Inbound};
-use handoff_proto::receive;
+use handoff_proto::receive::{self, Redemptions};
 use handoff_proto::ticket_leases::OwnerAnswer;
 use handoff_wire::{Buffer, WireError};
 use std::time::Instant;
@@ -186,7 +185,7 @@ async fn read_messages(
         };
         match event {
             Event::Message(incoming) => {
-                let eager = incoming.eager_tickets && node.ctx.redeem == Redeem::Eager;
+                let eager = incoming.eager_tickets && node.ctx.settings.redeem == Redeem::Eager;
                 let tickets = if eager { incoming.eager_ticket_bytes } else { 0 };
                 let frames = incoming
                     .frames
@@ -311,46 +310,41 @@ async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, socket: &Arc<Socket
 }
 
 /// Messages of one connection that wait for their tickets to be redeemed, in order, each
-/// with the bytes of its tickets to redeem (the engine's `eager_ticket_bytes`).
+/// with the bytes of its tickets to redeem (the engine's `eager_ticket_bytes`), handed to
+/// the task that redeems them; the engine's [`Redemptions`] counts them.
 struct Delivery {
     tx: mpsc::UnboundedSender<(Envelope, u64)>,
-    queued: Arc<AtomicUsize>,
-    /// Room the queued messages hold in the receive budget (what waits behind the one being
-    /// redeemed).
-    room: Arc<AtomicU64>,
+    queue: Arc<Redemptions>,
 }
 
 impl Delivery {
     fn start(node: Arc<NodeInner>) -> Delivery {
         let (tx, mut rx) = mpsc::unbounded_channel::<(Envelope, u64)>();
-        let queued = Arc::new(AtomicUsize::new(0));
-        let room = Arc::new(AtomicU64::new(0));
-        let (count, behind) = (queued.clone(), room.clone());
+        let queue = Arc::new(Redemptions::default());
+        let counts = queue.clone();
         tokio::spawn(async move {
             while let Some((mut envelope, tickets)) = rx.recv().await {
-                behind.fetch_sub(room_of(&envelope), Ordering::AcqRel);
-                redeem_all(&node, &mut envelope, tickets, &behind).await;
+                counts.started(room_of(&envelope));
+                redeem_all(&node, &mut envelope, tickets, &counts).await;
                 let delivered = node.deliver(envelope);
-                count.fetch_sub(1, Ordering::AcqRel);
+                counts.finished();
                 if delivered.is_err() {
                     return;
                 }
             }
         });
-        Delivery { tx, queued, room }
+        Delivery { tx, queue }
     }
 
     fn busy(&self) -> bool {
-        self.queued.load(Ordering::Acquire) > 0
+        self.queue.busy()
     }
 
     fn push(&self, envelope: Envelope, tickets: u64) {
         let room = room_of(&envelope);
-        self.queued.fetch_add(1, Ordering::AcqRel);
-        self.room.fetch_add(room, Ordering::AcqRel);
+        self.queue.queued(room);
         if self.tx.send((envelope, tickets)).is_err() {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-            self.room.fetch_sub(room, Ordering::AcqRel);
+            self.queue.withdrawn(room);
         }
     }
 }
@@ -366,7 +360,7 @@ fn room_of(envelope: &Envelope) -> u64 {
 /// reader, waits for room, so the owner's answers on that connection are still read.
 /// `tickets` is the bytes of its tickets to redeem, `behind` the room of the messages queued
 /// after it.
-async fn redeem_all(node: &NodeInner, envelope: &mut Envelope, tickets: u64, behind: &AtomicU64) {
+async fn redeem_all(node: &NodeInner, envelope: &mut Envelope, tickets: u64, behind: &Redemptions) {
     let Payload::Encoded { frames, .. } = &mut envelope.payload else {
         return;
     };
@@ -378,12 +372,10 @@ async fn redeem_all(node: &NodeInner, envelope: &mut Envelope, tickets: u64, beh
                 .ctx
                 .budget
                 .wait_for(Some(receive::ROOM_RECHECK), || {
-                    if node.ctx.shut_down.load(Ordering::Acquire) {
+                    if node.ctx.is_shut_down() {
                         return Some(false);
                     }
-                    permit
-                        .try_expand_ahead(tickets, behind.load(Ordering::Acquire))
-                        .then_some(true)
+                    permit.try_expand_ahead(tickets, behind.room_behind()).then_some(true)
                 })
                 .await;
             if !room {

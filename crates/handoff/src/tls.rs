@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use handoff_proto::tls::TLS_REQUIRED_MESSAGE;
-use handoff_proto::tls::{plain_refusal, Configs, Opening};
+use handoff_proto::tls::{plain_refusal, refusal, Configs, Opening};
 use handoff_proto::tls_session::{Handshaking, TlsSession};
 use rustls::{ClientConfig, ServerConfig};
 use tokio::net::TcpStream;
@@ -95,23 +95,22 @@ impl TlsConfig {
             Ok(1) => Opening::of(byte[0]),
             _ => return Err(Error::PeerClosed(peer.to_string())),
         };
-        match first {
-            Opening::Tls => {
+        let peer_s = peer.to_string();
+        match refusal(first) {
+            None => {
                 let session = TlsSession::server(&self.configs, peer).map_err(Error::Config)?;
                 handshake(tcp, session, peer).await
             }
-            Opening::Plain => {
+            Some(Ok((code, message))) => {
                 refuse_plain(tcp).await;
+                let (code, message) = (code.into(), message.into());
                 Err(Error::Refused {
-                    peer: peer.to_string(),
-                    code: "tls-required".into(),
-                    message: "the peer connected without TLS; this node requires it".into(),
+                    peer: peer_s,
+                    code,
+                    message,
                 })
             }
-            Opening::Other(other) => Err(Error::Tls {
-                peer: peer.to_string(),
-                reason: format!("it sent neither a TLS handshake nor a handoff preamble (first byte {other:#04x})"),
-            }),
+            Some(Err(reason)) => Err(Error::Tls { peer: peer_s, reason }),
         }
     }
 }

@@ -1,26 +1,18 @@
 """What a node may send (spec §9): never what a receiver with the default limits must refuse.
 
-Before a message is written, its header length, its frame count, each frame's size and
-their sum are checked against the default limits of §9, or the node's own where its user
-set smaller ones (:func:`send_limits`); a message over one fails that one send with
-:class:`~handoff.errors.MessageTooLarge`, naming the limit, instead of going out and
-closing the connection on the receiver. Texts a node writes into its own answers from
-what a peer sent (an ``error``'s or a ``ticket-error``'s ``msg``) are clipped
-(:func:`clip`), so that an answer stays far below any limit whatever the peer sent.
+A node sends within the default limits of §9, or its own where its user set smaller ones
+(:func:`send_limits`); the engine checks each message against them before writing it
+(the pure-Python reference: ``handoff_pure.outgoing``), and a message over one fails that
+one send with :class:`~handoff.errors.MessageTooLarge`, naming the limit.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
 
 from . import wire
-from .errors import MessageTooLarge
 
-__all__ = ["send_limits", "check_type_name", "check_header", "check_frames", "clip", "MAX_TEXT"]
-
-#: The most characters of an ``error`` or ``ticket-error`` text this node sends.
-MAX_TEXT = 1024
+__all__ = ["send_limits", "check_type_name"]
 
 
 def send_limits(limits: wire.Limits) -> wire.Limits:
@@ -40,52 +32,3 @@ def check_type_name(type_name: object) -> None:
     not a header that every receiver refuses."""
     if not isinstance(type_name, str):
         raise TypeError(f"a message's type name is a str, not {type(type_name).__name__}: {type_name!r:.80}")
-
-
-def check_header(n: int, limits: wire.Limits, to: str) -> None:
-    """A header of ``n`` bytes (without its prefix) must fit ``limits``; else ``MessageTooLarge``."""
-    if n > limits.max_header_bytes:
-        raise MessageTooLarge(
-            f"not sent to {to}: its header would be {n} bytes, over the header limit of {limits.max_header_bytes} "
-            "bytes a receiver enforces (spec §9); put large values in buffers, which travel as frames",
-            "header-too-large",
-            limits.max_header_bytes,
-        )
-
-
-def check_frames(sizes: Iterable[int], limits: wire.Limits, to: str) -> None:
-    """Frames of these sizes (in order) must fit ``limits``: their count, each size, their
-    sum; else ``MessageTooLarge`` naming the first limit broken."""
-    sizes = list(sizes)
-    if len(sizes) > limits.max_frames:
-        raise MessageTooLarge(
-            f"not sent to {to}: the message would have {len(sizes)} frames, over the limit of {limits.max_frames} "
-            "frames per message a receiver enforces (spec §9)",
-            "too-many-frames",
-            limits.max_frames,
-        )
-    total = 0
-    for i, n in enumerate(sizes):
-        if n > limits.max_frame_bytes:
-            raise MessageTooLarge(
-                f"not sent to {to}: frame {i} would be {n} bytes, over the limit of {limits.max_frame_bytes} bytes "
-                "per frame a receiver enforces (spec §9)",
-                "frame-too-large",
-                limits.max_frame_bytes,
-            )
-        total += n
-        if total > limits.max_message_bytes:
-            raise MessageTooLarge(
-                f"not sent to {to}: its frames would add up to more than {limits.max_message_bytes} bytes, the "
-                "limit per message a receiver enforces (spec §9)",
-                "message-too-large",
-                limits.max_message_bytes,
-            )
-
-
-def clip(text: str, most: int = MAX_TEXT) -> str:
-    """``text``, cut to ``most`` characters (with a mark) if it is longer."""
-    if len(text) <= most:
-        return text
-    keep = most - 24
-    return text[:keep] + f" … ({len(text) - keep} more)"

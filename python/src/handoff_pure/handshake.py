@@ -40,7 +40,7 @@ from . import wire
 from handoff.errors import AuthenticationError, PeerClosed, PeerRefused
 from .nonces import DialerNonces
 from handoff.identity import IMPLEMENTATION
-from handoff.outgoing import clip
+from .outgoing import clip
 from .transport import Transport
 
 __all__ = ["OurSide", "Handshaken", "handshake", "send_error", "IMPLEMENTATION"]

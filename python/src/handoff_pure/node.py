@@ -29,7 +29,9 @@ from handoff import native, pins
 from . import mapcache
 from . import tls as tls_layer
 from . import wire
-from handoff.addresses import check_peer_uid, split_host_port, strip_scheme
+from handoff.addresses import split_host_port, strip_scheme
+
+from .addresses import check_peer_uid
 from handoff.errors import HandoffError, PeerClosed, TlsError
 from handoff.inbox import Inbox
 from handoff.tickets import Ticket

@@ -35,7 +35,9 @@ from handoff.errors import HandoffError, PeerClosed, PeerRefused
 from .handshake import send_error
 from handoff.inbox import ConnectionQueue
 from .mapcache import Kept, MapCache
-from handoff.outgoing import check_frames, check_header, check_type_name, clip
+from handoff.outgoing import check_type_name
+
+from .outgoing import check_frames, check_header, clip
 from .recvbuf import MIN_POOLED, recv_pool
 from handoff.resources import Resources
 from .shm_leases import PooledLease, SealedLease, ShmLeases, pooled_copy

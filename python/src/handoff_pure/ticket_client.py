@@ -15,7 +15,9 @@ import logging
 from typing import Any, Optional, Protocol
 
 from . import wire
-from handoff.addresses import is_own_address, split_host_port, strip_scheme
+from handoff.addresses import split_host_port, strip_scheme
+
+from .addresses import is_own_address
 from handoff.envelope import Envelope
 from handoff.errors import HandoffError, OwnerLost, PeerClosed, TicketCorrupt, TicketRefused
 from handoff.tickets import Ticket

@@ -33,7 +33,7 @@ use handoff_wire::{Header, Hello, Ident, Limits, Preamble, WireError};
 
 use input::{Input, Read};
 pub use nonces::DialerNonces;
-pub use refusal::{clipped, error_header, MAX_ERROR_TEXT};
+pub use refusal::{clipped, error_header, overloaded, MAX_ERROR_TEXT};
 
 /// How long an `error` may take to write before a driver closes anyway.
 pub const ERROR_WRITE_LIMIT: Duration = Duration::from_secs(1);

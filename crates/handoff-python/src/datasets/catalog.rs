@@ -3,13 +3,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use handoff_data::{BlobTag, Cache, CacheConfig, Catalog, CatalogStack, DataSet, DataSpec, Opened, Selection};
+use handoff_data::{BlobTag, Cache, CacheConfig, Catalog, CatalogStack, DataSpec, Opened, Selection};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use super::dataset::{info, DataSetInfo};
 use super::errors::{spec_to_py, to_py};
 use super::handles::{DataBlob, DataTree};
-use super::runtime::awaitable;
+use super::runtime::{finish, spawn};
 
 /// A cache folder (spec/CACHE.md), shared by the processes of both languages that open it.
 #[pyclass(module = "handoff._native", frozen)]
@@ -69,69 +70,6 @@ impl DataCache {
             d.set_item(k, v)?;
         }
         Ok(d)
-    }
-}
-
-/// One dataset of a catalog, as written and checked.
-#[pyclass(module = "handoff._native", frozen)]
-pub struct DataSetInfo {
-    pub(crate) dataset: Arc<DataSet>,
-}
-
-pub(crate) fn info(dataset: &Arc<DataSet>) -> DataSetInfo {
-    DataSetInfo {
-        dataset: dataset.clone(),
-    }
-}
-
-#[pymethods]
-impl DataSetInfo {
-    #[getter]
-    fn name(&self) -> &str {
-        self.dataset.name()
-    }
-    #[getter]
-    fn uuid(&self) -> &str {
-        self.dataset.uuid()
-    }
-    #[getter]
-    fn description(&self) -> Option<&str> {
-        self.dataset.description()
-    }
-    /// `"Blob"` or `"BlobTree"`.
-    #[getter]
-    fn kind(&self) -> &'static str {
-        self.dataset.kind().as_str()
-    }
-    #[getter]
-    fn driver(&self) -> &str {
-        self.dataset.storage().driver()
-    }
-    /// Whether this build reads its driver.
-    #[getter]
-    fn available(&self) -> bool {
-        self.dataset.storage().is_available()
-    }
-    /// Why the name breaks DataSets.jl's rule, if it does.
-    #[getter]
-    fn invalid_name(&self) -> Option<&str> {
-        self.dataset.invalid_name()
-    }
-    /// The storage's identity: what the cache keys its objects by.
-    #[getter]
-    fn identity(&self) -> &str {
-        self.dataset.source().identity()
-    }
-    /// Where the storage is: a path, a url, or the catalog's embedded data.
-    #[getter]
-    fn location(&self) -> String {
-        self.dataset.storage().location()
-    }
-    /// `[datasets.storage]` as written, as JSON.
-    #[getter]
-    fn storage_json(&self) -> PyResult<String> {
-        serde_json::to_string(self.dataset.storage_table())
-            .map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
     }
 }
 
@@ -282,19 +220,18 @@ impl DataCatalogs {
         Ok(t.map_err(to_py)?.into())
     }
 
-    /// Awaits the blob or the tree a spec opens to (a fragment that names neither fails).
-    fn open<'py>(&self, py: Python<'py>, spec: String) -> PyResult<Bound<'py, PyAny>> {
+    /// Read `id`: the blob or the tree a spec opens to (a fragment that names neither fails).
+    fn open(&self, spec: String, id: u64) -> PyResult<()> {
         let lookup = match &self.lookup {
             Lookup::One(c) => Lookup::One(c.clone()),
             Lookup::Stack(s) => Lookup::Stack(s.clone()),
         };
-        awaitable(py, async move {
+        spawn(id, async move {
             let o = match &lookup {
                 Lookup::One(c) => c.open(&spec).await,
                 Lookup::Stack(s) => s.open(&spec).await,
-            }
-            .map_err(to_py)?;
-            Python::attach(|py| opened(py, o))
+            };
+            finish(o, opened)
         })
     }
 

@@ -5,9 +5,9 @@ use handoff_data::{Blob, BlobTag, BlobTree, TreeEntry};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
-use super::catalog::{info, DataSetInfo};
+use super::dataset::{info, DataSetInfo};
 use super::errors::to_py;
-use super::runtime::awaitable;
+use super::runtime::{finish, spawn};
 
 /// One object of a dataset: nothing is read until asked.
 #[pyclass(module = "handoff._native", frozen)]
@@ -37,8 +37,8 @@ fn tag_dict(py: Python<'_>, tag: BlobTag) -> PyResult<Py<PyDict>> {
     Ok(d.unbind())
 }
 
-fn bytes_of(data: Bytes) -> Py<PyAny> {
-    Python::attach(|py| PyBytes::new(py, &data).unbind().into_any())
+fn bytes_of(py: Python<'_>, data: Bytes) -> PyResult<Py<PyAny>> {
+    Ok(PyBytes::new(py, &data).into_any().unbind())
 }
 
 #[pymethods]
@@ -66,33 +66,32 @@ impl DataBlob {
         tag_dict(py, self.blob.tag())
     }
 
-    /// Awaits the tag after learning the size and version (one HEAD unless known).
-    fn describe<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// Read `id`: the tag after learning the size and version (one HEAD unless known).
+    fn describe(&self, id: u64) -> PyResult<()> {
         let blob = self.blob.clone();
-        awaitable(py, async move {
-            let tag = blob.describe().await.map_err(to_py)?;
-            Python::attach(|py| tag_dict(py, tag))
+        spawn(id, async move {
+            finish(blob.describe().await, |py, tag| Ok(tag_dict(py, tag)?.into_any()))
         })
     }
 
-    /// Awaits the object's size in bytes.
-    fn size<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// Read `id`: the object's size in bytes.
+    fn size(&self, id: u64) -> PyResult<()> {
         let blob = self.blob.clone();
-        awaitable(py, async move { blob.size().await.map_err(to_py) })
-    }
-
-    /// Awaits the whole object, checked against the tag it was opened from.
-    fn read_all<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let blob = self.blob.clone();
-        awaitable(py, async move { Ok(bytes_of(blob.read_all().await.map_err(to_py)?)) })
-    }
-
-    /// Awaits bytes `start .. end` (only the blocks they touch are fetched).
-    fn read_range<'py>(&self, py: Python<'py>, start: u64, end: u64) -> PyResult<Bound<'py, PyAny>> {
-        let blob = self.blob.clone();
-        awaitable(py, async move {
-            Ok(bytes_of(blob.read_range(start..end).await.map_err(to_py)?))
+        spawn(id, async move {
+            finish(blob.size().await, |py, n| Ok(n.into_pyobject(py)?.into_any().unbind()))
         })
+    }
+
+    /// Read `id`: the whole object, checked against the tag it was opened from.
+    fn read_all(&self, id: u64) -> PyResult<()> {
+        let blob = self.blob.clone();
+        spawn(id, async move { finish(blob.read_all().await, bytes_of) })
+    }
+
+    /// Read `id`: bytes `start .. end` (only the blocks they touch are fetched).
+    fn read_range(&self, start: u64, end: u64, id: u64) -> PyResult<()> {
+        let blob = self.blob.clone();
+        spawn(id, async move { finish(blob.read_range(start..end).await, bytes_of) })
     }
 }
 
@@ -109,10 +108,9 @@ impl From<BlobTree> for DataTree {
 }
 
 /// Entries as `(path, is_dir, size)`.
-type Listed = Vec<(String, bool, Option<u64>)>;
-
-fn listed(entries: Vec<TreeEntry>) -> Listed {
-    entries.into_iter().map(|e| (e.path, e.is_dir, e.size)).collect()
+fn listed(py: Python<'_>, entries: Vec<TreeEntry>) -> PyResult<Py<PyAny>> {
+    let rows: Vec<(String, bool, Option<u64>)> = entries.into_iter().map(|e| (e.path, e.is_dir, e.size)).collect();
+    Ok(rows.into_pyobject(py)?.into_any().unbind())
 }
 
 #[pymethods]
@@ -139,15 +137,15 @@ impl DataTree {
         Ok(self.tree.blob(rel).map_err(to_py)?.into())
     }
 
-    /// Awaits the files and folders directly in this folder, sorted by path.
-    fn list<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// Read `id`: the files and folders directly in this folder, sorted by path.
+    fn list(&self, id: u64) -> PyResult<()> {
         let tree = self.tree.clone();
-        awaitable(py, async move { Ok(listed(tree.list().await.map_err(to_py)?)) })
+        spawn(id, async move { finish(tree.list().await, listed) })
     }
 
-    /// Awaits every file below this folder, recursively, sorted by path.
-    fn walk<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// Read `id`: every file below this folder, recursively, sorted by path.
+    fn walk(&self, id: u64) -> PyResult<()> {
         let tree = self.tree.clone();
-        awaitable(py, async move { Ok(listed(tree.walk().await.map_err(to_py)?)) })
+        spawn(id, async move { finish(tree.walk().await, listed) })
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_wire::{Header, TicketClaim, TicketOp};
+use handoff_wire::{Header, TicketClaim};
 use tokio::sync::oneshot;
 
 use crate::connection;
@@ -12,7 +12,7 @@ use crate::context::{Context, LocalNode, NodeFuture};
 use crate::state::NodeInner;
 use crate::tickets::pending::Answer;
 use crate::{Error, Peer, Result};
-use handoff_proto::receive::Asked;
+use handoff_proto::ticket_requests::{renew_op, Ask};
 
 fn lost(claim: &TicketClaim, owner: &str, reason: impl Into<String>) -> Error {
     Error::OwnerLost {
@@ -38,7 +38,7 @@ impl NodeInner {
             )
         })?;
         handoff_proto::peers::may_dial(addr, self.ctx.listen_addr.as_deref()).map_err(|why| lost(claim, owner, why))?;
-        let deadline = tokio::time::Instant::now() + self.ctx.pull_timeout;
+        let deadline = tokio::time::Instant::now() + self.ctx.settings.pull_timeout;
         // Only so many dials at once (spec §9.1): a flood of tickets cannot make this node
         // open connections without bound.
         let _dialing = tokio::time::timeout_at(deadline, self.ctx.ticket_dials.acquire())
@@ -47,7 +47,7 @@ impl NodeInner {
                 lost(
                     claim,
                     owner,
-                    format!("no turn to connect within {:?}", self.ctx.pull_timeout),
+                    format!("no turn to connect within {:?}", self.ctx.settings.pull_timeout),
                 )
             })?
             .expect("the semaphore is never closed");
@@ -60,7 +60,7 @@ impl NodeInner {
                 lost(
                     claim,
                     owner,
-                    format!("connecting took over {:?}", self.ctx.pull_timeout),
+                    format!("connecting took over {:?}", self.ctx.settings.pull_timeout),
                 )
             })?
             .map_err(|e| lost(claim, owner, format!("cannot connect: {}", e.chain())))?;
@@ -83,11 +83,9 @@ impl NodeInner {
         self: &Arc<Self>,
         claim: &TicketClaim,
         owner: &str,
-        what: &'static str,
-        hash: bool,
-        len: Option<u64>,
-        op: impl FnOnce(u64) -> TicketOp,
+        ask: Ask<'_>,
     ) -> Result<Answer> {
+        let (what, pull_timeout) = (ask.what(), self.ctx.settings.pull_timeout);
         let peer = self.owner_peer(claim, owner).await?;
         let req = self.ctx.next_request();
         let (tx, rx) = oneshot::channel();
@@ -95,12 +93,12 @@ impl NodeInner {
             .pending
             .lock()
             .expect("pending lock")
-            .insert(req, Asked { len, hash }, tx);
-        if let Err(e) = peer.write_control(&Header::Ticket(op(req)), &[]).await {
+            .insert(req, ask.asked(), tx);
+        if let Err(e) = peer.write_control(&Header::Ticket(ask.op(req, claim)), &[]).await {
             peer.0.pending.lock().expect("pending lock").complete(req);
             return Err(lost(claim, owner, format!("sending the {what}: {}", e.chain())));
         }
-        match tokio::time::timeout(self.ctx.pull_timeout, rx).await {
+        match tokio::time::timeout(pull_timeout, rx).await {
             Ok(Ok(answer)) => answer.map_err(|e| match e {
                 Error::TicketRefused { code, message, .. } => Error::TicketRefused {
                     owner: owner.to_string(),
@@ -114,11 +112,8 @@ impl NodeInner {
             Ok(Err(_)) => Err(lost(claim, owner, "the connection closed before it answered")),
             Err(_) => {
                 peer.0.pending.lock().expect("pending lock").complete(req);
-                Err(lost(
-                    claim,
-                    peer.name(),
-                    format!("no answer to the {what} within {:?}", self.ctx.pull_timeout),
-                ))
+                let why = format!("no answer to the {what} within {pull_timeout:?}");
+                Err(lost(claim, peer.name(), why))
             }
         }
     }
@@ -134,13 +129,7 @@ impl NodeInner {
         hash: bool,
     ) -> Result<(Bytes, Option<[u8; 32]>)> {
         let answer = self
-            .ticket_request(claim, owner, "pull", hash, Some(len), |req| TicketOp::Pull {
-                req,
-                lease: claim.lease,
-                token: claim.token.clone(),
-                offset,
-                len,
-            })
+            .ticket_request(claim, owner, Ask::Pull { offset, len, hash })
             .await?;
         answer.into_pulled(len).map_err(|why| lost(claim, owner, why))
     }
@@ -152,28 +141,15 @@ impl NodeInner {
         owner: &str,
         to: &str,
     ) -> Result<TicketClaim> {
-        let answer = self
-            .ticket_request(claim, owner, "forward", false, None, |req| TicketOp::Forward {
-                req,
-                lease: claim.lease,
-                token: claim.token.clone(),
-                to: to.to_string(),
-            })
-            .await?;
+        let answer = self.ticket_request(claim, owner, Ask::Forward { to }).await?;
         let token = answer.into_token().map_err(|why| lost(claim, owner, why))?;
         Ok(TicketClaim { token, ..claim.clone() })
     }
 
     /// Extends this node's hold on the claim's lease by the lease's ttl.
     pub(crate) async fn renew(self: &Arc<Self>, claim: &TicketClaim, owner: &str) -> Result<()> {
-        let op = TicketOp::Renew {
-            lease: claim.lease,
-            token: claim.token.clone(),
-        };
-        self.owner_peer(claim, owner)
-            .await?
-            .write_control(&Header::Ticket(op), &[])
-            .await
+        let peer = self.owner_peer(claim, owner).await?;
+        peer.write_control(&Header::Ticket(renew_op(claim)), &[]).await
     }
 }
 

@@ -88,16 +88,11 @@ impl Ticket {
     pub async fn redeem(&self) -> Result<Buffer> {
         let node = self.node()?;
         let want = self.0.claim.digest;
-        // BLAKE3 is hashed while the bytes arrive (on a helper thread); XXH3 after, at memory speed.
-        let hash_behind = matches!(want, TicketDigest::Blake3(_));
+        let hash_behind = handoff_proto::ticket_requests::hash_while_pulling(want);
         let (bytes, digest) = node
             .pull(&self.0.claim, &self.0.owner_label, 0, self.0.claim.len, hash_behind)
             .await?;
-        let got = match digest {
-            Some(d) if hash_behind => TicketDigest::Blake3(d),
-            _ => want.same_kind_of(&bytes),
-        };
-        if got != want {
+        if !handoff_proto::ticket_requests::redeemed_intact(want, &bytes, digest) {
             return Err(Error::Corrupt {
                 owner: self.0.owner_label.clone(),
                 lease: self.0.claim.lease,

@@ -30,12 +30,7 @@ impl OnDemand {
     }
 }
 
-/// When a node's received tickets are redeemed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Redeem {
-    /// Before the message is delivered: its `Buffer`s hold the bytes (the default).
-    Eager,
-    /// On first use: the message's ticketed `Buffer`s are empty placeholders; get the
-    /// bytes with [`Ticket::of`] and [`Ticket::redeem`] or [`Ticket::read`].
-    Lazy,
-}
+/// When a node's received tickets are redeemed (the engine's setting): before delivery (the
+/// default, its `Buffer`s then hold the bytes), or on first use, with [`Ticket::of`](crate::Ticket::of)
+/// and [`Ticket::redeem`](crate::Ticket::redeem) or [`Ticket::read`](crate::Ticket::read).
+pub use handoff_proto::settings::Redeem;

@@ -4,7 +4,7 @@
 use std::sync::Weak;
 use std::time::Duration;
 
-use handoff_wire::{Header, TicketClaim, TicketOp};
+use handoff_wire::{Header, TicketClaim};
 use tokio::sync::mpsc;
 
 use crate::state::NodeInner;
@@ -45,10 +45,7 @@ pub(crate) async fn unlease_loop(node: Weak<NodeInner>, mut rx: mpsc::UnboundedR
             tracing::debug!(node = %node.ctx.me.name, lease = claim.lease, "not connected to the owner of lease {}; its deadline will end the hold", claim.lease);
             continue;
         };
-        let op = TicketOp::Unlease {
-            lease: claim.lease,
-            token: claim.token.clone(),
-        };
+        let op = handoff_proto::ticket_requests::unlease_op(&claim);
         let sent = tokio::time::timeout(Duration::from_secs(1), peer.write_control(&Header::Ticket(op), &[])).await;
         if !matches!(sent, Ok(Ok(()))) {
             tracing::debug!(node = %node.ctx.me.name, lease = claim.lease, "could not release a ticket hold; its deadline will");

@@ -29,7 +29,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ..data import DATASET_PREFIX, BlobTag
 from .handles import Blob, BlobTree, DataSet, DatasetSource, opened
-from .native import native
+from .native import call, native
 
 __all__ = [
     "DRIVERS",
@@ -151,7 +151,7 @@ class _Lookups:
         """What DataSets.jl's ``open(dataset(project, spec))`` gives: the :class:`Blob` or the
         :class:`BlobTree` the spec names; a fragment selects a file or a folder of a tree, and
         one that names neither fails, naming it."""
-        return opened(await self._handle.open(spec))
+        return opened(await call(self._handle.open, spec))
 
     def open_tag(self, tag: BlobTag) -> Blob:
         """Binds a tag received from another node: the dataset of its uuid, the path checked;

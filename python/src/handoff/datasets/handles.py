@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..data import BlobRangeError, BlobTag
 from ..tickets import digest
+from .native import call
 
 __all__ = ["Blob", "BlobTree", "DataSet", "DatasetSource", "Entry", "Storage"]
 
@@ -124,11 +125,11 @@ class Blob:
 
     async def size(self) -> int:
         """The object's size in bytes (asks storage; nothing else is read)."""
-        return await self._handle.size()
+        return await call(self._handle.size)
 
     async def read_all(self) -> bytes:
         """The whole object; checked against the tag's size and digest if it came with one."""
-        data = await self._handle.read_all()
+        data = await call(self._handle.read_all)
         self._range_origin = None
         known = self._handle.tag()
         self.known_size = len(data)
@@ -139,7 +140,7 @@ class Blob:
         """Bytes ``start .. end`` only (the cache fetches only the blocks they touch)."""
         if type(start) is not int or type(end) is not int or start < 0 or end < start:
             raise BlobRangeError(f"dataset {self.dataset.name}: bad range {start!r}..{end!r}")
-        data = await self._handle.read_range(start, end)
+        data = await call(self._handle.read_range, start, end)
         self._range_origin = self._handle.last_origin or _in_place(self.dataset)
         return data
 
@@ -149,7 +150,7 @@ class Blob:
         check what it reads and find it in a shared cache by digest."""
         if with_digest:
             await self.read_all()
-        tag = BlobTag.from_map(await self._handle.describe())
+        tag = BlobTag.from_map(await call(self._handle.describe))
         if with_digest and tag.digest is None:
             tag = BlobTag(tag.dataset, tag.name, tag.path, tag.size, self.known_digest, tag.version)
         return tag
@@ -178,11 +179,11 @@ class BlobTree:
     async def list(self) -> List[Entry]:
         """The files and folders directly in this folder, sorted by path (a folder's
         :class:`Entry` has ``is_dir`` and no size), as DataSets.jl's ``readdir``."""
-        return [Entry(path, size, is_dir) for path, is_dir, size in await self._handle.list()]
+        return [Entry(path, size, is_dir) for path, is_dir, size in await call(self._handle.list)]
 
     async def walk(self) -> List[Entry]:
         """Every file below this folder, recursively, sorted by path."""
-        return [Entry(path, size, is_dir) for path, is_dir, size in await self._handle.walk()]
+        return [Entry(path, size, is_dir) for path, is_dir, size in await call(self._handle.walk)]
 
 
 def opened(handle: Any) -> Any:
