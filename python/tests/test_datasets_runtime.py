@@ -157,3 +157,33 @@ def test_a_process_that_reads_exits_cleanly(tmp_path):
         for p in runs:
             out, err = p.communicate(timeout=60)
             assert (p.returncode, out.strip()) == (0, "32"), (p.returncode, err[-2000:])
+
+
+def test_reads_from_event_loops_in_two_threads_each_complete_on_their_own_loop(tmp_path):
+    """Every loop that awaits a read watches the one wake pipe; whichever collects a result
+    completes its future on the loop that awaits it (call_soon_threadsafe)."""
+    import threading
+
+    catalog = Catalog.load(FIXTURES / "Embedded.toml", Cache(tmp_path / "c"))
+    results: dict = {}
+
+    def run(name: str) -> None:
+        async def reads():
+            tree = catalog.tree("embedded_tree")
+            loop = asyncio.get_running_loop()
+            got = []
+            for _ in range(20):
+                fut = tree.blob("d02/a.txt").read_all()
+                got.append(await fut)
+            return got, loop
+
+        results[name] = asyncio.run(reads())
+
+    threads = [threading.Thread(target=run, args=(f"t{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == ["t0", "t1"]
+    for got, _ in results.values():
+        assert got == [b"2 a content"] * 20

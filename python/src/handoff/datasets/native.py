@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import weakref
 from typing import Any, Callable
 
 from ..native import required
@@ -27,7 +28,7 @@ class _Reads:
         self.pid = os.getpid()
         self.ids = itertools.count(1)
         self.futures: dict = {}
-        self.watching: set = set()
+        self.watching: weakref.WeakSet = weakref.WeakSet()  # loops go when they are closed and dropped
 
     def call(self, start: Callable[..., None], *args: Any) -> asyncio.Future:
         loop = asyncio.get_running_loop()
