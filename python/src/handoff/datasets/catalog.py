@@ -132,6 +132,8 @@ class _Lookups:
         self._handle = handle
         #: The cache that object-store reads go through.
         self.cache = cache
+        #: Every dataset, in search order (a loaded catalog does not change).
+        self._all: List[DataSet] = [DataSet(info) for _, info, _ in handle.entries()]
 
     def dataset(self, spec: str) -> Selection:
         """The dataset a spec (``name[?query][#fragment]``) names by its name or uuid, with the
@@ -159,22 +161,19 @@ class _Lookups:
         handle = self._handle.open_tag(tag.dataset, tag.path, tag.name, tag.size, tag.digest, tag.version)
         return Blob(handle, tag)
 
-    def _datasets(self) -> List[DataSet]:
-        return [DataSet(info) for _, info, _ in self._handle.entries()]
-
     def resolve(self, key: str) -> Optional[DatasetSource]:
         """The local source for a dataset resource key (``dataset:<uuid>``), or ``None``."""
         if not key.startswith(DATASET_PREFIX):
             return None
         uuid = key[len(DATASET_PREFIX) :]
-        for ds in self._datasets():
+        for ds in self._all:
             if ds.uuid == uuid and ds.invalid_name is None and ds.available:
                 return DatasetSource(self, ds)
         return None
 
     def keys(self) -> List[str]:
         """The resource keys this answers for."""
-        return sorted({DATASET_PREFIX + d.uuid for d in self._datasets() if d.available and d.invalid_name is None})
+        return sorted({DATASET_PREFIX + d.uuid for d in self._all if d.available and d.invalid_name is None})
 
     def serve(self, resources: Any) -> Any:
         """Answers for these datasets in ``resources`` (a node's): received data handles then
@@ -189,7 +188,7 @@ class Catalog(_Lookups):
     def __init__(self, handle: Any, cache: Cache):
         super().__init__(handle, cache)
         self.file = Path(handle.files()[0])
-        self.datasets: List[DataSet] = self._datasets()
+        self.datasets: List[DataSet] = self._all
 
     @classmethod
     def load(cls, file: Any, cache: Optional[Cache] = None) -> "Catalog":

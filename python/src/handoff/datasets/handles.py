@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..data import BlobRangeError, BlobTag
 from ..tickets import digest
-from .native import call
+from .native import call, native
 
 __all__ = ["Blob", "BlobTree", "DataSet", "DatasetSource", "Entry", "Storage"]
 
@@ -188,7 +188,7 @@ class BlobTree:
 
 def opened(handle: Any) -> Any:
     """The :class:`Blob` or :class:`BlobTree` for what the extension opened."""
-    return BlobTree(handle) if hasattr(handle, "walk") else Blob(handle)
+    return BlobTree(handle) if isinstance(handle, native.DataTree) else Blob(handle)
 
 
 class DatasetSource:
