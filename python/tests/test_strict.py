@@ -125,6 +125,7 @@ def test_rule3_known_keys_are_typed_whatever_the_kind():
     for key, bad in [
         ("n", "x"), ("off", -1), ("size", 1.0), ("lease", "x"), ("sealed", 1), ("key", 1), ("owner", b"o"),
         ("addr", 1), ("token", "x"), ("digest", 1), ("ttl", True), ("lazy", 1), ("k", 1),
+        ("ipc", bytes(63)), ("ipc", "x"), ("device", bytes(17)),  # §7.10
     ]:  # fmt: skip
         assert code(msg([{"k": "inline", "n": 1, key: bad}])) == "malformed-header", key
         assert code(hello(f=[{key: bad}])) == "malformed-header", key
@@ -613,6 +614,8 @@ def model_decode(data: bytes, limits=wire.DEFAULT_LIMITS):
             return type(v) is bytes and len(v) == 32
         if t == "bin16":
             return type(v) is bytes and len(v) == 16
+        if t == "bin64":
+            return type(v) is bytes and len(v) == 64
         if t == "bool":
             return type(v) is bool
         if t[0] == "u":
@@ -630,7 +633,7 @@ def model_decode(data: bytes, limits=wire.DEFAULT_LIMITS):
     descriptor_types = {
         "k": "str", "n": "u64", "off": "u64", "size": "u64", "lease": "u64", "sealed": "bool", "key": "str",
         "owner": "str", "addr": "str", "token": "bin32", "digest": "bin32", "xxh3": "bin16", "ttl": "u64",
-        "lazy": "bool",
+        "lazy": "bool", "ipc": "bin64", "device": "bin16",
     }  # fmt: skip
 
     def fields_of(m, types, nested):

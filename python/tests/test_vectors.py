@@ -67,9 +67,11 @@ def decode_to_json(data: bytes, desc: dict) -> dict:
             "negotiated": negotiated,
         }
     unix = desc.get("channel") == "shm"
+    # "caps": what the receiver announced; with "cuda" it takes cuda frames on a Unix socket (§7.10).
+    cuda = "cuda" in desc.get("caps", ())
     # "stage": "handshake": read as before the connection is established (64 KiB, 1024 values).
     limits = wire.DEFAULT_LIMITS.during_handshake() if desc.get("stage") == "handshake" else wire.DEFAULT_LIMITS
-    m = wire.decode_message(data, limits, wire.carried_kinds(unix=unix, ticket=True))
+    m = wire.decode_message(data, limits, wire.carried_kinds(unix=unix, ticket=True, cuda=cuda))
     header = json_view(wire.unpack_header_value(m.header_bytes))
     # Keys a receiver ignores are not part of what the message decodes to, nor are known keys
     # whose value is nil (they count as absent), in the header and in its descriptors.
@@ -203,6 +205,9 @@ def descriptor_from(j):
             ttl=j["ttl"],
             lazy=j.get("lazy", False),
         )
+    if j["k"] == "cuda":
+        fields = ("n", "off", "lease", "token", "ipc", "device")
+        return wire.Cuda(*(_bin(j[f]) if isinstance(j[f], dict) else j[f] for f in fields))
     raise AssertionError(j)
 
 
@@ -267,6 +272,7 @@ ENCODED_FROM_FIELDS = [
     "msg-resource-key",
     "msg-blob-handle",
     "msg-blob-handle-no-fallback",
+    "msg-cuda",
     "ticket-pull",
     "ticket-pulled",
     "ticket-forward",

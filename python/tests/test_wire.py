@@ -84,6 +84,32 @@ def test_descriptor_kinds_per_connection():
     )
 
 
+def test_cuda_descriptor():
+    """§7.10: its fields after ``n`` in order, its range within u64, only on a Unix socket to a
+    receiver that announced ``cuda``."""
+    cuda = {"k": "cuda", "n": 4, "off": 0, "lease": 1, "token": bytes(32)}
+    cuda |= {"ipc": bytes(64), "device": bytes(16)}
+    on_cuda = wire.carried_kinds(unix=True, cuda=True)
+    assert code_of(message(msg([cuda])), carried=on_cuda) == "ok"
+    assert code_of(message(msg([cuda])), carried=wire.UNIX_KINDS) == "unsupported-descriptor"
+    assert code_of(message(msg([cuda])), carried=wire.carried_kinds(unix=False, cuda=True)) == "unsupported-descriptor"
+    h = wire.decode_header(msgpack.packb(msg([cuda]), use_bin_type=True))
+    assert h.f[0] == wire.Cuda(4, 0, 1, bytes(32), bytes(64), bytes(16))
+    assert wire.encode_header(h) == msgpack.packb(msg([cuda]), use_bin_type=True)
+    fields = ["n", "off", "lease", "token", "ipc", "device"]
+    for i, key in enumerate(fields):  # each missing (or nil) with every later one: that one is named
+        for lacking in ({k: v for k, v in cuda.items() if k not in fields[i:]}, {**cuda, key: None}):
+            with pytest.raises(wire.WireError) as err:
+                wire.decode_message(message(msg([lacking])), carried=on_cuda)
+            assert err.value.code == "malformed-header" and f"lacks field {key!r}" in err.value.message
+    assert code_of(message(msg([{**cuda, "off": 2**64 - 5}])), carried=on_cuda) == "ok"  # ends at 2**64 - 1
+    assert code_of(message(msg([{**cuda, "off": 2**64 - 4}])), carried=on_cuda) == "malformed-header"
+    with pytest.raises(wire.WireError, match="lacks field 'device'"):  # the fields before the range
+        wire.decode_message(message(msg([{**cuda, "off": 2**64 - 4, "device": None}])), carried=on_cuda)
+    # Header checks come before the kinds against the connection (§11.2 step 5).
+    assert code_of(message(msg([{**cuda, "ipc": bytes(63)}]))) == "malformed-header"
+
+
 def test_type_rules():
     # Known keys are typed whatever the kind; nil counts as absent; unknown keys are ignored.
     assert code_of(message({"k": "ready", "pid": "x"})) == "malformed-header"

@@ -98,6 +98,7 @@ attacks! {
     a_recorded_proof_replayed_on_a_new_connection => "replay",
     a_dialed_connection_relayed_back_into_the_victim => "relay-to-self",
     preambles_changed_in_flight_to_version_2 => "downgrade",
+    gpu_memory_named_where_it_must_not_be => "gpu-handles",
 }
 
 /// A few of the attacks against the Python peer's worker, as a cross-check of the two
@@ -123,6 +124,7 @@ fn the_python_worker_survives_the_same_attacks() {
             "replay",
             "relay-to-self",
             "downgrade",
+            "gpu-handles",
         ],
     );
     for row in summary["attacks"].as_array().unwrap() {

@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use handoff_wire::framing::LEN_PREFIX;
-use handoff_wire::{Descriptor, TicketClaim, TicketOp, WireError};
+use handoff_wire::{Descriptor, DeviceClaim, TicketClaim, TicketOp, WireError};
 
 use crate::budget::{Account, Budget, Permit};
 use crate::receive::{self, Pulled, Receiving};
@@ -231,6 +231,9 @@ pub enum Frame {
     },
     /// A ticket to redeem from its owner.
     Ticket(TicketClaim),
+    /// The sender's device memory (spec §7.10): the driver maps it through its IPC handle,
+    /// or pulls its bytes from the sender under its lease.
+    Device(DeviceClaim),
 }
 
 /// Bytes being collected for one item: in the read buffer while small, in a buffer of
@@ -988,6 +991,7 @@ impl Inbound {
                     });
                 }
                 Descriptor::Ticket(claim) => r.frames.push(Frame::Ticket(claim)),
+                Descriptor::Cuda(claim) => r.frames.push(Frame::Device(claim)),
                 _ if inline == 0 => r.frames.push(Frame::Bytes(Bytes::new())),
                 _ => {
                     let len = usize::try_from(inline).map_err(|_| WireError::FrameTooLarge {

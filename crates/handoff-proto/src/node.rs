@@ -131,7 +131,7 @@ impl NodeCore {
     /// name.
     pub fn inbound(&self, shm: bool, known_type: TypeCheck, account: Arc<Account>, peer_id: &str) -> Inbound {
         Inbound::new(
-            Receiving::new(self.limits, shm),
+            Receiving::new(self.limits, shm).with_device_memory(self.me.has_capability(handoff_wire::CAP_CUDA)),
             known_type,
             self.recv_pool.clone(),
             self.bounds.progress_timeout,

@@ -12,7 +12,7 @@
 use std::sync::Arc;
 
 use handoff_wire::framing::encode_header_into;
-use handoff_wire::{Buffer, Descriptor, Header, Limits, TicketClaim, WireError};
+use handoff_wire::{Buffer, Descriptor, DeviceClaim, Header, Limits, TicketClaim, WireError};
 
 use crate::shm::buffers::{copy_with, origin_of, CopyInto, Held, PassFd};
 use crate::shm::leases::{route_frame, FrameRoute};
@@ -29,6 +29,8 @@ pub enum Planned {
     Bytes(Buffer),
     /// A ticket travels instead; the receiver pulls the bytes.
     Ticket(TicketClaim),
+    /// Device memory leased to the receiver travels as its IPC handle (spec §7.10).
+    Device(DeviceClaim),
 }
 
 /// A frame routed for a same-host connection.
@@ -37,6 +39,8 @@ pub enum Routed {
     Inline(Buffer),
     /// A ticket, in the header.
     Ticket(TicketClaim),
+    /// Device memory, in the header (spec §7.10).
+    Device(DeviceClaim),
     /// A range of a shared segment: its descriptor rides with the header, and the sender
     /// keeps `held` alive under a lease until the peer releases it.
     Shared {
@@ -102,6 +106,7 @@ impl Router {
     pub fn route(&mut self, planned: Planned) -> Result<Routed, CopyFailed> {
         let frame = match planned {
             Planned::Ticket(claim) => return Ok(Routed::Ticket(claim)),
+            Planned::Device(claim) => return Ok(Routed::Device(claim)),
             Planned::Bytes(frame) => frame,
         };
         let routing = &self.routing;
@@ -167,6 +172,7 @@ pub fn inline_routes(frames: Vec<Planned>) -> Vec<Routed> {
         .map(|p| match p {
             Planned::Bytes(b) => Routed::Inline(b),
             Planned::Ticket(claim) => Routed::Ticket(claim),
+            Planned::Device(claim) => Routed::Device(claim),
         })
         .collect()
 }
@@ -180,7 +186,7 @@ pub fn stream_parts(routed: Vec<Routed>) -> (Vec<PassFd>, Vec<bytes::Bytes>) {
         match r {
             Routed::Inline(b) => inline.push(b.into_bytes()),
             Routed::Shared { fd, .. } => fds.push(fd),
-            Routed::Ticket(_) => {}
+            Routed::Ticket(_) | Routed::Device(_) => {}
         }
     }
     (fds, inline)
@@ -202,6 +208,7 @@ pub fn message_head(
         .map(|r| match r {
             Routed::Inline(b) => Descriptor::Inline { len: b.len() as u64 },
             Routed::Ticket(claim) => Descriptor::Ticket(claim.clone()),
+            Routed::Device(claim) => Descriptor::Cuda(claim.clone()),
             Routed::Shared {
                 held,
                 offset,
@@ -248,6 +255,7 @@ mod tests {
             .map(|r| match r {
                 Routed::Inline(_) => "inline",
                 Routed::Ticket(_) => "ticket",
+                Routed::Device(_) => "cuda",
                 Routed::Shared { sealed: true, .. } => "sealed",
                 Routed::Shared { .. } => "shared",
             })

@@ -8,7 +8,9 @@
 //! type; the frames' kinds against the channel; room for the whole message before any frame
 //! is read or mapped; exactly the announced descriptors; no descriptor left over.
 
-use handoff_wire::framing::{header_len, inline_frame_lengths, LEN_PREFIX, TCP_KINDS, UNIX_KINDS};
+use handoff_wire::framing::{
+    header_len, inline_frame_lengths, LEN_PREFIX, TCP_KINDS, UNIX_KINDS, UNIX_KINDS_WITH_CUDA,
+};
 use handoff_wire::{Descriptor, Header, Limits, TicketClaim, TicketOp, WireError};
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -22,6 +24,9 @@ pub struct Receiving {
     pub limits: Limits,
     /// Whether the connection is a Unix socket that carries `shm` frames and `release`s.
     pub shared_memory: bool,
+    /// Whether, on a Unix socket, it carries `cuda` frames too: this node announced `cuda`
+    /// (spec §7.10).
+    pub device_memory: bool,
 }
 
 /// A message that passed every check of its header, and what reading it takes.
@@ -70,12 +75,27 @@ pub enum Step<'h> {
 impl Receiving {
     /// A connection on TCP (`shared_memory` false) or on a Unix socket.
     pub fn new(limits: Limits, shared_memory: bool) -> Receiving {
-        Receiving { limits, shared_memory }
+        Receiving {
+            limits,
+            shared_memory,
+            device_memory: false,
+        }
+    }
+
+    /// The same, taking `cuda` frames on a Unix socket if `announced` (this node announced
+    /// `cuda`, spec §7.10).
+    pub fn with_device_memory(self, announced: bool) -> Receiving {
+        Receiving {
+            device_memory: announced && self.shared_memory,
+            ..self
+        }
     }
 
     /// The frame kinds this connection takes.
     pub fn kinds(&self) -> &'static [&'static str] {
-        if self.shared_memory {
+        if self.device_memory {
+            UNIX_KINDS_WITH_CUDA
+        } else if self.shared_memory {
             UNIX_KINDS
         } else {
             TCP_KINDS
@@ -111,7 +131,8 @@ impl Receiving {
                 let inline_lengths = inline_frame_lengths(&frames, self.kinds())?;
                 let frame_bytes: u64 = frames
                     .iter()
-                    .filter(|d| !matches!(d, Descriptor::Ticket(_)))
+                    // (Tickets and device memory put no byte on the stream or in our memory.)
+                    .filter(|d| !matches!(d, Descriptor::Ticket(_) | Descriptor::Cuda(_)))
                     .map(Descriptor::len)
                     .sum();
                 let descriptors = frames.iter().filter(|d| matches!(d, Descriptor::Shm { .. })).count();

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use handoff_wire::{Channel, Endpoint, TicketClaim, CAP_XXH3};
+use handoff_wire::{Channel, DeviceClaim, Endpoint, TicketClaim, CAP_CUDA, CAP_XXH3};
 
 use crate::ticket_leases::Issued;
 
@@ -24,6 +24,8 @@ pub enum Frame<'a> {
     },
     /// A ticket this node holds on another node's buffer.
     Held(&'a TicketClaim),
+    /// This node's device memory (spec §7.10).
+    Device,
 }
 
 /// How one frame travels.
@@ -36,6 +38,11 @@ pub enum FramePlan {
     RedeemHeld,
     /// The owner registers the receiver as a holder first, and the receiver's claim travels.
     ForwardHeld,
+    /// Device memory is named by its IPC handle and leased to the receiver: a `cuda` frame
+    /// travels (a same-host receiver on a Unix socket that announced `cuda` and `ticket`).
+    ShareDevice,
+    /// Device memory is copied to the host, and the copy travels as bytes would.
+    CopyDevice,
     /// The bytes are leased to the receiver and a ticket travels.
     Issue {
         /// The receiver pulls only when the bytes are used (an on-demand frame).
@@ -68,6 +75,14 @@ impl TicketPolicy<'_> {
     pub fn plan(&self, frame: Frame<'_>) -> FramePlan {
         let takes_tickets = self.receiver_takes_tickets();
         match frame {
+            Frame::Device => {
+                let shares = self.channel == Channel::Shm && takes_tickets && self.receiver.has_capability(CAP_CUDA);
+                if shares {
+                    FramePlan::ShareDevice
+                } else {
+                    FramePlan::CopyDevice
+                }
+            }
             Frame::Held(claim) => {
                 let digest_ok = claim.digest.sendable_to(&self.receiver.capabilities);
                 if claim.owner == self.receiver.node_id || !takes_tickets || !digest_ok {
@@ -110,6 +125,26 @@ pub fn issued_claim(
         digest: issued.digest,
         ttl_ms: ttl.as_millis() as u64,
         lazy,
+    }
+}
+
+/// The `cuda` claim a receiver gets for lease `lease` (token `token`) on `len` bytes of
+/// device memory at `offset` of the allocation that `ipc` names on `device` (spec §7.10).
+pub fn device_claim(
+    lease: u64,
+    token: [u8; 32],
+    len: u64,
+    ipc: [u8; 64],
+    device: [u8; 16],
+    offset: u64,
+) -> DeviceClaim {
+    DeviceClaim {
+        len,
+        offset,
+        lease,
+        token: token.to_vec(),
+        ipc,
+        device,
     }
 }
 
@@ -251,5 +286,24 @@ mod tests {
             refuser.plan(Frame::Held(&claim("a", TicketDigest::Blake3([0; 32])))),
             FramePlan::RedeemHeld
         );
+    }
+
+    #[test]
+    fn device_memory_is_shared_only_on_a_unix_socket_with_a_peer_that_opens_handles() {
+        let plan = |caps: &[&str], channel| {
+            let receiver = endpoint("b", caps);
+            TicketPolicy {
+                receiver: &receiver,
+                channel,
+                threshold: None,
+                by_ticket: false,
+            }
+            .plan(Frame::Device)
+        };
+        assert_eq!(plan(&["ticket", "cuda"], Channel::Shm), FramePlan::ShareDevice);
+        // Another host (TCP), a peer without a driver, or one that takes no tickets: a copy.
+        assert_eq!(plan(&["ticket", "cuda"], Channel::Tcp), FramePlan::CopyDevice);
+        assert_eq!(plan(&["ticket"], Channel::Shm), FramePlan::CopyDevice);
+        assert_eq!(plan(&["cuda"], Channel::Shm), FramePlan::CopyDevice);
     }
 }

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use handoff_wire::{Buffer, TicketDigest};
@@ -74,8 +74,45 @@ struct Hold {
     expired: bool,
 }
 
+/// Device memory a lease keeps alive (a `cuda` frame, spec §7.10). The holder maps it
+/// through its IPC handle; a holder that cannot pulls, and the owner copies the range asked
+/// for to the host.
+pub trait DeviceBytes: Send + Sync {
+    /// Its length in bytes.
+    fn len(&self) -> u64;
+    /// Whether it is empty.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// A host copy of `len` bytes from `offset` (a range inside it), or why it failed.
+    fn copy_out(&self, offset: u64, len: u64) -> Result<Buffer, String>;
+}
+
+/// What a lease keeps alive.
+enum Leased {
+    /// Bytes in this process's memory.
+    Host(Buffer),
+    /// Device memory.
+    Device(Arc<dyn DeviceBytes>),
+}
+
+impl Leased {
+    /// Whether its holds end by their deadlines: a ticket's do; device memory's end only by
+    /// `unlease` or the holder's connection (spec §7.10), since a holder maps it directly.
+    fn expires(&self) -> bool {
+        matches!(self, Leased::Host(_))
+    }
+
+    fn len(&self) -> u64 {
+        match self {
+            Leased::Host(b) => b.len() as u64,
+            Leased::Device(d) => d.len(),
+        }
+    }
+}
+
 struct Lease {
-    buffer: Buffer,
+    buffer: Leased,
     /// The peer the lease was first issued to (its bytes count against that peer's cap).
     issued_to: String,
     holders: HashMap<String, Hold>,
@@ -219,7 +256,19 @@ impl LeaseTable {
 
     /// Issues a lease on `buffer` to `holder`, or says which cap leaves no room for it.
     pub fn try_issue(&self, buffer: &Buffer, digest: TicketDigest, holder: &str) -> Result<Issued, String> {
-        let bytes = buffer.len() as u64;
+        let (lease, token) = self.issue(Leased::Host(buffer.clone()), holder)?;
+        Ok(Issued { lease, token, digest })
+    }
+
+    /// Issues a lease on device memory to `holder` (a `cuda` frame, spec §7.10): its id and
+    /// the holder's token, or which cap leaves no room. Device bytes count against the caps
+    /// as host bytes do: both are memory the holder pins.
+    pub fn try_issue_device(&self, memory: Arc<dyn DeviceBytes>, holder: &str) -> Result<(u64, [u8; 32]), String> {
+        self.issue(Leased::Device(memory), holder)
+    }
+
+    fn issue(&self, buffer: Leased, holder: &str) -> Result<(u64, [u8; 32]), String> {
+        let bytes = buffer.len();
         let mut st = self.state.lock().expect("lease lock");
         let peer_bytes = st.bytes_by_peer.get(holder).copied().unwrap_or(0);
         if st.bytes + bytes > self.config.max_bytes {
@@ -247,13 +296,13 @@ impl LeaseTable {
         st.leases.insert(
             lease,
             Lease {
-                buffer: buffer.clone(),
+                buffer,
                 issued_to: holder.to_string(),
                 holders: HashMap::from([(holder.to_string(), hold)]),
                 created: (self.clock)(),
             },
         );
-        Ok(Issued { lease, token, digest })
+        Ok((lease, token))
     }
 
     fn with_hold<T>(
@@ -282,7 +331,7 @@ impl LeaseTable {
                 format!("wrong token for lease {lease} from node {holder}"),
             ));
         }
-        if hold.expired || hold.deadline <= (self.clock)() {
+        if hold.expired || (l.buffer.expires() && hold.deadline <= (self.clock)()) {
             return Err(refuse(
                 "expired",
                 format!("the hold of node {holder} on lease {lease} expired"),
@@ -291,26 +340,36 @@ impl LeaseTable {
         f(&mut st, lease)
     }
 
-    /// Checks a pull and returns the bytes asked for (a view, no copy).
+    /// Checks a pull and returns the bytes asked for: a view of host bytes (no copy), or a
+    /// host copy of device memory (made outside the table's lock; a failed copy is refused
+    /// with `device-error`, §7.10).
     pub fn pull(&self, lease: u64, holder: &str, token: &[u8], offset: u64, len: u64) -> Result<Buffer, Refusal> {
-        self.with_hold(lease, holder, token, |st, lease| {
+        let device = self.with_hold(lease, holder, token, |st, lease| {
             let buf = &st.leases[&lease].buffer;
-            let end = offset.checked_add(len).filter(|e| *e <= buf.len() as u64);
-            match end {
-                Some(end) => {
-                    let slice = buf.slice(offset as usize..end as usize);
-                    st.pulls += 1;
-                    st.bytes_pulled += len;
-                    Ok(slice)
-                }
-                None => Err(refuse(
+            let Some(end) = offset.checked_add(len).filter(|e| *e <= buf.len()) else {
+                return Err(refuse(
                     "out-of-range",
                     format!(
                         "range {offset}+{len} is outside the {} bytes of lease {lease}",
                         buf.len()
                     ),
-                )),
-            }
+                ));
+            };
+            let out = match buf {
+                Leased::Host(b) => Ok(b.slice(offset as usize..end as usize)),
+                Leased::Device(d) => Err(d.clone()),
+            };
+            st.pulls += 1;
+            st.bytes_pulled += len;
+            Ok(out)
+        })?;
+        device.or_else(|memory| {
+            memory.copy_out(offset, len).map_err(|why| {
+                refuse(
+                    "device-error",
+                    format!("lease {lease}: the owner could not copy its device memory: {why}"),
+                )
+            })
         })
     }
 
@@ -328,6 +387,12 @@ impl LeaseTable {
                 ));
             }
             let l = st.leases.get_mut(&lease).expect("checked");
+            if !l.buffer.expires() {
+                return Err(refuse(
+                    "not-forwardable",
+                    format!("lease {lease} is device memory, which only its owner names to a peer (§7.10)"),
+                ));
+            }
             let already = l.holders.get(to).is_some_and(|h| !h.expired);
             if !already && l.live_holds() >= max_holders {
                 return Err(refuse(
@@ -393,7 +458,7 @@ impl LeaseTable {
         let n = {
             let mut st = self.state.lock().expect("lease lock");
             let mut n = 0;
-            for l in st.leases.values_mut() {
+            for l in st.leases.values_mut().filter(|l| l.buffer.expires()) {
                 for h in l.holders.values_mut().filter(|h| !h.expired && h.deadline <= now) {
                     h.expired = true;
                     n += 1;
@@ -414,6 +479,7 @@ impl LeaseTable {
         let st = self.state.lock().expect("lease lock");
         st.leases
             .values()
+            .filter(|l| l.buffer.expires())
             .flat_map(|l| l.holders.values().filter(|h| !h.expired).map(|h| h.deadline))
             .min()
     }
@@ -432,7 +498,7 @@ impl LeaseTable {
         }
         for id in done {
             let l = st.leases.remove(&id).expect("listed");
-            let bytes = l.buffer.len() as u64;
+            let bytes = l.buffer.len();
             st.bytes -= bytes;
             if let Some(b) = st.bytes_by_peer.get_mut(&l.issued_to) {
                 *b -= bytes;
@@ -710,5 +776,73 @@ mod tests {
         t.unlease(i.lease, C, &c).unwrap();
         assert!(!t.is_alive(i.lease), "an expired hold keeps nothing alive");
         assert_eq!(t.pull(i.lease, B, &i.token, 0, 1).unwrap_err().code, "unknown-lease");
+    }
+
+    /// Device memory as a test sees it: host bytes behind the trait, and whether the lease
+    /// still keeps them.
+    struct FakeDevice(Vec<u8>, Arc<std::sync::atomic::AtomicBool>);
+
+    impl DeviceBytes for FakeDevice {
+        fn len(&self) -> u64 {
+            self.0.len() as u64
+        }
+        fn copy_out(&self, offset: u64, len: u64) -> Result<Buffer, String> {
+            Ok(Buffer::from(self.0[offset as usize..(offset + len) as usize].to_vec()))
+        }
+    }
+
+    impl Drop for FakeDevice {
+        fn drop(&mut self) {
+            self.1.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn device_leases_copy_on_pull_never_expire_are_not_forwarded_and_end_with_the_holder() {
+        let t = table(10, 1 << 20, WhenFull::Fail);
+        let freed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let memory = Arc::new(FakeDevice((0..=255).collect(), freed.clone()));
+        let (lease, token) = t.try_issue_device(memory, B).unwrap();
+        // A holder that cannot map the memory pulls a copy of the range it asks for.
+        assert_eq!(
+            t.pull(lease, B, &token, 10, 3).unwrap().as_bytes().as_ref(),
+            &[10, 11, 12]
+        );
+        assert_eq!(t.pull(lease, B, &token, 250, 10).unwrap_err().code, "out-of-range");
+        // Its holder maps it directly, without renewing: no deadline ends the hold.
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(t.expire(), 0);
+        assert_eq!(t.next_deadline(), None);
+        assert!(t.pull(lease, B, &token, 0, 1).is_ok());
+        // Only the owner names device memory to a peer.
+        assert_eq!(
+            t.forward(lease, B, &token, C, OWNER).unwrap_err().code,
+            "not-forwardable"
+        );
+        // The holder's connection is lost: the memory goes at once.
+        assert!(!freed.load(Ordering::SeqCst));
+        assert_eq!(t.drop_holder(B), 1);
+        assert!(freed.load(Ordering::SeqCst), "the lease let the memory go");
+        assert_eq!(t.stats().count, 0);
+    }
+
+    #[test]
+    fn a_failed_copy_of_device_memory_is_refused_as_device_error() {
+        struct Broken;
+        impl DeviceBytes for Broken {
+            fn len(&self) -> u64 {
+                8
+            }
+            fn copy_out(&self, _: u64, _: u64) -> Result<Buffer, String> {
+                Err("cuMemcpyDtoH failed".into())
+            }
+        }
+        let t = table(1000, 1 << 20, WhenFull::Fail);
+        let (lease, token) = t.try_issue_device(Arc::new(Broken), B).unwrap();
+        let refusal = t.pull(lease, B, &token, 0, 8).unwrap_err();
+        assert_eq!(refusal.code, "device-error");
+        assert!(refusal.message.contains("cuMemcpyDtoH failed"), "{}", refusal.message);
+        // Device bytes count against the caps.
+        assert_eq!(t.stats().bytes, 8);
     }
 }

@@ -437,6 +437,7 @@ impl Sim {
                             }
                         }
                         Frame::Shm { .. } | Frame::Mapped { .. } => self.violation("a shm frame on tcp".into()),
+                        Frame::Device(_) => self.violation("a cuda frame on tcp".into()),
                     }
                 }
             }

@@ -47,6 +47,7 @@ use pyo3::exceptions::{PyOSError, PyPermissionError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
+use crate::device::{self, DeviceClaim, DeviceSource};
 use crate::engine::{Engine, Shared};
 use crate::frames::{bytes_of, Frame};
 use crate::socket;
@@ -109,9 +110,13 @@ impl Received {
     /// §9.1): `False` while the sender's bounds do not allow it (wait for room, as
     /// `Engine.wait_for_room` tells). `behind` is the room of that peer's messages read
     /// after this one, waiting for it (`handoff_proto::budget::Permit::try_expand_ahead`).
-    fn reserve(&self, behind: u64) -> bool {
+    /// `bytes`: room for other bytes pulled before delivery (the GPU frames that could not
+    /// be mapped, spec §7.10) instead of the tickets'.
+    #[pyo3(signature = (behind, bytes=None))]
+    fn reserve(&self, behind: u64, bytes: Option<u64>) -> bool {
+        let bytes = bytes.unwrap_or(self.eager_ticket_bytes);
         match self.permit.lock().expect("permit lock").as_mut() {
-            Some(permit) if self.eager_ticket_bytes > 0 => permit.try_expand_ahead(self.eager_ticket_bytes, behind),
+            Some(permit) if bytes > 0 => permit.try_expand_ahead(bytes, behind),
             _ => true, // nothing to take, or taken already: nothing is buffered for it
         }
     }
@@ -513,6 +518,11 @@ impl Connection {
             .iter()
             .filter_map(|p| match p {
                 Planned::Ticket(c) if c.owner == self.shared.me.node_id => Some(c.clone()),
+                Planned::Device(c) => Some(TicketClaim {
+                    lease: c.lease,
+                    token: c.token.clone(),
+                    ..device_lease_stub()
+                }),
                 _ => None,
             })
             .collect();
@@ -683,11 +693,12 @@ impl Drop for Connection {
 
 /// One frame Python gave a send: bytes (in an application's segment, for a
 /// `SegmentFrame`), bytes to send only on demand (with their BLAKE3 if known), or a ticket
-/// made for the receiver.
+/// made for the receiver, or a CUDA array's device memory (spec §7.10).
 enum Outbound {
     Bytes(Buffer),
     OnDemand(Bytes, Option<[u8; 32]>),
     Ticket(TicketClaim, String),
+    Device(DeviceSource),
 }
 
 impl Outbound {
@@ -703,6 +714,9 @@ impl Outbound {
         if let Ok(s) = obj.cast::<crate::frames::SegmentFrame>() {
             return Ok(Outbound::Bytes(s.get().buffer.clone()));
         }
+        if let Some(device) = DeviceSource::of(obj)? {
+            return Ok(Outbound::Device(device));
+        }
         bytes_of(obj).map(|b| Outbound::Bytes(Buffer::from(b)))
     }
 
@@ -712,6 +726,7 @@ impl Outbound {
             Outbound::Bytes(b) => b.len() as u64,
             Outbound::OnDemand(b, _) => b.len() as u64,
             Outbound::Ticket(..) => 0,
+            Outbound::Device(d) => d.len(),
         }
     }
 }
@@ -778,6 +793,40 @@ impl Connection {
                 }
                 Outbound::Bytes(b) => (b, false, None),
                 Outbound::OnDemand(b, known) => (Buffer::from(b), true, known),
+                Outbound::Device(source) => {
+                    let shared_as = match policy.plan(send_policy::Frame::Device) {
+                        // (Waits for the device's queued work: without the GIL.)
+                        FramePlan::ShareDevice => py.detach(|| source.export()).ok(),
+                        _ => None,
+                    };
+                    // Memory without an IPC handle (or a peer that cannot map it) gets a copy.
+                    let Some(exported) = shared_as else {
+                        planned.push(Planned::Bytes(Buffer::from(source.to_host(py)?)));
+                        continue;
+                    };
+                    let len = source.len();
+                    let Ok((lease, token)) = shared
+                        .leases
+                        .try_issue_device(device::leased(source), &receiver.node_id)
+                    else {
+                        self.withdraw(&issued);
+                        return Ok(None);
+                    };
+                    issued.push(TicketClaim {
+                        lease,
+                        token: token.to_vec(),
+                        ..device_lease_stub()
+                    });
+                    planned.push(Planned::Device(send_policy::device_claim(
+                        lease,
+                        token,
+                        len,
+                        exported.ipc,
+                        exported.device,
+                        exported.offset,
+                    )));
+                    continue;
+                }
             };
             let (buffer, on_demand, known) = bytes;
             let len = buffer.len();
@@ -804,7 +853,8 @@ impl Connection {
         Ok(Some(planned))
     }
 
-    /// Ends the leases issued for a message that was not sent after all.
+    /// Ends the leases issued for a message that was not sent after all (a device lease's
+    /// only by its lease and token: see [`device_lease_stub`]).
     fn withdraw(&self, issued: &[TicketClaim]) {
         let Some(peer) = &self.peer else {
             return;
@@ -1260,6 +1310,10 @@ impl Connection {
             }
             InFrame::Shm { .. } => unreachable!("the engine maps segments itself (with_mappings)"),
             InFrame::Ticket(claim) => Py::new(py, Ticket::held(claim, &self.shared))?.into_any(),
+            InFrame::Device(claim) => {
+                let owner = self.peer.as_ref().map(|p| p.ident.node_id.clone()).unwrap_or_default();
+                Py::new(py, DeviceClaim::held(py, claim, &owner, &self.shared)?)?.into_any()
+            }
         })
     }
 
@@ -1384,4 +1438,18 @@ fn error_event(py: Python<'_>, code: &str, message: &str, by_peer: bool) -> PyRe
         .into_pyobject(py)?
         .into_any()
         .unbind())
+}
+
+/// The fields of a withdrawn device lease that [`Connection::withdraw`] does not read.
+fn device_lease_stub() -> TicketClaim {
+    TicketClaim {
+        len: 0,
+        owner: String::new(),
+        addr: None,
+        lease: 0,
+        token: Vec::new(),
+        digest: handoff_wire::TicketDigest::Blake3([0; 32]),
+        ttl_ms: 0,
+        lazy: false,
+    }
 }

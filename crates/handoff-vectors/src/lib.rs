@@ -11,10 +11,11 @@
 
 use std::path::{Path, PathBuf};
 
-use handoff_wire::framing::{TCP_KINDS, UNIX_KINDS};
+use handoff_wire::framing::{TCP_KINDS, UNIX_KINDS, UNIX_KINDS_WITH_CUDA};
 use handoff_wire::{Header, Limits, Preamble, WireError, EXT_RESOURCE_KEY};
 use serde_json::{json, Value as Json};
 
+mod cuda;
 mod fixtures;
 mod strict;
 mod v1;
@@ -30,7 +31,21 @@ pub fn all() -> Vec<Vector> {
     v.extend(strict::vectors());
     v.extend(v2::vectors());
     v.extend(v3::vectors());
+    v.extend(cuda::vectors());
     v
+}
+
+/// The descriptor kinds the receiver of a vector takes: its `channel` (`"shm"`: a Unix
+/// socket, else TCP) and, on a Unix socket, `cuda` if its `caps` name it (§7.10).
+pub fn receiver_kinds(description: &Json) -> &'static [&'static str] {
+    let announced_cuda = description["caps"]
+        .as_array()
+        .is_some_and(|caps| caps.iter().any(|c| c == "cuda"));
+    match (description["channel"] == "shm", announced_cuda) {
+        (true, true) => UNIX_KINDS_WITH_CUDA,
+        (true, false) => UNIX_KINDS,
+        _ => TCP_KINDS,
+    }
 }
 
 /// The folder the vectors live in: `spec/vectors` at the workspace root.
@@ -139,11 +154,7 @@ pub fn decode_to_json(v: &Vector) -> Result<Json, WireError> {
             "negotiated": negotiated,
         }));
     }
-    let supported: &[&str] = if v.description["channel"] == "shm" {
-        UNIX_KINDS
-    } else {
-        TCP_KINDS
-    };
+    let supported = receiver_kinds(&v.description);
     let m = handoff_wire::framing::decode_message_on(&v.bytes, &limits, supported)?;
     let header_end = 4 + u32::from_be_bytes(v.bytes[..4].try_into().expect("4 bytes")) as usize;
     let header_value = rmpv::decode::read_value(&mut &v.bytes[4..header_end])

@@ -3,7 +3,7 @@
 
 use handoff_vectors::{all, decode_to_json, description_on_disk, json_view, vectors_dir, Vector};
 use handoff_wire::auth::{self, Sent, Transcript};
-use handoff_wire::framing::{decode_message_on, TCP_KINDS, UNIX_KINDS};
+use handoff_wire::framing::{decode_message_on, TCP_KINDS};
 use handoff_wire::{Header, Limits, Preamble};
 use serde_json::Value as Json;
 
@@ -296,12 +296,7 @@ fn receiver(json: &Json) -> (Limits, &'static [&'static str]) {
         None => Limits::default(),
         Some(other) => panic!("unknown stage {other:?}"),
     };
-    let kinds = if json["channel"] == "shm" {
-        UNIX_KINDS
-    } else {
-        TCP_KINDS
-    };
-    (limits, kinds)
+    (limits, handoff_vectors::receiver_kinds(json))
 }
 
 /// What the reference decoder built, not only what a generic msgpack reader sees: every

@@ -68,6 +68,8 @@ pub struct DecodedMessage<'a> {
 pub const TCP_KINDS: &[&str] = &["inline", "ticket"];
 /// The descriptor kinds a Unix socket carries.
 pub const UNIX_KINDS: &[&str] = &["inline", "shm", "ticket"];
+/// The descriptor kinds a Unix socket carries to a node that announced `cuda` (§7.10).
+pub const UNIX_KINDS_WITH_CUDA: &[&str] = &["inline", "shm", "ticket", "cuda"];
 
 /// Decodes one message from the front of `bytes` as a TCP stream carries it: `inline`
 /// frames and `ticket`s (a plain byte stream cannot pass shared memory).

@@ -31,7 +31,9 @@ pub use buffer::Buffer;
 pub use codec::{decode, encode, EncodeError, EncodedBody, EXT_FRAME_REF};
 pub use error::WireError;
 pub use framing::{decode_message, DecodedMessage};
-pub use header::{Descriptor, Header, Hello, Ident, TicketClaim, TicketDigest, TicketOp, CAP_XXH3};
+pub use header::{
+    Descriptor, DeviceClaim, Header, Hello, Ident, TicketClaim, TicketDigest, TicketOp, CAP_CUDA, CAP_XXH3,
+};
 pub use limits::{identity as identity_lengths, Limits, HANDSHAKE_HEADER_BYTES, HANDSHAKE_HEADER_VALUES};
 pub use preamble::{Preamble, MAX_VERSION, MIN_VERSION};
 pub use resource::{Resource, ResourceError, ResourceKey, Resources, EXT_RESOURCE_KEY};

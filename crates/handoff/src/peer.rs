@@ -232,7 +232,7 @@ impl Peer {
             .iter()
             .filter_map(|p| match p {
                 Planned::Ticket(claim) => Some(claim.clone()),
-                Planned::Bytes(_) => None,
+                Planned::Bytes(_) | Planned::Device(_) => None,
             })
             .collect();
         let sending = Sending {
@@ -298,7 +298,8 @@ impl Peer {
             };
             let to = &self.0.remote.node_id;
             out.push(match policy.plan(kind) {
-                FramePlan::Bytes => Planned::Bytes(frame),
+                // (The device plans answer device frames, which this driver never asks about.)
+                FramePlan::Bytes | FramePlan::ShareDevice | FramePlan::CopyDevice => Planned::Bytes(frame),
                 FramePlan::RedeemHeld => Planned::Bytes(held.expect("a held ticket").redeem().await?),
                 FramePlan::ForwardHeld => {
                     let ticket = held.expect("a held ticket");

@@ -288,6 +288,14 @@ fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Opt
             });
             Buffer::with_origin(Bytes::new(), Arc::new(TicketOrigin(handle)))
         }
+        // This driver does not announce `cuda`, so its engine refuses such frames first.
+        Frame::Device(_) => {
+            return Err(WireError::UnsupportedDescriptor {
+                index: 0,
+                kind: "cuda".into(),
+            }
+            .into())
+        }
     })
 }
 

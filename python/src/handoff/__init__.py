@@ -30,7 +30,9 @@ keep every import pointing down):
 """
 
 from .bounds import Bounds
+from . import cuda
 from .codec import Bin, Buffer, OnDemand, as_numpy
+from .cuda import CudaArray
 from .data import BlobError, BlobHandle, BlobTag, FileDataset, dataset_key
 from .envelope import Envelope, ReceivedFrame
 from .errors import (
@@ -65,6 +67,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Node",
+    "CudaArray",
+    "cuda",
     "Bounds",
     "Peer",
     "Envelope",

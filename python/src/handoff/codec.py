@@ -37,6 +37,7 @@ from .errors import HandoffError
 from .msgpack_values import BadStr, Ext
 from .resources import EXT_RESOURCE_KEY, Resource, ResourceKey, Resources
 from .route import _CURRENT, MARKER, Route, _by_name, _by_type, RouteError, codec_for, decode_value, encode_value
+from .cuda import CudaArray, is_cuda_array
 from .native import ext as _native
 from .wire import MAX_BODY_DEPTH, WireError, packer
 
@@ -264,6 +265,8 @@ def encode_body(
             return v.item()
         if isinstance(v, msgpack.ExtType):
             return v
+        if is_cuda_array(v):  # GPU memory: by its IPC handle or as a host copy, by route (§7.10)
+            return walk(CudaArray(v), depth)
         to_wire = getattr(v, "__handoff_wire__", None)
         if to_wire is not None:  # a data handle or its tag: encoded as the map it travels as
             return walk(to_wire(), depth)

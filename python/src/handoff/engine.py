@@ -47,6 +47,8 @@ Frame = _native.Frame
 OnDemand = _native.OnDemand
 Received = _native.Received
 Ticket = _native.Ticket
+DeviceClaim = _native.DeviceClaim
+DeviceFrame = _native.DeviceFrame
 
 
 log = logging.getLogger("handoff")
@@ -139,18 +141,18 @@ class Driver:
             if room is not None and not room.done():
                 room.set_result(None)
 
-    async def _reserve(self, received: Received, behind: Callable[[], int]) -> None:
+    async def _reserve(self, received: Received, behind: Callable[[], int], pulled: Optional[int] = None) -> None:
         """Takes room for ``received``'s tickets before they are pulled (the engine knows
-        their bytes), waiting until room is given back in the receive budget
-        (``behind()``: the room of the messages waiting after it)."""
-        if received.reserve(behind()):
+        their bytes; or for ``pulled`` other bytes), waiting until room is given back in the
+        receive budget (``behind()``: the room of the messages waiting after it)."""
+        if received.reserve(behind(), pulled):
             return
         # Counted as waiting before trying again: room given back from now on fires the
         # wake pipe, whose handler wakes the future made before this task yields. A message
         # queued behind it (which the budget is not told of) is seen within ROOM_RECHECK.
         self.engine.wait_for_room(True)
         try:
-            while not received.reserve(behind()):
+            while not received.reserve(behind(), pulled):
                 if self._room is None or self._room.done():
                     self._room = self.loop.create_future()
                 try:
@@ -519,6 +521,21 @@ class Listener:
             task.cancel()
 
 
+def _map_device_frames(received: Received) -> bool:
+    """Maps each cuda frame of ``received`` (the sender's GPU memory, spec §7.10) in place;
+    whether some could not be (their bytes are then pulled, :meth:`_copy_device_frames`)."""
+    frames = received.frames
+    unmapped = False
+    for i, frame in enumerate(frames):
+        if isinstance(frame, DeviceClaim):
+            try:
+                frames[i] = frame.open()
+            except OSError as e:
+                log.info("a cuda frame of %d bytes is copied instead: %s", len(frame), e)
+                unmapped = True
+    return unmapped
+
+
 def _time_out(waiter: asyncio.Future) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError("no message within the timeout"))
@@ -610,7 +627,8 @@ class EngineConnection:
             kind = event[0]
             if kind == "message":
                 received = event[1]
-                if self._redeeming or (received.eager_tickets and self.driver.redemption == "eager"):
+                unmapped = _map_device_frames(received)
+                if self._redeeming or unmapped or (received.eager_tickets and self.driver.redemption == "eager"):
                     # Redeemed in a task of its own, so that this connection keeps reading
                     # the owners' answers; later messages wait behind it to keep their order.
                     self._redeeming.append(received)
@@ -864,6 +882,8 @@ class EngineConnection:
                 received = self._redeeming[0]
                 if received.eager_tickets and self.driver.redemption == "eager":
                     await self._redeem_all(received)
+                if received.failure is None:
+                    await self._copy_device_frames(received)
                 self._redeeming.popleft()
                 try:
                     self._deliver(received)
@@ -896,6 +916,26 @@ class EngineConnection:
                 return
             frames[i] = data
             del frame  # our hold ends with the last handle (unlease)
+
+    async def _copy_device_frames(self, received: Received) -> None:
+        """Pulls the bytes of each cuda frame that could not be mapped here and puts them on a
+        device of ours (spec §7.10); on a failure the message carries the error. Their bytes
+        take room in the receive budget first, as eager tickets' do (§9.1)."""
+        frames = received.frames
+        pulled = sum(len(f) for f in frames if isinstance(f, DeviceClaim))
+        if not pulled:
+            return
+        await self.driver._reserve(received, lambda: sum(r.room for r in itertools.islice(self._redeeming, 1, None)), pulled)
+        for i, frame in enumerate(frames):
+            if not isinstance(frame, DeviceClaim):
+                continue
+            try:
+                data = await self.driver.read(frame.ticket, 0, len(frame))
+                frames[i] = frame.upload(data)
+            except Exception as e:  # noqa: BLE001 - the application gets it with the message
+                received.failure = e
+                return
+            del frame, data  # our hold ends with the claim (unlease); the host copy goes too
 
     def _lost(self, ticket: Ticket, why: str, label: Optional[str]) -> OwnerLost:
         return self.driver._lost(ticket, why, label)

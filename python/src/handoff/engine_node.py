@@ -25,6 +25,8 @@ from . import pins, wire
 from .addresses import strip_scheme
 from .bounds import DEFAULT_BOUNDS
 from .codec import OnDemand, encode_body, pack_plain
+from .cuda import is_cuda_array
+from .cuda import status as cuda_status
 from .envelope import Envelope, ReceivedFrame
 from .errors import HandoffError, PeerClosed, PeerRefused
 from .inbox import ConnectionQueue, Inbox
@@ -121,6 +123,13 @@ class EngineNode(Node):
         self.dialer_nonces = None  # the engine's own (handoff_proto::handshake::DialerNonces)
         self._driver: Optional[eng.Driver] = None
         self._engine_listeners: list = []
+
+    @property
+    def caps(self) -> list:
+        # "cuda": this node maps same-host peers' GPU memory by its IPC handle (§7.10); only
+        # with shared memory (a Unix socket) and a CUDA driver that works here.
+        caps = super().caps
+        return caps + ["cuda"] if self.shm and cuda_status()[0] else caps
 
     # ------------------------------------------------------------------ life
 
@@ -471,6 +480,8 @@ class EnginePeer(Peer):
                     raise HandoffError(f"the ticket for lease {source.lease} was released")
                 # Forwarded or redeemed as the engine says (spec §7.8).
                 frames[i] = self.node._native_ticket(source)
+            elif frames[i] is None and is_cuda_array(source):
+                frames[i] = source  # device memory: the engine names it or copies it (§7.10)
             elif isinstance(source, OnDemand):
                 # A lazy ticket to a peer that takes tickets, the bytes to one that does not.
                 frames[i] = eng.OnDemand(frames[i], source.digest)
@@ -580,6 +591,8 @@ class EnginePeer(Peer):
     def _frame(self, f: Any) -> ReceivedFrame:
         if isinstance(f, eng.Ticket):
             return ReceivedFrame("ticket", EngineTicket(self.node, f, self.node._owner_label(f)))
+        if isinstance(f, eng.DeviceFrame):
+            return ReceivedFrame("cuda", f)  # GPU memory (§7.10): its view is the frame itself
         return ReceivedFrame(_KINDS.get(f.kind, f.kind), memoryview(f), f.lease, f.segment)
 
     def abort(self) -> None:

@@ -8,7 +8,7 @@
 
 use super::scan::{self, DescriptorFields, HeaderFields};
 use super::schema::{descriptor as d, header as h};
-use super::{Descriptor, Header, Hello, Ident, TicketClaim, TicketOp, MAX_HEADER_DEPTH};
+use super::{Descriptor, DeviceClaim, Header, Hello, Ident, TicketClaim, TicketOp, MAX_HEADER_DEPTH};
 use crate::header::TicketDigest;
 use crate::msgpack::Reader;
 use crate::{Limits, WireError};
@@ -180,6 +180,29 @@ fn descriptor(index: usize, f: &DescriptorFields<'_>) -> Result<Descriptor, Wire
                 },
                 ttl_ms: f.uint(d::TTL).ok_or_else(|| lacks(kind, "ttl"))?,
                 lazy: f.bool(d::LAZY).unwrap_or(false),
+            }))
+        }
+        b"cuda" => {
+            let kind = "cuda";
+            let len = len(kind)?;
+            let offset = f.uint(d::OFF).ok_or_else(|| lacks(kind, "off"))?;
+            let lease = f.uint(d::LEASE).ok_or_else(|| lacks(kind, "lease"))?;
+            let token = f.bin(d::TOKEN).ok_or_else(|| lacks(kind, "token"))?.to_vec();
+            // Fixed lengths, checked with their types by the first pass.
+            let ipc = f.bin(d::IPC).ok_or_else(|| lacks(kind, "ipc"))?;
+            let device = f.bin(d::DEVICE).ok_or_else(|| lacks(kind, "device"))?;
+            if offset.checked_add(len).is_none() {
+                return Err(WireError::MalformedHeader(format!(
+                    "frame {index}: cuda range {offset}+{len} overflows"
+                )));
+            }
+            Ok(Descriptor::Cuda(DeviceClaim {
+                len,
+                offset,
+                lease,
+                token,
+                ipc: ipc.try_into().expect("64 bytes by type"),
+                device: device.try_into().expect("16 bytes by type"),
             }))
         }
         b"tag" => Ok(Descriptor::Tag {

@@ -182,6 +182,15 @@ fn descriptor(w: &mut Writer<'_>, d: &Descriptor) {
                 w.bool("lazy", true);
             }
         }
+        Descriptor::Cuda(c) => {
+            w.map(7, "cuda");
+            w.uint("n", c.len);
+            w.uint("off", c.offset);
+            w.uint("lease", c.lease);
+            w.bin("token", &c.token);
+            w.bin("ipc", &c.ipc);
+            w.bin("device", &c.device);
+        }
         Descriptor::Tag { key } => {
             w.map(2, "tag");
             w.str("key", key);

@@ -185,6 +185,9 @@ pub enum Descriptor {
     /// A claim to pull the bytes from their owner, who keeps them under a lease until
     /// every holder has released it.
     Ticket(TicketClaim),
+    /// A range of the sender's GPU memory, named by a CUDA IPC handle, that the sender keeps
+    /// under a ticket lease (spec §7.10): the receiver maps it, or pulls its bytes.
+    Cuda(DeviceClaim),
     /// Reserved (specified for resource tags): a key the receiver resolves locally.
     Tag {
         /// The resource key.
@@ -267,6 +270,31 @@ pub struct TicketClaim {
     /// The sender asks the receiver to pull only on use, never on receipt: the ticket is a
     /// fallback the receiver may not need (wire key `lazy`, sent only when true).
     pub lazy: bool,
+}
+
+/// The capability (§5.2) of a node that opens CUDA IPC handles: it takes `cuda` frames on a
+/// Unix socket (§7.10).
+pub const CAP_CUDA: &str = "cuda";
+
+/// The fields of a `cuda` descriptor (spec §7.10): `len` bytes at `offset` of the GPU
+/// allocation that `ipc` names, on the device whose UUID is `device`. The sender owns them
+/// under ticket lease `lease`, held by the receiver with `token` until it releases it
+/// (`unlease`) or the connection ends; a receiver that cannot open the handle pulls the
+/// bytes with that lease (§7.6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceClaim {
+    /// Length of the range in bytes.
+    pub len: u64,
+    /// Where the range starts in the allocation the handle names.
+    pub offset: u64,
+    /// The owner's lease id (the owner is the sender).
+    pub lease: u64,
+    /// 32 random bytes, valid only for the receiver.
+    pub token: Vec<u8>,
+    /// The CUDA IPC memory handle (`CUipcMemHandle`, 64 bytes) of the allocation.
+    pub ipc: [u8; 64],
+    /// The UUID of the device the allocation lies on (`cuDeviceGetUuid`).
+    pub device: [u8; 16],
 }
 
 /// Messages of the ticket protocol between a holder and the owner.
@@ -357,6 +385,7 @@ impl Descriptor {
             Descriptor::Inline { .. } => "inline",
             Descriptor::Shm { .. } => "shm",
             Descriptor::Ticket { .. } => "ticket",
+            Descriptor::Cuda { .. } => "cuda",
             Descriptor::Tag { .. } => "tag",
         }
     }
@@ -366,6 +395,7 @@ impl Descriptor {
         match self {
             Descriptor::Inline { len } | Descriptor::Shm { len, .. } => *len,
             Descriptor::Ticket(t) => t.len,
+            Descriptor::Cuda(c) => c.len,
             Descriptor::Tag { .. } => 0,
         }
     }

@@ -283,8 +283,12 @@ fn value<'a>(
             Slot::Str(text)
         }
         Type::Bin => Slot::Bin(r.read_bin().map_err(fail)?),
-        Type::Bin32 | Type::Bin16 => {
-            let want = if ty == Type::Bin32 { 32 } else { 16 };
+        Type::Bin32 | Type::Bin16 | Type::Bin64 => {
+            let want = match ty {
+                Type::Bin32 => 32,
+                Type::Bin16 => 16,
+                _ => 64,
+            };
             let b = r.read_bin().map_err(fail)?;
             if b.len() != want {
                 return Err(malformed(

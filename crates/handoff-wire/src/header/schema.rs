@@ -22,8 +22,11 @@ pub(crate) enum Type {
     /// The bin family, exactly 32 bytes: fixed lengths are part of a field's type (§6), so a
     /// `nonce`, `mac`, `token` or `digest` of another length is malformed wherever it appears.
     Bin32,
-    /// The bin family, exactly 16 bytes (a ticket's `xxh3`, §7.5).
+    /// The bin family, exactly 16 bytes (a ticket's `xxh3`, §7.5; a `cuda` frame's `device`,
+    /// §7.10).
     Bin16,
+    /// The bin family, exactly 64 bytes (a `cuda` frame's `ipc`, §7.10).
+    Bin64,
     /// An integer in `0..2^16`, in any msgpack integer encoding.
     U16,
     /// An integer in `0..2^32`, in any msgpack integer encoding.
@@ -63,6 +66,7 @@ impl Type {
             Type::Bin => "bin",
             Type::Bin32 => "bin of 32 bytes",
             Type::Bin16 => "bin of 16 bytes",
+            Type::Bin64 => "bin of 64 bytes",
             Type::U16 => "u16",
             Type::U32 => "u32",
             Type::U64 => "u64",
@@ -184,6 +188,8 @@ known_keys! {
         TTL = b"ttl": U64,
         LAZY = b"lazy": Bool,
         KEY = b"key": Str,
+        IPC = b"ipc": Bin64,
+        DEVICE = b"device": Bin16,
     }
 }
 
@@ -203,7 +209,7 @@ mod tests {
         assert_eq!(header::KEYS[header::TOKEN], (&b"token"[..], Type::Bin32));
         assert_eq!(descriptor::KEYS[descriptor::KEY], (&b"key"[..], Type::Str));
         assert_eq!(header::COUNT, 26);
-        assert_eq!(descriptor::COUNT, 14);
+        assert_eq!(descriptor::COUNT, 16);
         assert_eq!(header::lookup(b"x-future"), None);
         assert_eq!(header::lookup(b"sealed"), None, "descriptor keys are not header keys");
         assert_eq!(descriptor::lookup(b"pid"), None, "header keys are not descriptor keys");

@@ -31,8 +31,10 @@ from .headers import (
     DESCRIPTOR_KINDS,
     TCP_KINDS,
     UNIX_KINDS,
+    UNIX_KINDS_WITH_CUDA,
     Auth,
     Challenge,
+    Cuda,
     Descriptor,
     Error,
     Forward,
@@ -154,7 +156,8 @@ HEADER_KEYS: dict = {
     "to": Cursor.str_,
 }
 
-#: The keys a v1 receiver knows in a frame descriptor (§7), whatever the descriptor's kind.
+#: The keys a receiver knows in a frame descriptor (§7; ``ipc`` and ``device``, §7.10),
+#: whatever the descriptor's kind.
 DESCRIPTOR_KEYS: dict = {
     "k": Cursor.str_,
     "n": Cursor.u64,
@@ -170,6 +173,8 @@ DESCRIPTOR_KEYS: dict = {
     "xxh3": Cursor.bin16_,
     "ttl": Cursor.u64,
     "lazy": Cursor.bool_,
+    "ipc": Cursor.bin64_,
+    "device": Cursor.bin16_,
 }
 
 # The same, looked up by a key's raw bytes (keys compare byte for byte, rule 4): (name, reader).
@@ -281,6 +286,8 @@ def _descriptor(index: int, d: dict) -> Descriptor:
         raise malformed(f"{where} lacks field 'n'")
     if kind == "inline":
         return Inline(n)
+    if kind == "cuda":
+        return _cuda(index, n, d, where)
     if kind == "shm":
         off = d.get("off")
         if off is None:
@@ -323,6 +330,22 @@ def _descriptor(index: int, d: dict) -> Descriptor:
         lazy=d.get("lazy", False),
         xxh3=None if xxh3 is None else bytes(xxh3),
     )
+
+
+#: A ``cuda`` descriptor's fields after ``n``, all required, checked in this order (§7.10).
+_CUDA_FIELDS = ("off", "lease", "token", "ipc", "device")
+
+
+def _cuda(index: int, n: int, d: dict, where: str) -> Cuda:
+    """§7.10: a ``cuda`` descriptor's fields after ``n`` (their lengths are part of their
+    types, checked by pass 1), then its range ``off + n`` within u64."""
+    for key in _CUDA_FIELDS:
+        if key not in d:
+            raise malformed(f"{where} lacks field {key!r}")
+    off = d["off"]
+    if off + n >= 1 << 64:
+        raise malformed(f"frame {index}: cuda range {off}+{n} overflows")
+    return Cuda(n, off, d["lease"], d["token"], d["ipc"], d["device"])
 
 
 def _check_size(index: int, n: int, total: int, limits: Limits) -> int:
@@ -506,9 +529,10 @@ def check_carried(descriptors: Sequence[Descriptor], carried: Iterable[str]) -> 
             )
 
 
-def carried_kinds(unix: bool, ticket: bool = True) -> frozenset:
-    """The descriptor kinds a receiver carries on a TCP connection or a Unix socket (§7)."""
-    kinds = UNIX_KINDS if unix else TCP_KINDS
+def carried_kinds(unix: bool, ticket: bool = True, cuda: bool = False) -> frozenset:
+    """The descriptor kinds a receiver carries on a TCP connection or a Unix socket (§7);
+    ``cuda`` only on a Unix socket, by a receiver that announced ``cuda`` (§7.10)."""
+    kinds = (UNIX_KINDS_WITH_CUDA if cuda else UNIX_KINDS) if unix else TCP_KINDS
     return kinds if ticket else kinds - {"ticket"}
 
 

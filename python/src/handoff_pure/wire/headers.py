@@ -15,8 +15,10 @@ __all__ = [
     "TCP_KINDS",
     "TICKET_OPS",
     "UNIX_KINDS",
+    "UNIX_KINDS_WITH_CUDA",
     "Auth",
     "Challenge",
+    "Cuda",
     "Descriptor",
     "Error",
     "Forward",
@@ -62,6 +64,28 @@ class Shm:
 
 
 @dataclass
+class Cuda:
+    """A range of the sender's GPU memory (spec §7.10): ``n`` bytes at ``off`` of the allocation
+    that the CUDA IPC handle ``ipc`` (64 bytes) names, on the device whose UUID is ``device``
+    (16 bytes); the sender keeps it under ticket lease ``lease``, held with ``token`` until the
+    receiver releases it or the connection ends."""
+
+    n: int
+    off: int
+    lease: int
+    token: bytes
+    ipc: bytes
+    device: bytes
+    kind: ClassVar[str] = "cuda"
+
+    def to_map(self) -> dict:
+        return {
+            "k": "cuda", "n": self.n, "off": self.off, "lease": self.lease, "token": bytes(self.token),
+            "ipc": bytes(self.ipc), "device": bytes(self.device),
+        }  # fmt: skip
+
+
+@dataclass
 class Tag:
     key: str
     kind: ClassVar[str] = "tag"
@@ -74,12 +98,14 @@ class Tag:
         return {"k": "tag", "key": self.key}
 
 
-Descriptor = Inline | Shm | TicketDesc | Tag
-DESCRIPTOR_KINDS = ("inline", "shm", "ticket", "tag")
+Descriptor = Inline | Shm | TicketDesc | Cuda | Tag
+DESCRIPTOR_KINDS = ("inline", "shm", "ticket", "cuda", "tag")
 
 #: The descriptor kinds each channel carries (§7), for a receiver that announced ``ticket``.
 TCP_KINDS = frozenset({"inline", "ticket"})
 UNIX_KINDS = frozenset({"inline", "shm", "ticket"})
+#: A Unix socket to a receiver that also announced ``cuda`` (§7.10); TCP never carries it.
+UNIX_KINDS_WITH_CUDA = UNIX_KINDS | {"cuda"}
 
 # --------------------------------------------------------------------------- headers (§6)
 

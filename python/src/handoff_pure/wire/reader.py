@@ -277,10 +277,17 @@ class Cursor:
         return value
 
     def bin16_(self, what: str) -> bytes | None:
-        """A bin of exactly 16 bytes (a ticket's ``xxh3``, §7.5)."""
+        """A bin of exactly 16 bytes (a ticket's ``xxh3``, §7.5; a ``cuda`` frame's ``device``, §7.10)."""
         value = self.bin_(what)
         if value is not None and len(value) != 16:
             raise malformed(f"{what} must be 16 bytes, got {len(value)}")
+        return value
+
+    def bin64_(self, what: str) -> bytes | None:
+        """A bin of exactly 64 bytes (a ``cuda`` frame's ``ipc`` handle, §7.10)."""
+        value = self.bin_(what)
+        if value is not None and len(value) != 64:
+            raise malformed(f"{what} must be 64 bytes, got {len(value)}")
         return value
 
     def uint(self, what: str, bits: int) -> int | None:

@@ -8,6 +8,7 @@
 
 mod bodies;
 mod common;
+mod devices;
 mod handshake;
 mod identity;
 mod leases;
@@ -46,13 +47,14 @@ pub const ALL: &[&str] = &[
     "replay",
     "relay-to-self",
     "downgrade",
+    "gpu-handles",
 ];
 
 /// The issue-11 classes (numbered as in the issue) each attack exercises; class 15 is
 /// issue 24's: authenticating without the cluster secret.
 pub fn classes(attack: &str) -> &'static [u8] {
     match attack {
-        "bad-bodies" | "failed-redemptions" => &[1],
+        "bad-bodies" | "failed-redemptions" | "gpu-handles" => &[1],
         "sigbus" => &[2],
         "huge-sizes" => &[3],
         "sparse-segments" => &[4],
@@ -120,6 +122,7 @@ pub async fn run(name: &str, target: &Target) -> Result<Findings> {
         "replay" => reflection::replay(target, &mut f).await?,
         "relay-to-self" => reflection::relay_to_self(target, &mut f).await?,
         "downgrade" => reflection::downgrade(target, &mut f).await?,
+        "gpu-handles" => devices::gpu_handles(target, &mut f).await?,
         other => bail!("no attack named {other:?}; attacks: {}", ALL.join(", ")),
     }
     Ok(f)

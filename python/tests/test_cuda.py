@@ -1,0 +1,179 @@
+"""GPU arrays in messages (spec §7.10, issue 38).
+
+The decision by route, the checks of what a peer sends, and the host-copy path run
+everywhere. Moving device memory needs a CUDA device and CuPy: those tests run where both
+are (``scripts/gpu-check`` runs them on a lent machine) and are skipped elsewhere with the
+reason ``handoff.cuda.status()`` gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from handoff import Node, cuda
+from handoff.route import REMOTE, SAME_HOST, UNKNOWN, Endpoint, Route, RouteError, decode_value
+
+ROOT = Path(__file__).resolve().parents[2]
+CUDA_OK, CUDA_WHY = cuda.status()
+try:
+    import cupy
+except ImportError:  # pragma: no cover - depends on the machine
+    cupy = None
+
+needs_gpu = pytest.mark.skipif(
+    not CUDA_OK or cupy is None,
+    reason=f"needs a CUDA device and CuPy: {CUDA_WHY or 'CuPy is not installed'}",
+)
+
+
+class FakeCudaArray:
+    """An object that says it is a CUDA array: what the encoder and the extension read first."""
+
+    def __init__(self, shape=(4, 2), typestr="<f4", strides=None, mask=None):
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": typestr,
+            "data": (0xDEAD0000, False),
+            "version": 3,
+            "strides": strides,
+            "mask": mask,
+        }
+
+
+def route(channel: str, caps: tuple, locality: str = SAME_HOST) -> Route:
+    a = Endpoint("a" * 32, host="h", proc="p1")
+    b = Endpoint("b" * 32, host="h" if locality == SAME_HOST else "other", proc="p2", caps=caps)
+    return Route(a, b, locality, channel)
+
+
+def test_the_route_decides_the_ipc_handle_or_a_host_copy(monkeypatch):
+    """§7.10: the array itself (its IPC handle) only to a same-host peer on the Unix socket
+    that maps handles (``cuda``) and takes tickets; a host copy to any other."""
+    copies = []
+
+    class Stub:
+        @staticmethod
+        def cuda_to_host(array):
+            copies.append(array)
+            return b"\0" * 32
+
+    monkeypatch.setattr(cuda, "_native", Stub)
+    x = FakeCudaArray()
+    header, frames = cuda._encode(x, route("shm", ("ticket", "cuda")))
+    assert frames == [x] and not copies
+    assert header == {"shape": [4, 2], "typestr": "<f4", "kind": "array"}
+    for other in (
+        route("tcp", ("ticket", "cuda")),  # a pinned TCP connection: no IPC
+        route("shm", ("ticket",)),  # no driver there
+        route("shm", ("cuda",)),  # no tickets there: nothing to release the lease with
+        route("tcp", ("ticket", "cuda"), REMOTE),  # another host
+        UNKNOWN,  # no handoff connection (Dask on tcp://, spilling)
+    ):
+        _, frames = cuda._encode(x, other)
+        assert frames == [b"\0" * 32], other
+    assert len(copies) == 5
+
+
+@pytest.mark.parametrize(
+    "header, frame, why",
+    [
+        ({"shape": [2], "typestr": "<f4", "kind": "cupy"}, b"\0" * 7, "has 8 bytes, its frame 7"),
+        ({"shape": [-1], "typestr": "<f4", "kind": "cupy"}, b"", "shape"),
+        ({"shape": [1] * 65, "typestr": "|u1", "kind": "cupy"}, b"\0", "shape"),
+        ({"shape": [2], "typestr": "f4", "kind": "cupy"}, b"\0" * 8, "typestr"),
+        ({"shape": [2], "typestr": "<f0", "kind": "cupy"}, b"", "typestr"),
+        ({"shape": [2], "typestr": "<f4", "kind": "jax"}, b"\0" * 8, "kind"),
+        ("not a map", b"", "header map"),
+    ],
+)
+def test_what_a_peer_sends_is_checked_before_anything_is_made(header, frame, why):
+    with pytest.raises(RouteError, match=why):
+        decode_value(cuda.NAME, {"h": header}, [frame], route("shm", ()))
+
+
+def test_a_host_copy_comes_back_with_its_shape_and_dtype():
+    data = np.arange(12, dtype="<f8").reshape(3, 4)
+    header = {"shape": [3, 4], "typestr": "<f8", "kind": "array"}
+    got = decode_value(cuda.NAME, {"h": header}, [data.tobytes()], route("tcp", (), REMOTE))
+    host = cupy.asnumpy(got) if cupy is not None and CUDA_OK else got
+    assert host.dtype == np.dtype("<f8") and host.shape == (3, 4)
+    np.testing.assert_array_equal(host, data)
+
+
+def test_the_extension_refuses_arrays_it_cannot_send():
+    from handoff.native import ext
+
+    with pytest.raises(ValueError, match="C-contiguous"):
+        ext.cuda_to_host(FakeCudaArray(shape=(4, 2), strides=(4, 16)))
+    with pytest.raises(ValueError, match="masked"):
+        ext.cuda_to_host(FakeCudaArray(mask=object()))
+    with pytest.raises(ValueError, match="unknown item type"):
+        ext.cuda_to_host(FakeCudaArray(typestr="<fx"))
+    if not CUDA_OK:
+        with pytest.raises(OSError, match="CUDA cannot be used here"):
+            ext.cuda_to_host(FakeCudaArray())
+
+
+def test_a_node_announces_cuda_only_with_a_driver_and_shared_memory():
+    async def main():
+        async with Node("gpu-caps", secret="s") as a, Node("gpu-caps-tcp", secret="s", shm=False) as b:
+            assert ("cuda" in a.caps) == CUDA_OK
+            assert "cuda" not in b.caps
+
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(CUDA_OK, reason="checks a machine without CUDA")
+def test_without_cuda_a_gpu_array_fails_its_send_and_nothing_else():
+    """A process that cannot read device memory says why; the connection goes on. (Two
+    hosts as far as the nodes know: in one process the array itself would move.)"""
+
+    async def main():
+        a = Node("a", secret="s", listen="127.0.0.1:0", host_id="host-a")
+        async with a, Node("b", secret="s", host_id="host-b") as b:
+            peer = await b.connect(a.listen_addr)
+            with pytest.raises(OSError, match="no CUDA driver"):
+                await peer.send("t.Gpu", {"x": FakeCudaArray()})
+            await peer.send("t.Plain", {"n": 1})
+            with await asyncio.wait_for(a.recv(), 10) as env:
+                assert env.type_name == "t.Plain" and env.body == {"n": 1}
+
+    asyncio.run(main())
+
+
+@needs_gpu
+def test_in_one_process_the_array_itself_moves():
+    """Same process: nothing is serialized, the very array arrives (spec §1)."""
+
+    async def main():
+        async with Node("a", secret="s", listen="127.0.0.1:0") as a, Node("b", secret="s") as b:
+            peer = await b.connect(a.listen_addr)
+            x = cupy.arange(1 << 20, dtype=cupy.float32)
+            await peer.send("t.Gpu", {"x": x})
+            with await asyncio.wait_for(a.recv(), 10) as env:
+                assert env.body["x"] is x or bool(cupy.array_equal(env.body["x"], x))
+
+    asyncio.run(main())
+
+
+@needs_gpu
+def test_between_two_processes_ipc_pull_and_a_killed_receiver(tmp_path):
+    """bench/gpu_ipc.py at 64 MiB: IPC maps the sender's memory, the fallback pulls it, every
+    byte is checked on the device, and a killed receiver's memory is freed by the owner."""
+    out = tmp_path / "gpu.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python" / "src")}
+    cmd = [sys.executable, str(ROOT / "bench" / "gpu_ipc.py"), "--mib", "64", "--rounds", "1", "--json", str(out)]
+    subprocess.run(cmd, check=True, timeout=300, env=env)
+    r = json.loads(out.read_text())
+    assert r["channel"] == "shm" and "cuda" in r["receiver_caps"]
+    assert r["ways"]["ipc"]["via"] == ["ipc"] and r["ways"]["pull"]["via"] == ["copy"]
+    assert all(w["every_byte_checked_ok"] for w in r["ways"].values())
+    assert r["killed_receiver"]["via"] == "ipc" and r["killed_receiver"]["freed"]
