@@ -177,3 +177,96 @@ def test_between_two_processes_ipc_pull_and_a_killed_receiver(tmp_path):
     assert r["ways"]["ipc"]["via"] == ["ipc"] and r["ways"]["pull"]["via"] == ["copy"]
     assert all(w["every_byte_checked_ok"] for w in r["ways"].values())
     assert r["killed_receiver"]["via"] == "ipc" and r["killed_receiver"]["freed"]
+
+
+def test_dask_frames_carry_gpu_memory_whole_and_check_it_on_receipt():
+    """A CUDA array among a Dask message's frames travels as one ``cuda`` entry (never cut
+    or joined, counted at its size), and a receiver takes nothing else in its place."""
+    pytest.importorskip("distributed")
+    from handoff.codec import Buffer
+    from handoff.dask.frames import FramesError, host_nbytes, plan_message, unpack_part
+
+    gpu = FakeCudaArray(shape=(1 << 18,), typestr="<f4")  # 1 MiB
+    host = np.arange(1 << 18, dtype=np.uint8)
+    plan = plan_message([b"header", gpu, host])
+    [part] = plan.parts
+    entries = part["f"]
+    assert entries[0] == b"header"
+    assert isinstance(entries[1], dict) and isinstance(entries[1]["cuda"], Buffer) and entries[1]["cuda"].data is gpu
+    assert isinstance(entries[2], Buffer)
+    assert plan.nbytes == len(b"header") + (1 << 20) + host.nbytes
+    out: list = []
+    assert unpack_part({"f": [b"h", {"cuda": gpu}]}, out) is False
+    assert out[1] is gpu and host_nbytes(out[1]) == 0 and host_nbytes(out[0]) == 1
+    with pytest.raises(FramesError, match="GPU memory"):
+        unpack_part({"f": [{"cuda": b"bytes, not GPU memory"}]}, [])
+
+
+def test_dask_serializes_gpu_frames_uncompressed_and_whole(monkeypatch):
+    pytest.importorskip("distributed")
+    from handoff.dask import serialize
+
+    x = FakeCudaArray(shape=(16,), typestr="|u1")
+    same_host = route("shm", ("ticket", "cuda"))
+    header, frames = serialize.dumps(cuda.CudaArray(x), {"handoff": _route_dict(same_host)})
+    assert frames == [x] and header["compression"] == [False]
+
+    class Stub:
+        @staticmethod
+        def cuda_to_host(array):
+            return b"\0" * 16
+
+    monkeypatch.setattr(cuda, "_native", Stub)
+    header, frames = serialize.dumps(cuda.CudaArray(x), None)  # tcp://, spilling: no route
+    assert frames == [b"\0" * 16] and "compression" not in header
+
+
+def _route_dict(r: Route) -> dict:
+    return {
+        "local": r.sender.to_dict(),
+        "peer": r.recipient.to_dict(),
+        "locality": r.locality,
+        "channel": r.channel,
+        "protocol": 3,
+    }
+
+
+@needs_gpu
+@pytest.mark.parametrize("protocol", ["tcp", "handoff"])
+def test_dask_moves_a_cupy_array_between_worker_processes(protocol):
+    """The same program on both schemes: an array made on one worker, checked byte for
+    byte on the other's device; on ``handoff://`` the second worker maps the first's memory."""
+    pytest.importorskip("distributed")
+    from distributed import Client, LocalCluster
+
+    def make(seed, n):
+        import cupy
+
+        return cupy.random.default_rng(seed).integers(0, 2**32, n // 4, dtype=cupy.uint32).view(cupy.uint8)
+
+    def check(x, seed, n):
+        import cupy
+
+        owner = getattr(x.data.mem, "_owner", None)
+        via = getattr(getattr(owner, "frame", None), "via", "host")
+        ok = bool(cupy.array_equal(x, make(seed, n)))
+        return {"ok": ok, "via": via, "type": type(x).__name__}
+
+    n = 64 << 20
+    with (
+        LocalCluster(
+            protocol=protocol,
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=":0",
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        c.wait_for_workers(2)
+        a, b = sorted(c.scheduler_info()["workers"])
+        x = c.submit(make, 7, n, workers=[a], pure=False)
+        got = c.submit(check, x, 7, n, workers=[b], pure=False).result(timeout=120)
+    assert got["ok"] and got["type"] == "ndarray", got
+    assert got["via"] == ("ipc" if protocol == "handoff" else "host"), got

@@ -39,7 +39,7 @@ from ..route import _CURRENT as _CURRENT_ROUTE
 from ..route import Route
 from ..wire import packer
 from .failures import comm_closed
-from .frames import TYPE_FRAMES, FramesError, Join, plan_message, unpack_part
+from .frames import TYPE_FRAMES, FramesError, Join, host_nbytes, plan_message, unpack_part
 
 __all__ = ["HandoffComm", "endpoint_of_peer", "local_endpoint", "counters"]
 
@@ -255,7 +255,7 @@ class HandoffComm(Comm):
                     raise FramesError(f"expected a {TYPE_FRAMES} message, got {env.type_name!r}")
                 seen, joined = len(frames), len(joins)
                 more = unpack_part(env.body, frames, joins)
-                total += sum(memoryview(f).nbytes for f in frames[seen:] if type(f) is not Join)
+                total += sum(host_nbytes(f) for f in frames[seen:] if type(f) is not Join)
                 total += sum(frames[i].nbytes for i in joins[joined:])
                 if total > MAX_MESSAGE_BYTES:
                     raise FramesError(

@@ -17,6 +17,9 @@ and each entry is one of
   the receiver gets them as slices of one buffer (one mapping, or one read), which
   Dask then joins without a copy (``merge_memoryviews`` only joins slices of one
   buffer);
+- ``{"cuda": ref}``: one Dask frame of GPU memory (a CuPy array the route-aware
+  serializer left as it is for a same-host peer that maps GPU memory, spec §7.10): the
+  node sends it by its CUDA IPC handle, and the receiver gets the mapped memory;
 - ``{"join": [ref, ...]}``: one Dask frame larger than a handoff frame may be (4 GiB),
   in pieces. The receiver must join them by a copy: they arrive in separate buffers (one
   read or one mapping each), and Dask keeps a frame as one buffer. A copy of that size
@@ -39,9 +42,20 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from ..codec import Bin, Buffer
+from ..cuda import is_cuda_array
 from ..wire import DEFAULT_LIMITS, Limits
 
-__all__ = ["TYPE_OPEN", "TYPE_FRAMES", "Plan", "plan_message", "unpack_part", "FramesError", "SMALL", "Join"]
+__all__ = [
+    "TYPE_OPEN",
+    "TYPE_FRAMES",
+    "Plan",
+    "plan_message",
+    "unpack_part",
+    "host_nbytes",
+    "FramesError",
+    "SMALL",
+    "Join",
+]
 
 #: The first message of every comm's connection, from the connecting side: its addresses.
 TYPE_OPEN = "handoff.dask.Open"
@@ -124,8 +138,29 @@ def _joined(views: list) -> Optional[memoryview]:
     return base[off : off + total]
 
 
+def _cuda_nbytes(frame: Any) -> int:
+    cai = frame.__cuda_array_interface__
+    n = int(cai["typestr"][2:])
+    for d in cai["shape"]:
+        n *= int(d)
+    return n
+
+
 def _entries(frames: Sequence[Any], max_frame: int) -> list:
     """Body entries, each with the sizes of the out-of-band frames it takes: ``(entry, [n...])``."""
+    out: list = []
+    start = 0
+    for i, f in enumerate(list(frames) + [None]):
+        if f is None or is_cuda_array(f):
+            out.extend(_host_entries(frames[start:i], max_frame))
+            if f is not None:
+                # GPU memory: one frame, whole, that the node sends by IPC handle (§7.10).
+                out.append(({"cuda": Buffer(f)}, [_cuda_nbytes(f)]))
+            start = i + 1
+    return out
+
+
+def _host_entries(frames: Sequence[Any], max_frame: int) -> list:
     views = [_flat(f) for f in frames]
     out: list = []
     for run in _runs(views):
@@ -201,6 +236,11 @@ def plan_message(
     return Plan(parts, total, not out_of_band)
 
 
+def host_nbytes(frame: Any) -> int:
+    """The host memory a received frame takes (GPU memory takes none)."""
+    return 0 if is_cuda_array(frame) else memoryview(frame).nbytes
+
+
 def _bytes_like(value: Any) -> bool:
     return isinstance(value, (bytes, bytearray, memoryview))
 
@@ -260,6 +300,11 @@ def unpack_part(body: Any, out: list, joins: Optional[list] = None) -> bool:
             for n in sizes:
                 out.append(view[pos : pos + n])
                 pos += n
+        elif isinstance(entry, dict) and "cuda" in entry:
+            frame = entry["cuda"]
+            if not is_cuda_array(frame):
+                raise FramesError(f"a 'cuda' entry holds GPU memory, got {type(frame).__name__}")
+            out.append(frame)
         elif isinstance(entry, dict) and "join" in entry:
             pieces = entry["join"]
             if not isinstance(pieces, list) or not all(_bytes_like(p) for p in pieces):

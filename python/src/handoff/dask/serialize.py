@@ -44,6 +44,7 @@ from typing import Any, Optional
 from distributed.protocol.serialize import dask_deserialize, dask_serialize, register_serialization_family
 
 from .. import route as _route
+from ..cuda import is_cuda_array, register_frameworks
 from ..errors import CapReached
 from ..route import UNKNOWN, Route, RouteCodec
 
@@ -75,7 +76,12 @@ def dumps(x: Any, context: Optional[dict] = None) -> tuple:
     except CapReached as e:
         logger.warning("sending %s as for a remote peer: %s", type(x).__qualname__, e)
         name, fields, frames = _route.encode_value(x, UNKNOWN)
-    return {_TYPE_KEY: name, **fields}, frames
+    header = {_TYPE_KEY: name, **fields}
+    if any(is_cuda_array(f) for f in frames):
+        # GPU memory is neither compressed nor cut into shards: each such frame goes whole,
+        # by its IPC handle (spec §7.10), as Dask's own "cuda" family marks its frames.
+        header["compression"] = [False if is_cuda_array(f) else None for f in frames]
+    return header, frames
 
 
 def loads(header: dict, frames: list) -> Any:
@@ -90,3 +96,17 @@ def _register_with_dask(codec: RouteCodec) -> None:
 
 register_serialization_family(FAMILY, dumps, loads)
 _route.on_register(_register_with_dask)
+
+
+@dask_serialize.register_lazy("cupy")
+@dask_deserialize.register_lazy("cupy")
+def _register_cupy() -> None:
+    """When Dask first meets a CuPy array: Dask's own CuPy serializers (what its lazy
+    registration, which this one takes the place of, would load), then handoff's route-aware
+    one for ``cupy.ndarray``, which replaces Dask's in the ``dask`` family: an IPC handle to
+    a same-host ``handoff://`` peer that maps them, a host copy elsewhere (spec §7.10)."""
+    try:
+        from distributed.protocol import cupy as _dask_cupy  # noqa: F401
+    except ImportError:  # pragma: no cover - a Dask without CuPy support
+        pass
+    register_frameworks()
