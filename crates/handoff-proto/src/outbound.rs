@@ -235,6 +235,21 @@ pub fn message_head(
     Ok(head)
 }
 
+/// The leases this node issued for a message's planned frames, as `(lease, token)`: its own
+/// tickets (`me` is its node id; a ticket it forwards is leased by its owner) and its leased
+/// device memory. A send that fails before the message is written withdraws them
+/// ([`LeaseTable::withdraw`](crate::ticket_leases::LeaseTable::withdraw)).
+pub fn issued_leases(planned: &[Planned], me: &str) -> Vec<(u64, Vec<u8>)> {
+    planned
+        .iter()
+        .filter_map(|p| match p {
+            Planned::Ticket(claim) if claim.owner == me => Some((claim.lease, claim.token.clone())),
+            Planned::Device(claim) => Some((claim.lease, claim.token.clone())),
+            Planned::Ticket(_) | Planned::Bytes(_) => None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -260,6 +275,40 @@ mod tests {
                 Routed::Shared { .. } => "shared",
             })
             .collect()
+    }
+
+    #[test]
+    fn a_message_s_issued_leases_are_its_own_tickets_and_device_leases() {
+        let claim = |owner: &str, lease: u64| TicketClaim {
+            len: 1,
+            owner: owner.into(),
+            addr: None,
+            lease,
+            token: vec![lease as u8; 32],
+            digest: handoff_wire::TicketDigest::Blake3([0; 32]),
+            ttl_ms: 1000,
+            lazy: false,
+        };
+        let device = DeviceClaim {
+            len: 1,
+            offset: 0,
+            lease: 9,
+            token: vec![9; 32],
+            ipc: [0; 64],
+            device: [0; 16],
+        };
+        let planned = [
+            Planned::Bytes(Buffer::from(vec![1u8; 4])),
+            Planned::Ticket(claim("me", 1)),
+            Planned::Ticket(claim("other", 2)),
+            Planned::Device(device),
+        ];
+        assert_eq!(
+            issued_leases(&planned, "me"),
+            [(1, vec![1; 32]), (9, vec![9; 32])],
+            "a forwarded ticket's lease is its owner's"
+        );
+        assert!(issued_leases(&planned[..1], "me").is_empty());
     }
 
     #[test]

@@ -653,6 +653,33 @@ impl LeaseTable {
     }
 }
 
+impl LeaseTable {
+    /// Ends `holder`'s holds on the leases issued for a message that was not sent after all
+    /// ([`issued_leases`](crate::outbound::issued_leases)); those already ended are skipped.
+    pub fn withdraw(&self, issued: &[(u64, Vec<u8>)], holder: &str) {
+        for (lease, token) in issued {
+            let _ = self.unlease(*lease, holder, token);
+        }
+    }
+}
+
+/// The shortest and the longest sleep of a driver's reaper of expired holds
+/// ([`LeaseTable::reap_after`]).
+pub const REAP_SLEEP: (Duration, Duration) = (Duration::from_millis(5), Duration::from_millis(250));
+
+impl LeaseTable {
+    /// How long a driver's reaper sleeps at `now` before it ends the holds due
+    /// ([`expire`](Self::expire)) again: until the soonest deadline of any hold, at least
+    /// 5 ms and at most 250 ms (250 ms when none is due).
+    pub fn reap_after(&self, now: Instant) -> Duration {
+        let (shortest, longest) = REAP_SLEEP;
+        self.next_deadline()
+            .map(|d| d.saturating_duration_since(now))
+            .unwrap_or(longest)
+            .clamp(shortest, longest)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -675,6 +702,47 @@ mod tests {
 
     fn issue(t: &LeaseTable, buf: &Buffer, holder: &str) -> Result<Issued, String> {
         t.try_issue(buf, LeaseTable::digest_for(buf, None, false), holder)
+    }
+
+    #[test]
+    fn a_withdrawn_message_ends_its_leases_holds() {
+        let t = table(60_000, 1 << 20, WhenFull::Fail);
+        let buf = Buffer::from(vec![1u8; 100]);
+        let (a, b) = (issue(&t, &buf, B).unwrap(), issue(&t, &buf, B).unwrap());
+        let kept = issue(&t, &buf, B).unwrap();
+        let issued = [
+            (a.lease, a.token.to_vec()),
+            (b.lease, b.token.to_vec()),
+            (a.lease, a.token.to_vec()),
+        ];
+        t.withdraw(&issued, B);
+        assert!(
+            !t.is_alive(a.lease) && !t.is_alive(b.lease),
+            "both ended; the repeat is skipped"
+        );
+        assert!(t.is_alive(kept.lease));
+        t.withdraw(&[(kept.lease, kept.token.to_vec())], C);
+        assert!(t.is_alive(kept.lease), "only the holder's own hold ends");
+    }
+
+    #[test]
+    fn the_reaper_sleeps_until_the_next_deadline_within_its_bounds() {
+        let now = Instant::now();
+        let idle = table(60_000, 1 << 20, WhenFull::Fail);
+        assert_eq!(idle.reap_after(now), REAP_SLEEP.1, "no hold: the longest sleep");
+        let soon = table(100, 1 << 20, WhenFull::Fail);
+        let buf = Buffer::from(vec![1u8; 10]);
+        issue(&soon, &buf, B).unwrap();
+        let wait = soon.reap_after(Instant::now());
+        assert!(wait > REAP_SLEEP.0 && wait <= Duration::from_millis(100), "{wait:?}");
+        assert_eq!(
+            soon.reap_after(now + Duration::from_secs(1)),
+            REAP_SLEEP.0,
+            "overdue: the shortest"
+        );
+        let late = table(60_000, 1 << 20, WhenFull::Fail);
+        issue(&late, &buf, B).unwrap();
+        assert_eq!(late.reap_after(now), REAP_SLEEP.1, "far off: the longest");
     }
 
     #[test]

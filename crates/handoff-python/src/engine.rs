@@ -151,14 +151,10 @@ impl Shared {
     pub(crate) fn check_type(&self, name: &str) -> Result<(), WireError> {
         let types = self.types.lock().expect("types lock");
         match &*types {
-            Some(known) if !known.contains(name) => {
-                let mut names: Vec<&str> = known.iter().map(String::as_str).collect();
-                names.sort_unstable();
-                Err(WireError::UnknownType {
-                    name: name.to_string(),
-                    known: names.join(", "),
-                })
-            }
+            Some(known) if !known.contains(name) => Err(handoff_proto::received::unknown_type(
+                name,
+                known.iter().map(String::as_str),
+            )),
             _ => Ok(()),
         }
     }

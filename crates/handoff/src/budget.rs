@@ -2,11 +2,11 @@
 //! budget's waker notifies a [`Notify`] that waiting connections listen to.
 
 use std::ops::Deref;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 pub(crate) use handoff_proto::budget::{Account, Budget, Permit};
+use handoff_proto::waiting::Waiting;
 use tokio::sync::Notify;
 
 /// The node's receive budget and what wakes the connections waiting for room in it.
@@ -15,7 +15,7 @@ pub(crate) struct RecvBudget {
     freed: Arc<Notify>,
     /// Waits in progress: room given back wakes nobody (and takes no lock) while there are
     /// none.
-    waiting: Arc<AtomicUsize>,
+    waiting: Arc<Waiting>,
 }
 
 impl RecvBudget {
@@ -33,15 +33,11 @@ impl RecvBudget {
     /// Waits, the tokio way, for room in `budget` (a node's, `NodeCore::budget`).
     pub(crate) fn over(budget: Arc<Budget>) -> Self {
         let freed = Arc::new(Notify::new());
-        let waiting = Arc::new(AtomicUsize::new(0));
-        let (wake, anyone) = (freed.clone(), waiting.clone());
+        let waiting = Arc::new(Waiting::default());
+        let wake = freed.clone();
         // A waiter counts itself before it tries (and so locks the budget): if this sees
         // none, the waiter's try comes after the room was given back.
-        budget.set_waker(Box::new(move || {
-            if anyone.load(Ordering::SeqCst) > 0 {
-                wake.notify_waiters()
-            }
-        }));
+        budget.set_waker(waiting.gate(move || wake.notify_waiters()));
         RecvBudget { budget, freed, waiting }
     }
 
@@ -59,14 +55,7 @@ impl RecvBudget {
     /// Tries `attempt` until it succeeds, again each time room is given back and, if given,
     /// every `recheck` ([`crate::wait::until`]).
     pub(crate) async fn wait_for<T>(&self, recheck: Option<Duration>, attempt: impl FnMut() -> Option<T>) -> T {
-        struct Counted<'a>(&'a AtomicUsize);
-        impl Drop for Counted<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        let _counted = Counted(&self.waiting);
+        let _counted = self.waiting.enter();
         crate::wait::until(&self.freed, None, recheck, attempt)
             .await
             .expect("no deadline")

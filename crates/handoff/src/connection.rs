@@ -15,6 +15,7 @@ use crate::receive::read_loop;
 use crate::socket::Socket;
 use crate::state::NodeInner;
 use crate::{Error, Peer, Result};
+use handoff_proto::dialing::{self, Switch, Target};
 use handoff_proto::tls_session::TlsSession;
 use handoff_proto::{peers, Handshaken};
 use handoff_wire::auth::Role;
@@ -24,13 +25,11 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
     if node.ctx.is_shut_down() {
         return Err(Error::NodeClosed);
     }
-    if let Some(name) = addr.strip_prefix("inproc://") {
-        return inproc::connect(node, name);
-    }
-    if let Some(path) = addr.strip_prefix("unix://") {
-        return connect_unix(node, path).await;
-    }
-    let target = strip_scheme(addr, "tcp://");
+    let target = match Target::of(addr) {
+        Target::Inproc(name) => return inproc::connect(node, name),
+        Target::Unix(path) => return connect_unix(node, path).await,
+        Target::Tcp(target) => target,
+    };
     let stream = tokio::time::timeout(node.ctx.bounds.handshake_timeout, TcpStream::connect(target))
         .await
         .map_err(|_| {
@@ -46,7 +45,7 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
         None => (stream, None),
         Some(tls) => {
             set_nodelay(&stream, &label)?;
-            let host = target.rsplit_once(':').map_or(target, |(host, _port)| host);
+            let host = dialing::host_of(target);
             let tls_stream = tokio::time::timeout(node.ctx.bounds.handshake_timeout, tls.connect(stream, host))
                 .await
                 .map_err(|_| {
@@ -59,24 +58,22 @@ pub(crate) async fn connect(node: &Arc<NodeInner>, addr: &str, channel: Option<C
         }
     };
     let peer = open_tcp(node.clone(), stream, tls, label, Side::Dialed).await?;
-    if channel == Some(Channel::Tcp) {
-        return Ok(peer);
-    }
-    let switch = peers::unix_switch(
+    let switch = dialing::switch_after_tcp(
+        channel,
         peer.locality(),
         node.ctx.unix_path.is_some(),
         peer.endpoint(),
         peer.unix_addr(),
     );
     let path = match switch {
-        Ok(path) => path.to_string(),
-        Err(reason) if channel == Some(Channel::Shm) => {
+        Switch::Try(path) => path.to_string(),
+        Switch::Refuse(reason) => {
             close(&peer).await;
             return Err(Error::Config(format!("cannot use shm with {}: {reason}", peer.name())));
         }
-        Err(_) => return Ok(peer),
+        Switch::Stay => return Ok(peer),
     };
-    match connect_unix(node, strip_scheme(&path, "unix://")).await {
+    match connect_unix(node, dialing::strip_scheme(&path, "unix://")).await {
         Ok(shm_peer) => {
             close(&peer).await;
             tracing::info!(node = %node.ctx.me.name, peer = %shm_peer.name(), "same-host peer: using shm");
@@ -104,11 +101,6 @@ async fn connect_unix(node: &Arc<NodeInner>, path: &str) -> Result<Peer> {
         .map_err(|e| Error::io(format!("connecting to unix://{path}"), e))?;
     let label = format!("unix://{path}");
     open_unix(node.clone(), stream, label, Side::Dialed).await
-}
-
-/// `addr` without its `scheme` prefix, if it has one.
-pub(crate) fn strip_scheme<'a>(addr: &'a str, scheme: &str) -> &'a str {
-    addr.strip_prefix(scheme).unwrap_or(addr)
 }
 
 /// Closes our side of a connection (the peer sees the end of the stream and closes too).

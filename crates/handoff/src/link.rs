@@ -20,6 +20,7 @@ use crate::tickets::owner::WhenFull;
 use crate::{Error, Result};
 pub(crate) use handoff_proto::outbound::Planned;
 use handoff_proto::outbound::{inline_routes, message_head, stream_parts, Routed, Router, ShmRouting};
+pub use handoff_proto::shm::leases::LeaseStats;
 use handoff_proto::shm::leases::ShmLeases;
 
 /// How messages reach a peer.
@@ -62,12 +63,21 @@ pub(crate) struct Sending<'a> {
     pub(crate) peer: &'a str,
     /// What the receiver accepts (spec §9): nothing it must refuse is sent.
     pub(crate) limits: &'a handoff_wire::Limits,
+    /// Set when the socket itself failed (the connection is lost), not the send alone (a
+    /// frame that could not be copied into shared memory, a lease that did not come).
+    pub(crate) socket_failed: std::sync::atomic::AtomicBool,
 }
 
 impl Sending<'_> {
-    /// The error of a write that failed.
+    /// The error of a write that failed: the connection is lost.
     fn failed(&self, e: std::io::Error) -> Error {
+        self.socket_failed.store(true, std::sync::atomic::Ordering::Relaxed);
         Error::io(format!("sending {} to {}", self.type_name, self.peer), e)
+    }
+
+    /// Whether the socket failed during the send.
+    pub(crate) fn lost_the_connection(&self) -> bool {
+        self.socket_failed.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -139,15 +149,6 @@ impl Link {
     }
 }
 
-/// Leases a node holds for a peer: buffers kept alive until the peer releases them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct LeaseStats {
-    /// Leases outstanding.
-    pub count: usize,
-    /// Bytes they keep alive.
-    pub bytes: usize,
-}
-
 /// The sending state of a same-host connection.
 pub(crate) struct ShmLink {
     pub(crate) socket: Arc<Socket>,
@@ -203,11 +204,7 @@ impl ShmLink {
     }
 
     pub(crate) fn stats(&self) -> LeaseStats {
-        let (count, bytes) = self.leases.lock().expect("leases lock").held();
-        LeaseStats {
-            count,
-            bytes: bytes as usize,
-        }
+        self.leases.lock().expect("leases lock").stats()
     }
 
     /// Registers a lease on `held` for the peer, waiting (as configured) while the peer

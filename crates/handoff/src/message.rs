@@ -80,10 +80,10 @@ impl TypeRegistry {
         if self.contains(name) {
             Ok(())
         } else {
-            Err(WireError::UnknownType {
-                name: name.to_string(),
-                known: self.names().join(", "),
-            })
+            Err(handoff_proto::received::unknown_type(
+                name,
+                self.decoders.keys().copied(),
+            ))
         }
     }
 

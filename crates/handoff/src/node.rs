@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use crate::accept::{self, Listening};
 use crate::budget::RecvBudget;
 use crate::builder::NodeBuilder;
-use crate::connection::{self, strip_scheme};
+use crate::connection;
 use crate::context::Context;
 use crate::directory;
 use crate::envelope::Envelope;
@@ -45,7 +45,7 @@ impl NodeBuilder {
         });
         let listener = match &settings.listen {
             Some(addr) => {
-                let addr = strip_scheme(addr, "tcp://");
+                let addr = handoff_proto::dialing::strip_scheme(addr, "tcp://");
                 Some(
                     TcpListener::bind(addr)
                         .await
@@ -175,13 +175,7 @@ impl Node {
 
     /// Shared-memory leases this node holds for all its peers.
     pub fn leases(&self) -> LeaseStats {
-        self.peers().iter().fold(LeaseStats::default(), |acc, p| {
-            let l = p.leases();
-            LeaseStats {
-                count: acc.count + l.count,
-                bytes: acc.bytes + l.bytes,
-            }
-        })
+        self.peers().iter().map(Peer::leases).sum()
     }
 
     /// The leases this node holds as the owner of tickets it sent.

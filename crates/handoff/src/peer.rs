@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use handoff_wire::framing::encode_header_into;
-use handoff_wire::{Buffer, Channel, Endpoint, Header, Locality, Route, TicketClaim};
+use handoff_wire::{Buffer, Channel, Endpoint, Header, Locality, Route};
 
 use crate::budget::Account;
 use crate::context::LocalNode;
@@ -17,6 +17,7 @@ use crate::tickets::modes::OnDemand;
 use crate::tickets::pending::Waiter;
 use crate::{Error, Message, Result};
 use handoff_proto::log_limit::LogLimiter;
+use handoff_proto::outbound::issued_leases;
 use handoff_proto::send_policy::{self, issued_claim, FramePlan, TicketPolicy};
 use handoff_proto::ticket_requests::Requests;
 
@@ -228,26 +229,26 @@ impl Peer {
             .check_outgoing(encoded.body.len(), lens)
             .map_err(|reason| unsendable(T::TYPE_NAME, self.name(), reason))?;
         let planned = self.plan(encoded.frames, by_ticket).await?;
-        let tickets: Vec<TicketClaim> = planned
-            .iter()
-            .filter_map(|p| match p {
-                Planned::Ticket(claim) => Some(claim.clone()),
-                Planned::Bytes(_) | Planned::Device(_) => None,
-            })
-            .collect();
+        let issued = issued_leases(&planned, &self.0.outbound.from.node_id);
         let sending = Sending {
             type_name: T::TYPE_NAME,
             peer: self.name(),
             limits: &limits,
+            socket_failed: false.into(),
         };
         self.0
             .link
             .send(&sending, &encoded.body, planned)
             .await
-            .inspect_err(|e| match e {
-                Error::Io { .. } => self.mark_closed(),
-                Error::Unsendable { .. } => self.withdraw(tickets.iter()),
-                _ => {}
+            .inspect_err(|_| {
+                // The message did not go (or went on a connection now lost, whose holds end
+                // with it): the leases issued for it end. Only a failed socket closes the peer;
+                // a frame that could not be copied, or a lease that did not come, fails this
+                // send alone.
+                self.withdraw(&issued);
+                if sending.lost_the_connection() {
+                    self.mark_closed();
+                }
             })
     }
 
@@ -258,13 +259,9 @@ impl Peer {
     }
 
     /// Ends the leases of tickets we issued for a message that was not sent after all.
-    fn withdraw<'c>(&self, claims: impl Iterator<Item = &'c TicketClaim>) {
-        let Some(node) = self.0.local.upgrade() else {
-            return;
-        };
-        let ctx = node.context();
-        for claim in claims.filter(|c| c.owner == ctx.me.node_id) {
-            let _ = ctx.leases.unlease(claim.lease, &self.0.remote.node_id, &claim.token);
+    fn withdraw(&self, issued: &[(u64, Vec<u8>)]) {
+        if let Some(node) = self.0.local.upgrade() {
+            node.context().leases.withdraw(issued, &self.0.remote.node_id);
         }
     }
 
@@ -287,34 +284,48 @@ impl Peer {
         };
         let mut out = Vec::with_capacity(frames.len());
         for frame in frames {
-            let held = Ticket::of(&frame);
-            let on_demand = OnDemand::of(&frame);
-            let kind = match &held {
-                Some(ticket) => send_policy::Frame::Held(&ticket.0.claim),
-                None => send_policy::Frame::Bytes {
-                    len: frame.len(),
-                    on_demand: on_demand.is_some(),
-                },
-            };
-            let to = &self.0.remote.node_id;
-            out.push(match policy.plan(kind) {
-                // (The device plans answer device frames, which this driver never asks about.)
-                FramePlan::Bytes | FramePlan::ShareDevice | FramePlan::CopyDevice => Planned::Bytes(frame),
-                FramePlan::RedeemHeld => Planned::Bytes(held.expect("a held ticket").redeem().await?),
-                FramePlan::ForwardHeld => {
-                    let ticket = held.expect("a held ticket");
-                    let (claim, owner) = (&ticket.0.claim, &ticket.0.owner_label);
-                    Planned::Ticket(node.clone().forward(claim, owner, to).await?)
+            match self.plan_frame(&node, &policy, frame).await {
+                Ok(planned) => out.push(planned),
+                Err(e) => {
+                    // A redemption, forward or lease that failed part-way: the leases issued
+                    // for the frames before it end now, not by their deadline.
+                    self.withdraw(&issued_leases(&out, &ctx.me.node_id));
+                    return Err(e);
                 }
-                FramePlan::Issue { lazy, xxh3 } => {
-                    let known_digest = on_demand.and_then(|o| o.digest).or_else(|| frame.known_digest());
-                    let issued = ctx.leases.issue(&frame, known_digest, xxh3, to, self.name()).await?;
-                    let (me, addr, ttl) = (&ctx.me.node_id, ctx.listen_addr.clone(), ctx.leases.config.ttl);
-                    Planned::Ticket(issued_claim(&issued, frame.len() as u64, me, addr, ttl, lazy))
-                }
-            });
+            }
         }
         Ok(out)
+    }
+
+    /// The ticket policy's answer for one frame, carried out.
+    async fn plan_frame(&self, node: &Arc<dyn LocalNode>, policy: &TicketPolicy<'_>, frame: Buffer) -> Result<Planned> {
+        let ctx = node.context();
+        let held = Ticket::of(&frame);
+        let on_demand = OnDemand::of(&frame);
+        let kind = match &held {
+            Some(ticket) => send_policy::Frame::Held(&ticket.0.claim),
+            None => send_policy::Frame::Bytes {
+                len: frame.len(),
+                on_demand: on_demand.is_some(),
+            },
+        };
+        let to = &self.0.remote.node_id;
+        Ok(match policy.plan(kind) {
+            // (The device plans answer device frames, which this driver never asks about.)
+            FramePlan::Bytes | FramePlan::ShareDevice | FramePlan::CopyDevice => Planned::Bytes(frame),
+            FramePlan::RedeemHeld => Planned::Bytes(held.expect("a held ticket").redeem().await?),
+            FramePlan::ForwardHeld => {
+                let ticket = held.expect("a held ticket");
+                let (claim, owner) = (&ticket.0.claim, &ticket.0.owner_label);
+                Planned::Ticket(node.clone().forward(claim, owner, to).await?)
+            }
+            FramePlan::Issue { lazy, xxh3 } => {
+                let known_digest = on_demand.and_then(|o| o.digest).or_else(|| frame.known_digest());
+                let issued = ctx.leases.issue(&frame, known_digest, xxh3, to, self.name()).await?;
+                let (me, addr, ttl) = (&ctx.me.node_id, ctx.listen_addr.clone(), ctx.leases.config.ttl);
+                Planned::Ticket(issued_claim(&issued, frame.len() as u64, me, addr, ttl, lazy))
+            }
+        })
     }
 
     /// Writes a control header (and its inline bytes) on this connection.

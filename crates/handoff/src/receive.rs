@@ -12,6 +12,7 @@ use bytes::Bytes;
 use handoff_proto::established::{Established, Refused, Step};
 use handoff_proto::inbound::{Digest, Event, Frame, Inbound};
 use handoff_proto::receive::{self, Redemptions};
+use handoff_proto::received;
 use handoff_proto::ticket_leases::OwnerAnswer;
 use handoff_wire::{Buffer, WireError};
 use std::time::Instant;
@@ -26,7 +27,6 @@ use crate::shm::{self, RemoteView};
 use crate::socket::Socket;
 use crate::state::NodeInner;
 use crate::tickets::holder::{Ticket, TicketHandle, TicketOrigin};
-use crate::tickets::modes::Redeem;
 use crate::tickets::pending::{Answer, Waiter};
 use crate::{Error, Peer, Result};
 use handoff_proto::shm::buffers::Release;
@@ -185,8 +185,7 @@ async fn read_messages(
         };
         match event {
             Event::Message(incoming) => {
-                let eager = incoming.eager_tickets && node.ctx.settings.redeem == Redeem::Eager;
-                let tickets = if eager { incoming.eager_ticket_bytes } else { 0 };
+                let (eager, bytes) = (incoming.eager_tickets, incoming.eager_ticket_bytes);
                 let frames = incoming
                     .frames
                     .into_iter()
@@ -202,15 +201,14 @@ async fn read_messages(
                     permit: incoming.permit,
                 };
                 let queued = delivery.as_ref().is_some_and(Delivery::busy);
-                if eager || queued {
+                match received::redeem_first(eager, bytes, node.ctx.settings.redeem, queued) {
                     // Redeemed by a task of its own, so this loop keeps reading the owner's
                     // answers; later messages queue behind it to keep their order. The queue
                     // is bounded by the budget: each envelope in it holds its room.
-                    delivery
+                    Some(tickets) => delivery
                         .get_or_insert_with(|| Delivery::start(node.clone()))
-                        .push(envelope, tickets);
-                } else {
-                    node.deliver(envelope)?;
+                        .push(envelope, tickets),
+                    None => node.deliver(envelope)?,
                 }
             }
             Event::Owner { answer, .. } => answer_as_owner(node, peer, socket, answer).await,
@@ -275,12 +273,8 @@ fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Opt
         }
         Frame::Shm { .. } => unreachable!("the engine maps segments itself (with_mappings)"),
         Frame::Ticket(claim) => {
-            let owner_name = if claim.owner == peer.0.remote.node_id {
-                Some(peer.name().to_string())
-            } else {
-                node.peer_by_id(&claim.owner).map(|p| p.name().to_string())
-            };
-            let owner_label = handoff_proto::ticket_requests::owner_label(&claim, owner_name.as_deref());
+            let connected_name = |id: &str| node.peer_by_id(id).map(|p| p.name().to_string());
+            let owner_label = received::owner_label_at_receipt(&claim, &peer.0.remote, connected_name);
             let handle = Arc::new(TicketHandle {
                 claim,
                 node: peer.0.local.clone(),

@@ -391,3 +391,71 @@ async fn a_holder_that_renews_keeps_its_hold_past_the_ttl() {
     wait_until("the hold expires without renewals", || a.ticket_leases().count == 0).await;
     drop(ticket);
 }
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Pair {
+    first: Buffer,
+    second: Buffer,
+}
+impl Message for Pair {
+    const TYPE_NAME: &'static str = "test.Pair";
+}
+
+/// A send that fails part-way through its ticket policy (here: its second frame is a held
+/// ticket whose owner is gone, so it cannot be forwarded) ends the lease it issued for its
+/// first frame at once, not by its deadline.
+#[tokio::test]
+async fn a_send_that_fails_part_way_ends_the_leases_it_issued() {
+    let a = node("part-owner", Redeem::Eager).await;
+    let b = Node::builder("part-b")
+        .secret(SECRET)
+        .host_id("host-part-b")
+        .listen("127.0.0.1:0")
+        .register::<Blob>()
+        .register::<Pair>()
+        .redeem(Redeem::Lazy)
+        .pull_timeout(Duration::from_secs(3))
+        .build()
+        .await
+        .unwrap();
+    let c = Node::builder("part-c")
+        .secret(SECRET)
+        .host_id("host-part-c")
+        .listen("127.0.0.1:0")
+        .register::<Pair>()
+        .build()
+        .await
+        .unwrap();
+    let ab = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    ab.send_by_ticket(Blob {
+        name: "held".into(),
+        data: data(1 << 20),
+    })
+    .await
+    .unwrap();
+    let held: Blob = b.recv_timeout(T).await.unwrap().decode().unwrap();
+    a.shutdown();
+    let bc = b.connect(c.listen_addr().unwrap()).await.unwrap();
+    let err = bc
+        .send_by_ticket(Pair {
+            first: data(64 << 10),
+            second: held.data.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::OwnerLost { .. }), "{err}");
+    assert_eq!(
+        b.ticket_leases().count,
+        0,
+        "the first frame's lease ended with the send"
+    );
+    // The connection to c is not what failed: it carries the next message.
+    bc.send_by_ticket(Pair {
+        first: data(10),
+        second: data(20),
+    })
+    .await
+    .unwrap();
+    let got: Pair = c.recv_timeout(T).await.unwrap().decode().unwrap();
+    assert_eq!(got.second, data(20));
+}

@@ -235,7 +235,7 @@ class Driver:
             self._dials.release()
         if c.peer["node_id"] != owner:
             c.close()
-            raise self._lost(ticket, f"the node at {addr} is {c.peer['node_id']}, not the owner", label)
+            raise self._lost(ticket, f"the node at {addr} is {c.peer['node_id']}, not the ticket's owner", label)
         return c
 
     async def redeem(self, ticket: Ticket, label: Optional[str] = None) -> Frame:
@@ -925,7 +925,9 @@ class EngineConnection:
         pulled = sum(len(f) for f in frames if isinstance(f, DeviceClaim))
         if not pulled:
             return
-        await self.driver._reserve(received, lambda: sum(r.room for r in itertools.islice(self._redeeming, 1, None)), pulled)
+        await self.driver._reserve(
+            received, lambda: sum(r.room for r in itertools.islice(self._redeeming, 1, None)), pulled
+        )
         for i, frame in enumerate(frames):
             if not isinstance(frame, DeviceClaim):
                 continue

@@ -93,6 +93,41 @@ impl<T> ShmLeases<T> {
     pub fn held(&self) -> (usize, u64) {
         (self.held.len(), self.bytes)
     }
+
+    /// The same figures as [`LeaseStats`].
+    pub fn stats(&self) -> LeaseStats {
+        LeaseStats {
+            count: self.held.len(),
+            bytes: self.bytes as usize,
+        }
+    }
+}
+
+/// Leases a node holds for a peer: buffers kept alive until the peer releases them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LeaseStats {
+    /// Leases outstanding.
+    pub count: usize,
+    /// Bytes they keep alive.
+    pub bytes: usize,
+}
+
+impl std::ops::Add for LeaseStats {
+    type Output = LeaseStats;
+
+    fn add(self, other: LeaseStats) -> LeaseStats {
+        LeaseStats {
+            count: self.count + other.count,
+            bytes: self.bytes + other.bytes,
+        }
+    }
+}
+
+/// The leases a node holds for all its peers: each peer's, summed.
+impl std::iter::Sum for LeaseStats {
+    fn sum<I: Iterator<Item = LeaseStats>>(iter: I) -> LeaseStats {
+        iter.fold(LeaseStats::default(), |acc, l| acc + l)
+    }
 }
 
 /// How one frame of a message goes to a same-host peer.
@@ -159,6 +194,22 @@ mod tests {
         assert_eq!(book.release_all(), 1);
         assert_eq!(book.held(), (0, 0));
         assert_ne!(big, a, "ids are not reused");
+    }
+
+    #[test]
+    fn lease_stats_are_the_book_s_figures_and_sum_over_peers() {
+        let mut one = ShmLeases::new(1000, 8);
+        let mut two = ShmLeases::new(1000, 8);
+        one.try_lease("a", 100).unwrap();
+        one.try_lease("b", 20).unwrap();
+        two.try_lease("c", 7).unwrap();
+        assert_eq!(one.stats(), LeaseStats { count: 2, bytes: 120 });
+        let all: LeaseStats = [one.stats(), two.stats(), LeaseStats::default()].into_iter().sum();
+        assert_eq!(all, LeaseStats { count: 3, bytes: 127 });
+        assert_eq!(
+            std::iter::empty::<LeaseStats>().sum::<LeaseStats>(),
+            LeaseStats::default()
+        );
     }
 
     #[test]

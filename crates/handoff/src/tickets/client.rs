@@ -12,6 +12,7 @@ use crate::context::{Context, LocalNode, NodeFuture};
 use crate::state::NodeInner;
 use crate::tickets::pending::Answer;
 use crate::{Error, Peer, Result};
+use handoff_proto::dialing;
 use handoff_proto::ticket_requests::{renew_op, Ask};
 
 fn lost(claim: &TicketClaim, owner: &str, reason: impl Into<String>) -> Error {
@@ -30,13 +31,7 @@ impl NodeInner {
         if let Some(p) = self.peer_by_id(&claim.owner) {
             return Ok(p);
         }
-        let addr = claim.addr.as_deref().ok_or_else(|| {
-            lost(
-                claim,
-                &claim.owner,
-                "not connected to the owner, and the ticket has no address",
-            )
-        })?;
+        let addr = dialing::owner_address(claim).map_err(|why| lost(claim, &claim.owner, why))?;
         handoff_proto::peers::may_dial(addr, self.ctx.listen_addr.as_deref()).map_err(|why| lost(claim, owner, why))?;
         let deadline = tokio::time::Instant::now() + self.ctx.settings.pull_timeout;
         // Only so many dials at once (spec §9.1): a flood of tickets cannot make this node
@@ -64,16 +59,9 @@ impl NodeInner {
                 )
             })?
             .map_err(|e| lost(claim, owner, format!("cannot connect: {}", e.chain())))?;
-        if peer.endpoint().node_id != claim.owner {
+        if let Err(why) = dialing::check_reached_owner(addr, &peer.endpoint().node_id, &claim.owner) {
             connection::close(&peer).await;
-            return Err(lost(
-                claim,
-                owner,
-                format!(
-                    "the node at {addr} is {}, not the ticket's owner",
-                    peer.endpoint().node_id
-                ),
-            ));
+            return Err(lost(claim, owner, why));
         }
         Ok(peer)
     }

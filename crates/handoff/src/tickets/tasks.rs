@@ -21,12 +21,7 @@ pub(crate) async fn reap_expired(node: Weak<NodeInner>) {
             if n > 0 {
                 tracing::info!(node = %node.ctx.me.name, "{n} ticket holds ended by their deadline");
             }
-            node.ctx
-                .leases
-                .next_deadline()
-                .map(|d| d.saturating_duration_since(std::time::Instant::now()))
-                .unwrap_or(Duration::from_millis(250))
-                .clamp(Duration::from_millis(5), Duration::from_millis(250))
+            node.ctx.leases.reap_after(std::time::Instant::now())
         };
         tokio::time::sleep(wait).await;
     }
