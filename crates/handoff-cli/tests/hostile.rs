@@ -13,7 +13,13 @@ use std::process::Command;
 use serde_json::Value;
 
 fn hostile(victim: &str, attacks: &[&str]) -> Value {
+    hostile_with(victim, attacks, &[])
+}
+
+/// The suite with `env` set for it and its victims.
+fn hostile_with(victim: &str, attacks: &[&str], env: &[(&str, &str)]) -> Value {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_handoff"));
+    cmd.envs(env.iter().copied());
     cmd.args(["chaos", "--hostile", "--json", "--victim", victim]);
     for a in attacks {
         cmd.args(["--attack", a]);
@@ -130,4 +136,25 @@ fn the_python_worker_survives_the_same_attacks() {
     for row in summary["attacks"].as_array().unwrap() {
         assert_eq!(row["ok"], true, "{row:#}");
     }
+}
+
+/// A Python worker that maps peers' GPU memory (announced `cuda`; here on the emulated
+/// driver, `HANDOFF_CUDA_EMULATE=1`) meets a handle that opens nothing: it pulls the bytes
+/// instead, takes the refusal, and serves on.
+#[test]
+fn a_python_worker_that_maps_gpu_memory_survives_handles_that_open_nothing() {
+    let python = std::env::var("HANDOFF_PYTHON")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../.venv/bin/python").to_string());
+    if !std::path::Path::new(&python).exists() {
+        eprintln!("skipped: no Python with the handoff peer at {python} (scripts/test sets one up)");
+        return;
+    }
+    let summary = hostile_with("python", &["gpu-handles"], &[("HANDOFF_CUDA_EMULATE", "1")]);
+    let row = &summary["attacks"][0];
+    assert_eq!(row["ok"], true, "{row:#}");
+    let passed = row["passed"].to_string();
+    assert!(
+        passed.contains("the victim pulls the bytes"),
+        "the victim did not announce cuda: {row:#}"
+    );
 }

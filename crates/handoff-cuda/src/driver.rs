@@ -1,33 +1,14 @@
 //! Loading the driver, the devices by UUID, their primary contexts, and errors.
 
-use std::ffi::CStr;
 use std::sync::OnceLock;
 
 use cudarc::driver::sys;
 
-/// A device's UUID (`cuDeviceGetUuid`): how a peer names a device, whatever its ordinal
-/// in either process (`CUDA_VISIBLE_DEVICES` may order them differently).
-pub type DeviceId = [u8; 16];
+use crate::emulated::{Emulator, EMULATED_DEVICE};
+use crate::errors::{check, refused, CudaError, DeviceId, Unavailable};
 
 /// The oldest driver whose API this crate calls: CUDA 11.4 (`cuDeviceGetUuid_v2`).
 const OLDEST_DRIVER: i32 = 11040;
-
-/// Why this process cannot use the CUDA driver.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("CUDA cannot be used here: {0}")]
-pub struct Unavailable(pub String);
-
-/// A driver call that failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{call} failed: {name} (CUDA error {code})")]
-pub struct CudaError {
-    /// The driver function.
-    pub call: &'static str,
-    /// `CUresult` as a number.
-    pub code: i32,
-    /// Its name (`CUDA_ERROR_…`).
-    pub name: String,
-}
 
 /// A device's primary context, retained the first time this process works on the device
 /// (never on devices it does not use: each costs device memory), and kept.
@@ -48,36 +29,8 @@ struct Device {
 pub struct Driver {
     devices: Vec<Device>,
     pub(crate) pid: u32,
-}
-
-/// Turns a `CUresult` into a `Result`.
-pub(crate) fn check(call: &'static str, result: sys::CUresult) -> Result<(), CudaError> {
-    if result == sys::CUresult::CUDA_SUCCESS {
-        return Ok(());
-    }
-    let mut name: *const std::ffi::c_char = std::ptr::null();
-    // SAFETY: cuGetErrorName writes a pointer to a static string, or leaves it null.
-    let known = unsafe { sys::cuGetErrorName(result, &mut name) } == sys::CUresult::CUDA_SUCCESS;
-    let name = if known && !name.is_null() {
-        // SAFETY: a NUL-terminated static string of the driver's.
-        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
-    } else {
-        "an unknown error".to_string()
-    };
-    Err(CudaError {
-        call,
-        code: result as i32,
-        name,
-    })
-}
-
-/// A failure that is not the driver's own code.
-pub(crate) fn refused(call: &'static str, why: String) -> CudaError {
-    CudaError {
-        call,
-        code: -1,
-        name: why,
-    }
+    /// The stand-in for tests (`HANDOFF_CUDA_EMULATE=1`), in place of the driver.
+    pub(crate) emulator: Option<Emulator>,
 }
 
 /// The driver, loaded and initialised once per process; or why it cannot be used.
@@ -107,6 +60,17 @@ pub fn driver() -> Result<&'static Driver, Unavailable> {
 fn load() -> Result<Driver, Unavailable> {
     if std::env::var("HANDOFF_CUDA").is_ok_and(|v| v == "0") {
         return Err(Unavailable("HANDOFF_CUDA=0 turns it off".into()));
+    }
+    if std::env::var("HANDOFF_CUDA_EMULATE").is_ok_and(|v| v == "1") {
+        return Ok(Driver {
+            devices: vec![Device {
+                handle: 0,
+                uuid: EMULATED_DEVICE,
+                context: OnceLock::new(),
+            }],
+            pid: std::process::id(),
+            emulator: Some(Emulator::default()),
+        });
     }
     // SAFETY: only tries to open the library.
     if !unsafe { sys::is_culib_present() } {
@@ -145,19 +109,24 @@ fn load() -> Result<Driver, Unavailable> {
         Ok(Driver {
             devices,
             pid: std::process::id(),
+            emulator: None,
         })
     }
 }
 
 /// Device `ordinal`'s primary context made current on this thread until dropped; the
 /// thread's own context (CuPy's, PyTorch's current device) is current again after.
-pub(crate) struct Entered(());
+pub(crate) struct Entered {
+    pushed: bool,
+}
 
 impl Drop for Entered {
     fn drop(&mut self) {
-        let mut popped = std::ptr::null_mut();
-        // SAFETY: pops what `enter` pushed on this thread.
-        let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        if self.pushed {
+            let mut popped = std::ptr::null_mut();
+            // SAFETY: pops what `enter` pushed on this thread.
+            let _ = unsafe { sys::cuCtxPopCurrent_v2(&mut popped) };
+        }
     }
 }
 
@@ -170,6 +139,11 @@ impl Driver {
     /// The ordinal of the device with this UUID, if this process sees it.
     pub fn ordinal_of(&self, uuid: &DeviceId) -> Option<usize> {
         self.devices.iter().position(|d| &d.uuid == uuid)
+    }
+
+    /// Whether this is the emulated driver of `HANDOFF_CUDA_EMULATE=1` (tests only).
+    pub fn is_emulated(&self) -> bool {
+        self.emulator.is_some()
     }
 
     /// Whether this is the process that loaded the driver (not a forked child of it).
@@ -187,6 +161,9 @@ impl Driver {
             .devices
             .get(ordinal)
             .ok_or_else(|| refused("cuCtxPushCurrent", format!("no device {ordinal}")))?;
+        if self.emulator.is_some() {
+            return Ok(Entered { pushed: false });
+        }
         let context = device.context.get_or_init(|| {
             let mut context = std::ptr::null_mut();
             // SAFETY: an out-pointer to a local; the context is kept for the process's life.
@@ -198,11 +175,20 @@ impl Driver {
         let context = context.as_ref().map_err(Clone::clone)?;
         // SAFETY: a retained context, popped by the guard.
         check("cuCtxPushCurrent", unsafe { sys::cuCtxPushCurrent_v2(context.0) })?;
-        Ok(Entered(()))
+        Ok(Entered { pushed: true })
     }
 
     /// The ordinal of the device that holds `ptr`, a device pointer of this process.
     pub(crate) fn device_of(&self, ptr: u64) -> Result<usize, CudaError> {
+        if let Some(e) = &self.emulator {
+            return match e.contains(ptr) {
+                true => Ok(0),
+                false => Err(refused(
+                    "cuPointerGetAttribute",
+                    format!("{ptr:#x} is not emulated device memory"),
+                )),
+            };
+        }
         // The query needs a current context (any, with unified addressing): device 0's.
         let _entered = self.enter(0)?;
         let mut ordinal: std::ffi::c_int = -1;
@@ -233,6 +219,9 @@ impl Driver {
     /// Waits for the work queued on device `ordinal` (every stream of its primary context).
     pub fn synchronize(&self, ordinal: usize) -> Result<(), CudaError> {
         let _entered = self.enter(ordinal)?;
+        if self.emulator.is_some() {
+            return Ok(());
+        }
         // SAFETY: no arguments.
         check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
@@ -240,6 +229,10 @@ impl Driver {
     /// Free and total bytes of device `ordinal`'s memory.
     pub fn memory_info(&self, ordinal: usize) -> Result<(u64, u64), CudaError> {
         let _entered = self.enter(ordinal)?;
+        if let Some(e) = &self.emulator {
+            const TOTAL: u64 = 1 << 40;
+            return Ok((TOTAL.saturating_sub(e.bytes()), TOTAL));
+        }
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: out-pointers to locals.
         check("cuMemGetInfo", unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;

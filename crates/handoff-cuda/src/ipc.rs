@@ -5,7 +5,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use cudarc::driver::sys;
 
-use crate::driver::{check, refused, CudaError, DeviceId, Driver};
+use crate::driver::Driver;
+use crate::errors::{check, refused, CudaError, DeviceId};
 
 /// Bytes of a CUDA IPC memory handle (`CUipcMemHandle`).
 pub const IPC_HANDLE_BYTES: usize = 64;
@@ -41,8 +42,10 @@ impl Drop for Mapping {
         }
         // Under the lock, so that the handle is closed before anyone opens it again.
         let mut open = OPEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Nothing to report to: a failed close leaves the mapping to the process's end.
-        if let Ok(_entered) = self.driver.enter(self.ordinal) {
+        if let Some(e) = &self.driver.emulator {
+            e.free(self.opened);
+        } else if let Ok(_entered) = self.driver.enter(self.ordinal) {
+            // Nothing to report to: a failed close leaves the mapping to the process's end.
             // SAFETY: `opened` came from cuIpcOpenMemHandle and is closed once, here.
             let _ = unsafe { sys::cuIpcCloseMemHandle(self.opened) };
         }
@@ -95,6 +98,14 @@ impl Driver {
     /// virtual-memory mappings such as PyTorch's expandable segments, memory this process
     /// opened from a peer): send a copy then.
     pub fn export(&'static self, ptr: u64, len: u64) -> Result<Exported, CudaError> {
+        if let Some(e) = &self.emulator {
+            let (ipc, offset) = e.export(ptr, len)?;
+            return Ok(Exported {
+                ipc,
+                device: self.uuid(0),
+                offset,
+            });
+        }
         let ordinal = self.device_of(ptr)?;
         let _entered = self.enter(ordinal)?;
         let (mut base, mut size) = (0u64, 0usize);
@@ -163,6 +174,16 @@ impl Driver {
 
     /// Opens a peer's handle on device `ordinal` (the caller holds the `OPEN` lock).
     fn map(&'static self, ipc: &[u8; IPC_HANDLE_BYTES], ordinal: usize) -> Result<Mapping, CudaError> {
+        if let Some(e) = &self.emulator {
+            let (opened, size) = e.open(ipc)?;
+            return Ok(Mapping {
+                opened,
+                size,
+                ordinal,
+                driver: self,
+                handle: *ipc,
+            });
+        }
         let _entered = self.enter(ordinal)?;
         // SAFETY: a zeroed plain struct, filled with the peer's bytes.
         let mut handle = unsafe { std::mem::zeroed::<sys::CUipcMemHandle>() };

@@ -2,7 +2,8 @@
 
 use cudarc::driver::sys;
 
-use crate::driver::{check, CudaError, Driver};
+use crate::driver::Driver;
+use crate::errors::{check, CudaError};
 
 /// Device memory allocated here (`cuMemAlloc`), freed on drop.
 pub struct DeviceAlloc {
@@ -37,10 +38,12 @@ impl DeviceAlloc {
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
         // (In a forked child `enter` refuses: the memory is the parent's.)
-        if self.ptr == 0 {
+        if self.ptr == 0 || !self.driver.usable_here() {
             return;
         }
-        if let Ok(_entered) = self.driver.enter(self.ordinal) {
+        if let Some(e) = &self.driver.emulator {
+            e.free(self.ptr);
+        } else if let Ok(_entered) = self.driver.enter(self.ordinal) {
             // SAFETY: allocated by cuMemAlloc in `alloc`, freed once, here.
             let _ = unsafe { sys::cuMemFree_v2(self.ptr) };
         }
@@ -52,7 +55,9 @@ impl Driver {
     pub fn alloc(&'static self, ordinal: usize, len: u64) -> Result<DeviceAlloc, CudaError> {
         let _entered = self.enter(ordinal)?;
         let mut ptr = 0u64;
-        if len > 0 {
+        if let Some(e) = &self.emulator {
+            ptr = e.alloc(len)?;
+        } else if len > 0 {
             // SAFETY: an out-pointer to a local.
             check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, len as usize) })?;
         }
@@ -68,7 +73,9 @@ impl Driver {
     /// from pageable memory may return before it lands: the device is synchronised).
     pub fn upload(&'static self, ordinal: usize, bytes: &[u8]) -> Result<DeviceAlloc, CudaError> {
         let alloc = self.alloc(ordinal, bytes.len() as u64)?;
-        if !bytes.is_empty() {
+        if let Some(e) = &self.emulator {
+            e.copy_from_host(alloc.ptr, bytes)?;
+        } else if !bytes.is_empty() {
             let _entered = self.enter(ordinal)?;
             // SAFETY: the allocation holds `bytes.len()` bytes.
             unsafe {
@@ -87,6 +94,9 @@ impl Driver {
     pub fn copy_to_host(&self, ptr: u64, out: &mut [u8]) -> Result<(), CudaError> {
         if out.is_empty() {
             return Ok(());
+        }
+        if let Some(e) = &self.emulator {
+            return e.copy_to_host(ptr, out);
         }
         let ordinal = self.device_of(ptr)?;
         let _entered = self.enter(ordinal)?;

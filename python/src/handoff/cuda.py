@@ -27,7 +27,7 @@ import sys
 from typing import Any, Optional
 
 from .native import ext as _native
-from .route import Route, register
+from .route import UNKNOWN, Route, register
 
 __all__ = ["CudaArray", "DeviceArray", "is_cuda_array", "register_frameworks", "status"]
 
@@ -64,6 +64,12 @@ class CudaArray:
         if not is_cuda_array(array):
             raise TypeError(f"a {type(array).__name__} is not a CUDA array (no __cuda_array_interface__)")
         self.array = array
+
+    def __reduce__(self):
+        # Pickled (Dask's tcp://, a spill to disk): as a host copy, which unpickles as the
+        # array a receiver decodes from one (on its device where it can).
+        header, frames = _encode(self, UNKNOWN)
+        return _from_host_copy, (header, bytes(frames[0]))
 
 
 class DeviceArray:
@@ -109,7 +115,8 @@ def _checked(header: Any, frames: list) -> tuple:
     if not isinstance(header, dict) or len(frames) != 1:
         raise ValueError("a CUDA array is a header map and one frame")
     shape, typestr, kind = header.get("shape"), header.get("typestr"), header.get("kind")
-    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape) or len(shape) > 64:
+    # (A list in a handoff body; a tuple where Dask's msgpack read it.)
+    if not isinstance(shape, (list, tuple)) or len(shape) > 64 or not all(isinstance(n, int) and n >= 0 for n in shape):
         raise ValueError(f"a CUDA array's shape is a list of at most 64 sizes, got {shape!r}")
     if not isinstance(typestr, str) or len(typestr) < 3 or not typestr[2:].isdigit() or int(typestr[2:]) == 0:
         raise ValueError(f"a CUDA array's typestr is like '<f8', got {typestr!r}")
@@ -159,6 +166,10 @@ def _decode(header: Any, frames: list, route: Route) -> Any:
         with cupy.cuda.Device(frame.device):
             return cupy.asarray(view)
     return view
+
+
+def _from_host_copy(header: dict, data: bytes) -> Any:
+    return _decode(header, [data], UNKNOWN)
 
 
 def _module(name: str) -> Optional[Any]:

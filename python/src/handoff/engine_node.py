@@ -591,8 +591,10 @@ class EnginePeer(Peer):
     def _frame(self, f: Any) -> ReceivedFrame:
         if isinstance(f, eng.Ticket):
             return ReceivedFrame("ticket", EngineTicket(self.node, f, self.node._owner_label(f)))
-        if isinstance(f, eng.DeviceFrame):
-            return ReceivedFrame("cuda", f)  # GPU memory (§7.10): its view is the frame itself
+        if isinstance(f, (eng.DeviceFrame, eng.DeviceClaim)):
+            # GPU memory (§7.10): its view is the frame itself (a claim still, in a message
+            # whose pull failed: the message carries that error).
+            return ReceivedFrame("cuda", f)
         return ReceivedFrame(_KINDS.get(f.kind, f.kind), memoryview(f), f.lease, f.segment)
 
     def abort(self) -> None:

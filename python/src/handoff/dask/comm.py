@@ -40,6 +40,7 @@ from ..route import Route
 from ..wire import packer
 from .failures import comm_closed
 from .frames import TYPE_FRAMES, FramesError, Join, host_nbytes, plan_message, unpack_part
+from .serialize import FAMILY
 
 __all__ = ["HandoffComm", "endpoint_of_peer", "local_endpoint", "counters"]
 
@@ -132,6 +133,8 @@ class HandoffComm(Comm):
             "peer": endpoint_of_peer(peer),
         }
         self._inbound_route = Route.from_dict(self.route, inbound=True)
+        #: The peer maps GPU memory by IPC handle on this connection (spec §7.10).
+        self._maps_gpu_memory = peer.channel == "shm" and {"cuda", "ticket"} <= set(self.route["peer"].get("caps", ()))
         self._finalizer = weakref.finalize(self, _dangling, peer, release, f"{local_addr} -> {peer_addr}")
         self._finalizer.atexit = False
         counters[f"comms-{peer.channel}"] += 1
@@ -205,6 +208,11 @@ class HandoffComm(Comm):
 
     async def _write(self, msg, serializers, on_error) -> int:
         peer = self._peer
+        if self._maps_gpu_memory and (serializers is None or FAMILY not in serializers):
+            # Route-aware types first in the handoff family, whose header Dask reads: there
+            # a GPU array's frame is marked to go whole (Dask cuts the frames of its own
+            # "dask" family before any comm sees them), as UCX's comms list "cuda" first.
+            serializers = (FAMILY, *(serializers or ("dask", "pickle")))
         frames = await to_frames(
             msg,
             allow_offload=self.allow_offload,
