@@ -467,3 +467,12 @@ async def test_a_type_name_that_is_not_a_str_is_refused_before_anything_goes_out
                 peer.send_now(name, {"x": 1})
         await peer.send("t.Fine", {"x": 1})
         assert (await a.recv(5)).body == {"x": 1}
+
+
+async def test_a_peer_on_the_unix_socket_that_claims_another_host_is_named_in_a_warning(caplog):
+    """Same host by construction (it reached our Unix socket), another host id by its
+    word: the node says so (as the Rust node does), and shares memory all the same."""
+    async with Node("warn-a", secret="s", host_id="host-a") as a, Node("warn-b", secret="s", host_id="host-b") as b:
+        peer = await b.connect(a.unix_addr)
+        assert peer.channel == "shm"
+        assert await eventually(lambda: "claims another host id (host-b)" in caplog.text)

@@ -305,6 +305,14 @@ class EngineNode(Node):
 
     def _adopt(self, ec: "eng.EngineConnection", accepted: bool) -> "EnginePeer":
         peer = EnginePeer(self, ec, accepted)
+        if accepted and peer.channel == "shm" and peer.ident.host != self.host_id:
+            # (As the Rust node and the reference say it.)
+            self._warn_about(
+                f"peer {peer.name}",
+                "peer %s on our Unix socket claims another host id (%s); it shares our memory all the same",
+                peer.name,
+                peer.ident.host,
+            )
         self._add_peer(peer)
         peer.take_messages()
         return peer
