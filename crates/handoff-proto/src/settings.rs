@@ -55,6 +55,9 @@ pub struct NodeSettings {
     pub pool_idle_bytes: usize,
     /// Whether the node opens a Unix socket for same-host peers (shared memory).
     pub shm: bool,
+    /// Whether the node maps same-host peers' GPU memory by IPC handle (it announces `cuda`
+    /// with `shm`, spec §7.10): the driver sets it where a CUDA driver works.
+    pub device_memory: bool,
     /// Buffers at least this large travel to same-host peers as shared memory (see
     /// [`shm_threshold`](Self::shm_threshold)).
     pub shm_threshold: usize,
@@ -91,6 +94,7 @@ impl NodeSettings {
             bounds: Bounds::DEFAULT,
             pool_idle_bytes: DEFAULT_RECV_POOL_BYTES,
             shm: true,
+            device_memory: false,
             shm_threshold: DEFAULT_SHM_THRESHOLD,
             shm_sealed: false,
             ticket_threshold: None,
@@ -125,11 +129,15 @@ impl NodeSettings {
     /// The capabilities the node announces: [`CAPABILITIES`], without `shm` when it has no
     /// Unix socket.
     pub fn capabilities(&self) -> Vec<String> {
-        CAPABILITIES
+        let mut caps: Vec<String> = CAPABILITIES
             .iter()
             .filter(|c| self.shm || **c != "shm")
             .map(|c| c.to_string())
-            .collect()
+            .collect();
+        if self.shm && self.device_memory {
+            caps.push(handoff_wire::CAP_CUDA.to_string());
+        }
+        caps
     }
 
     /// What the node presents as node `node_id`, written in `language`: its host id the

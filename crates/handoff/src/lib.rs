@@ -44,6 +44,7 @@ mod budget;
 mod builder;
 mod connection;
 mod context;
+pub mod device;
 mod directory;
 mod envelope;
 mod error;
@@ -67,6 +68,7 @@ pub mod tls;
 mod wait;
 
 pub use builder::NodeBuilder;
+pub use device::DeviceBuffer;
 pub use envelope::Envelope;
 pub use error::{Chain, Error, Result};
 pub use handoff_proto::bounds::{self, Bounds};

@@ -70,6 +70,8 @@ impl NodeBuilder {
         } else {
             None
         };
+        // GPU memory by IPC handle (spec §7.10) where a CUDA driver works here.
+        settings.device_memory = handoff_cuda::driver().is_ok();
         let me = settings.endpoint(node_id, "rust");
         let bounds = settings.bounds;
         let node_log = Arc::new(LogLimiter::new(

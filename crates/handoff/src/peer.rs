@@ -10,6 +10,7 @@ use handoff_wire::{Buffer, Channel, Endpoint, Header, Locality, Route};
 
 use crate::budget::Account;
 use crate::context::LocalNode;
+use crate::device::DeviceBuffer;
 use crate::link::{unsendable, LeaseStats, Link, Planned, Sending};
 use crate::payload::Payload;
 use crate::tickets::holder::Ticket;
@@ -224,7 +225,11 @@ impl Peer {
         let limits = self.limits()?;
         // Refused before anything is planned or leased: more frames, or larger
         // ones, than the receiver accepts, or a body alone over its header limit.
-        let lens = encoded.frames.iter().map(|f| f.len() as u64);
+        // (A device buffer counts its bytes, as the receiver counts a `cuda` frame's.)
+        let lens = encoded
+            .frames
+            .iter()
+            .map(|f| DeviceBuffer::of(f).map_or(f.len() as u64, |d| d.len()));
         limits
             .check_outgoing(encoded.body.len(), lens)
             .map_err(|reason| unsendable(T::TYPE_NAME, self.name(), reason))?;
@@ -300,6 +305,9 @@ impl Peer {
     /// The ticket policy's answer for one frame, carried out.
     async fn plan_frame(&self, node: &Arc<dyn LocalNode>, policy: &TicketPolicy<'_>, frame: Buffer) -> Result<Planned> {
         let ctx = node.context();
+        if let Some(device) = DeviceBuffer::of(&frame) {
+            return self.plan_device(node, policy, device).await;
+        }
         let held = Ticket::of(&frame);
         let on_demand = OnDemand::of(&frame);
         let kind = match &held {
@@ -326,6 +334,37 @@ impl Peer {
                 Planned::Ticket(issued_claim(&issued, frame.len() as u64, me, addr, ttl, lazy))
             }
         })
+    }
+
+    /// A device buffer by its IPC handle to a peer that maps GPU memory, leased to it until
+    /// it lets go; a host copy to any other, or where the memory has no handle (spec §7.10).
+    async fn plan_device(
+        &self,
+        node: &Arc<dyn LocalNode>,
+        policy: &TicketPolicy<'_>,
+        device: DeviceBuffer,
+    ) -> Result<Planned> {
+        let ctx = node.context();
+        let shared = match (policy.plan(send_policy::Frame::Device), device.leasable()) {
+            (FramePlan::ShareDevice, Some((ptr, memory))) => handoff_cuda::driver()
+                .ok()
+                .and_then(|d| d.export(ptr, device.len()).ok())
+                .map(|exported| (exported, memory)),
+            _ => None,
+        };
+        let Some((exported, memory)) = shared else {
+            return Ok(Planned::Bytes(Buffer::from(device.to_host().await?)));
+        };
+        let to = &self.0.remote.node_id;
+        let (lease, token) = ctx.leases.issue_device(memory, to, self.name()).await?;
+        Ok(Planned::Device(send_policy::device_claim(
+            lease,
+            token,
+            device.len(),
+            exported.ipc,
+            exported.device,
+            exported.offset,
+        )))
     }
 
     /// Writes a control header (and its inline bytes) on this connection.

@@ -18,6 +18,7 @@ use handoff_wire::{Buffer, WireError};
 use std::time::Instant;
 use tokio::sync::mpsc;
 
+use crate::device::DeviceBuffer;
 use crate::envelope::Envelope;
 use crate::handshake::{DRAIN_BYTES, DRAIN_TIME};
 use crate::limited_warn;
@@ -282,13 +283,16 @@ fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Opt
             });
             Buffer::with_origin(Bytes::new(), Arc::new(TicketOrigin(handle)))
         }
-        // This driver does not announce `cuda`, so its engine refuses such frames first.
-        Frame::Device(_) => {
-            return Err(WireError::UnsupportedDescriptor {
-                index: 0,
-                kind: "cuda".into(),
-            }
-            .into())
+        // The sender's GPU memory (spec §7.10): mapped here if it can be; the hold on its
+        // lease ends with the last handle, as a ticket's does.
+        Frame::Device(claim) => {
+            let owner = &peer.0.remote.node_id;
+            let hold = Arc::new(TicketHandle {
+                claim: crate::device::hold_claim(&claim, owner),
+                node: peer.0.local.clone(),
+                owner_label: peer.name().to_string(),
+            });
+            Buffer::from(DeviceBuffer::received(&claim, hold))
         }
     })
 }

@@ -50,6 +50,22 @@ impl LeaseTable {
     }
 }
 
+impl LeaseTable {
+    /// Issues a lease on device memory to `holder` (spec §7.10), waiting for room as
+    /// [`issue`](Self::issue) does: its id and the holder's token.
+    pub(crate) async fn issue_device(
+        &self,
+        memory: Arc<dyn ticket_leases::DeviceBytes>,
+        holder: &str,
+        holder_name: &str,
+    ) -> Result<(u64, [u8; 32])> {
+        let len = memory.len();
+        let attempt = || self.table.try_issue_device(memory.clone(), holder);
+        let when_full = self.table.config.when_full;
+        crate::wait::for_lease(&self.changed, when_full, holder_name, len, attempt).await
+    }
+}
+
 impl Deref for LeaseTable {
     type Target = ticket_leases::LeaseTable;
 
