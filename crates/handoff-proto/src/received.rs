@@ -4,9 +4,26 @@
 //! redeemed before the application gets it (spec §7.6, §9.1), and how a received ticket
 //! names its owner in errors from then on.
 
-use handoff_wire::{Endpoint, TicketClaim, WireError};
+use handoff_wire::{DeviceClaim, Endpoint, TicketClaim, TicketDigest, WireError};
 
 use crate::settings::Redeem;
+
+/// The hold a node keeps on the lease of a `cuda` frame received from node `owner` (spec
+/// §7.10), as a ticket claim: a pull of it (where the memory cannot be mapped) and its
+/// `unlease` go as a ticket's. It has no digest to check (a pull of it is never checked
+/// against one) and no deadline to renew.
+pub fn device_hold(claim: &DeviceClaim, owner: &str) -> TicketClaim {
+    TicketClaim {
+        len: claim.len,
+        owner: owner.to_string(),
+        addr: None,
+        lease: claim.lease,
+        token: claim.token.clone(),
+        digest: TicketDigest::Blake3([0; 32]),
+        ttl_ms: 0,
+        lazy: true,
+    }
+}
 
 /// The `unknown-type` refusal of a message named `name`, naming the `known` types the node
 /// takes, sorted and separated by `, ` (as both drivers name them).

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use handoff_cuda::{driver, DeviceAlloc, Opened};
 use handoff_proto::ticket_leases::DeviceBytes;
-use handoff_wire::{Buffer, TicketClaim, TicketDigest};
+use handoff_wire::Buffer;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
@@ -299,18 +299,8 @@ impl DeviceClaim {
         owner: &str,
         shared: &Arc<crate::engine::Shared>,
     ) -> PyResult<DeviceClaim> {
-        // The hold is a ticket hold on the sender's lease (pulled, released, like any);
-        // a cuda frame carries no digest, and a pull of it is never checked against one.
-        let ticket = TicketClaim {
-            len: claim.len,
-            owner: owner.to_string(),
-            addr: None,
-            lease: claim.lease,
-            token: claim.token.clone(),
-            digest: TicketDigest::Blake3([0; 32]),
-            ttl_ms: 0,
-            lazy: true,
-        };
+        // The hold is a ticket hold on the sender's lease (pulled, released, like any).
+        let ticket = handoff_proto::received::device_hold(&claim, owner);
         Ok(DeviceClaim {
             claim,
             hold: Py::new(py, Ticket::held(ticket, shared))?,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use handoff_cuda::{driver, DeviceAlloc, Opened};
 use handoff_proto::ticket_leases::DeviceBytes;
-use handoff_wire::{Buffer, DeviceClaim, TicketClaim, TicketDigest};
+use handoff_wire::{Buffer, DeviceClaim};
 
 use crate::tickets::holder::{Ticket, TicketHandle};
 use crate::{Error, Result};
@@ -130,8 +130,8 @@ impl DeviceBuffer {
         Ok(Bytes::from(out))
     }
 
-    /// A received `cuda` frame (spec §7.10) from node `owner`, held by this node through
-    /// `hold` (made by the caller from [`hold_claim`]): mapped if it can be.
+    /// A received `cuda` frame (spec §7.10), held by this node through `hold` (made by the
+    /// caller from `handoff_proto::received::device_hold`): mapped if it can be.
     pub(crate) fn received(claim: &DeviceClaim, hold: Arc<TicketHandle>) -> DeviceBuffer {
         let opened = driver()
             .ok()
@@ -148,21 +148,6 @@ impl DeviceBuffer {
             Memory::Ours(a) => Some((a.ptr(), Arc::new(Leased(self.clone())))),
             _ => None,
         }
-    }
-}
-
-/// The hold of a received `cuda` frame: a ticket claim on the sender's lease with no digest
-/// to check (a pull of it is never checked against one) and no deadline to renew.
-pub(crate) fn hold_claim(claim: &DeviceClaim, owner: &str) -> TicketClaim {
-    TicketClaim {
-        len: claim.len,
-        owner: owner.to_string(),
-        addr: None,
-        lease: claim.lease,
-        token: claim.token.clone(),
-        digest: TicketDigest::Blake3([0; 32]),
-        ttl_ms: 0,
-        lazy: true,
     }
 }
 

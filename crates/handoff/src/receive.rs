@@ -288,7 +288,7 @@ fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Opt
         Frame::Device(claim) => {
             let owner = &peer.0.remote.node_id;
             let hold = Arc::new(TicketHandle {
-                claim: crate::device::hold_claim(&claim, owner),
+                claim: received::device_hold(&claim, owner),
                 node: peer.0.local.clone(),
                 owner_label: peer.name().to_string(),
             });
