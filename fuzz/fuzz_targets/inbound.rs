@@ -169,6 +169,9 @@ fn check_event(e: &Event, shm: bool) {
                     total += len;
                 }
                 Frame::Ticket(_) => {}
+                // This receiver did not announce `cuda` (spec §7.10): the engine refuses the
+                // kind before a message is made.
+                Frame::Device(_) => panic!("a cuda frame reached a node that did not announce cuda"),
             }
         }
         assert!(total <= LIMITS.max_message_bytes, "the message is over its limit");
