@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from handoff import Node, cuda
+from handoff.native import ext
 from handoff.route import REMOTE, SAME_HOST, UNKNOWN, Endpoint, Route, RouteError, decode_value
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,6 +63,8 @@ def test_the_route_decides_the_ipc_handle_or_a_host_copy(monkeypatch):
     copies = []
 
     class Stub:
+        shares_device_memory = staticmethod(ext.shares_device_memory)
+
         @staticmethod
         def cuda_to_host(array):
             copies.append(array)
@@ -111,8 +114,6 @@ def test_a_host_copy_comes_back_with_its_shape_and_dtype():
 
 
 def test_the_extension_refuses_arrays_it_cannot_send():
-    from handoff.native import ext
-
     with pytest.raises(ValueError, match="C-contiguous"):
         ext.cuda_to_host(FakeCudaArray(shape=(4, 2), strides=(4, 16)))
     with pytest.raises(ValueError, match="masked"):
@@ -214,6 +215,8 @@ def test_dask_serializes_gpu_frames_uncompressed_and_whole(monkeypatch):
     assert frames == [x] and header["compression"] == [False]
 
     class Stub:
+        shares_device_memory = staticmethod(ext.shares_device_memory)
+
         @staticmethod
         def cuda_to_host(array):
             return b"\0" * 16

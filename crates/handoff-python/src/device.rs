@@ -30,6 +30,34 @@ pub fn cuda_status() -> (bool, String) {
     }
 }
 
+/// Whether GPU memory goes to a receiver with these capabilities, on this channel (`"shm"`
+/// or `"tcp"`), by its IPC handle rather than as a host copy: the engine's send policy
+/// (`handoff_proto::send_policy`, spec §7.10), which route-aware encoders ask too.
+#[pyfunction]
+pub fn shares_device_memory(channel: &str, capabilities: Vec<String>) -> bool {
+    use handoff_proto::send_policy::{Frame, FramePlan, TicketPolicy};
+    let receiver = handoff_wire::Endpoint {
+        node_id: String::new(),
+        name: String::new(),
+        host_id: String::new(),
+        process_id: String::new(),
+        language: String::new(),
+        capabilities,
+    };
+    let channel = if channel == "shm" {
+        handoff_wire::Channel::Shm
+    } else {
+        handoff_wire::Channel::Tcp
+    };
+    let policy = TicketPolicy {
+        receiver: &receiver,
+        channel,
+        threshold: None,
+        by_ticket: false,
+    };
+    policy.plan(Frame::Device) == FramePlan::ShareDevice
+}
+
 /// Free and total bytes of device `ordinal`'s memory.
 #[pyfunction]
 #[pyo3(signature = (ordinal=0))]

@@ -44,6 +44,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<device::DeviceFrame>()?;
     m.add_class::<device::DeviceClaim>()?;
     m.add_function(wrap_pyfunction!(device::cuda_status, m)?)?;
+    m.add_function(wrap_pyfunction!(device::shares_device_memory, m)?)?;
     m.add_function(wrap_pyfunction!(device::cuda_memory_info, m)?)?;
     m.add_function(wrap_pyfunction!(device::cuda_to_host, m)?)?;
     m.add_function(wrap_pyfunction!(device::cuda_upload, m)?)?;

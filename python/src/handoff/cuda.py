@@ -105,10 +105,18 @@ def _encode(obj: Any, route: Route) -> tuple:
     if header["kind"] == "torch":
         # PyTorch's own name for the dtype: bfloat16 and float8 have no typestr of their own.
         header["dtype"] = str(array.dtype).removeprefix("torch.")
-    to = route.recipient
-    if route.channel == "shm" and to is not None and to.has_cap("cuda") and to.has_cap("ticket"):
+    if shares_device_memory(route):
         return header, [array]  # the engine names its memory by its IPC handle (§7.10)
     return header, [_native.cuda_to_host(array)]
+
+
+def shares_device_memory(route: Route) -> bool:
+    """Whether a GPU array on ``route`` goes by its IPC handle (else as a host copy): the
+    engine's send policy decides (spec §7.10)."""
+    to = route.recipient
+    if to is None or _native is None:
+        return False
+    return _native.shares_device_memory(route.channel or "tcp", list(to.caps))
 
 
 def _checked(header: Any, frames: list) -> tuple:

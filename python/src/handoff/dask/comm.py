@@ -36,6 +36,7 @@ from distributed.utils import offload
 from ..errors import HandoffError, PeerClosed
 from ..peer import Peer
 from ..route import _CURRENT as _CURRENT_ROUTE
+from ..cuda import shares_device_memory
 from ..route import Route
 from ..wire import packer
 from .failures import comm_closed
@@ -134,7 +135,7 @@ class HandoffComm(Comm):
         }
         self._inbound_route = Route.from_dict(self.route, inbound=True)
         #: The peer maps GPU memory by IPC handle on this connection (spec §7.10).
-        self._maps_gpu_memory = peer.channel == "shm" and {"cuda", "ticket"} <= set(self.route["peer"].get("caps", ()))
+        self._maps_gpu_memory = shares_device_memory(Route.from_dict(self.route))
         self._finalizer = weakref.finalize(self, _dangling, peer, release, f"{local_addr} -> {peer_addr}")
         self._finalizer.atexit = False
         counters[f"comms-{peer.channel}"] += 1
