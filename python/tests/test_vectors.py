@@ -267,6 +267,7 @@ ENCODED_FROM_FIELDS = [
     "release",
     "msg-no-frames",
     "msg-shm-frame",
+    "msg-shm-arena-window",
     "msg-ticket",
     "msg-ticket-lazy",
     "msg-resource-key",

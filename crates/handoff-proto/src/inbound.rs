@@ -530,7 +530,10 @@ impl Inbound {
     ) -> Result<(), WireError> {
         if truncated {
             self.state = State::Done;
-            let problem = format!("a message carried more than {MAX_FDS_PER_READ} descriptors");
+            let problem = format!(
+                "descriptors passed with one read were cut off: more than {MAX_FDS_PER_READ} came, or this \
+                 process has no descriptor left to take them (its RLIMIT_NOFILE)"
+            );
             return Err(WireError::BadShm(problem));
         }
         self.handle_fds(fds)?;

@@ -493,7 +493,11 @@ impl Connection {
             )));
         }
         let body = bytes_of(body)?;
-        let frames = frames.iter().map(Outbound::of).collect::<PyResult<Vec<Outbound>>>()?;
+        let unix = self.unix;
+        let frames = frames
+            .iter()
+            .map(|f| Outbound::of(f, unix))
+            .collect::<PyResult<Vec<Outbound>>>()?;
         let limits = self.shared.limits.for_sending();
         let label = self.label.clone();
         // (message, code, limit): Python raises `MessageTooLarge` with the code the peer
@@ -702,7 +706,10 @@ enum Outbound {
 }
 
 impl Outbound {
-    fn of(obj: &Bound<'_, PyAny>) -> PyResult<Outbound> {
+    /// The frame `obj`, to send on a Unix socket (`unix`) or a TCP connection. On a Unix
+    /// socket, bytes that lie in one of this process's arenas (an array born in shared
+    /// memory, `handoff.shared_arrays`) are lent as a window of the arena: no byte is copied.
+    fn of(obj: &Bound<'_, PyAny>, unix: bool) -> PyResult<Outbound> {
         if let Ok(t) = obj.cast::<Ticket>() {
             let t = t.get();
             return Ok(Outbound::Ticket(t.claim.clone(), t.holder.clone()));
@@ -717,7 +724,13 @@ impl Outbound {
         if let Some(device) = DeviceSource::of(obj)? {
             return Ok(Outbound::Device(device));
         }
-        bytes_of(obj).map(|b| Outbound::Bytes(Buffer::from(b)))
+        let bytes = bytes_of(obj)?;
+        if unix && !bytes.is_empty() {
+            if let Some(lent) = crate::frames::lent_from_arena(&bytes)? {
+                return Ok(Outbound::Bytes(lent));
+            }
+        }
+        Ok(Outbound::Bytes(Buffer::from(bytes)))
     }
 
     /// Bytes the frame announces (a ticket: none on the stream).

@@ -14,6 +14,7 @@ pub mod engine;
 pub mod frames;
 mod holds;
 pub mod plain;
+pub mod shared_arrays;
 /// The system calls both drivers share.
 use handoff_sys as socket;
 pub mod tickets;
@@ -52,6 +53,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(engine::held_for_reuse, m)?)?;
     m.add_function(wrap_pyfunction!(engine::give_back_held, m)?)?;
     m.add_function(wrap_pyfunction!(engine::configure_segment_pool, m)?)?;
+    m.add("SHARED_ARRAYS_HANDLER", shared_arrays::HANDLER_NAME)?;
+    m.add_function(wrap_pyfunction!(shared_arrays::shared_arrays_set_handler, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_arrays::arena_locate, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_arrays::arena_stats, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_arrays::arena_configure, m)?)?;
+    m.add_function(wrap_pyfunction!(shared_arrays::arena_after_fork_in_child, m)?)?;
     datasets::register(m)?;
     Ok(())
 }

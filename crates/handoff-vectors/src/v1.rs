@@ -279,6 +279,34 @@ pub(crate) fn vectors() -> Vec<Vector> {
             "body": {"data": {"$frame": 0}, "meta": {"$frame": 1}},
         }),
     });
+    let arena_msg = Header::Msg {
+        type_name: "demo.Sample",
+        body: TWO_FRAME_REFS,
+        frames: vec![
+            Descriptor::Shm {
+                len: 3 << 20,
+                offset: (64 << 20) + 128,
+                size: 1 << 30,
+                lease: 9,
+                sealed: false,
+            },
+            Descriptor::Inline { len: 3 },
+        ],
+    };
+    v.push(Vector {
+        name: "msg-shm-arena-window",
+        bytes: message(&arena_msg, &[b"abc"]),
+        description: json!({
+            "kind": "message", "channel": "shm", "valid": true,
+            "description": "On a Unix socket: frame 0 is a 3 MiB window at offset 64 MiB + 128 (not on a page boundary) of an unsealed 1 GiB segment (an arena of the sender's application, spec §7.4), under lease 9; frame 1 is 3 inline bytes.",
+            "header": {"k": "msg", "t": "demo.Sample",
+                       "b": {"$bin": "82a464617461d60100000000a46d657461d60100000001"},
+                       "f": [{"k": "shm", "n": 3145728, "off": 67108992, "size": 1073741824, "lease": 9, "sealed": false},
+                             {"k": "inline", "n": 3}]},
+            "frames": [{"$bin": "616263"}],
+            "body": {"data": {"$frame": 0}, "meta": {"$frame": 1}},
+        }),
+    });
     v.push(Vector {
         name: "release",
         bytes: message(&Header::Release { leases: vec![7, 300, 70000] }, &[]),

@@ -14,6 +14,7 @@ keep every import pointing down):
 - :mod:`handoff.resources` — resource keys and the node's registry of local objects.
 - :mod:`handoff.tickets` — the holder's :class:`Ticket`, and digests.
 - :mod:`handoff.buffers` — :class:`Buffer` and :class:`OnDemand`: how a buffer travels.
+- :mod:`handoff.shared` — arrays born in shared memory (:func:`shared_arrays`).
 - :mod:`handoff.data` — data handles: tags bound to local sources, or pulled from the sender.
 - :mod:`handoff.route` — routes, and types that encode themselves by route
   (``serialize(obj, source, destination)``); :mod:`handoff.pins` — leases on what such a
@@ -59,6 +60,8 @@ from .pins import Pin, PinBounds
 from .resources import Resource, ResourceError, ResourceKey, Resources
 from .route import Endpoint, Route, RouteError
 from .spilled import SpilledFile
+from .shared import shared_arrays
+from . import shared
 from .shm import SharedFrame, ShmBuffer
 from .tickets import Ticket
 from .wire import WireError
@@ -91,6 +94,8 @@ __all__ = [
     "Pin",
     "PinBounds",
     "SpilledFile",
+    "shared_arrays",
+    "shared",
     "ShmBuffer",
     "SharedFrame",
     "Ticket",

@@ -288,7 +288,10 @@ class Transport:
                 self.refused_fds = max(self.refused_fds, 1)
             return
         if flags & _MSG_CTRUNC:
-            self._fd_error = f"a message carried more than {MAX_FDS_PER_READ} descriptors"
+            self._fd_error = (
+                f"descriptors passed with one read were cut off: more than {MAX_FDS_PER_READ} came, "
+                "or this process has no descriptor left to take them (its RLIMIT_NOFILE)"
+            )
         elif len(self.fds) > self.bounds.max_pending_fds:
             self._fd_error = f"over {self.bounds.max_pending_fds} descriptors arrived that no header claimed"
             # Keep none of them: the connection is about to fail, and they must not pile up.

@@ -58,7 +58,7 @@ pub type SegmentEnded = Box<dyn FnOnce(bool) + Send + Sync>;
 /// is, with no copy: a descriptor of its own, the segment's size, seals and identity, where
 /// this process maps it, and what runs when the last lease on it ends.
 pub struct AppSegment {
-    fd: OwnedFd,
+    fd: Arc<OwnedFd>,
     size: usize,
     sealed: bool,
     inode: (u64, u64),
@@ -82,8 +82,19 @@ impl AppSegment {
         sealed: bool,
         ended: Option<SegmentEnded>,
     ) -> Result<Arc<AppSegment>, String> {
+        AppSegment::sharing(Arc::new(fd), mapped, sealed, ended)
+    }
+
+    /// As [`AppSegment::new`], with a descriptor that other segments share (an arena lends
+    /// many windows of one memfd, each with its own `ended`, and one descriptor).
+    pub fn sharing(
+        fd: Arc<OwnedFd>,
+        mapped: &[u8],
+        sealed: bool,
+        ended: Option<SegmentEnded>,
+    ) -> Result<Arc<AppSegment>, String> {
         use rustix::fs::SealFlags;
-        let seals = rustix::fs::fcntl_get_seals(&fd).map_err(|e| format!("reading the segment's seals: {e}"))?;
+        let seals = rustix::fs::fcntl_get_seals(&*fd).map_err(|e| format!("reading the segment's seals: {e}"))?;
         let needed = match sealed {
             true => SealFlags::SHRINK | SealFlags::GROW | SealFlags::WRITE,
             false => SealFlags::SHRINK,
@@ -93,7 +104,7 @@ impl AppSegment {
                 "the segment lacks the seals a receiver requires (it has {seals:?}, needs {needed:?})"
             ));
         }
-        let st = rustix::fs::fstat(&fd).map_err(|e| format!("reading the segment's size: {e}"))?;
+        let st = rustix::fs::fstat(&*fd).map_err(|e| format!("reading the segment's size: {e}"))?;
         let size = usize::try_from(st.st_size).unwrap_or(0);
         if mapped.len() > size {
             return Err(format!("a mapping of {} bytes of a segment of {size}", mapped.len()));

@@ -64,6 +64,9 @@ class Settings:
     write_timeout: Optional[float] = None
     #: The largest handoff frame this process sends and takes (``None``: the wire's 4 GiB).
     max_frame_bytes: Optional[int] = None
+    #: NumPy arrays from this size are born in shared memory where a listener starts.
+    shared_arrays: bool = True
+    shared_arrays_min_bytes: int = 1 << 20
 
 
 def _get(key: str, default=None):
@@ -105,6 +108,8 @@ def settings() -> Settings:
         progress_timeout=_seconds(_get("progress-timeout"), f"{SECTION}.progress-timeout"),
         write_timeout=_seconds(_get("write-timeout"), f"{SECTION}.write-timeout"),
         max_frame_bytes=_size(_get("max-frame-bytes")),
+        shared_arrays=_flag("shared-arrays", True),
+        shared_arrays_min_bytes=_size(_get("shared-arrays-min-bytes")) or (1 << 20),
     )
 
 
@@ -129,9 +134,9 @@ def _size(value) -> Optional[int]:
     return parse_bytes(value) if isinstance(value, str) else int(value)
 
 
-def _flag(key: str) -> bool:
+def _flag(key: str, default: bool = False) -> bool:
     """A bool option: ``true``/``false`` (YAML), or the strings Dask's environment variables give."""
-    value = _get(key, False)
+    value = _get(key, default)
     if isinstance(value, str):
         text = value.strip().lower()
         if text in ("1", "true", "yes", "on"):

@@ -21,9 +21,10 @@ from distributed.comm.addressing import parse_host_port, unparse_host_port
 from distributed.comm.core import BaseListener, CommClosedError
 from distributed.comm.utils import ensure_concrete_host
 
+from .. import shared
 from ..errors import PeerClosed
 from ..addresses import split_host_port, strip_scheme
-from ..node import Node
+from ..node import Node, engine_default
 from ..peer import Peer
 from .comm import HandoffComm
 from .config import settings
@@ -83,8 +84,11 @@ class HandoffListener(BaseListener):
     async def start(self) -> None:
         host = self.ip or "0.0.0.0"
         listen = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
-        node = make_node(settings(), "listen", listen=listen, on_accept=self._accepted, tls=self.tls)
+        config = settings()
+        node = make_node(config, "listen", listen=listen, on_accept=self._accepted, tls=self.tls)
         await node.start()
+        if config.shared_arrays and config.shm:
+            share_arrays(config.shared_arrays_min_bytes)
         self.node = node
         self._bound = split_host_port(strip_scheme(node.listen_addr, "tcp://"))
 
@@ -168,3 +172,21 @@ class HandoffListener(BaseListener):
         result = self.comm_handler(comm)
         if inspect.isawaitable(result):
             await result
+
+
+def share_arrays(min_bytes: int) -> None:
+    """Makes NumPy arrays of at least ``min_bytes`` born in shared memory in this process
+    (``distributed.comm.handoff.shared-arrays``). Called where a listener starts, inside
+    the server's start-up: the context that its tasks inherit (Dask runs a task in a copy
+    of its worker's context), as a preload's ``dask_setup`` would be. Without the engine
+    or NumPy, arrays stay where they are, with a warning that says why."""
+    if not engine_default():
+        return
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return
+    try:
+        shared.install(min_bytes)
+    except (ImportError, RuntimeError, ValueError) as e:
+        logger.warning("arrays are not born in shared memory in this process: %s", e)

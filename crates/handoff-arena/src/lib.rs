@@ -1,0 +1,29 @@
+//! Memory born shared (issue 41): allocations of at least a threshold come from memfd
+//! *arenas*, segments that stay mapped and are reused, so that a same-host send of the
+//! bytes is the arena's descriptor and a window (spec §7.2), and no byte is copied.
+//!
+//! - [`arenas()`] is the process's registry. [`Arenas::allocate`] serves a page-aligned
+//!   range from an arena (or `None`: the caller uses its default allocator), and
+//!   [`Arenas::free`] takes it back.
+//! - [`Arenas::lend`] is what a send asks for a buffer. The first time a range is lent, the
+//!   producer's mapping of it is remapped private from the same memfd (same address, same
+//!   bytes): its later writes go to private pages, and what peers map never changes. A
+//!   range written after that is lent again only once its bytes are back in the file
+//!   (no loan is out) or, while loans are out, not at all: the caller copies.
+//! - A range returns to its arena only when the application freed it *and* every loan on it
+//!   ended ([`Loan`]'s drop). A loan that ends because its peer's connection closed, with
+//!   the peer's process possibly still mapping it, retires the range for good.
+//! - [`Arenas::after_fork_in_child`] gives a forked child private copies of the ranges it
+//!   inherits, so that nothing it writes reaches what a peer maps.
+//!
+//! Nothing here waits on a peer; the extension's NumPy allocator and the drivers' send paths
+//! call it.
+
+mod arena;
+mod dirty;
+mod error;
+mod region;
+mod registry;
+
+pub use error::ArenaError;
+pub use registry::{arenas, Arenas, Lend, Loan, Located, Stats, ARENA_BYTES, DEFAULT_MIN_BYTES};

@@ -1,0 +1,497 @@
+//! The process's arenas and the ranges allocated from them: who holds each range (the
+//! application, loans to peers), whether the producer's mapping of it is still shared, and
+//! when it may be reused.
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use crate::arena::FreeList;
+use crate::dirty::PageMap;
+use crate::region::{self, Region};
+
+/// Default smallest allocation served from an arena (smaller ones are not worth a
+/// descriptor: below it a copy into a pooled segment costs less than a remap).
+pub const DEFAULT_MIN_BYTES: usize = 1 << 20;
+/// Size of an arena, unless one allocation needs more.
+pub const ARENA_BYTES: usize = 64 << 20;
+/// Default bound on arenas (each holds one descriptor).
+pub const DEFAULT_MAX_ARENAS: usize = 256;
+/// Default bound on the bytes of freed ranges kept populated for reuse; past it, freed
+/// pages go back to the system.
+pub const DEFAULT_IDLE_BYTES: usize = 256 << 20;
+
+/// A range allocated from an arena.
+#[derive(Debug)]
+struct Record {
+    arena: u64,
+    off: usize,
+    len: usize,
+    /// The application still holds it (not freed).
+    live: bool,
+    /// The producer's mapping of it is private (it was lent): the file holds what was lent.
+    private: bool,
+    /// Loans to peers not yet ended.
+    loans: u32,
+    /// A peer that may still map it outlived its loan: its file pages never change again.
+    retired: bool,
+    /// A forked child's anonymous copy: in no arena, never lent.
+    anonymous: bool,
+}
+
+struct Arena {
+    region: Region,
+    free: FreeList,
+}
+
+#[derive(Default)]
+struct State {
+    arenas: BTreeMap<u64, Arena>,
+    records: BTreeMap<usize, Record>,
+    next_id: u64,
+    /// Freed bytes (roughly) whose pages are still populated, kept for reuse.
+    idle_populated: usize,
+    pagemap: Option<PageMap>,
+    lends: u64,
+    copies: u64,
+    write_backs: u64,
+    refused: u64,
+    last_refusal: Option<String>,
+}
+
+/// What a send gets for a buffer: not in an arena, in one but to be copied (and why), or a
+/// loan of its range.
+pub enum Lend {
+    /// The bytes are not in an arena.
+    NotOurs,
+    /// The bytes are in an arena but must be copied: why.
+    Copy(String),
+    /// The bytes may be passed by descriptor: the loan, and a read-only descriptor of the
+    /// arena to pass (one per arena, however many loans are out).
+    Shared {
+        /// The loan, which ends when the peer releases the window.
+        loan: Loan,
+        /// The arena's memfd, opened read-only.
+        fd: Arc<OwnedFd>,
+    },
+}
+
+/// A range lent to a peer: where this process maps the arena, and the window's offset in
+/// it. The loan ends with [`Loan::end`] (or when dropped, as a release).
+pub struct Loan {
+    addr: usize,
+    ended: bool,
+    /// This process's mapping of the whole arena (from the segment's first byte).
+    pub segment: &'static [u8],
+    /// The window's offset in the segment.
+    pub offset: usize,
+}
+
+impl Loan {
+    /// Ends the loan: `reusable` false when the peer may still map the range although its
+    /// loan ended (its connection closed before it released): the range is then retired.
+    pub fn end(mut self, reusable: bool) {
+        self.ended = true;
+        arenas().end_loan(self.addr, reusable);
+    }
+}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        if !self.ended {
+            arenas().end_loan(self.addr, true);
+        }
+    }
+}
+
+/// Where a buffer's bytes lie in an arena (for tests and statistics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Located {
+    /// The arena's (device, inode).
+    pub inode: (u64, u64),
+    /// The range's offset in the arena.
+    pub offset: usize,
+    /// The range's length (whole pages).
+    pub len: usize,
+    /// Whether the producer's mapping of it is private (it was lent).
+    pub private: bool,
+    /// Loans out on it.
+    pub loans: u32,
+}
+
+/// Figures of the process's arenas.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Arenas (each one descriptor).
+    pub arenas: usize,
+    /// Their total size.
+    pub arena_bytes: usize,
+    /// Bytes of ranges the application holds.
+    pub live_bytes: usize,
+    /// Ranges with loans out, and their bytes.
+    pub lent_ranges: usize,
+    pub lent_bytes: usize,
+    /// Bytes of retired ranges (never reused).
+    pub retired_bytes: usize,
+    /// Free bytes in arenas.
+    pub free_bytes: usize,
+    /// Loans made, sends that had to copy, ranges written back before a loan.
+    pub lends: u64,
+    pub copies: u64,
+    pub write_backs: u64,
+    /// Allocations the arenas could not serve (the default allocator did), and the last why.
+    pub refused: u64,
+    pub last_refusal: Option<String>,
+}
+
+/// The process's arenas: see the crate's documentation.
+pub struct Arenas {
+    state: Mutex<State>,
+    min_bytes: AtomicUsize,
+    max_arenas: AtomicUsize,
+    idle_bytes: AtomicUsize,
+    /// A fork found the registry locked by a thread the child does not have: the child
+    /// serves nothing more from arenas.
+    broken: AtomicBool,
+}
+
+/// The process's arenas.
+pub fn arenas() -> &'static Arenas {
+    static ARENAS: OnceLock<Arenas> = OnceLock::new();
+    ARENAS.get_or_init(|| Arenas {
+        state: Mutex::new(State::default()),
+        min_bytes: AtomicUsize::new(DEFAULT_MIN_BYTES),
+        max_arenas: AtomicUsize::new(DEFAULT_MAX_ARENAS),
+        idle_bytes: AtomicUsize::new(DEFAULT_IDLE_BYTES),
+        broken: AtomicBool::new(false),
+    })
+}
+
+impl Arenas {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The smallest allocation served from an arena.
+    pub fn min_bytes(&self) -> usize {
+        self.min_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Sets the smallest allocation served from an arena (at least one byte).
+    pub fn set_min_bytes(&self, n: usize) {
+        self.min_bytes.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// Sets the bound on arenas (descriptors); past it, allocations go to the default
+    /// allocator.
+    pub fn set_max_arenas(&self, n: usize) {
+        self.max_arenas.store(n, Ordering::Relaxed);
+    }
+
+    /// Sets how many freed bytes stay populated for reuse.
+    pub fn set_idle_bytes(&self, n: usize) {
+        self.idle_bytes.store(n, Ordering::Relaxed);
+    }
+
+    /// `size` bytes from an arena, page-aligned, zeroed if `zeroed`; `None` when below the
+    /// threshold or when no arena can serve it (then the caller's default allocator does).
+    pub fn allocate(&self, size: usize, zeroed: bool) -> Option<*mut u8> {
+        if size < self.min_bytes() || self.broken.load(Ordering::Relaxed) {
+            return None;
+        }
+        let len = region::round_up(size)?;
+        let mut state = self.lock();
+        let found = state
+            .arenas
+            .iter_mut()
+            .find_map(|(&id, arena)| arena.free.take(len).map(|(off, zero)| (id, off, zero)));
+        let (id, off, zero) = match found {
+            Some(got) => got,
+            None => match self.grow(&mut state, len) {
+                Ok(id) => {
+                    let arena = state.arenas.get_mut(&id).expect("just made");
+                    let (off, zero) = arena.free.take(len).expect("a fresh arena holds the range");
+                    (id, off, zero)
+                }
+                Err(why) => {
+                    state.refused += 1;
+                    state.last_refusal = Some(why);
+                    return None;
+                }
+            },
+        };
+        if !zero {
+            state.idle_populated = state.idle_populated.saturating_sub(len);
+        }
+        let addr = state.arenas[&id].region.base + off;
+        state.records.insert(
+            addr,
+            Record {
+                arena: id,
+                off,
+                len,
+                live: true,
+                private: false,
+                loans: 0,
+                retired: false,
+                anonymous: false,
+            },
+        );
+        drop(state);
+        if zeroed && !zero {
+            // SAFETY: the range is ours from now on, mapped and writable.
+            unsafe { std::ptr::write_bytes(addr as *mut u8, 0, size) };
+        }
+        Some(addr as *mut u8)
+    }
+
+    /// A new arena for at least `len` bytes, or why not.
+    fn grow(&self, state: &mut State, len: usize) -> Result<u64, String> {
+        let max = self.max_arenas.load(Ordering::Relaxed);
+        if state.arenas.len() >= max {
+            return Err(format!("{max} arenas exist already (their bound)"));
+        }
+        let size = len.max(ARENA_BYTES).div_ceil(2 << 20) * (2 << 20);
+        let region = Region::create(size).map_err(|e| e.to_string())?;
+        state.next_id += 1;
+        let id = state.next_id;
+        state.arenas.insert(
+            id,
+            Arena {
+                region,
+                free: FreeList::new(size),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Whether `ptr` is the start of a range allocated here.
+    pub fn owns(&self, ptr: *const u8) -> bool {
+        self.lock().records.contains_key(&(ptr as usize))
+    }
+
+    /// Takes back the range that starts at `ptr`: `false` if no range starts there (the
+    /// caller's default allocator made it). The range is reused once every loan on it ended.
+    pub fn free(&self, ptr: *mut u8) -> bool {
+        let addr = ptr as usize;
+        let mut state = self.lock();
+        let Some(record) = state.records.get_mut(&addr) else {
+            return false;
+        };
+        if record.anonymous {
+            let len = record.len;
+            state.records.remove(&addr);
+            drop(state);
+            region::unmap(addr, len);
+            return true;
+        }
+        record.live = false;
+        if record.loans == 0 && !record.retired {
+            self.give_back(&mut state, addr);
+        }
+        true
+    }
+
+    /// The range at `addr` back to its arena's free space: shared again, and its pages
+    /// punched out if more than the idle bound would stay populated.
+    fn give_back(&self, state: &mut State, addr: usize) {
+        let Some(record) = state.records.remove(&addr) else {
+            return;
+        };
+        let idle_bound = self.idle_bytes.load(Ordering::Relaxed);
+        let punch = state.idle_populated + record.len > idle_bound;
+        let arena = state.arenas.get_mut(&record.arena).expect("a record's arena lives");
+        if record.private && arena.region.remap(record.off, record.len, false).is_err() {
+            // It stays private, so it cannot be handed out as shared memory again: lost.
+            return;
+        }
+        let zero = punch && arena.region.punch(record.off, record.len).is_ok();
+        arena.free.give(record.off, record.len, zero);
+        if !zero {
+            state.idle_populated += record.len;
+        }
+    }
+
+    /// What a send may do with `len` bytes at `ptr`: see [`Lend`]. The first loan of a range
+    /// remaps the producer's mapping of it private, so its later writes reach no peer.
+    pub fn lend(&self, ptr: *const u8, len: usize) -> Lend {
+        if self.broken.load(Ordering::Relaxed) {
+            return Lend::NotOurs;
+        }
+        let start = ptr as usize;
+        let Some(end) = start.checked_add(len) else {
+            return Lend::NotOurs;
+        };
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let Some((&addr, record)) = state.records.range_mut(..=start).next_back() else {
+            return Lend::NotOurs;
+        };
+        if end > addr + record.len || record.anonymous {
+            return Lend::NotOurs;
+        }
+        let arena = &state.arenas[&record.arena];
+        if !record.private {
+            if let Err(e) = arena.region.remap(record.off, record.len, true) {
+                state.copies += 1;
+                return Lend::Copy(e.to_string());
+            }
+            record.private = true;
+        } else {
+            let p = region::page();
+            let first = start / p * p;
+            let pages = (end.max(start + 1) - first).div_ceil(p);
+            if state.pagemap.is_none() {
+                match PageMap::open() {
+                    Ok(map) => state.pagemap = Some(map),
+                    Err(e) => {
+                        state.copies += 1;
+                        return Lend::Copy(e.to_string());
+                    }
+                }
+            }
+            let written = match state.pagemap.as_ref().expect("opened").written(first, pages) {
+                Ok(w) => w,
+                Err(e) => {
+                    state.copies += 1;
+                    return Lend::Copy(e.to_string());
+                }
+            };
+            if !written.is_empty() {
+                if record.loans > 0 || record.retired {
+                    state.copies += 1;
+                    return Lend::Copy("written since it was lent, while a peer may still map it".into());
+                }
+                let base_page = (first - arena.region.base) / p;
+                for (at, count) in &written {
+                    if let Err(e) = arena.region.write_back(base_page + at, *count) {
+                        state.copies += 1;
+                        return Lend::Copy(e.to_string());
+                    }
+                }
+                state.write_backs += 1;
+            }
+        }
+        let fd = arena.region.lend_fd.clone();
+        record.loans += 1;
+        state.lends += 1;
+        // SAFETY: arenas are never unmapped while the process runs (a forked child gives up
+        // its inherited ones, but holds no loans of its parent's).
+        let segment = unsafe { std::slice::from_raw_parts(arena.region.base as *const u8, arena.region.size) };
+        let loan = Loan {
+            addr,
+            ended: false,
+            segment,
+            offset: start - arena.region.base,
+        };
+        Lend::Shared { loan, fd }
+    }
+
+    fn end_loan(&self, addr: usize, reusable: bool) {
+        let mut state = self.lock();
+        let Some(record) = state.records.get_mut(&addr) else {
+            return;
+        };
+        record.loans = record.loans.saturating_sub(1);
+        if !reusable {
+            record.retired = true;
+        }
+        if record.loans == 0 && !record.live && !record.retired {
+            self.give_back(&mut state, addr);
+        }
+    }
+
+    /// Where `ptr` lies in an arena, if it does.
+    pub fn locate(&self, ptr: *const u8) -> Option<Located> {
+        let state = self.lock();
+        let start = ptr as usize;
+        let (&addr, record) = state.records.range(..=start).next_back()?;
+        if start >= addr + record.len || record.anonymous {
+            return None;
+        }
+        let arena = &state.arenas[&record.arena];
+        Some(Located {
+            inode: arena.region.inode,
+            offset: start - arena.region.base,
+            len: record.len,
+            private: record.private,
+            loans: record.loans,
+        })
+    }
+
+    /// The figures now.
+    pub fn stats(&self) -> Stats {
+        let state = self.lock();
+        let mut stats = Stats {
+            arenas: state.arenas.len(),
+            arena_bytes: state.arenas.values().map(|a| a.region.size).sum(),
+            free_bytes: state.arenas.values().map(|a| a.free.free_bytes()).sum(),
+            lends: state.lends,
+            copies: state.copies,
+            write_backs: state.write_backs,
+            refused: state.refused,
+            last_refusal: state.last_refusal.clone(),
+            ..Stats::default()
+        };
+        for r in state.records.values() {
+            if r.live {
+                stats.live_bytes += r.len;
+            }
+            if r.loans > 0 {
+                stats.lent_ranges += 1;
+                stats.lent_bytes += r.len;
+            }
+            if r.retired {
+                stats.retired_bytes += r.len;
+            }
+        }
+        stats
+    }
+
+    /// In a forked child: every live range becomes an anonymous private copy at the same
+    /// address, and the inherited arenas go (mappings and descriptors), so nothing the child
+    /// writes reaches what a peer maps, and nothing its parent writes later reaches the
+    /// child. New allocations make new arenas.
+    pub fn after_fork_in_child(&self) {
+        let Ok(mut state) = self.state.try_lock() else {
+            // Another thread of the parent held the registry: the child never uses it.
+            self.broken.store(true, Ordering::Relaxed);
+            return;
+        };
+        let arenas = std::mem::take(&mut state.arenas);
+        for (id, arena) in arenas {
+            let base = arena.region.base;
+            let mut at = base;
+            let live: Vec<(usize, usize)> = state
+                .records
+                .iter()
+                .filter(|(_, r)| r.arena == id && r.live && !r.anonymous)
+                .map(|(&a, r)| (a, r.len))
+                .collect();
+            for &(addr, len) in &live {
+                if addr > at {
+                    region::unmap(at, addr - at);
+                }
+                if region::copy_to_anonymous(addr, len).is_err() {
+                    // Left as it is: the child keeps a mapping of the arena for this range.
+                    self.broken.store(true, Ordering::Relaxed);
+                }
+                at = addr + len;
+            }
+            if base + arena.region.size > at {
+                region::unmap(at, base + arena.region.size - at);
+            }
+            drop(arena.region);
+        }
+        state.records.retain(|_, r| r.live || r.anonymous);
+        for record in state.records.values_mut() {
+            record.anonymous = true;
+            record.private = false;
+            record.loans = 0;
+            record.retired = false;
+        }
+        state.idle_populated = 0;
+        state.pagemap = None;
+    }
+}

@@ -1,0 +1,112 @@
+"""Arrays born in shared memory (issue 41): NumPy allocates large arrays from handoff's
+memfd arenas, so that a same-host send passes a descriptor and both processes share one
+physical copy.
+
+Inside :func:`shared_arrays` (or after :func:`install`), every NumPy allocation of at least
+``min_bytes`` (1 MiB unless set) comes from an arena: memfd segments that stay mapped and
+are reused. Smaller ones, and any an arena cannot serve (a descriptor bound, an address
+space or memory limit), come from ``malloc`` as before. Sent on a Unix socket to a
+same-host node, such an array's bytes travel as a window of its arena (spec §7.2): the
+receiver maps the same pages, and no byte is copied. Everywhere else (TCP, TLS, another
+host) its bytes are copied as any array's.
+
+Neither side sees the other's later writes. At the first send, the producer's mapping of
+the array is remapped private from the same memfd (same address, same bytes), so what it
+writes afterwards stays in its own pages; a receiver maps copy-on-write. An array written
+after a send is sent again from its new bytes: written back into the arena when no peer
+maps it any more, copied while one does. A range of an arena is reused only after the
+array is freed and every receiver released it; a forked child gets private copies of the
+arrays it inherits. See ``docs/shared-arrays.md``.
+
+NumPy keeps the allocator in a context variable: threads that start without it (a plain
+``threading.Thread``) allocate with ``malloc``; an array is always freed by the allocator
+that made it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator, Optional
+
+from .native import required
+
+__all__ = ["shared_arrays", "install", "uninstall", "stats", "locate", "configure"]
+
+_FORK_HOOK: list = []
+
+
+def _ext():
+    ext = required("handoff.shared_arrays")
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=ext.arena_after_fork_in_child)
+        _FORK_HOOK.append(True)
+    return ext
+
+
+def configure(
+    min_bytes: Optional[int] = None, max_arenas: Optional[int] = None, idle_bytes: Optional[int] = None
+) -> None:
+    """Sets, for the whole process: the smallest allocation an arena serves (``min_bytes``,
+    default 1 MiB; also ``$HANDOFF_SHARED_ARRAYS_MIN``), the bound on arenas (``max_arenas``,
+    default 256, each one descriptor), and how many freed bytes stay populated for reuse
+    (``idle_bytes``, default 256 MiB; freed pages past it go back to the system)."""
+    for name, value in (("min_bytes", min_bytes), ("max_arenas", max_arenas), ("idle_bytes", idle_bytes)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ValueError(f"{name} must be a whole number of at least 0, not {value!r}")
+    _ext().arena_configure(min_bytes, max_arenas, idle_bytes)
+
+
+def _configure_from_env() -> None:
+    raw = os.environ.get("HANDOFF_SHARED_ARRAYS_MIN", "").strip()
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            raise ValueError(f"HANDOFF_SHARED_ARRAYS_MIN={raw!r}: expected a number of bytes") from None
+        configure(min_bytes=n)
+
+
+def install(min_bytes: Optional[int] = None) -> Any:
+    """Makes handoff's allocator NumPy's in the current context (and the threads and tasks
+    that copy it) until :func:`uninstall`; returns the allocator it replaced."""
+    ext = _ext()
+    _configure_from_env()
+    if min_bytes is not None:
+        configure(min_bytes=min_bytes)
+    return ext.shared_arrays_set_handler(None)
+
+
+def uninstall(previous: Any) -> None:
+    """Gives NumPy back the allocator :func:`install` returned."""
+    _ext().shared_arrays_set_handler(previous)
+
+
+@contextlib.contextmanager
+def shared_arrays(min_bytes: Optional[int] = None) -> Iterator[None]:
+    """Within the block, NumPy arrays of at least ``min_bytes`` are born in shared memory::
+
+    with handoff.shared_arrays():
+        a = np.ones(2**27)           # in an arena
+    await peer.send("t", {"a": a})   # to a same-host node: its descriptor, no copy
+    """
+    previous = install(min_bytes)
+    try:
+        yield
+    finally:
+        uninstall(previous)
+
+
+def stats() -> dict:
+    """This process's arenas: ``arenas`` and ``arena_bytes``, ``live_bytes`` (arrays alive),
+    ``lent_ranges``/``lent_bytes`` (mapped by peers now), ``retired_bytes`` (never reused: a
+    peer that may map them outlived its connection), ``free_bytes``, and the counts of
+    ``lends``, ``copies`` (sends that had to copy), ``write_backs`` and ``refused``
+    allocations (with ``last_refusal``)."""
+    return dict(_ext().arena_stats())
+
+
+def locate(buffer: Any) -> Optional[dict]:
+    """Where ``buffer``'s bytes lie in this process's arenas (``inode``, ``offset``, ``len``,
+    ``private``, ``loans``), or None."""
+    return _ext().arena_locate(buffer)

@@ -1,0 +1,292 @@
+"""Arrays born in shared memory (issue 41): NumPy's allocator in handoff's memfd arenas,
+sent to a same-host node by descriptor, and kept apart from both sides' later writes."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import resource
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+from conftest import ON_ENGINE
+from handoff import Node, shared, shared_arrays
+from helpers import eventually
+from numpy._core.multiarray import get_handler_name
+
+pytestmark = pytest.mark.skipif(not ON_ENGINE, reason="arrays are lent from arenas by the engine's send path")
+
+MIB = 1 << 20
+
+
+def inode_at(addr: int) -> int:
+    """The inode of the mapping that holds ``addr`` in this process (0: anonymous)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            parts = line.split()
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= addr < hi:
+                return int(parts[4])
+    raise AssertionError(f"{addr:#x} is not mapped")
+
+
+def address(a) -> int:
+    return np.asarray(a).__array_interface__["data"][0]
+
+
+def received(env) -> np.ndarray:
+    return np.frombuffer(env.body["x"], dtype=np.uint8)
+
+
+async def pair(**rx_options):
+    rx = await Node("rx", secret="k", listen="127.0.0.1:0", **rx_options).start()
+    tx = await Node("tx", secret="k").start()
+    peer = await tx.connect(rx.listen_addr)
+    assert "shm" in str(peer.route)
+    return rx, tx, peer
+
+
+def test_the_allocator_serves_large_arrays_from_arenas_and_small_ones_from_malloc():
+    with shared_arrays():
+        big = np.ones(2 * MIB, dtype=np.uint8)
+        small = np.ones(100, dtype=np.uint8)
+        zeros = np.zeros(3 * MIB, dtype=np.uint8)
+    assert get_handler_name(big) == "handoff_shared_arrays" and get_handler_name() != "handoff_shared_arrays"
+    assert shared.locate(big)["len"] == 2 * MIB and shared.locate(small) is None
+    assert zeros.sum() == 0 and big.sum() == 2 * MIB
+    with shared_arrays(min_bytes=4 * MIB):
+        below = np.ones(3 * MIB, dtype=np.uint8)
+    shared.configure(min_bytes=MIB)
+    assert shared.locate(below) is None
+    big.resize(5 * MIB, refcheck=False)  # realloc: a new range, the bytes copied
+    assert shared.locate(big) is not None and big[: 2 * MIB].sum() == 2 * MIB
+    with pytest.raises(ValueError, match="min_bytes"):
+        shared.configure(min_bytes=-1)
+
+
+def test_threads_that_start_without_the_allocator_use_malloc():
+    got = {}
+    with shared_arrays():
+        inside = np.ones(2 * MIB, dtype=np.uint8)
+        t = threading.Thread(target=lambda: got.setdefault("a", np.ones(2 * MIB, dtype=np.uint8)))
+        t.start()
+        t.join()
+    assert shared.locate(inside) is not None
+    assert shared.locate(got["a"]) is None and get_handler_name(got["a"]) != "handoff_shared_arrays"
+
+
+async def test_a_same_host_send_passes_the_arena_and_neither_side_sees_the_others_writes():
+    rx, tx, peer = await pair(shm_private=True)
+    try:
+        with shared_arrays():
+            x = np.full(4 * MIB, 1, dtype=np.uint8)
+        where = shared.locate(x)
+        await peer.send("t.A", {"x": x})
+        env = await rx.recv(10)
+        y = received(env)
+        # The receiver maps the sender's arena: one physical copy, no byte copied.
+        assert inode_at(address(y)) == where["inode"][1] != 0
+        assert shared.locate(x)["private"] and shared.locate(x)["loans"] == 1
+        assert y.flags.writeable and (y == 1).all()
+        x[:] = 2  # the producer's later writes stay its own
+        assert (y == 1).all()
+        y[:10] = 3  # and the receiver's stay its own
+        assert (x[:10] == 2).all()
+        # A re-send while the first loan is out copies (the arena still holds the old bytes).
+        await peer.send("t.A", {"x": x})
+        y2 = received(await rx.recv(10))
+        assert (y2 == 2).all() and inode_at(address(y2)) != where["inode"][1]
+        assert shared.stats()["copies"] >= 1
+        del y, y2, env
+        gc.collect()
+        assert await eventually(lambda: shared.locate(x)["loans"] == 0)
+        # Released: the new bytes are written back into the arena and lent again.
+        backs = shared.stats()["write_backs"]
+        await peer.send("t.A", {"x": x})
+        y3 = received(await rx.recv(10))
+        assert (y3 == 2).all() and inode_at(address(y3)) == where["inode"][1]
+        assert shared.stats()["write_backs"] == backs + 1
+    finally:
+        await tx.close()
+        await rx.close()
+
+
+async def test_over_tcp_an_arena_array_is_copied_as_any_array():
+    rx = await Node("rx", secret="k", listen="127.0.0.1:0").start()
+    tx = await Node("tx", secret="k", shm=False).start()
+    try:
+        peer = await tx.connect(rx.listen_addr)
+        with shared_arrays():
+            x = np.full(2 * MIB, 5, dtype=np.uint8)
+        await peer.send("t.A", {"x": x})
+        y = received(await rx.recv(10))
+        assert (y == 5).all() and inode_at(address(y)) != shared.locate(x)["inode"][1]
+        assert shared.locate(x)["loans"] == 0 and not shared.locate(x)["private"]
+    finally:
+        await tx.close()
+        await rx.close()
+
+
+async def test_a_lent_range_is_not_reused_until_released_and_realloc_never_writes_into_it():
+    rx, tx, peer = await pair()
+    try:
+        with shared_arrays():
+            x = np.full(8 * MIB, 7, dtype=np.uint8)
+            await peer.send("t.A", {"x": x})
+            y = received(await rx.recv(10))
+            x.resize(9 * MIB, refcheck=False)  # realloc of a range already sent
+            x[:] = 8
+            del x
+            others = [np.full(8 * MIB, 9, dtype=np.uint8) for _ in range(4)]  # no stale bytes
+        assert (y == 7).all()
+        lent = shared.stats()["lent_ranges"]
+        assert lent >= 1
+        del y, others
+        gc.collect()
+        assert await eventually(lambda: shared.stats()["lent_ranges"] == lent - 1)
+    finally:
+        await tx.close()
+        await rx.close()
+
+
+async def test_a_forked_child_writes_only_its_own_copy():
+    rx, tx, peer = await pair()
+    try:
+        with shared_arrays():
+            x = np.full(2 * MIB, 1, dtype=np.uint8)
+            unsent = np.full(2 * MIB, 4, dtype=np.uint8)
+        await peer.send("t.A", {"x": x})
+        y = received(await rx.recv(10))
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: writes everything it inherited
+            try:
+                ok = shared.locate(x) is None and shared.locate(unsent) is None
+                x[:] = 66
+                unsent[:] = 66
+                with shared_arrays():
+                    fresh = np.ones(2 * MIB, dtype=np.uint8)
+                ok = ok and shared.locate(fresh) is not None and (x == 66).all()
+                os.write(w, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(w)
+        assert os.read(r, 1) == b"1", "the child's arrays are its own, and it has arenas of its own"
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert (x == 1).all() and (unsent == 4).all() and (y == 1).all()
+    finally:
+        await tx.close()
+        await rx.close()
+
+
+PRODUCER = textwrap.dedent(
+    """
+    import asyncio, os, sys, time
+    import numpy as np
+    from handoff import Node, shared_arrays
+
+    async def main():
+        node = await Node("producer", secret="k").start()
+        peer = await node.connect(sys.argv[1])
+        with shared_arrays():
+            x = np.full(16 << 20, 42, dtype=np.uint8)
+        await peer.send("t.A", {"x": x})
+        print("sent", flush=True)
+        time.sleep(600)
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_killed_producer_leaves_what_a_peer_maps_readable(tmp_path):
+    rx = await Node("rx", secret="k", listen="127.0.0.1:0", shm_private=True).start()
+    script = tmp_path / "producer.py"
+    script.write_text(PRODUCER)
+    child = subprocess.Popen([sys.executable, str(script), rx.listen_addr], stdout=subprocess.PIPE)
+    try:
+        env = await rx.recv(30)
+        y = received(env)
+        owner_inode = inode_at(address(y))
+        assert owner_inode != 0 and (y == 42).all()
+        child.kill()
+        child.wait(10)
+        await asyncio.sleep(0.2)
+        assert (y == 42).all() and inode_at(address(y)) == owner_inode
+        y[:5] = 1  # still a private, writable mapping
+        del y, env
+        gc.collect()
+    finally:
+        child.kill()
+        child.wait()
+        await rx.close()
+
+
+FD_LIMIT = textwrap.dedent(
+    """
+    import asyncio, gc, os, resource
+    import numpy as np
+    from handoff import Node, shared, shared_arrays
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    async def main():
+        rx = await Node("rx", secret="k", listen="127.0.0.1:0").start()
+        tx = await Node("tx", secret="k").start()
+        peer = await tx.connect(rx.listen_addr)
+        with shared_arrays(min_bytes=64 << 10):
+            arrays = [np.full(64 << 10, i % 251, dtype=np.uint8) for i in range(3000)]
+        held = []
+        for i in range(0, 3000, 50):
+            await peer.send("t.A", {"x": arrays[i : i + 50]})
+            held.extend((await rx.recv(30)).body["x"])
+        assert all(np.frombuffer(h, dtype=np.uint8)[0] == i % 251 for i, h in enumerate(held))
+        fds = len(os.listdir("/proc/self/fd"))
+        stats = shared.stats()
+        print(fds, stats["arenas"], stats["lends"])
+        await tx.close()
+        await rx.close()
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_3000_arrays_under_a_1024_descriptor_limit(tmp_path):
+    script = tmp_path / "fds.py"
+    script.write_text(FD_LIMIT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    fds, arenas, lends = (int(v) for v in out.stdout.split())
+    assert lends == 3000, "every array went by descriptor"
+    assert arenas <= 4 and fds < 200, f"{fds} descriptors open for {arenas} arenas"
+
+
+def test_the_default_allocator_takes_over_when_no_arena_can_be_made(tmp_path):
+    script = tmp_path / "limit.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import numpy as np
+            from handoff import shared, shared_arrays
+            shared.configure(max_arenas=0)
+            with shared_arrays():
+                a = np.ones(4 << 20)
+            assert shared.locate(a) is None and a.sum() == 4 << 20
+            s = shared.stats()
+            assert s["refused"] == 1 and "0 arenas exist already" in s["last_refusal"], s
+            print("ok")
+            """
+        )
+    )
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+del resource  # imported for the scripts' reader: the limit is set in the child
