@@ -75,6 +75,19 @@ impl FreeList {
     pub fn free_bytes(&self) -> usize {
         self.free_bytes
     }
+
+    /// The free blocks whose pages may be populated, `(offset, len)`, now marked as reading
+    /// as zeros: the caller punches them out.
+    pub fn take_populated(&mut self) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for (&off, block) in self.blocks.iter_mut() {
+            if !block.zero {
+                out.push((off, block.len));
+                block.zero = true;
+            }
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -94,6 +107,17 @@ mod tests {
         assert_eq!(list.free_bytes(), 100);
         assert_eq!(list.take(100), Some((0, false)), "merged into one, no longer all zeros");
         assert_eq!(list.take(1), None);
+    }
+
+    #[test]
+    fn populated_blocks_are_handed_out_once_to_be_punched() {
+        let mut list = FreeList::new(30);
+        list.take(30);
+        list.give(0, 10, false);
+        list.give(20, 10, true);
+        assert_eq!(list.take_populated(), vec![(0, 10)]);
+        assert!(list.take_populated().is_empty());
+        assert_eq!(list.take(10), Some((0, true)));
     }
 
     #[test]

@@ -16,14 +16,21 @@
 //! - [`Arenas::after_fork_in_child`] gives a forked child private copies of the ranges it
 //!   inherits, so that nothing it writes reaches what a peer maps.
 //!
+//! - [`ArenaBufMut`] is the same for Rust: bytes written in place, frozen into a
+//!   `handoff_wire::Buffer` whose origin is the arena (the core's application segments),
+//!   which the drivers pass by descriptor; [`lent_buffer`] makes one for any bytes that lie
+//!   in an arena (the extension's send path).
+//!
 //! Nothing here waits on a peer; the extension's NumPy allocator and the drivers' send paths
-//! call it.
+//! call it. It depends on the core (`handoff-proto`), never the other way round.
 
 mod arena;
+mod buffer;
 mod dirty;
 mod error;
 mod region;
 mod registry;
 
+pub use buffer::{lent_buffer, ArenaBufMut};
 pub use error::ArenaError;
 pub use registry::{arenas, Arenas, Lend, Loan, Located, Stats, ARENA_BYTES, DEFAULT_MIN_BYTES};

@@ -134,6 +134,11 @@ pub struct Stats {
     pub lent_bytes: usize,
     /// Bytes of retired ranges (never reused).
     pub retired_bytes: usize,
+    /// Bytes of ranges the application freed while a peer still maps them (reused once
+    /// released).
+    pub freed_lent_bytes: usize,
+    /// Freed bytes kept populated for reuse (an upper bound: a block counts whole).
+    pub idle_populated_bytes: usize,
     /// Free bytes in arenas.
     pub free_bytes: usize,
     /// Loans made, sends that had to copy, ranges written back before a loan.
@@ -197,10 +202,19 @@ impl Arenas {
     /// `size` bytes from an arena, page-aligned, zeroed if `zeroed`; `None` when below the
     /// threshold or when no arena can serve it (then the caller's default allocator does).
     pub fn allocate(&self, size: usize, zeroed: bool) -> Option<*mut u8> {
-        if size < self.min_bytes() || self.broken.load(Ordering::Relaxed) {
+        if size < self.min_bytes() {
             return None;
         }
-        let len = region::round_up(size)?;
+        self.allocate_any(size, zeroed).ok()
+    }
+
+    /// `size` bytes from an arena whatever the threshold (an application that asks for
+    /// shared memory by name), or why no arena can serve them.
+    pub fn allocate_any(&self, size: usize, zeroed: bool) -> Result<*mut u8, String> {
+        if self.broken.load(Ordering::Relaxed) {
+            return Err("this forked child found the arenas locked by another thread of its parent".into());
+        }
+        let len = region::round_up(size).ok_or_else(|| format!("{size} bytes is past the address space"))?;
         let mut state = self.lock();
         let found = state
             .arenas
@@ -216,8 +230,8 @@ impl Arenas {
                 }
                 Err(why) => {
                     state.refused += 1;
-                    state.last_refusal = Some(why);
-                    return None;
+                    state.last_refusal = Some(why.clone());
+                    return Err(why);
                 }
             },
         };
@@ -243,7 +257,7 @@ impl Arenas {
             // SAFETY: the range is ours from now on, mapped and writable.
             unsafe { std::ptr::write_bytes(addr as *mut u8, 0, size) };
         }
-        Some(addr as *mut u8)
+        Ok(addr as *mut u8)
     }
 
     /// A new arena for at least `len` bytes, or why not.
@@ -402,6 +416,22 @@ impl Arenas {
         }
     }
 
+    /// Gives the pages of every freed range back to the system now (memory pressure): the
+    /// ranges stay free and mapped, reading as zeros. Returns the bytes punched out.
+    pub fn trim(&self) -> usize {
+        let mut state = self.lock();
+        let mut punched = 0;
+        for arena in state.arenas.values_mut() {
+            for (off, len) in arena.free.take_populated() {
+                if arena.region.punch(off, len).is_ok() {
+                    punched += len;
+                }
+            }
+        }
+        state.idle_populated = 0;
+        punched
+    }
+
     /// Where `ptr` lies in an arena, if it does.
     pub fn locate(&self, ptr: *const u8) -> Option<Located> {
         let state = self.lock();
@@ -432,6 +462,7 @@ impl Arenas {
             write_backs: state.write_backs,
             refused: state.refused,
             last_refusal: state.last_refusal.clone(),
+            idle_populated_bytes: state.idle_populated,
             ..Stats::default()
         };
         for r in state.records.values() {
@@ -444,6 +475,9 @@ impl Arenas {
             }
             if r.retired {
                 stats.retired_bytes += r.len;
+            }
+            if !r.live && r.loans > 0 && !r.retired {
+                stats.freed_lent_bytes += r.len;
             }
         }
         stats

@@ -173,3 +173,18 @@ fn a_loan_that_outlives_its_connection_retires_the_range() {
         assert!(arenas().free(q));
     }
 }
+
+#[test]
+fn trim_gives_freed_pages_back_and_keeps_the_ranges_usable() {
+    let len = 4 * MIB;
+    let p = arenas().allocate(len, false).unwrap();
+    fill(p, len, 8);
+    assert!(arenas().free(p));
+    assert!(arenas().stats().idle_populated_bytes >= len);
+    assert!(arenas().trim() >= len);
+    assert_eq!(arenas().stats().idle_populated_bytes, 0);
+    let q = arenas().allocate(len, true).unwrap();
+    // SAFETY: just allocated, zeroed.
+    assert!(unsafe { std::slice::from_raw_parts(q, len) }.iter().all(|&b| b == 0));
+    assert!(arenas().free(q));
+}

@@ -245,21 +245,10 @@ impl SegmentFrame {
 /// `bytes` as a window of the arena they lie in, lent to a same-host peer (its descriptor
 /// passes, no byte is copied), or None when they lie in no arena or must be copied (the
 /// producer wrote them since a loan still out: then the send copies them, as any bytes).
+/// The buffer holds the loan, not the application's array, which may go meanwhile.
 pub(crate) fn lent_from_arena(bytes: &Bytes) -> PyResult<Option<handoff_wire::Buffer>> {
-    use handoff_arena::Lend;
-    let (loan, fd) = match handoff_arena::arenas().lend(bytes.as_ptr(), bytes.len()) {
-        Lend::NotOurs | Lend::Copy(_) => return Ok(None),
-        Lend::Shared { loan, fd } => (loan, fd),
-    };
-    let mapped = loan.segment;
-    let ended: handoff_proto::shm::buffers::SegmentEnded = Box::new(move |reusable| loan.end(reusable));
-    let segment = handoff_proto::shm::buffers::AppSegment::sharing(fd, mapped, false, Some(ended))
-        .map_err(|e| PyValueError::new_err(format!("lending an arena: {e}")))?;
-    let kept = Bytes::from_owner(InSegment {
-        bytes: bytes.clone(),
-        _segment: segment.clone(),
-    });
-    Ok(handoff_proto::shm::buffers::app_buffer(kept, segment))
+    handoff_arena::lent_buffer(bytes.as_ptr(), bytes.len())
+        .map_err(|e| PyValueError::new_err(format!("lending an arena: {e}")))
 }
 
 /// Bytes of an application's segment, owning the segment too (see [`SegmentFrame::new`]).

@@ -218,6 +218,8 @@ pub fn arena_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("lent_ranges", s.lent_ranges)?;
     d.set_item("lent_bytes", s.lent_bytes)?;
     d.set_item("retired_bytes", s.retired_bytes)?;
+    d.set_item("freed_lent_bytes", s.freed_lent_bytes)?;
+    d.set_item("idle_populated_bytes", s.idle_populated_bytes)?;
     d.set_item("free_bytes", s.free_bytes)?;
     d.set_item("lends", s.lends)?;
     d.set_item("copies", s.copies)?;
@@ -246,6 +248,12 @@ pub fn arena_configure(min_bytes: Option<usize>, max_arenas: Option<usize>, idle
         arenas().set_idle_bytes(n);
     }
     Ok(())
+}
+
+/// Gives the pages of freed ranges back to the system now; returns the bytes.
+#[pyfunction]
+pub fn arena_trim(py: Python<'_>) -> usize {
+    py.detach(|| arenas().trim())
 }
 
 /// In a forked child (`os.register_at_fork`): private copies of the inherited ranges.

@@ -82,7 +82,7 @@ pub use link::LeaseStats;
 pub use message::{Message, TypeRegistry};
 pub use node::Node;
 pub use peer::Peer;
-pub use shm::SharedBufMut;
+pub use shm::{ArenaBufMut, SharedBufMut};
 pub use tickets::{Redeem, Ticket};
 pub use tls::TlsConfig;
 

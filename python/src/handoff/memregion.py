@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["region_of"]
+__all__ = ["region_of", "from_peer"]
 
 
 def region_of(buf: Any) -> str:
@@ -30,3 +30,17 @@ def region_of(buf: Any) -> str:
             if lo <= addr < hi:
                 return " ".join(fields[5:])
     return "?"
+
+
+def from_peer(buf: Any) -> bool:
+    """Whether ``buf`` lies in shared memory a peer sent: a received segment of its pool
+    (``/memfd:handoff-segment``) or a window of its arena (``/memfd:handoff-arena``, but
+    not one of this process's own arenas, where an array it made itself lies)."""
+    region = region_of(buf)
+    if region.startswith("/memfd:handoff-segment"):
+        return True
+    if not region.startswith("/memfd:handoff-arena"):
+        return False
+    from .shared import locate
+
+    return locate(buf) is None

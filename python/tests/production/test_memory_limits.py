@@ -90,7 +90,17 @@ def test_memory_limited_workers_neither_pause_nor_restart_and_hold_what_tcp_hold
     assert ho["results"] == tcp["results"]
     assert ho["paused"] == [] and ho["restarts"] == [] and ho["same_workers"], ho
     # The shared bytes reach the scheduler with each heartbeat (handoff.dask.memory).
-    assert ho["metric"] == ["kept-idle", "pool-busy", "pool-fds", "pool-idle", "recv-idle"]
+    assert ho["metric"] == [
+        "arena-idle",
+        "arena-lent-freed",
+        "arena-live",
+        "arena-retired",
+        "kept-idle",
+        "pool-busy",
+        "pool-fds",
+        "pool-idle",
+        "recv-idle",
+    ]
     for i, worker in enumerate("AB"):
         # The done-when of issue 25: a worker's peak within 10 % of its tcp:// peak.
         assert ho["peaks"][i] <= 1.1 * tcp["peaks"][i], (worker, ho["peaks"], tcp["peaks"])

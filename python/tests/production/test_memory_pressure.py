@@ -61,7 +61,12 @@ def test_the_shared_bytes_are_a_worker_metric():
     memory.start()
     assert "handoff" in DEFAULT_METRICS
     got = DEFAULT_METRICS["handoff"](None)
-    assert set(got) == {"pool-busy", "pool-idle", "pool-fds", "kept-idle", "recv-idle"}
+    assert set(got) == {"pool-busy", "pool-idle", "pool-fds", "kept-idle", "recv-idle"} | {
+        "arena-live",
+        "arena-idle",
+        "arena-retired",
+        "arena-lent-freed",
+    }
     assert all(isinstance(v, int) and v >= 0 for v in got.values())
 
 

@@ -25,8 +25,8 @@ which add ``warm_seconds``, the same median, and ``cold_seconds``, their warm-up
   array equals the sender's; and on ``handoff://`` the channel is the claimed one — the
   receiver's ``handoff.dask.stats()`` counters grew by the array's size on that channel
   (``bytes-read-shm`` or ``bytes-read-tcp``) and not on the other, and the receiver's
-  array lies in the sender's shared segment (a ``memfd``) over shm and in its own memory
-  over tcp.
+  array lies in memory the sender shared (a segment of its pool or a window of its arena,
+  both ``memfd``\ s) over shm, and in its own memory over tcp.
 
 - **Data handles** (:mod:`handoff.dask.data`): one more worker, ``dask-n``, of this
   host but with a catalog that lacks the dataset; every worker opens its catalog and a cache
@@ -50,7 +50,7 @@ import statistics
 import sys
 import time
 
-from ..memregion import region_of
+from ..memregion import from_peer, region_of
 
 __all__ = ["main", "run_rows"]
 
@@ -73,7 +73,7 @@ def _digest(arr) -> str:
 
 
 def _received(arr) -> tuple:
-    return _digest(arr), arr.nbytes, region_of(arr)
+    return _digest(arr), arr.nbytes, region_of(arr), from_peer(arr)
 
 
 def _counters() -> dict:
@@ -100,7 +100,9 @@ async def _transfer(client, a: str, b: str, nbytes: int, seed: int, protocol: st
     x = client.submit(_make, nbytes, seed, workers=[a], pure=False)
     sent = await client.submit(_digest, x, workers=[a], pure=False)
     before = (await client.run(_counters, workers=[b]))[b] if protocol == "handoff" else {}
-    digest, got, region = await client.submit(_received, x, workers=[b], allow_other_workers=False, pure=False)
+    digest, got, region, in_segment = await client.submit(
+        _received, x, workers=[b], allow_other_workers=False, pure=False
+    )
     seconds = (await client.run(_fetch_seconds, x.key, workers=[b]))[b]
     problems = []
     if digest != sent or got != nbytes:
@@ -113,7 +115,6 @@ async def _transfer(client, a: str, b: str, nbytes: int, seed: int, protocol: st
         other = "tcp" if channel == "shm" else "shm"
         if grew[channel] < nbytes or grew[other] >= nbytes:
             problems.append(f"the receiver read {grew} bytes by channel, not {nbytes} over {channel}")
-        in_segment = region.startswith("/memfd:handoff-segment")
         if in_segment != (channel == "shm"):
             problems.append(f"the received array lies in {region or 'anonymous memory'!r}")
     del x

@@ -26,6 +26,7 @@ from ..errors import PeerClosed
 from ..addresses import split_host_port, strip_scheme
 from ..node import Node, engine_default
 from ..peer import Peer
+from . import memory
 from .comm import HandoffComm
 from .config import settings
 from .frames import TYPE_OPEN
@@ -190,3 +191,6 @@ def share_arrays(min_bytes: int) -> None:
         shared.install(min_bytes)
     except (ImportError, RuntimeError, ValueError) as e:
         logger.warning("arrays are not born in shared memory in this process: %s", e)
+        return
+    # Dask's memory readings count each shared byte once, in the process that made it.
+    memory.install()

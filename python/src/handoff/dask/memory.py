@@ -21,6 +21,21 @@ are users asking Dask to see that). So the backend keeps its own part of it hone
 - :func:`shared_bytes` is reported with every heartbeat as the worker metric
   ``handoff`` (``distributed.worker.DEFAULT_METRICS``, the way Dask's GPU metrics are
   added), so the scheduler and the dashboard's metrics see what the backend holds.
+
+Arrays born in shared memory (``shared-arrays``, :mod:`handoff.shared`) are mapped by every
+worker that holds them, and RSS counts a mapped page in each. Where they are on, the
+memory Dask decides from is :func:`process_memory`: the process's private memory (RSS
+less its shared pages, ``RssShmem``) plus the shared memory it made and still holds
+(:func:`owned_shared`: its arenas' live and retired ranges, and the pooled segments its
+peers hold; what is kept only for reuse is given back under pressure, and not counted). Every shared byte is charged to exactly one process, the one that made
+it, so the host's memory for an array held by several workers counts once. Bytes of an
+array its maker freed while a peer still maps them (``arena-lent-freed``) count in no
+process until the peer drops them: were they charged to the maker, spilling the array
+would free nothing there, and Dask's spill loop would go on to evict more. The worker's
+monitor reads it (:func:`install`); the nanny, which reads the worker's RSS from outside,
+gets the worker's :func:`owned_shared` from a small file the worker rewrites at each
+reading (:func:`published`), and restarts the worker only where both its own reading and
+this one are above the terminate threshold.
 """
 
 from __future__ import annotations
@@ -29,11 +44,26 @@ import asyncio
 import logging
 from typing import Any, Optional
 
+import os
+import struct
+from pathlib import Path
+
 from .. import held as held_for_reuse
 from .. import native
+from ..identity import runtime_dir
 from ..pool import pool
 
-__all__ = ["shared_bytes", "trim", "start", "TRIM_MARGIN", "INTERVAL"]
+__all__ = [
+    "shared_bytes",
+    "trim",
+    "start",
+    "owned_shared",
+    "process_memory",
+    "install",
+    "published",
+    "TRIM_MARGIN",
+    "INTERVAL",
+]
 
 logger = logging.getLogger("distributed.comm.handoff")
 
@@ -66,6 +96,11 @@ def shared_bytes() -> dict:
     if native.ENABLED:
         for key, n in native.ext.held_for_reuse().items():
             held[key] += n
+        arenas = native.ext.arena_stats()
+        held["arena-live"] = arenas["live_bytes"]
+        held["arena-idle"] = arenas["idle_populated_bytes"]
+        held["arena-retired"] = arenas["retired_bytes"]
+        held["arena-lent-freed"] = arenas["freed_lent_bytes"]
     return held
 
 
@@ -75,6 +110,128 @@ def trim() -> None:
     held_for_reuse.give_back()
     if native.ENABLED:
         native.ext.give_back_held()
+        native.ext.arena_trim()
+
+
+def owned_shared(held: Optional[dict] = None) -> int:
+    """The shared memory this process made and still holds, in bytes: its arenas' live and
+    retired ranges, and the segments of its pool that peers hold. What is kept only for
+    reuse (freed ranges still populated, ``arena-idle``; idle segments) is not counted, as
+    ``pool-idle`` never was: it goes back at once when memory runs short (:func:`trim`)."""
+    held = shared_bytes() if held is None else held
+    return held.get("arena-live", 0) + held.get("arena-retired", 0) + held["pool-busy"]
+
+
+def _status(pid: int) -> tuple[int, int]:
+    """``(VmRSS, RssShmem)`` of process ``pid``, in bytes."""
+    rss = shmem = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+            elif line.startswith("RssShmem:"):
+                shmem = int(line.split()[1]) * 1024
+    return rss, shmem
+
+
+def _publication(pid: int) -> Optional[Path]:
+    """The file where worker ``pid`` publishes :func:`owned_shared` for its nanny, named by
+    the pid and the process's start time (a reused pid names another file)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            started = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+    return runtime_dir() / f"memory-{pid}-{started}"
+
+
+_published_fd: Optional[int] = None
+
+
+def _publish(owned: int) -> None:
+    global _published_fd
+    if _published_fd is None:
+        path = _publication(os.getpid())
+        if path is None:
+            return
+        _published_fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        import atexit
+
+        atexit.register(lambda: path.unlink(missing_ok=True))
+    os.pwrite(_published_fd, struct.pack("<Q", owned), 0)
+
+
+def published(pid: int) -> Optional[int]:
+    """What worker ``pid`` last published of :func:`owned_shared`, or ``None``."""
+    path = _publication(pid)
+    if path is None:
+        return None
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return struct.unpack("<Q", data)[0] if len(data) == 8 else None
+
+
+def process_memory(pid: Optional[int] = None) -> int:
+    """The memory Dask decides from, for this process (or worker ``pid``, read from its
+    nanny): RSS less the shared pages it maps, plus the shared memory it made and holds."""
+    if pid is None:
+        rss, shmem = _status(os.getpid())
+        owned = owned_shared()
+        _publish(owned)
+        return max(0, rss - shmem) + owned
+    rss, shmem = _status(pid)
+    owned = published(pid)
+    return rss if owned is None else max(0, rss - shmem) + owned
+
+
+_INSTALLED: list = []
+
+
+def install() -> None:
+    """Makes Dask's memory readings in this process :func:`process_memory`: the worker's
+    monitor (``SystemMonitor.get_process_memory``), and the nanny's terminate check, which
+    restarts a worker only where this reading and its own are both above the threshold."""
+    if _INSTALLED:
+        return
+    _INSTALLED.append(True)
+    from distributed.system_monitor import SystemMonitor
+    from distributed.worker_memory import NannyMemoryManager
+
+    def get_process_memory(self) -> int:
+        try:
+            return process_memory()
+        except OSError:
+            return self.proc.memory_info().rss
+
+    SystemMonitor.get_process_memory = get_process_memory  # type: ignore[method-assign]
+    dask_check = NannyMemoryManager.memory_monitor
+
+    def memory_monitor(self, nanny) -> None:
+        process = getattr(getattr(nanny, "process", None), "process", None)
+        pid = getattr(process, "pid", None)
+        if pid is not None and self.memory_limit:
+            try:
+                if process_memory(pid) / self.memory_limit <= self.memory_terminate_fraction:
+                    return
+            except OSError:
+                pass
+        dask_check(self, nanny)
+
+    # Nannies made from now on bind this check; one made already (this process's nanny,
+    # whose listener is starting) has its periodic callback pointed at it.
+    NannyMemoryManager.memory_monitor = memory_monitor  # type: ignore[method-assign]
+    try:
+        from distributed.nanny import Nanny
+    except ImportError:  # pragma: no cover
+        return
+    from functools import partial
+
+    for nanny in list(Nanny._instances):
+        callback = getattr(nanny, "periodic_callbacks", {}).get("memory_monitor")
+        if callback is not None:
+            callback.callback = partial(memory_monitor, nanny.memory_manager, nanny)
 
 
 def _worker_metric(worker: Any) -> dict:
@@ -110,11 +267,11 @@ def _check() -> None:
     if not limits:
         return
     held = shared_bytes()
-    if not (held["pool-idle"] or held["kept-idle"] or held["recv-idle"]):
+    if not (held["pool-idle"] or held["kept-idle"] or held["recv-idle"] or held.get("arena-idle")):
         return
     import psutil
 
-    rss = psutil.Process().memory_info().rss
+    rss = process_memory() if _INSTALLED else psutil.Process().memory_info().rss
     if rss >= min(limits):
         logger.debug("RSS %d near Dask's thresholds: giving back %s", rss, held)
         trim()
