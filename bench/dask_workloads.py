@@ -16,7 +16,9 @@ shards to the disk), so the figures are medians and the turns interleave the sch
 - ``matmul``: ``x @ x.T`` of a blocked square array;
 - ``tree``: a pairwise tree reduction (``a + b``) of arrays made on all the workers;
 - ``groupby``: a dataframe ``groupby(...).agg`` with ``split_out`` partitions;
-- ``small``: many small tasks, each a pair of which depends on two others.
+- ``small``: many small tasks, each a pair of which depends on two others;
+- ``broadcast``: one array (512 MiB at scale 1) made on one worker and used by a task on
+  every worker, the pattern of lookup tables, model weights and broadcast joins.
 
 Each workload ends in a small digest computed on the cluster (a hash of every output
 partition or block, or the number itself), gathered by the client and compared across the
@@ -26,7 +28,12 @@ Per workload and scheme it reports: the wall time from submission to the digest 
 client (the median over ``--repeat`` runs); the peak RSS of each worker process (``VmRSS``
 of ``/proc/PID/status``, what Dask's memory monitor reads, sampled every ``--sample-ms``
 by a thread of this process; ``RssShmem`` at that peak beside it) and its RSS at rest
-(``--settle`` seconds after the results were released); the bytes the workers wrote, by
+(``--settle`` seconds after the results were released); the host's peak memory for the
+cluster (``host peak``: at each sample, every worker's private memory, RSS less
+``RssShmem``, plus the growth of the host's shared memory, ``Shmem`` of ``/proc/meminfo``,
+since the sampler started: shared pages count once however many workers map them; and
+``host_growth``, that peak less the same figure for the cluster at rest when the run
+started, what the workload itself added); the bytes the workers wrote, by
 channel (``handoff.dask.comm.counters`` on handoff://, ``shm`` and ``tcp``; on tcp://, the
 bytes Dask's TCP comm wrote, counted by a worker plugin that wraps ``TCP.write``); and what
 Dask's memory manager did: workers paused (``worker-status-change`` events to ``paused``),
@@ -66,7 +73,7 @@ from dask.utils import format_bytes, parse_bytes
 from distributed import Client, LocalCluster, WorkerPlugin
 
 SCHEMES = ("tcp", "handoff")
-WORKLOADS = ("shuffle", "rechunk", "matmul", "tree", "groupby", "small")
+WORKLOADS = ("shuffle", "rechunk", "matmul", "tree", "groupby", "small", "broadcast")
 JSON_VERSION = 1
 
 # ---------------------------------------------------------------------------- digests
@@ -184,6 +191,23 @@ def run_small(client: Client, sizes: dict):
     return client.submit(sum, b, pure=False).result()
 
 
+def _table(n: int) -> np.ndarray:
+    return np.random.default_rng(512).random(n // 8)
+
+
+def _use_table(table: np.ndarray, i: int) -> int:
+    """A task that reads every byte of the broadcast table (and holds it, as Dask keeps
+    the replica while the table's key lives)."""
+    return (int(table.view(np.uint64).sum()) + i) % (1 << 64)
+
+
+def run_broadcast(client: Client, sizes: dict):
+    workers = sorted(client.scheduler_info()["workers"])
+    table = client.submit(_table, sizes["broadcast_bytes"], workers=workers[:1], pure=False)
+    uses = [client.submit(_use_table, table, i, workers=[w], pure=False) for i, w in enumerate(workers)]
+    return client.gather(uses)
+
+
 RUNNERS = {
     "shuffle": run_shuffle,
     "rechunk": run_rechunk,
@@ -191,6 +215,7 @@ RUNNERS = {
     "tree": run_tree,
     "groupby": run_groupby,
     "small": run_small,
+    "broadcast": run_broadcast,
 }
 
 
@@ -211,6 +236,7 @@ def sizes_for(scale: float) -> dict:
         "tree_leaves": 64,
         "tree_leaf_bytes": max(8 * 1024, int(8 * 2**20 * scale)) // 8 * 8,
         "small_tasks": max(200, int(5000 * scale)),
+        "broadcast_bytes": max(1 << 20, int(512 * 2**20 * scale)) // 8 * 8,
     }
 
 
@@ -254,6 +280,15 @@ def _worker_counters() -> dict:
     return out
 
 
+def _host_shmem() -> int:
+    """The host's shared memory (``Shmem`` of ``/proc/meminfo``), in bytes."""
+    with open("/proc/meminfo", "rb") as f:
+        for line in f:
+            if line.startswith(b"Shmem:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def _proc_status(pid: int) -> tuple[int, int]:
     """``VmRSS`` and ``RssShmem`` of a process in bytes ((0, 0) when it is gone)."""
     rss = shmem = 0
@@ -280,6 +315,12 @@ class RssSampler:
         self.peak: dict = {}
         self.shmem_at_peak: dict = {}
         self.pids: dict = {}
+        #: The host's memory for the cluster at its peak: private memory of every worker,
+        #: plus the host's shared memory grown since the sampler started (counted once).
+        self.host_peak = 0
+        self._shmem0 = _host_shmem()
+        #: The host's memory for the cluster when the sampler started (the cluster at rest).
+        self.host_start: int | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def pids_now(self) -> dict:
@@ -296,13 +337,19 @@ class RssSampler:
     def sample(self) -> dict:
         """RSS of each worker now."""
         now = {}
+        private = 0
         for name, pid in self.pids_now().items():
             self.pids.setdefault(name, set()).add(pid)
             rss, shmem = _proc_status(pid)
             now[name] = rss
+            private += rss - shmem
             if rss > self.peak.get(name, 0):
                 self.peak[name] = rss
                 self.shmem_at_peak[name] = shmem
+        host = private + max(0, _host_shmem() - self._shmem0)
+        if self.host_start is None:
+            self.host_start = host
+        self.host_peak = max(self.host_peak, host)
         return now
 
     def _run(self) -> None:
@@ -374,6 +421,8 @@ class Run:
     removed: int
     restarted: int
     unmanaged_warnings: int
+    host_peak: int = 0
+    host_growth: int = 0
     error: str | None = None
     extra: dict = field(default_factory=dict)
 
@@ -438,6 +487,8 @@ def measure(workload: str, session: Session, sizes: dict, args) -> Run:
         removed=events["removed"],
         restarted=sum(len(p) - 1 for p in sampler.pids.values()),
         unmanaged_warnings=_unmanaged_warnings(client) - warned,
+        host_peak=sampler.host_peak,
+        host_growth=sampler.host_peak - (sampler.host_start or 0),
         error=error,
     )
 
@@ -469,6 +520,10 @@ def _summarise(runs: list[Run], cold: list[Run]) -> dict:
         "rest_rss": last.rest_rss,
         "rest_rss_max": max((max(r.rest_rss.values(), default=0) for r in runs), default=0),
         "bytes_written": last.bytes_written,
+        "host_peak": statistics.median(r.host_peak for r in runs),
+        "host_peak_runs": [r.host_peak for r in runs],
+        # The peak over the cluster at rest when the run started: what the workload added.
+        "host_growth": statistics.median(r.host_growth for r in runs),
         "paused": sum(r.paused for r in runs + cold),
         "removed": sum(r.removed for r in runs + cold),
         "restarted": sum(r.restarted for r in runs + cold),
@@ -571,6 +626,8 @@ def run_all(args) -> dict:
             "equal": equal,
             "time_ratio": h["seconds"] / t["seconds"] if t["seconds"] else None,
             "peak_rss_ratio": (h["peak_rss_max"] / t["peak_rss_max"]) if t["peak_rss_max"] else None,
+            "host_peak_ratio": (h["host_peak"] / t["host_peak"]) if t["host_peak"] else None,
+            "host_growth_ratio": (h["host_growth"] / t["host_growth"]) if t["host_growth"] else None,
             "cold_time_ratio": (
                 statistics.median(h["cold_seconds"]) / statistics.median(t["cold_seconds"])
                 if h["cold_seconds"] and t["cold_seconds"]
@@ -586,6 +643,7 @@ def print_table(out: dict) -> None:
         f"{'workload':9}{'tcp s':>9}{'handoff s':>11}{'h/t':>7}{'equal':>7}"
         f"{'peak tcp':>11}{'peak h':>9}{'h/t':>7}{'rest tcp':>10}{'rest h':>9}"
         f"{'tcp MiB':>9}{'h shm MiB':>11}{'h tcp MiB':>11}{'paused t/h':>12}{'restart t/h':>13}"
+        f"{'host tcp':>10}{'host h':>8}{'h/t':>6}"
     )
     for w, r in out["workloads"].items():
         t, h = r["tcp"], r["handoff"]
@@ -596,6 +654,7 @@ def print_table(out: dict) -> None:
             f"{t['bytes_written']['tcp'] / mib:9.0f}{h['bytes_written']['shm'] / mib:11.0f}"
             f"{h['bytes_written']['tcp'] / mib:11.0f}"
             f"{t['paused']:>6}/{h['paused']:<5}{max(t['removed'], t['restarted']):>7}/{max(h['removed'], h['restarted']):<5}"
+            f"{t['host_peak'] / mib:10.0f}{h['host_peak'] / mib:8.0f}{r['host_peak_ratio'] or 0:6.2f}"
         )
         for s in SCHEMES:
             for e in r[s]["errors"]:
@@ -603,7 +662,7 @@ def print_table(out: dict) -> None:
     print(
         "peak and rest: the highest worker's RSS in MiB; h/t: handoff's over tcp's; MiB: bytes the workers wrote"
         " (tcp:// through Dask's TCP comm; handoff:// by channel); paused: pauses, restart: workers removed or restarted"
-        " (tcp/handoff counts)."
+        " (tcp/handoff counts); host: the host's peak memory for the cluster in MiB (medians; shared pages once)."
     )
 
 
@@ -613,6 +672,9 @@ def print_table(out: dict) -> None:
 MIN_SPEED = 0.95
 MUST_BE_FASTER = ("shuffle", "rechunk", "matmul")
 MAX_PEAK_RATIO = 1.10
+# Issue 41: no workload's host peak above its tcp:// peak, and the broadcast's at most 0.4×.
+MAX_HOST_PEAK_RATIO = 1.0
+MAX_BROADCAST_HOST_RATIO = 0.4
 
 
 def check(out: dict) -> list[str]:
@@ -629,6 +691,10 @@ def check(out: dict) -> list[str]:
         ratio = r["peak_rss_ratio"]
         if ratio is not None and ratio > MAX_PEAK_RATIO:
             misses.append(f"{w}: highest worker peak RSS {ratio:.2f}× tcp://'s (> {MAX_PEAK_RATIO})")
+        host = r.get("host_peak_ratio")
+        bound = MAX_BROADCAST_HOST_RATIO if w == "broadcast" else MAX_HOST_PEAK_RATIO
+        if host is not None and host > bound:
+            misses.append(f"{w}: the host's peak memory {host:.2f}× tcp://'s (> {bound})")
     return misses
 
 

@@ -247,3 +247,37 @@ async def test_a_memory_limited_worker_neither_pauses_nor_spills_nor_restarts_wh
     # ranges, kept for reuse, count in neither.
     assert sum(shared_memory) < sum(tcp_memory) - 300 * MB, (shared_memory, tcp_memory)
     assert shared_memory[0] < tcp_memory[0] + 64 * MB, (shared_memory, tcp_memory)
+
+
+def small_array(i: int) -> np.ndarray:
+    return np.full(8 * 1024, i % 251, dtype=np.int64)  # 64 KiB
+
+
+def total_of_all(*arrays) -> int:
+    return sum(int(a.sum()) for a in arrays)
+
+
+async def many_arrays(scheme: str) -> dict:
+    with dask.config.set({"distributed.comm.handoff.shared-arrays-min-bytes": "64KiB"}):
+        async with cluster(scheme) as (c, a, b):
+            arrays = c.map(small_array, range(3000), workers=[a], pure=False)
+            out = {"b sums them all": await c.submit(total_of_all, *arrays, workers=[b], pure=False)}
+            out["lent"] = (await c.run(arena_stats, workers=[a]))[a]["lends"] if scheme == "handoff" else 0
+            out["b's descriptors"] = (await c.run(lambda: len(os.listdir("/proc/self/fd")), workers=[b]))[b]
+            return out
+
+
+@gen_test(timeout=240)
+async def test_3000_arrays_between_workers_limited_to_1024_descriptors():
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # the workers inherit it
+    try:
+        tcp = await many_arrays("tcp")
+        shared = await many_arrays("handoff")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert shared["b sums them all"] == tcp["b sums them all"] == sum((i % 251) * 8 * 1024 for i in range(3000))
+    assert shared["lent"] >= 3000, "every array went to b as a window of a's arena"
+    assert shared["b's descriptors"] < 300, shared
