@@ -46,14 +46,9 @@ def same(x):
 
 def where(x) -> str:
     """The file of the memory region that holds ``x`` in this process ("" if anonymous)."""
-    addr = x.__array_interface__["data"][0]
-    with open("/proc/self/maps") as f:
-        for line in f:
-            fields = line.split()
-            lo, hi = (int(v, 16) for v in fields[0].split("-"))
-            if lo <= addr < hi:
-                return " ".join(fields[5:]) if len(fields) > 5 else ""
-    return "?"
+    from handoff.memregion import region_of
+
+    return region_of(x)
 
 
 def fork_and_write(x) -> int:

@@ -20,7 +20,7 @@ from conftest import REPO
 pytest.importorskip("distributed")
 pytest.importorskip("pandas")
 
-WORKLOADS = ("shuffle", "rechunk", "matmul", "tree", "groupby", "small")
+WORKLOADS = ("shuffle", "rechunk", "matmul", "tree", "groupby", "small", "broadcast")
 # Workloads that move arrays or frames from worker to worker, so that handoff:// must have
 # used its same-host channel for them, and tcp:// Dask's TCP comm.
 MOVERS = ("shuffle", "rechunk", "tree")
@@ -104,12 +104,16 @@ def test_the_bar_judges_the_report(report):
     good = json.loads(json.dumps(report))
     for w in good["workloads"].values():
         w["tcp"]["seconds"], w["handoff"]["seconds"], w["peak_rss_ratio"], w["equal"] = 2.0, 1.0, 1.0, True
+        w["dask_memory_ratio"], w["host_peak_ratio"] = 1.0, 0.9
+    good["workloads"]["broadcast"]["host_peak_ratio"] = 0.35
     assert check(good) == []
     bad = json.loads(json.dumps(good))
     bad["workloads"]["small"]["handoff"]["seconds"] = 2.2  # 0.91× tcp's speed
     bad["workloads"]["shuffle"]["handoff"]["seconds"] = 2.0  # level with tcp: not faster
-    bad["workloads"]["rechunk"]["peak_rss_ratio"] = 1.11
+    bad["workloads"]["rechunk"]["dask_memory_ratio"] = 1.11  # as Dask reads it
     bad["workloads"]["tree"]["equal"] = False
+    bad["workloads"]["groupby"]["host_peak_ratio"] = 1.02  # above tcp://'s host peak
+    bad["workloads"]["broadcast"]["host_peak_ratio"] = 0.41  # above issue 41's 0.4
     misses = check(bad)
-    assert len(misses) == 4, misses
-    assert {m.split(":")[0] for m in misses} == {"small", "shuffle", "rechunk", "tree"}
+    assert len(misses) == 6, misses
+    assert {m.split(":")[0] for m in misses} == {"small", "shuffle", "rechunk", "tree", "groupby", "broadcast"}

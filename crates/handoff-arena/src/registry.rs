@@ -52,6 +52,8 @@ struct State {
     next_id: u64,
     /// Freed bytes (roughly) whose pages are still populated, kept for reuse.
     idle_populated: usize,
+    /// When a range was last allocated or freed (what [`Arenas::trim_if_idle`] waits out).
+    last_activity: Option<std::time::Instant>,
     pagemap: Option<PageMap>,
     lends: u64,
     copies: u64,
@@ -238,6 +240,7 @@ impl Arenas {
         if !zero {
             state.idle_populated = state.idle_populated.saturating_sub(len);
         }
+        state.last_activity = Some(std::time::Instant::now());
         let addr = state.arenas[&id].region.base + off;
         state.records.insert(
             addr,
@@ -304,6 +307,7 @@ impl Arenas {
         if record.loans == 0 && !record.retired {
             self.give_back(&mut state, addr);
         }
+        state.last_activity = Some(std::time::Instant::now());
         true
     }
 
@@ -430,6 +434,19 @@ impl Arenas {
         }
         state.idle_populated = 0;
         punched
+    }
+
+    /// As [`Arenas::trim`], once no range was allocated or freed for `idle`: freed pages
+    /// kept for reuse go back to the system when no one reuses them. Returns the bytes.
+    pub fn trim_if_idle(&self, idle: std::time::Duration) -> usize {
+        {
+            let state = self.lock();
+            let quiet = state.last_activity.is_none_or(|t| t.elapsed() >= idle);
+            if state.idle_populated == 0 || !quiet {
+                return 0;
+            }
+        }
+        self.trim()
     }
 
     /// Where `ptr` lies in an arena, if it does.

@@ -256,6 +256,14 @@ pub fn arena_trim(py: Python<'_>) -> usize {
     py.detach(|| arenas().trim())
 }
 
+/// As `arena_trim`, once no array was allocated or freed for `seconds`; returns the bytes.
+#[pyfunction]
+pub fn arena_trim_idle(py: Python<'_>, seconds: f64) -> PyResult<usize> {
+    let idle = std::time::Duration::try_from_secs_f64(seconds)
+        .map_err(|_| PyValueError::new_err(format!("seconds must be 0 or more, not {seconds}")))?;
+    Ok(py.detach(|| arenas().trim_if_idle(idle)))
+}
+
 /// In a forked child (`os.register_at_fork`): private copies of the inherited ranges.
 #[pyfunction]
 pub fn arena_after_fork_in_child() {

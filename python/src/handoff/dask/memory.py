@@ -72,6 +72,9 @@ logger = logging.getLogger("distributed.comm.handoff")
 TRIM_MARGIN = 0.1
 #: Seconds between two checks of the watcher.
 INTERVAL = 0.5
+#: Freed arena ranges kept for reuse go back to the system once no array was allocated or
+#: freed for this long (as the pool's idle segments after ``pool-idle-seconds``).
+ARENA_IDLE_SECONDS = 10.0
 
 _watching: Optional[asyncio.AbstractEventLoop] = None
 
@@ -260,6 +263,8 @@ def _threshold(worker: Any) -> Optional[float]:
 def _check() -> None:
     from distributed.worker import Worker
 
+    if native.ENABLED:
+        native.ext.arena_trim_idle(ARENA_IDLE_SECONDS)
     workers = list(Worker._instances)
     if not workers:
         return
