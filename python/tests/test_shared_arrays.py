@@ -169,6 +169,8 @@ async def test_a_forked_child_writes_only_its_own_copy():
                 ok = shared.locate(x) is None and shared.locate(unsent) is None
                 x[:] = 66
                 unsent[:] = 66
+                unsent.resize(3 * MIB, refcheck=False)  # realloc of an inherited array's copy
+                ok = ok and (unsent[: 2 * MIB] == 66).all()
                 with shared_arrays():
                     fresh = np.ones(2 * MIB, dtype=np.uint8)
                 ok = ok and shared.locate(fresh) is not None and (x == 66).all()

@@ -1,6 +1,7 @@
-//! One arena's free space: page-aligned blocks, first fit, merged with their neighbours
-//! when freed. Each free block knows whether its pages are known to read as zeros (never
-//! used, or punched out), so a zeroed allocation from it needs no memset.
+//! One arena's free space: page-aligned blocks, first fit, merged with free neighbours of the
+//! same kind when freed. A block either reads as zeros (never used, or punched out) or may
+//! hold old bytes (populated, kept for reuse); the two kinds never merge, so the populated
+//! bytes are known exactly and a zeroed allocation from a zero block needs no memset.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +17,7 @@ struct Free {
 pub struct FreeList {
     blocks: BTreeMap<usize, Free>,
     free_bytes: usize,
+    populated_bytes: usize,
 }
 
 impl FreeList {
@@ -24,6 +26,7 @@ impl FreeList {
         FreeList {
             blocks: BTreeMap::from([(0, Free { len: size, zero: true })]),
             free_bytes: size,
+            populated_bytes: 0,
         }
     }
 
@@ -42,33 +45,35 @@ impl FreeList {
             );
         }
         self.free_bytes -= len;
+        if !block.zero {
+            self.populated_bytes -= len;
+        }
         Some((off, block.zero))
     }
 
-    /// Gives back `len` bytes at `off`, merged with free neighbours; `zero` if they read as
-    /// zeros.
+    /// Gives back `len` bytes at `off`, merged with free neighbours of the same kind; `zero`
+    /// if they read as zeros.
     pub fn give(&mut self, off: usize, len: usize, zero: bool) {
-        let mut block = Free { len, zero };
         let mut start = off;
+        let mut total = len;
         if let Some((&prev, &p)) = self.blocks.range(..off).next_back() {
-            if prev + p.len == off {
+            if prev + p.len == off && p.zero == zero {
                 self.blocks.remove(&prev);
                 start = prev;
-                block = Free {
-                    len: p.len + block.len,
-                    zero: p.zero && block.zero,
-                };
+                total += p.len;
             }
         }
         if let Some(&next) = self.blocks.get(&(off + len)) {
-            self.blocks.remove(&(off + len));
-            block = Free {
-                len: block.len + next.len,
-                zero: block.zero && next.zero,
-            };
+            if next.zero == zero {
+                self.blocks.remove(&(off + len));
+                total += next.len;
+            }
         }
-        self.blocks.insert(start, block);
+        self.blocks.insert(start, Free { len: total, zero });
         self.free_bytes += len;
+        if !zero {
+            self.populated_bytes += len;
+        }
     }
 
     /// Bytes free.
@@ -76,17 +81,26 @@ impl FreeList {
         self.free_bytes
     }
 
-    /// The free blocks whose pages may be populated, `(offset, len)`, now marked as reading
-    /// as zeros: the caller punches them out.
+    /// Free bytes that may be populated (kept for reuse).
+    pub fn populated_bytes(&self) -> usize {
+        self.populated_bytes
+    }
+
+    /// Takes every populated block out, `(offset, len)`, for the caller to punch and give
+    /// back (as zeros if the punch worked, else as they were).
     pub fn take_populated(&mut self) -> Vec<(usize, usize)> {
-        let mut out = Vec::new();
-        for (&off, block) in self.blocks.iter_mut() {
-            if !block.zero {
-                out.push((off, block.len));
-                block.zero = true;
-            }
+        let taken: Vec<(usize, usize)> = self
+            .blocks
+            .iter()
+            .filter(|(_, b)| !b.zero)
+            .map(|(&off, b)| (off, b.len))
+            .collect();
+        for (off, len) in &taken {
+            self.blocks.remove(off);
+            self.free_bytes -= len;
+            self.populated_bytes -= len;
         }
-        out
+        taken
     }
 }
 
@@ -95,40 +109,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn blocks_are_taken_first_fit_and_merged_back() {
+    fn blocks_are_taken_first_fit_and_merged_back_with_their_kind() {
         let mut list = FreeList::new(100);
         assert_eq!(list.take(30), Some((0, true)));
         assert_eq!(list.take(30), Some((30, true)));
         assert_eq!(list.take(50), None, "40 left");
         list.give(0, 30, false);
+        assert_eq!(list.populated_bytes(), 30);
         assert_eq!(list.take(20), Some((0, false)), "first fit, and it was used");
+        assert_eq!(list.populated_bytes(), 10);
         list.give(30, 30, false);
         list.give(0, 20, false);
-        assert_eq!(list.free_bytes(), 100);
-        assert_eq!(list.take(100), Some((0, false)), "merged into one, no longer all zeros");
+        assert_eq!((list.free_bytes(), list.populated_bytes()), (100, 60));
+        assert_eq!(list.take(60), Some((0, false)), "the used blocks merged");
+        assert_eq!(list.take(40), Some((60, true)), "the zero block stayed apart");
         assert_eq!(list.take(1), None);
     }
 
     #[test]
-    fn populated_blocks_are_handed_out_once_to_be_punched() {
+    fn populated_blocks_are_taken_out_to_be_punched() {
         let mut list = FreeList::new(30);
         list.take(30);
         list.give(0, 10, false);
         list.give(20, 10, true);
         assert_eq!(list.take_populated(), vec![(0, 10)]);
+        assert_eq!((list.free_bytes(), list.populated_bytes()), (10, 0));
         assert!(list.take_populated().is_empty());
+        list.give(0, 10, true);
         assert_eq!(list.take(10), Some((0, true)));
-    }
-
-    #[test]
-    fn a_block_reads_as_zeros_only_if_every_part_does() {
-        let mut list = FreeList::new(10);
-        list.take(10);
-        list.give(0, 5, true);
-        list.give(5, 5, true);
-        assert_eq!(list.take(10), Some((0, true)));
-        list.give(5, 5, false);
-        list.give(0, 5, true);
-        assert_eq!(list.take(10), Some((0, false)));
     }
 }

@@ -6,7 +6,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_proto::shm::buffers::{app_buffer, AppSegment, SegmentEnded};
+use handoff_proto::shm::buffers::{AppSegment, SegmentEnded, ShmOrigin};
 use handoff_wire::Buffer;
 
 use crate::registry::{arenas, Lend};
@@ -56,7 +56,8 @@ fn lend(ptr: *const u8, len: usize, range: &mut Option<Range>) -> Result<Option<
         _segment: segment.clone(),
         _range: range.take(),
     });
-    Ok(app_buffer(kept, segment))
+    // The window lies in the segment's mapping by construction (a slice of it).
+    Ok(Some(Buffer::with_origin(kept, Arc::new(ShmOrigin::App(segment)))))
 }
 
 /// A range this process allocated, freed when dropped.

@@ -111,6 +111,14 @@ impl Region {
             .map_err(|e| ArenaError::new("dropping written-back pages", e))
     }
 
+    /// Drops this process's private copies of a privately mapped range's pages (the range
+    /// reads the file again); peers' mappings of the file are untouched.
+    pub fn drop_private(&self, off: usize, len: usize) -> Result<(), ArenaError> {
+        // SAFETY: a private mapping of our arena, which no one in this process uses any more.
+        unsafe { rustix::mm::madvise((self.base + off) as *mut c_void, len, rustix::mm::Advice::LinuxDontNeed) }
+            .map_err(|e| ArenaError::new("dropping a freed range's private pages", e))
+    }
+
     /// Gives the pages of a freed range back to the system (they read as zeros again).
     pub fn punch(&self, off: usize, len: usize) -> Result<(), ArenaError> {
         rustix::fs::fallocate(

@@ -50,8 +50,6 @@ struct State {
     arenas: BTreeMap<u64, Arena>,
     records: BTreeMap<usize, Record>,
     next_id: u64,
-    /// Freed bytes (roughly) whose pages are still populated, kept for reuse.
-    idle_populated: usize,
     /// When a range was last allocated or freed (what [`Arenas::trim_if_idle`] waits out).
     last_activity: Option<std::time::Instant>,
     pagemap: Option<PageMap>,
@@ -60,6 +58,13 @@ struct State {
     write_backs: u64,
     refused: u64,
     last_refusal: Option<String>,
+}
+
+impl State {
+    /// Freed bytes kept populated for reuse, in every arena.
+    fn idle_populated(&self) -> usize {
+        self.arenas.values().map(|a| a.free.populated_bytes()).sum()
+    }
 }
 
 /// What a send gets for a buffer: not in an arena, in one but to be copied (and why), or a
@@ -139,7 +144,7 @@ pub struct Stats {
     /// Bytes of ranges the application freed while a peer still maps them (reused once
     /// released).
     pub freed_lent_bytes: usize,
-    /// Freed bytes kept populated for reuse (an upper bound: a block counts whole).
+    /// Freed bytes kept populated for reuse.
     pub idle_populated_bytes: usize,
     /// Free bytes in arenas.
     pub free_bytes: usize,
@@ -152,8 +157,39 @@ pub struct Stats {
     pub last_refusal: Option<String>,
 }
 
+/// Most arenas a process has (each one descriptor, and one address range in [`Spans`]).
+pub const MAX_ARENAS: usize = 1024;
+
+/// The address ranges of the arenas, readable without the registry's lock: a forked child
+/// whose parent held the lock at the fork can still tell an arena's pointer from malloc's.
+struct Spans {
+    bounds: [(AtomicUsize, AtomicUsize); MAX_ARENAS],
+    count: AtomicUsize,
+}
+
+impl Spans {
+    fn push(&self, start: usize, end: usize) {
+        let i = self.count.load(Ordering::Acquire);
+        if i < MAX_ARENAS {
+            self.bounds[i].0.store(start, Ordering::Release);
+            self.bounds[i].1.store(end, Ordering::Release);
+            self.count.store(i + 1, Ordering::Release);
+        }
+    }
+
+    /// The bytes from `ptr` to the end of the arena that holds it.
+    fn left(&self, ptr: usize) -> Option<usize> {
+        let n = self.count.load(Ordering::Acquire);
+        self.bounds[..n].iter().find_map(|(start, end)| {
+            let (start, end) = (start.load(Ordering::Acquire), end.load(Ordering::Acquire));
+            (start <= ptr && ptr < end).then(|| end - ptr)
+        })
+    }
+}
+
 /// The process's arenas: see the crate's documentation.
 pub struct Arenas {
+    spans: Spans,
     state: Mutex<State>,
     min_bytes: AtomicUsize,
     max_arenas: AtomicUsize,
@@ -167,6 +203,10 @@ pub struct Arenas {
 pub fn arenas() -> &'static Arenas {
     static ARENAS: OnceLock<Arenas> = OnceLock::new();
     ARENAS.get_or_init(|| Arenas {
+        spans: Spans {
+            bounds: std::array::from_fn(|_| (AtomicUsize::new(0), AtomicUsize::new(0))),
+            count: AtomicUsize::new(0),
+        },
         state: Mutex::new(State::default()),
         min_bytes: AtomicUsize::new(DEFAULT_MIN_BYTES),
         max_arenas: AtomicUsize::new(DEFAULT_MAX_ARENAS),
@@ -190,10 +230,10 @@ impl Arenas {
         self.min_bytes.store(n.max(1), Ordering::Relaxed);
     }
 
-    /// Sets the bound on arenas (descriptors); past it, allocations go to the default
-    /// allocator.
+    /// Sets the bound on arenas (descriptors), at most [`MAX_ARENAS`]; past it, allocations
+    /// go to the default allocator.
     pub fn set_max_arenas(&self, n: usize) {
-        self.max_arenas.store(n, Ordering::Relaxed);
+        self.max_arenas.store(n.min(MAX_ARENAS), Ordering::Relaxed);
     }
 
     /// Sets how many freed bytes stay populated for reuse.
@@ -237,9 +277,6 @@ impl Arenas {
                 }
             },
         };
-        if !zero {
-            state.idle_populated = state.idle_populated.saturating_sub(len);
-        }
         state.last_activity = Some(std::time::Instant::now());
         let addr = state.arenas[&id].region.base + off;
         state.records.insert(
@@ -271,6 +308,7 @@ impl Arenas {
         }
         let size = len.max(ARENA_BYTES).div_ceil(2 << 20) * (2 << 20);
         let region = Region::create(size).map_err(|e| e.to_string())?;
+        self.spans.push(region.base, region.base + region.size);
         state.next_id += 1;
         let id = state.next_id;
         state.arenas.insert(
@@ -285,13 +323,39 @@ impl Arenas {
 
     /// Whether `ptr` is the start of a range allocated here.
     pub fn owns(&self, ptr: *const u8) -> bool {
+        if self.broken.load(Ordering::Relaxed) {
+            return self.spans.left(ptr as usize).is_some();
+        }
         self.lock().records.contains_key(&(ptr as usize))
+    }
+
+    /// The length of the range that starts at `ptr` (whole pages), a forked child's copies
+    /// included; `None` when no range starts there.
+    pub fn len_of(&self, ptr: *const u8) -> Option<usize> {
+        if self.broken.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.lock().records.get(&(ptr as usize)).map(|r| r.len)
+    }
+
+    /// In a forked child that found the registry locked (see
+    /// [`Arenas::after_fork_in_child`]): the bytes from `ptr` to the end of the arena that
+    /// holds it, read without the lock. `None` anywhere else.
+    pub fn left_in_arena(&self, ptr: *const u8) -> Option<usize> {
+        if !self.broken.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.spans.left(ptr as usize)
     }
 
     /// Takes back the range that starts at `ptr`: `false` if no range starts there (the
     /// caller's default allocator made it). The range is reused once every loan on it ended.
     pub fn free(&self, ptr: *mut u8) -> bool {
         let addr = ptr as usize;
+        if self.broken.load(Ordering::Relaxed) {
+            // The registry stays locked in this child: an arena's range is let go unused.
+            return self.spans.left(addr).is_some();
+        }
         let mut state = self.lock();
         let Some(record) = state.records.get_mut(&addr) else {
             return false;
@@ -306,6 +370,10 @@ impl Arenas {
         record.live = false;
         if record.loans == 0 && !record.retired {
             self.give_back(&mut state, addr);
+        } else if record.private {
+            // Peers still map the file's pages; this process's copies of them go now.
+            let (arena, off, len) = (record.arena, record.off, record.len);
+            let _ = state.arenas[&arena].region.drop_private(off, len);
         }
         state.last_activity = Some(std::time::Instant::now());
         true
@@ -318,7 +386,7 @@ impl Arenas {
             return;
         };
         let idle_bound = self.idle_bytes.load(Ordering::Relaxed);
-        let punch = state.idle_populated + record.len > idle_bound;
+        let punch = state.idle_populated() + record.len > idle_bound;
         let arena = state.arenas.get_mut(&record.arena).expect("a record's arena lives");
         if record.private && arena.region.remap(record.off, record.len, false).is_err() {
             // It stays private, so it cannot be handed out as shared memory again: lost.
@@ -326,9 +394,6 @@ impl Arenas {
         }
         let zero = punch && arena.region.punch(record.off, record.len).is_ok();
         arena.free.give(record.off, record.len, zero);
-        if !zero {
-            state.idle_populated += record.len;
-        }
     }
 
     /// What a send may do with `len` bytes at `ptr`: see [`Lend`]. The first loan of a range
@@ -394,8 +459,8 @@ impl Arenas {
         let fd = arena.region.lend_fd.clone();
         record.loans += 1;
         state.lends += 1;
-        // SAFETY: arenas are never unmapped while the process runs (a forked child gives up
-        // its inherited ones, but holds no loans of its parent's).
+        // SAFETY: arenas are never unmapped while the process runs; a forked child unmaps its
+        // inherited ones but keeps copies, at the same addresses, of every range with a loan.
         let segment = unsafe { std::slice::from_raw_parts(arena.region.base as *const u8, arena.region.size) };
         let loan = Loan {
             addr,
@@ -427,12 +492,11 @@ impl Arenas {
         let mut punched = 0;
         for arena in state.arenas.values_mut() {
             for (off, len) in arena.free.take_populated() {
-                if arena.region.punch(off, len).is_ok() {
-                    punched += len;
-                }
+                let zero = arena.region.punch(off, len).is_ok();
+                arena.free.give(off, len, zero);
+                punched += if zero { len } else { 0 };
             }
         }
-        state.idle_populated = 0;
         punched
     }
 
@@ -442,7 +506,7 @@ impl Arenas {
         {
             let state = self.lock();
             let quiet = state.last_activity.is_none_or(|t| t.elapsed() >= idle);
-            if state.idle_populated == 0 || !quiet {
+            if state.idle_populated() == 0 || !quiet {
                 return 0;
             }
         }
@@ -451,6 +515,9 @@ impl Arenas {
 
     /// Where `ptr` lies in an arena, if it does.
     pub fn locate(&self, ptr: *const u8) -> Option<Located> {
+        if self.broken.load(Ordering::Relaxed) {
+            return None;
+        }
         let state = self.lock();
         let start = ptr as usize;
         let (&addr, record) = state.records.range(..=start).next_back()?;
@@ -479,7 +546,7 @@ impl Arenas {
             write_backs: state.write_backs,
             refused: state.refused,
             last_refusal: state.last_refusal.clone(),
-            idle_populated_bytes: state.idle_populated,
+            idle_populated_bytes: state.idle_populated(),
             ..Stats::default()
         };
         for r in state.records.values() {
@@ -505,10 +572,15 @@ impl Arenas {
     /// writes reaches what a peer maps, and nothing its parent writes later reaches the
     /// child. New allocations make new arenas.
     pub fn after_fork_in_child(&self) {
-        let Ok(mut state) = self.state.try_lock() else {
-            // Another thread of the parent held the registry: the child never uses it.
-            self.broken.store(true, Ordering::Relaxed);
-            return;
+        let mut state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                // Another thread of the parent held the registry: the child never uses it
+                // again, and tells arena pointers from malloc's by the spans alone.
+                self.broken.store(true, Ordering::Relaxed);
+                return;
+            }
         };
         let arenas = std::mem::take(&mut state.arenas);
         for (id, arena) in arenas {
@@ -517,7 +589,7 @@ impl Arenas {
             let live: Vec<(usize, usize)> = state
                 .records
                 .iter()
-                .filter(|(_, r)| r.arena == id && r.live && !r.anonymous)
+                .filter(|(_, r)| r.arena == id && (r.live || r.loans > 0) && !r.anonymous)
                 .map(|(&a, r)| (a, r.len))
                 .collect();
             for &(addr, len) in &live {
@@ -535,14 +607,17 @@ impl Arenas {
             }
             drop(arena.region);
         }
-        state.records.retain(|_, r| r.live || r.anonymous);
+        // Ranges freed while lent are copied too: a buffer the child inherited may still be
+        // reading them. The child never frees those copies (its application let them go).
+        state.records.retain(|_, r| r.live || r.loans > 0 || r.anonymous);
+        // The inherited arenas are gone: their address ranges may now hold malloc's memory.
+        self.spans.count.store(0, Ordering::Release);
         for record in state.records.values_mut() {
             record.anonymous = true;
             record.private = false;
             record.loans = 0;
             record.retired = false;
         }
-        state.idle_populated = 0;
         state.pagemap = None;
     }
 }

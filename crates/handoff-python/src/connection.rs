@@ -726,7 +726,7 @@ impl Outbound {
         }
         let bytes = bytes_of(obj)?;
         if unix && !bytes.is_empty() {
-            if let Some(lent) = crate::frames::lent_from_arena(&bytes)? {
+            if let Some(lent) = crate::frames::lent_from_arena(&bytes) {
                 return Ok(Outbound::Bytes(lent));
             }
         }

@@ -93,18 +93,23 @@ unsafe extern "C" fn shared_realloc(ctx: *mut c_void, ptr: *mut c_void, new_size
         // SAFETY: as malloc.
         return unsafe { shared_malloc(ctx, new_size) };
     }
-    let old = catch_unwind(AssertUnwindSafe(|| arenas().locate(ptr.cast())))
-        .ok()
-        .flatten();
+    let old = catch_unwind(AssertUnwindSafe(|| {
+        arenas()
+            .len_of(ptr.cast())
+            .or_else(|| arenas().left_in_arena(ptr.cast()))
+    }))
+    .ok()
+    .flatten();
     match old {
         // A range in an arena never grows in place (a peer may map it): a new allocation,
-        // the bytes copied, the old range freed (reused once every loan on it ended).
-        Some(old) => {
+        // the bytes copied, the old range freed (reused once every loan on it ended). A
+        // forked child's copies, and a broken child's arena pointers, go the same way.
+        Some(old_len) => {
             // SAFETY: as malloc.
             let new = unsafe { shared_malloc(ctx, new_size) };
             if !new.is_null() {
-                // SAFETY: both ranges are live and at least this long; they do not overlap.
-                unsafe { std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), new.cast::<u8>(), old.len.min(new_size)) };
+                // SAFETY: both are live and at least this long; they do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(ptr.cast::<u8>(), new.cast::<u8>(), old_len.min(new_size)) };
                 let _ = catch_unwind(AssertUnwindSafe(|| arenas().free(ptr.cast())));
             }
             new

@@ -32,10 +32,13 @@ it, so the host's memory for an array held by several workers counts once. Bytes
 array its maker freed while a peer still maps them (``arena-lent-freed``) count in no
 process until the peer drops them: were they charged to the maker, spilling the array
 would free nothing there, and Dask's spill loop would go on to evict more. The worker's
-monitor reads it (:func:`install`); the nanny, which reads the worker's RSS from outside,
-gets the worker's :func:`owned_shared` from a small file the worker rewrites at each
-reading (:func:`published`), and restarts the worker only where both its own reading and
-this one are above the terminate threshold.
+monitor reads it (:func:`install`), so spilling and pausing go by it. The nanny's
+terminate check keeps reading RSS, the guard against the host running out of memory: a
+worker that maps a peer's array has it in its RSS, as a worker on ``tcp://`` has its copy.
+Shared memory that is not handoff's (``MAP_SHARED`` anonymous maps, ``/dev/shm`` files,
+PyTorch's shared tensors) is subtracted with the rest of ``RssShmem`` and counted by no
+worker's reading. The worker also rewrites its :func:`owned_shared` into a small file at
+each reading (:func:`published`), for the benchmarks to read from outside.
 """
 
 from __future__ import annotations
@@ -138,7 +141,7 @@ def _status(pid: int) -> tuple[int, int]:
 
 
 def _publication(pid: int) -> Optional[Path]:
-    """The file where worker ``pid`` publishes :func:`owned_shared` for its nanny, named by
+    """The file where worker ``pid`` publishes :func:`owned_shared` (for readers outside it), named by
     the pid and the process's start time (a reused pid names another file)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -177,8 +180,9 @@ def published(pid: int) -> Optional[int]:
 
 
 def process_memory(pid: Optional[int] = None) -> int:
-    """The memory Dask decides from, for this process (or worker ``pid``, read from its
-    nanny): RSS less the shared pages it maps, plus the shared memory it made and holds."""
+    """The memory Dask's spilling and pausing decide from, for this process (or worker
+    ``pid``, read from outside it): RSS less the shared pages it maps, plus the shared
+    memory it made and holds."""
     if pid is None:
         rss, shmem = _status(os.getpid())
         owned = owned_shared()
@@ -193,14 +197,14 @@ _INSTALLED: list = []
 
 
 def install() -> None:
-    """Makes Dask's memory readings in this process :func:`process_memory`: the worker's
-    monitor (``SystemMonitor.get_process_memory``), and the nanny's terminate check, which
-    restarts a worker only where this reading and its own are both above the threshold."""
+    """Makes the worker's memory reading in this process :func:`process_memory`
+    (``SystemMonitor.get_process_memory``, which Dask's spilling and pausing read). The
+    nanny's terminate check keeps reading RSS: it is the guard against running out of
+    memory, and RSS never counts less than a worker maps."""
     if _INSTALLED:
         return
     _INSTALLED.append(True)
     from distributed.system_monitor import SystemMonitor
-    from distributed.worker_memory import NannyMemoryManager
 
     def get_process_memory(self) -> int:
         try:
@@ -209,32 +213,6 @@ def install() -> None:
             return self.proc.memory_info().rss
 
     SystemMonitor.get_process_memory = get_process_memory  # type: ignore[method-assign]
-    dask_check = NannyMemoryManager.memory_monitor
-
-    def memory_monitor(self, nanny) -> None:
-        process = getattr(getattr(nanny, "process", None), "process", None)
-        pid = getattr(process, "pid", None)
-        if pid is not None and self.memory_limit:
-            try:
-                if process_memory(pid) / self.memory_limit <= self.memory_terminate_fraction:
-                    return
-            except OSError:
-                pass
-        dask_check(self, nanny)
-
-    # Nannies made from now on bind this check; one made already (this process's nanny,
-    # whose listener is starting) has its periodic callback pointed at it.
-    NannyMemoryManager.memory_monitor = memory_monitor  # type: ignore[method-assign]
-    try:
-        from distributed.nanny import Nanny
-    except ImportError:  # pragma: no cover
-        return
-    from functools import partial
-
-    for nanny in list(Nanny._instances):
-        callback = getattr(nanny, "periodic_callbacks", {}).get("memory_monitor")
-        if callback is not None:
-            callback.callback = partial(memory_monitor, nanny.memory_manager, nanny)
 
 
 def _worker_metric(worker: Any) -> dict:
