@@ -203,6 +203,13 @@ def churn() -> int:
     return n
 
 
+def sevens(n: int) -> np.ndarray:
+    """``n`` int64 sevens, in one allocation (no temporary beside it near the limit)."""
+    x = np.empty(n, dtype=np.int64)
+    x.fill(7)
+    return x
+
+
 def reading(dask_worker) -> dict:
     """What Dask's memory manager sees in this worker now."""
     return {
@@ -216,7 +223,7 @@ async def under_a_limit(scheme: str) -> dict:
     async with cluster(scheme, memory_limit="1GiB") as (c, a, b):
         pids = await c.run(os.getpid)
         out = {"churn": await c.submit(churn, workers=[a], pure=False)}
-        x = c.submit(make, 50 * MB, workers=[a])  # 400 MiB of int64
+        x = c.submit(sevens, 50 * MB, workers=[a])  # 400 MiB
         out["b reads it"] = await c.submit(total, x, workers=[b])
         out["a reads it again"] = await c.submit(total, x, workers=[a], pure=False)  # both map its pages
         worst = {a: {"memory": 0, "paused": False, "spilled": 0}, b: {"memory": 0, "paused": False, "spilled": 0}}

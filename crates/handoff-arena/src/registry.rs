@@ -20,7 +20,7 @@ pub const ARENA_BYTES: usize = 64 << 20;
 pub const DEFAULT_MAX_ARENAS: usize = 256;
 /// Default bound on the bytes of freed ranges kept populated for reuse; past it, freed
 /// pages go back to the system.
-pub const DEFAULT_IDLE_BYTES: usize = 256 << 20;
+pub const DEFAULT_IDLE_BYTES: usize = 64 << 20;
 
 /// A range allocated from an arena.
 #[derive(Debug)]

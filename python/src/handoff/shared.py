@@ -50,7 +50,7 @@ def configure(
     """Sets, for the whole process: the smallest allocation an arena serves (``min_bytes``,
     default 1 MiB; also ``$HANDOFF_SHARED_ARRAYS_MIN``), the bound on arenas (``max_arenas``,
     default 256, each one descriptor), and how many freed bytes stay populated for reuse
-    (``idle_bytes``, default 256 MiB; freed pages past it go back to the system)."""
+    (``idle_bytes``, default 64 MiB; freed pages past it go back to the system)."""
     for name, value in (("min_bytes", min_bytes), ("max_arenas", max_arenas), ("idle_bytes", idle_bytes)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(f"{name} must be a whole number of at least 0, not {value!r}")

@@ -26,8 +26,8 @@ Arrays born in shared memory (``shared-arrays``, :mod:`handoff.shared`) are mapp
 worker that holds them, and RSS counts a mapped page in each. Where they are on, the
 memory Dask decides from is :func:`process_memory`: the process's private memory (RSS
 less its shared pages, ``RssShmem``) plus the shared memory it made and still holds
-(:func:`owned_shared`: its arenas' live and retired ranges, and the pooled segments its
-peers hold; what is kept only for reuse is given back under pressure, and not counted). Every shared byte is charged to exactly one process, the one that made
+(:func:`owned_shared`: its arenas' live and retired ranges and the freed pages they keep
+for reuse, and the pooled segments its peers hold). Every shared byte is charged to exactly one process, the one that made
 it, so the host's memory for an array held by several workers counts once. Bytes of an
 array its maker freed while a peer still maps them (``arena-lent-freed``) count in no
 process until the peer drops them: were they charged to the maker, spilling the array
@@ -121,11 +121,11 @@ def trim() -> None:
 
 def owned_shared(held: Optional[dict] = None) -> int:
     """The shared memory this process made and still holds, in bytes: its arenas' live and
-    retired ranges, and the segments of its pool that peers hold. What is kept only for
-    reuse (freed ranges still populated, ``arena-idle``; idle segments) is not counted, as
-    ``pool-idle`` never was: it goes back at once when memory runs short (:func:`trim`)."""
+    retired ranges, their freed pages kept for reuse (``arena-idle``: mapped here, so in the
+    RSS the nanny reads; 64 MiB at most, given back after 10 s idle or under pressure), and
+    the segments of its pool that peers hold."""
     held = shared_bytes() if held is None else held
-    return held.get("arena-live", 0) + held.get("arena-retired", 0) + held["pool-busy"]
+    return held.get("arena-live", 0) + held.get("arena-idle", 0) + held.get("arena-retired", 0) + held["pool-busy"]
 
 
 def _status(pid: int) -> tuple[int, int]:
