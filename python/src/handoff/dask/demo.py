@@ -26,7 +26,7 @@ which add ``warm_seconds``, the same median, and ``cold_seconds``, their warm-up
   receiver's ``handoff.dask.stats()`` counters grew by the array's size on that channel
   (``bytes-read-shm`` or ``bytes-read-tcp``) and not on the other, and the receiver's
   array lies in memory the sender shared (a segment of its pool or a window of its arena,
-  both ``memfd``\ s) over shm, and in its own memory over tcp.
+  both memfds) over shm, and in its own memory over tcp.
 
 - **Data handles** (:mod:`handoff.dask.data`): one more worker, ``dask-n``, of this
   host but with a catalog that lacks the dataset; every worker opens its catalog and a cache
