@@ -321,14 +321,6 @@ impl Arenas {
         Ok(id)
     }
 
-    /// Whether `ptr` is the start of a range allocated here.
-    pub fn owns(&self, ptr: *const u8) -> bool {
-        if self.broken.load(Ordering::Relaxed) {
-            return self.spans.left(ptr as usize).is_some();
-        }
-        self.lock().records.contains_key(&(ptr as usize))
-    }
-
     /// The length of the range that starts at `ptr` (whole pages), a forked child's copies
     /// included; `None` when no range starts there.
     pub fn len_of(&self, ptr: *const u8) -> Option<usize> {

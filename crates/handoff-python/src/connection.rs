@@ -726,7 +726,9 @@ impl Outbound {
         }
         let bytes = bytes_of(obj)?;
         if unix && !bytes.is_empty() {
-            if let Some(lent) = crate::frames::lent_from_arena(&bytes) {
+            // A loan that cannot be made (the segment's checks failed): the bytes go as any
+            // bytes. The buffer holds the loan, not the array, which may go meanwhile.
+            if let Ok(Some(lent)) = handoff_arena::lent_buffer(bytes.as_ptr(), bytes.len()) {
                 return Ok(Outbound::Bytes(lent));
             }
         }

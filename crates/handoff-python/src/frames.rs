@@ -242,15 +242,6 @@ impl SegmentFrame {
     }
 }
 
-/// `bytes` as a window of the arena they lie in, lent to a same-host peer (its descriptor
-/// passes, no byte is copied), or None when they lie in no arena or must be copied (the
-/// producer wrote them since a loan still out: then the send copies them, as any bytes).
-/// The buffer holds the loan, not the application's array, which may go meanwhile.
-pub(crate) fn lent_from_arena(bytes: &Bytes) -> Option<handoff_wire::Buffer> {
-    // A loan that cannot be made (the segment's checks failed): the bytes go as any bytes.
-    handoff_arena::lent_buffer(bytes.as_ptr(), bytes.len()).ok().flatten()
-}
-
 /// Bytes of an application's segment, owning the segment too (see [`SegmentFrame::new`]).
 struct InSegment {
     bytes: Bytes,

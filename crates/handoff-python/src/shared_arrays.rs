@@ -39,7 +39,7 @@ struct Handler {
 unsafe impl Sync for Handler {}
 
 const fn name() -> [u8; 127] {
-    let text = b"handoff_shared_arrays";
+    let text = HANDLER_NAME.as_bytes();
     let mut out = [0u8; 127];
     let mut i = 0;
     while i < text.len() {
