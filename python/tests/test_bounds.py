@@ -579,13 +579,25 @@ async def test_errors_are_followed_by_an_orderly_close():
         assert (await asyncio.to_thread(garbage)).code == "malformed-header"
 
 
-async def test_the_inbox_serves_connections_fairly_by_bytes():
+def _inbox_class(which: str):
+    """The engine's inbox (``handoff.inbox``, the Rust queues) or the reference's
+    (``handoff_pure.inbox``): both serve by one algorithm, and these tests hold them to it."""
+    if which == "engine":
+        from handoff.inbox import Inbox
+    else:
+        from handoff_pure.inbox import Inbox
+    return Inbox
+
+
+INBOXES = pytest.mark.parametrize("which", ["engine", "reference"])
+
+
+@INBOXES
+async def test_the_inbox_serves_connections_fairly_by_bytes(which):
     """A flood from one connection delays another by about one message (handoff.inbox)."""
     from types import SimpleNamespace
 
-    from handoff.inbox import Inbox
-
-    inbox = Inbox(overhead=1024)
+    inbox = _inbox_class(which)(overhead=1024)
     flooder, quiet, bulk = object(), object(), object()
     for i in range(100):
         inbox.put(SimpleNamespace(sender=flooder, charge=1200, seq=i))
@@ -598,14 +610,13 @@ async def test_the_inbox_serves_connections_fairly_by_bytes():
     assert order[-1].sender is bulk, "it waits until the small ones, far fewer bytes, are served"
 
 
-async def test_a_sparse_connection_goes_before_the_backlogs_and_closed_ones_go_last():
+@INBOXES
+async def test_a_sparse_connection_goes_before_the_backlogs_and_closed_ones_go_last(which):
     """A peer with one message out at a time waits for no backlog, however many connections
     have one; a closed connection's messages are all delivered, after the open ones'."""
     from types import SimpleNamespace
 
-    from handoff.inbox import Inbox
-
-    inbox = Inbox(overhead=1024)
+    inbox = _inbox_class(which)(overhead=1024)
     flooders = [object() for _ in range(25)]
     for f in flooders:
         for i in range(50):

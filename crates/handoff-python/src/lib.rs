@@ -13,6 +13,7 @@ pub mod device;
 pub mod engine;
 pub mod frames;
 mod holds;
+pub mod inbox;
 pub mod plain;
 pub mod shared_arrays;
 /// The system calls both drivers share.
@@ -38,6 +39,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<engine::Engine>()?;
     m.add_class::<connection::Connection>()?;
     m.add_class::<connection::Received>()?;
+    m.add_class::<inbox::Inbox>()?;
     m.add_class::<frames::Frame>()?;
     m.add_class::<frames::OnDemand>()?;
     m.add_class::<frames::SegmentFrame>()?;

@@ -67,6 +67,12 @@ impl Inbox {
         next
     }
 
+    /// `peer`'s connection has closed: what it sent waits until no open connection has a
+    /// message.
+    pub(crate) fn closed(&self, peer: &crate::Peer) {
+        self.lock().closed(std::sync::Arc::as_ptr(&peer.0) as usize);
+    }
+
     /// Drops every waiting message (the node shuts down).
     pub(crate) fn clear(&self) {
         // Taken out first: dropping envelopes gives room back, which must not run under the lock.

@@ -67,6 +67,7 @@ pub(crate) async fn read_loop(node: Arc<NodeInner>, peer: Peer, socket: Arc<Sock
     drop(conn);
     peer.mark_closed();
     node.remove_peer(&peer);
+    node.inbox.closed(&peer);
     // Requests waiting on this connection fail now (their senders drop), and every hold
     // the peer had on our leases ends with its connection.
     peer.0.pending.lock().expect("pending lock").clear();

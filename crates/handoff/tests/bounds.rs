@@ -319,3 +319,53 @@ async fn a_ticket_larger_than_the_bound_is_redeemed_ahead_of_the_messages_behind
         assert_eq!(got.seq, seq);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_connections_messages_come_after_the_open_ones_and_none_is_lost() {
+    let receiver = node("receiver-of-the-gone", Bounds::DEFAULT).await;
+    let gone = node("gone", Bounds::DEFAULT).await;
+    let open = node("open", Bounds::DEFAULT).await;
+    let addr = receiver.listen_addr().unwrap().to_string();
+    let from_gone = gone.connect_with(&addr, Some(Channel::Tcp)).await.unwrap();
+    let from_open = open.connect_with(&addr, Some(Channel::Tcp)).await.unwrap();
+    for seq in 0..10 {
+        from_gone.send(chunk("gone", seq, 100)).await.unwrap();
+        from_open.send(chunk("open", seq, 100)).await.unwrap();
+    }
+    // Both backlogs are in the inbox (the application has taken nothing), then one peer
+    // leaves: its messages stay, behind the open connection's.
+    let deadline = tokio::time::Instant::now() + T;
+    // (Each message holds its bytes and the fixed overhead, 1 KiB, in the receive budget:
+    // the count is reached and stays put once all twenty are in.)
+    let mut last = 0;
+    loop {
+        let now = receiver.buffered_bytes();
+        if now >= 20 * (100 + 1024) && now == last {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the messages never arrived");
+        last = now;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    gone.shutdown();
+    while receiver.peer("gone").is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the receiver never saw the peer leave"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut order = Vec::new();
+    for _ in 0..20 {
+        let got: Chunk = receiver.recv_timeout(T).await.unwrap().decode().unwrap();
+        order.push((got.from, got.seq));
+    }
+    let expected: Vec<(String, u64)> = ["open", "gone"]
+        .iter()
+        .flat_map(|from| (0..10).map(move |seq| (from.to_string(), seq)))
+        .collect();
+    assert_eq!(
+        order, expected,
+        "the open connection's first, then the closed one's, in order"
+    );
+}

@@ -1,31 +1,9 @@
 """The inbox: received messages waiting for the application, one queue per connection,
-taken fairly by bytes (as in the Rust reference), sparse and open connections first.
-
-A single queue would let a peer that sends a flood put every other peer's messages
-behind its own. Here :meth:`Inbox.get` serves the connections that have messages by
-deficit round-robin: each turn gives a connection a quantum of credit in bytes, and it
-is served while its credit covers its next message. A peer's messages stay in order; a
-peer that sends large messages gets its share in bytes, not in messages, so a peer that
-sends a small one now and then is served within a turn whatever the others have
-queued. How much waits is bounded by the node's buffered-bytes budget (§9.1), which
-every envelope is charged against until the application takes it.
-
-**Sparse connections first** (as fq_codel does for packets, RFC 8290): a connection
-whose queue was empty when its message arrived — a peer with one request out at a time,
-waiting for its answer — is served before the connections that have a backlog, for
-one quantum (a larger message waits for its share in the round); then it joins the
-others' round. A peer that floods many connections at
-once, each with bodies that are slow to decode in pure Python (deeply nested ones),
-otherwise makes every round, and the round trip of every other peer, as long as one
-turn of each of its connections; here such a peer waits at most for the message being
-handled now. A flood cannot use this: a connection keeps its place among the new ones
-only while it has nothing queued. The price, as in fq_codel: while sparse messages from
-many connections arrive faster than the application takes messages, the backlogged
-connections wait (each sparse connection still gets one quantum per message).
-
-**Open connections first.** Messages of a connection that has closed stay in the inbox
-(nothing a peer sent before it left is lost), but they are served only when no open
-connection has a message waiting (:meth:`Inbox.closed`): its peer waits for no answer.
+taken fairly by bytes, sparse and open connections first (how and why:
+``handoff_proto::inbox``). The queues and the choice of the next message are the engine's
+(``handoff._native.Inbox``), as in the Rust node; this module keeps the wait for a message
+on the event loop. How much waits is bounded by the node's buffered-bytes budget (§9.1),
+which every envelope is charged against until the application takes it.
 """
 
 from __future__ import annotations
@@ -35,7 +13,9 @@ import collections
 import time
 from typing import Any, Optional
 
-__all__ = ["Inbox", "ConnectionQueue", "Signal"]
+from . import native
+
+__all__ = ["Inbox", "ConnectionQueue", "Signal", "wait_until"]
 
 
 #: The clock's resolution: a timer is due this close to its time (as asyncio counts it).
@@ -106,7 +86,7 @@ class Signal:
             self._arm(loop, earliest)
 
 
-async def _wait_until(ready, signal: Signal, timeout: Optional[float]) -> None:
+async def wait_until(ready, signal: Signal, timeout: Optional[float]) -> None:
     """Waits until ``ready()`` (checked after each wake-up); ``asyncio.TimeoutError`` after ``timeout`` s."""
     if timeout is None:
         while not ready():
@@ -120,116 +100,40 @@ async def _wait_until(ready, signal: Signal, timeout: Optional[float]) -> None:
             raise asyncio.TimeoutError
 
 
-class _Queue:
-    __slots__ = ("messages", "credit")
-
-    def __init__(self) -> None:
-        self.messages: collections.deque = collections.deque()
-        self.credit = 0
-
-
 class Inbox:
-    """Messages for the application, taken fairly from each connection: sparse connections
-    first, then open ones by deficit round-robin, then closed ones."""
+    """Messages for the application, taken fairly from each connection (the engine's
+    algorithm: sparse connections first, then open ones by deficit round-robin in bytes,
+    then closed ones)."""
+
+    __slots__ = ("overhead", "_queues", "_arrived")
 
     def __init__(self, overhead: int):
         #: What a message without a charge weighs (the node's per-message overhead).
         self.overhead = max(1, overhead)
-        #: Credit a connection gains per turn: about one small message.
-        self.quantum = 2 * self.overhead
-        self._queues: dict = {}
-        self._new: collections.deque = collections.deque()  # open, queue empty when a message came
-        self._turns: collections.deque = collections.deque()  # open, with a backlog: round-robin
-        self._closed_turns: collections.deque = collections.deque()  # closed, messages still waiting
-        self._closed: set = set()  # keys of closed connections whose messages still wait
+        #: Credit a connection gains per turn is about one small message.
+        self._queues = native.required("the inbox").Inbox(2 * self.overhead)
         self._arrived = Signal()
-
-    def _weight(self, env: Any) -> int:
-        return getattr(env, "charge", 0) or self.overhead
 
     def put(self, env: Any) -> None:
         """Adds a message behind the others of its connection."""
-        key = id(env.sender)
-        q = self._queues.get(key)
-        if q is None:
-            q = self._queues[key] = _Queue()
-            if key in self._closed:
-                self._closed_turns.append(key)
-            else:
-                q.credit = self.quantum
-                self._new.append(key)
-        q.messages.append(env)
+        self._queues.push(id(env.sender), getattr(env, "charge", 0) or self.overhead, env)
         self._arrived.set()
 
     def closed(self, sender: Any) -> None:
         """``sender``'s connection has closed: what it sent waits until no open connection has
         a message (nothing is dropped)."""
-        key = id(sender)
-        if key not in self._queues or key in self._closed:
-            return
-        self._closed.add(key)
-        for ring in (self._new, self._turns):
-            if key in ring:
-                ring.remove(key)
-        self._closed_turns.append(key)
-
-    def _take_new(self) -> Optional[Any]:
-        key = self._new[0]
-        q = self._queues[key]
-        weight = self._weight(q.messages[0])
-        if weight > q.credit:
-            # More than a quantum (a large message): it waits for its share in the round.
-            self._new.popleft()
-            self._turns.append(key)
-            return None
-        env = q.messages.popleft()
-        q.credit -= weight
-        if not q.messages:
-            del self._queues[key]
-            self._new.popleft()
-        elif q.credit <= 0:
-            # Its quantum is spent and it has more: it joins the round of the backlogged.
-            self._new.popleft()
-            q.credit = max(0, q.credit + self.quantum)
-            self._turns.append(key)
-        return env
-
-    def _take(self) -> Any:
-        while self._new:
-            env = self._take_new()
-            if env is not None:
-                return env
-        turns = self._turns or self._closed_turns
-        while True:
-            for _ in range(len(turns)):
-                key = turns[0]
-                q = self._queues[key]
-                weight = self._weight(q.messages[0])
-                if q.credit >= weight or len(turns) == 1:
-                    env = q.messages.popleft()
-                    q.credit = max(0, q.credit - weight)
-                    if not q.messages:
-                        del self._queues[key]
-                        self._closed.discard(key)
-                        turns.popleft()
-                    return env
-                q.credit += self.quantum
-                turns.rotate(-1)
-            # Nobody could be served in a whole round: skip the rounds it takes at once.
-            waiting = [self._queues[key] for key in turns]
-            rounds = min(-(-max(0, self._weight(q.messages[0]) - q.credit) // self.quantum) for q in waiting)
-            for q in waiting:
-                q.credit += max(0, rounds - 1) * self.quantum
+        self._queues.closed(id(sender))
 
     async def get(self, timeout: Optional[float] = None) -> Any:
         """The next message, waiting until there is one (``asyncio.TimeoutError`` after
         ``timeout`` seconds). A message already waiting is taken without yielding."""
-        if not self._queues:
+        queues = self._queues
+        if not queues:
             if timeout is None:
                 # (Signal.wait in place, without its timer: the common wait of a receiver.)
                 waiters = self._arrived._waiters
                 loop = asyncio.get_running_loop()
-                while not self._queues:
+                while not queues:
                     fut = loop.create_future()
                     waiters.append(fut)
                     try:
@@ -238,18 +142,15 @@ class Inbox:
                         if fut in waiters:  # cancelled: not woken by set()
                             waiters.remove(fut)
             else:
-                await _wait_until(self._has_messages, self._arrived, timeout)
-        return self._take()
-
-    def _has_messages(self) -> bool:
-        return bool(self._queues)
+                await wait_until(queues.__bool__, self._arrived, timeout)
+        return queues.pop()
 
     def __bool__(self) -> bool:
         """Whether a message waits."""
         return bool(self._queues)
 
     def __len__(self) -> int:
-        return sum(len(q.messages) for q in self._queues.values())
+        return len(self._queues)
 
 
 class ConnectionQueue:
@@ -289,7 +190,7 @@ class ConnectionQueue:
         """The next message, waiting for one (``asyncio.TimeoutError`` after ``timeout``
         seconds); ``None`` once closed and empty."""
         if not self._messages and not self.closed:
-            await _wait_until(self._ready, self._arrived, timeout)
+            await wait_until(self._ready, self._arrived, timeout)
         return self._messages.popleft() if self._messages else None
 
     def _ready(self) -> bool:

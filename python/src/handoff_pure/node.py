@@ -33,7 +33,7 @@ from handoff.addresses import split_host_port, strip_scheme
 
 from .addresses import check_peer_uid
 from handoff.errors import HandoffError, PeerClosed, TlsError
-from handoff.inbox import Inbox
+from .inbox import Inbox
 from handoff.tickets import Ticket
 from .admission import Admission
 from .budget import Budget
