@@ -88,11 +88,19 @@ class Signal:
 
 async def wait_until(ready, signal: Signal, timeout: Optional[float]) -> None:
     """Waits until ``ready()`` (checked after each wake-up); ``asyncio.TimeoutError`` after ``timeout`` s."""
-    if timeout is None:
-        while not ready():
-            await signal.wait()
-        return
     loop = asyncio.get_running_loop()
+    if timeout is None:
+        # (Signal.wait in place, without its timer: the common wait of a receiver.)
+        waiters = signal._waiters
+        while not ready():
+            fut = loop.create_future()
+            waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in waiters:  # cancelled: not woken by set()
+                    waiters.remove(fut)
+        return
     deadline = loop.time() + timeout
     while not ready():
         left = deadline - loop.time()
@@ -129,20 +137,7 @@ class Inbox:
         ``timeout`` seconds). A message already waiting is taken without yielding."""
         queues = self._queues
         if not queues:
-            if timeout is None:
-                # (Signal.wait in place, without its timer: the common wait of a receiver.)
-                waiters = self._arrived._waiters
-                loop = asyncio.get_running_loop()
-                while not queues:
-                    fut = loop.create_future()
-                    waiters.append(fut)
-                    try:
-                        await fut
-                    finally:
-                        if fut in waiters:  # cancelled: not woken by set()
-                            waiters.remove(fut)
-            else:
-                await wait_until(queues.__bool__, self._arrived, timeout)
+            await wait_until(queues.__bool__, self._arrived, timeout)
         return queues.pop()
 
     def __bool__(self) -> bool:

@@ -9,7 +9,6 @@ tests (``python/tests/test_bounds.py``).
 
 from __future__ import annotations
 
-import asyncio
 import collections
 from typing import Any, Optional
 
@@ -123,20 +122,7 @@ class Inbox:
         """The next message, waiting until there is one (``asyncio.TimeoutError`` after
         ``timeout`` seconds). A message already waiting is taken without yielding."""
         if not self._queues:
-            if timeout is None:
-                # (Signal.wait in place, without its timer: the common wait of a receiver.)
-                waiters = self._arrived._waiters
-                loop = asyncio.get_running_loop()
-                while not self._queues:
-                    fut = loop.create_future()
-                    waiters.append(fut)
-                    try:
-                        await fut
-                    finally:
-                        if fut in waiters:  # cancelled: not woken by set()
-                            waiters.remove(fut)
-            else:
-                await wait_until(self._has_messages, self._arrived, timeout)
+            await wait_until(self._has_messages, self._arrived, timeout)
         return self._take()
 
     def _has_messages(self) -> bool:
