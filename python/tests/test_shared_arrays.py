@@ -291,4 +291,90 @@ def test_the_default_allocator_takes_over_when_no_arena_can_be_made(tmp_path):
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
+FORK_WHILE_BUSY = textwrap.dedent(
+    """
+    import os, threading
+    import numpy as np
+    from handoff import shared, shared_arrays
+    ext = shared._ext()
+    with shared_arrays():
+        a = np.full(1 << 20, 1, dtype=np.uint8)
+    assert shared.locate(a) is not None
+    stop = []
+    def busy():  # takes the registry with the GIL let go, again and again
+        while not stop:
+            ext.arena_trim()
+    t = threading.Thread(target=busy)
+    t.start()
+    for i in range(300):
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                a[:] = 0xEE  # its own copy
+                s = shared.stats()  # the registry answers in the child
+                with shared_arrays():
+                    b = np.zeros(2 << 20, dtype=np.uint8)
+                if shared.locate(a) is not None or shared.locate(b) is None or s["lent_ranges"]:
+                    code = 2
+                # A child of the child frees its own copy.
+                pid2 = os.fork()
+                if pid2 == 0:
+                    del a
+                    os._exit(0)
+                code = code or os.waitstatus_to_exitcode(os.waitpid(pid2, 0)[1])
+            finally:
+                os._exit(code)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        assert code == 0, f"fork {i}: the child exited with {code}"
+        assert a[0] == 1, f"fork {i}: the child's write reached the parent's array"
+    stop.append(True)
+    t.join()
+    print("ok")
+    """
+)
+
+
+def test_a_child_forked_while_a_thread_uses_the_arenas_gets_its_own_copies(tmp_path):
+    """The registry is taken across the fork: a child never finds it held by a thread it does
+    not have (then it kept the parent's mapping, and its writes reached the parent's array)."""
+    script = tmp_path / "busy.py"
+    script.write_text(FORK_WHILE_BUSY)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+NO_ROOM_FOR_THE_COPY = textwrap.dedent(
+    """
+    import os, resource
+    import numpy as np
+    from handoff import shared_arrays
+    with shared_arrays():
+        a = np.ones(256 << 20, dtype=np.uint8)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/status") as f:
+        vm = int(f.read().split("VmSize:")[1].split()[0]) * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (64 << 20), hard))  # no room for a copy
+    pid = os.fork()
+    if pid == 0:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        del a  # its range is unreadable here, but freeing it is fine
+        os._exit(0)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), int(a[-1]))
+    """
+)
+
+
+def test_a_child_without_room_for_its_copies_says_so_and_frees_them(tmp_path):
+    """A forked child that gets no memory for its copy of an array: the range is made
+    unreadable there (not left shared with the parent), the child says so, and freeing the
+    array does not crash it (it went to ``free`` before, and the child died of SIGSEGV)."""
+    script = tmp_path / "no_room.py"
+    script.write_text(NO_ROOM_FOR_THE_COPY)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["0", "1"], out.stdout + out.stderr[-3000:]
+    assert "could not copy 268435456 bytes of shared arrays" in out.stderr, out.stderr[-3000:]
+
+
 del resource  # imported for the scripts' reader: the limit is set in the child

@@ -13,8 +13,9 @@
 //! - A range returns to its arena only when the application freed it *and* every loan on it
 //!   ended ([`Loan`]'s drop). A loan that ends because its peer's connection closed, with
 //!   the peer's process possibly still mapping it, retires the range for good.
-//! - [`Arenas::after_fork_in_child`] gives a forked child private copies of the ranges it
-//!   inherits, so that nothing it writes reaches what a peer maps.
+//! - A forked child gets private copies of the ranges it inherits, so that nothing it writes
+//!   reaches what a peer maps ([`Arenas::after_fork_in_child`], run by `pthread_atfork` with
+//!   the registry taken across the fork, so the child always finds it consistent).
 //!
 //! - [`ArenaBufMut`] is the same for Rust: bytes written in place, frozen into a
 //!   `handoff_wire::Buffer` whose origin is the arena (the core's application segments),
@@ -28,6 +29,7 @@ mod arena;
 mod buffer;
 mod dirty;
 mod error;
+mod fork;
 mod region;
 mod registry;
 

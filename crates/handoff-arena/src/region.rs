@@ -151,6 +151,18 @@ pub fn copy_to_anonymous(addr: usize, len: usize) -> Result<(), ArenaError> {
     Ok(())
 }
 
+/// Makes `len` bytes at `addr` unreadable (a forked child that got no memory for its copy
+/// of them: better a fault where they are used than a mapping shared with the parent), and
+/// says so on standard error (`why`: the copy's failure).
+pub fn seal_off(addr: usize, len: usize, why: &ArenaError) {
+    // SAFETY: the caller owns the range; nothing in this process reads it until it faults.
+    let _ = unsafe { rustix::mm::mprotect(addr as *mut c_void, len, rustix::mm::MprotectFlags::empty()) };
+    let line = format!("handoff-arena: a forked child could not copy {len} bytes of shared arrays ({why}); they are unreadable in the child\n");
+    // Straight to descriptor 2: std's stderr has a lock another thread of the parent may have held.
+    // SAFETY: a write of our own bytes.
+    let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+}
+
 /// Unmaps `len` bytes at `addr`.
 pub fn unmap(addr: usize, len: usize) {
     // SAFETY: the caller owns the range and nothing refers to it any more.

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use crate::arena::FreeList;
@@ -16,7 +16,8 @@ use crate::region::{self, Region};
 pub const DEFAULT_MIN_BYTES: usize = 1 << 20;
 /// Size of an arena, unless one allocation needs more.
 pub const ARENA_BYTES: usize = 64 << 20;
-/// Default bound on arenas (each holds one descriptor).
+/// Default bound on arenas (each holds two descriptors: its memfd, and the read-only one
+/// that sends pass).
 pub const DEFAULT_MAX_ARENAS: usize = 256;
 /// Default bound on the bytes of freed ranges kept populated for reuse; past it, freed
 /// pages go back to the system.
@@ -53,6 +54,8 @@ struct State {
     /// When a range was last allocated or freed (what [`Arenas::trim_if_idle`] waits out).
     last_activity: Option<std::time::Instant>,
     pagemap: Option<PageMap>,
+    /// Ranges whose mapping is private now (each splits its arena's mapping in up to three).
+    private_ranges: usize,
     lends: u64,
     copies: u64,
     write_backs: u64,
@@ -89,6 +92,9 @@ pub enum Lend {
 pub struct Loan {
     addr: usize,
     ended: bool,
+    /// The process it was made in ([`Arenas::generation`]): a forked child's inherited
+    /// loans are not its own, and end nothing there.
+    generation: u64,
     /// This process's mapping of the whole arena (from the segment's first byte).
     pub segment: &'static [u8],
     /// The window's offset in the segment.
@@ -100,14 +106,14 @@ impl Loan {
     /// loan ended (its connection closed before it released): the range is then retired.
     pub fn end(mut self, reusable: bool) {
         self.ended = true;
-        arenas().end_loan(self.addr, reusable);
+        arenas().end_loan(self.addr, self.generation, reusable);
     }
 }
 
 impl Drop for Loan {
     fn drop(&mut self) {
         if !self.ended {
-            arenas().end_loan(self.addr, true);
+            arenas().end_loan(self.addr, self.generation, true);
         }
     }
 }
@@ -130,7 +136,7 @@ pub struct Located {
 /// Figures of the process's arenas.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Arenas (each one descriptor).
+    /// Arenas (each two descriptors).
     pub arenas: usize,
     /// Their total size.
     pub arena_bytes: usize,
@@ -157,62 +163,87 @@ pub struct Stats {
     pub last_refusal: Option<String>,
 }
 
-/// Most arenas a process has (each one descriptor, and one address range in [`Spans`]).
+/// Most arenas a process may be configured to have.
 pub const MAX_ARENAS: usize = 1024;
-
-/// The address ranges of the arenas, readable without the registry's lock: a forked child
-/// whose parent held the lock at the fork can still tell an arena's pointer from malloc's.
-struct Spans {
-    bounds: [(AtomicUsize, AtomicUsize); MAX_ARENAS],
-    count: AtomicUsize,
-}
-
-impl Spans {
-    fn push(&self, start: usize, end: usize) {
-        let i = self.count.load(Ordering::Acquire);
-        if i < MAX_ARENAS {
-            self.bounds[i].0.store(start, Ordering::Release);
-            self.bounds[i].1.store(end, Ordering::Release);
-            self.count.store(i + 1, Ordering::Release);
-        }
-    }
-
-    /// The bytes from `ptr` to the end of the arena that holds it.
-    fn left(&self, ptr: usize) -> Option<usize> {
-        let n = self.count.load(Ordering::Acquire);
-        self.bounds[..n].iter().find_map(|(start, end)| {
-            let (start, end) = (start.load(Ordering::Acquire), end.load(Ordering::Acquire));
-            (start <= ptr && ptr < end).then(|| end - ptr)
-        })
-    }
-}
 
 /// The process's arenas: see the crate's documentation.
 pub struct Arenas {
-    spans: Spans,
     state: Mutex<State>,
     min_bytes: AtomicUsize,
     max_arenas: AtomicUsize,
     idle_bytes: AtomicUsize,
-    /// A fork found the registry locked by a thread the child does not have: the child
-    /// serves nothing more from arenas.
-    broken: AtomicBool,
+    /// Most ranges remapped private at once (see [`Arenas::set_max_private_ranges`]).
+    max_private: AtomicUsize,
+    /// Forks this process descends from since the arenas were made: a loan made in one
+    /// generation ends nothing in the next.
+    generation: AtomicU64,
+    /// The process id whose fork clean-up ran (so that it runs once per child).
+    cleaned_for: AtomicU32,
 }
 
 /// The process's arenas.
 pub fn arenas() -> &'static Arenas {
     static ARENAS: OnceLock<Arenas> = OnceLock::new();
-    ARENAS.get_or_init(|| Arenas {
-        spans: Spans {
-            bounds: std::array::from_fn(|_| (AtomicUsize::new(0), AtomicUsize::new(0))),
-            count: AtomicUsize::new(0),
-        },
-        state: Mutex::new(State::default()),
-        min_bytes: AtomicUsize::new(DEFAULT_MIN_BYTES),
-        max_arenas: AtomicUsize::new(DEFAULT_MAX_ARENAS),
-        idle_bytes: AtomicUsize::new(DEFAULT_IDLE_BYTES),
-        broken: AtomicBool::new(false),
-    })
+    let mut made = false;
+    let a = ARENAS.get_or_init(|| {
+        made = true;
+        Arenas {
+            state: Mutex::new(State::default()),
+            min_bytes: AtomicUsize::new(DEFAULT_MIN_BYTES),
+            max_arenas: AtomicUsize::new(DEFAULT_MAX_ARENAS),
+            idle_bytes: AtomicUsize::new(DEFAULT_IDLE_BYTES),
+            max_private: AtomicUsize::new(default_max_private()),
+            generation: AtomicU64::new(0),
+            cleaned_for: AtomicU32::new(0),
+        }
+    });
+    if made {
+        crate::fork::around_forks(take_before_fork, let_go_in_parent, clean_up_in_child);
+    }
+    a
+}
+
+/// The registry, held from the prepare handler of a fork to the parent's or the child's
+/// handler: written and read only by the forking thread, between those two calls (forks
+/// from two threads at once take the lock in turn).
+struct HeldAcrossFork(std::cell::UnsafeCell<Option<MutexGuard<'static, State>>>);
+
+// SAFETY: see the type's text: one thread at a time, ordered by the registry's mutex.
+unsafe impl Sync for HeldAcrossFork {}
+
+static HELD_ACROSS_FORK: HeldAcrossFork = HeldAcrossFork(std::cell::UnsafeCell::new(None));
+
+extern "C" fn take_before_fork() {
+    let guard = arenas().lock();
+    // SAFETY: only the forking thread is here, and it holds the registry.
+    unsafe { *HELD_ACROSS_FORK.0.get() = Some(guard) };
+}
+
+extern "C" fn let_go_in_parent() {
+    // SAFETY: as in `take_before_fork`; dropping the guard lets the registry go.
+    drop(unsafe { (*HELD_ACROSS_FORK.0.get()).take() });
+}
+
+extern "C" fn clean_up_in_child() {
+    // SAFETY: as in `take_before_fork`: the child's only thread is the one that forked.
+    let Some(mut guard) = (unsafe { (*HELD_ACROSS_FORK.0.get()).take() }) else {
+        return;
+    };
+    // A panic must not unwind into the C library's fork: the clean-up is let go instead.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        arenas().clean_up_in_child(&mut guard);
+    }));
+}
+
+/// A quarter of `vm.max_map_count` (65 530 unless the host says otherwise): each private
+/// range splits its arena's mapping in up to three, and the rest of the process (threads'
+/// stacks, libraries, malloc) needs mappings too.
+fn default_max_private() -> usize {
+    std::fs::read_to_string("/proc/sys/vm/max_map_count")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(65_530)
+        / 4
 }
 
 impl Arenas {
@@ -241,6 +272,14 @@ impl Arenas {
         self.idle_bytes.store(n, Ordering::Relaxed);
     }
 
+    /// Sets how many ranges may be remapped private at once (a range is remapped at its first
+    /// loan, and shared again when it is reused). Each splits its arena's mapping, and a
+    /// process has at most `vm.max_map_count` mappings: past this bound a send copies
+    /// instead. The default is a quarter of `vm.max_map_count`.
+    pub fn set_max_private_ranges(&self, n: usize) {
+        self.max_private.store(n, Ordering::Relaxed);
+    }
+
     /// `size` bytes from an arena, page-aligned, zeroed if `zeroed`; `None` when below the
     /// threshold or when no arena can serve it (then the caller's default allocator does).
     pub fn allocate(&self, size: usize, zeroed: bool) -> Option<*mut u8> {
@@ -253,9 +292,6 @@ impl Arenas {
     /// `size` bytes from an arena whatever the threshold (an application that asks for
     /// shared memory by name), or why no arena can serve them.
     pub fn allocate_any(&self, size: usize, zeroed: bool) -> Result<*mut u8, String> {
-        if self.broken.load(Ordering::Relaxed) {
-            return Err("this forked child found the arenas locked by another thread of its parent".into());
-        }
         let len = region::round_up(size).ok_or_else(|| format!("{size} bytes is past the address space"))?;
         let mut state = self.lock();
         let found = state
@@ -306,9 +342,11 @@ impl Arenas {
         if state.arenas.len() >= max {
             return Err(format!("{max} arenas exist already (their bound)"));
         }
-        let size = len.max(ARENA_BYTES).div_ceil(2 << 20) * (2 << 20);
+        let size = len
+            .max(ARENA_BYTES)
+            .checked_next_multiple_of(2 << 20)
+            .ok_or_else(|| format!("{len} bytes is past the address space"))?;
         let region = Region::create(size).map_err(|e| e.to_string())?;
-        self.spans.push(region.base, region.base + region.size);
         state.next_id += 1;
         let id = state.next_id;
         state.arenas.insert(
@@ -324,30 +362,13 @@ impl Arenas {
     /// The length of the range that starts at `ptr` (whole pages), a forked child's copies
     /// included; `None` when no range starts there.
     pub fn len_of(&self, ptr: *const u8) -> Option<usize> {
-        if self.broken.load(Ordering::Relaxed) {
-            return None;
-        }
         self.lock().records.get(&(ptr as usize)).map(|r| r.len)
-    }
-
-    /// In a forked child that found the registry locked (see
-    /// [`Arenas::after_fork_in_child`]): the bytes from `ptr` to the end of the arena that
-    /// holds it, read without the lock. `None` anywhere else.
-    pub fn left_in_arena(&self, ptr: *const u8) -> Option<usize> {
-        if !self.broken.load(Ordering::Relaxed) {
-            return None;
-        }
-        self.spans.left(ptr as usize)
     }
 
     /// Takes back the range that starts at `ptr`: `false` if no range starts there (the
     /// caller's default allocator made it). The range is reused once every loan on it ended.
     pub fn free(&self, ptr: *mut u8) -> bool {
         let addr = ptr as usize;
-        if self.broken.load(Ordering::Relaxed) {
-            // The registry stays locked in this child: an arena's range is let go unused.
-            return self.spans.left(addr).is_some();
-        }
         let mut state = self.lock();
         let Some(record) = state.records.get_mut(&addr) else {
             return false;
@@ -379,11 +400,17 @@ impl Arenas {
         };
         let idle_bound = self.idle_bytes.load(Ordering::Relaxed);
         let punch = state.idle_populated() + record.len > idle_bound;
-        let arena = state.arenas.get_mut(&record.arena).expect("a record's arena lives");
-        if record.private && arena.region.remap(record.off, record.len, false).is_err() {
-            // It stays private, so it cannot be handed out as shared memory again: lost.
+        let Some(arena) = state.arenas.get_mut(&record.arena) else {
             return;
+        };
+        if record.private {
+            if arena.region.remap(record.off, record.len, false).is_err() {
+                // It stays private, so it cannot be handed out as shared memory again: lost.
+                return;
+            }
+            state.private_ranges = state.private_ranges.saturating_sub(1);
         }
+        let arena = state.arenas.get_mut(&record.arena).expect("looked up above");
         let zero = punch && arena.region.punch(record.off, record.len).is_ok();
         arena.free.give(record.off, record.len, zero);
     }
@@ -391,9 +418,6 @@ impl Arenas {
     /// What a send may do with `len` bytes at `ptr`: see [`Lend`]. The first loan of a range
     /// remaps the producer's mapping of it private, so its later writes reach no peer.
     pub fn lend(&self, ptr: *const u8, len: usize) -> Lend {
-        if self.broken.load(Ordering::Relaxed) {
-            return Lend::NotOurs;
-        }
         let start = ptr as usize;
         let Some(end) = start.checked_add(len) else {
             return Lend::NotOurs;
@@ -408,11 +432,20 @@ impl Arenas {
         }
         let arena = &state.arenas[&record.arena];
         if !record.private {
+            let max = self.max_private.load(Ordering::Relaxed);
+            if state.private_ranges >= max {
+                state.copies += 1;
+                return Lend::Copy(format!(
+                    "{max} ranges are remapped already, their bound (each splits its arena's mapping, and \
+                     vm.max_map_count bounds a process's mappings)"
+                ));
+            }
             if let Err(e) = arena.region.remap(record.off, record.len, true) {
                 state.copies += 1;
                 return Lend::Copy(e.to_string());
             }
             record.private = true;
+            state.private_ranges += 1;
         } else {
             let p = region::page();
             let first = start / p * p;
@@ -457,13 +490,18 @@ impl Arenas {
         let loan = Loan {
             addr,
             ended: false,
+            generation: self.generation.load(Ordering::Acquire),
             segment,
             offset: start - arena.region.base,
         };
         Lend::Shared { loan, fd }
     }
 
-    fn end_loan(&self, addr: usize, reusable: bool) {
+    fn end_loan(&self, addr: usize, generation: u64, reusable: bool) {
+        if generation != self.generation.load(Ordering::Acquire) {
+            // Inherited from the parent: its range here is this child's own copy.
+            return;
+        }
         let mut state = self.lock();
         let Some(record) = state.records.get_mut(&addr) else {
             return;
@@ -507,9 +545,6 @@ impl Arenas {
 
     /// Where `ptr` lies in an arena, if it does.
     pub fn locate(&self, ptr: *const u8) -> Option<Located> {
-        if self.broken.load(Ordering::Relaxed) {
-            return None;
-        }
         let state = self.lock();
         let start = ptr as usize;
         let (&addr, record) = state.records.range(..=start).next_back()?;
@@ -562,18 +597,24 @@ impl Arenas {
     /// In a forked child: every live range becomes an anonymous private copy at the same
     /// address, and the inherited arenas go (mappings and descriptors), so nothing the child
     /// writes reaches what a peer maps, and nothing its parent writes later reaches the
-    /// child. New allocations make new arenas.
+    /// child. New allocations make new arenas. It runs by itself in the child of every
+    /// `fork` (`pthread_atfork`, with the registry's lock taken before the fork, so the child
+    /// finds it consistent); calling it again in the same child does nothing.
     pub fn after_fork_in_child(&self) {
-        let mut state = match self.state.try_lock() {
-            Ok(state) => state,
-            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => {
-                // Another thread of the parent held the registry: the child never uses it
-                // again, and tells arena pointers from malloc's by the spans alone.
-                self.broken.store(true, Ordering::Relaxed);
-                return;
-            }
-        };
+        if self.cleaned_for.load(Ordering::Acquire) == std::process::id() {
+            return;
+        }
+        let mut state = self.lock();
+        self.clean_up_in_child(&mut state);
+    }
+
+    /// [`Arenas::after_fork_in_child`] with the registry held.
+    fn clean_up_in_child(&self, state: &mut State) {
+        let pid = std::process::id();
+        if self.cleaned_for.swap(pid, Ordering::AcqRel) == pid {
+            return;
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
         let arenas = std::mem::take(&mut state.arenas);
         for (id, arena) in arenas {
             let base = arena.region.base;
@@ -588,9 +629,10 @@ impl Arenas {
                 if addr > at {
                     region::unmap(at, addr - at);
                 }
-                if region::copy_to_anonymous(addr, len).is_err() {
-                    // Left as it is: the child keeps a mapping of the arena for this range.
-                    self.broken.store(true, Ordering::Relaxed);
+                if let Err(e) = region::copy_to_anonymous(addr, len) {
+                    // No memory for the copy: the range is made unreadable here rather than
+                    // left shared with the parent and its peers (its free still unmaps it).
+                    region::seal_off(addr, len, &e);
                 }
                 at = addr + len;
             }
@@ -602,14 +644,13 @@ impl Arenas {
         // Ranges freed while lent are copied too: a buffer the child inherited may still be
         // reading them. The child never frees those copies (its application let them go).
         state.records.retain(|_, r| r.live || r.loans > 0 || r.anonymous);
-        // The inherited arenas are gone: their address ranges may now hold malloc's memory.
-        self.spans.count.store(0, Ordering::Release);
         for record in state.records.values_mut() {
             record.anonymous = true;
             record.private = false;
             record.loans = 0;
             record.retired = false;
         }
+        state.private_ranges = 0;
         state.pagemap = None;
     }
 }

@@ -62,7 +62,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shared_arrays::arena_configure, m)?)?;
     m.add_function(wrap_pyfunction!(shared_arrays::arena_trim, m)?)?;
     m.add_function(wrap_pyfunction!(shared_arrays::arena_trim_idle, m)?)?;
-    m.add_function(wrap_pyfunction!(shared_arrays::arena_after_fork_in_child, m)?)?;
     datasets::register(m)?;
     Ok(())
 }

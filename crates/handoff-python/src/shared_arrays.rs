@@ -93,17 +93,13 @@ unsafe extern "C" fn shared_realloc(ctx: *mut c_void, ptr: *mut c_void, new_size
         // SAFETY: as malloc.
         return unsafe { shared_malloc(ctx, new_size) };
     }
-    let old = catch_unwind(AssertUnwindSafe(|| {
-        arenas()
-            .len_of(ptr.cast())
-            .or_else(|| arenas().left_in_arena(ptr.cast()))
-    }))
-    .ok()
-    .flatten();
+    let old = catch_unwind(AssertUnwindSafe(|| arenas().len_of(ptr.cast())))
+        .ok()
+        .flatten();
     match old {
         // A range in an arena never grows in place (a peer may map it): a new allocation,
         // the bytes copied, the old range freed (reused once every loan on it ended). A
-        // forked child's copies, and a broken child's arena pointers, go the same way.
+        // forked child's copies go the same way.
         Some(old_len) => {
             // SAFETY: as malloc.
             let new = unsafe { shared_malloc(ctx, new_size) };
@@ -267,12 +263,6 @@ pub fn arena_trim_idle(py: Python<'_>, seconds: f64) -> PyResult<usize> {
     let idle = std::time::Duration::try_from_secs_f64(seconds)
         .map_err(|_| PyValueError::new_err(format!("seconds must be 0 or more, not {seconds}")))?;
     Ok(py.detach(|| arenas().trim_if_idle(idle)))
-}
-
-/// In a forked child (`os.register_at_fork`): private copies of the inherited ranges.
-#[pyfunction]
-pub fn arena_after_fork_in_child() {
-    arenas().after_fork_in_child();
 }
 
 /// The name of the handler, as NumPy reports it (`numpy.core.multiarray.get_handler_name`).

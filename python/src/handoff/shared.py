@@ -33,15 +33,11 @@ from .native import required
 
 __all__ = ["shared_arrays", "install", "uninstall", "stats", "locate", "configure"]
 
-_FORK_HOOK: list = []
-
 
 def _ext():
-    ext = required("handoff.shared_arrays")
-    if not _FORK_HOOK:
-        os.register_at_fork(after_in_child=ext.arena_after_fork_in_child)
-        _FORK_HOOK.append(True)
-    return ext
+    # (A forked child's copies of its arrays are the extension's to make: it takes its
+    # registry across every fork, pthread_atfork, so no Python hook is needed.)
+    return required("handoff.shared_arrays")
 
 
 def configure(
@@ -49,7 +45,7 @@ def configure(
 ) -> None:
     """Sets, for the whole process: the smallest allocation an arena serves (``min_bytes``,
     default 1 MiB; also ``$HANDOFF_SHARED_ARRAYS_MIN``), the bound on arenas (``max_arenas``,
-    default 256, each one descriptor), and how many freed bytes stay populated for reuse
+    default 256, each two descriptors), and how many freed bytes stay populated for reuse
     (``idle_bytes``, default 64 MiB; freed pages past it go back to the system)."""
     for name, value in (("min_bytes", min_bytes), ("max_arenas", max_arenas), ("idle_bytes", idle_bytes)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
