@@ -768,3 +768,16 @@ async def test_a_reserved_ticket_does_not_stop_the_reader_in_front_of_its_answer
             assert (await a.recv(5)).body == {"i": 2}
         finally:
             raw.close()
+
+
+def test_the_engine_reads_the_receive_buffer_bound_as_the_reference_does(monkeypatch):
+    """``HANDOFF_RECV_POOL_BYTES`` bounds the warm receive buffers of a node on the engine too
+    (it did only the reference's); anything but a whole number of bytes is refused, named."""
+    from handoff.native import required
+
+    ext = required("the engine")
+    monkeypatch.setenv("HANDOFF_RECV_POOL_BYTES", "lots")
+    with pytest.raises(ValueError, match='HANDOFF_RECV_POOL_BYTES="lots": expected a whole number of bytes'):
+        ext.Engine("n", b"k")
+    monkeypatch.setenv("HANDOFF_RECV_POOL_BYTES", "0")
+    ext.Engine("n", b"k")

@@ -296,6 +296,17 @@ fn shm_copy_from_env() -> Result<handoff_proto::shm::CopyInto, String> {
     }
 }
 
+/// The idle bytes of warm receive buffers an engine keeps: `HANDOFF_RECV_POOL_BYTES` (a
+/// whole number of bytes, as the reference reads it), else 1 GiB.
+fn recv_pool_bytes_from_env() -> Result<usize, String> {
+    match std::env::var("HANDOFF_RECV_POOL_BYTES").as_deref().map(str::trim) {
+        Err(_) | Ok("") => Ok(1 << 30),
+        Ok(v) => v
+            .parse::<usize>()
+            .map_err(|_| format!("HANDOFF_RECV_POOL_BYTES={v:?}: expected a whole number of bytes")),
+    }
+}
+
 /// The engines of this process, for what they hold only for reuse ([`held_for_reuse`],
 /// [`give_back_held`]).
 static ENGINES: Mutex<Vec<std::sync::Weak<Shared>>> = Mutex::new(Vec::new());
@@ -507,7 +518,7 @@ impl Engine {
             bounds,
             preamble: Preamble::ours(accept_v1, accept_v2),
             leases: lease_config,
-            recv_pool_bytes: 1 << 30,
+            recv_pool_bytes: recv_pool_bytes_from_env().map_err(PyValueError::new_err)?,
             kept_mapping_bytes: kept_map_bytes.unwrap_or(handoff_proto::node::DEFAULT_KEPT_MAPPINGS),
         });
         let kept_idle = match kept_map_seconds {
