@@ -374,7 +374,7 @@ def test_a_child_without_room_for_its_copies_says_so_and_frees_them(tmp_path):
     script.write_text(NO_ROOM_FOR_THE_COPY)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["0", "1"], out.stdout + out.stderr[-3000:]
-    assert "could not copy 268435456 bytes of shared arrays" in out.stderr, out.stderr[-3000:]
+    assert "could not copy an arena of shared arrays" in out.stderr, out.stderr[-3000:]
 
 
 del resource  # imported for the scripts' reader: the limit is set in the child

@@ -14,8 +14,9 @@
 //!   ended ([`Loan`]'s drop). A loan that ends because its peer's connection closed, with
 //!   the peer's process possibly still mapping it, retires the range for good.
 //! - A forked child gets private copies of the ranges it inherits, so that nothing it writes
-//!   reaches what a peer maps ([`Arenas::after_fork_in_child`], run by `pthread_atfork` with
-//!   the registry taken across the fork, so the child always finds it consistent).
+//!   reaches what a peer maps. They are made inside `fork` (`pthread_atfork`, with the
+//!   registry taken across the fork, so the child always finds it consistent), and the
+//!   parent's `fork` returns once they are.
 //!
 //! - [`ArenaBufMut`] is the same for Rust: bytes written in place, frozen into a
 //!   `handoff_wire::Buffer` whose origin is the arena (the core's application segments),

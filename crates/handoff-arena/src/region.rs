@@ -131,36 +131,51 @@ impl Region {
     }
 }
 
-/// Replaces `len` bytes at `addr` with an anonymous private copy of them (a forked child's
-/// own memory, in no file a peer maps).
-pub fn copy_to_anonymous(addr: usize, len: usize) -> Result<(), ArenaError> {
-    // SAFETY: a fresh anonymous mapping; the copy reads the caller's live range; the final
-    // mremap moves the copy over the range, which the caller owns.
+/// Replaces the `size` bytes at `base` (an arena's mapping) with one anonymous private
+/// mapping that holds a copy of each range `(offset, len)` of `ranges` and zeros elsewhere
+/// (a forked child's own memory, in no file a peer maps). On failure nothing changed.
+pub fn copy_into_anonymous(
+    base: usize,
+    size: usize,
+    ranges: impl Iterator<Item = (usize, usize)>,
+) -> Result<(), ArenaError> {
+    // SAFETY: a fresh anonymous mapping; the copies read the caller's live ranges, which lie
+    // in `base .. base + size`; the final mremap moves the copy over the whole arena, which
+    // the caller owns; on failure the fresh mapping goes.
     unsafe {
         let tmp = rustix::mm::mmap_anonymous(
             std::ptr::null_mut(),
-            len,
+            size,
             ProtFlags::READ | ProtFlags::WRITE,
             MapFlags::PRIVATE,
         )
         .map_err(|e| ArenaError::new("mapping a forked child's copy", e))?;
-        std::ptr::copy_nonoverlapping(addr as *const u8, tmp as *mut u8, len);
-        rustix::mm::mremap_fixed(tmp, len, len, MremapFlags::MAYMOVE, addr as *mut c_void)
-            .map_err(|e| ArenaError::new("moving a forked child's copy in place", e))?;
+        for (off, len) in ranges {
+            std::ptr::copy_nonoverlapping((base + off) as *const u8, (tmp as *mut u8).add(off), len);
+        }
+        if let Err(e) = rustix::mm::mremap_fixed(tmp, size, size, MremapFlags::MAYMOVE, base as *mut c_void) {
+            let _ = rustix::mm::munmap(tmp, size);
+            return Err(ArenaError::new("moving a forked child's copy in place", e));
+        }
     }
     Ok(())
 }
 
-/// Makes `len` bytes at `addr` unreadable (a forked child that got no memory for its copy
-/// of them: better a fault where they are used than a mapping shared with the parent), and
-/// says so on standard error (`why`: the copy's failure).
-pub fn seal_off(addr: usize, len: usize, why: &ArenaError) {
-    // SAFETY: the caller owns the range; nothing in this process reads it until it faults.
-    let _ = unsafe { rustix::mm::mprotect(addr as *mut c_void, len, rustix::mm::MprotectFlags::empty()) };
-    let line = format!("handoff-arena: a forked child could not copy {len} bytes of shared arrays ({why}); they are unreadable in the child\n");
-    // Straight to descriptor 2: std's stderr has a lock another thread of the parent may have held.
-    // SAFETY: a write of our own bytes.
-    let _ = unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
+/// Makes the `size` bytes of an arena at `base` unreadable (a forked child that got no
+/// memory for its copy: better a fault where they are used than a mapping shared with the
+/// parent), or unmaps them if even that fails, and says so on standard error.
+pub fn seal_off(base: usize, size: usize) {
+    // SAFETY: the caller owns the arena's mapping; nothing in this process reads it until it
+    // faults.
+    let sealed = unsafe { rustix::mm::mprotect(base as *mut c_void, size, rustix::mm::MprotectFlags::empty()) };
+    if sealed.is_err() {
+        unmap(base, size);
+    }
+    // Straight to descriptor 2, and no allocation: this runs inside `fork`, where std's
+    // stderr may be held by a thread of the parent's.
+    const LINE: &[u8] = b"handoff-arena: a forked child could not copy an arena of shared arrays (no memory or mappings left); its arrays are unreadable in the child\n";
+    // SAFETY: a write of static bytes.
+    let _ = unsafe { libc::write(2, LINE.as_ptr().cast(), LINE.len()) };
 }
 
 /// Unmaps `len` bytes at `addr`.

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use crate::arena::FreeList;
@@ -177,8 +177,6 @@ pub struct Arenas {
     /// Forks this process descends from since the arenas were made: a loan made in one
     /// generation ends nothing in the next.
     generation: AtomicU64,
-    /// The process id whose fork clean-up ran (so that it runs once per child).
-    cleaned_for: AtomicU32,
 }
 
 /// The process's arenas.
@@ -194,7 +192,6 @@ pub fn arenas() -> &'static Arenas {
             idle_bytes: AtomicUsize::new(DEFAULT_IDLE_BYTES),
             max_private: AtomicUsize::new(default_max_private()),
             generation: AtomicU64::new(0),
-            cleaned_for: AtomicU32::new(0),
         }
     });
     if made {
@@ -203,10 +200,14 @@ pub fn arenas() -> &'static Arenas {
     a
 }
 
-/// The registry, held from the prepare handler of a fork to the parent's or the child's
-/// handler: written and read only by the forking thread, between those two calls (forks
-/// from two threads at once take the lock in turn).
-struct HeldAcrossFork(std::cell::UnsafeCell<Option<MutexGuard<'static, State>>>);
+/// What the forking thread holds from the prepare handler of a fork to the parent's or the
+/// child's handler: the registry, and a pipe the child closes once its copies are made.
+/// Written and read only by the forking thread, between those calls (forks from two
+/// threads at once take the registry in turn, and the C library serializes them too).
+struct HeldAcrossFork(std::cell::UnsafeCell<Option<ForkHold>>);
+
+/// The registry, and the pipe's two ends (none if it could not be made).
+type ForkHold = (MutexGuard<'static, State>, Option<[OwnedFd; 2]>);
 
 // SAFETY: see the type's text: one thread at a time, ordered by the registry's mutex.
 unsafe impl Sync for HeldAcrossFork {}
@@ -215,24 +216,43 @@ static HELD_ACROSS_FORK: HeldAcrossFork = HeldAcrossFork(std::cell::UnsafeCell::
 
 extern "C" fn take_before_fork() {
     let guard = arenas().lock();
+    // Without the pipe (no descriptors left) the parent does not wait for the child's copies.
+    let pipe = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+        .ok()
+        .map(|(r, w)| [r, w]);
     // SAFETY: only the forking thread is here, and it holds the registry.
-    unsafe { *HELD_ACROSS_FORK.0.get() = Some(guard) };
+    unsafe { *HELD_ACROSS_FORK.0.get() = Some((guard, pipe)) };
 }
 
+/// In the parent: `fork` returns once the child made its copies of the arrays (it closes the
+/// pipe then, or by exiting), so that nothing the parent writes after `fork` returned reaches
+/// the child's copies; then the registry is let go.
 extern "C" fn let_go_in_parent() {
-    // SAFETY: as in `take_before_fork`; dropping the guard lets the registry go.
-    drop(unsafe { (*HELD_ACROSS_FORK.0.get()).take() });
+    // SAFETY: as in `take_before_fork`.
+    let Some((guard, pipe)) = (unsafe { (*HELD_ACROSS_FORK.0.get()).take() }) else {
+        return;
+    };
+    if let Some([read, write]) = pipe {
+        drop(write);
+        let mut byte = [0u8; 1];
+        // Until the end of the pipe (or the child's write): a signal only interrupts the wait.
+        while let Err(rustix::io::Errno::INTR) = rustix::io::read(&read, &mut byte) {}
+    }
+    drop(guard);
 }
 
 extern "C" fn clean_up_in_child() {
     // SAFETY: as in `take_before_fork`: the child's only thread is the one that forked.
-    let Some(mut guard) = (unsafe { (*HELD_ACROSS_FORK.0.get()).take() }) else {
+    let Some((mut guard, pipe)) = (unsafe { (*HELD_ACROSS_FORK.0.get()).take() }) else {
         return;
     };
     // A panic must not unwind into the C library's fork: the clean-up is let go instead.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         arenas().clean_up_in_child(&mut guard);
     }));
+    // The parent's fork returns now.
+    drop(pipe);
+    drop(guard);
 }
 
 /// A quarter of `vm.max_map_count` (65 530 unless the host says otherwise): each private
@@ -594,50 +614,26 @@ impl Arenas {
         stats
     }
 
-    /// In a forked child: every live range becomes an anonymous private copy at the same
-    /// address, and the inherited arenas go (mappings and descriptors), so nothing the child
-    /// writes reaches what a peer maps, and nothing its parent writes later reaches the
-    /// child. New allocations make new arenas. It runs by itself in the child of every
-    /// `fork` (`pthread_atfork`, with the registry's lock taken before the fork, so the child
-    /// finds it consistent); calling it again in the same child does nothing.
-    pub fn after_fork_in_child(&self) {
-        if self.cleaned_for.load(Ordering::Acquire) == std::process::id() {
-            return;
-        }
-        let mut state = self.lock();
-        self.clean_up_in_child(&mut state);
-    }
-
-    /// [`Arenas::after_fork_in_child`] with the registry held.
+    /// In a forked child, run by the child's `fork` handler with the registry held: every
+    /// live range becomes an anonymous private copy at the same address (one anonymous
+    /// mapping per arena, so the child's mappings stay as few as its arenas), and the
+    /// inherited arenas' descriptors go. Nothing the child writes reaches what a peer maps,
+    /// and nothing the parent writes after its `fork` returned reaches the child (the
+    /// parent's handler waits for this). New allocations make new arenas.
     fn clean_up_in_child(&self, state: &mut State) {
-        let pid = std::process::id();
-        if self.cleaned_for.swap(pid, Ordering::AcqRel) == pid {
-            return;
-        }
         self.generation.fetch_add(1, Ordering::AcqRel);
         let arenas = std::mem::take(&mut state.arenas);
         for (id, arena) in arenas {
-            let base = arena.region.base;
-            let mut at = base;
-            let live: Vec<(usize, usize)> = state
+            let (base, size) = (arena.region.base, arena.region.size);
+            let live = state
                 .records
                 .iter()
                 .filter(|(_, r)| r.arena == id && (r.live || r.loans > 0) && !r.anonymous)
-                .map(|(&a, r)| (a, r.len))
-                .collect();
-            for &(addr, len) in &live {
-                if addr > at {
-                    region::unmap(at, addr - at);
-                }
-                if let Err(e) = region::copy_to_anonymous(addr, len) {
-                    // No memory for the copy: the range is made unreadable here rather than
-                    // left shared with the parent and its peers (its free still unmaps it).
-                    region::seal_off(addr, len, &e);
-                }
-                at = addr + len;
-            }
-            if base + arena.region.size > at {
-                region::unmap(at, base + arena.region.size - at);
+                .map(|(&addr, r)| (addr - base, r.len));
+            if region::copy_into_anonymous(base, size, live).is_err() {
+                // No memory (or no mapping) for the copy: the arena is made unreadable here
+                // rather than left shared with the parent and its peers.
+                region::seal_off(base, size);
             }
             drop(arena.region);
         }
