@@ -423,16 +423,15 @@ impl Arenas {
         let Some(arena) = state.arenas.get_mut(&record.arena) else {
             return;
         };
-        if record.private {
-            if arena.region.remap(record.off, record.len, false).is_err() {
-                // It stays private, so it cannot be handed out as shared memory again: lost.
-                return;
-            }
-            state.private_ranges = state.private_ranges.saturating_sub(1);
+        if record.private && arena.region.remap(record.off, record.len, false).is_err() {
+            // It stays private, so it cannot be handed out as shared memory again: lost.
+            return;
         }
-        let arena = state.arenas.get_mut(&record.arena).expect("looked up above");
         let zero = punch && arena.region.punch(record.off, record.len).is_ok();
         arena.free.give(record.off, record.len, zero);
+        if record.private {
+            state.private_ranges = state.private_ranges.saturating_sub(1);
+        }
     }
 
     /// What a send may do with `len` bytes at `ptr`: see [`Lend`]. The first loan of a range

@@ -139,12 +139,6 @@ impl<T> Inbox<T> {
         *self = Inbox::with_quantum(self.quantum);
     }
 
-    /// Takes out every waiting message, in no particular order.
-    pub fn drain(&mut self) -> Vec<T> {
-        let taken = std::mem::replace(self, Inbox::with_quantum(self.quantum));
-        taken.by_peer.into_values().flat_map(|q| q.messages).collect()
-    }
-
     /// The connection `k` has closed: what it sent waits until no open connection has a
     /// message (nothing is dropped).
     pub fn closed(&mut self, k: usize) {

@@ -62,11 +62,6 @@ impl Inbox {
         self.queues.closed(connection);
     }
 
-    /// Takes out every waiting message.
-    fn drain(&mut self) -> Vec<Py<PyAny>> {
-        self.queues.drain().into_iter().map(|e| e.message).collect()
-    }
-
     fn __len__(&self) -> usize {
         self.queues.len()
     }
