@@ -469,6 +469,35 @@ async def test_refused_pull_flood(victim):
     assert grown < 8 * 1024, f"the log grew by {grown} bytes for {n} refused pulls"
 
 
+async def test_pulls_read_before_a_backlog_are_answered_once_it_drains(victim):
+    """Pulls that arrive in one piece past the answers the victim queues before it stops
+    reading (max_pull_answers, 64): the victim stops with the rest read but unanswered,
+    and must answer them once its answers drain, although the socket has nothing new to
+    say (the attacker sent everything already and only reads)."""
+    v = await victim("--ticket-threshold", "1024")
+    n = 200
+
+    def attack():
+        r = raw(v.listen)
+        r.send(wire.encode_message(wire.Msg("handoff.demo.SendRequest", body(id=1, bytes=4096), [])))
+        h, _ = read_until(r, lambda h: isinstance(h, wire.Msg))
+        ticket = next(d for d in h.f if isinstance(d, wire.TicketDesc))
+        r.send(b"".join(wire.encode_message(wire.Pull(i, ticket.lease, ticket.token, i, 1)) for i in range(n)))
+        answered = []
+        try:
+            for _ in range(n):
+                h, frames = r.read_message()
+                answered.append(h.req if isinstance(h, wire.Pulled) else h)
+        except (TimeoutError, EOFError):
+            pass
+        return answered, r
+
+    answered, r = await v.served_meanwhile(attack)
+    assert answered == list(range(n)), f"{len(answered)} of {n} pulls answered"
+    await v.check("pulls read before a backlog")
+    r.close()
+
+
 async def test_shared_memory_never_released(victim):
     """The victim's own sends: a same-host peer asks for payloads in shared memory and
     never sends `release`. The victim keeps at most --max-shm-leases-per-peer (16)

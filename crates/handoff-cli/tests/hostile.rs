@@ -93,6 +93,7 @@ attacks! {
     a_flood_of_refused_pulls => "refusal-flood",
     shared_memory_never_released => "shm-leases",
     forwards_to_arbitrary_and_too_many_holders => "forward-holders",
+    pulls_sent_past_the_answers_queued_before_reading_stops => "pipelined-pulls",
     a_peer_that_never_reads => "slow-reader",
     two_thousand_idle_connections => "slowloris",
     descriptors_before_the_handshake => "fds-before-handshake",
@@ -123,6 +124,7 @@ fn the_python_worker_survives_the_same_attacks() {
         &[
             "sigbus",
             "hello-bomb",
+            "pipelined-pulls",
             "fds-before-handshake",
             "reused-node-id",
             "reflection",

@@ -171,6 +171,10 @@ pub struct Connection {
     /// The first byte is still to be looked at (a plain peer where TLS is required gets
     /// `tls-required`).
     opening: bool,
+    /// The last drive stopped because the peer left our answers unread. Bytes it had read
+    /// may wait in the engine then, which no readiness of the socket announces: once the
+    /// answers drain, the loop must drive again on its own ([`state`](Self::state)).
+    paused_for_answers: bool,
 }
 
 /// An `OSError` that says what failed, with the system's errno where there is one: Python
@@ -257,6 +261,7 @@ impl Connection {
             admit,
             peer: None,
             waiting_for_room: false,
+            paused_for_answers: false,
             shm_routing: unix.then_some(ShmRouting {
                 threshold: engine.shared.shm_threshold,
                 sealed_only: false,
@@ -304,15 +309,24 @@ impl Connection {
     }
 
     /// What the loop watches next, in one call: `(wants_read, wants_write, timeout,
-    /// room_recheck, done)` (see each).
-    fn state(&self) -> (bool, bool, Option<f64>, Option<f64>, bool) {
+    /// room_recheck, done, resume)` (see each; `resume`: call `on_readable` soon, without
+    /// waiting for the socket, see [`resumes`](Self::resumes)).
+    fn state(&self) -> (bool, bool, Option<f64>, Option<f64>, bool, bool) {
         (
             self.wants_read(),
             self.wants_write(),
             self.timeout(),
             self.room_recheck(),
             self.done(),
+            self.resumes(),
         )
+    }
+
+    /// Whether reading stopped for answers the peer left unread and they have drained
+    /// since: what was read before waits in the engine, and the socket may never become
+    /// readable again (the peer sent all it had), so the loop calls `on_readable` itself.
+    fn resumes(&self) -> bool {
+        self.paused_for_answers && self.wants_read()
     }
 
     /// Whether bytes wait to be written (the loop then watches for writability).
@@ -976,6 +990,7 @@ impl Connection {
     /// connection ended), collecting events.
     fn drive(&mut self, py: Python<'_>, events: &mut Vec<Py<PyAny>>) -> PyResult<()> {
         let mut drained = false;
+        self.paused_for_answers = false;
         loop {
             let Some(socket) = self.socket.as_ref() else {
                 return Ok(());
@@ -1067,6 +1082,7 @@ impl Connection {
                 Phase::Established(_) if backed_up => {
                     // The peer leaves our answers unread: nothing more of its is read or
                     // answered until they drain (spec §9.1).
+                    self.paused_for_answers = true;
                     return Ok(());
                 }
                 Phase::Established(conn) => {

@@ -563,6 +563,10 @@ class EngineConnection:
         self._writing = False
         self._timer: Optional[asyncio.TimerHandle] = None
         self._recheck: Optional[asyncio.TimerHandle] = None
+        #: A call of ``on_readable`` the loop makes without the socket's say-so: reading had
+        #: stopped for answers the peer left unread, they drained, and bytes read before
+        #: wait in the engine (the socket may never signal them).
+        self._resume: Optional[asyncio.Handle] = None
         self._reading = True
         self._on_closed: Optional[Callable[[], None]] = None
         #: Sends waiting for the peer to release shared memory (each woken by a release).
@@ -598,6 +602,10 @@ class EngineConnection:
     def _on_timeout(self) -> None:
         self._timer = None
         self._run(self.conn.on_timeout)
+
+    def _on_resume(self) -> None:
+        self._resume = None
+        self._run(self.conn.on_readable)
 
     def _on_recheck(self) -> None:
         self._recheck = None
@@ -689,7 +697,7 @@ class EngineConnection:
                 _, fut = self._written_waiters.popleft()
                 if not fut.done():
                     fut.set_result(None)
-        read, want, delay, recheck, done = self.conn.state()
+        read, want, delay, recheck, done, resume = self.conn.state()
         if self._ended and done:
             self._stop_watching()
             return
@@ -709,6 +717,8 @@ class EngineConnection:
             self._reading = read
         if recheck is not None and self._recheck is None:
             self._recheck = self.loop.call_later(recheck, self._on_recheck)
+        if resume and self._resume is None:
+            self._resume = self.loop.call_soon(self._on_resume)
         if delay is None:
             if self._timer is not None:
                 self._timer.cancel()
@@ -771,10 +781,10 @@ class EngineConnection:
             if self._writing:
                 self.loop.remove_writer(self._fd)
                 self._writing = False
-        for timer in (self._timer, self._recheck):
+        for timer in (self._timer, self._recheck, self._resume):
             if timer is not None:
                 timer.cancel()
-        self._timer = self._recheck = None
+        self._timer = self._recheck = self._resume = None
         self.driver.connections.discard(self)
         self.conn.close()
         self._fd = -1

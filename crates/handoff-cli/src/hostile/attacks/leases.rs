@@ -94,3 +94,48 @@ pub(super) async fn forward_holders(t: &Target, f: &mut Findings) -> Result<()> 
     );
     Ok(())
 }
+
+/// Pulls sent in one piece, more of them than the answers a victim queues before it stops
+/// reading a peer (spec §9.1, 64): it stops with the rest read but unanswered, and must
+/// answer them once the answers drain, although the socket says nothing new (the peer
+/// sent everything already and only reads). A victim that waits for the socket instead
+/// leaves them unanswered and, worse, later fails the peer for silence.
+pub(super) async fn pipelined_pulls(t: &Target, f: &mut Findings) -> Result<()> {
+    let mut raw = Raw::tcp_handshaken(&t.listen, &Identity::fresh("pipelines-pulls"), &t.secret).await?;
+    raw.write(&msg(&SendRequest { id: 1, bytes: 4096 }, vec![])).await?;
+    let (_, frames) = answer_of(&mut raw, Payload::TYPE_NAME).await?;
+    let claim = frames
+        .iter()
+        .find_map(|d| match d {
+            Descriptor::Ticket(c) => Some(c.clone()),
+            _ => None,
+        })
+        .context("the victim sent no ticket (is --ticket-threshold set?)")?;
+    let count = 200u64;
+    let mut pulls = Vec::new();
+    for req in 0..count {
+        pulls.extend_from_slice(&framed(&Header::Ticket(TicketOp::Pull {
+            req,
+            lease: claim.lease,
+            token: claim.token.clone(),
+            offset: req,
+            len: 1,
+        })));
+    }
+    raw.write(&pulls).await?;
+    let mut answered = 0u64;
+    while answered < count {
+        match tokio::time::timeout(Duration::from_secs(5), next_ticket_op(&mut raw)).await {
+            Ok(Ok(TicketOp::Pulled { req, len })) if req == answered => {
+                raw.skip(len).await?;
+                answered += 1;
+            }
+            _ => break,
+        }
+    }
+    f.check(
+        answered == count,
+        format!("{answered} of {count} pulls sent in one piece were answered, in order"),
+    );
+    Ok(())
+}

@@ -36,6 +36,7 @@ pub const ALL: &[&str] = &[
     "refusal-flood",
     "shm-leases",
     "forward-holders",
+    "pipelined-pulls",
     "slow-reader",
     "slowloris",
     "fds-before-handshake",
@@ -63,6 +64,7 @@ pub fn classes(attack: &str) -> &'static [u8] {
         "inbox-bytes" => &[7],
         "refusal-flood" => &[8],
         "shm-leases" | "forward-holders" => &[9],
+        "pipelined-pulls" => &[10],
         "slow-reader" => &[10],
         "slowloris" | "fds-before-handshake" | "stalled-frame" => &[11],
         "reused-node-id" => &[12],
@@ -75,7 +77,7 @@ pub fn classes(attack: &str) -> &'static [u8] {
 /// Extra `handoff node` / worker arguments an attack needs from its victim.
 pub fn victim_args(attack: &str) -> &'static [&'static str] {
     match attack {
-        "forward-holders" => &["--ticket-threshold", "1024"],
+        "forward-holders" | "pipelined-pulls" => &["--ticket-threshold", "1024"],
         // An application that takes 20 messages a second: the inbox fills.
         "inbox-bytes" => &["--delay-ms", "50"],
         // Node-id uniqueness holds over both handshakes, for a victim that runs both.
@@ -111,6 +113,7 @@ pub async fn run(name: &str, target: &Target) -> Result<Findings> {
         "refusal-flood" => refusals::refusal_flood(target, &mut f).await?,
         "shm-leases" => leases::shm_leases(target, &mut f).await?,
         "forward-holders" => leases::forward_holders(target, &mut f).await?,
+        "pipelined-pulls" => leases::pipelined_pulls(target, &mut f).await?,
         "slow-reader" => slow::slow_reader(target, &mut f).await?,
         "slowloris" => slow::slowloris(target, &mut f).await?,
         "fds-before-handshake" => slow::fds_before_handshake(target, &mut f).await?,
