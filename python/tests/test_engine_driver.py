@@ -1145,14 +1145,13 @@ async def test_an_application_segment_goes_as_itself_on_shm_and_as_its_bytes_on_
     import gc
 
     from handoff import Node, ShmBuffer
-    from handoff.pool import pool
 
     async with (
         Node("rx", secret="k", listen="127.0.0.1:0", engine=True) as rx,
         Node("tx", secret="k", engine=True) as tx,
     ):
         p = await tx.connect(rx.listen_addr, channel=channel)
-        busy = pool().stats()["busy_segments"]
+        busy = tx.segment_pool_stats()["busy_segments"]
         buf = ShmBuffer(2 * MIB, pooled=True)
         buf.view[:] = bytes(range(256)) * (2 * MIB // 256)
         frozen = buf.freeze()
@@ -1171,4 +1170,4 @@ async def test_an_application_segment_goes_as_itself_on_shm_and_as_its_bytes_on_
         # the bytes queued inline): it goes back to the pool once the application lets go.
         del x, env, frozen, buf
         gc.collect()
-        assert await eventually(lambda: pool().stats()["busy_segments"] == busy)
+        assert await eventually(lambda: tx.segment_pool_stats()["busy_segments"] == busy)

@@ -15,6 +15,7 @@ pub mod frames;
 mod holds;
 pub mod inbox;
 pub mod plain;
+pub mod pooled;
 pub mod shared_arrays;
 /// The system calls both drivers share.
 use handoff_sys as socket;
@@ -43,6 +44,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<frames::Frame>()?;
     m.add_class::<frames::OnDemand>()?;
     m.add_class::<frames::SegmentFrame>()?;
+    m.add_class::<pooled::PooledBuffer>()?;
     m.add_class::<tickets::Ticket>()?;
     m.add_class::<device::DeviceFrame>()?;
     m.add_class::<device::DeviceClaim>()?;

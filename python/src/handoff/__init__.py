@@ -9,8 +9,8 @@ Modules, one job each, from the bottom up (python/pyproject.toml's import contra
 keep every import pointing down):
 
 - :mod:`handoff.wire` — sans-IO: preamble, framing, headers, descriptors, limits, auth proof.
-- :mod:`handoff.memfd`, :mod:`handoff.pool`, :mod:`handoff.shm` — memfds and their seals,
-  the process's pool of reused segments, and the shared frames an application sends.
+- :mod:`handoff.memfd`, :mod:`handoff.shm` — memfds and their seals, and the shared
+  frames an application sends (pooled ones in the engine's pool of reused segments).
 - :mod:`handoff.resources` — resource keys and the node's registry of local objects.
 - :mod:`handoff.tickets` — the holder's :class:`Ticket`, and digests.
 - :mod:`handoff.buffers` — :class:`Buffer` and :class:`OnDemand`: how a buffer travels.

@@ -639,6 +639,9 @@ def _segment_frame(source: SharedFrame) -> Any:
     same-host send passes by descriptor. A pooled segment stays busy (out of the pool) until
     the last lease a send takes on it ends; one a receiver may still map after its lease
     ended (its connection closed) is never written again."""
+    native_frame = getattr(source, "native_frame", None)
+    if native_frame is not None:  # a segment of the engine's pool (a pooled ShmBuffer)
+        return native_frame
     view = source.view
     segment = getattr(source, "segment", None)
     if segment is None:

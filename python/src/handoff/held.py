@@ -10,9 +10,9 @@ importing it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
-__all__ = ["Holder", "register", "held", "give_back"]
+__all__ = ["Holder", "register", "held", "give_back", "configure_pools", "pool_stats"]
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,11 @@ class Holder:
 
     held: Callable[[], dict]
     give_back: Callable[[], None]
+    #: Its pool of segments to send from, if it has its own: what it holds (as
+    #: ``handoff._native.segment_pool_stats`` says it), and how it is bounded
+    #: (``configure_pool(idle_bytes, idle_seconds)``, ``None`` leaving one as it is).
+    pool_stats: Optional[Callable[[], dict]] = None
+    configure_pool: Optional[Callable[[Optional[int], Optional[float]], None]] = None
 
 
 _holders: list = []
@@ -47,3 +52,18 @@ def give_back() -> None:
     """Frees what every registered implementation holds only for reuse."""
     for holder in _holders:
         holder.give_back()
+
+
+def pool_stats() -> Optional[dict]:
+    """The segment pool of the first registered implementation that has one, else ``None``."""
+    for holder in _holders:
+        if holder.pool_stats is not None:
+            return holder.pool_stats()
+    return None
+
+
+def configure_pools(idle_bytes: Optional[int], idle_seconds: Optional[float]) -> None:
+    """Bounds the idle segments of every registered implementation's pool."""
+    for holder in _holders:
+        if holder.configure_pool is not None:
+            holder.configure_pool(idle_bytes, idle_seconds)

@@ -1,8 +1,8 @@
 """Memfds and their seals (spec §7.2, §7.4): the bottom of shared memory.
 
-:mod:`handoff.shm` (segments sent once, mappings of received ones) and :mod:`handoff.pool`
-(segments reused across sends) both create memfds and seal them; the seal bits and the
-creation live here, below both, so neither needs the other for them.
+:mod:`handoff.shm` (segments sent once, mappings of received ones) and the reference's
+pool (``handoff_pure.pool``, segments reused across sends) both create memfds and seal
+them; the seal bits and the creation live here, below both.
 """
 
 from __future__ import annotations

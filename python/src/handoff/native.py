@@ -18,7 +18,7 @@ import os
 from types import ModuleType
 from typing import Optional
 
-__all__ = ["ENABLED", "REASON", "ext", "required"]
+__all__ = ["ENABLED", "REASON", "ext", "required", "reference_chosen"]
 
 
 def _load() -> tuple[Optional[ModuleType], str]:
@@ -58,3 +58,9 @@ def required(what: str) -> ModuleType:
             "install handoff's wheel, or build it with `pip install ./python`"
         ) from e
     return _native
+
+
+def reference_chosen() -> bool:
+    """Whether a test switch asks for the pure-Python reference (``handoff_pure``):
+    ``HANDOFF_ENGINE=0``, or ``HANDOFF_NATIVE=0`` (no extension at all)."""
+    return os.environ.get("HANDOFF_ENGINE") == "0" or os.environ.get("HANDOFF_NATIVE", "").strip() == "0"

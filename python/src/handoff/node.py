@@ -54,12 +54,6 @@ def engine_default() -> bool:
     return choice == "1" or _ENGINE_NODE is not None
 
 
-def _reference_chosen() -> bool:
-    """Whether a test switch asks for the pure-Python reference: ``HANDOFF_ENGINE=0``, or
-    ``HANDOFF_NATIVE=0`` (no extension at all)."""
-    return os.environ.get("HANDOFF_ENGINE") == "0" or os.environ.get("HANDOFF_NATIVE", "").strip() == "0"
-
-
 def reference_node_class() -> type:
     """``handoff_pure.Node``, the spec's pure-Python reference implementation, loaded by
     name: production code never imports ``handoff_pure`` (tests and the interop suites do)."""
@@ -155,7 +149,7 @@ class Node:
     received the message rather than in a task (``asyncio.current_task()`` may be
     ``None``), and must not block; if it raises, the connection is closed and the error
     logged. ``shm_pool`` sends large buffers to same-host peers from the
-    process's pool of reused segments (:mod:`handoff.pool`) instead of fresh sealed
+    process's pool of reused segments (the engine's, ``handoff_proto::shm``) instead of fresh sealed
     memfds, and goes inline rather than wait when a peer holds its cap of leases.
     ``shm_private`` maps received segments private and writable (copy-on-write)
     instead of shared and read-only (``MAP_PRIVATE``). ``kept_map_bytes`` and
@@ -187,7 +181,7 @@ class Node:
             if _ENGINE_NODE is None:
                 raise ValueError(f"a node on the engine needs the extension handoff._native: {native.REASON}")
             impl = _ENGINE_NODE
-        elif explicit or _reference_chosen():
+        elif explicit or native.reference_chosen():
             impl = reference_node_class()
         else:
             raise ValueError(
@@ -694,10 +688,8 @@ class Node:
         shares it): ``{segments, bytes, idle_segments, idle_bytes, busy_segments, created,
         reused, retired}``. A segment is busy while a peer may map it, and idle (warm, for
         the next frame of its size) once every peer let go of it; one whose receiver still
-        maps it is never reused."""
-        from .pool import pool
-
-        return pool().stats()
+        maps it is never reused. (Each implementation says it of its own pool.)"""
+        raise NotImplementedError
 
     def stats(self) -> dict:
         """What ``handoff.admin.Stats`` carries (spec Appendix A): ``peers`` lists at most

@@ -13,6 +13,7 @@ pure-Python reference's, ``handoff_pure.shm``). Mappings keep no descriptor
 from __future__ import annotations
 
 import fcntl
+import importlib
 import os
 from typing import Any, Optional
 
@@ -27,8 +28,8 @@ from .memfd import (  # noqa: F401  (the seal bits were defined here before memf
     SEALS_FIXED,
     SEALS_REQUIRED,
 )
+from . import native
 from .memfd import memfd as _memfd
-from .pool import pool
 from .shmmap import Region
 
 __all__ = ["ShmBuffer", "SharedFrame", "PooledFrame", "SEALS_REQUIRED", "SEALS_FIXED"]
@@ -84,18 +85,25 @@ class SharedFrame:
 
 class PooledFrame(SharedFrame):
     """A frozen pooled :class:`ShmBuffer`: its ``n`` bytes at the start of a segment of the
-    process's pool (:mod:`handoff.pool`), sent unsealed (§7.4, pooled segments). The
-    segment goes back to the pool when this handle and every lease sent on it are gone."""
+    process's pool, sent unsealed (§7.4, pooled segments). The segment goes back to the
+    pool when this handle and every lease sent on it are gone.
 
-    def __init__(self, segment: Any, n: int):
+    On the engine the segment is the engine's (``handoff._native.PooledBuffer``) and
+    :attr:`native_frame` is what its sends take; where the pure-Python reference runs
+    (tests), it is a segment of the reference's pool (``handoff_pure.pool``)."""
+
+    def __init__(self, segment: Any, n: int, native_frame: Any = None):
         super().__init__(segment.fd, segment.size, False, None)
         self.segment = segment
         self.n = n
+        self.native_frame = native_frame
 
     @property
     def view(self) -> memoryview:
         if self.segment is None:
             raise ValueError("the pooled frame is closed")
+        if self.native_frame is not None:
+            return memoryview(self.segment)
         return self.segment.map.view()[: self.n].toreadonly()
 
     def __len__(self) -> int:
@@ -106,11 +114,30 @@ class PooledFrame(SharedFrame):
         seg, self.segment = getattr(self, "segment", None), None
         self.fd = -1
         self._map = None
-        if seg is not None:
+        self.native_frame = None
+        if seg is not None and not isinstance(seg, _native_pooled()):
             seg.let_go(True)
 
     def __repr__(self) -> str:
         return f"PooledFrame({self.n} bytes in a segment of {self.size})"
+
+
+def _native_pooled() -> type:
+    """The engine's pooled buffer class (a class no object is of without the extension)."""
+    return native.ext.PooledBuffer if native.ext is not None else type(None)
+
+
+def _take_pooled(size: int) -> Any:
+    """A writable buffer of ``size`` bytes in a segment of the process's pool: the
+    engine's, or, where the pure-Python reference runs (tests), the reference's own pool,
+    loaded by name (``handoff`` never imports ``handoff_pure``)."""
+    if native.ext is not None and not native.reference_chosen():
+        return native.ext.PooledBuffer(size)
+    try:
+        pool = importlib.import_module("handoff_pure.pool").pool
+    except ImportError as e:
+        raise ImportError(f"a pooled ShmBuffer without the extension needs the reference (handoff_pure): {e}") from None
+    return pool().take(size)
 
 
 class ShmBuffer:
@@ -128,10 +155,14 @@ class ShmBuffer:
         self.size = size
         self._segment = None
         if pooled:
-            self._segment = pool().take(size)
+            self._segment = _take_pooled(size)
             self.fd = self._segment.fd
-            self._map = self._segment.map
-            self.view = self._map.view()[:size]
+            if isinstance(self._segment, _native_pooled()):
+                self._map = None
+                self.view = memoryview(self._segment)
+            else:
+                self._map = self._segment.map
+                self.view = self._map.view()[:size]
             return
         self.fd = _memfd(size)
         self._map = Region.map(self.fd, size, write=True)
@@ -149,6 +180,8 @@ class ShmBuffer:
         if self._segment is not None:
             seg, self._segment = self._segment, None
             self.fd = -1
+            if isinstance(seg, _native_pooled()):
+                return PooledFrame(seg, self.size, seg.freeze())
             return PooledFrame(seg, self.size)
         self._map = None  # unmapped once nothing else views it (sealing needs it gone)
         fd, self.fd = self.fd, -1
@@ -164,6 +197,6 @@ class ShmBuffer:
 
     def __del__(self) -> None:  # pragma: no cover - best effort
         seg = getattr(self, "_segment", None)
-        if seg is not None:  # a pooled buffer never frozen
+        if seg is not None and not isinstance(seg, _native_pooled()):  # a reference pool's, never frozen
             self._segment = None
             seg.let_go(True)

@@ -32,15 +32,38 @@ from . import body as _body
 from . import mapcache as _mapcache
 from .node import Node
 from .peer import Peer
+from .pool import pool as _pool
 from .recvbuf import recv_pool as _recv_pool
 
 __all__ = ["Node", "Peer"]
 
 
 _codec.use_reader(_body.read)  # where the extension is not in use
+
+
+def _held_now() -> dict:
+    p = _pool().stats()
+    return {
+        "pool-busy": p["bytes"] - p["idle_bytes"],
+        "pool-idle": p["idle_bytes"],
+        "pool-fds": p["fds"],
+        "kept-idle": _mapcache.idle_bytes(),
+        "recv-idle": _recv_pool().stats()["idle_bytes"],
+    }
+
+
+def _configure_pool(idle_bytes, idle_seconds) -> None:
+    if idle_bytes is not None:
+        _pool().max_idle_bytes = idle_bytes
+    if idle_seconds is not None:
+        _pool().idle_seconds = idle_seconds
+
+
 _held.register(
     _held.Holder(
-        held=lambda: {"kept-idle": _mapcache.idle_bytes(), "recv-idle": _recv_pool().stats()["idle_bytes"]},
-        give_back=lambda: (_mapcache.trim_all(), _recv_pool().clear()),
+        held=_held_now,
+        give_back=lambda: (_pool().trim(), _mapcache.trim_all(), _recv_pool().clear()),
+        pool_stats=lambda: _pool().stats(),
+        configure_pool=_configure_pool,
     )
 )

@@ -1,6 +1,6 @@
 """Received segments kept mapped between frames (shared read-only, or private copy-on-write).
 
-A sender's pool (§7.4, :mod:`handoff.pool`; the Rust reference's ``SharedBufMut`` comes
+A sender's pool (§7.4, :mod:`handoff_pure.pool`; the Rust reference's ``SharedBufMut`` comes
 from one too) sends the same segments again and again. A receiver that maps each
 received frame anew faults every page in again on its first read of it — on these
 machines that costs about as much as reading the bytes (a 1 GiB frame: about 130 ms of

@@ -41,6 +41,7 @@ from .handshake import OurSide, handshake, send_error
 from .leases import LeaseTable
 from .nonces import DialerNonces
 from .peer import Peer
+from .pool import pool
 from .ticket_client import TicketClient
 from .transport import Transport, raise_unix_send_buffer
 from .turns import after_new_input
@@ -348,3 +349,6 @@ class Node(handoff.node.Node):
 
     def _ticket_released(self, desc: wire.TicketDesc, label: str) -> None:
         self._tickets.released(desc, label)
+
+    def segment_pool_stats(self) -> dict:
+        return pool().stats()

@@ -317,7 +317,7 @@ class Peer(PeerBase):
         new_tickets: list = []
         # After the write, whatever it did: descriptors this send opened (sealed copies,
         # duplicates of an application's segments) are closed, and the segments copied
-        # for it are unmapped here (the receiver maps them: see handoff.pool).
+        # for it are unmapped here (the receiver maps them: see handoff_pure.pool).
         close_after: list = []
         copies: list = []
         try:
@@ -357,6 +357,10 @@ class Peer(PeerBase):
                 shared = None
                 fd = -1
                 sealed = False
+                if isinstance(source, PooledFrame) and source.native_frame is not None:
+                    # A segment of the engine's pool, in a process that also runs this
+                    # reference: its bytes go (copied below), as any buffer's.
+                    source = None
                 if self.channel == "shm" and len(fds) < MAX_FDS_PER_READ and n > 0:
                     if isinstance(source, PooledFrame):
                         await self._shm.room(source.size, self.node.bounds, self.name, lambda: self.closed)

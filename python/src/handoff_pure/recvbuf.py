@@ -40,7 +40,7 @@ import time
 import weakref
 from typing import Optional
 
-from handoff.idletimer import IdleTimer
+from .idletimer import IdleTimer
 
 __all__ = ["RecvPool", "recv_pool", "MIN_POOLED", "DEFAULT_IDLE_BYTES", "IDLE_SECONDS"]
 

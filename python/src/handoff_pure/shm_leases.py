@@ -5,7 +5,7 @@ shm frames and must keep alive until the peer sends ``release`` or the connectio
 of :class:`~handoff.bounds.Bounds` (a send waits for room, at most ``lease_wait``), and
 how leases end. A lease keeps a sealed memfd (:class:`~handoff.shm.SharedFrame`) or a
 window of a pooled segment (:class:`PooledLease`); a pooled segment goes back to the
-process's pool only when the peer released it or its process is gone (:mod:`handoff.pool`).
+process's pool only when the peer released it or its process is gone (:mod:`handoff_pure.pool`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 from handoff.bounds import Bounds
 from handoff.errors import CapReached, PeerClosed
-from handoff.pool import Segment, pool
+from .pool import Segment, pool
 
 __all__ = ["ShmLeases", "PooledLease", "SealedLease", "pooled_copy"]
 
@@ -32,7 +32,7 @@ _EXIT_WAIT = 2.0
 
 
 class PooledLease:
-    """A lease on a window of a pooled segment (:mod:`handoff.pool`). ``copy``: the
+    """A lease on a window of a pooled segment (:mod:`handoff_pure.pool`). ``copy``: the
     segment holds a copy made for this send only (:func:`pooled_copy`), which the sender
     unmaps once it is sent (:meth:`sent`)."""
 
@@ -45,7 +45,7 @@ class PooledLease:
         self.turn = segment.turn
 
     def sent(self) -> None:
-        """The descriptor went out: a copy's segment is unmapped here (see :mod:`handoff.pool`)."""
+        """The descriptor went out: a copy's segment is unmapped here (see :mod:`handoff_pure.pool`)."""
         if self.copy:
             self.segment.detach(self.turn)
 
@@ -228,7 +228,7 @@ class ShmLeases:
     def end_at_close(self, pid: Optional[int], recycle: bool, spawn: Callable[[Any], Any], label: str) -> None:
         """The connection ended: every lease ends (§7.3). Pooled segments come back to the
         pool only if the peer process (``pid``) is gone (it maps nothing then); a live peer
-        may still hold views, so they are retired instead (:mod:`handoff.pool`). Without
+        may still hold views, so they are retired instead (:mod:`handoff_pure.pool`). Without
         ``recycle`` (the node is closing) they are retired at once; else ``spawn`` runs the
         wait for the process to exit. ``label`` names the connection in the log."""
         self.closed = True

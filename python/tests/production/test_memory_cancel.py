@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from handoff import Node
-from handoff.pool import Segment, pool
+from handoff_pure.pool import Segment, pool
 
 MIB = 1 << 20
 SIZE = 16 * MIB
@@ -42,7 +42,7 @@ def slow_first_copy(monkeypatch):
 
 
 @pytest.mark.pure_only(
-    "slows the Python implementation's copy thread (handoff.pool.Segment.write); the engine copies inside "
+    "slows the Python implementation's copy thread (handoff_pure.pool.Segment.write); the engine copies inside "
     "its send, where no cancellation lands"
 )
 async def test_a_send_cancelled_during_its_copy_does_not_overwrite_the_next_one(slow_first_copy):
@@ -70,7 +70,7 @@ async def test_a_send_cancelled_during_its_copy_does_not_overwrite_the_next_one(
 
 
 @pytest.mark.pure_only(
-    "slows the Python implementation's copy thread (handoff.pool.Segment.write); the engine copies inside "
+    "slows the Python implementation's copy thread (handoff_pure.pool.Segment.write); the engine copies inside "
     "its send, where no cancellation lands"
 )
 async def test_a_dask_write_cancelled_during_its_copy_does_not_overwrite_the_next_one(slow_first_copy):

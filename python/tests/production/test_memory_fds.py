@@ -89,7 +89,7 @@ def test_held_received_mappings_keep_no_descriptor():
 
 
 def test_the_senders_pool_keeps_at_most_max_fds_descriptors():
-    from handoff.pool import SegmentPool
+    from handoff_pure.pool import SegmentPool
 
     p = SegmentPool(max_fds=4)
     before = _fds()

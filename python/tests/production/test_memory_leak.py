@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from handoff import Node
-from handoff.pool import Segment, pool
+from handoff_pure.pool import Segment, pool
 
 from helpers import eventually
 
@@ -77,7 +77,7 @@ def copy_waits_for_a_kill(monkeypatch):
 
 
 @pytest.mark.pure_only(
-    "slows the Python implementation's copy thread (handoff.pool.Segment.write); the engine copies inside "
+    "slows the Python implementation's copy thread (handoff_pure.pool.Segment.write); the engine copies inside "
     "its send, and a killed receiver's segments coming back is test_connections' "
     "test_segments_held_by_a_killed_process_come_back_to_the_pool, on both"
 )

@@ -19,7 +19,7 @@ from distributed.worker import DEFAULT_METRICS, Worker  # noqa: E402
 
 from handoff import Node, native  # noqa: E402
 from handoff.dask import memory  # noqa: E402
-from handoff.pool import pool  # noqa: E402
+from handoff_pure.pool import pool  # noqa: E402
 from helpers import eventually  # noqa: E402
 
 

@@ -17,6 +17,11 @@ use rustix::fs::{MemfdFlags, SealFlags};
 /// Smallest segment the pool creates.
 pub const MIN_SEGMENT: usize = 64 * 1024;
 
+/// Most idle segments the pool keeps, whatever their bytes: each keeps its descriptor open
+/// (a memfd cannot be reopened once its last one is closed), so this bounds what the pool's
+/// idle segments cost the process's descriptor table.
+pub const MAX_IDLE_SEGMENTS: usize = 64;
+
 /// The memory of one segment: its memfd and a writable mapping of it.
 pub struct SegmentData {
     id: u64,
@@ -220,7 +225,10 @@ impl SegmentPool {
     fn give_back(&self, data: SegmentData) {
         let mut state = self.state.lock().expect("pool lock");
         let size = data.size();
-        if (state.idle_bytes + size) as u64 <= self.max_idle_bytes.load(Ordering::Relaxed) {
+        let idle_segments: usize = state.free.values().map(Vec::len).sum();
+        if (state.idle_bytes + size) as u64 <= self.max_idle_bytes.load(Ordering::Relaxed)
+            && idle_segments < MAX_IDLE_SEGMENTS
+        {
             state.idle_bytes += size;
             state.free.entry(size).or_default().push((data, Instant::now()));
         } else {
@@ -306,6 +314,20 @@ pub struct SealedSegment {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pool_keeps_at_most_its_bound_of_idle_segments_and_their_descriptors() {
+        let pool = SegmentPool::new(1 << 30);
+        let taken: Vec<_> = (0..MAX_IDLE_SEGMENTS + 6).map(|_| pool.take(1).unwrap()).collect();
+        assert_eq!(pool.stats().segments, MAX_IDLE_SEGMENTS + 6);
+        drop(taken);
+        let s = pool.stats();
+        assert_eq!(
+            s.idle_segments, MAX_IDLE_SEGMENTS,
+            "far below the byte bound, the count bound holds"
+        );
+        assert_eq!((s.segments, s.retired), (MAX_IDLE_SEGMENTS, 6), "the rest are closed");
+    }
 
     #[test]
     fn a_retired_segment_never_goes_back_to_the_pool() {

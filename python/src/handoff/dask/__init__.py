@@ -22,7 +22,7 @@ Design, and why:
 - **Same host.** A connector that reaches a listener with its own host id switches to
   the listener's Unix socket (§7.1) and remembers it for that address. Frames from
   ``shm-threshold`` (1 MiB) go as shared-memory segments from the process's pool
-  (:mod:`handoff.pool`, written with ``pwrite``; smaller ones inline on the socket) and
+  (the engine's, ``handoff_proto::shm``, written with ``pwrite``; smaller ones inline on the socket) and
   arrive as private writable mappings (copy-on-write), which Dask's deserializers
   keep without a copy; the shards of one buffer travel as one segment so that they
   arrive as slices of one mapping, which Dask joins without a copy
@@ -83,8 +83,7 @@ pressure gives them back).
 
 from __future__ import annotations
 
-from ..pool import pool
-from .. import native, pins
+from .. import held, native, pins
 from ..node import engine_default
 from . import config  # noqa: F401  (registers the configuration defaults)
 from . import serialize  # noqa: F401  (registers the serialization family)
@@ -98,10 +97,11 @@ __all__ = ["HandoffBackend", "HandoffComm", "HandoffConnector", "HandoffListener
 
 
 def _pool_stats() -> dict:
-    """The pool this process's nodes send from: the engine's, for nodes on the engine."""
+    """The pool this process's nodes send from: the engine's, for nodes on the engine, else
+    the one the reference registered (tests)."""
     if engine_default() and native.ext is not None:
         return native.ext.segment_pool_stats()
-    return pool().stats()
+    return held.pool_stats() or {}
 
 
 def stats() -> dict:

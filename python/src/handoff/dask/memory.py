@@ -6,14 +6,13 @@ Dask's memory manager decides from the process's RSS (``SystemMonitor`` reads
 RSS counts the pages of shared mappings a process touched (Dask issues #4304 and #5868
 are users asking Dask to see that). So the backend keeps its own part of it honest:
 
-- a sender unmaps a segment once it is sent (:mod:`handoff.pool`): the receiver counts
-  the pages, not both;
 - a node on the Rust engine writes its copies into segments with ``pwrite`` and never
-  maps them (``CopyInto::Write`` in ``handoff-proto``), for the same reason;
+  maps them (``CopyInto::Write`` in ``handoff-proto``): the receiver counts the pages,
+  not both;
 - what is held only for reuse is given back on a timer (the idle segments of the pool,
-  the mappings kept by connections, the warm receive buffers: :mod:`handoff.pool`,
-  :mod:`handoff.held` (the pure-Python reference's mappings and receive buffers), and the engine's own, which
-  ``handoff._native.held_for_reuse`` reports), and at once when a worker's RSS
+  the mappings kept by connections, the warm receive buffers: the engine's own, which
+  ``handoff._native.held_for_reuse`` reports, and what other implementations registered
+  in :mod:`handoff.held`, the pure-Python reference's in tests), and at once when a worker's RSS
   comes within :data:`TRIM_MARGIN` of the lowest of Dask's spill, pause and terminate
   thresholds (a watcher on the event loop of the process's first comm, :func:`start`,
   checks every :data:`INTERVAL` seconds; no thread: Dask's tests fail on any thread a
@@ -54,7 +53,6 @@ from pathlib import Path
 from .. import held as held_for_reuse
 from .. import native
 from ..identity import runtime_dir
-from ..pool import pool
 
 __all__ = [
     "shared_bytes",
@@ -87,14 +85,7 @@ def shared_bytes() -> dict:
     hold, in the host's shared memory and the receivers' RSS, not this process's),
     ``pool-idle`` (idle segments, in no RSS), ``kept-idle`` (received segments kept
     mapped, in this RSS), ``recv-idle`` (warm receive buffers, in this RSS)."""
-    p = pool().stats()
-    held = {
-        "pool-busy": p["bytes"] - p["idle_bytes"],
-        "pool-idle": p["idle_bytes"],
-        "pool-fds": p["fds"],
-        "kept-idle": 0,
-        "recv-idle": 0,
-    }
+    held = {"pool-busy": 0, "pool-idle": 0, "pool-fds": 0, "kept-idle": 0, "recv-idle": 0}
     # The Rust engine's pool, mappings and receive buffers (nodes on the engine), and what
     # other implementations registered (the pure-Python reference's, in tests).
     for key, n in held_for_reuse.held().items():
@@ -112,7 +103,6 @@ def shared_bytes() -> dict:
 
 def trim() -> None:
     """Gives back everything held only for reuse, now (from any thread)."""
-    pool().trim()
     held_for_reuse.give_back()
     if native.ENABLED:
         native.ext.give_back_held()

@@ -27,10 +27,9 @@ import os
 import weakref
 from typing import Callable, Optional
 
-from .. import native
+from .. import held, native
 from ..bounds import DEFAULT_BOUNDS
 from ..node import Node
-from ..pool import pool
 from ..tls import TlsConfig
 from ..wire import DEFAULT_LIMITS
 from ..peer import Peer
@@ -75,11 +74,7 @@ def make_node(
 ) -> Node:
     """A node for a Dask listener (``listen``, ``on_accept``) or for connecting (neither),
     with ``tls`` on its TCP connections if given."""
-    if settings.pool_idle_bytes is not None:
-        pool().max_idle_bytes = settings.pool_idle_bytes
-    if settings.pool_idle_seconds is not None:
-        pool().idle_seconds = settings.pool_idle_seconds
-    if native.ENABLED:  # the engine's pool (the process's, as the Python pool is)
+    if native.ENABLED:  # the engine's pool (the process's)
         native.ext.configure_segment_pool(settings.pool_idle_bytes, settings.pool_idle_seconds)
     kept = settings.kept_map_bytes
     if kept is None and "HANDOFF_SHM_KEEP_BYTES" not in os.environ:
@@ -92,7 +87,7 @@ def make_node(
     limits = DEFAULT_LIMITS
     if settings.max_frame_bytes is not None:
         limits = dataclasses.replace(limits, max_frame_bytes=min(limits.max_frame_bytes, settings.max_frame_bytes))
-    return Node(
+    node = Node(
         f"dask-{role}-{os.getpid()}",
         host_id=settings.host_id,
         secret=settings.secret,
@@ -113,6 +108,9 @@ def make_node(
         accept_v1=settings.accept_v1,
         accept_v2=settings.accept_v2,
     )
+    # Where the reference runs (tests): its own pool, registered once the node loaded it.
+    held.configure_pools(settings.pool_idle_bytes, settings.pool_idle_seconds)
+    return node
 
 
 class _Shared:

@@ -1,6 +1,6 @@
 """A timer for memory held for reuse, run by an event loop of the process (no thread).
 
-The process-wide pools (:mod:`handoff.pool`, ``handoff_pure.recvbuf``) give back what has
+The process-wide pools (:mod:`handoff_pure.pool`, ``handoff_pure.recvbuf``) give back what has
 been idle too long. A thread of their own would outlive the code that used them (Dask's
 tests fail on any thread a test leaves behind), so the expiry runs on the event loop
 that last used the pool instead, and is also checked whenever the pool is used. A pool

@@ -53,8 +53,8 @@ import time
 from typing import Any, Optional
 
 from .idletimer import IdleTimer
-from .memfd import F_ADD_SEALS, SEALS_FIXED, memfd
-from .shmmap import Region, release
+from handoff.memfd import F_ADD_SEALS, SEALS_FIXED, memfd
+from handoff.shmmap import Region, release
 
 __all__ = [
     "Segment",
