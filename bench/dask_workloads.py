@@ -33,7 +33,11 @@ cluster (``host peak``: at each sample, every worker's private memory, RSS less
 ``RssShmem``, plus the growth of the host's shared memory, ``Shmem`` of ``/proc/meminfo``,
 since the sampler started: shared pages count once however many workers map them; and
 ``host_growth``, that peak less the same figure for the cluster at rest when the run
-started, what the workload itself added); the bytes the workers wrote, by
+started, what the workload itself added; ``host_peak_anon``, the same peak with each
+worker's ``RssAnon`` instead of RSS less ``RssShmem``: without the pages of files the
+workers map, the program's and its libraries' text among them, which the host's page
+cache holds once however many workers map them and which the first figure counts once
+per worker); the bytes the workers wrote, by
 channel (``handoff.dask.comm.counters`` on handoff://, ``shm`` and ``tcp``; on tcp://, the
 bytes Dask's TCP comm wrote, counted by a worker plugin that wraps ``TCP.write``); and what
 Dask's memory manager did: workers paused (``worker-status-change`` events to ``paused``),
@@ -300,9 +304,9 @@ def _published(pid: int):
     return published(pid)
 
 
-def _proc_status(pid: int) -> tuple[int, int]:
-    """``VmRSS`` and ``RssShmem`` of a process in bytes ((0, 0) when it is gone)."""
-    rss = shmem = 0
+def _proc_status(pid: int) -> tuple[int, int, int]:
+    """``VmRSS``, ``RssShmem`` and ``RssAnon`` of a process in bytes (zeros when it is gone)."""
+    rss = shmem = anon = 0
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             for line in f:
@@ -310,9 +314,11 @@ def _proc_status(pid: int) -> tuple[int, int]:
                     rss = int(line.split()[1]) * 1024
                 elif line.startswith(b"RssShmem:"):
                     shmem = int(line.split()[1]) * 1024
+                elif line.startswith(b"RssAnon:"):
+                    anon = int(line.split()[1]) * 1024
     except (FileNotFoundError, ProcessLookupError):
         pass
-    return rss, shmem
+    return rss, shmem, anon
 
 
 class RssSampler:
@@ -329,6 +335,8 @@ class RssSampler:
         #: The host's memory for the cluster at its peak: private memory of every worker,
         #: plus the host's shared memory grown since the sampler started (counted once).
         self.host_peak = 0
+        #: The same with each worker's anonymous memory only (no file pages: see the module).
+        self.host_peak_anon = 0
         #: Each worker's peak of the memory Dask's manager reads: its RSS on tcp://; on
         #: handoff:// its private memory plus the shared memory it made
         #: (``handoff.dask.memory.process_memory``, from the figure the worker publishes).
@@ -352,22 +360,25 @@ class RssSampler:
     def sample(self) -> dict:
         """RSS of each worker now."""
         now = {}
-        private = 0
+        private = anonymous = 0
         for name, pid in self.pids_now().items():
             self.pids.setdefault(name, set()).add(pid)
-            rss, shmem = _proc_status(pid)
+            rss, shmem, anon = _proc_status(pid)
             now[name] = rss
             private += rss - shmem
+            anonymous += anon
             owned = _published(pid)
             dask = rss if owned is None else max(0, rss - shmem) + owned
             self.dask_peak[name] = max(self.dask_peak.get(name, 0), dask)
             if rss > self.peak.get(name, 0):
                 self.peak[name] = rss
                 self.shmem_at_peak[name] = shmem
-        host = private + max(0, _host_shmem() - self._shmem0)
+        shared = max(0, _host_shmem() - self._shmem0)
+        host = private + shared
         if self.host_start is None:
             self.host_start = host
         self.host_peak = max(self.host_peak, host)
+        self.host_peak_anon = max(self.host_peak_anon, anonymous + shared)
         return now
 
     def _run(self) -> None:
@@ -441,6 +452,7 @@ class Run:
     unmanaged_warnings: int
     host_peak: int = 0
     host_growth: int = 0
+    host_peak_anon: int = 0
     dask_peak: dict = field(default_factory=dict)
     error: str | None = None
     extra: dict = field(default_factory=dict)
@@ -507,6 +519,7 @@ def measure(workload: str, session: Session, sizes: dict, args) -> Run:
         restarted=sum(len(p) - 1 for p in sampler.pids.values()),
         unmanaged_warnings=_unmanaged_warnings(client) - warned,
         host_peak=sampler.host_peak,
+        host_peak_anon=sampler.host_peak_anon,
         dask_peak=sampler.dask_peak,
         host_growth=sampler.host_peak - (sampler.host_start or 0),
         error=error,
@@ -543,6 +556,9 @@ def _summarise(runs: list[Run], cold: list[Run]) -> dict:
         "host_peak": statistics.median(r.host_peak for r in runs),
         "dask_memory_max": max((max(r.dask_peak.values(), default=0) for r in runs), default=0),
         "host_peak_runs": [r.host_peak for r in runs],
+        # Without file pages (libraries' text, once in the page cache however many map it).
+        "host_peak_anon": statistics.median(r.host_peak_anon for r in runs),
+        "host_peak_anon_runs": [r.host_peak_anon for r in runs],
         # The peak over the cluster at rest when the run started: what the workload added.
         "host_growth": statistics.median(r.host_growth for r in runs),
         "paused": sum(r.paused for r in runs + cold),
@@ -650,6 +666,7 @@ def run_all(args) -> dict:
             "host_peak_ratio": (h["host_peak"] / t["host_peak"]) if t["host_peak"] else None,
             "dask_memory_ratio": (h["dask_memory_max"] / t["dask_memory_max"]) if t["dask_memory_max"] else None,
             "host_growth_ratio": (h["host_growth"] / t["host_growth"]) if t["host_growth"] else None,
+            "host_peak_anon_ratio": (h["host_peak_anon"] / t["host_peak_anon"]) if t["host_peak_anon"] else None,
             "cold_time_ratio": (
                 statistics.median(h["cold_seconds"]) / statistics.median(t["cold_seconds"])
                 if h["cold_seconds"] and t["cold_seconds"]
@@ -665,7 +682,7 @@ def print_table(out: dict) -> None:
         f"{'workload':9}{'tcp s':>9}{'handoff s':>11}{'h/t':>7}{'equal':>7}"
         f"{'peak tcp':>11}{'peak h':>9}{'h/t':>7}{'rest tcp':>10}{'rest h':>9}"
         f"{'tcp MiB':>9}{'h shm MiB':>11}{'h tcp MiB':>11}{'paused t/h':>12}{'restart t/h':>13}"
-        f"{'host tcp':>10}{'host h':>8}{'h/t':>6}{'dask h/t':>9}"
+        f"{'host tcp':>10}{'host h':>8}{'h/t':>6}{'anon h/t':>9}{'dask h/t':>9}"
     )
     for w, r in out["workloads"].items():
         t, h = r["tcp"], r["handoff"]
@@ -677,7 +694,7 @@ def print_table(out: dict) -> None:
             f"{h['bytes_written']['tcp'] / mib:11.0f}"
             f"{t['paused']:>6}/{h['paused']:<5}{max(t['removed'], t['restarted']):>7}/{max(h['removed'], h['restarted']):<5}"
             f"{t['host_peak'] / mib:10.0f}{h['host_peak'] / mib:8.0f}{r['host_peak_ratio'] or 0:6.2f}"
-            f"{r['dask_memory_ratio'] or 0:9.2f}"
+            f"{r['host_peak_anon_ratio'] or 0:9.2f}{r['dask_memory_ratio'] or 0:9.2f}"
         )
         for s in SCHEMES:
             for e in r[s]["errors"]:
@@ -685,7 +702,7 @@ def print_table(out: dict) -> None:
     print(
         "peak and rest: the highest worker's RSS in MiB; h/t: handoff's over tcp's; MiB: bytes the workers wrote"
         " (tcp:// through Dask's TCP comm; handoff:// by channel); paused: pauses, restart: workers removed or restarted"
-        " (tcp/handoff counts); host: the host's peak memory for the cluster in MiB (medians; shared pages once); dask h/t: the highest worker's peak of the memory Dask's manager reads."
+        " (tcp/handoff counts); host: the host's peak memory for the cluster in MiB (medians; shared pages once); anon h/t: the same without file pages (each worker's RssAnon); dask h/t: the highest worker's peak of the memory Dask's manager reads."
     )
 
 

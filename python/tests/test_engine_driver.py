@@ -1140,6 +1140,34 @@ def test_a_segment_without_the_seals_receivers_require_is_not_sent_as_one():
         os.close(fd)
 
 
+async def test_a_pooled_shm_buffer_is_a_segment_of_the_engines_pool_and_freezes_only_without_views():
+    """``ShmBuffer(pooled=True)`` takes a segment of the engine's pool (the process keeps no
+    pool of its own); it will not freeze while a writable view of it is held (a write
+    through it would reach the peers the frame goes to), stays writable after that
+    refusal, and goes back to the pool once its frame is gone."""
+    import gc
+
+    import handoff._native as native
+    from handoff import ShmBuffer
+
+    before = native.segment_pool_stats()
+    buf = ShmBuffer(3 * MIB, pooled=True)
+    assert native.segment_pool_stats()["busy_segments"] == before["busy_segments"] + 1
+    held = np.frombuffer(buf.view, dtype=np.uint8)
+    held[:4] = 7
+    with pytest.raises(BufferError, match="views of it are held"):
+        buf.freeze()
+    buf.view[4] = 8  # still the application's to write
+    del held
+    frozen = buf.freeze()
+    assert frozen.view.readonly and bytes(frozen.view[:5]) == bytes([7, 7, 7, 7, 8])
+    with pytest.raises(TypeError):
+        frozen.view[0:1] = b"x"
+    del frozen, buf
+    gc.collect()
+    assert native.segment_pool_stats()["busy_segments"] == before["busy_segments"]
+
+
 @pytest.mark.parametrize("channel", ["shm", "tcp"])
 async def test_an_application_segment_goes_as_itself_on_shm_and_as_its_bytes_on_tcp(channel):
     import gc

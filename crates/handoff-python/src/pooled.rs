@@ -10,6 +10,7 @@
 
 use std::ffi::c_int;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use handoff_proto::shm::buffers::SharedBufMut;
@@ -37,6 +38,8 @@ pub struct PooledBuffer {
     len: usize,
     size: usize,
     fd: i32,
+    /// Views exported and not yet released (writable ones, before `freeze`).
+    exports: AtomicUsize,
 }
 
 #[pymethods]
@@ -59,6 +62,7 @@ impl PooledBuffer {
             len,
             size,
             fd,
+            exports: AtomicUsize::new(0),
         })
     }
 
@@ -85,17 +89,22 @@ impl PooledBuffer {
         matches!(*self.lock(), State::Frozen(_))
     }
 
-    /// Ends writing and returns the frame sends take (the same one if called again). Views
-    /// taken before must be released first: a write through one after this would reach
-    /// the peers the frame went to.
-    fn freeze(&self) -> SegmentFrame {
+    /// Ends writing and returns the frame sends take (the same one if called again).
+    /// Refused with `BufferError` while a writable view of it is held: a write through one
+    /// after this would reach the peers the frame went to.
+    fn freeze(&self) -> PyResult<SegmentFrame> {
         let mut state = self.lock();
+        if matches!(*state, State::Writable(_)) && self.exports.load(Ordering::Acquire) > 0 {
+            return Err(PyBufferError::new_err(
+                "cannot freeze the pooled buffer while views of it are held: release them first",
+            ));
+        }
         let buffer = match std::mem::replace(&mut *state, State::Frozen(Buffer::default())) {
             State::Writable(buf) => buf.freeze(),
             State::Frozen(buffer) => buffer,
         };
         *state = State::Frozen(buffer.clone());
-        SegmentFrame { buffer }
+        Ok(SegmentFrame { buffer })
     }
 
     fn __repr__(&self) -> String {
@@ -125,9 +134,19 @@ impl PooledBuffer {
             )
         };
         if r == 0 {
+            if writable {
+                this.exports.fetch_add(1, Ordering::AcqRel);
+            }
             Ok(())
         } else {
             Err(PyErr::fetch(slf.py()))
+        }
+    }
+
+    unsafe fn __releasebuffer__(&self, view: *mut pyo3::ffi::Py_buffer) {
+        // SAFETY: the view this object filled in `__getbuffer__`.
+        if unsafe { (*view).readonly } == 0 {
+            self.exports.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }

@@ -177,11 +177,18 @@ class ShmBuffer:
         shrink under their mapping (§7.2). A pooled buffer is never sealed (``seal`` is
         ignored): it becomes a :class:`PooledFrame`."""
         self.view.release()
+        if isinstance(self._segment, _native_pooled()):
+            try:
+                frame = self._segment.freeze()  # refused while other views of it are held
+            except BufferError:
+                self.view = memoryview(self._segment)  # still writable: release them, try again
+                raise
+            seg, self._segment = self._segment, None
+            self.fd = -1
+            return PooledFrame(seg, self.size, frame)
         if self._segment is not None:
             seg, self._segment = self._segment, None
             self.fd = -1
-            if isinstance(seg, _native_pooled()):
-                return PooledFrame(seg, self.size, seg.freeze())
             return PooledFrame(seg, self.size)
         self._map = None  # unmapped once nothing else views it (sealing needs it gone)
         fd, self.fd = self.fd, -1
