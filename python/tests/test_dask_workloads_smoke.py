@@ -117,3 +117,30 @@ def test_the_bar_judges_the_report(report):
     misses = check(bad)
     assert len(misses) == 6, misses
     assert {m.split(":")[0] for m in misses} == {"small", "shuffle", "rechunk", "tree", "groupby", "broadcast"}
+
+
+def test_the_host_peak_is_also_reported_without_file_pages(report):
+    for name, w in report["workloads"].items():
+        for scheme in ("tcp", "handoff"):
+            s = w[scheme]
+            # RssAnon is part of RSS less RssShmem, sample by sample and so run by run.
+            assert 0 < s["host_peak_anon"] <= s["host_peak"], (name, scheme)
+            assert len(s["host_peak_anon_runs"]) == len(s["host_peak_runs"])
+        assert w["host_peak_anon_ratio"] == pytest.approx(w["handoff"]["host_peak_anon"] / w["tcp"]["host_peak_anon"])
+
+
+def test_the_worker_memory_bench_reads_both_schemes(tmp_path):
+    """bench/dask_worker_memory.py in miniature: every worker read idle, after the workload
+    and after malloc_trim, on both schemes, with handoff's own holdings on handoff://."""
+    out = tmp_path / "m.json"
+    cmd = [sys.executable, str(REPO / "bench" / "dask_worker_memory.py"), "--workload", "rechunk", "--scale", "0.01"]
+    cmd += ["--workers", "2", "--runs", "1", "--settle", "0.1", "--json", str(out)]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    results = json.loads(out.read_text())["results"]
+    for scheme in ("tcp", "handoff"):
+        for when in ("idle", "after", "after_trim"):
+            readings = results[scheme][when]
+            assert len(readings) == 2, (scheme, when)
+            for r in readings:
+                assert r["RssAnon"] > 0 and r["RssFile"] > 0 and r["malloc_heap"] > 0, (scheme, when, r)

@@ -378,3 +378,36 @@ def test_a_child_without_room_for_its_copies_says_so_and_frees_them(tmp_path):
 
 
 del resource  # imported for the scripts' reader: the limit is set in the child
+
+
+IDLE_FROM_ENV = """
+import numpy as np
+from handoff import shared
+
+previous = shared.install()
+for _ in range(3):
+    a = np.ones(8 << 20, dtype=np.uint8)  # 8 MiB from an arena, then freed
+    del a
+print(shared.stats()["idle_populated_bytes"])
+"""
+
+
+@pytest.mark.parametrize(("value", "kept"), [("0", 0), (str(64 << 20), 8 << 20)])
+def test_the_freed_pages_an_arena_keeps_come_from_the_environment(tmp_path, value, kept):
+    """``HANDOFF_SHARED_ARRAYS_IDLE_BYTES`` bounds the freed pages kept populated for reuse
+    (0: every freed range gives its pages back), as ``configure(idle_bytes=...)`` does."""
+    script = tmp_path / "idle.py"
+    script.write_text(IDLE_FROM_ENV)
+    env = dict(os.environ, HANDOFF_SHARED_ARRAYS_IDLE_BYTES=value)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout) == kept
+
+
+def test_a_bad_idle_bound_in_the_environment_is_named(tmp_path):
+    script = tmp_path / "idle.py"
+    script.write_text(IDLE_FROM_ENV)
+    env = dict(os.environ, HANDOFF_SHARED_ARRAYS_IDLE_BYTES="lots")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode != 0
+    assert "HANDOFF_SHARED_ARRAYS_IDLE_BYTES='lots': expected a whole number of bytes" in out.stderr

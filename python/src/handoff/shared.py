@@ -46,7 +46,8 @@ def configure(
     """Sets, for the whole process: the smallest allocation an arena serves (``min_bytes``,
     default 1 MiB; also ``$HANDOFF_SHARED_ARRAYS_MIN``), the bound on arenas (``max_arenas``,
     default 256, each two descriptors), and how many freed bytes stay populated for reuse
-    (``idle_bytes``, default 64 MiB; freed pages past it go back to the system)."""
+    (``idle_bytes``, default 64 MiB, also ``$HANDOFF_SHARED_ARRAYS_IDLE_BYTES``; freed pages
+    past it go back to the system)."""
     for name, value in (("min_bytes", min_bytes), ("max_arenas", max_arenas), ("idle_bytes", idle_bytes)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ValueError(f"{name} must be a whole number of at least 0, not {value!r}")
@@ -54,13 +55,17 @@ def configure(
 
 
 def _configure_from_env() -> None:
-    raw = os.environ.get("HANDOFF_SHARED_ARRAYS_MIN", "").strip()
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            raise ValueError(f"HANDOFF_SHARED_ARRAYS_MIN={raw!r}: expected a number of bytes") from None
-        configure(min_bytes=n)
+    for var, setting in (
+        ("HANDOFF_SHARED_ARRAYS_MIN", "min_bytes"),
+        ("HANDOFF_SHARED_ARRAYS_IDLE_BYTES", "idle_bytes"),
+    ):
+        raw = os.environ.get(var, "").strip()
+        if raw:
+            try:
+                n = int(raw)
+            except ValueError:
+                raise ValueError(f"{var}={raw!r}: expected a whole number of bytes") from None
+            configure(**{setting: n})
 
 
 def install(min_bytes: Optional[int] = None) -> Any:
