@@ -25,7 +25,7 @@ import os
 import sys
 import time
 
-from distributed import Client, LocalCluster
+from distributed import Client
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dask_workloads  # noqa: E402  (the workloads, from beside this file)
@@ -86,18 +86,8 @@ def trimmed() -> dict:
 def measure(scheme: str, args) -> dict:
     sizes = dask_workloads.sizes_for(args.scale)
     run = dask_workloads.RUNNERS[args.workload]
-    with (
-        LocalCluster(
-            protocol=scheme,
-            n_workers=args.workers,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=":0",
-            memory_limit=args.memory_limit,
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    # The workloads bench's cluster: --workers processes of one thread, --memory-limit each.
+    with dask_workloads._cluster(scheme, args) as cluster, Client(cluster) as client:
         client.wait_for_workers(args.workers)
         out: dict = {"idle": list(client.run(reading).values()), "seconds": []}
         for _ in range(args.runs):

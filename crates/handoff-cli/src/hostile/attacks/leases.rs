@@ -36,15 +36,7 @@ pub(super) async fn shm_leases(t: &Target, f: &mut Findings) -> Result<()> {
 pub(super) async fn forward_holders(t: &Target, f: &mut Findings) -> Result<()> {
     let who = Identity::fresh("forwarder");
     let mut raw = Raw::tcp_handshaken(&t.listen, &who, &t.secret).await?;
-    raw.write(&msg(&SendRequest { id: 1, bytes: 64 << 10 }, vec![])).await?;
-    let (_, frames) = answer_of(&mut raw, Payload::TYPE_NAME).await?;
-    let claim = frames
-        .iter()
-        .find_map(|d| match d {
-            Descriptor::Ticket(c) => Some(c.clone()),
-            _ => None,
-        })
-        .context("the victim sent no ticket (is --ticket-threshold set?)")?;
+    let claim = ticket_of(&mut raw, 64 << 10).await?;
     let forward = |req: u64, to: String| {
         framed(&Header::Ticket(TicketOp::Forward {
             req,
@@ -102,15 +94,7 @@ pub(super) async fn forward_holders(t: &Target, f: &mut Findings) -> Result<()> 
 /// leaves them unanswered and, worse, later fails the peer for silence.
 pub(super) async fn pipelined_pulls(t: &Target, f: &mut Findings) -> Result<()> {
     let mut raw = Raw::tcp_handshaken(&t.listen, &Identity::fresh("pipelines-pulls"), &t.secret).await?;
-    raw.write(&msg(&SendRequest { id: 1, bytes: 4096 }, vec![])).await?;
-    let (_, frames) = answer_of(&mut raw, Payload::TYPE_NAME).await?;
-    let claim = frames
-        .iter()
-        .find_map(|d| match d {
-            Descriptor::Ticket(c) => Some(c.clone()),
-            _ => None,
-        })
-        .context("the victim sent no ticket (is --ticket-threshold set?)")?;
+    let claim = ticket_of(&mut raw, 4096).await?;
     let count = 200u64;
     let mut pulls = Vec::new();
     for req in 0..count {
@@ -138,4 +122,18 @@ pub(super) async fn pipelined_pulls(t: &Target, f: &mut Findings) -> Result<()> 
         format!("{answered} of {count} pulls sent in one piece were answered, in order"),
     );
     Ok(())
+}
+
+/// Asks the victim for a payload of `bytes` and returns the ticket it sent for it (the
+/// attack must have given the victim `--ticket-threshold` below `bytes`).
+async fn ticket_of(raw: &mut Raw, bytes: u64) -> Result<handoff::wire::TicketClaim> {
+    raw.write(&msg(&SendRequest { id: 1, bytes }, vec![])).await?;
+    let (_, frames) = answer_of(raw, Payload::TYPE_NAME).await?;
+    frames
+        .into_iter()
+        .find_map(|d| match d {
+            Descriptor::Ticket(c) => Some(c),
+            _ => None,
+        })
+        .context("the victim sent no ticket (is --ticket-threshold set?)")
 }
