@@ -1163,6 +1163,8 @@ async def test_a_pooled_shm_buffer_is_a_segment_of_the_engines_pool_and_freezes_
     assert frozen.view.readonly and bytes(frozen.view[:5]) == bytes([7, 7, 7, 7, 8])
     with pytest.raises(TypeError):
         frozen.view[0:1] = b"x"
+    with pytest.raises(ValueError, match="frozen already"):
+        buf.freeze()
     del frozen, buf
     gc.collect()
     assert native.segment_pool_stats()["busy_segments"] == before["busy_segments"]

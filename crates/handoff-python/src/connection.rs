@@ -326,7 +326,13 @@ impl Connection {
     /// since: what was read before waits in the engine, and the socket may never become
     /// readable again (the peer sent all it had), so the loop calls `on_readable` itself.
     fn resumes(&self) -> bool {
-        self.paused_for_answers && self.wants_read()
+        // Not `wants_read`: a connection that also waits for room must still be driven (it
+        // then stops at the room, and the wake pipe says when to try again), or the bytes
+        // read before would wait for a room given back that may never come.
+        self.paused_for_answers
+            && self.socket.is_some()
+            && !self.answers_backed_up()
+            && !matches!(*self.phase_now(), Phase::Over)
     }
 
     /// Whether bytes wait to be written (the loop then watches for writability).

@@ -113,7 +113,10 @@ impl PooledBuffer {
 
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
         let this = slf.get();
-        let writable = !this.frozen();
+        // Held until the export is counted: a `freeze` on another thread (free-threaded
+        // Python) sees either no export and freezes first, or this one and refuses.
+        let state = this.lock();
+        let writable = matches!(*state, State::Writable(_));
         if !writable && flags & pyo3::ffi::PyBUF_WRITABLE == pyo3::ffi::PyBUF_WRITABLE {
             return Err(PyBufferError::new_err(
                 "the pooled buffer is frozen: it is read-only now",
@@ -137,8 +140,10 @@ impl PooledBuffer {
             if writable {
                 this.exports.fetch_add(1, Ordering::AcqRel);
             }
+            drop(state);
             Ok(())
         } else {
+            drop(state);
             Err(PyErr::fetch(slf.py()))
         }
     }

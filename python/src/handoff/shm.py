@@ -176,6 +176,8 @@ class ShmBuffer:
         shrinking and growing all the same: receivers refuse any segment that could
         shrink under their mapping (§7.2). A pooled buffer is never sealed (``seal`` is
         ignored): it becomes a :class:`PooledFrame`."""
+        if self.fd < 0:
+            raise ValueError("the shared buffer is frozen already: its frame is what freeze() returned")
         self.view.release()
         if isinstance(self._segment, _native_pooled()):
             try:

@@ -225,10 +225,12 @@ impl SegmentPool {
     fn give_back(&self, data: SegmentData) {
         let mut state = self.state.lock().expect("pool lock");
         let size = data.size();
-        let idle_segments: usize = state.free.values().map(Vec::len).sum();
-        if (state.idle_bytes + size) as u64 <= self.max_idle_bytes.load(Ordering::Relaxed)
-            && idle_segments < MAX_IDLE_SEGMENTS
-        {
+        if (state.idle_bytes + size) as u64 <= self.max_idle_bytes.load(Ordering::Relaxed) {
+            // At the count bound, the segment idle longest makes room (a large warm segment
+            // given back is worth more than an old one of any size).
+            if state.free.values().map(Vec::len).sum::<usize>() >= MAX_IDLE_SEGMENTS {
+                Self::close_oldest_idle(&mut state);
+            }
             state.idle_bytes += size;
             state.free.entry(size).or_default().push((data, Instant::now()));
         } else {
@@ -236,6 +238,26 @@ impl SegmentPool {
             state.bytes -= size;
             state.retired += 1;
         }
+    }
+
+    /// Closes the segment idle longest (its descriptor and, once no peer maps it, its memory).
+    fn close_oldest_idle(state: &mut PoolState) {
+        let oldest = state
+            .free
+            .iter()
+            .flat_map(|(&size, list)| list.iter().enumerate().map(move |(i, (_, since))| (*since, size, i)))
+            .min();
+        let Some((_, size, i)) = oldest else { return };
+        if let Some(list) = state.free.get_mut(&size) {
+            drop(list.remove(i));
+            if list.is_empty() {
+                state.free.remove(&size);
+            }
+        }
+        state.idle_bytes -= size;
+        state.segments -= 1;
+        state.bytes -= size;
+        state.retired += 1;
     }
 
     /// Counts of live and idle segments.
@@ -327,6 +349,25 @@ mod tests {
             "far below the byte bound, the count bound holds"
         );
         assert_eq!((s.segments, s.retired), (MAX_IDLE_SEGMENTS, 6), "the rest are closed");
+    }
+
+    #[test]
+    fn at_the_count_bound_the_segment_idle_longest_makes_room() {
+        let pool = SegmentPool::new(1 << 30);
+        let small: Vec<_> = (0..MAX_IDLE_SEGMENTS).map(|_| pool.take(1).unwrap()).collect();
+        drop(small);
+        let large = pool.take(8 << 20).unwrap();
+        let id = large.id();
+        drop(large);
+        assert!(pool.is_idle(id), "the large segment given back last is kept");
+        let s = pool.stats();
+        assert_eq!(
+            (s.idle_segments, s.retired),
+            (MAX_IDLE_SEGMENTS, 1),
+            "one small one closed"
+        );
+        assert_eq!(s.idle_bytes, (MAX_IDLE_SEGMENTS - 1) * MIN_SEGMENT + (8 << 20));
+        assert_eq!(pool.take(8 << 20).unwrap().id(), id, "and reused");
     }
 
     #[test]
