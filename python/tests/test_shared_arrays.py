@@ -411,3 +411,28 @@ def test_a_bad_idle_bound_in_the_environment_is_named(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode != 0
     assert "HANDOFF_SHARED_ARRAYS_IDLE_BYTES='lots': expected a whole number of bytes" in out.stderr
+
+
+def test_configure_after_the_environment_is_not_undone_by_the_next_install(tmp_path):
+    """The environment's settings are defaults, applied at the first install: a later
+    ``configure`` call holds through the installs that follow."""
+    script = tmp_path / "idle.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import numpy as np
+            from handoff import shared
+
+            shared.uninstall(shared.install())  # the environment's 0 applied
+            shared.configure(idle_bytes=64 << 20)
+            with shared.shared_arrays():
+                a = np.ones(8 << 20, dtype=np.uint8)
+                del a
+            print(shared.stats()["idle_populated_bytes"])
+            """
+        )
+    )
+    env = dict(os.environ, HANDOFF_SHARED_ARRAYS_IDLE_BYTES="0")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(out.stdout) == 8 << 20

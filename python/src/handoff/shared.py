@@ -54,7 +54,16 @@ def configure(
     _ext().arena_configure(min_bytes, max_arenas, idle_bytes)
 
 
+#: Whether the environment's settings were applied (once, at the first install, so that a
+#: later :func:`configure` call is not undone by the next install).
+_env_applied = False
+
+
 def _configure_from_env() -> None:
+    global _env_applied
+    if _env_applied:
+        return
+    settings = {}
     for var, setting in (
         ("HANDOFF_SHARED_ARRAYS_MIN", "min_bytes"),
         ("HANDOFF_SHARED_ARRAYS_IDLE_BYTES", "idle_bytes"),
@@ -62,10 +71,11 @@ def _configure_from_env() -> None:
         raw = os.environ.get(var, "").strip()
         if raw:
             try:
-                n = int(raw)
+                settings[setting] = int(raw)
             except ValueError:
                 raise ValueError(f"{var}={raw!r}: expected a whole number of bytes") from None
-            configure(**{setting: n})
+    configure(**settings)
+    _env_applied = True
 
 
 def install(min_bytes: Optional[int] = None) -> Any:
