@@ -112,10 +112,11 @@ class PooledFrame(SharedFrame):
     def close(self) -> None:
         """Lets go of the segment (it stays busy while leases sent on it live)."""
         seg, self.segment = getattr(self, "segment", None), None
+        engines = getattr(self, "native_frame", None) is not None  # freed with its last reference
         self.fd = -1
         self._map = None
         self.native_frame = None
-        if seg is not None and not isinstance(seg, _native_pooled()):
+        if seg is not None and not engines:
             seg.let_go(True)
 
     def __repr__(self) -> str:
