@@ -192,7 +192,7 @@ async def test_descriptors_before_the_handshake_are_refused():
             return got, rest
 
         got, rest = await asyncio.to_thread(with_the_preamble, "with-preamble")
-        assert got == a.preamble.encode() and rest == b"", "closed, with no error"
+        assert got == wire.OUR_PREAMBLE.encode() and rest == b"", "closed, with no error"
         assert memfds_held("with-preamble") == 0, "the node keeps none of them"
 
         def after_the_preamble(tag):
@@ -781,3 +781,21 @@ def test_the_engine_reads_the_receive_buffer_bound_as_the_reference_does(monkeyp
         ext.Engine("n", b"k")
     monkeypatch.setenv("HANDOFF_RECV_POOL_BYTES", "0")
     ext.Engine("n", b"k")
+
+
+@pytest.mark.parametrize("timeout", [11, 12, 30, 31.9, 300, 86_400])
+def test_the_engine_and_the_reference_plan_keepalive_alike(timeout):
+    from handoff.native import required
+    from handoff_pure.transport import keepalive_plan
+
+    plan = required("the TCP timeout").keepalive_plan(timeout)
+    assert plan == keepalive_plan(timeout)
+    idle, interval, probes = plan
+    assert idle + interval * probes == int(timeout)
+
+
+def test_a_tcp_timeout_too_short_for_the_probes_is_refused_when_the_node_is_made():
+    from handoff import Node
+
+    with pytest.raises(ValueError, match="at least 11 s"):
+        Node("too-short", tcp_timeout=10.9)

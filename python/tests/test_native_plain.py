@@ -15,6 +15,7 @@ from handoff.codec import Bin
 from handoff.msgpack_values import BadStr, Ext
 from handoff.resources import ResourceKey
 from handoff_pure.body import read as reference_read
+from handoff_pure.plain import is_plain
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -32,7 +33,7 @@ class SubStr(str):
 
 
 def expected(value, threshold=THRESHOLD):
-    if not codec.is_plain(value, threshold):
+    if not is_plain(value, threshold):
         return None
     try:
         return wire.packer().pack(value)

@@ -417,10 +417,10 @@ def test_many_small_values_within_budget_cost_no_objects():
 
 def test_handshake_limits():
     assert wire.HANDSHAKE_HEADER_BYTES == 65536
-    hs = wire.Limits().during_handshake()
+    hs = wire.during_handshake(wire.Limits())
     assert hs.max_header_bytes == 65536
     assert hs.max_frames == wire.DEFAULT_LIMITS.max_frames
-    assert wire.Limits(max_header_bytes=1000).during_handshake().max_header_bytes == 1000
+    assert wire.during_handshake(wire.Limits(max_header_bytes=1000)).max_header_bytes == 1000
     assert wire.header_length(struct.pack(">I", 65536), hs) == 65536
     with pytest.raises(wire.WireError) as e:
         wire.header_length(struct.pack(">I", 65537), hs)

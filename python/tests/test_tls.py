@@ -17,7 +17,7 @@ import numpy as np
 from handoff import Bounds, Buffer, Node, PeerClosed, TlsConfig, TlsError
 from handoff_pure import wire
 from handoff.tickets import digest
-from handoff.tls import TLS_REQUIRED_MESSAGE
+from handoff_pure.tls import TLS_REQUIRED_MESSAGE
 from conftest import SECRET as CHILD_SECRET
 from helpers import eventually
 from tls_certs import Pki, make_pki

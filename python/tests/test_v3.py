@@ -322,7 +322,7 @@ async def test_an_error_that_quotes_the_peer_is_clipped():
             header = b"\x81\xa1k\xda" + struct.pack(">H", 60000) + b"k" * 60000
             raw.send(wire.frame_header(header))
             n = struct.unpack(">I", raw.read_exact(4))[0]
-            return n, wire.decode_header(raw.read_exact(n), wire.DEFAULT_LIMITS.during_handshake())
+            return n, wire.decode_header(raw.read_exact(n), wire.during_handshake(wire.DEFAULT_LIMITS))
 
         n, err = await asyncio.to_thread(long_kind)
         assert err.code == "unknown-kind" and len(err.msg) <= MAX_TEXT and n < 2 * MAX_TEXT
@@ -358,13 +358,14 @@ def test_the_dask_settings_take_accept_v2_and_accept_v1(monkeypatch):
     from handoff.dask.nodes import make_node
 
     assert (config.settings().accept_v2, config.settings().accept_v1) == (False, False)
-    assert make_node(config.settings(), "t").preamble == wire.OUR_PREAMBLE
+    accepts = lambda n: (n.accept_v2, n.accept_v1)  # noqa: E731  (what the node announces, §3)
+    assert accepts(make_node(config.settings(), "t")) == (False, False)
     with dask.config.set({"distributed.comm.handoff.accept-v2": True}):
         s = config.settings()
         assert s.accept_v2 and not s.accept_v1
-        assert make_node(s, "t").preamble == wire.ACCEPTING_V2
+        assert accepts(make_node(s, "t")) == (True, False)
     with dask.config.set({"distributed.comm.handoff.accept-v1": "true"}):  # as an environment variable gives it
-        assert make_node(config.settings(), "t").preamble == wire.ACCEPTING_V1
+        assert accepts(make_node(config.settings(), "t")) == (True, True)
     with dask.config.set({"distributed.comm.handoff.accept-v2": "maybe"}):
         with pytest.raises(ValueError, match="accept-v2"):
             config.settings()

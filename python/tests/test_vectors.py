@@ -13,7 +13,7 @@ from handoff.codec import Buffer, decode_body, encode_body
 from handoff.msgpack_values import Ext
 from handoff_pure.msgpack_read import Pairs
 from handoff.resources import ResourceKey
-from handoff.wire.identity import field_problem
+from handoff_pure.wire.identity import field_problem
 
 #: spec/vectors/, or another set of vectors to check against (``HANDOFF_VECTORS=/path/to/vectors``).
 VECTORS = Path(os.environ.get("HANDOFF_VECTORS") or Path(__file__).resolve().parents[2] / "spec" / "vectors")
@@ -70,7 +70,7 @@ def decode_to_json(data: bytes, desc: dict) -> dict:
     # "caps": what the receiver announced; with "cuda" it takes cuda frames on a Unix socket (§7.10).
     cuda = "cuda" in desc.get("caps", ())
     # "stage": "handshake": read as before the connection is established (64 KiB, 1024 values).
-    limits = wire.DEFAULT_LIMITS.during_handshake() if desc.get("stage") == "handshake" else wire.DEFAULT_LIMITS
+    limits = wire.during_handshake(wire.DEFAULT_LIMITS) if desc.get("stage") == "handshake" else wire.DEFAULT_LIMITS
     m = wire.decode_message(data, limits, wire.carried_kinds(unix=unix, ticket=True, cuda=cuda))
     header = json_view(wire.unpack_header_value(m.header_bytes))
     # Keys a receiver ignores are not part of what the message decodes to, nor are known keys

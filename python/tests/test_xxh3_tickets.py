@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 
 from handoff import Node, Ticket
-from handoff.tickets import digest, xxh3_digest
+from handoff.tickets import digest
+from handoff_pure.leases import xxh3_digest
 
 MIB = 1 << 20
 

@@ -13,6 +13,7 @@ pub mod device;
 pub mod engine;
 pub mod frames;
 mod holds;
+pub mod host;
 pub mod inbox;
 pub mod plain;
 pub mod pooled;
@@ -64,6 +65,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(shared_arrays::arena_configure, m)?)?;
     m.add_function(wrap_pyfunction!(shared_arrays::arena_trim, m)?)?;
     m.add_function(wrap_pyfunction!(shared_arrays::arena_trim_idle, m)?)?;
+    host::register(m)?;
     datasets::register(m)?;
     Ok(())
 }

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Bounds", "DEFAULT_BOUNDS", "KIB", "MIB", "GIB", "KEEPALIVE_PROBES", "keepalive_plan"]
+__all__ = ["Bounds", "DEFAULT_BOUNDS", "KIB", "MIB", "GIB"]
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -99,22 +99,3 @@ class Bounds:
 
 
 DEFAULT_BOUNDS = Bounds()
-
-
-#: Keepalive probes sent before a silent peer is given up (Linux's default, and Dask's).
-KEEPALIVE_PROBES = 10
-
-
-def keepalive_plan(timeout: float) -> tuple[int, int, int]:
-    """``(idle, interval, probes)`` in whole seconds for a TCP connection that must notice a
-    silent peer within ``timeout`` seconds: ``idle + interval * probes == timeout``, with
-    ``probes`` = :data:`KEEPALIVE_PROBES`, a quarter of the timeout (at least 2 s) idle
-    before the first probe and the rest spread over the probes (at least 1 s apart) —
-    the values Dask's TCP comm derives from ``distributed.comm.timeouts.tcp``.
-    ``ValueError`` below ``probes + 1`` seconds, where no such plan exists."""
-    whole = int(timeout)
-    if whole < KEEPALIVE_PROBES + 1:
-        raise ValueError(f"a TCP timeout is at least {KEEPALIVE_PROBES + 1} s (one per keepalive probe), got {timeout}")
-    first = max(2, whole // 4)
-    interval = max(1, (whole - first) // KEEPALIVE_PROBES)
-    return whole - interval * KEEPALIVE_PROBES, interval, KEEPALIVE_PROBES

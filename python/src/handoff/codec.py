@@ -52,7 +52,6 @@ __all__ = [
     "encode_body",
     "decode_body",
     "as_bytes_view",
-    "is_plain",
     "as_numpy",
 ]
 
@@ -94,52 +93,11 @@ class EncodedBody:
         self.sources = sources
 
 
-_PLAIN_SCALARS = frozenset((type(None), bool, float, str))
-_CONTAINERS = frozenset((dict, list, tuple))
-_INT_MIN, _INT_END = -(1 << 63), 1 << 64
-
-
-def is_plain(value: Any, frame_threshold: int) -> bool:
-    """Whether :func:`encode_body`'s walk would leave ``value`` as it is, so that msgpack
-    may pack it directly: only dicts, lists and tuples (exactly those types) of None,
-    bool, float, str, int within msgpack's range and bytes under ``frame_threshold`` or
-    :class:`Bin` (exactly those types, unless a route codec claims them), nested at most
-    ``MAX_BODY_DEPTH`` deep. Anything else is left to the walk (which decides, and
-    words the error). The bytes are the same either way: the walk turns a tuple into a
-    list and a ``Bin`` into bytes, which msgpack packs alike."""
-    stack = [(value, 1)]
-    scalars, containers = _PLAIN_SCALARS, _CONTAINERS
-    while stack:
-        v, depth = stack.pop()
-        if depth > MAX_BODY_DEPTH:
-            return False
-        t = type(v)
-        if t in scalars:
-            continue
-        if t is int:
-            if not _INT_MIN <= v < _INT_END:
-                return False
-        elif t is bytes or t is Bin:
-            if t is bytes and len(v) >= frame_threshold:
-                return False
-            # codec_for(v): a codec of its type or of a base class (Bin's are bytes, object).
-            if _by_type and (t in _by_type or bytes in _by_type or object in _by_type):
-                return False
-        elif t in containers:
-            if t is dict:
-                for k, x in v.items():
-                    stack.append((k, depth + 1))
-                    stack.append((x, depth + 1))
-            else:
-                for x in v:
-                    stack.append((x, depth + 1))
-        else:
-            return False
-    return True
+_INT_END = 1 << 64
 
 
 #: The extension's packer of plain bodies (``None`` on the pure path): the same bytes as
-#: :func:`is_plain` then msgpack, in one pass in Rust; and of bodies that are plain but for
+#: the walk of :func:`encode_body`, in one pass in Rust, for a value of plain types only; and of bodies that are plain but for
 #: frames (bytes over the threshold, :class:`Buffer`), the same bytes as the walk.
 _PLAIN = _native.PlainCodec(Bin, MAX_BODY_DEPTH, Buffer) if _native is not None else None
 #: The types the extension packs itself: while a route codec claims one (or every object),
@@ -200,8 +158,9 @@ def encode_body(
     route-aware types are encoded for it (without one, for :data:`handoff.route.UNKNOWN`).
     A registered type that is a dict, list or tuple is encoded as such.
 
-    A value of plain types only (see :func:`is_plain`) is packed as it is; ``fast=False``
-    always walks it (the tests check that both give the same bytes).
+    The extension packs a value of plain types only as it is (dicts, lists and tuples of
+    None, bool, int, float, str and small bytes); ``fast=False`` always walks it (the tests
+    check that both give the same bytes).
     """
     if fast:
         if _plain_native(frame_threshold):
@@ -211,8 +170,6 @@ def encode_body(
             framed = _framed_native(value, frame_threshold)
             if framed is not None:
                 return framed
-        elif is_plain(value, frame_threshold):
-            return EncodedBody(packer().pack(value), [], [])
     frames: list = []
     sources: list = []
 

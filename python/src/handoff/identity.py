@@ -1,94 +1,52 @@
-"""Who a node is (spec §5.2): node ids, the process id, the host id, and the runtime directory (§7.1)."""
+"""Who a node is (spec §5.2): node ids, the process id, the host id, the runtime directory
+(§7.1) and the keepalive plan of a TCP timeout, as the engine computes them (``handoff_proto::identity``, ``handoff_sys::same_host``),
+so that Python and Rust nodes on one host agree. The pure-Python reference's own derivation
+is ``handoff_pure.identity``."""
 
 from __future__ import annotations
 
-import hashlib
-import os
-import secrets
-import stat
 from pathlib import Path
 
-__all__ = ["random_id", "process_id", "host_id", "derive_host_id", "runtime_dir", "IMPLEMENTATION"]
+from . import native
+
+__all__ = ["random_id", "process_id", "host_id", "runtime_dir", "keepalive_plan", "IMPLEMENTATION"]
 
 #: What a Python node says it is in its ident (``impl``, §5.2).
 IMPLEMENTATION = "handoff-py/0.1.0"
 
 
+def _ext():
+    """The extension (loaded at the first call: ``import handoff`` works without it)."""
+    return native.required("the node's identity")
+
+
 def random_id() -> str:
     """128 random bits as 32 lower-case hex characters (a node id)."""
-    return secrets.token_hex(16)
-
-
-_PROCESS_ID = random_id()
-_PROCESS_PID = os.getpid()
+    return _ext().random_id()
 
 
 def process_id() -> str:
     """The random id of this process instance, shared by all its nodes (new after a fork)."""
-    global _PROCESS_ID, _PROCESS_PID
-    if os.getpid() != _PROCESS_PID:
-        _PROCESS_ID, _PROCESS_PID = random_id(), os.getpid()
-    return _PROCESS_ID
-
-
-def _read_trimmed(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError):  # as the reference: unreadable or not UTF-8 reads as empty
-        return ""
+    return _ext().process_id()
 
 
 def host_id() -> str:
-    """The host identity (spec §5.2): ``$HANDOFF_HOST_ID`` if set and non-empty, else the reference
-    derivation from the machine id, the boot id and this process's network namespace, so that
-    processes in different network namespaces (containers, the hosts of ``scripts/netlab``) count as
+    """The host identity (§5.2): ``$HANDOFF_HOST_ID`` if set and not empty, else derived from
+    the machine id, the boot id and this process's network namespace, so that processes in
+    different network namespaces (containers, the hosts of ``scripts/netlab``) count as
     different hosts."""
-    env = os.environ.get("HANDOFF_HOST_ID")
-    if env:
-        return env
-    machine = _read_trimmed("/etc/machine-id") or _read_trimmed("/var/lib/dbus/machine-id")
-    boot = _read_trimmed("/proc/sys/kernel/random/boot_id")
-    hostname = _read_trimmed("/etc/hostname") if not machine and not boot else ""
-    try:
-        netns = os.readlink("/proc/self/ns/net")
-    except OSError:
-        netns = ""
-    return derive_host_id(machine, boot, hostname, netns)
-
-
-def derive_host_id(machine: str, boot: str, hostname: str, netns: str) -> str:
-    """The reference derivation of §5.2: hex of the first 8 bytes of
-    SHA-256("handoff-host-id\\0" | machine | 00 | boot [| hostname] | 00 | netns); the hostname
-    counts only when the machine and boot ids are both empty."""
-    h = hashlib.sha256()
-    h.update(b"handoff-host-id\x00")
-    h.update(machine.encode())
-    h.update(b"\x00")
-    h.update(boot.encode())
-    if not machine and not boot:
-        h.update(hostname.encode())
-    h.update(b"\x00")
-    h.update(netns.encode())
-    return h.digest()[:8].hex()
+    return _ext().host_id()
 
 
 def runtime_dir() -> Path:
     """The folder of this user's node sockets: ``$HANDOFF_RUNTIME_DIR``, else
-    ``$XDG_RUNTIME_DIR/handoff``, else ``/tmp/handoff-UID``; mode 0700, owned by us."""
-    uid = os.geteuid()
-    if os.environ.get("HANDOFF_RUNTIME_DIR"):
-        d = Path(os.environ["HANDOFF_RUNTIME_DIR"])
-    elif os.environ.get("XDG_RUNTIME_DIR"):
-        d = Path(os.environ["XDG_RUNTIME_DIR"]) / "handoff"
-    else:
-        d = Path(f"/tmp/handoff-{uid}")
-    d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    st = d.stat()
-    if st.st_uid != uid:
-        raise PermissionError(
-            f"the runtime directory {d} belongs to uid {st.st_uid}, not to us (uid {uid}); set HANDOFF_RUNTIME_DIR"
-        )
-    if stat.S_IMODE(st.st_mode) & 0o077:
-        os.chmod(d, 0o700)
-    return d
+    ``$XDG_RUNTIME_DIR/handoff``, else ``/tmp/handoff-UID``; mode 0700, owned by us
+    (``PermissionError`` if another user owns it)."""
+    return Path(_ext().runtime_dir())
+
+
+def keepalive_plan(timeout: float) -> tuple[int, int, int]:
+    """``(idle, interval, probes)`` in whole seconds for a TCP connection that must notice a
+    silent peer within ``timeout`` seconds (Dask's derivation,
+    ``handoff_proto::bounds::keepalive_plan``); ``ValueError`` under 11 s, where none exists."""
+    return _ext().keepalive_plan(timeout)

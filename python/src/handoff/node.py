@@ -24,11 +24,11 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from . import identity, native, pins, wire
 from .addresses import sanitize_name, split_host_port, strip_scheme
-from .bounds import DEFAULT_BOUNDS, Bounds, keepalive_plan
+from .bounds import DEFAULT_BOUNDS, Bounds
 from .envelope import Envelope
 from .errors import HandoffError
 from .identity import IMPLEMENTATION
@@ -133,7 +133,8 @@ class Node:
     version 1's hello moreover tells anyone who connects this node's id, name, host id,
     pid, process id, listen address and socket path before either side has proven the
     secret (§5.4). ``preamble`` (tests only) sends that preamble instead, e.g.
-    :data:`handoff.wire.V1_ONLY` or :data:`handoff.wire.V2_DEFAULT` to play an older peer.
+    :data:`handoff_pure.wire.V1_ONLY` or :data:`handoff_pure.wire.V2_DEFAULT` to play an older
+    peer (the pure-Python reference node then runs it).
 
     The name, the host id and the addresses are bounded as the wire format bounds them
     (§5.2: a name and a host id of at most 256 bytes): a longer one is a ``ValueError``.
@@ -169,6 +170,10 @@ class Node:
     sent as its path) is in :attr:`pins` (:mod:`handoff.pins`), bounded by ``pins``
     (:class:`~handoff.pins.PinBounds`).
     """
+
+    #: Where a node's ids, host identity, socket folder and keepalive plan come from: the
+    #: engine's (the pure-Python reference has its own, ``handoff_pure.identity``).
+    _identity = identity
 
     def __new__(cls, *args, engine: Optional[bool] = None, **kwargs):
         if any(c.__dict__.get("_implementation", False) for c in cls.__mro__):
@@ -211,7 +216,7 @@ class Node:
         bounds: Bounds = DEFAULT_BOUNDS,
         accept_v1: bool = False,
         accept_v2: bool = False,
-        preamble: Optional[wire.Preamble] = None,
+        preamble: Optional[Any] = None,
         per_connection: bool = False,
         on_accept: Optional[Callable[[Peer], None]] = None,
         shm_pool: bool = False,
@@ -227,9 +232,9 @@ class Node:
         if redeem not in ("eager", "lazy"):
             raise ValueError("redeem is 'eager' or 'lazy'")
         self.name = name
-        self.node_id = identity.random_id()
-        self.process_id = identity.process_id()
-        self.host_id = host_id or identity.host_id()
+        self.node_id = self._identity.random_id()
+        self.process_id = self._identity.process_id()
+        self.host_id = host_id or self._identity.host_id()
         self.secret = secret.encode() if isinstance(secret, str) else bytes(secret)
         self._listen = listen
         self.shm = shm
@@ -240,11 +245,11 @@ class Node:
         self.tls = tls
         #: Seconds within which a TCP peer that stopped answering (its host lost power,
         #: or was cut off) fails the connection: keepalive and ``TCP_USER_TIMEOUT``
-        #: (:func:`handoff.bounds.keepalive_plan`);
+        #: (``handoff_proto::bounds::keepalive_plan``, Dask's plan);
         #: ``None``: the kernel's defaults (keepalive off).
         self.tcp_timeout = tcp_timeout
         if tcp_timeout is not None:
-            keepalive_plan(tcp_timeout)  # a ValueError now, not at the first connection
+            self._identity.keepalive_plan(tcp_timeout)  # a ValueError now, not at the first connection
         for what, value in (("kept_map_bytes", kept_map_bytes), ("kept_map_seconds", kept_map_seconds)):
             if value is not None and not value >= 0:
                 raise ValueError(f"{what} is zero or more, not {value!r}")
@@ -265,9 +270,13 @@ class Node:
         #: What this node sends within (§9): the default limits, or its own where smaller.
         self.send_limits = send_limits(limits)
         self.bounds = bounds
-        #: The preamble this node sends (§3): version 3 only; 2..=3 with ``accept_v2``; 1..=3
-        #: with ``accept_v1``.
-        self.preamble = preamble or wire.our_preamble(accept_v1=accept_v1, accept_v2=accept_v2)
+        #: Whether peers that speak version 1 (``accept_v1``), or 2 (either), at most are
+        #: accepted (§3): the node then announces versions 1..=3 or 2..=3, not 3 only.
+        self.accept_v1 = accept_v1
+        self.accept_v2 = accept_v2 or accept_v1
+        #: A preamble to send instead of the node's own (tests only: the reference's
+        #: ``handoff_pure.wire.Preamble``, and a reference node plays it).
+        self.preamble = preamble
         self.types = set(types) if types is not None else None
         #: The owner's leases on the tickets this node sent: the implementation's table.
         self.leases = None
@@ -313,8 +322,9 @@ class Node:
         )
 
     def _check_own_identity(self) -> None:
-        """A ``ValueError`` naming the field if this node's identity breaks a bound of §5.2."""
-        wire.check_identity(self._own_ident())
+        """A ``ValueError`` naming the field if this node's name or host id breaks a bound of
+        §5.2 (the engine's check; the rest of its identity is the implementation's own)."""
+        native.required("the node's identity").check_own_identity(self.name, self.host_id)
 
     @property
     def caps(self) -> list:
@@ -378,7 +388,7 @@ class Node:
             )
             self._listeners.append(lsock)
         if self.shm:
-            path = identity.runtime_dir() / f"{sanitize_name(self.name)}-{self.node_id[:12]}.sock"
+            path = self._identity.runtime_dir() / f"{sanitize_name(self.name)}-{self.node_id[:12]}.sock"
             try:
                 path.unlink()
             except FileNotFoundError:

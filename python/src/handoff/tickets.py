@@ -12,12 +12,11 @@ import weakref
 from typing import Any, Protocol
 
 import blake3
-import xxhash
 
 from . import wire
 from .errors import PeerClosed
 
-__all__ = ["Redeemer", "Ticket", "digest", "xxh3_digest"]
+__all__ = ["Redeemer", "Ticket", "digest"]
 
 
 def digest(data: Any) -> bytes:
@@ -25,13 +24,6 @@ def digest(data: Any) -> bytes:
     view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
     threads = blake3.blake3.AUTO if len(view) >= (1 << 20) else 1
     return blake3.blake3(view, max_threads=threads).digest()
-
-
-def xxh3_digest(data: Any) -> bytes:
-    """XXH3-128 (16 bytes, canonical big-endian) of a bytes-like object: a ticket's ``xxh3``
-    (§7.5), a tenth of BLAKE3's CPU (xxhash releases the GIL for large inputs)."""
-    view = memoryview(data).cast("B") if not isinstance(data, bytes) else data
-    return xxhash.xxh3_128_digest(view)
 
 
 # --------------------------------------------------------------------------- holder side

@@ -24,20 +24,9 @@ from .errors import TlsError
 
 __all__ = [
     "TlsConfig",
-    "TLS_REQUIRED_MESSAGE",
-    "TLS_HANDSHAKE_BYTE",
-    "PREAMBLE_FIRST_BYTE",
     "required_by",
     "refused_plain",
 ]
-
-#: The message of the ``error`` a node that requires TLS sends a plain peer (vector
-#: ``error-tls-required``; the Rust reference sends the same words).
-TLS_REQUIRED_MESSAGE = "this node requires TLS: connect with TLS on (a certificate, its key and the cluster's CA)"
-#: The first byte of a TLS client's first record (a handshake record).
-TLS_HANDSHAKE_BYTE = 0x16
-#: The first byte of a preamble (``H`` of the magic).
-PREAMBLE_FIRST_BYTE = 0x48
 
 _Path = Union[str, "os.PathLike[str]"]
 

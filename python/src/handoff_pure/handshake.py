@@ -322,7 +322,7 @@ async def handshake(transport: Transport, ours: OurSide) -> Handshaken:
         unix=ours.unix,
     )
     # Until the connection is established, headers are bounded by the handshake limit (§5.1, §9).
-    limits = ours.limits.during_handshake()
+    limits = wire.during_handshake(ours.limits)
     preambles = (own_preamble, peer_preamble[:16])
     if version == 1:
         peer = await _v1(transport, ours, ident, limits, secrets.token_bytes(32))

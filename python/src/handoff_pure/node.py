@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import handoff.node
 from handoff import native, pins
-from . import mapcache
+from . import identity, mapcache
 from . import tls as tls_layer
 from . import wire
 from handoff.addresses import split_host_port, strip_scheme
@@ -59,9 +59,19 @@ class Node(handoff.node.Node):
 
     #: A class that implements the connections: ``Node(...)`` makes it as it is.
     _implementation = True
+    #: Its ids, host identity, socket folder and keepalive plan: the reference's own.
+    _identity = identity
+
+    def _check_own_identity(self) -> None:
+        """A ``ValueError`` naming the first field of this node's ident that breaks its bound
+        (§5.2), checked by the reference's own table."""
+        wire.check_identity(self._own_ident())
 
     def __init__(self, name: str, **kwargs: Any):
         super().__init__(name, **kwargs)
+        #: The preamble this node sends (§3): version 3 only; 2..=3 with ``accept_v2``; 1..=3
+        #: with ``accept_v1``; or the one given (to play an older peer).
+        self.preamble = self.preamble or wire.our_preamble(accept_v1=self.accept_v1, accept_v2=self.accept_v2)
         # The reference's mappings are the process's (handoff_pure.mapcache).
         if self.kept_map_bytes is not None:
             mapcache.set_keep_bytes(self.kept_map_bytes)
@@ -70,7 +80,7 @@ class Node(handoff.node.Node):
         bounds = self.bounds
         #: What a header may be before a connection is established (§5.1, §9: 64 KiB, 1024 values).
         self.handshake_limits = dataclasses.replace(
-            self.limits.during_handshake(),
+            wire.during_handshake(self.limits),
             max_header_bytes=min(self.limits.max_header_bytes, bounds.handshake_header_bytes),
         )
         self.leases = LeaseTable(

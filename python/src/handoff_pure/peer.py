@@ -28,7 +28,8 @@ from typing import Any, Optional, Protocol
 from . import wire
 from handoff.bounds import Bounds
 from .budget import Budget
-from handoff.codec import OnDemand, encode_body, is_plain
+from handoff.codec import OnDemand, encode_body
+from .plain import is_plain
 from .control import ControlWriter
 from handoff.envelope import Envelope, ReceivedFrame
 from handoff.errors import HandoffError, PeerClosed, PeerRefused
@@ -75,7 +76,7 @@ _MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 
 def _plain_message(type_name: str, value: Any, frame_threshold: int) -> Optional[bytes]:
     """The framed header of a ``msg`` without frames whose body is ``value``, if ``value``
-    is plain (:func:`handoff.codec.is_plain`); else ``None`` (then ``encode_body`` walks
+    is plain (:func:`handoff_pure.plain.is_plain`); else ``None`` (then ``encode_body`` walks
     it). The same bytes as ``frame_plain_msg(type_name, encode_body(value).body)``."""
     if is_plain(value, frame_threshold):
         return wire.frame_plain_msg(type_name, wire.packer().pack(value))

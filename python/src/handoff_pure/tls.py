@@ -15,7 +15,7 @@ import ssl
 from typing import Optional
 
 from handoff.errors import TlsError
-from handoff.tls import PREAMBLE_FIRST_BYTE, TLS_HANDSHAKE_BYTE, TLS_REQUIRED_MESSAGE, refused_plain, required_by
+from handoff.tls import refused_plain, required_by
 
 __all__ = [
     "wrap",
@@ -28,6 +28,14 @@ __all__ = [
     "refused_plain",
     "required_by",
 ]
+
+#: The message of the ``error`` a node that requires TLS sends a plain peer (vector
+#: ``error-tls-required``; the engine sends the same words, ``handoff_proto::tls``).
+TLS_REQUIRED_MESSAGE = "this node requires TLS: connect with TLS on (a certificate, its key and the cluster's CA)"
+#: The first byte of a TLS client's first record (a handshake record).
+TLS_HANDSHAKE_BYTE = 0x16
+#: The first byte of a preamble (``H`` of the magic).
+PREAMBLE_FIRST_BYTE = 0x48
 
 #: What to set to fix each side's configuration, in the words of both APIs.
 _HOW_TO_TRUST = "the CA this node trusts (TlsConfig.from_files(ca=...), --tls-ca)"

@@ -48,12 +48,12 @@ import sys
 import time
 from typing import Callable, Optional, Sequence
 
-from handoff.bounds import DEFAULT_BOUNDS, Bounds, keepalive_plan
+from handoff.bounds import DEFAULT_BOUNDS, Bounds
 from handoff.errors import PeerClosed
 from .wire import LEN_PREFIX, PREAMBLE_LEN, Limits, WireError
 from .wire.framing import header_length_at
 
-__all__ = ["Transport", "MAX_FDS_PER_READ", "raise_unix_send_buffer"]
+__all__ = ["Transport", "MAX_FDS_PER_READ", "keepalive_plan", "raise_unix_send_buffer"]
 
 READ_CHUNK = 64 * 1024
 #: Most descriptors accepted with one read (spec §7.2); more is ``bad-shm``.
@@ -105,6 +105,26 @@ def raise_unix_send_buffer(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNIX_SEND_BUFFER)
     except OSError:
         pass  # the kernel's default stays
+
+
+#: Keepalive probes sent before a silent peer is given up (Linux's default, and Dask's).
+KEEPALIVE_PROBES = 10
+
+
+def keepalive_plan(timeout: float) -> tuple[int, int, int]:
+    """``(idle, interval, probes)`` in whole seconds for a TCP connection that must notice a
+    silent peer within ``timeout`` seconds: ``idle + interval * probes == timeout``, with
+    ``probes`` = :data:`KEEPALIVE_PROBES`, a quarter of the timeout (at least 2 s) idle
+    before the first probe and the rest spread over the probes (at least 1 s apart): the
+    values Dask's TCP comm derives from ``distributed.comm.timeouts.tcp`` (the engine's is
+    ``handoff_proto::bounds::keepalive_plan``). ``ValueError`` below ``probes + 1`` seconds,
+    where no such plan exists."""
+    whole = int(timeout)
+    if whole < KEEPALIVE_PROBES + 1:
+        raise ValueError(f"a TCP timeout is at least {KEEPALIVE_PROBES + 1} s (one per keepalive probe), got {timeout}")
+    first = max(2, whole // 4)
+    interval = max(1, (whole - first) // KEEPALIVE_PROBES)
+    return whole - interval * KEEPALIVE_PROBES, interval, KEEPALIVE_PROBES
 
 
 #: Linux's ``TCP_USER_TIMEOUT`` (since 2.6.37), where the socket module lacks the name.

@@ -17,6 +17,29 @@ from handoff.wire import *  # noqa: F401,F403  (the types, limits and encoding t
 from handoff.wire import __all__ as _types
 
 from .encode import encode_header, encode_message, frame_plain_msg
+from .preamble import (
+    ACCEPTING_V1,
+    ACCEPTING_V2,
+    MAGIC,
+    MAX_VERSION,
+    MIN_VERSION,
+    OUR_PREAMBLE,
+    PREAMBLE_LEN,
+    V1_ONLY,
+    V2_ACCEPTING_V1,
+    V2_DEFAULT,
+    Preamble,
+    our_preamble,
+)
+from .limits import (
+    HANDSHAKE_HEADER_BYTES,
+    HANDSHAKE_HEADER_VALUES,
+    MAX_HEADER_DEPTH,
+    MAX_HEADER_VALUES,
+    MAX_MAP_ENTRIES,
+    during_handshake,
+)
+from .identity import IDENTITY_BOUNDS, MAX_CAP_BYTES, MAX_CAPS, check_identity, field_problem
 from .framing import LEN_PREFIX, frame_header, header_length, header_length_at
 from .headers import (
     DESCRIPTOR_KINDS,
@@ -75,6 +98,29 @@ from .decode import (
 
 __all__ = [
     *_types,
+    "ACCEPTING_V1",
+    "ACCEPTING_V2",
+    "MAGIC",
+    "MAX_VERSION",
+    "MIN_VERSION",
+    "OUR_PREAMBLE",
+    "PREAMBLE_LEN",
+    "V1_ONLY",
+    "V2_ACCEPTING_V1",
+    "V2_DEFAULT",
+    "Preamble",
+    "our_preamble",
+    "HANDSHAKE_HEADER_BYTES",
+    "HANDSHAKE_HEADER_VALUES",
+    "MAX_HEADER_DEPTH",
+    "MAX_HEADER_VALUES",
+    "MAX_MAP_ENTRIES",
+    "during_handshake",
+    "IDENTITY_BOUNDS",
+    "MAX_CAPS",
+    "MAX_CAP_BYTES",
+    "check_identity",
+    "field_problem",
     "DESCRIPTOR_KINDS",
     "HEADER_KINDS",
     "LEN_PREFIX",

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..msgpack_read import unpack_one
 from handoff.wire.errors import WireError, malformed
-from handoff.wire.identity import MAX_CAP_BYTES, MAX_CAPS, field_problem
+from .identity import MAX_CAP_BYTES, MAX_CAPS, field_problem
 from .framing import LEN_PREFIX, header_length
 from .headers import (
     DESCRIPTOR_KINDS,
@@ -55,7 +55,8 @@ from .headers import (
     TicketError,
     Unlease,
 )
-from handoff.wire.limits import DEFAULT_LIMITS, MAX_HEADER_DEPTH, Limits
+from handoff.wire.limits import DEFAULT_LIMITS, Limits
+from .limits import MAX_HEADER_DEPTH
 from .reader import Cursor
 
 __all__ = [

@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from .errors import WireError
+from handoff.wire.errors import WireError
 
 __all__ = [
     "ACCEPTING_V1",
