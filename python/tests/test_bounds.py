@@ -556,13 +556,27 @@ async def test_warnings_about_one_peer_are_rate_limited(caplog):
     from handoff.throttle import WarningThrottle
 
     t = WarningThrottle(logging.getLogger("handoff.test"), limit=3, period=0.2)
-    for i in range(100):
-        t.warn("p", "bad thing %d", i)
-    t.warn("q", "other peer")
+    assert sum(t.warn("p", "bad thing %d", i) for i in range(100)) == 3
+    assert t.warn("q", "other peer")
     await asyncio.sleep(0.25)
-    t.flush()
-    assert caplog.text.count("bad thing") == 3 and "other peer" in caplog.text
-    assert "97 more warnings about p" in caplog.text
+    assert t.warn("p", "bad thing again")
+    assert caplog.text.count("bad thing") == 4 and "other peer" in caplog.text
+    assert "bad thing again (97 more warnings were not logged before this one)" in caplog.text
+
+
+def test_warnings_about_all_peers_together_are_rate_limited_too(caplog):
+    """A peer that opens many connections (a source each) does not multiply its share: the
+    node's total caps them all (the engine's limits, as the Rust node's)."""
+    import logging
+
+    from handoff.throttle import WarningThrottle
+
+    t = WarningThrottle(logging.getLogger("handoff.test"), limit=3, period=60, total=5)
+    assert sum(t.warn(f"connection {i}", "bad thing") for i in range(10)) == 5
+    # Sources are remembered up to a bound: made-up names cannot grow the table.
+    for i in range(5000):
+        t.warn(f"made-up {i}", "bad thing")
+    assert len(t._limits) <= 4096
 
 
 async def test_errors_are_followed_by_an_orderly_close():

@@ -15,6 +15,7 @@ pub mod frames;
 mod holds;
 pub mod host;
 pub mod inbox;
+pub mod log_limits;
 pub mod plain;
 pub mod pooled;
 pub mod shared_arrays;
@@ -42,6 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<connection::Connection>()?;
     m.add_class::<connection::Received>()?;
     m.add_class::<inbox::Inbox>()?;
+    m.add_class::<log_limits::LogLimits>()?;
     m.add_class::<frames::Frame>()?;
     m.add_class::<frames::OnDemand>()?;
     m.add_class::<frames::SegmentFrame>()?;

@@ -676,7 +676,6 @@ class Node:
             n = self.pins.expire()
             if n:
                 log.info("%s: %d pins never claimed ended after %g s", self.name, n, self.pins.bounds.claim_timeout)
-            self._throttle.flush()
 
     # ------------------------------------------------------------------ observing
 

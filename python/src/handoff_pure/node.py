@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import handoff.node
 from handoff import native, pins
-from . import identity, mapcache
+from . import identity, mapcache, throttle
 from . import tls as tls_layer
 from . import wire
 from handoff.addresses import split_host_port, strip_scheme
@@ -69,6 +69,13 @@ class Node(handoff.node.Node):
 
     def __init__(self, name: str, **kwargs: Any):
         super().__init__(name, **kwargs)
+        bounds = self.bounds
+        self._throttle = throttle.WarningThrottle(
+            logging.getLogger("handoff"),
+            bounds.warnings_per_period,
+            bounds.warning_period,
+            total=bounds.warnings_in_all_per_period,
+        )
         #: The preamble this node sends (§3): version 3 only; 2..=3 with ``accept_v2``; 1..=3
         #: with ``accept_v1``; or the one given (to play an older peer).
         self.preamble = self.preamble or wire.our_preamble(accept_v1=self.accept_v1, accept_v2=self.accept_v2)
