@@ -147,6 +147,8 @@ pub struct Stats {
     pub lent_bytes: usize,
     /// Bytes of retired ranges (never reused).
     pub retired_bytes: usize,
+    /// Ranges whose mapping is private now (at most [`Arenas::set_max_private_ranges`]).
+    pub private_ranges: usize,
     /// Bytes of ranges the application freed while a peer still maps them (reused once
     /// released).
     pub freed_lent_bytes: usize,
@@ -407,9 +409,31 @@ impl Arenas {
             // Peers still map the file's pages; this process's copies of them go now.
             let (arena, off, len) = (record.arena, record.off, record.len);
             let _ = state.arenas[&arena].region.drop_private(off, len);
+            Self::settle_retired(&mut state, addr);
         }
         state.last_activity = Some(std::time::Instant::now());
         true
+    }
+
+    /// A retired range that nothing here holds any more (freed, every loan ended) is never
+    /// used again: its mapping goes back to shared, so that it no longer splits its arena's
+    /// mapping nor takes one of the private ranges' places (which would make every later
+    /// send copy). Its file pages stay for the peer that may still map them.
+    fn settle_retired(state: &mut State, addr: usize) {
+        let Some(record) = state.records.get_mut(&addr) else {
+            return;
+        };
+        if !(record.retired && record.private && !record.live && record.loans == 0) {
+            return;
+        }
+        if state.arenas[&record.arena]
+            .region
+            .remap(record.off, record.len, false)
+            .is_ok()
+        {
+            record.private = false;
+            state.private_ranges = state.private_ranges.saturating_sub(1);
+        }
     }
 
     /// The range at `addr` back to its arena's free space: shared again, and its pages
@@ -424,7 +448,16 @@ impl Arenas {
             return;
         };
         if record.private && arena.region.remap(record.off, record.len, false).is_err() {
-            // It stays private, so it cannot be handed out as shared memory again: lost.
+            // It stays private, so it cannot be handed out as shared memory again: retired
+            // (the statistics count it), its private pages dropped, its place kept.
+            let _ = arena.region.drop_private(record.off, record.len);
+            state.records.insert(
+                addr,
+                Record {
+                    retired: true,
+                    ..record
+                },
+            );
             return;
         }
         let zero = punch && arena.region.punch(record.off, record.len).is_ok();
@@ -531,6 +564,8 @@ impl Arenas {
         }
         if record.loans == 0 && !record.live && !record.retired {
             self.give_back(&mut state, addr);
+        } else {
+            Self::settle_retired(&mut state, addr);
         }
     }
 
@@ -593,6 +628,7 @@ impl Arenas {
             refused: state.refused,
             last_refusal: state.last_refusal.clone(),
             idle_populated_bytes: state.idle_populated(),
+            private_ranges: state.private_ranges,
             ..Stats::default()
         };
         for r in state.records.values() {

@@ -219,6 +219,7 @@ pub fn arena_stats(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("lent_ranges", s.lent_ranges)?;
     d.set_item("lent_bytes", s.lent_bytes)?;
     d.set_item("retired_bytes", s.retired_bytes)?;
+    d.set_item("private_ranges", s.private_ranges)?;
     d.set_item("freed_lent_bytes", s.freed_lent_bytes)?;
     d.set_item("idle_populated_bytes", s.idle_populated_bytes)?;
     d.set_item("free_bytes", s.free_bytes)?;

@@ -111,7 +111,8 @@ def shared_arrays(min_bytes: Optional[int] = None) -> Iterator[None]:
 def stats() -> dict:
     """This process's arenas: ``arenas`` and ``arena_bytes``, ``live_bytes`` (arrays alive),
     ``lent_ranges``/``lent_bytes`` (mapped by peers now), ``retired_bytes`` (never reused: a
-    peer that may map them outlived its connection), ``free_bytes``, and the counts of
+    peer that may map them outlived its connection), ``private_ranges`` (remapped private
+    for a send now, bounded), ``free_bytes``, and the counts of
     ``lends``, ``copies`` (sends that had to copy), ``write_backs`` and ``refused``
     allocations (with ``last_refusal``)."""
     return dict(_ext().arena_stats())
