@@ -100,3 +100,19 @@ def test_anything_else_is_refused_with_what_was_wrong():
     out = probe("yes")
     assert out.returncode != 0
     assert "HANDOFF_NATIVE='yes': expected 0 (pure Python), 1 (the extension) or unset" in out.stderr
+
+
+def test_importing_handoff_runs_no_program():
+    """Importing handoff (each Dask worker does at its start) runs no other program: it once
+    ran ``ldconfig -p`` to find the C library."""
+    code = (
+        "import os, subprocess\n"
+        "def refuse(*a, **k):\n"
+        "    raise AssertionError(f'import handoff ran a program: {a!r}')\n"
+        "subprocess.Popen = refuse\n"
+        "os.posix_spawn = os.fork = os.execv = refuse\n"
+        "import handoff, handoff.dask, handoff.shared\n"
+        "print('imported')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "imported", out.stderr

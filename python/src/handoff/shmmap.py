@@ -22,7 +22,6 @@ the child reads what its parent received, as it would on TCP.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 import threading
@@ -50,7 +49,9 @@ MAP_POPULATE = 0x8000
 MADV_DONTNEED = 4
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+# The C library as the interpreter loaded it (dlopen(NULL)): ctypes.util.find_library would
+# run `ldconfig -p` in a subprocess at every import of handoff (each Dask worker's start).
+_libc = ctypes.CDLL(None, use_errno=True)
 _mmap = _libc.mmap
 _mmap.restype = ctypes.c_void_p
 _mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
