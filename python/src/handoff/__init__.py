@@ -8,7 +8,8 @@ package never imports (``HANDOFF_ENGINE=0`` selects it, for tests).
 Modules, one job each, from the bottom up (python/pyproject.toml's import contracts
 keep every import pointing down):
 
-- :mod:`handoff.wire` — sans-IO: preamble, framing, headers, descriptors, limits, auth proof.
+- :mod:`handoff.wire` — the wire format's types: headers and descriptors, limits, the packer
+  (the engine reads and writes them; the reference's own reader is ``handoff_pure.wire``).
 - :mod:`handoff.memfd`, :mod:`handoff.shm` — memfds and their seals, and the shared
   frames an application sends (pooled ones in the engine's pool of reused segments).
 - :mod:`handoff.resources` — resource keys and the node's registry of local objects.
@@ -24,7 +25,7 @@ keep every import pointing down):
 - :mod:`handoff.node` — the node's API: options, peers, the inbox, delivery;
   :mod:`handoff.engine` and :mod:`handoff.engine_node` — its connections on the engine.
 - :mod:`handoff.bounds` — what peers can make a node hold (spec §9.1), in one place;
-  :mod:`handoff.throttle` (rate-limited warnings) and :mod:`handoff.held` (memory held
+  :mod:`handoff.throttle` (warnings rate-limited by the engine's limiter) and :mod:`handoff.held` (memory held
   for reuse, and its settings).
 - :mod:`handoff.demo_server` — the demo protocol of Appendix A, served by a node;
   :mod:`handoff.worker` — ``python -m handoff.worker``, its command line.
