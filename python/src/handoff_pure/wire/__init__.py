@@ -17,29 +17,12 @@ from handoff.wire import *  # noqa: F401,F403  (the types, limits and encoding t
 from handoff.wire import __all__ as _types
 
 from .encode import encode_header, encode_message, frame_plain_msg
-from .preamble import (
-    ACCEPTING_V1,
-    ACCEPTING_V2,
-    MAGIC,
-    MAX_VERSION,
-    MIN_VERSION,
-    OUR_PREAMBLE,
-    PREAMBLE_LEN,
-    V1_ONLY,
-    V2_ACCEPTING_V1,
-    V2_DEFAULT,
-    Preamble,
-    our_preamble,
-)
-from .limits import (
-    HANDSHAKE_HEADER_BYTES,
-    HANDSHAKE_HEADER_VALUES,
-    MAX_HEADER_DEPTH,
-    MAX_HEADER_VALUES,
-    MAX_MAP_ENTRIES,
-    during_handshake,
-)
-from .identity import IDENTITY_BOUNDS, MAX_CAP_BYTES, MAX_CAPS, check_identity, field_problem
+from . import identity as _identity
+from . import limits as _limits
+from . import preamble as _preamble
+from .preamble import *  # noqa: F401,F403  (preambles and their negotiation, §3)
+from .limits import *  # noqa: F401,F403  (the fixed header limits of §9)
+from .identity import *  # noqa: F401,F403  (the bounds on identity fields, §5.2)
 from .framing import LEN_PREFIX, frame_header, header_length, header_length_at
 from .headers import (
     DESCRIPTOR_KINDS,
@@ -98,29 +81,9 @@ from .decode import (
 
 __all__ = [
     *_types,
-    "ACCEPTING_V1",
-    "ACCEPTING_V2",
-    "MAGIC",
-    "MAX_VERSION",
-    "MIN_VERSION",
-    "OUR_PREAMBLE",
-    "PREAMBLE_LEN",
-    "V1_ONLY",
-    "V2_ACCEPTING_V1",
-    "V2_DEFAULT",
-    "Preamble",
-    "our_preamble",
-    "HANDSHAKE_HEADER_BYTES",
-    "HANDSHAKE_HEADER_VALUES",
-    "MAX_HEADER_DEPTH",
-    "MAX_HEADER_VALUES",
-    "MAX_MAP_ENTRIES",
-    "during_handshake",
-    "IDENTITY_BOUNDS",
-    "MAX_CAPS",
-    "MAX_CAP_BYTES",
-    "check_identity",
-    "field_problem",
+    *_preamble.__all__,
+    *_limits.__all__,
+    *_identity.__all__,
     "DESCRIPTOR_KINDS",
     "HEADER_KINDS",
     "LEN_PREFIX",
