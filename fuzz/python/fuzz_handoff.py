@@ -21,7 +21,7 @@ input's length picks the limits (and for ``message`` the channel), and ``n`` the
 
 A decoder may raise ``WireError`` with a code its step of spec/WIRE.md §11.2 can produce; any
 other exception, a wrong code or a broken invariant is a finding (atheris writes the input to
-``crash-…`` in the artifact folder). scripts/fuzz runs these; only names that ``handoff.wire``
+``crash-…`` in the artifact folder). scripts/fuzz runs these; only names that ``handoff_pure.wire``
 and ``handoff.codec`` export are used, so a change of the modules' layout does not break them.
 
 With ``HANDOFF_FUZZ_BODY_SEEDS=DIR`` the body target first writes seed bodies made by
@@ -56,12 +56,13 @@ with atheris.instrument_imports(include=["handoff", "handoff_pure"]):
         WireError,
         decode_header,
         decode_message,
+        during_handshake,
         encode_header,
         encode_message,
     )
 
 #: The limits of an established connection, and those of the handshake (a 64 KiB header, §9).
-LIMITS = (DEFAULT_LIMITS, DEFAULT_LIMITS.during_handshake())
+LIMITS = (DEFAULT_LIMITS, during_handshake(DEFAULT_LIMITS))
 
 PREAMBLE_CODES = {"truncated", "bad-magic", "handshake", "unsupported-version"}
 HEADER_CODES = {
