@@ -188,6 +188,15 @@ fn io_error(what: &str, e: std::io::Error) -> PyErr {
     }
 }
 
+/// A same-host check or set-up that failed: an `OSError` with its errno, or a
+/// `PermissionError` for what belongs to another user.
+pub(crate) fn same_host_error(e: SameHostError) -> PyErr {
+    match e {
+        SameHostError::Io { what, source } => io_error(&what, source),
+        SameHostError::Refused(why) => PyPermissionError::new_err(why),
+    }
+}
+
 #[pymethods]
 impl Connection {
     /// Takes over the connected socket `fd` (detached from its Python socket object: the
@@ -227,10 +236,7 @@ impl Connection {
         let mut peer_pid = None;
         if unix {
             // A same-host peer shares our memory: only one of our own user (spec §7.1).
-            peer_pid = handoff_sys::same_host::check_peer_uid(socket.as_fd()).map_err(|e| match e {
-                SameHostError::Io { what, source } => io_error(&what, source),
-                SameHostError::Refused(why) => PyPermissionError::new_err(why),
-            })?;
+            peer_pid = handoff_sys::same_host::check_peer_uid(socket.as_fd()).map_err(same_host_error)?;
         }
         if let (Some(timeout), false) = (engine.shared.tcp_timeout, unix) {
             socket::set_tcp_timeout(socket.as_fd(), timeout).map_err(PyOSError::new_err)?;

@@ -5,10 +5,8 @@
 //! Python API (`handoff.identity`, `handoff.node`) calls these, so that Python and Rust
 //! nodes cannot disagree on them; the pure-Python reference keeps its own copies.
 
-use pyo3::exceptions::{PyOSError, PyPermissionError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-
-use handoff_sys::same_host::SameHostError;
 
 /// 128 random bits from the operating system, as 32 lower-case hex characters (a node id).
 #[pyfunction]
@@ -35,12 +33,9 @@ pub fn host_id() -> String {
 /// `PermissionError` if another user owns it, `OSError` if it cannot be made.
 #[pyfunction]
 pub fn runtime_dir(py: Python<'_>) -> PyResult<String> {
-    let dir = py.detach(handoff_sys::same_host::runtime_dir).map_err(|e| match e {
-        SameHostError::Io { what, source } => {
-            PyOSError::new_err((source.raw_os_error().unwrap_or(0), format!("{what}: {source}")))
-        }
-        SameHostError::Refused(why) => PyPermissionError::new_err(why),
-    })?;
+    let dir = py
+        .detach(handoff_sys::same_host::runtime_dir)
+        .map_err(crate::connection::same_host_error)?;
     dir.into_os_string()
         .into_string()
         .map_err(|d| PyValueError::new_err(format!("the runtime directory {d:?} is not UTF-8")))

@@ -25,8 +25,8 @@ keep every import pointing down):
 - :mod:`handoff.node` — the node's API: options, peers, the inbox, delivery;
   :mod:`handoff.engine` and :mod:`handoff.engine_node` — its connections on the engine.
 - :mod:`handoff.bounds` — what peers can make a node hold (spec §9.1), in one place;
-  :mod:`handoff.throttle` (warnings rate-limited by the engine's limiter) and :mod:`handoff.held` (memory held
-  for reuse, and its settings).
+  :mod:`handoff.throttle` (warnings rate-limited by the engine's limiter) and
+  :mod:`handoff.held` (memory held for reuse, and its settings).
 - :mod:`handoff.demo_server` — the demo protocol of Appendix A, served by a node;
   :mod:`handoff.worker` — ``python -m handoff.worker``, its command line.
 """

@@ -96,9 +96,9 @@ class EncodedBody:
 _INT_END = 1 << 64
 
 
-#: The extension's packer of plain bodies (``None`` on the pure path): the same bytes as
-#: the walk of :func:`encode_body`, in one pass in Rust, for a value of plain types only; and of bodies that are plain but for
-#: frames (bytes over the threshold, :class:`Buffer`), the same bytes as the walk.
+#: The extension's packer of bodies (``None`` on the pure path): of a value of plain types
+#: only, and of one that is plain but for frames (bytes over the threshold,
+#: :class:`Buffer`), the same bytes as the walk of :func:`encode_body`, in one pass in Rust.
 _PLAIN = _native.PlainCodec(Bin, MAX_BODY_DEPTH, Buffer) if _native is not None else None
 #: The types the extension packs itself: while a route codec claims one (or every object),
 #: the walk runs instead, which asks it.

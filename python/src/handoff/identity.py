@@ -1,6 +1,7 @@
 """Who a node is (spec §5.2): node ids, the process id, the host id, the runtime directory
-(§7.1) and the keepalive plan of a TCP timeout, as the engine computes them (``handoff_proto::identity``, ``handoff_sys::same_host``),
-so that Python and Rust nodes on one host agree. The pure-Python reference's own derivation
+(§7.1) and the keepalive plan of a TCP timeout, as the engine computes them
+(``handoff_proto::identity``, ``handoff_sys::same_host``, ``handoff_proto::bounds``), so
+that Python and Rust nodes on one host agree. The pure-Python reference's own derivation
 is ``handoff_pure.identity``."""
 
 from __future__ import annotations
