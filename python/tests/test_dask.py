@@ -25,7 +25,8 @@ from distributed.protocol import dask_deserialize, dask_serialize, to_serialize
 from distributed.utils_test import gen_cluster, gen_test
 from handoff import Node
 from handoff.dask import HandoffComm, config
-from handoff.dask.frames import FramesError, plan_message, unpack_part
+from handoff.dask import frames as dask_frames
+from handoff.dask.frames import SMALL, FramesError, plan_message, unpack_part
 from handoff.shmmap import Region
 from handoff_pure.wire import Limits
 
@@ -126,11 +127,35 @@ def test_a_message_is_cut_into_parts_within_the_receivers_limits():
 
 @pytest.mark.parametrize(
     "body",
-    [[], {"f": 1}, {"f": [1]}, {"f": [{"cut": [5], "f": b"abc"}]}, {"f": [], "more": "yes"}, {"f": [{"join": [1]}]}],
+    [
+        [],
+        {"f": 1},
+        {"f": [1]},
+        {"f": [{"cut": [5], "f": b"abc"}]},
+        {"f": [], "more": "yes"},
+        {"f": [{"join": [1]}]},
+        # A cut of empty or small lengths (a view per byte or two sent), or of one length:
+        # never sent (only shards of at least SMALL bytes go as a cut).
+        {"f": [{"cut": [0] * 1000, "f": b""}]},
+        {"f": [{"cut": [1, 2047], "f": bytes(2048)}]},
+        {"f": [{"cut": [2048], "f": bytes(2048)}]},
+    ],
 )
 def test_parts_this_backend_would_not_send_are_refused(body):
     with pytest.raises(FramesError):
         unpack_part(body, [])
+
+
+def test_a_message_of_more_dask_frames_than_the_bound_is_refused_before_they_are_made(monkeypatch):
+    monkeypatch.setattr(dask_frames, "MAX_DASK_FRAMES", 10)
+    out: list = []
+    assert unpack_part({"f": [b""] * 6, "more": True}, out)
+    for part in ({"f": [b""] * 5}, {"f": [{"cut": [SMALL] * 5, "f": bytes(5 * SMALL)}]}):
+        with pytest.raises(FramesError, match="more than 10 Dask frames"):
+            unpack_part(part, out)
+        assert len(out) == 6  # nothing of the refused part was made
+    assert not unpack_part({"f": [{"cut": [SMALL] * 4, "f": bytes(4 * SMALL)}]}, out)
+    assert len(out) == 10
 
 
 def test_the_secret_comes_from_config_then_a_file_then_the_environment(tmp_path, monkeypatch):
@@ -338,6 +363,25 @@ async def test_a_peer_that_breaks_the_comm_protocol_loses_only_its_connection():
         await a.write({"op": "still here"})
         assert await _eventually(lambda: handled == [{"op": "still here"}])
         await a.close()
+        # A message that never ends, of empty frames (no byte counted for them): its
+        # frames are bounded all the same, and the comm ends at the bound.
+        async with Node("rogue-2", secret=SECRET["distributed.comm.handoff.secret"], per_connection=True) as rogue:
+            endless = await rogue.connect(tcp, channel="tcp")
+            await endless.send("handoff.dask.Open", {"from": "tcp://a:1", "to": "tcp://b:2"})
+            bound, dask_frames.MAX_DASK_FRAMES = dask_frames.MAX_DASK_FRAMES, 5000
+            try:
+                sent = 0
+                for _ in range(20):
+                    if endless.closed:
+                        break
+                    await endless.send("handoff.dask.Frames", {"f": [b""] * 1000, "more": True})
+                    sent += 1
+                assert await _eventually(lambda: endless.closed)
+                assert sent >= 6, sent  # taken until its frames passed the bound
+            finally:
+                dask_frames.MAX_DASK_FRAMES = bound
+        await asyncio.sleep(0.2)
+        assert handled == [{"op": "still here"}]  # (the server's handshake read failed: no comm was handed)
     finally:
         listener.stop()
 

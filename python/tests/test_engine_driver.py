@@ -327,6 +327,36 @@ async def test_the_listener_bounds_handshakes_and_evicts_the_oldest():
         driver.close()
 
 
+async def test_connections_reset_before_they_are_accepted_are_closed_without_an_error(caplog):
+    """A peer that connects and resets at once (before the listener took the connection:
+    ``getpeername`` fails with ENOTCONN) is closed and counted, with nothing raised into the
+    loop and nothing logged per connection; the listener takes the next dialer."""
+    import struct
+
+    driver = Driver(engine("py-eng-reset"))
+    listener = await driver.listen()
+    host, port = listener.address.removeprefix("tcp://").rsplit(":", 1)
+    before = open_fds()
+    try:
+        # The loop does not run while this does: every connection is reset in the backlog.
+        for _ in range(40):
+            s = socket.create_connection((host, int(port)))
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()
+        assert await eventually(lambda: listener.refused >= 40), listener.refused
+        assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]
+        assert open_fds() <= before, (open_fds(), before)
+        dialer = Driver(engine("py-eng-after-resets"))
+        try:
+            conn = await dialer.connect(listener.address, timeout=10)
+            assert conn.peer["name"] == "py-eng-reset"
+        finally:
+            dialer.close()
+    finally:
+        listener.close()
+        driver.close()
+
+
 async def test_a_forked_child_draws_its_own_nonces_ids_and_tokens():
     """Parent and forked child run a handshake with each other after the engine was used
     before the fork: each draws its own nonce, node id and process id (a generator whose

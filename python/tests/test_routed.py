@@ -277,6 +277,20 @@ async def test_bad_pin_updates_are_ignored_and_the_connection_stays(caplog):
         assert (await a.recv(5)).body == {"still": "here"}
         assert a.pins.count() == 1 and not peer.closed
         assert "ignored (part of) a pin update" in caplog.text
+        # Larger than an update can be, or with frames: ignored before its body is decoded
+        # (in the read callback, where a 16-million-id list held the loop for 0.7 s).
+        decoded = []
+        real_on_update = a.pins.on_update
+        a.pins.on_update = lambda holder, body: decoded.append(holder) or real_on_update(holder, body)
+        limit = a.pins.bounds.max_update_bytes
+        await peer.send(pins.TYPE_UPDATE, {"claim": [1] * (limit + 1)})
+        await peer.send(pins.TYPE_UPDATE, {"claim": [], "x": bytes(4096)})
+        await peer.send("t", {"still": "here"})
+        assert (await a.recv(5)).body == {"still": "here"}
+        assert decoded == [] and not peer.closed
+        assert f"over the {limit} an update can take" in caplog.text
+        assert "it carries 1 frames (an update has none)" in caplog.text
+        a.pins.on_update = real_on_update
         await peer.send(pins.TYPE_UPDATE, {"release": [kept["pin"]]})
         assert await eventually(lambda: a.pins.count() == 0)
 

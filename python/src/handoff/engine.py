@@ -304,9 +304,13 @@ class Driver:
         ``socketpair``'s); ``role`` is ``dialer`` or ``acceptor``. With TLS, a dialer checks
         the peer's certificate against ``host``. Await its ``ready()``."""
         unix = sock.family == socket.AF_UNIX
-        if not unix:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        names = (sock.getsockname(), sock.getpeername())
+        try:
+            if not unix:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            names = (sock.getsockname(), sock.getpeername())
+        except OSError:
+            sock.close()  # (reset already, say): closed here, as the extension closes its own
+            raise
         conn = _native.Connection(self.engine, sock.detach(), role, label, unix, admit, host)
         ec = EngineConnection(self, conn)
         ec.sockname, ec.peername = names
@@ -433,17 +437,13 @@ class Listener:
                 )
                 self._refuse(s, why)
                 continue
-            if len(self._handshaking) >= self.max_handshakes:
-                # The oldest handshake makes room (spec §9.1): it is told `overloaded`, or
-                # closed if it failed already and only drains.
-                oldest = next(iter(self._handshaking))
-                self._handshaking.pop(oldest)
-                if oldest._ended:
-                    oldest.close()
-                else:
-                    oldest._run(oldest.conn.evict)
-                self.evicted += 1
-            peer = s.getpeername()
+            try:
+                peer = s.getpeername()
+            except OSError:
+                # Reset before we took it (ENOTCONN): nothing to say to it.
+                s.close()
+                self.refused += 1
+                continue
             label = f"{self.address} <- {peer if peer else 'a peer'}"
             try:
                 ec = self.driver.adopt(s, "acceptor", label, admit=self.admit)
@@ -452,6 +452,16 @@ class Listener:
                 # the extension closed it.
                 self.refused += 1
                 continue
+            if len(self._handshaking) >= self.max_handshakes:
+                # The oldest handshake makes room for this one (spec §9.1): it is told
+                # `overloaded`, or closed if it failed already and only drains.
+                oldest = next(iter(self._handshaking))
+                self._handshaking.pop(oldest)
+                if oldest._ended:
+                    oldest.close()
+                else:
+                    oldest._run(oldest.conn.evict)
+                self.evicted += 1
             # Counted until it is ready or closed: a failed handshake that still drains
             # holds its descriptor.
             self._handshaking[ec] = None

@@ -607,10 +607,17 @@ class Node:
         """A holder's claims and releases of our pins (never queued for the application)."""
         self._budget.release_env(env)
         peer = env.sender
-        try:
-            problem = self.pins.on_update(peer.node_id, env.body)
-        except Exception as e:
-            problem = f"its body cannot be decoded: {e}"
+        size, limit = len(env._body_bytes), self.pins.bounds.max_update_bytes
+        if size > limit:
+            # Decoded here, in the loop's callback that read it: never more than an update can be.
+            problem = f"its body of {size} bytes is over the {limit} an update can take"
+        elif env.frames:
+            problem = f"it carries {len(env.frames)} frames (an update has none)"
+        else:
+            try:
+                problem = self.pins.on_update(peer.node_id, env.body)
+            except Exception as e:
+                problem = f"its body cannot be decoded: {e}"
         env.release()
         if problem is not None:
             self._warn_about(f"peer {peer.name}", "ignored (part of) a pin update from %s: %s", peer.name, problem)

@@ -28,7 +28,9 @@ read in place neither needs nor should pay for.
 ``max_pins_per_peer`` (1024) pins for one holder node and ``max_pins`` (65 536) in all —
 beyond, :meth:`PinTable.pin` raises :class:`~handoff.errors.CapReached` and the send
 fails with it (Dask's family sends the bytes instead); at most ``max_ids_per_update``
-(4096) ids in one update (a larger one is ignored with a warning). Unknown ids, ids of
+(4096) ids in one update (a larger one is ignored with a warning, and a body larger
+than such an update can be, :attr:`PinBounds.max_update_bytes`, or one with frames, is
+ignored before it is decoded). Unknown ids, ids of
 another holder and malformed updates are ignored with a rate-limited warning; the
 connection stays open. A holder keeps a handle per decoded object only (what the
 application holds), and sends its claims and releases batched per event-loop turn.
@@ -79,6 +81,13 @@ class PinBounds:
         for name, value in self.__dict__.items():
             if value is None or value <= 0:
                 raise ValueError(f"PinBounds.{name} must be positive, got {value!r}")
+
+    @property
+    def max_update_bytes(self) -> int:
+        """The largest body an update of at most ``max_ids_per_update`` ids in each list can
+        have (9 bytes of msgpack per id, 64 for the map and its keys): a larger one is
+        ignored before it is decoded, so that decoding it costs no node more than that."""
+        return 2 * 9 * self.max_ids_per_update + 64
 
 
 DEFAULT_PIN_BOUNDS = PinBounds()
@@ -232,10 +241,12 @@ class PinTable:
         lists = []
         for key in ("claim", "release"):
             ids = body.get(key, [])
-            if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+            if not isinstance(ids, list):
                 return f"{key!r} is not a list of pin ids (integers)"
             if len(ids) > self.bounds.max_ids_per_update:
                 return f"{len(ids)} ids in {key!r}, over the {self.bounds.max_ids_per_update} one update may hold"
+            if not all(type(i) is int for i in ids):
+                return f"{key!r} is not a list of pin ids (integers)"
             lists.append(ids)
         unknown = self.claim(holder, lists[0]) + self.release(holder, lists[1])
         if unknown:

@@ -40,7 +40,7 @@ from ..cuda import shares_device_memory
 from ..route import Route
 from ..wire import packer
 from .failures import comm_closed
-from .frames import TYPE_FRAMES, FramesError, Join, host_nbytes, plan_message, unpack_part
+from .frames import FRAME_COST, TYPE_FRAMES, FramesError, Join, host_nbytes, plan_message, unpack_part
 from .serialize import FAMILY
 
 __all__ = ["HandoffComm", "endpoint_of_peer", "local_endpoint", "counters"]
@@ -266,7 +266,8 @@ class HandoffComm(Comm):
                 more = unpack_part(env.body, frames, joins)
                 total += sum(host_nbytes(f) for f in frames[seen:] if type(f) is not Join)
                 total += sum(frames[i].nbytes for i in joins[joined:])
-                if total > MAX_MESSAGE_BYTES:
+                # (Each frame's own cost to this process counts too: an empty one is not free.)
+                if total + FRAME_COST * len(frames) > MAX_MESSAGE_BYTES:
                     raise FramesError(
                         f"the message is over {MAX_MESSAGE_BYTES} bytes (half this machine's memory) and not done"
                     )

@@ -12,8 +12,9 @@ and each entry is one of
 - ``bin``: a frame smaller than 1 KiB, in the body itself;
 - a frame reference (§8.2): one frame, out of band (inline bytes on TCP; on a Unix
   socket a shared-memory segment from ``shm-threshold`` up, 1 MiB by default);
-- ``{"cut": [n1, n2, ...], "f": ref}``: one out-of-band frame that holds consecutive
-  Dask frames of these lengths — the shards of one buffer, sent as one piece so that
+- ``{"cut": [n1, n2, ...], "f": ref}``: one out-of-band frame that holds two or more
+  consecutive Dask frames of these lengths, each at least :data:`SMALL` — the shards of
+  one buffer, sent as one piece so that
   the receiver gets them as slices of one buffer (one mapping, or one read), which
   Dask then joins without a copy (``merge_memoryviews`` only joins slices of one
   buffer);
@@ -33,6 +34,12 @@ and each entry is one of
 
 A message is cut into parts so that each stays within the receiver's limits (§9:
 1024 frames, 16 GiB; §7.2: 64 shared segments) and its body within the header limit.
+
+What a receiver takes is bounded before it is made: a message holds at most
+:data:`MAX_DASK_FRAMES` Dask frames (a peer could otherwise make a receiver hold a list
+entry and a view, about :data:`FRAME_COST` bytes, for every 1 or 2 bytes it sends: empty
+bins, or a ``cut`` of zero lengths, which no sender makes), and the comm charges each
+frame :data:`FRAME_COST` bytes beside its own against the message's size bound.
 """
 
 from __future__ import annotations
@@ -55,6 +62,8 @@ __all__ = [
     "FramesError",
     "SMALL",
     "Join",
+    "MAX_DASK_FRAMES",
+    "FRAME_COST",
 ]
 
 #: The first message of every comm's connection, from the connecting side: its addresses.
@@ -69,6 +78,12 @@ _MAX_SHM_PER_PART = 64
 _MAX_BODY_PER_PART = 8 << 20
 #: A :class:`Join` copies this many bytes at a time (a few milliseconds each).
 JOIN_SLICE = 16 << 20
+#: At most this many Dask frames in one message (Dask's own messages hold a few per
+#: object they carry).
+MAX_DASK_FRAMES = 1 << 20
+#: What a received Dask frame costs its receiver besides its bytes (a list entry and the
+#: object, ``bytes`` or ``memoryview``), charged against the message's size bound.
+FRAME_COST = 64
 
 
 class FramesError(ValueError):
@@ -269,6 +284,10 @@ class Join:
         return out
 
 
+def _too_many(out: list) -> FramesError:
+    return FramesError(f"the message has more than {MAX_DASK_FRAMES} Dask frames")
+
+
 def unpack_part(body: Any, out: list, joins: Optional[list] = None) -> bool:
     """Appends the Dask frames of one received part to ``out``; returns whether more parts follow.
 
@@ -276,12 +295,16 @@ def unpack_part(body: Any, out: list, joins: Optional[list] = None) -> bool:
     :class:`Join` takes its place in ``out`` and its index goes to ``joins``, for the
     caller to replace by ``Join.run()`` (off the event loop).
 
-    Raises :class:`FramesError` for a body this module would not send."""
+    Raises :class:`FramesError` for a body this module would not send, and for a message
+    (``out`` and this part) of more than :data:`MAX_DASK_FRAMES` frames, before any of
+    them is made."""
     if not isinstance(body, dict) or not isinstance(body.get("f"), list):
         raise FramesError(f"a {TYPE_FRAMES} body is a map with a list 'f', got {type(body).__name__}")
     more = body.get("more", False)
     if not isinstance(more, bool):
         raise FramesError("'more' is a bool")
+    if len(out) + len(body["f"]) > MAX_DASK_FRAMES:
+        raise _too_many(out)
     for entry in body["f"]:
         if _bytes_like(entry):
             out.append(entry)
@@ -290,9 +313,14 @@ def unpack_part(body: Any, out: list, joins: Optional[list] = None) -> bool:
             if (
                 not _bytes_like(view)
                 or not isinstance(sizes, list)
-                or not all(isinstance(n, int) and n >= 0 for n in sizes)
+                or len(sizes) < 2
+                or not all(isinstance(n, int) and n >= SMALL for n in sizes)
             ):
-                raise FramesError("a 'cut' entry has a frame 'f' and a list of lengths 'cut'")
+                raise FramesError(
+                    f"a 'cut' entry has a frame 'f' and a list 'cut' of two or more lengths of at least {SMALL} bytes"
+                )
+            if len(out) + len(sizes) > MAX_DASK_FRAMES:
+                raise _too_many(out)
             view = memoryview(view)
             if sum(sizes) != view.nbytes:
                 raise FramesError(f"'cut' lengths add up to {sum(sizes)}, the frame has {view.nbytes} bytes")
