@@ -813,3 +813,49 @@ def test_a_tcp_timeout_too_short_for_the_probes_is_refused_when_the_node_is_made
 
     with pytest.raises(ValueError, match="at least 11 s"):
         Node("too-short", tcp_timeout=10.9)
+
+
+async def test_a_holder_keeps_so_many_owner_connections_but_never_one_where_it_holds_tickets():
+    """§9.1: at most ``max_owner_connections`` connections dialed to reach ticket owners are
+    kept; the one unused longest makes room for the next, but never one to an owner where
+    this node holds a ticket (closing it would end the hold, §7.7): the new redemption
+    fails instead, saying why, until that ticket is let go."""
+    import msgpack
+
+    async with (
+        node("holder", types=["t"], bounds=Bounds(max_owner_connections=1)) as h,
+        node("owner-a", host_id="owner-a-host") as oa,
+        node("owner-b", host_id="owner-b-host") as ob,
+    ):
+        raw = await asyncio.to_thread(lambda: (r := RawPeer(h.listen_addr), r.handshake(SECRET))[0])
+
+        async def send(owner: Node, lazy: bool):
+            desc = wire.TicketDesc(
+                n=10, owner=owner.node_id, lease=1, token=bytes(32), digest=bytes(32), ttl=30_000,
+                addr=owner.listen_addr, lazy=lazy,
+            )  # fmt: skip
+            body = msgpack.packb({"d": msgpack.ExtType(1, struct.pack(">I", 0))})
+            await asyncio.to_thread(raw.send, wire.encode_message(wire.Msg("t", body, [desc]), []))
+            return await h.recv(10)
+
+        # A lazy ticket of A, kept: reading it dials A (the pull is refused: no such lease).
+        env = await send(oa, lazy=True)
+        held = env.body["d"]
+        with pytest.raises(HandoffError, match="unknown-lease"):
+            await held.read(0, 1)
+        assert h.peer_by_id(oa.node_id) is not None
+        # B's ticket finds no room: A's connection stays, for the ticket held there.
+        with pytest.raises(OwnerLost, match="tickets held"):
+            (await send(ob, lazy=False)).body
+        assert h.peer_by_id(oa.node_id) is not None
+        # The ticket let go, A's connection makes room for B's.
+        env.release()
+        del held
+        await asyncio.sleep(0.1)
+        with pytest.raises(HandoffError, match="unknown-lease"):
+            (await send(ob, lazy=False)).body
+        deadline = time.monotonic() + 10
+        while h.peer_by_id(oa.node_id) is not None and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert h.peer_by_id(oa.node_id) is None and h.peer_by_id(ob.node_id) is not None
+        raw.close()

@@ -678,3 +678,52 @@ async def test_tickets_that_point_at_the_victim_itself(victim):
     assert all(name != v.child.name for name, _ in stats["peers"]), stats["peers"]
     await v.check("tickets whose address is the victim's own")
     r.close()
+
+
+async def test_tickets_that_name_many_owners(victim):
+    """Each ticket names another owner (real nodes the attacker runs), so the victim dials
+    each to redeem it: it keeps at most ``--max-owner-connections`` of those connections
+    (§9.1), closing the one unused longest to dial the next. Without the bound, 1030 such
+    tickets left a node at its 1024 connections, refusing every new peer."""
+    v = await victim(max_owner_connections="2")
+    owners = [
+        await Node(f"owner-{i}", secret=SECRET, listen="127.0.0.1:0", host_id=f"owner-host-{i}").start()
+        for i in range(5)
+    ]
+    try:
+
+        def attack():
+            r = raw(v.listen)
+            for owner in owners:
+                t = wire.TicketDesc(
+                    n=MIB, owner=owner.node_id, lease=1, token=bytes(32), digest=bytes(32), ttl=30_000,
+                    addr=owner.listen_addr,
+                )  # fmt: skip
+                msg = wire.Msg(
+                    "handoff.demo.Payload",
+                    body(id=1, digest=ref(0), data=ref(1), prepare_seconds=0.0),
+                    [wire.Inline(32), t],
+                )
+                r.send(wire.encode_message(msg, [bytes(32)]))
+            return r
+
+        r = await v.served_meanwhile(attack)
+        seen: list = []
+
+        async def dialed_all() -> bool:
+            names = [name for name, _ in (await v.stats())["peers"]]
+            seen.append(names)
+            return "owner-4" in names
+
+        deadline = time.monotonic() + 10
+        while not await dialed_all() and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert all(sum(n.startswith("owner-") for n in names) <= 2 for names in seen), seen
+        assert "owner-4" in seen[-1], seen[-1]
+        await v.check("tickets that name many owners")
+        # The owners saw their connections from the victim closed, all but the last two.
+        assert sum(1 for o in owners if o.peers) <= 2, [len(o.peers) for o in owners]
+        r.close()
+    finally:
+        for o in owners:
+            await o.close()

@@ -148,6 +148,10 @@ pub struct BoundsArgs {
     /// Established connections at once.
     #[arg(long, default_value_t = Bounds::DEFAULT.max_connections)]
     pub max_connections: usize,
+    /// Connections dialed to reach ticket owners that are kept open (the one unused
+    /// longest makes room for another).
+    #[arg(long, default_value_t = Bounds::DEFAULT.max_owner_connections)]
+    pub max_owner_connections: usize,
     /// Time a handshake may take, in milliseconds.
     #[arg(long, default_value_t = Bounds::DEFAULT.handshake_timeout.as_millis() as u64)]
     pub handshake_timeout_ms: u64,
@@ -195,6 +199,7 @@ impl BoundsArgs {
             min_buffered_bytes_per_peer: self.min_buffered_bytes_per_peer,
             max_handshakes: self.max_handshakes,
             max_connections: self.max_connections,
+            max_owner_connections: self.max_owner_connections,
             handshake_timeout: Duration::from_millis(self.handshake_timeout_ms),
             progress_timeout: Duration::from_millis(self.progress_timeout_ms),
             write_timeout: Duration::from_millis(self.write_timeout_ms),

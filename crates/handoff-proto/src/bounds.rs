@@ -51,6 +51,12 @@ pub struct Bounds {
     pub max_shm_leases_per_peer: usize,
     /// Connections opened at once to reach the owners of received tickets (default 16).
     pub max_ticket_dials: usize,
+    /// Connections opened to reach the owners of received tickets that are kept open for
+    /// later requests (default 64). Before another owner is dialed at the bound, the one
+    /// unused longest with no request outstanding is closed (which ends our holds there);
+    /// when every one has a request outstanding, the redemption fails at once
+    /// ([`OwnerDials`](crate::dialing::OwnerDials)).
+    pub max_owner_connections: usize,
     /// Warnings logged about one peer per [`warning_period`](Self::warning_period)
     /// (default 10); the rest are counted and reported once per period.
     pub warnings_per_period: u32,
@@ -78,6 +84,7 @@ impl Bounds {
         max_shm_lease_bytes_per_peer: 8 << 30,
         max_shm_leases_per_peer: 65_536,
         max_ticket_dials: 16,
+        max_owner_connections: 64,
         warnings_per_period: 10,
         warning_period: Duration::from_secs(10),
         warnings_in_all_per_period: 100,

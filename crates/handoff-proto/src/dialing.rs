@@ -1,8 +1,9 @@
 //! What a node decides when it dials, with no I/O: what an address names (`inproc://NAME`,
 //! `unix://PATH`, `tcp://HOST:PORT` or plain `HOST:PORT`) and the host a TLS dialer checks in
 //! it; whether a TCP connection moves on to the peer's Unix socket, given the channel the
-//! caller pinned (spec §7.1); and where a holder dials a ticket's owner, and whether the node
-//! it reached there is that owner (spec §7.6, §9.1).
+//! caller pinned (spec §7.1); where a holder dials a ticket's owner, whether the node it
+//! reached there is that owner, and which of the owners it dialed it lets go of to dial
+//! another ([`OwnerDials`]; spec §7.6, §9.1).
 
 use handoff_wire::{Channel, Endpoint, Locality, TicketClaim};
 
@@ -95,10 +96,179 @@ pub fn check_reached_owner(addr: &str, reached: &str, owner: &str) -> Result<(),
     Ok(())
 }
 
+/// The connections a holder opened to reach ticket owners and keeps open (spec §9.1: at most
+/// [`Bounds::max_owner_connections`](crate::bounds::Bounds::max_owner_connections)), the
+/// least recently used first; `K` names a connection for the driver.
+///
+/// Before it dials another owner, a driver asks [`make_room`](Self::make_room), which
+/// reserves a place and may name a connection to close first; then it reports the dial
+/// ([`dialed`](Self::dialed) or [`gave_up`](Self::gave_up)). It reports each request it
+/// makes on a kept connection ([`used`](Self::used)), and each that closes
+/// ([`ended`](Self::ended)).
+///
+/// It also counts the holds this node has at each owner, the tickets it received and still
+/// keeps ([`held`](Self::held), [`let_go`](Self::let_go)): a connection to an owner where
+/// we hold something is never the one closed, since closing it would end those holds
+/// (spec §7.7), and a peer's tickets could then make another peer's fail.
+#[derive(Debug)]
+pub struct OwnerDials<K> {
+    /// Least recently used first.
+    kept: std::collections::VecDeque<K>,
+    /// Places reserved by dials under way.
+    dialing: usize,
+    max: usize,
+    /// Live holds at each owner (tickets received and kept), by owner.
+    holds: std::collections::HashMap<K, usize>,
+}
+
+impl<K: PartialEq + Eq + std::hash::Hash> OwnerDials<K> {
+    /// Keeps at most `max` (at least 1), dials under way included.
+    pub fn new(max: usize) -> OwnerDials<K> {
+        OwnerDials {
+            kept: std::collections::VecDeque::new(),
+            dialing: 0,
+            max: max.max(1),
+            holds: std::collections::HashMap::new(),
+        }
+    }
+
+    /// This node took a hold at owner `k` (it received a ticket of `k`'s).
+    pub fn held(&mut self, k: K) {
+        *self.holds.entry(k).or_insert(0) += 1;
+    }
+
+    /// A hold at owner `k` ended here (the ticket's last handle went).
+    pub fn let_go(&mut self, k: &K) {
+        if let Some(n) = self.holds.get_mut(k) {
+            *n -= 1;
+            if *n == 0 {
+                self.holds.remove(k);
+            }
+        }
+    }
+
+    /// Holds this node has at owner `k`.
+    pub fn holds_at(&self, k: &K) -> usize {
+        self.holds.get(k).copied().unwrap_or(0)
+    }
+
+    /// How many are kept (dials under way not included).
+    pub fn len(&self) -> usize {
+        self.kept.len()
+    }
+
+    /// Whether none is kept.
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_empty()
+    }
+
+    /// Before another owner is dialed: reserves a place for it. `Ok(None)` when there was
+    /// room; `Ok(Some(k))` when `k` gave its place up (the least recently used of those
+    /// that are not `busy`, with no request of ours outstanding, and where we hold
+    /// nothing), for the driver to close; or why there is none, and nothing is reserved.
+    pub fn make_room(&mut self, busy: impl Fn(&K) -> bool) -> Result<Option<K>, String> {
+        if self.kept.len() + self.dialing < self.max {
+            self.dialing += 1;
+            return Ok(None);
+        }
+        match self.kept.iter().position(|k| !busy(k) && self.holds_at(k) == 0) {
+            Some(i) => {
+                self.dialing += 1;
+                Ok(self.kept.remove(i))
+            }
+            None => Err(format!(
+                "this node keeps {} connections to ticket owners it dialed, each with a request outstanding \
+                 or tickets held",
+                self.kept.len() + self.dialing
+            )),
+        }
+    }
+
+    /// The dial [`make_room`](Self::make_room) reserved for reached its owner: `k` is
+    /// kept, as the most recently used.
+    pub fn dialed(&mut self, k: K) {
+        self.dialing = self.dialing.saturating_sub(1);
+        self.kept.retain(|x| x != &k);
+        self.kept.push_back(k);
+    }
+
+    /// The dial [`make_room`](Self::make_room) reserved for failed: its place is free.
+    pub fn gave_up(&mut self) {
+        self.dialing = self.dialing.saturating_sub(1);
+    }
+
+    /// A request goes out on `k`: the most recently used, if it is one of the kept.
+    pub fn used(&mut self, k: &K) {
+        if let Some(i) = self.kept.iter().position(|x| x == k) {
+            if let Some(x) = self.kept.remove(i) {
+                self.kept.push_back(x);
+            }
+        }
+    }
+
+    /// `k` closed (whoever closed it): no longer kept.
+    pub fn ended(&mut self, k: &K) {
+        self.kept.retain(|x| x != k);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use handoff_wire::TicketDigest;
+
+    #[test]
+    fn a_holder_keeps_so_many_owner_connections_and_lets_the_least_recently_used_idle_one_go() {
+        let mut dials = OwnerDials::new(3);
+        let idle = |_: &&str| false;
+        for k in ["a", "b", "c"] {
+            assert_eq!(dials.make_room(idle), Ok(None));
+            dials.dialed(k);
+        }
+        assert_eq!(dials.make_room(idle), Ok(Some("a")), "the least recently used");
+        dials.dialed("d");
+        dials.used(&"b");
+        assert_eq!(
+            dials.make_room(|k: &&str| *k == "c"),
+            Ok(Some("d")),
+            "c is busy, b was used since"
+        );
+        dials.gave_up();
+        assert_eq!(dials.len(), 2, "c and b");
+        assert_eq!(dials.make_room(|_: &&str| true), Ok(None), "a place was free");
+        let why = dials.make_room(|_: &&str| true).unwrap_err();
+        assert!(why.contains("keeps 3 connections"), "dials under way count: {why}");
+        dials.gave_up();
+        dials.ended(&"b");
+        assert_eq!(dials.len(), 1);
+        dials.used(&"z"); // not one of the kept: nothing changes
+        assert_eq!(dials.make_room(idle), Ok(None));
+        dials.dialed("c"); // dialed again: kept once
+        assert_eq!(dials.len(), 1);
+        assert_eq!(OwnerDials::<u8>::new(0).make_room(|_| true), Ok(None), "at least one");
+    }
+
+    #[test]
+    fn a_connection_to_an_owner_where_we_hold_tickets_is_not_closed_to_make_room() {
+        let mut dials = OwnerDials::new(2);
+        for k in ["a", "b"] {
+            dials.make_room(|_| false).unwrap();
+            dials.dialed(k);
+        }
+        dials.held("a");
+        dials.held("a");
+        assert_eq!(dials.make_room(|_| false), Ok(Some("b")), "a holds two tickets");
+        dials.dialed("c");
+        dials.held("c");
+        let why = dials.make_room(|_| false).unwrap_err();
+        assert!(why.contains("tickets held"), "{why}");
+        dials.let_go(&"a");
+        assert_eq!(dials.holds_at(&"a"), 1);
+        dials.let_go(&"a");
+        dials.let_go(&"a"); // (one too many: nothing below zero)
+        assert_eq!(dials.holds_at(&"a"), 0);
+        assert_eq!(dials.make_room(|_| false), Ok(Some("a")));
+    }
 
     #[test]
     fn an_address_names_a_node_by_its_scheme() {

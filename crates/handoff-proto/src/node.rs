@@ -1,7 +1,7 @@
 //! [`NodeCore`]: what every connection of a node shares, the same in both drivers: who the
 //! node is and what it accepts, its receive budget and receive buffers, its mapping cache,
-//! the nonces it sent as a dialer, the lease table of what it sent as tickets, and the ids
-//! of its ticket requests. A driver keeps one per node, adds what waits its own way (tasks,
+//! the nonces it sent as a dialer, the lease table of what it sent as tickets, the ids
+//! of its ticket requests and the connections it dialed to reach ticket owners. A driver keeps one per node, adds what waits its own way (tasks,
 //! a wake pipe), and builds each connection's handshake and receiving half from it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -68,6 +68,9 @@ pub struct NodeCore {
     /// The leases of the buffers the node sent as tickets; every connection answers the
     /// holders' requests from it.
     pub leases: Arc<LeaseTable>,
+    /// The connections the node dialed to reach ticket owners and keeps, by the owner's
+    /// node id (spec §9.1: at most `bounds.max_owner_connections`).
+    pub owner_dials: std::sync::Mutex<crate::dialing::OwnerDials<String>>,
     /// Ids of the ticket requests the node sends.
     next_request: AtomicU64,
 }
@@ -92,6 +95,7 @@ impl NodeCore {
             dialer_nonces: Arc::new(DialerNonces::new(bounds.handshake_timeout)),
             leases: Arc::new(LeaseTable::new(settings.leases, bounds.max_holders_per_lease)),
             next_request: AtomicU64::new(1),
+            owner_dials: std::sync::Mutex::new(crate::dialing::OwnerDials::new(bounds.max_owner_connections)),
             bounds,
         }
     }

@@ -254,6 +254,7 @@ fn set_bound(bounds: &mut Bounds, name: &str, value: f64) -> PyResult<()> {
         "max_shm_lease_bytes_per_peer" => bounds.max_shm_lease_bytes_per_peer = count()?,
         "max_shm_leases_per_peer" => bounds.max_shm_leases_per_peer = count()? as usize,
         "max_ticket_dials" => bounds.max_ticket_dials = count()? as usize,
+        "max_owner_connections" => bounds.max_owner_connections = count()? as usize,
         _ => {
             return Err(PyValueError::new_err(format!(
                 "no bound named {name} (handoff_proto::bounds::Bounds)"
@@ -374,6 +375,16 @@ pub fn give_back_held(py: Python<'_>) -> PyResult<Bound<'_, pyo3::types::PyDict>
 #[pyclass(frozen, module = "handoff._native")]
 pub struct Engine {
     pub(crate) shared: Arc<Shared>,
+}
+
+impl Engine {
+    /// The connections this node dialed to reach ticket owners.
+    fn dials(&self) -> std::sync::MutexGuard<'_, handoff_proto::dialing::OwnerDials<String>> {
+        self.shared
+            .owner_dials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 #[pymethods]
@@ -640,8 +651,49 @@ impl Engine {
         handoff_proto::peers::check_owner(owner, &self.shared.me.node_id).err()
     }
 
+    /// Before this node dials another ticket owner (spec §9.1, at most
+    /// `max_owner_connections` kept): reserves a place, and returns the node id of the
+    /// owner whose connection to close first (the one unused longest of those not in
+    /// `busy`, the owners with a request of ours outstanding), or `None` when there was
+    /// room. Raises `ValueError` with why when every kept connection is busy (nothing
+    /// reserved). Tell the dial's end with `owner_dialed` or `owner_gave_up`
+    /// (`handoff_proto::dialing::OwnerDials`).
+    fn owner_make_room(&self, busy: std::collections::HashSet<String>) -> PyResult<Option<String>> {
+        self.dials()
+            .make_room(|id| busy.contains(id))
+            .map_err(PyValueError::new_err)
+    }
+
+    /// The dial `owner_make_room` reserved for reached the owner `node_id`: kept, as the
+    /// most recently used.
+    fn owner_dialed(&self, node_id: String) {
+        self.dials().dialed(node_id);
+    }
+
+    /// The dial `owner_make_room` reserved for failed.
+    fn owner_gave_up(&self) {
+        self.dials().gave_up();
+    }
+
+    /// A request goes to the owner `node_id` on a connection we have.
+    fn owner_used(&self, node_id: String) {
+        self.dials().used(&node_id);
+    }
+
+    /// This node's last connection to `node_id` closed.
+    fn owner_ended(&self, node_id: String) {
+        self.dials().ended(&node_id);
+    }
+
+    /// How many connections to ticket owners this node dialed and keeps.
+    #[getter]
+    fn owner_connections(&self) -> usize {
+        self.dials().len()
+    }
+
     /// The bounds of spec §9.1 this node keeps that its driver applies: `max_handshakes`,
-    /// `max_connections`, `max_ticket_dials`, `write_timeout` (seconds).
+    /// `max_connections`, `max_ticket_dials`, `max_owner_connections`, `write_timeout`
+    /// (seconds).
     #[getter]
     fn bounds<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
         let b = &self.shared.bounds;
@@ -649,6 +701,7 @@ impl Engine {
         d.set_item("max_handshakes", b.max_handshakes)?;
         d.set_item("max_connections", b.max_connections)?;
         d.set_item("max_ticket_dials", b.max_ticket_dials)?;
+        d.set_item("max_owner_connections", b.max_owner_connections)?;
         d.set_item("write_timeout", b.write_timeout.as_secs_f64())?;
         Ok(d)
     }

@@ -33,6 +33,13 @@ pub struct Ticket {
 impl Ticket {
     /// A claim this node received: its hold ends when the last handle is dropped.
     pub(crate) fn held(claim: TicketClaim, shared: &Arc<Shared>) -> Ticket {
+        // Counted until it ends, so that the connection to its owner is kept meanwhile
+        // (spec §9.1).
+        shared
+            .owner_dials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .held(claim.owner.clone());
         Ticket {
             holder: shared.me.node_id.clone(),
             claim,
@@ -59,6 +66,11 @@ impl Ticket {
         let Some(shared) = self.ours.as_ref().and_then(Weak::upgrade) else {
             return;
         };
+        shared
+            .owner_dials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .let_go(&self.claim.owner);
         let mut ended = shared.ended_holds.lock();
         // Bounded: past this many unsent, a hold ends by its ttl at the owner instead.
         if ended.len() < MAX_ENDED_HOLDS {

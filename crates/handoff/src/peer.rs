@@ -168,6 +168,20 @@ impl Peer {
         self.0.closed.store(true, Ordering::Release);
     }
 
+    /// Whether a ticket request of ours waits for its answer on this connection.
+    pub(crate) fn has_requests(&self) -> bool {
+        !self.0.pending.lock().expect("pending lock").is_empty()
+    }
+
+    /// Closes the connection at once, in both directions, whatever is queued (the peer
+    /// sees it end; our read loop ends too, and the peer goes with it).
+    pub(crate) fn abort(&self) {
+        self.mark_closed();
+        if let Some(socket) = self.0.link.socket() {
+            socket.abort();
+        }
+    }
+
     /// Bytes of this peer's messages the node holds now: read, and not yet taken by the
     /// application (bounded by [`Bounds::max_buffered_bytes_per_peer`](crate::Bounds)).
     pub fn buffered_bytes(&self) -> u64 {

@@ -74,6 +74,11 @@ pub(crate) async fn read_loop(node: Arc<NodeInner>, peer: Peer, socket: Arc<Sock
     // A node may hold a second connection to us (the switch from TCP to its Unix socket):
     // its holds end with the last one.
     if node.peer_by_id(&peer.0.remote.node_id).is_none() {
+        node.ctx
+            .owner_dials
+            .lock()
+            .expect("owner dials lock")
+            .ended(&peer.0.remote.node_id);
         let ended = node.ctx.leases.drop_holder(&peer.0.remote.node_id);
         if ended > 0 {
             tracing::info!(node = %node.ctx.me.name, peer = %peer.name(), "peer gone: its holds on {ended} ticket leases ended");
@@ -277,22 +282,19 @@ fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Opt
         Frame::Ticket(claim) => {
             let connected_name = |id: &str| node.peer_by_id(id).map(|p| p.name().to_string());
             let owner_label = received::owner_label_at_receipt(&claim, &peer.0.remote, connected_name);
-            let handle = Arc::new(TicketHandle {
-                claim,
-                node: peer.0.local.clone(),
-                owner_label,
-            });
+            let handle = Arc::new(TicketHandle::held(claim, &node.ctx, peer.0.local.clone(), owner_label));
             Buffer::with_origin(Bytes::new(), Arc::new(TicketOrigin(handle)))
         }
         // The sender's GPU memory (spec §7.10): mapped here if it can be; the hold on its
         // lease ends with the last handle, as a ticket's does.
         Frame::Device(claim) => {
             let owner = &peer.0.remote.node_id;
-            let hold = Arc::new(TicketHandle {
-                claim: received::device_hold(&claim, owner),
-                node: peer.0.local.clone(),
-                owner_label: peer.name().to_string(),
-            });
+            let hold = Arc::new(TicketHandle::held(
+                received::device_hold(&claim, owner),
+                &node.ctx,
+                peer.0.local.clone(),
+                peer.name().to_string(),
+            ));
             Buffer::from(DeviceBuffer::received(&claim, hold))
         }
     })

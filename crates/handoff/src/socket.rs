@@ -366,6 +366,13 @@ impl Socket {
         });
     }
 
+    /// Shuts the socket down in both directions now: our reader sees its end, and what is
+    /// still queued fails to be written (every waiting sender is woken to find out).
+    pub(crate) fn abort(&self) {
+        let _ = rustix::net::shutdown(self.raw.fd(), rustix::net::Shutdown::Both);
+        self.progress.notify_waiters();
+    }
+
     /// Waits until the peer's answers drained (or the connection failed).
     pub(crate) async fn drained(&self, max_pull_answers: usize) {
         loop {

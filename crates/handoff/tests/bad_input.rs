@@ -291,3 +291,142 @@ async fn large_headers_that_are_no_message_give_their_room_back() {
     let env = node.recv_timeout(Duration::from_secs(10)).await.unwrap();
     assert_eq!(env.type_name(), "test.Ping");
 }
+
+/// Tickets that name many owners, each a real node (the sender runs them), make the holder
+/// dial each one to redeem: it keeps at most `max_owner_connections` of those connections
+/// (spec §9.1), closing the one unused longest to dial another, so that a peer cannot fill
+/// the node's places for connections (before the bound, 1030 such tickets left a node at
+/// its 1024 connections, refusing every new peer).
+#[tokio::test]
+async fn a_holder_keeps_so_many_connections_to_ticket_owners() {
+    let bounds = handoff::Bounds {
+        max_owner_connections: 2,
+        ..handoff::Bounds::default()
+    };
+    let node = Node::builder("many-owners")
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .register::<Ping>()
+        .bounds(bounds)
+        .build()
+        .await
+        .unwrap();
+    let mut owners = Vec::new();
+    for i in 0..5 {
+        let owner = Node::builder(format!("owner-{i}"))
+            .secret(SECRET)
+            .listen("127.0.0.1:0")
+            .host_id(format!("owner-host-{i}"))
+            .build()
+            .await
+            .unwrap();
+        owners.push(owner);
+    }
+    let mut s = handshaken(&addr(&node)).await;
+    for owner in &owners {
+        // A lease the owner never issued: the holder dials it, and the pull is refused.
+        let claim = handoff::wire::TicketClaim {
+            len: 10,
+            owner: owner.endpoint().node_id.clone(),
+            addr: Some(owner.listen_addr().unwrap().to_string()),
+            lease: 1,
+            token: vec![0; 32],
+            digest: handoff::wire::TicketDigest::Blake3([0; 32]),
+            ttl_ms: 30_000,
+            lazy: false,
+        };
+        let bytes = msg_with_frames("test.Ping", vec![handoff::wire::Descriptor::Ticket(claim)], &[]);
+        s.write_all(&bytes).await.unwrap();
+        let env = node.recv_timeout(Duration::from_secs(10)).await.unwrap();
+        let err = env.decode::<Ping>().unwrap_err().to_string();
+        assert!(err.contains("unknown-lease"), "{err}");
+        let t0 = std::time::Instant::now();
+        let owners_connected = || node.peers().iter().filter(|p| p.name().starts_with("owner-")).count();
+        while owners_connected() > 2 && t0.elapsed() < Duration::from_secs(10) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(owners_connected() <= 2, "{} owner connections kept", owners_connected());
+    }
+    // The last two owners dialed are the ones kept.
+    let kept: Vec<String> = node.peers().iter().map(|p| p.name().to_string()).collect();
+    assert!(
+        kept.contains(&"owner-3".to_string()) && kept.contains(&"owner-4".to_string()),
+        "{kept:?}"
+    );
+    still_serves(&node, "after-many-owners").await;
+}
+
+/// A connection to an owner where the holder keeps a ticket is never the one closed to make
+/// room: closing it would end that hold (spec §7.7), so another peer's tickets could make
+/// this one fail. With no room left, the new redemption fails instead, saying why; once the
+/// ticket is dropped, its owner's connection makes room again.
+#[tokio::test]
+async fn a_connection_to_an_owner_whose_ticket_we_hold_is_not_closed_to_make_room() {
+    let bounds = handoff::Bounds {
+        max_owner_connections: 1,
+        ..handoff::Bounds::default()
+    };
+    let node = Node::builder("holder")
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .register::<Ping>()
+        .bounds(bounds)
+        .build()
+        .await
+        .unwrap();
+    let mut owners = Vec::new();
+    for name in ["owner-a", "owner-b"] {
+        let owner = Node::builder(name)
+            .secret(SECRET)
+            .listen("127.0.0.1:0")
+            .host_id(format!("{name}-host"))
+            .build()
+            .await
+            .unwrap();
+        owners.push(owner);
+    }
+    let claim = |owner: &Node, lazy: bool| handoff::wire::TicketClaim {
+        len: 10,
+        owner: owner.endpoint().node_id.clone(),
+        addr: Some(owner.listen_addr().unwrap().to_string()),
+        lease: 1,
+        token: vec![0; 32],
+        digest: handoff::wire::TicketDigest::Blake3([0; 32]),
+        ttl_ms: 30_000,
+        lazy,
+    };
+    let mut s = handshaken(&addr(&node)).await;
+    let mut send = async |claim: handoff::wire::TicketClaim| {
+        // {"seq": 1, "data": frame 0} (a frame reference is ext 1 of 4 bytes, spec §8.2).
+        let body = b"\x82\xa3seq\x01\xa4data\xd6\x01\x00\x00\x00\x00";
+        let bytes = header_bytes(&Header::Msg {
+            type_name: "test.Ping",
+            body,
+            frames: vec![handoff::wire::Descriptor::Ticket(claim)],
+        });
+        s.write_all(&bytes).await.unwrap();
+        node.recv_timeout(Duration::from_secs(10)).await.unwrap()
+    };
+    // A lazy ticket of owner A, kept; reading it dials A (the pull is refused: no such lease).
+    let env = send(claim(&owners[0], true)).await;
+    let ping = env.decode::<Ping>().unwrap();
+    let ticket = handoff::Ticket::of(&ping.data).expect("a ticket");
+    let err = ticket.read(0..1).await.unwrap_err().to_string();
+    assert!(err.contains("unknown-lease"), "{err}");
+    // Owner B's ticket finds no room: A's connection stays, for the ticket we hold.
+    let env = send(claim(&owners[1], false)).await;
+    let err = env.decode::<Ping>().unwrap_err().to_string();
+    assert!(err.contains("tickets held"), "{err}");
+    assert!(node.peer("owner-a").is_some(), "the connection to A stays");
+    // The ticket dropped, A's connection makes room for B's.
+    drop((ticket, ping));
+    let env = send(claim(&owners[1], false)).await;
+    let err = env.decode::<Ping>().unwrap_err().to_string();
+    assert!(err.contains("unknown-lease"), "B was reached: {err}");
+    let t0 = std::time::Instant::now();
+    while node.peer("owner-a").is_some() && t0.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(node.peer("owner-a").is_none(), "A's connection was closed");
+    assert!(node.peer("owner-b").is_some());
+}

@@ -208,6 +208,7 @@ class Driver:
             raise self._lost(ticket, why, label)
         c = self.connection_to(owner)
         if c is not None:
+            self.engine.owner_used(owner)
             return c
         addr = ticket.addr
         if not addr:
@@ -225,17 +226,34 @@ class Driver:
         try:
             c = self.connection_to(owner)
             if c is not None:
+                self.engine.owner_used(owner)
                 return c
+            # Only so many kept (spec §9.1): the one unused longest, with no request of ours
+            # outstanding, makes room (our holds at that owner end with it, §7.7).
+            busy = {node_id for node_id, conns in self._by_id.items() if any(x._requests for x in conns)}
+            try:
+                idle = self.engine.owner_make_room(busy)
+            except ValueError as e:
+                raise self._lost(ticket, str(e), label) from None
+            for x in list(self._by_id.get(idle, ())) if idle is not None else ():
+                log.debug("closing an idle connection to the ticket owner %s to dial another", x.label)
+                x.close()
             try:
                 left = max(0.001, deadline - self.loop.time())
                 c = await (self.dial(addr, left) if self.dial is not None else self.connect(addr, timeout=left))
             except (OSError, TimeoutError, HandoffError) as e:
+                self.engine.owner_gave_up()
                 raise self._lost(ticket, f"cannot connect to {addr}: {e}", label) from None
+            except BaseException:
+                self.engine.owner_gave_up()
+                raise
         finally:
             self._dials.release()
         if c.peer["node_id"] != owner:
+            self.engine.owner_gave_up()
             c.close()
             raise self._lost(ticket, f"the node at {addr} is {c.peer['node_id']}, not the ticket's owner", label)
+        self.engine.owner_dialed(owner)
         return c
 
     async def redeem(self, ticket: Ticket, label: Optional[str] = None) -> Frame:
@@ -753,6 +771,7 @@ class EngineConnection:
                 live.remove(self)
             if not live:
                 self.driver._by_id.pop(self.peer["node_id"], None)
+                self.driver.engine.owner_ended(self.peer["node_id"])
         for fut in self._requests.values():
             if not fut.done():
                 fut.set_exception(PeerClosed(f"{self.label} closed before it answered"))

@@ -189,6 +189,7 @@ class EngineNode(Node):
             "max_shm_lease_bytes_per_peer": b.max_shm_bytes_per_peer,
             "max_shm_leases_per_peer": b.max_shm_leases_per_peer,
             "max_ticket_dials": b.max_owner_dials,
+            "max_owner_connections": b.max_owner_connections,
         }
 
     def _engine_tls(self) -> dict:

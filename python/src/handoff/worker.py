@@ -22,8 +22,9 @@ do is bounded, each bound a flag (``--help`` lists them with their defaults):
 - the node's bounds (:class:`handoff.bounds.Bounds`): ``--max-buffered-bytes-per-peer``
   (1 GiB) and ``--max-buffered-bytes`` (4 GiB) of messages read and not yet handled,
   beyond which it stops reading; ``--max-handshakes`` (256), ``--max-connections``
-  (1024), ``--handshake-timeout`` (10 s), ``--progress-timeout`` (30 s of silence inside
-  a message), ``--write-timeout`` (120 s without progress writing to a peer),
+  (1024), ``--max-owner-connections`` (64), ``--handshake-timeout`` (10 s),
+  ``--progress-timeout`` (30 s of silence inside a message), ``--write-timeout``
+  (120 s without progress writing to a peer),
   ``--lease-wait`` (30 s), ``--max-shm-bytes-per-peer`` (8 GiB),
   ``--max-shm-leases-per-peer`` (65 536), ``--max-ticket-bytes`` (16 GiB),
   ``--max-ticket-bytes-per-peer`` (8 GiB);
@@ -206,6 +207,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     bound("--max-handshakes", int, d.max_handshakes, "N", "handshakes in progress at once; the oldest makes room")
     bound("--max-connections", int, d.max_connections, "N", "established connections")
     bound(
+        "--max-owner-connections",
+        int,
+        d.max_owner_connections,
+        "N",
+        "connections dialed to reach ticket owners that are kept open; the one unused longest makes room",
+    )
+    bound(
         "--min-buffered-bytes-per-peer",
         parse_size,
         d.min_buffered_bytes_per_peer,
@@ -310,6 +318,7 @@ def node_bounds(args: argparse.Namespace) -> Bounds:
         max_buffered_bytes=args.max_buffered_bytes,
         max_handshakes=args.max_handshakes,
         max_connections=args.max_connections,
+        max_owner_connections=args.max_owner_connections,
         min_buffered_bytes_per_peer=args.min_buffered_bytes_per_peer,
         handshake_timeout=args.handshake_timeout_ms,
         progress_timeout=args.progress_timeout_ms,

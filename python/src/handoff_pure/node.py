@@ -104,7 +104,7 @@ class Node(handoff.node.Node):
         #: Which connections get in: the caps on handshakes and connections, and node-id claims.
         self._admission = Admission(self.node_id, bounds, self.peer_by_id, lambda: len(self._all_peers))
         #: The holder side of the tickets this node receives (:mod:`handoff_pure.ticket_client`).
-        self._tickets = TicketClient(self, bounds.max_owner_dials)
+        self._tickets = TicketClient(self, bounds.max_owner_dials, bounds.max_owner_connections)
 
     async def start(self) -> "Node":
         if self._started:

@@ -775,6 +775,7 @@ class Peer(PeerBase):
                     frames.append(
                         ReceivedFrame("ticket", Ticket(self.node, d, self.node._tickets.owner_label(d)), d.lease)
                     )
+                    self.node._tickets.held(d.owner)
         finally:
             for fd in fds:
                 os.close(fd)

@@ -52,13 +52,48 @@ class TicketClient:
     """A node's requests to the owners of the tickets it holds.
 
     ``node`` is the node that received the tickets; at most ``max_owner_dials`` owners are
-    dialled at once (§9.1)."""
+    dialled at once, and at most ``max_owner_connections`` connections so dialled are kept
+    (§9.1)."""
 
-    def __init__(self, node: ClientNode, max_owner_dials: int):
+    def __init__(self, node: ClientNode, max_owner_dials: int, max_owner_connections: int = 64):
         self._node = node
         self._dial_slots = asyncio.Semaphore(max_owner_dials)
         self._dialing: dict = {}  # (owner, addr) -> task connecting to it
         self._next_req = 1
+        #: Owners this node dialed whose connection it keeps, least recently used first.
+        self._kept: dict = {}
+        self._kept_max = max(1, max_owner_connections)
+        #: Places reserved by dials under way.
+        self._reserved = 0
+        #: Tickets received and not yet released, by owner: a connection to an owner where
+        #: this node holds something is never closed to make room (that would end the holds).
+        self._holds: dict = {}
+
+    def held(self, owner: str) -> None:
+        """A ticket of ``owner``'s was received: a hold there until it is released."""
+        self._holds[owner] = self._holds.get(owner, 0) + 1
+
+    def _make_room(self) -> None:
+        """Reserves a place for one more dialled owner (§9.1): closes the connection unused
+        longest with no request of ours outstanding when all are taken, or raises
+        :class:`HandoffError` saying why none can go (every one has a request outstanding)."""
+        for owner in [o for o in self._kept if self._node.peer_by_id(o) is None]:
+            del self._kept[owner]  # closed since (by either side)
+        if len(self._kept) + self._reserved >= self._kept_max:
+            idle = next((o for o in self._kept if not self._node.peer_by_id(o).pending and o not in self._holds), None)
+            if idle is None:
+                raise HandoffError(
+                    f"this node keeps {len(self._kept) + self._reserved} connections to ticket owners it dialed, "
+                    "each with a request outstanding or tickets held"
+                )
+            del self._kept[idle]
+            # Our holds at that owner end with it (§7.7), as they would with its death.
+            self._node.peer_by_id(idle).abort()
+        self._reserved += 1
+
+    def _used(self, owner: str) -> None:
+        if owner in self._kept:
+            self._kept[owner] = self._kept.pop(owner)  # the most recently used now
 
     def owner_label(self, desc: wire.TicketDesc) -> str:
         p = self._node.peer_by_id(desc.owner)
@@ -85,19 +120,25 @@ class TicketClient:
     async def _dial_owner(self, desc: wire.TicketDesc) -> Any:
         # At most ``max_owner_dials`` at once (§9.1); the wait counts in the caller's timeout.
         async with self._dial_slots:
-            # Pinned to TCP: pulled bytes travel inline on any channel, and switching to the
-            # owner's Unix socket would close the TCP connection, which owners may take as
-            # the loss of this node's hold (the reference does, §7.7).
-            p = await asyncio.wait_for(self._node.connect(desc.addr, channel="tcp"), self._node.pull_timeout)
+            self._make_room()
+            try:
+                # Pinned to TCP: pulled bytes travel inline on any channel, and switching to the
+                # owner's Unix socket would close the TCP connection, which owners may take as
+                # the loss of this node's hold (the reference does, §7.7).
+                p = await asyncio.wait_for(self._node.connect(desc.addr, channel="tcp"), self._node.pull_timeout)
+            finally:
+                self._reserved -= 1
         if p.node_id != desc.owner:
             await p.close()
             raise HandoffError(f"the node at {desc.addr} is {p.node_id}, not the ticket's owner")
+        self._kept[desc.owner] = None
         return p
 
     async def _owner_peer(self, ticket: Ticket) -> Any:
         desc = ticket.desc
         p = self._node.peer_by_id(desc.owner)
         if p is not None:
+            self._used(desc.owner)
             return p
         why = self._dial_refusal(desc)
         if why is not None:
@@ -205,6 +246,11 @@ class TicketClient:
             pass
 
     def _unlease(self, desc: wire.TicketDesc) -> None:
+        left = self._holds.get(desc.owner, 0) - 1
+        if left > 0:
+            self._holds[desc.owner] = left
+        else:
+            self._holds.pop(desc.owner, None)
         p = self._node.peer_by_id(desc.owner)
         if p is None:
             log.debug(

@@ -28,7 +28,7 @@ impl NodeInner {
     /// A connection to the ticket's owner: the one we have, or a new one to its address.
     pub(crate) async fn owner_peer(self: &Arc<Self>, claim: &TicketClaim, owner: &str) -> Result<Peer> {
         handoff_proto::peers::check_owner(&claim.owner, &self.ctx.me.node_id).map_err(|why| lost(claim, owner, why))?;
-        if let Some(p) = self.peer_by_id(&claim.owner) {
+        if let Some(p) = self.connected_owner(&claim.owner) {
             return Ok(p);
         }
         let addr = dialing::owner_address(claim).map_err(|why| lost(claim, &claim.owner, why))?;
@@ -46,24 +46,57 @@ impl NodeInner {
                 )
             })?
             .expect("the semaphore is never closed");
-        if let Some(p) = self.peer_by_id(&claim.owner) {
+        if let Some(p) = self.connected_owner(&claim.owner) {
             return Ok(p);
         }
-        let peer = tokio::time::timeout_at(deadline, connection::connect(self, addr, None))
-            .await
-            .map_err(|_| {
-                lost(
-                    claim,
-                    owner,
-                    format!("connecting took over {:?}", self.ctx.settings.pull_timeout),
-                )
-            })?
-            .map_err(|e| lost(claim, owner, format!("cannot connect: {}", e.chain())))?;
-        if let Err(why) = dialing::check_reached_owner(addr, &peer.endpoint().node_id, &claim.owner) {
-            connection::close(&peer).await;
-            return Err(lost(claim, owner, why));
+        // Only so many kept (spec §9.1): the one unused longest, with no request of ours
+        // outstanding, makes room (its holds end with it, §7.7).
+        let busy = |id: &String| self.peer_by_id(id).is_some_and(|p| p.has_requests());
+        let make_room = self.ctx.owner_dials.lock().expect("owner dials lock").make_room(busy);
+        if let Some(idle) = make_room.map_err(|why| lost(claim, owner, why))? {
+            if let Some(p) = self.peer_by_id(&idle) {
+                tracing::debug!(node = %self.ctx.me.name, peer = %p.name(), "closing an idle connection to a ticket owner to dial another");
+                p.abort();
+            }
         }
-        Ok(peer)
+        let dialed = async {
+            let peer = tokio::time::timeout_at(deadline, connection::connect(self, addr, None))
+                .await
+                .map_err(|_| {
+                    lost(
+                        claim,
+                        owner,
+                        format!("connecting took over {:?}", self.ctx.settings.pull_timeout),
+                    )
+                })?
+                .map_err(|e| lost(claim, owner, format!("cannot connect: {}", e.chain())))?;
+            if let Err(why) = dialing::check_reached_owner(addr, &peer.endpoint().node_id, &claim.owner) {
+                connection::close(&peer).await;
+                return Err(lost(claim, owner, why));
+            }
+            Ok(peer)
+        };
+        let dialed = dialed.await;
+        let mut dials = self.ctx.owner_dials.lock().expect("owner dials lock");
+        match &dialed {
+            // (Its read loop tells `ended` when it closes: if it closed already, `ended`
+            // came first and this keeps a place until the next dial finds it idle.)
+            Ok(_) => dials.dialed(claim.owner.clone()),
+            Err(_) => dials.gave_up(),
+        }
+        dialed
+    }
+
+    /// The established connection to `owner`, if there is one; a request is about to go
+    /// out on it (it is used, if it is one we dialed to reach an owner).
+    fn connected_owner(&self, owner: &str) -> Option<Peer> {
+        let peer = self.peer_by_id(owner)?;
+        self.ctx
+            .owner_dials
+            .lock()
+            .expect("owner dials lock")
+            .used(&owner.to_string());
+        Some(peer)
     }
 
     /// Sends a ticket request and waits (at most the pull timeout) for the owner's answer.

@@ -19,10 +19,36 @@ pub(crate) struct TicketHandle {
     pub(crate) owner_label: String,
 }
 
+impl TicketHandle {
+    /// A claim this node received: a hold at its owner until the last handle is dropped
+    /// (counted, so that the connection to that owner is kept while it lasts, spec §9.1).
+    pub(crate) fn held(
+        claim: TicketClaim,
+        ctx: &crate::context::Context,
+        node: Weak<dyn LocalNode>,
+        owner_label: String,
+    ) -> TicketHandle {
+        ctx.owner_dials
+            .lock()
+            .expect("owner dials lock")
+            .held(claim.owner.clone());
+        TicketHandle {
+            claim,
+            node,
+            owner_label,
+        }
+    }
+}
+
 impl Drop for TicketHandle {
     fn drop(&mut self) {
         if let Some(node) = self.node.upgrade() {
-            node.context().ticket_released(&self.claim);
+            let ctx = node.context();
+            ctx.owner_dials
+                .lock()
+                .expect("owner dials lock")
+                .let_go(&self.claim.owner);
+            ctx.ticket_released(&self.claim);
         }
     }
 }

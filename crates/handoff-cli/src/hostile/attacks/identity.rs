@@ -1,4 +1,5 @@
-//! Classes 12 and 13: a reused node id, and ticket addresses that point elsewhere.
+//! Classes 12 and 13: a reused node id, and ticket addresses that point elsewhere (the
+//! victim itself, or more owners than a node keeps connections to).
 
 use std::time::{Duration, Instant};
 
@@ -87,5 +88,59 @@ pub(super) async fn ticket_addr(t: &Target, f: &mut Findings) -> Result<()> {
         !to_itself,
         format!("the victim did not connect to itself (its peers: {:?})", stats.peers),
     );
+    Ok(())
+}
+
+/// Owners the `many-owners` attack runs, past the victim's `--max-owner-connections`.
+const MANY_OWNERS: usize = 12;
+/// The victim's bound on connections to owners it dialed, in that attack (`victim_args`).
+pub(super) const OWNER_CONNECTIONS: usize = 4;
+
+/// Tickets that each name another owner, a real node the attacker runs: the victim dials
+/// each one to redeem its ticket (the pulls are refused: no such lease), and keeps at most
+/// its bound of those connections (spec §9.1). Without the bound a node kept every one, up
+/// to its 1024 connections, and then refused every new peer.
+pub(super) async fn many_owners(t: &Target, f: &mut Findings) -> Result<()> {
+    let mut owners = Vec::new();
+    for i in 0..MANY_OWNERS {
+        let owner = handoff::Node::builder(format!("owner-{i}"))
+            .secret(t.secret.clone())
+            .listen("127.0.0.1:0")
+            .host_id(format!("owner-host-{i}"))
+            .build()
+            .await?;
+        owners.push(owner);
+    }
+    let mut raw = Raw::tcp_handshaken(&t.listen, &Identity::fresh("owner-namer"), &t.secret).await?;
+    let mut most = 0;
+    for (seq, owner) in owners.iter().enumerate() {
+        let addr = owner.listen_addr().map(str::to_string);
+        raw.write(&blob(
+            seq as u64,
+            ticket(&owner.endpoint().node_id, addr, 4096, [0; 32]),
+        ))
+        .await?;
+        // The ping behind it is answered once the ticket's redemption failed.
+        f.check(
+            served(&mut raw, 1000 + seq as u64).await,
+            "the namer's ping is answered",
+        );
+        let connected = owners.iter().filter(|o| !o.peers().is_empty()).count();
+        most = most.max(connected);
+    }
+    f.check(
+        !owners[MANY_OWNERS - 1].peers().is_empty(),
+        "the victim reached the last owner named",
+    );
+    f.check(
+        most <= OWNER_CONNECTIONS,
+        format!(
+            "the victim kept at most {OWNER_CONNECTIONS} connections to the {MANY_OWNERS} owners it dialed \
+             (most at once: {most})"
+        ),
+    );
+    for owner in owners {
+        owner.shutdown();
+    }
     Ok(())
 }

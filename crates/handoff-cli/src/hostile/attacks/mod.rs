@@ -43,6 +43,7 @@ pub const ALL: &[&str] = &[
     "stalled-frame",
     "reused-node-id",
     "ticket-addr",
+    "many-owners",
     "reflection",
     "interleaving-two-nodes",
     "replay",
@@ -68,7 +69,7 @@ pub fn classes(attack: &str) -> &'static [u8] {
         "slow-reader" => &[10],
         "slowloris" | "fds-before-handshake" | "stalled-frame" => &[11],
         "reused-node-id" => &[12],
-        "ticket-addr" => &[13],
+        "ticket-addr" | "many-owners" => &[13],
         "reflection" | "interleaving-two-nodes" | "replay" | "relay-to-self" | "downgrade" => &[15],
         _ => &[],
     }
@@ -84,6 +85,8 @@ pub fn victim_args(attack: &str) -> &'static [&'static str] {
         "reused-node-id" => &["--accept-v1"],
         // The downgrade needs a victim that would run version 2 at all.
         "downgrade" => &["--accept-v2"],
+        // A small bound on kept owner connections, so that a dozen owners pass it.
+        "many-owners" => &["--max-owner-connections", "4"],
         _ => &[],
     }
 }
@@ -118,6 +121,7 @@ pub async fn run(name: &str, target: &Target) -> Result<Findings> {
         "slowloris" => slow::slowloris(target, &mut f).await?,
         "fds-before-handshake" => slow::fds_before_handshake(target, &mut f).await?,
         "stalled-frame" => slow::stalled_frame(target, &mut f).await?,
+        "many-owners" => identity::many_owners(target, &mut f).await?,
         "reused-node-id" => identity::reused_node_id(target, &mut f).await?,
         "ticket-addr" => identity::ticket_addr(target, &mut f).await?,
         "reflection" => reflection::reflection(target, &mut f).await?,
