@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import time
 
 import msgpack
 import numpy as np
@@ -299,3 +300,58 @@ def test_plain_values_pack_as_the_walk_does(value):
         except Exception as e:
             slow = (type(e), str(e))
         assert fast == slow
+
+
+def _colliding_pairs(n: int) -> list:
+    """``n`` pairs of ints whose tuples CPython hashes alike, in every process (its tuple
+    hash is xxHash-like over the items' hashes, and a small int hashes to itself): the keys
+    an attacker would choose to make a dict's inserts quadratic."""
+    m, p1, p2, p5 = 1 << 64, 11400714785074694791, 14029467366897019727, 2870177450012600261
+
+    def rotl(x: int, r: int) -> int:
+        return ((x << r) | (x >> (64 - r))) & (m - 1)
+
+    def step(acc: int, lane: int) -> int:
+        return rotl((acc + lane * p2) % m, 31) * p1 % m
+
+    # The state before the length is mixed in, for a chosen final hash; then, for each first
+    # item, the second item that reaches it.
+    before = (12345 - (2 ^ (p5 ^ 3527539))) % m
+    wanted = rotl(before * pow(p1, -1, m) % m, 64 - 31)
+    out, a, inv2 = [], 0, pow(p2, -1, m)
+    while len(out) < n:
+        a += 1
+        lane = (wanted - step(p5, a)) * inv2 % m
+        if lane < (1 << 61) - 1:
+            out.append((a, lane))
+    return out
+
+
+def test_keys_whose_hashes_an_attacker_chooses_are_bounded_per_body():
+    """§9: at most 1024 map keys that are arrays or floats in one body (Python hashes tuples
+    and floats alike in every process: 30 000 colliding keys held a node's loop for 11 s).
+    A body with more is refused at once; a node does not send one."""
+    keys = _colliding_pairs(30_000)
+    assert len({hash(k) for k in keys[:100]}) == 1, "the keys collide"
+    # (Packed from pairs: a dict of them would take this test the time the attack costs.)
+    body = msgpack.Packer().pack_map_pairs([(k, 0) for k in keys])  # a tuple key packs as an array
+    t0 = time.perf_counter()
+    with pytest.raises(wire.WireError, match="more than 1024 map keys are arrays or floats") as e:
+        decode_body(body, [])
+    assert e.value.code == "bad-body"
+    assert time.perf_counter() - t0 < 1.0
+    # Up to the bound they decode, and floats count with arrays; str, bin and int keys do not.
+    at_bound = {**{k: 0 for k in keys[:1000]}, **{float(i) + 0.5: 1 for i in range(24)}}
+    assert decode_body(msgpack.packb(at_bound), []) == at_bound
+    plenty = {**{str(i): 0 for i in range(5000)}, **{i: 0 for i in range(5000)}, **{bytes([i]): 0 for i in range(256)}}
+    assert decode_body(msgpack.packb({"m": plenty, "t": at_bound}), []) == {"m": plenty, "t": at_bound}
+    over = {**at_bound, 0.25: 2}
+    with pytest.raises(wire.WireError, match="more than 1024"):
+        decode_body(msgpack.packb([at_bound, {(1, 2): 3, (4, 5): 6}]), [])
+    # The sender refuses to send what such a peer refuses, on either encoding path.
+    for fast in (True, False):
+        assert decode_body(encode_body(at_bound, fast=fast).body, []) == at_bound
+        with pytest.raises(ValueError, match="more than 1024 map keys are tuples or floats"):
+            encode_body(over, fast=fast)
+        with pytest.raises(ValueError, match="more than 1024"):
+            encode_body({"a": at_bound, "b": {(7, 8): 1}}, fast=fast)

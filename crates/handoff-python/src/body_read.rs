@@ -4,7 +4,9 @@
 //! msgpack's values become Python's: str (a str that is not UTF-8 a `BadStr`, as the
 //! reference's generic reader keeps it), bin `bytes`, integers `int`, floats `float`, arrays
 //! `list`, maps `dict` (later duplicate keys win; an array key becomes a tuple; a map key is
-//! an error). Ext values: a frame reference (type 1) becomes the message's frame, a resource
+//! an error; more than `max_hashed_keys` keys that are arrays or floats in one body are an
+//! error too, spec §9: Python does not randomize their hashes, so a peer could choose keys
+//! that all collide and make one body take hours to read). Ext values: a frame reference (type 1) becomes the message's frame, a resource
 //! key (type 2) a `ResourceKey`, any other an `Ext`. Nesting counts as §9 counts it: every
 //! array, map and ext value is a level, the outermost included. Bytes after the value are
 //! not looked at (as the reference's reader).
@@ -63,6 +65,8 @@ type Read<'py> = Result<Bound<'py, PyAny>, Failed>;
 #[pyclass(module = "handoff._native", frozen)]
 pub struct BodyReader {
     max_depth: u32,
+    /// Map keys that are arrays or floats, at most, in one body.
+    max_hashed_keys: usize,
     marker: String,
     resource_key: Py<PyAny>,
     ext: Py<PyAny>,
@@ -71,13 +75,23 @@ pub struct BodyReader {
 
 #[pymethods]
 impl BodyReader {
-    /// A reader of bodies nested at most `max_depth` levels, which notes maps with the key
+    /// A reader of bodies nested at most `max_depth` levels, with at most
+    /// `max_hashed_keys` map keys that are arrays or floats, which notes maps with the key
     /// `marker` (route-aware values) and makes `resource_key(str)`, `ext(code, bytes)` and
     /// `bad_str(bytes)` of what msgpack's types do not say.
     #[new]
-    fn new(max_depth: u32, marker: String, resource_key: Py<PyAny>, ext: Py<PyAny>, bad_str: Py<PyAny>) -> BodyReader {
+    #[pyo3(signature = (max_depth, marker, resource_key, ext, bad_str, max_hashed_keys=1024))]
+    fn new(
+        max_depth: u32,
+        marker: String,
+        resource_key: Py<PyAny>,
+        ext: Py<PyAny>,
+        bad_str: Py<PyAny>,
+        max_hashed_keys: usize,
+    ) -> BodyReader {
         BodyReader {
             max_depth,
+            max_hashed_keys,
             marker,
             resource_key,
             ext,
@@ -104,6 +118,7 @@ impl BodyReader {
             frame_count,
             marked: false,
             keys_seen: false,
+            hashed_keys: 0,
         };
         match cursor.value(py, 0) {
             Ok(value) => Ok((value, cursor.marked, cursor.keys_seen)),
@@ -122,6 +137,8 @@ struct Cursor<'a, 'py> {
     frame_count: usize,
     marked: bool,
     keys_seen: bool,
+    /// Map keys read so far that are arrays or floats.
+    hashed_keys: usize,
 }
 
 impl<'a, 'py> Cursor<'a, 'py> {
@@ -240,6 +257,16 @@ impl<'a, 'py> Cursor<'a, 'py> {
         let dict = PyDict::new(py);
         for _ in 0..n {
             let key = self.value(py, depth)?;
+            if key.cast::<PyList>().is_ok() || key.cast::<PyFloat>().is_ok() {
+                self.hashed_keys += 1;
+                if self.hashed_keys > self.reader.max_hashed_keys {
+                    return Err(Fault::body(format!(
+                        "more than {} map keys are arrays or floats (keys whose hashes are not randomized)",
+                        self.reader.max_hashed_keys
+                    ))
+                    .into());
+                }
+            }
             if !self.marked
                 && key
                     .cast::<PyString>()

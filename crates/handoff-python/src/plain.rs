@@ -33,6 +33,9 @@ pub struct PlainCodec {
     buffer_type: Option<Py<PyType>>,
     /// `handoff.wire.MAX_BODY_DEPTH`: a value nested deeper is not plain.
     max_depth: usize,
+    /// `handoff.wire.MAX_HASHED_KEYS`: a value with more map keys that are tuples or floats
+    /// is not plain (the walk then says why it is not sent: a Python peer refuses it).
+    max_hashed_keys: usize,
 }
 
 fn write_len(out: &mut Vec<u8>, n: usize, fix: Option<(u8, usize)>, m8: Option<u8>, m16: u8, m32: u8) -> Packed {
@@ -136,6 +139,7 @@ impl PlainCodec {
         depth: usize,
         threshold: usize,
         frames: Option<&Bound<'_, PyList>>,
+        hashed: &mut usize,
     ) -> Packed {
         if depth > self.max_depth {
             return Err(NotPlain);
@@ -176,18 +180,24 @@ impl PlainCodec {
         } else if let Ok(d) = v.cast_exact::<PyDict>() {
             write_len(out, d.len(), Some((0x80, 16)), None, 0xde, 0xdf)?;
             for (k, x) in d.iter() {
-                self.pack_value(out, &k, depth + 1, threshold, frames)?;
-                self.pack_value(out, &x, depth + 1, threshold, frames)?;
+                if k.is_exact_instance_of::<PyTuple>() || k.is_exact_instance_of::<PyFloat>() {
+                    *hashed += 1;
+                    if *hashed > self.max_hashed_keys {
+                        return Err(NotPlain);
+                    }
+                }
+                self.pack_value(out, &k, depth + 1, threshold, frames, hashed)?;
+                self.pack_value(out, &x, depth + 1, threshold, frames, hashed)?;
             }
         } else if let Ok(l) = v.cast_exact::<PyList>() {
             write_len(out, l.len(), Some((0x90, 16)), None, 0xdc, 0xdd)?;
             for x in l.iter() {
-                self.pack_value(out, &x, depth + 1, threshold, frames)?;
+                self.pack_value(out, &x, depth + 1, threshold, frames, hashed)?;
             }
         } else if let Ok(t) = v.cast_exact::<PyTuple>() {
             write_len(out, t.len(), Some((0x90, 16)), None, 0xdc, 0xdd)?;
             for x in t.iter() {
-                self.pack_value(out, &x, depth + 1, threshold, frames)?;
+                self.pack_value(out, &x, depth + 1, threshold, frames, hashed)?;
             }
         } else {
             return Err(NotPlain);
@@ -199,10 +209,16 @@ impl PlainCodec {
 #[pymethods]
 impl PlainCodec {
     /// A codec for bodies whose `Bin` type is `bin_type`, nested at most `max_depth` deep
-    /// (at most [`MAX_DEPTH`]: the packer recurses once per level).
+    /// (at most [`MAX_DEPTH`]: the packer recurses once per level), with at most
+    /// `max_hashed_keys` map keys that are tuples or floats.
     #[new]
-    #[pyo3(signature = (bin_type, max_depth, buffer_type=None))]
-    fn new(bin_type: Py<PyType>, max_depth: usize, buffer_type: Option<Py<PyType>>) -> PyResult<Self> {
+    #[pyo3(signature = (bin_type, max_depth, buffer_type=None, max_hashed_keys=1024))]
+    fn new(
+        bin_type: Py<PyType>,
+        max_depth: usize,
+        buffer_type: Option<Py<PyType>>,
+        max_hashed_keys: usize,
+    ) -> PyResult<Self> {
         if max_depth > MAX_DEPTH {
             return Err(PyValueError::new_err(format!(
                 "max_depth {max_depth} is over {MAX_DEPTH}, the deepest this codec packs"
@@ -212,6 +228,7 @@ impl PlainCodec {
             bin_type,
             buffer_type,
             max_depth,
+            max_hashed_keys,
         })
     }
 
@@ -229,7 +246,7 @@ impl PlainCodec {
         self.buffer_type.as_ref()?;
         let mut out = Vec::with_capacity(64);
         let sources = PyList::empty(py);
-        self.pack_value(&mut out, value, 1, frame_threshold, Some(&sources))
+        self.pack_value(&mut out, value, 1, frame_threshold, Some(&sources), &mut 0)
             .ok()?;
         Some((PyBytes::new(py, &out), sources))
     }
@@ -244,7 +261,8 @@ impl PlainCodec {
         frame_threshold: usize,
     ) -> Option<Bound<'py, PyBytes>> {
         let mut out = Vec::with_capacity(64);
-        self.pack_value(&mut out, value, 1, frame_threshold, None).ok()?;
+        self.pack_value(&mut out, value, 1, frame_threshold, None, &mut 0)
+            .ok()?;
         Some(PyBytes::new(py, &out))
     }
 }

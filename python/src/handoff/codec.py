@@ -39,7 +39,7 @@ from .resources import EXT_RESOURCE_KEY, Resource, ResourceKey, Resources
 from .route import _CURRENT, MARKER, Route, _by_name, _by_type, RouteError, codec_for, decode_value, encode_value
 from .cuda import CudaArray, is_cuda_array
 from .native import ext as _native
-from .wire import MAX_BODY_DEPTH, WireError, packer
+from .wire import MAX_BODY_DEPTH, MAX_HASHED_KEYS, WireError, packer
 
 __all__ = [
     "EXT_FRAME_REF",
@@ -99,7 +99,7 @@ _INT_END = 1 << 64
 #: The extension's packer of bodies (``None`` on the pure path): of a value of plain types
 #: only, and of one that is plain but for frames (bytes over the threshold,
 #: :class:`Buffer`), the same bytes as the walk of :func:`encode_body`, in one pass in Rust.
-_PLAIN = _native.PlainCodec(Bin, MAX_BODY_DEPTH, Buffer) if _native is not None else None
+_PLAIN = _native.PlainCodec(Bin, MAX_BODY_DEPTH, Buffer, MAX_HASHED_KEYS) if _native is not None else None
 #: The types the extension packs itself: while a route codec claims one (or every object),
 #: the walk runs instead, which asks it.
 _NATIVE_TYPES = frozenset((type(None), bool, int, float, str, bytes, Bin, Buffer, dict, list, tuple, object))
@@ -142,6 +142,12 @@ def _framed_native(value: Any, frame_threshold: int) -> Optional[EncodedBody]:
     return EncodedBody(body, frames, sources)
 
 
+def _key(walked: Any) -> Any:
+    """A walked map key as a key again: a tuple's walk is a list, which msgpack packs as the
+    same array (as the extension packs a tuple key)."""
+    return tuple(_key(x) for x in walked) if isinstance(walked, list) else walked
+
+
 def encode_body(
     value: Any,
     frame_threshold: int = DEFAULT_FRAME_THRESHOLD,
@@ -172,6 +178,7 @@ def encode_body(
                 return framed
     frames: list = []
     sources: list = []
+    hashed = [0]  # map keys that are tuples or floats (at most MAX_HASHED_KEYS, §9)
 
     def frame(obj: Any, source: Any) -> msgpack.ExtType:
         index = len(frames)
@@ -190,7 +197,17 @@ def encode_body(
                 raise OverflowError(f"integer {v} does not fit msgpack (i64 or u64)")
             return v
         if isinstance(v, dict):
-            return {walk(k, depth + 1): walk(x, depth + 1) for k, x in v.items()}
+            out = {}
+            for k, x in v.items():
+                if isinstance(k, (tuple, float)):
+                    hashed[0] += 1
+                    if hashed[0] > MAX_HASHED_KEYS:
+                        raise ValueError(
+                            f"more than {MAX_HASHED_KEYS} map keys are tuples or floats: a Python peer refuses "
+                            "such a body, whose keys' hashes are not randomized (spec §9)"
+                        )
+                out[_key(walk(k, depth + 1))] = walk(x, depth + 1)
+            return out
         if isinstance(v, (list, tuple)):
             return [walk(x, depth + 1) for x in v]
         if isinstance(v, (Resource, ResourceKey)):
@@ -242,7 +259,7 @@ def encode_body(
         # ``walk`` refers to itself: empty its cell, or every call would leave a reference
         # cycle holding the frames (memoryviews, which the cyclic collector may meet while
         # they are still exported, and fail to clear).
-        walk = frame = None  # noqa: F841
+        walk = frame = hashed = None  # noqa: F841
     body = packer().pack(tree)
     return EncodedBody(body, frames, sources)
 
@@ -254,7 +271,9 @@ def encode_body(
 #: (``handoff._native.BodyReader``), or, in a process without it, the one the pure-Python
 #: reference registers (:func:`use_reader`).
 _reader: Optional[Callable[[Any, Sequence[Any]], tuple]] = (
-    _native.BodyReader(MAX_BODY_DEPTH, MARKER, ResourceKey, Ext, BadStr).read if _native is not None else None
+    _native.BodyReader(MAX_BODY_DEPTH, MARKER, ResourceKey, Ext, BadStr, MAX_HASHED_KEYS).read
+    if _native is not None
+    else None
 )
 
 

@@ -19,7 +19,7 @@ from handoff.codec import EXT_FRAME_REF
 from handoff.msgpack_values import Ext
 from handoff.resources import EXT_RESOURCE_KEY, ResourceKey
 from handoff.route import MARKER
-from handoff.wire import MAX_BODY_DEPTH
+from handoff.wire import MAX_BODY_DEPTH, MAX_HASHED_KEYS
 
 from .msgpack_read import MsgpackError, too_deep, unpack_one
 
@@ -125,7 +125,9 @@ def read(body: Any, frames: Sequence[Any], fast: bool = True) -> tuple:
         return frames[index]
 
     try:
-        value, _ = unpack_one(body, max_depth=MAX_BODY_DEPTH, ext_hook=hook, lenient_str=True)
+        value, _ = unpack_one(
+            body, max_depth=MAX_BODY_DEPTH, ext_hook=hook, lenient_str=True, max_hashed_keys=MAX_HASHED_KEYS
+        )
     except MsgpackError as e:
         raise ValueError("bad-body", str(e)) from None
     except _Fault as f:

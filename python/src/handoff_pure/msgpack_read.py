@@ -73,6 +73,7 @@ def unpack_one(
     ext_hook: Optional[Callable[[int, bytes], Any]] = None,
     start: int = 0,
     lenient_str: bool = False,
+    max_hashed_keys: Optional[int] = None,
 ) -> tuple[Any, int]:
     """Reads the first msgpack value of ``data`` (from ``start``); returns it and the end offset.
 
@@ -83,9 +84,13 @@ def unpack_one(
     - Nesting deeper than ``max_depth`` raises ``DepthError`` when it is reached.
     - Trailing bytes after the value are not looked at (the caller decides).
     - A str that is not UTF-8 is an error, or with ``lenient_str`` a ``BadStr``.
+    - More than ``max_hashed_keys`` map keys that are arrays or floats (``dict`` maps only:
+      Python hashes tuples and floats without randomization, so a peer could choose keys
+      that all collide) is an error.
     """
     buf = memoryview(data).cast("B") if not isinstance(data, (bytes, bytearray)) else data
     end = len(buf)
+    hashed = [0]  # map keys read that are arrays or floats
 
     def need(pos: int, n: int) -> None:
         if n > end - pos:
@@ -196,6 +201,13 @@ def unpack_one(
         d: dict = {}
         for _ in range(n):
             k, pos = read(pos, depth)
+            if max_hashed_keys is not None and type(k) in (list, float):
+                hashed[0] += 1
+                if hashed[0] > max_hashed_keys:
+                    raise MsgpackError(
+                        f"more than {max_hashed_keys} map keys are arrays or floats (keys whose hashes are not "
+                        "randomized)"
+                    )
             v, pos = read(pos, depth)
             try:
                 d[k] = v

@@ -18,11 +18,12 @@ One module per job, each importing only those above it in this list:
 from .encode import packer
 from .errors import WireError
 from .headers import Ident, Msg, TicketDesc
-from .limits import DEFAULT_LIMITS, MAX_BODY_DEPTH, Limits
+from .limits import DEFAULT_LIMITS, MAX_BODY_DEPTH, MAX_HASHED_KEYS, Limits
 
 __all__ = [
     "DEFAULT_LIMITS",
     "MAX_BODY_DEPTH",
+    "MAX_HASHED_KEYS",
     "Ident",
     "Limits",
     "Msg",

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_LIMITS", "MAX_BODY_DEPTH", "Limits"]
+__all__ = ["DEFAULT_LIMITS", "MAX_BODY_DEPTH", "MAX_HASHED_KEYS", "Limits"]
 
 #: Nesting limit of a body (§9: every array, map and ext value is one level, the outermost included).
 MAX_BODY_DEPTH = 127
+
+#: Map keys that are arrays or floats, at most, in one body (§9): Python reads an array key
+#: as a tuple, and hashes tuples and floats without randomization, so a peer could choose
+#: keys that all collide (60 000 of them took a reader 44 s); a body with more is
+#: ``bad-body``, and a node does not send one.
+MAX_HASHED_KEYS = 1024
 
 
 @dataclass(frozen=True)
