@@ -92,8 +92,34 @@ pub trait DeviceBytes: Send + Sync {
 enum Leased {
     /// Bytes in this process's memory.
     Host(Buffer),
-    /// Device memory.
-    Device(Arc<dyn DeviceBytes>),
+    /// Device memory, and how many host copies of it are still held (being written to
+    /// its holder): at most [`MAX_DEVICE_COPIES`].
+    Device(Arc<dyn DeviceBytes>, Arc<std::sync::atomic::AtomicUsize>),
+}
+
+/// Host copies of one device lease that its holder's pulls may have in flight (spec §9.1):
+/// each copy is as large as what it pulls, up to the whole lease, so a holder that pulled
+/// again and again without reading would make its owner hold as many copies as the answers
+/// queued for it (64).
+pub const MAX_DEVICE_COPIES: usize = 1;
+
+/// A host copy of device memory, counted among its lease's copies until its last handle
+/// (the answer being written) is gone.
+struct DeviceCopy {
+    bytes: bytes::Bytes,
+    copies: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl AsRef<[u8]> for DeviceCopy {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for DeviceCopy {
+    fn drop(&mut self) {
+        self.copies.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Leased {
@@ -106,7 +132,7 @@ impl Leased {
     fn len(&self) -> u64 {
         match self {
             Leased::Host(b) => b.len() as u64,
-            Leased::Device(d) => d.len(),
+            Leased::Device(d, _) => d.len(),
         }
     }
 }
@@ -264,7 +290,7 @@ impl LeaseTable {
     /// the holder's token, or which cap leaves no room. Device bytes count against the caps
     /// as host bytes do: both are memory the holder pins.
     pub fn try_issue_device(&self, memory: Arc<dyn DeviceBytes>, holder: &str) -> Result<(u64, [u8; 32]), String> {
-        self.issue(Leased::Device(memory), holder)
+        self.issue(Leased::Device(memory, Arc::default()), holder)
     }
 
     fn issue(&self, buffer: Leased, holder: &str) -> Result<(u64, [u8; 32]), String> {
@@ -357,19 +383,36 @@ impl LeaseTable {
             };
             let out = match buf {
                 Leased::Host(b) => Ok(b.slice(offset as usize..end as usize)),
-                Leased::Device(d) => Err(d.clone()),
+                Leased::Device(d, copies) => {
+                    if copies.load(Ordering::Acquire) >= MAX_DEVICE_COPIES {
+                        return Err(refuse(
+                            "device-error",
+                            format!(
+                                "lease {lease}: a host copy of it is still on its way to {holder}; \
+                                 pull again once it arrived"
+                            ),
+                        ));
+                    }
+                    copies.fetch_add(1, Ordering::AcqRel);
+                    Err((d.clone(), copies.clone()))
+                }
             };
             st.pulls += 1;
             st.bytes_pulled += len;
             Ok(out)
         })?;
-        device.or_else(|memory| {
-            memory.copy_out(offset, len).map_err(|why| {
-                refuse(
+        device.or_else(|(memory, copies)| match memory.copy_out(offset, len) {
+            Ok(copy) => Ok(Buffer::from(bytes::Bytes::from_owner(DeviceCopy {
+                bytes: copy.into_bytes(),
+                copies,
+            }))),
+            Err(why) => {
+                copies.fetch_sub(1, Ordering::AcqRel);
+                Err(refuse(
                     "device-error",
                     format!("lease {lease}: the owner could not copy its device memory: {why}"),
-                )
-            })
+                ))
+            }
         })
     }
 
@@ -877,6 +920,14 @@ mod tests {
             &[10, 11, 12]
         );
         assert_eq!(t.pull(lease, B, &token, 250, 10).unwrap_err().code, "out-of-range");
+        // One host copy at a time for its holder: a second pull while the first copy is
+        // held (its answer not yet written) is refused, and allowed again once it is gone.
+        let first = t.pull(lease, B, &token, 0, 256).unwrap();
+        let again = t.pull(lease, B, &token, 0, 256).unwrap_err();
+        assert_eq!(again.code, "device-error");
+        assert!(again.message.contains("still on its way"), "{}", again.message);
+        drop(first);
+        assert!(t.pull(lease, B, &token, 0, 256).is_ok());
         // Its holder maps it directly, without renewing: no deadline ends the hold.
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(t.expire(), 0);
