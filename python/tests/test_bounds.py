@@ -845,13 +845,14 @@ async def test_a_holder_keeps_so_many_owner_connections_but_never_one_where_it_h
             await held.read(0, 1)
         assert h.peer_by_id(oa.node_id) is not None
         # B's ticket finds no room: A's connection stays, for the ticket held there.
-        with pytest.raises(OwnerLost, match="tickets held"):
+        await asyncio.sleep(0.15)  # (a connection used in the last 100 ms does not make room)
+        with pytest.raises(OwnerLost, match="tickets of its owner held"):
             (await send(ob, lazy=False)).body
         assert h.peer_by_id(oa.node_id) is not None
         # The ticket let go, A's connection makes room for B's.
         env.release()
         del held
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.15)
         with pytest.raises(HandoffError, match="unknown-lease"):
             (await send(ob, lazy=False)).body
         deadline = time.monotonic() + 10

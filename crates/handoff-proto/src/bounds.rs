@@ -53,9 +53,9 @@ pub struct Bounds {
     pub max_ticket_dials: usize,
     /// Connections opened to reach the owners of received tickets that are kept open for
     /// later requests (default 64). Before another owner is dialed at the bound, the one
-    /// unused longest with no request outstanding is closed (which ends our holds there);
-    /// when every one has a request outstanding, the redemption fails at once
-    /// ([`OwnerDials`](crate::dialing::OwnerDials)).
+    /// unused longest is closed, if it has no request outstanding or made in the last
+    /// 100 ms and no ticket of its owner is held here; when none can close, the redemption
+    /// fails at once ([`OwnerDials`](crate::dialing::OwnerDials)).
     pub max_owner_connections: usize,
     /// Warnings logged about one peer per [`warning_period`](Self::warning_period)
     /// (default 10); the rest are counted and reported once per period.

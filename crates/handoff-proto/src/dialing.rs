@@ -96,6 +96,10 @@ pub fn check_reached_owner(addr: &str, reached: &str, owner: &str) -> Result<(),
     Ok(())
 }
 
+/// How long after its last use (a request of ours) a kept connection to an owner is not
+/// closed to make room: the request is counted as outstanding only once it is sent.
+pub const RECENTLY_USED: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The connections a holder opened to reach ticket owners and keeps open (spec §9.1: at most
 /// [`Bounds::max_owner_connections`](crate::bounds::Bounds::max_owner_connections)), the
 /// least recently used first; `K` names a connection for the driver.
@@ -104,7 +108,8 @@ pub fn check_reached_owner(addr: &str, reached: &str, owner: &str) -> Result<(),
 /// reserves a place and may name a connection to close first; then it reports the dial
 /// ([`dialed`](Self::dialed) or [`gave_up`](Self::gave_up)). It reports each request it
 /// makes on a kept connection ([`used`](Self::used)), and each that closes
-/// ([`ended`](Self::ended)).
+/// ([`ended`](Self::ended)). The owner's own messages are not use: otherwise any owner
+/// could keep its connection from ever making room.
 ///
 /// It also counts the holds this node has at each owner, the tickets it received and still
 /// keeps ([`held`](Self::held), [`let_go`](Self::let_go)): a connection to an owner where
@@ -112,8 +117,10 @@ pub fn check_reached_owner(addr: &str, reached: &str, owner: &str) -> Result<(),
 /// (spec §7.7), and a peer's tickets could then make another peer's fail.
 #[derive(Debug)]
 pub struct OwnerDials<K> {
-    /// Least recently used first.
-    kept: std::collections::VecDeque<K>,
+    /// Least recently used first, each with when it was last used.
+    kept: std::collections::VecDeque<(K, std::time::Instant)>,
+    /// The same, for a quick look-up (most messages come on other connections).
+    members: std::collections::HashSet<K>,
     /// Places reserved by dials under way.
     dialing: usize,
     max: usize,
@@ -121,11 +128,12 @@ pub struct OwnerDials<K> {
     holds: std::collections::HashMap<K, usize>,
 }
 
-impl<K: PartialEq + Eq + std::hash::Hash> OwnerDials<K> {
+impl<K: Eq + std::hash::Hash + Clone> OwnerDials<K> {
     /// Keeps at most `max` (at least 1), dials under way included.
     pub fn new(max: usize) -> OwnerDials<K> {
         OwnerDials {
             kept: std::collections::VecDeque::new(),
+            members: std::collections::HashSet::new(),
             dialing: 0,
             max: max.max(1),
             holds: std::collections::HashMap::new(),
@@ -162,53 +170,88 @@ impl<K: PartialEq + Eq + std::hash::Hash> OwnerDials<K> {
         self.kept.is_empty()
     }
 
-    /// Before another owner is dialed: reserves a place for it. `Ok(None)` when there was
-    /// room; `Ok(Some(k))` when `k` gave its place up (the least recently used of those
-    /// that are not `busy`, with no request of ours outstanding, and where we hold
-    /// nothing), for the driver to close; or why there is none, and nothing is reserved.
-    pub fn make_room(&mut self, busy: impl Fn(&K) -> bool) -> Result<Option<K>, String> {
+    /// Whether `k` is one of the kept.
+    pub fn is_kept(&self, k: &K) -> bool {
+        self.members.contains(k)
+    }
+
+    /// Before another owner is dialed, at `now`: reserves a place for it. Kept connections
+    /// that are no longer `alive` are forgotten first. `Ok(None)` when there was room;
+    /// `Ok(Some(k))` when `k` gave its place up (the least recently used of those that are
+    /// not `busy`, with no request of ours outstanding, where we hold nothing, and unused
+    /// for [`RECENTLY_USED`]), for the driver to close; or why there is none, and nothing
+    /// is reserved.
+    pub fn make_room(
+        &mut self,
+        now: std::time::Instant,
+        alive: impl Fn(&K) -> bool,
+        busy: impl Fn(&K) -> bool,
+    ) -> Result<Option<K>, String> {
+        let gone: Vec<K> = self
+            .kept
+            .iter()
+            .filter(|(k, _)| !alive(k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &gone {
+            self.ended(k);
+        }
         if self.kept.len() + self.dialing < self.max {
             self.dialing += 1;
             return Ok(None);
         }
-        match self.kept.iter().position(|k| !busy(k) && self.holds_at(k) == 0) {
+        let idle = |(k, at): &(K, std::time::Instant)| {
+            !busy(k) && self.holds_at(k) == 0 && now.saturating_duration_since(*at) >= RECENTLY_USED
+        };
+        match self.kept.iter().position(idle) {
             Some(i) => {
                 self.dialing += 1;
-                Ok(self.kept.remove(i))
+                let (k, _) = self.kept.remove(i).expect("found at i");
+                self.members.remove(&k);
+                Ok(Some(k))
             }
             None => Err(format!(
-                "this node keeps {} connections to ticket owners it dialed, each with a request outstanding \
-                 or tickets held",
-                self.kept.len() + self.dialing
+                "this node keeps {} connections to ticket owners it dialed (its bound), and none can close: \
+                 each has a request outstanding, tickets of its owner held, or was used within {:?}",
+                self.kept.len() + self.dialing,
+                RECENTLY_USED
             )),
         }
     }
 
-    /// The dial [`make_room`](Self::make_room) reserved for reached its owner: `k` is
+    /// The dial [`make_room`](Self::make_room) reserved for reached its owner `k` at `now`:
     /// kept, as the most recently used.
-    pub fn dialed(&mut self, k: K) {
+    pub fn dialed(&mut self, k: K, now: std::time::Instant) {
         self.dialing = self.dialing.saturating_sub(1);
-        self.kept.retain(|x| x != &k);
-        self.kept.push_back(k);
+        self.ended(&k);
+        self.members.insert(k.clone());
+        self.kept.push_back((k, now));
     }
 
-    /// The dial [`make_room`](Self::make_room) reserved for failed: its place is free.
+    /// The dial [`make_room`](Self::make_room) reserved for failed (or was given up): its
+    /// place is free.
     pub fn gave_up(&mut self) {
         self.dialing = self.dialing.saturating_sub(1);
     }
 
-    /// A request goes out on `k`: the most recently used, if it is one of the kept.
-    pub fn used(&mut self, k: &K) {
-        if let Some(i) = self.kept.iter().position(|x| x == k) {
-            if let Some(x) = self.kept.remove(i) {
-                self.kept.push_back(x);
+    /// A request of ours goes out on `k` at `now`: the most recently used, if it is one of
+    /// the kept.
+    pub fn used(&mut self, k: &K, now: std::time::Instant) {
+        if !self.members.contains(k) {
+            return;
+        }
+        if let Some(i) = self.kept.iter().position(|(x, _)| x == k) {
+            if let Some((x, _)) = self.kept.remove(i) {
+                self.kept.push_back((x, now));
             }
         }
     }
 
     /// `k` closed (whoever closed it): no longer kept.
     pub fn ended(&mut self, k: &K) {
-        self.kept.retain(|x| x != k);
+        if self.members.remove(k) {
+            self.kept.retain(|(x, _)| x != k);
+        }
     }
 }
 
@@ -219,55 +262,86 @@ mod tests {
 
     #[test]
     fn a_holder_keeps_so_many_owner_connections_and_lets_the_least_recently_used_idle_one_go() {
-        let mut dials = OwnerDials::new(3);
+        let t0 = std::time::Instant::now();
+        let later = t0 + RECENTLY_USED;
+        let alive = |_: &&str| true;
         let idle = |_: &&str| false;
+        let mut dials = OwnerDials::new(3);
         for k in ["a", "b", "c"] {
-            assert_eq!(dials.make_room(idle), Ok(None));
-            dials.dialed(k);
+            assert_eq!(dials.make_room(t0, alive, idle), Ok(None));
+            dials.dialed(k, t0);
         }
-        assert_eq!(dials.make_room(idle), Ok(Some("a")), "the least recently used");
-        dials.dialed("d");
-        dials.used(&"b");
+        let why = dials.make_room(t0, alive, idle).unwrap_err();
+        assert!(why.contains("used within"), "all used just now: {why}");
         assert_eq!(
-            dials.make_room(|k: &&str| *k == "c"),
+            dials.make_room(later, alive, idle),
+            Ok(Some("a")),
+            "the least recently used"
+        );
+        dials.dialed("d", later);
+        dials.used(&"b", later);
+        let later = later + RECENTLY_USED;
+        assert_eq!(
+            dials.make_room(later, alive, |k: &&str| *k == "c"),
             Ok(Some("d")),
             "c is busy, b was used since"
         );
         dials.gave_up();
         assert_eq!(dials.len(), 2, "c and b");
-        assert_eq!(dials.make_room(|_: &&str| true), Ok(None), "a place was free");
-        let why = dials.make_room(|_: &&str| true).unwrap_err();
+        assert_eq!(
+            dials.make_room(later, alive, |_: &&str| true),
+            Ok(None),
+            "a place was free"
+        );
+        let why = dials.make_room(later, alive, |_: &&str| true).unwrap_err();
         assert!(why.contains("keeps 3 connections"), "dials under way count: {why}");
         dials.gave_up();
         dials.ended(&"b");
         assert_eq!(dials.len(), 1);
-        dials.used(&"z"); // not one of the kept: nothing changes
-        assert_eq!(dials.make_room(idle), Ok(None));
-        dials.dialed("c"); // dialed again: kept once
+        assert!(dials.is_kept(&"c") && !dials.is_kept(&"b"));
+        dials.used(&"z", later); // not one of the kept: nothing changes
+        assert_eq!(dials.make_room(later, alive, idle), Ok(None));
+        dials.dialed("c", later); // dialed again: kept once
         assert_eq!(dials.len(), 1);
-        assert_eq!(OwnerDials::<u8>::new(0).make_room(|_| true), Ok(None), "at least one");
+        // A kept connection that closed unseen is forgotten before room is looked for.
+        let mut dials = OwnerDials::new(1);
+        dials.make_room(t0, alive, idle).unwrap();
+        dials.dialed("x", t0);
+        assert_eq!(dials.make_room(t0, |k: &&str| *k != "x", |_: &&str| true), Ok(None));
+        assert_eq!(
+            OwnerDials::<u8>::new(0).make_room(t0, |_| true, |_| true),
+            Ok(None),
+            "at least one"
+        );
     }
 
     #[test]
     fn a_connection_to_an_owner_where_we_hold_tickets_is_not_closed_to_make_room() {
+        let t0 = std::time::Instant::now();
+        let later = t0 + RECENTLY_USED;
+        let (alive, idle) = (|_: &&str| true, |_: &&str| false);
         let mut dials = OwnerDials::new(2);
         for k in ["a", "b"] {
-            dials.make_room(|_| false).unwrap();
-            dials.dialed(k);
+            dials.make_room(t0, alive, idle).unwrap();
+            dials.dialed(k, t0);
         }
         dials.held("a");
         dials.held("a");
-        assert_eq!(dials.make_room(|_| false), Ok(Some("b")), "a holds two tickets");
-        dials.dialed("c");
+        assert_eq!(
+            dials.make_room(later, alive, idle),
+            Ok(Some("b")),
+            "a holds two tickets"
+        );
+        dials.dialed("c", later);
         dials.held("c");
-        let why = dials.make_room(|_| false).unwrap_err();
-        assert!(why.contains("tickets held"), "{why}");
+        let why = dials.make_room(later + RECENTLY_USED, alive, idle).unwrap_err();
+        assert!(why.contains("tickets of its owner held"), "{why}");
         dials.let_go(&"a");
         assert_eq!(dials.holds_at(&"a"), 1);
         dials.let_go(&"a");
         dials.let_go(&"a"); // (one too many: nothing below zero)
         assert_eq!(dials.holds_at(&"a"), 0);
-        assert_eq!(dials.make_room(|_| false), Ok(Some("a")));
+        assert_eq!(dials.make_room(later + RECENTLY_USED, alive, idle), Ok(Some("a")));
     }
 
     #[test]

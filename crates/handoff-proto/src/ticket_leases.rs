@@ -100,8 +100,9 @@ enum Leased {
 /// Host copies of one device lease that its holder's pulls may have in flight (spec §9.1):
 /// each copy is as large as what it pulls, up to the whole lease, so a holder that pulled
 /// again and again without reading would make its owner hold as many copies as the answers
-/// queued for it (64).
-pub const MAX_DEVICE_COPIES: usize = 1;
+/// queued for it (64). Two: a holder pulls one at a time, and a pull made just as the last
+/// copy's answer arrived may find it not yet let go.
+pub const MAX_DEVICE_COPIES: usize = 2;
 
 /// A host copy of device memory, counted among its lease's copies until its last handle
 /// (the answer being written) is gone.
@@ -920,13 +921,14 @@ mod tests {
             &[10, 11, 12]
         );
         assert_eq!(t.pull(lease, B, &token, 250, 10).unwrap_err().code, "out-of-range");
-        // One host copy at a time for its holder: a second pull while the first copy is
-        // held (its answer not yet written) is refused, and allowed again once it is gone.
+        // Two host copies at most for its holder: a third pull while two are held (their
+        // answers not yet written) is refused, and allowed again once they are gone.
         let first = t.pull(lease, B, &token, 0, 256).unwrap();
+        let second = t.pull(lease, B, &token, 0, 256).unwrap();
         let again = t.pull(lease, B, &token, 0, 256).unwrap_err();
         assert_eq!(again.code, "device-error");
         assert!(again.message.contains("still on its way"), "{}", again.message);
-        drop(first);
+        drop((first, second));
         assert!(t.pull(lease, B, &token, 0, 256).is_ok());
         // Its holder maps it directly, without renewing: no deadline ends the hold.
         std::thread::sleep(Duration::from_millis(30));

@@ -11,7 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use handoff_proto::bounds::Bounds;
 use handoff_proto::identity;
@@ -654,20 +654,25 @@ impl Engine {
     /// Before this node dials another ticket owner (spec §9.1, at most
     /// `max_owner_connections` kept): reserves a place, and returns the node id of the
     /// owner whose connection to close first (the one unused longest of those not in
-    /// `busy`, the owners with a request of ours outstanding), or `None` when there was
-    /// room. Raises `ValueError` with why when every kept connection is busy (nothing
-    /// reserved). Tell the dial's end with `owner_dialed` or `owner_gave_up`
-    /// (`handoff_proto::dialing::OwnerDials`).
-    fn owner_make_room(&self, busy: std::collections::HashSet<String>) -> PyResult<Option<String>> {
+    /// `busy`, the owners with a request of ours outstanding, where we hold no ticket and
+    /// not used in the last 100 ms), or `None` when there was room. Kept owners not in
+    /// `connected` (the node ids with a connection now) are forgotten first. Raises
+    /// `ValueError` with why when none can make room (nothing reserved). Tell the dial's
+    /// end with `owner_dialed` or `owner_gave_up` (`handoff_proto::dialing::OwnerDials`).
+    fn owner_make_room(
+        &self,
+        connected: std::collections::HashSet<String>,
+        busy: std::collections::HashSet<String>,
+    ) -> PyResult<Option<String>> {
         self.dials()
-            .make_room(|id| busy.contains(id))
+            .make_room(Instant::now(), |id| connected.contains(id), |id| busy.contains(id))
             .map_err(PyValueError::new_err)
     }
 
     /// The dial `owner_make_room` reserved for reached the owner `node_id`: kept, as the
     /// most recently used.
     fn owner_dialed(&self, node_id: String) {
-        self.dials().dialed(node_id);
+        self.dials().dialed(node_id, Instant::now());
     }
 
     /// The dial `owner_make_room` reserved for failed.
@@ -677,7 +682,7 @@ impl Engine {
 
     /// A request goes to the owner `node_id` on a connection we have.
     fn owner_used(&self, node_id: String) {
-        self.dials().used(&node_id);
+        self.dials().used(&node_id, Instant::now());
     }
 
     /// This node's last connection to `node_id` closed.

@@ -22,8 +22,9 @@ enum Memory {
     /// A peer's, mapped here; the hold on its lease ends with the last handle.
     Mapped { opened: Opened, _hold: Arc<TicketHandle> },
     /// A peer's that could not be mapped here (on the device with this UUID at the sender):
-    /// what [`DeviceBuffer::on_device`] pulls.
-    Unmapped(Arc<TicketHandle>, handoff_cuda::DeviceId),
+    /// what [`DeviceBuffer::on_device`] pulls, one pull at a time (its owner makes a host
+    /// copy for each, and refuses a holder that has too many in flight, spec §9.1).
+    Unmapped(Arc<TicketHandle>, handoff_cuda::DeviceId, tokio::sync::Mutex<()>),
 }
 
 impl Drop for Memory {
@@ -76,7 +77,7 @@ impl DeviceBuffer {
         match &*self.0 {
             Memory::Ours(a) => a.len(),
             Memory::Mapped { opened, .. } => opened.len(),
-            Memory::Unmapped(h, _) => h.claim.len,
+            Memory::Unmapped(h, ..) => h.claim.len,
         }
     }
 
@@ -109,17 +110,21 @@ impl DeviceBuffer {
     /// be mapped, its bytes pulled from the sender and put on this process's device with
     /// the sender's UUID if it sees one, else device 0.
     pub async fn on_device(&self) -> Result<DeviceBuffer> {
-        let Memory::Unmapped(hold, device) = &*self.0 else {
+        let Memory::Unmapped(hold, device, pulling) = &*self.0 else {
             return Ok(self.clone());
         };
-        let bytes = Ticket(hold.clone()).read(0..hold.claim.len).await?;
+        let bytes = {
+            let _one_at_a_time = pulling.lock().await;
+            Ticket(hold.clone()).read(0..hold.claim.len).await?
+        };
         let ordinal = driver().ok().and_then(|d| d.ordinal_of(device)).unwrap_or(0);
         DeviceBuffer::upload(ordinal, &bytes)
     }
 
     /// A host copy of its bytes (pulled from the sender where they could not be mapped).
     pub async fn to_host(&self) -> Result<Bytes> {
-        if let Memory::Unmapped(hold, _) = &*self.0 {
+        if let Memory::Unmapped(hold, _, pulling) = &*self.0 {
+            let _one_at_a_time = pulling.lock().await;
             return Ticket(hold.clone()).read(0..hold.claim.len).await;
         }
         let ptr = self.ptr().expect("on a device here");
@@ -138,7 +143,7 @@ impl DeviceBuffer {
             .and_then(|d| d.open(&claim.ipc, &claim.device, claim.offset, claim.len).ok());
         DeviceBuffer(Arc::new(match opened {
             Some(opened) => Memory::Mapped { opened, _hold: hold },
-            None => Memory::Unmapped(hold, claim.device),
+            None => Memory::Unmapped(hold, claim.device, tokio::sync::Mutex::new(())),
         }))
     }
 

@@ -335,6 +335,8 @@ async fn a_holder_keeps_so_many_connections_to_ticket_owners() {
             ttl_ms: 30_000,
             lazy: false,
         };
+        // (A connection used in the last 100 ms does not make room: the owners come apart.)
+        tokio::time::sleep(Duration::from_millis(150)).await;
         let bytes = msg_with_frames("test.Ping", vec![handoff::wire::Descriptor::Ticket(claim)], &[]);
         s.write_all(&bytes).await.unwrap();
         let env = node.recv_timeout(Duration::from_secs(10)).await.unwrap();
@@ -414,12 +416,14 @@ async fn a_connection_to_an_owner_whose_ticket_we_hold_is_not_closed_to_make_roo
     let err = ticket.read(0..1).await.unwrap_err().to_string();
     assert!(err.contains("unknown-lease"), "{err}");
     // Owner B's ticket finds no room: A's connection stays, for the ticket we hold.
+    tokio::time::sleep(Duration::from_millis(150)).await;
     let env = send(claim(&owners[1], false)).await;
     let err = env.decode::<Ping>().unwrap_err().to_string();
-    assert!(err.contains("tickets held"), "{err}");
+    assert!(err.contains("tickets of its owner held"), "{err}");
     assert!(node.peer("owner-a").is_some(), "the connection to A stays");
     // The ticket dropped, A's connection makes room for B's.
     drop((ticket, ping));
+    tokio::time::sleep(Duration::from_millis(150)).await;
     let env = send(claim(&owners[1], false)).await;
     let err = env.decode::<Ping>().unwrap_err().to_string();
     assert!(err.contains("unknown-lease"), "B was reached: {err}");
@@ -429,4 +433,72 @@ async fn a_connection_to_an_owner_whose_ticket_we_hold_is_not_closed_to_make_roo
     }
     assert!(node.peer("owner-a").is_none(), "A's connection was closed");
     assert!(node.peer("owner-b").is_some());
+}
+
+/// A redemption dropped while it dials an owner (a caller's timeout) gives its reserved place
+/// among the kept owner connections back: before, each such drop kept a place for good, and
+/// after `max_owner_connections` of them no new owner could be reached.
+#[tokio::test]
+async fn a_redemption_dropped_while_it_dials_gives_its_place_back() {
+    let bounds = handoff::Bounds {
+        max_owner_connections: 1,
+        ..handoff::Bounds::default()
+    };
+    let node = Node::builder("dropper")
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .register::<Ping>()
+        .bounds(bounds)
+        .build()
+        .await
+        .unwrap();
+    // An "owner" that accepts and never speaks: a dial to it waits for its handshake.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = format!("tcp://{}", silent.local_addr().unwrap());
+    let _held = tokio::spawn(async move {
+        let mut kept = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            kept.push(s);
+        }
+    });
+    let real = Node::builder("real-owner")
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .host_id("real-owner-host")
+        .build()
+        .await
+        .unwrap();
+    let claim = |owner: String, addr: String| handoff::wire::TicketClaim {
+        len: 10,
+        owner,
+        addr: Some(addr),
+        lease: 1,
+        token: vec![0; 32],
+        digest: handoff::wire::TicketDigest::Blake3([0; 32]),
+        ttl_ms: 30_000,
+        lazy: true,
+    };
+    let mut s = handshaken(&addr(&node)).await;
+    let mut send = async |claim: handoff::wire::TicketClaim| {
+        let body = b"\x82\xa3seq\x01\xa4data\xd6\x01\x00\x00\x00\x00";
+        let bytes = header_bytes(&Header::Msg {
+            type_name: "test.Ping",
+            body,
+            frames: vec![handoff::wire::Descriptor::Ticket(claim)],
+        });
+        s.write_all(&bytes).await.unwrap();
+        let env = node.recv_timeout(Duration::from_secs(10)).await.unwrap();
+        handoff::Ticket::of(&env.decode::<Ping>().unwrap().data).expect("a ticket")
+    };
+    let stuck = send(claim(handoff::identity::random_id(), silent_addr)).await;
+    let dropped = tokio::time::timeout(Duration::from_millis(300), stuck.read(0..1)).await;
+    assert!(dropped.is_err(), "the read waits on the silent owner, and is dropped");
+    drop(stuck);
+    let reachable = send(claim(
+        real.endpoint().node_id.clone(),
+        real.listen_addr().unwrap().to_string(),
+    ))
+    .await;
+    let err = reachable.read(0..1).await.unwrap_err().to_string();
+    assert!(err.contains("unknown-lease"), "the real owner was reached: {err}");
 }

@@ -26,7 +26,7 @@ its command line (``--max-buffered-bytes-per-peer`` …).
 | bytes pinned by ticket leases | ``max_ticket_bytes`` / ``max_ticket_bytes_per_peer`` | 16 GiB / 8 GiB | the send waits ``lease_wait`` (30 s), then fails |
 | shared-memory leases held for one peer | ``max_shm_bytes_per_peer`` / ``max_shm_leases_per_peer`` | 8 GiB / 65 536 | the send waits ``lease_wait``, then fails |
 | dials to reach owners of tickets, at once | ``max_owner_dials`` | 16 | the next waits, within its pull timeout |
-| connections dialed to reach owners of tickets, kept open | ``max_owner_connections`` | 64 | before another owner is dialed, the one unused longest with no request outstanding is closed (ending our holds there); if every one has a request outstanding, the redemption fails at once (``OwnerLost``) |
+| connections dialed to reach owners of tickets, kept open | ``max_owner_connections`` | 64 | before another owner is dialed, the one unused longest is closed, if it has no request outstanding or made in the last 100 ms and no ticket of its owner is held here; if none can close, the redemption fails at once (``OwnerLost``) |
 | pins (leases on files and other referenced objects, :mod:`handoff.pins`) kept for one peer / in all | ``PinBounds.max_pins_per_peer`` / ``max_pins`` (the node's ``pins=``) | 1024 / 65 536; unclaimed ones end after 60 s | the send fails with ``CapReached`` (Dask's family sends the bytes) |
 | warnings logged about one peer | ``warnings_per_period`` per ``warning_period`` | 10 per 10 s | the rest are counted, reported once per period |
 | warnings logged about all peers | ``warnings_in_all_per_period`` per ``warning_period`` | 100 per 10 s | the same (a peer with many connections does not multiply its share) |

@@ -229,15 +229,15 @@ class Driver:
                 self.engine.owner_used(owner)
                 return c
             # Only so many kept (spec §9.1): the one unused longest, with no request of ours
-            # outstanding, makes room (our holds at that owner end with it, §7.7).
+            # outstanding and none of its tickets held, makes room.
             busy = {node_id for node_id, conns in self._by_id.items() if any(x._requests for x in conns)}
             try:
-                idle = self.engine.owner_make_room(busy)
+                idle = self.engine.owner_make_room(set(self._by_id), busy)
             except ValueError as e:
                 raise self._lost(ticket, str(e), label) from None
             for x in list(self._by_id.get(idle, ())) if idle is not None else ():
                 log.debug("closing an idle connection to the ticket owner %s to dial another", x.label)
-                x.close()
+                x.close()  # (what is queued is written first, as far as the socket takes it)
             try:
                 left = max(0.001, deadline - self.loop.time())
                 c = await (self.dial(addr, left) if self.dial is not None else self.connect(addr, timeout=left))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Optional, Protocol
 
 from . import wire
@@ -26,6 +27,15 @@ from .leases import check_digest
 __all__ = ["TicketClient", "ClientNode"]
 
 log = logging.getLogger("handoff")
+
+#: Seconds after a request of ours a kept owner connection does not make room for another
+#: (the request is counted as outstanding only once it is sent), as the engine's
+#: ``handoff_proto::dialing::RECENTLY_USED``.
+RECENTLY_USED = 0.1
+
+
+class OwnerBusy(HandoffError):
+    """No kept owner connection can make room for another (§9.1)."""
 
 
 class ClientNode(Protocol):
@@ -74,26 +84,37 @@ class TicketClient:
         self._holds[owner] = self._holds.get(owner, 0) + 1
 
     def _make_room(self) -> None:
-        """Reserves a place for one more dialled owner (§9.1): closes the connection unused
-        longest with no request of ours outstanding when all are taken, or raises
-        :class:`HandoffError` saying why none can go (every one has a request outstanding)."""
+        """Reserves a place for one more dialled owner (§9.1): when all are taken, closes the
+        connection unused longest with no request of ours outstanding, no ticket of its
+        owner's held and no request in the last :data:`RECENTLY_USED` seconds; or raises
+        :class:`OwnerBusy` saying why none can go."""
         for owner in [o for o in self._kept if self._node.peer_by_id(o) is None]:
             del self._kept[owner]  # closed since (by either side)
         if len(self._kept) + self._reserved >= self._kept_max:
-            idle = next((o for o in self._kept if not self._node.peer_by_id(o).pending and o not in self._holds), None)
+            now = time.monotonic()
+            idle = next(
+                (
+                    o
+                    for o, used in self._kept.items()
+                    if not self._node.peer_by_id(o).pending and o not in self._holds and now - used >= RECENTLY_USED
+                ),
+                None,
+            )
             if idle is None:
-                raise HandoffError(
-                    f"this node keeps {len(self._kept) + self._reserved} connections to ticket owners it dialed, "
-                    "each with a request outstanding or tickets held"
+                raise OwnerBusy(
+                    f"this node keeps {len(self._kept) + self._reserved} connections to ticket owners it dialed "
+                    "(its bound), and none can close: each has a request outstanding, tickets of its owner held, "
+                    f"or was used within {RECENTLY_USED} s"
                 )
             del self._kept[idle]
-            # Our holds at that owner end with it (§7.7), as they would with its death.
-            self._node.peer_by_id(idle).abort()
+            # What we queued is written first, and the owner has a moment to close its side.
+            self._node._spawn(self._node.peer_by_id(idle).close())
         self._reserved += 1
 
     def _used(self, owner: str) -> None:
         if owner in self._kept:
-            self._kept[owner] = self._kept.pop(owner)  # the most recently used now
+            del self._kept[owner]
+            self._kept[owner] = time.monotonic()  # the most recently used now
 
     def owner_label(self, desc: wire.TicketDesc) -> str:
         p = self._node.peer_by_id(desc.owner)
@@ -131,7 +152,7 @@ class TicketClient:
         if p.node_id != desc.owner:
             await p.close()
             raise HandoffError(f"the node at {desc.addr} is {p.node_id}, not the ticket's owner")
-        self._kept[desc.owner] = None
+        self._kept[desc.owner] = time.monotonic()
         return p
 
     async def _owner_peer(self, ticket: Ticket) -> Any:
@@ -162,6 +183,8 @@ class TicketClient:
             raise
         except OwnerLost:
             raise
+        except OwnerBusy as e:
+            raise OwnerLost(ticket.owner_label, desc.lease, desc.n, str(e)) from None
         except Exception as e:
             raise OwnerLost(ticket.owner_label, desc.lease, desc.n, f"cannot connect: {e}") from None
 

@@ -2,6 +2,7 @@
 //! pull, forward or renew; the node's side of [`LocalNode`].
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use handoff_wire::{Header, TicketClaim};
@@ -14,6 +15,33 @@ use crate::tickets::pending::Answer;
 use crate::{Error, Peer, Result};
 use handoff_proto::dialing;
 use handoff_proto::ticket_requests::{renew_op, Ask};
+
+/// How long an owner connection closed to make room for another may still deliver what the
+/// owner sends (after ours was written) before it is cut.
+const EVICTED_DRAIN: Duration = Duration::from_secs(1);
+
+/// A place among the kept owner connections, reserved by `make_room` for a dial: given up
+/// on drop unless the dial reached its owner ([`Reserved::dialed`]).
+struct Reserved<'a>(Option<&'a Context>);
+
+impl Reserved<'_> {
+    fn dialed(&mut self, owner: String) {
+        if let Some(ctx) = self.0.take() {
+            ctx.owner_dials
+                .lock()
+                .expect("owner dials lock")
+                .dialed(owner, Instant::now());
+        }
+    }
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.0.take() {
+            ctx.owner_dials.lock().expect("owner dials lock").gave_up();
+        }
+    }
+}
 
 fn lost(claim: &TicketClaim, owner: &str, reason: impl Into<String>) -> Error {
     Error::OwnerLost {
@@ -50,41 +78,47 @@ impl NodeInner {
             return Ok(p);
         }
         // Only so many kept (spec §9.1): the one unused longest, with no request of ours
-        // outstanding, makes room (its holds end with it, §7.7).
+        // outstanding and none of its tickets held, makes room.
+        let alive = |id: &String| self.peer_by_id(id).is_some();
         let busy = |id: &String| self.peer_by_id(id).is_some_and(|p| p.has_requests());
-        let make_room = self.ctx.owner_dials.lock().expect("owner dials lock").make_room(busy);
-        if let Some(idle) = make_room.map_err(|why| lost(claim, owner, why))? {
+        let make_room = self
+            .ctx
+            .owner_dials
+            .lock()
+            .expect("owner dials lock")
+            .make_room(Instant::now(), alive, busy);
+        let idle = make_room.map_err(|why| lost(claim, owner, why))?;
+        // From here on the place is reserved: given up unless the dial reaches the owner,
+        // however this ends (an error, or the caller dropping this future).
+        let mut place = Reserved(Some(&self.ctx));
+        if let Some(idle) = idle {
             if let Some(p) = self.peer_by_id(&idle) {
                 tracing::debug!(node = %self.ctx.me.name, peer = %p.name(), "closing an idle connection to a ticket owner to dial another");
-                p.abort();
+                // What we queued is written first, and the owner has a moment to close
+                // its side; then the connection goes, whatever it still holds.
+                tokio::spawn(async move {
+                    connection::close(&p).await;
+                    tokio::time::sleep(EVICTED_DRAIN).await;
+                    p.abort();
+                });
             }
         }
-        let dialed = async {
-            let peer = tokio::time::timeout_at(deadline, connection::connect(self, addr, None))
-                .await
-                .map_err(|_| {
-                    lost(
-                        claim,
-                        owner,
-                        format!("connecting took over {:?}", self.ctx.settings.pull_timeout),
-                    )
-                })?
-                .map_err(|e| lost(claim, owner, format!("cannot connect: {}", e.chain())))?;
-            if let Err(why) = dialing::check_reached_owner(addr, &peer.endpoint().node_id, &claim.owner) {
-                connection::close(&peer).await;
-                return Err(lost(claim, owner, why));
-            }
-            Ok(peer)
-        };
-        let dialed = dialed.await;
-        let mut dials = self.ctx.owner_dials.lock().expect("owner dials lock");
-        match &dialed {
-            // (Its read loop tells `ended` when it closes: if it closed already, `ended`
-            // came first and this keeps a place until the next dial finds it idle.)
-            Ok(_) => dials.dialed(claim.owner.clone()),
-            Err(_) => dials.gave_up(),
+        let peer = tokio::time::timeout_at(deadline, connection::connect(self, addr, None))
+            .await
+            .map_err(|_| {
+                lost(
+                    claim,
+                    owner,
+                    format!("connecting took over {:?}", self.ctx.settings.pull_timeout),
+                )
+            })?
+            .map_err(|e| lost(claim, owner, format!("cannot connect: {}", e.chain())))?;
+        if let Err(why) = dialing::check_reached_owner(addr, &peer.endpoint().node_id, &claim.owner) {
+            connection::close(&peer).await;
+            return Err(lost(claim, owner, why));
         }
-        dialed
+        place.dialed(claim.owner.clone());
+        Ok(peer)
     }
 
     /// The established connection to `owner`, if there is one; a request is about to go
@@ -95,7 +129,7 @@ impl NodeInner {
             .owner_dials
             .lock()
             .expect("owner dials lock")
-            .used(&owner.to_string());
+            .used(&owner.to_string(), Instant::now());
         Some(peer)
     }
 

@@ -219,6 +219,10 @@ def plan_message(
 
     ``shm_threshold`` is set when the connection carries shared memory: frames from that
     size count against the 64 segments a part may carry."""
+    if len(frames) > MAX_DASK_FRAMES:
+        raise FramesError(
+            f"a Dask message of {len(frames)} frames: a receiver takes at most {MAX_DASK_FRAMES} in one message"
+        )
     max_frame = limits.max_frame_bytes
     max_frames = limits.max_frames
     max_bytes = limits.max_message_bytes
