@@ -284,6 +284,16 @@ async def test_python_to_python_both_ways(channel, tmp_path):
         b.close()
 
 
+async def a_dialer_gets_in(listener, name: str) -> None:
+    """A genuine dialer handshakes with ``listener``'s node, named ``name``."""
+    dialer = Driver(engine("py-eng-dialer"))
+    try:
+        conn = await dialer.connect(listener.address, timeout=10)
+        assert conn.peer["name"] == name
+    finally:
+        dialer.close()
+
+
 async def test_the_listener_bounds_handshakes_and_evicts_the_oldest():
     """Silent sockets cannot lock peers out (spec §9.1): past ``max_handshakes`` the oldest
     handshake is evicted, and a genuine dialer still gets in."""
@@ -313,12 +323,7 @@ async def test_the_listener_bounds_handshakes_and_evicts_the_oldest():
         states = [await loop.run_in_executor(None, ended, s) for s in silent]
         assert states == [True, True, True, False, False], states
         # Two silent sockets hold both places: a real dialer evicts the older and gets in.
-        dialer = Driver(engine("py-eng-dialer"))
-        try:
-            conn = await dialer.connect(listener.address, timeout=10)
-            assert conn.peer["name"] == "py-eng-listen"
-        finally:
-            dialer.close()
+        await a_dialer_gets_in(listener, "py-eng-listen")
         assert listener.evicted == 4
     finally:
         for s in silent:
@@ -346,12 +351,7 @@ async def test_connections_reset_before_they_are_accepted_are_closed_without_an_
         assert await eventually(lambda: listener.refused >= 40), listener.refused
         assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]
         assert open_fds() <= before, (open_fds(), before)
-        dialer = Driver(engine("py-eng-after-resets"))
-        try:
-            conn = await dialer.connect(listener.address, timeout=10)
-            assert conn.peer["name"] == "py-eng-reset"
-        finally:
-            dialer.close()
+        await a_dialer_gets_in(listener, "py-eng-reset")
     finally:
         listener.close()
         driver.close()

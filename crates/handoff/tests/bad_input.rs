@@ -292,6 +292,67 @@ async fn large_headers_that_are_no_message_give_their_room_back() {
     assert_eq!(env.type_name(), "test.Ping");
 }
 
+/// A holder that keeps at most `max_owner_connections` connections to the ticket owners it
+/// dials (spec §9.1).
+async fn holder(name: &str, max_owner_connections: usize) -> Node {
+    let bounds = handoff::Bounds {
+        max_owner_connections,
+        ..handoff::Bounds::default()
+    };
+    Node::builder(name)
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .register::<Ping>()
+        .bounds(bounds)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// A ticket owner on a host of its own (so that it is reached over TCP).
+async fn owner(name: &str) -> Node {
+    Node::builder(name)
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .host_id(format!("{name}-host"))
+        .build()
+        .await
+        .unwrap()
+}
+
+/// A ticket of lease 1 (one the owner never issued: a pull of it is refused) of `owner` at
+/// `addr`.
+fn claim_of(owner: &str, addr: &str, lazy: bool) -> handoff::wire::TicketClaim {
+    handoff::wire::TicketClaim {
+        len: 10,
+        owner: owner.to_string(),
+        addr: Some(addr.to_string()),
+        lease: 1,
+        token: vec![0; 32],
+        digest: handoff::wire::TicketDigest::Blake3([0; 32]),
+        ttl_ms: 30_000,
+        lazy,
+    }
+}
+
+/// Sends `test.Ping {seq: 1, data: <the ticket>}` on `s` and returns what `node` received.
+async fn ping_with_ticket(s: &mut TcpStream, node: &Node, claim: handoff::wire::TicketClaim) -> handoff::Envelope {
+    // A frame reference is ext 1 of 4 bytes (spec §8.2).
+    let body = b"\x82\xa3seq\x01\xa4data\xd6\x01\x00\x00\x00\x00";
+    let bytes = header_bytes(&Header::Msg {
+        type_name: "test.Ping",
+        body,
+        frames: vec![handoff::wire::Descriptor::Ticket(claim)],
+    });
+    s.write_all(&bytes).await.unwrap();
+    node.recv_timeout(Duration::from_secs(10)).await.unwrap()
+}
+
+/// (A connection used in the last 100 ms does not make room: the owners come apart.)
+async fn after_recent_use() {
+    tokio::time::sleep(Duration::from_millis(150)).await;
+}
+
 /// Tickets that name many owners, each a real node (the sender runs them), make the holder
 /// dial each one to redeem: it keeps at most `max_owner_connections` of those connections
 /// (spec §9.1), closing the one unused longest to dial another, so that a peer cannot fill
@@ -299,47 +360,16 @@ async fn large_headers_that_are_no_message_give_their_room_back() {
 /// its 1024 connections, refusing every new peer).
 #[tokio::test]
 async fn a_holder_keeps_so_many_connections_to_ticket_owners() {
-    let bounds = handoff::Bounds {
-        max_owner_connections: 2,
-        ..handoff::Bounds::default()
-    };
-    let node = Node::builder("many-owners")
-        .secret(SECRET)
-        .listen("127.0.0.1:0")
-        .register::<Ping>()
-        .bounds(bounds)
-        .build()
-        .await
-        .unwrap();
+    let node = holder("many-owners", 2).await;
     let mut owners = Vec::new();
     for i in 0..5 {
-        let owner = Node::builder(format!("owner-{i}"))
-            .secret(SECRET)
-            .listen("127.0.0.1:0")
-            .host_id(format!("owner-host-{i}"))
-            .build()
-            .await
-            .unwrap();
-        owners.push(owner);
+        owners.push(owner(&format!("owner-{i}")).await);
     }
     let mut s = handshaken(&addr(&node)).await;
-    for owner in &owners {
-        // A lease the owner never issued: the holder dials it, and the pull is refused.
-        let claim = handoff::wire::TicketClaim {
-            len: 10,
-            owner: owner.endpoint().node_id.clone(),
-            addr: Some(owner.listen_addr().unwrap().to_string()),
-            lease: 1,
-            token: vec![0; 32],
-            digest: handoff::wire::TicketDigest::Blake3([0; 32]),
-            ttl_ms: 30_000,
-            lazy: false,
-        };
-        // (A connection used in the last 100 ms does not make room: the owners come apart.)
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        let bytes = msg_with_frames("test.Ping", vec![handoff::wire::Descriptor::Ticket(claim)], &[]);
-        s.write_all(&bytes).await.unwrap();
-        let env = node.recv_timeout(Duration::from_secs(10)).await.unwrap();
+    for o in &owners {
+        after_recent_use().await;
+        let claim = claim_of(&o.endpoint().node_id, o.listen_addr().unwrap(), false);
+        let env = ping_with_ticket(&mut s, &node, claim).await;
         let err = env.decode::<Ping>().unwrap_err().to_string();
         assert!(err.contains("unknown-lease"), "{err}");
         let t0 = std::time::Instant::now();
@@ -364,67 +394,26 @@ async fn a_holder_keeps_so_many_connections_to_ticket_owners() {
 /// ticket is dropped, its owner's connection makes room again.
 #[tokio::test]
 async fn a_connection_to_an_owner_whose_ticket_we_hold_is_not_closed_to_make_room() {
-    let bounds = handoff::Bounds {
-        max_owner_connections: 1,
-        ..handoff::Bounds::default()
-    };
-    let node = Node::builder("holder")
-        .secret(SECRET)
-        .listen("127.0.0.1:0")
-        .register::<Ping>()
-        .bounds(bounds)
-        .build()
-        .await
-        .unwrap();
-    let mut owners = Vec::new();
-    for name in ["owner-a", "owner-b"] {
-        let owner = Node::builder(name)
-            .secret(SECRET)
-            .listen("127.0.0.1:0")
-            .host_id(format!("{name}-host"))
-            .build()
-            .await
-            .unwrap();
-        owners.push(owner);
-    }
-    let claim = |owner: &Node, lazy: bool| handoff::wire::TicketClaim {
-        len: 10,
-        owner: owner.endpoint().node_id.clone(),
-        addr: Some(owner.listen_addr().unwrap().to_string()),
-        lease: 1,
-        token: vec![0; 32],
-        digest: handoff::wire::TicketDigest::Blake3([0; 32]),
-        ttl_ms: 30_000,
-        lazy,
-    };
+    let node = holder("holder", 1).await;
+    let (a, b) = (owner("owner-a").await, owner("owner-b").await);
+    let claim = |o: &Node, lazy: bool| claim_of(&o.endpoint().node_id, o.listen_addr().unwrap(), lazy);
     let mut s = handshaken(&addr(&node)).await;
-    let mut send = async |claim: handoff::wire::TicketClaim| {
-        // {"seq": 1, "data": frame 0} (a frame reference is ext 1 of 4 bytes, spec §8.2).
-        let body = b"\x82\xa3seq\x01\xa4data\xd6\x01\x00\x00\x00\x00";
-        let bytes = header_bytes(&Header::Msg {
-            type_name: "test.Ping",
-            body,
-            frames: vec![handoff::wire::Descriptor::Ticket(claim)],
-        });
-        s.write_all(&bytes).await.unwrap();
-        node.recv_timeout(Duration::from_secs(10)).await.unwrap()
-    };
     // A lazy ticket of owner A, kept; reading it dials A (the pull is refused: no such lease).
-    let env = send(claim(&owners[0], true)).await;
+    let env = ping_with_ticket(&mut s, &node, claim(&a, true)).await;
     let ping = env.decode::<Ping>().unwrap();
     let ticket = handoff::Ticket::of(&ping.data).expect("a ticket");
     let err = ticket.read(0..1).await.unwrap_err().to_string();
     assert!(err.contains("unknown-lease"), "{err}");
     // Owner B's ticket finds no room: A's connection stays, for the ticket we hold.
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let env = send(claim(&owners[1], false)).await;
+    after_recent_use().await;
+    let env = ping_with_ticket(&mut s, &node, claim(&b, false)).await;
     let err = env.decode::<Ping>().unwrap_err().to_string();
     assert!(err.contains("tickets of its owner held"), "{err}");
     assert!(node.peer("owner-a").is_some(), "the connection to A stays");
     // The ticket dropped, A's connection makes room for B's.
     drop((ticket, ping));
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let env = send(claim(&owners[1], false)).await;
+    after_recent_use().await;
+    let env = ping_with_ticket(&mut s, &node, claim(&b, false)).await;
     let err = env.decode::<Ping>().unwrap_err().to_string();
     assert!(err.contains("unknown-lease"), "B was reached: {err}");
     let t0 = std::time::Instant::now();
@@ -440,18 +429,7 @@ async fn a_connection_to_an_owner_whose_ticket_we_hold_is_not_closed_to_make_roo
 /// after `max_owner_connections` of them no new owner could be reached.
 #[tokio::test]
 async fn a_redemption_dropped_while_it_dials_gives_its_place_back() {
-    let bounds = handoff::Bounds {
-        max_owner_connections: 1,
-        ..handoff::Bounds::default()
-    };
-    let node = Node::builder("dropper")
-        .secret(SECRET)
-        .listen("127.0.0.1:0")
-        .register::<Ping>()
-        .bounds(bounds)
-        .build()
-        .await
-        .unwrap();
+    let node = holder("dropper", 1).await;
     // An "owner" that accepts and never speaks: a dial to it waits for its handshake.
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let silent_addr = format!("tcp://{}", silent.local_addr().unwrap());
@@ -461,44 +439,21 @@ async fn a_redemption_dropped_while_it_dials_gives_its_place_back() {
             kept.push(s);
         }
     });
-    let real = Node::builder("real-owner")
-        .secret(SECRET)
-        .listen("127.0.0.1:0")
-        .host_id("real-owner-host")
-        .build()
-        .await
-        .unwrap();
-    let claim = |owner: String, addr: String| handoff::wire::TicketClaim {
-        len: 10,
-        owner,
-        addr: Some(addr),
-        lease: 1,
-        token: vec![0; 32],
-        digest: handoff::wire::TicketDigest::Blake3([0; 32]),
-        ttl_ms: 30_000,
-        lazy: true,
-    };
+    let real = owner("real-owner").await;
     let mut s = handshaken(&addr(&node)).await;
-    let mut send = async |claim: handoff::wire::TicketClaim| {
-        let body = b"\x82\xa3seq\x01\xa4data\xd6\x01\x00\x00\x00\x00";
-        let bytes = header_bytes(&Header::Msg {
-            type_name: "test.Ping",
-            body,
-            frames: vec![handoff::wire::Descriptor::Ticket(claim)],
-        });
-        s.write_all(&bytes).await.unwrap();
-        let env = node.recv_timeout(Duration::from_secs(10)).await.unwrap();
-        handoff::Ticket::of(&env.decode::<Ping>().unwrap().data).expect("a ticket")
-    };
-    let stuck = send(claim(handoff::identity::random_id(), silent_addr)).await;
+    let env = ping_with_ticket(
+        &mut s,
+        &node,
+        claim_of(&handoff::identity::random_id(), &silent_addr, true),
+    )
+    .await;
+    let stuck = handoff::Ticket::of(&env.decode::<Ping>().unwrap().data).expect("a ticket");
     let dropped = tokio::time::timeout(Duration::from_millis(300), stuck.read(0..1)).await;
     assert!(dropped.is_err(), "the read waits on the silent owner, and is dropped");
     drop(stuck);
-    let reachable = send(claim(
-        real.endpoint().node_id.clone(),
-        real.listen_addr().unwrap().to_string(),
-    ))
-    .await;
+    let claim = claim_of(&real.endpoint().node_id, real.listen_addr().unwrap(), true);
+    let env = ping_with_ticket(&mut s, &node, claim).await;
+    let reachable = handoff::Ticket::of(&env.decode::<Ping>().unwrap().data).expect("a ticket");
     let err = reachable.read(0..1).await.unwrap_err().to_string();
     assert!(err.contains("unknown-lease"), "the real owner was reached: {err}");
 }
