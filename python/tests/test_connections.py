@@ -63,6 +63,28 @@ async def test_each_connection_is_its_own_stream():
                 await p.recv(5)
 
 
+async def test_an_accepted_connection_that_sends_nothing_is_closed_after_the_handshake_timeout():
+    """A connection that never sends never reaches ``on_accept`` (its first message does):
+    the node closes it ``handshake_timeout`` after its handshake, so that silent
+    connections cannot hold a ``per_connection`` node's places (a Dask listener's) for
+    good. One that sends is the application's, however long it then stays quiet."""
+    from handoff.bounds import Bounds
+
+    accepted: list = []
+    async with (
+        _accepting("server", accepted, bounds=Bounds(handshake_timeout=0.5)) as server,
+        Node("client", secret="k", per_connection=True) as client,
+    ):
+        silent = await client.connect(server.listen_addr, channel="tcp")
+        talking = await client.connect(server.listen_addr, channel="tcp")
+        await talking.send("t.Hello", {})
+        assert await eventually(lambda: len(accepted) == 1)
+        assert await eventually(lambda: silent.closed, timeout=5)
+        await asyncio.sleep(0.6)
+        assert not talking.closed and len(accepted) == 1
+        assert (await accepted[0].recv(5)).type_name == "t.Hello"
+
+
 async def test_a_node_without_on_accept_closes_connections_that_send(caplog):
     async with (
         Node("quiet", secret="k", listen="127.0.0.1:0", per_connection=True) as quiet,

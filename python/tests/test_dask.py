@@ -146,6 +146,20 @@ def test_parts_this_backend_would_not_send_are_refused(body):
         unpack_part(body, [])
 
 
+def test_an_address_a_same_host_peer_claims_is_taken_only_in_the_form_of_one():
+    """On a Unix socket the comm's addresses are what the peer's Open says: only a
+    ``handoff://host:port`` of at most 300 characters, nothing that could forge a log line
+    or fill Dask's structures (a 4 MB address with a newline was taken before)."""
+    from handoff.dask.listener import _address
+
+    assert _address("handoff://10.0.0.9:8786", "F") == "handoff://10.0.0.9:8786"
+    assert _address("handoff://[::1]:8786", "F") == "handoff://[::1]:8786"
+    assert _address("handoff://worker-3.example.org:40001", "F") == "handoff://worker-3.example.org:40001"
+    forged = "handoff://10.0.0.9 closed\nCRITICAL - distributed.scheduler - forged:1"
+    for bad in (forged, "handoff://" + "x" * 300 + ":1", "tcp://10.0.0.9:1", "handoff://a b:1", 5, None):
+        assert _address(bad, "F") == "F", bad
+
+
 def test_a_message_of_more_dask_frames_than_the_bound_is_refused_before_they_are_made(monkeypatch):
     monkeypatch.setattr(dask_frames, "MAX_DASK_FRAMES", 10)
     out: list = []
@@ -156,6 +170,9 @@ def test_a_message_of_more_dask_frames_than_the_bound_is_refused_before_they_are
         assert len(out) == 6  # nothing of the refused part was made
     assert not unpack_part({"f": [{"cut": [SMALL] * 4, "f": bytes(4 * SMALL)}]}, out)
     assert len(out) == 10
+    # The sender refuses such a message itself, naming the bound.
+    with pytest.raises(FramesError, match="at most 10 in one message"):
+        plan_message([b"x"] * 11)
 
 
 def test_the_secret_comes_from_config_then_a_file_then_the_environment(tmp_path, monkeypatch):

@@ -145,7 +145,8 @@ class Node:
     inbox, bounded by the same buffered bounds; ``on_accept(peer)`` is then called once
     for each accepted connection, when its first message arrives (a connection that
     carries no message, such as the TCP connection a same-host peer leaves for our Unix
-    socket, never reaches it; without ``on_accept`` an accepted connection that sends a
+    socket, never reaches it, and is closed if it is still open ``handshake_timeout``
+    after its handshake; without ``on_accept`` an accepted connection that sends a
     message is closed). It runs on the node's event loop, possibly in the callback that
     received the message rather than in a task (``asyncio.current_task()`` may be
     ``None``), and must not block; if it raises, the connection is closed and the error
@@ -503,6 +504,22 @@ class Node:
         self._connections.setdefault(peer.node_id, []).append(peer)
         self._all_peers.add(peer)
         self._spawn(self._notify_peers())
+        if self.per_connection and self.on_accept is not None:
+            # An accepted connection reaches ``on_accept`` with its first message: one that
+            # sends none would hold its place for good, unseen by the application.
+            self.loop.call_later(self.bounds.handshake_timeout, self._close_if_silent, peer)
+
+    def _close_if_silent(self, peer: Peer) -> None:
+        """Closes an accepted connection of a ``per_connection`` node that delivered no
+        message within ``handshake_timeout`` of its handshake (see the class's text)."""
+        if peer.accepted and not peer._delivered and not peer.closed:
+            log.info(
+                "%s: closing the connection from %s: no message within %s s of its handshake",
+                self.name,
+                peer.name,
+                self.bounds.handshake_timeout,
+            )
+            peer.abort()
 
     def _remove_peer(self, peer: Peer) -> None:
         """Forgets a closed connection; another open one to the same node (§5.1: the same

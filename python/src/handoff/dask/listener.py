@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import re
 from typing import Optional
 
 from distributed.comm.addressing import parse_host_port, unparse_host_port
@@ -42,9 +43,16 @@ PREFIX = "handoff://"
 _OPEN_TIMEOUT = 10.0
 
 
+#: What an address a same-host peer claims in its ``Open`` may be: ``handoff://`` and a
+#: host (a name, or an IPv4 or bracketed IPv6 address) with its port, at most 300
+#: characters, nothing else (it goes into Dask's structures and its log lines).
+_CLAIMED_ADDRESS = re.compile(r"handoff://[A-Za-z0-9.\-_\[\]:%]{1,290}")
+
+
 def _address(value, fallback: str) -> str:
-    """An address a peer claimed in its ``Open`` if it is a ``handoff://host:port``, else ``fallback``."""
-    if isinstance(value, str) and value.startswith(PREFIX):
+    """An address a peer claimed in its ``Open`` if it is a ``handoff://host:port`` of
+    :data:`_CLAIMED_ADDRESS`'s form, else ``fallback``."""
+    if isinstance(value, str) and _CLAIMED_ADDRESS.fullmatch(value):
         try:
             parse_host_port(value[len(PREFIX) :])
             return value
