@@ -100,6 +100,10 @@ pub fn check_reached_owner(addr: &str, reached: &str, owner: &str) -> Result<(),
 /// closed to make room: the request is counted as outstanding only once it is sent.
 pub const RECENTLY_USED: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How long a kept owner connection closed to make room for another may still deliver what
+/// the owner sends (after what we queued was written) before it is cut.
+pub const CLOSED_FOR_ROOM_DRAIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The connections a holder opened to reach ticket owners and keeps open (spec §9.1: at most
 /// [`Bounds::max_owner_connections`](crate::bounds::Bounds::max_owner_connections)), the
 /// least recently used first; `K` names a connection for the driver.

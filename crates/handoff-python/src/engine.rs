@@ -690,12 +690,6 @@ impl Engine {
         self.dials().ended(&node_id);
     }
 
-    /// How many connections to ticket owners this node dialed and keeps.
-    #[getter]
-    fn owner_connections(&self) -> usize {
-        self.dials().len()
-    }
-
     /// The bounds of spec §9.1 this node keeps that its driver applies: `max_handshakes`,
     /// `max_connections`, `max_ticket_dials`, `max_owner_connections`, `write_timeout`
     /// (seconds).

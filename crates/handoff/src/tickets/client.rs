@@ -2,7 +2,7 @@
 //! pull, forward or renew; the node's side of [`LocalNode`].
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use handoff_wire::{Header, TicketClaim};
@@ -15,10 +15,6 @@ use crate::tickets::pending::Answer;
 use crate::{Error, Peer, Result};
 use handoff_proto::dialing;
 use handoff_proto::ticket_requests::{renew_op, Ask};
-
-/// How long an owner connection closed to make room for another may still deliver what the
-/// owner sends (after ours was written) before it is cut.
-const EVICTED_DRAIN: Duration = Duration::from_secs(1);
 
 /// A place among the kept owner connections, reserved by `make_room` for a dial: given up
 /// on drop unless the dial reached its owner ([`Reserved::dialed`]).
@@ -98,7 +94,7 @@ impl NodeInner {
                 // its side; then the connection goes, whatever it still holds.
                 tokio::spawn(async move {
                     connection::close(&p).await;
-                    tokio::time::sleep(EVICTED_DRAIN).await;
+                    tokio::time::sleep(dialing::CLOSED_FOR_ROOM_DRAIN).await;
                     p.abort();
                 });
             }
