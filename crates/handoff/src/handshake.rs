@@ -82,7 +82,12 @@ pub(crate) async fn handshake(
     loop {
         if hs.has_transmit() && !hs.is_over() {
             let out = hs.take_transmit();
-            let write = socket.send(out.into(), Vec::new(), Vec::new());
+            // Not `send`: what a failed handshake queued is not written on by a task.
+            let write = async {
+                socket
+                    .written(socket.queue(out.into(), Vec::new(), Vec::new()).await?)
+                    .await
+            };
             match until(timeout_at(&hs), &mut evicted, write).await {
                 Woke::Done(Ok(())) => {}
                 Woke::Done(Err(e)) => return Err(Error::io(format!("handshake with {label}"), e)),

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
@@ -65,19 +66,32 @@ pub(crate) struct Sending<'a> {
     pub(crate) limits: &'a handoff_wire::Limits,
     /// Set when the socket itself failed (the connection is lost), not the send alone (a
     /// frame that could not be copied into shared memory, a lease that did not come).
-    pub(crate) socket_failed: std::sync::atomic::AtomicBool,
+    pub(crate) socket_failed: AtomicBool,
+    /// Set once the message is in the socket's stream: it is then written in full, even if
+    /// the send is dropped.
+    pub(crate) queued: AtomicBool,
 }
 
 impl Sending<'_> {
     /// The error of a write that failed: the connection is lost.
     fn failed(&self, e: std::io::Error) -> Error {
-        self.socket_failed.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.socket_failed.store(true, Ordering::Relaxed);
         Error::io(format!("sending {} to {}", self.type_name, self.peer), e)
     }
 
     /// Whether the socket failed during the send.
     pub(crate) fn lost_the_connection(&self) -> bool {
-        self.socket_failed.load(std::sync::atomic::Ordering::Relaxed)
+        self.socket_failed.load(Ordering::Relaxed)
+    }
+
+    fn mark_queued(&self) {
+        self.queued.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the message went, or goes, to the peer: it is in the stream of a connection
+    /// that did not fail. What was leased for a message that did not go ends.
+    pub(crate) fn went(&self) -> bool {
+        self.queued.load(Ordering::Relaxed) && !self.lost_the_connection()
     }
 }
 
@@ -107,7 +121,7 @@ impl Link {
             return Err(std::io::Error::other("no socket protocol between in-process nodes"));
         };
         let frames = frames.iter().map(|f| f.as_bytes().clone()).collect();
-        socket.send(Bytes::from(head), Vec::new(), frames).await
+        socket.send(Bytes::from(head), Vec::new(), frames, || {}).await
     }
 
     /// Sends a message whose frames went through the ticket policy: over TCP with every
@@ -124,7 +138,7 @@ impl Link {
                     unreachable!("in-process peers send values")
                 };
                 socket
-                    .send(Bytes::from(head), Vec::new(), inline)
+                    .send(Bytes::from(head), Vec::new(), inline, || sending.mark_queued())
                     .await
                     .map_err(|e| sending.failed(e))
             }
@@ -233,32 +247,44 @@ impl ShmLink {
         // the release may come back at once.
         let mut router = Router::new(routing);
         let mut routed = Vec::with_capacity(frames.len());
-        let mut leased: Vec<u64> = Vec::new();
+        // The leases taken for this message end unless it is queued: on an error, and when
+        // the send is dropped while it waits (for a lease, or for the socket's state).
+        let mut leased = Taken {
+            link: self,
+            leases: Vec::new(),
+            sending,
+        };
         for frame in frames {
-            let r = router.route(frame).map_err(|e| {
-                self.release(&leased);
-                Error::io(e.what, e.source)
-            })?;
+            let r = router.route(frame).map_err(|e| Error::io(e.what, e.source))?;
             if let Routed::Shared { held, .. } = &r {
-                match self.lease(held, sending.peer).await {
-                    Ok(lease) => leased.push(lease),
-                    Err(e) => {
-                        // Nothing was sent: the leases taken for this message end here.
-                        self.release(&leased);
-                        return Err(e);
-                    }
-                }
+                let lease = self.lease(held, sending.peer).await?;
+                leased.leases.push(lease);
             }
             routed.push(r);
         }
-        let head = message_head(sending.type_name, body, &routed, &leased, sending.limits).map_err(|reason| {
-            self.release(&leased);
-            unsendable(sending.type_name, sending.peer, reason)
-        })?;
+        let head = message_head(sending.type_name, body, &routed, &leased.leases, sending.limits)
+            .map_err(|reason| unsendable(sending.type_name, sending.peer, reason))?;
         let (fds, inline) = stream_parts(routed);
         self.socket
-            .send(Bytes::from(head), fds, inline)
+            .send(Bytes::from(head), fds, inline, || sending.mark_queued())
             .await
             .map_err(|e| sending.failed(e))
+    }
+}
+
+/// The leases taken for a message on a same-host connection: they end when it is dropped
+/// before the message was queued. (Once queued, the peer releases them, or they end with
+/// the connection.)
+struct Taken<'a, 'b> {
+    link: &'a ShmLink,
+    leases: Vec<u64>,
+    sending: &'a Sending<'b>,
+}
+
+impl Drop for Taken<'_, '_> {
+    fn drop(&mut self) {
+        if !self.sending.queued.load(Ordering::Relaxed) && !self.leases.is_empty() {
+            self.link.release(&self.leases);
+        }
     }
 }

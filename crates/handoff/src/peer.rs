@@ -201,6 +201,11 @@ impl Peer {
     /// In-process the value is moved and nothing is serialized; to a same-host peer large
     /// buffers travel as shared memory; over TCP the value is encoded for this route and
     /// its buffers are written straight from their memory.
+    ///
+    /// Dropping the returned future (a `timeout` around it, say) before the message is
+    /// queued on the connection sends nothing and ends what was leased for it; once
+    /// queued, the message is written in full by the node, so the peer never reads half
+    /// of one.
     pub async fn send<T: Message>(&self, value: T) -> Result<()> {
         self.send_inner(value, false).await
     }
@@ -247,24 +252,29 @@ impl Peer {
         limits
             .check_outgoing(encoded.body.len(), lens)
             .map_err(|reason| unsendable(T::TYPE_NAME, self.name(), reason))?;
-        let planned = self.plan(encoded.frames, by_ticket).await?;
-        let issued = issued_leases(&planned, &self.0.outbound.from.node_id);
         let sending = Sending {
             type_name: T::TYPE_NAME,
             peer: self.name(),
             limits: &limits,
             socket_failed: false.into(),
+            queued: false.into(),
         };
+        // The leases issued for the message end unless it goes: when a frame's plan or the
+        // send fails, when the connection is lost, and when the send is dropped before the
+        // message was queued.
+        let mut issued = Issued {
+            peer: self,
+            leases: Vec::new(),
+            sending: &sending,
+        };
+        let planned = self.plan(encoded.frames, by_ticket, &mut issued).await?;
         self.0
             .link
             .send(&sending, &encoded.body, planned)
             .await
             .inspect_err(|_| {
-                // The message did not go (or went on a connection now lost, whose holds end
-                // with it): the leases issued for it end. Only a failed socket closes the peer;
-                // a frame that could not be copied, or a lease that did not come, fails this
-                // send alone.
-                self.withdraw(&issued);
+                // Only a failed socket closes the peer; a frame that could not be copied, or
+                // a lease that did not come, fails this send alone.
                 if sending.lost_the_connection() {
                     self.mark_closed();
                 }
@@ -291,8 +301,9 @@ impl Peer {
         self.send_inner(value, true).await
     }
 
-    /// Carries out the ticket policy (`handoff_proto::send_policy`) for each frame.
-    async fn plan(&self, frames: Vec<Buffer>, by_ticket: bool) -> Result<Vec<Planned>> {
+    /// Carries out the ticket policy (`handoff_proto::send_policy`) for each frame; the
+    /// leases it issues go to `issued`.
+    async fn plan(&self, frames: Vec<Buffer>, by_ticket: bool, issued: &mut Issued<'_, '_>) -> Result<Vec<Planned>> {
         let node = self.0.local.upgrade().ok_or(Error::NodeClosed)?;
         let ctx = node.context();
         let policy = TicketPolicy {
@@ -303,15 +314,11 @@ impl Peer {
         };
         let mut out = Vec::with_capacity(frames.len());
         for frame in frames {
-            match self.plan_frame(&node, &policy, frame).await {
-                Ok(planned) => out.push(planned),
-                Err(e) => {
-                    // A redemption, forward or lease that failed part-way: the leases issued
-                    // for the frames before it end now, not by their deadline.
-                    self.withdraw(&issued_leases(&out, &ctx.me.node_id));
-                    return Err(e);
-                }
-            }
+            let planned = self.plan_frame(&node, &policy, frame).await?;
+            issued
+                .leases
+                .extend(issued_leases(std::slice::from_ref(&planned), &ctx.me.node_id));
+            out.push(planned);
         }
         Ok(out)
     }
@@ -384,6 +391,23 @@ impl Peer {
     /// Writes a control header (and its inline bytes) on this connection.
     pub(crate) async fn write_control(&self, header: &Header<'_>, frames: &[Buffer]) -> Result<()> {
         self.0.write_control(header, frames).await
+    }
+}
+
+/// The ticket and device leases issued for a message being sent: they end, when this is
+/// dropped, unless the message went (`Sending::went`), so that a message that failed, or
+/// whose send was dropped, leaves none alive until its deadline.
+struct Issued<'a, 'b> {
+    peer: &'a Peer,
+    leases: Vec<(u64, Vec<u8>)>,
+    sending: &'a Sending<'b>,
+}
+
+impl Drop for Issued<'_, '_> {
+    fn drop(&mut self) {
+        if !self.leases.is_empty() && !self.sending.went() {
+            self.peer.withdraw(&self.leases);
+        }
     }
 }
 

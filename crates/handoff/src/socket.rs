@@ -114,6 +114,21 @@ pub(crate) struct Socket {
     runtime: tokio::runtime::Handle,
 }
 
+/// Hands what a dropped [`Socket::send`] queued to a flusher task (forgotten once written).
+struct FinishOnDrop<'a>(Option<&'a Arc<Socket>>);
+
+impl Drop for FinishOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some(socket) = self.0.take() else { return };
+        let socket = Arc::downgrade(socket);
+        tokio::runtime::Handle::current().spawn(async move {
+            let Some(socket) = Weak::upgrade(&socket) else { return };
+            let mut state = socket.lock_async().await;
+            socket.flush_later(&mut state);
+        });
+    }
+}
+
 /// The state, held; letting it go wakes the tasks waiting for it.
 struct Guard<'a> {
     /// Always `Some` until dropped.
@@ -247,28 +262,44 @@ impl Socket {
     }
 
     /// Queues `head` (with `fds` on its first byte) and `frames`, and waits until they are
-    /// written: a whole message, a handshake's bytes or a control header.
-    pub(crate) async fn send(&self, head: Bytes, fds: Vec<PassFd>, frames: Vec<Bytes>) -> std::io::Result<()> {
-        let end = {
-            let mut state = self.lock_async().await;
-            if let Some(refused) = state.io.refusal() {
-                return Err(refused);
-            }
-            let now = Instant::now();
-            let out = state.io.out_mut();
-            out.push_with_fds(head, fds, now);
-            for frame in frames {
-                out.push(frame, now);
-            }
-            self.flush(&mut state);
-            state.io.out().queued()
-        };
-        self.written(end).await
+    /// written: a whole message or a control header. `queued` is called once they are in
+    /// the stream: from then on they are written in full even if this wait is dropped (a
+    /// task takes over), so that the peer never gets half a message.
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        head: Bytes,
+        fds: Vec<PassFd>,
+        frames: Vec<Bytes>,
+        queued: impl FnOnce(),
+    ) -> std::io::Result<()> {
+        let end = self.queue(head, fds, frames).await?;
+        queued();
+        let finish = FinishOnDrop(Some(self));
+        let written = self.written(end).await;
+        std::mem::forget(finish);
+        written
+    }
+
+    /// Queues `head` (with `fds` on its first byte) and `frames` and writes what the socket
+    /// takes now; the end of them in the stream.
+    pub(crate) async fn queue(&self, head: Bytes, fds: Vec<PassFd>, frames: Vec<Bytes>) -> std::io::Result<u64> {
+        let mut state = self.lock_async().await;
+        if let Some(refused) = state.io.refusal() {
+            return Err(refused);
+        }
+        let now = Instant::now();
+        let out = state.io.out_mut();
+        out.push_with_fds(head, fds, now);
+        for frame in frames {
+            out.push(frame, now);
+        }
+        self.flush(&mut state);
+        Ok(state.io.out().queued())
     }
 
     /// Waits until the stream is written up to offset `end`, writing when the socket takes
     /// more; fails the connection past the write timeout without progress.
-    async fn written(&self, end: u64) -> std::io::Result<()> {
+    pub(crate) async fn written(&self, end: u64) -> std::io::Result<()> {
         loop {
             let deadline = {
                 let mut state = self.lock_async().await;
@@ -445,16 +476,24 @@ mod tests {
         let waiting = {
             let socket = socket.clone();
             let big = big.clone();
-            tokio::spawn(async move { socket.send(Bytes::from_static(b"h"), Vec::new(), vec![big]).await })
+            tokio::spawn(async move {
+                socket
+                    .send(Bytes::from_static(b"h"), Vec::new(), vec![big], || {})
+                    .await
+            })
         };
-        let second = socket.send(Bytes::from_static(b"h2"), Vec::new(), vec![big]).await;
+        let second = socket
+            .send(Bytes::from_static(b"h2"), Vec::new(), vec![big], || {})
+            .await;
         let first = waiting.await.unwrap();
         for r in [first, second] {
             let e = r.expect_err("the bytes were never written");
             assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
             assert!(e.to_string().contains("the peer reads nothing"), "{e}");
         }
-        let later = socket.send(Bytes::from_static(b"x"), Vec::new(), Vec::new()).await;
+        let later = socket
+            .send(Bytes::from_static(b"x"), Vec::new(), Vec::new(), || {})
+            .await;
         assert!(later.is_err());
     }
 
@@ -480,11 +519,13 @@ mod tests {
     async fn the_last_bytes_arrive_before_the_end_of_the_stream_and_nothing_after_them() {
         let (socket, mut peer) = pair(Duration::from_secs(5));
         socket
-            .send(Bytes::from_static(b"first "), Vec::new(), Vec::new())
+            .send(Bytes::from_static(b"first "), Vec::new(), Vec::new(), || {})
             .await
             .unwrap();
         socket.say_and_shutdown(b"last".to_vec(), Duration::from_secs(5)).await;
-        let refused = socket.send(Bytes::from_static(b"late"), Vec::new(), Vec::new()).await;
+        let refused = socket
+            .send(Bytes::from_static(b"late"), Vec::new(), Vec::new(), || {})
+            .await;
         assert!(refused.is_err(), "nothing follows the last bytes");
         let mut all = Vec::new();
         tokio::time::timeout(Duration::from_secs(5), peer.read_to_end(&mut all))

@@ -1,0 +1,116 @@
+//! A send whose future is dropped (a `timeout` around it, a cancelled task) leaves nothing
+//! behind: before its message is queued, what it leased for the message ends at once;
+//! once queued, the message is written in full, so that the peer never reads half of one.
+
+use std::time::Duration;
+
+use handoff::proto::ticket_leases::{LeaseConfig, WhenFull};
+use handoff::{Bounds, Buffer, Channel, Message, Node};
+use serde::{Deserialize, Serialize};
+
+const T: Duration = Duration::from_secs(10);
+const F: usize = 1 << 20;
+
+#[derive(Serialize, Deserialize)]
+struct Frames {
+    parts: Vec<Buffer>,
+}
+impl Message for Frames {
+    const TYPE_NAME: &'static str = "test.Frames";
+}
+
+fn frames(seeds: &[u8], len: usize) -> Frames {
+    Frames {
+        parts: seeds.iter().map(|&s| Buffer::from(vec![s; len])).collect(),
+    }
+}
+
+async fn node(name: &str, host: &str, bounds: Bounds, leases: LeaseConfig) -> Node {
+    Node::builder(name)
+        .secret("dropped")
+        .listen("127.0.0.1:0")
+        .host_id(host)
+        .register::<Frames>()
+        .bounds(bounds)
+        .leases(leases)
+        .build()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shm_send_dropped_while_it_waits_for_lease_room_ends_the_leases_it_took() {
+    // The peer may hold one frame of ours: the second frame's lease waits for room.
+    let capped = Bounds {
+        max_shm_lease_bytes_per_peer: F as u64,
+        ..Bounds::DEFAULT
+    };
+    let a = node("dropped-shm-a", "same", capped, LeaseConfig::default()).await;
+    let b = node("dropped-shm-b", "same", Bounds::DEFAULT, LeaseConfig::default()).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    assert_eq!(peer.channel(), Channel::Shm);
+
+    let waited = tokio::time::timeout(Duration::from_millis(300), peer.send(frames(&[1, 2], F))).await;
+    assert!(waited.is_err(), "the send waited for room, and was dropped");
+    assert_eq!(
+        a.leases().count,
+        0,
+        "the first frame's lease ended with the dropped send"
+    );
+
+    // So the room is there for the next message.
+    tokio::time::timeout(T, peer.send(frames(&[3], F)))
+        .await
+        .expect("a later send finds room")
+        .unwrap();
+    let got = b.recv_timeout(T).await.unwrap().decode::<Frames>().unwrap();
+    assert!(got.parts[0].iter().all(|&x| x == 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tcp_send_dropped_after_its_message_was_queued_still_writes_all_of_it() {
+    let a = node("dropped-tcp-a", "host-a", Bounds::DEFAULT, LeaseConfig::default()).await;
+    let b = node("dropped-tcp-b", "host-b", Bounds::DEFAULT, LeaseConfig::default()).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    assert_eq!(peer.channel(), Channel::Tcp);
+
+    // Polled once: encoded and queued, then dropped while the socket takes the rest.
+    let big = 64 << 20;
+    let first_poll = tokio::time::timeout(Duration::ZERO, peer.send(frames(&[7], big))).await;
+    assert!(first_poll.is_err(), "64 MiB are not written in one poll");
+
+    // Nothing else is sent: the node writes the rest on its own.
+    let got = b.recv_timeout(T).await.expect("the whole message arrives");
+    let got = got.decode::<Frames>().unwrap();
+    assert_eq!(got.parts[0].len(), big);
+    assert!(got.parts[0].iter().all(|&x| x == 7), "intact");
+    assert!(!peer.is_closed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_send_dropped_while_it_waits_for_lease_room_ends_the_leases_it_issued() {
+    // Tickets for one frame's bytes may be out for the peer: the second frame waits.
+    let one_frame = LeaseConfig {
+        max_bytes_per_peer: F as u64,
+        when_full: WhenFull::Wait(Duration::from_secs(30)),
+        ..LeaseConfig::default()
+    };
+    let a = node("dropped-ticket-a", "host-a", Bounds::DEFAULT, one_frame).await;
+    let b = node("dropped-ticket-b", "host-b", Bounds::DEFAULT, LeaseConfig::default()).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+
+    let waited = tokio::time::timeout(Duration::from_millis(300), peer.send_by_ticket(frames(&[1, 2], F))).await;
+    assert!(waited.is_err(), "the send waited for lease room, and was dropped");
+    assert_eq!(
+        a.ticket_leases().count,
+        0,
+        "the first frame's lease ended with the dropped send, not by its deadline"
+    );
+
+    tokio::time::timeout(T, peer.send_by_ticket(frames(&[3], F)))
+        .await
+        .expect("a later send finds room")
+        .unwrap();
+    let got = b.recv_timeout(T).await.unwrap().decode::<Frames>().unwrap();
+    assert!(got.parts[0].iter().all(|&x| x == 3));
+}
