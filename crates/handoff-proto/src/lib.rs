@@ -12,6 +12,7 @@
 //! - [`dialing`]: what an address names, the switch to shm a dialer makes, and reaching a
 //!   ticket's owner;
 //! - [`budget`]: the receive budget and its permits (spec §9.1);
+//! - [`ended_holds`]: holds on other nodes' buffers that ended here, owing `unlease`s;
 //! - [`identity`]: node, process and host ids;
 //! - [`inbound`]: the receiving half of an established connection, as a push-based state
 //!   machine (bytes and descriptors in, messages and ticket traffic out);
@@ -43,6 +44,7 @@ pub mod admission;
 pub mod bounds;
 pub mod budget;
 pub mod dialing;
+pub mod ended_holds;
 pub mod established;
 pub mod handshake;
 pub mod identity;

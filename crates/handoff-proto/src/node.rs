@@ -71,6 +71,9 @@ pub struct NodeCore {
     /// The connections the node dialed to reach ticket owners and keeps, by the owner's
     /// node id (spec §9.1: at most `bounds.max_owner_connections`).
     pub owner_dials: std::sync::Mutex<crate::dialing::OwnerDials<String>>,
+    /// The holds on other nodes' buffers that ended here, each owing its owner an
+    /// `unlease` (at most `ended_holds::MAX_ENDED_HOLDS`).
+    pub ended_holds: crate::ended_holds::EndedHolds,
     /// Ids of the ticket requests the node sends.
     next_request: AtomicU64,
 }
@@ -96,6 +99,7 @@ impl NodeCore {
             leases: Arc::new(LeaseTable::new(settings.leases, bounds.max_holders_per_lease)),
             next_request: AtomicU64::new(1),
             owner_dials: std::sync::Mutex::new(crate::dialing::OwnerDials::new(bounds.max_owner_connections)),
+            ended_holds: Default::default(),
             bounds,
         }
     }

@@ -18,7 +18,7 @@ use handoff_proto::identity;
 use handoff_proto::node::{CoreSettings, NodeCore};
 use handoff_proto::ticket_leases::LeaseConfig;
 
-use crate::holds::EndedHolds;
+use handoff_proto::ended_holds::EndedHolds;
 use handoff_wire::{Endpoint, Limits, Preamble, WireError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -713,7 +713,7 @@ impl Engine {
             .ended_holds
             .take()
             .into_iter()
-            .map(|h| (h.owner, h.lease, h.token))
+            .map(|c| (c.owner, c.lease, c.token))
             .collect()
     }
 

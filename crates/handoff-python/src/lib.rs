@@ -12,7 +12,6 @@ pub mod datasets;
 pub mod device;
 pub mod engine;
 pub mod frames;
-mod holds;
 pub mod host;
 pub mod inbox;
 pub mod log_limits;

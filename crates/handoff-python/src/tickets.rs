@@ -12,7 +12,6 @@ use pyo3::types::PyBytes;
 
 use crate::engine::Shared;
 use crate::frames::Frame;
-use crate::holds::{EndedHold, MAX_ENDED_HOLDS};
 
 /// A ticket: a claim on bytes another node owns, valid for the node it was issued to.
 ///
@@ -71,17 +70,10 @@ impl Ticket {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .let_go(&self.claim.owner);
-        let mut ended = shared.ended_holds.lock();
-        // Bounded: past this many unsent, a hold ends by its ttl at the owner instead.
-        if ended.len() < MAX_ENDED_HOLDS {
-            ended.push(EndedHold {
-                owner: self.claim.owner.clone(),
-                lease: self.claim.lease,
-                token: self.claim.token.clone(),
-            });
+        // Bounded: past so many unsent, a hold ends by its ttl at the owner instead.
+        if shared.ended_holds.push(&self.claim) {
+            shared.wake.signal();
         }
-        drop(ended);
-        shared.wake.signal();
     }
 }
 

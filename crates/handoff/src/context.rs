@@ -17,7 +17,7 @@ use bytes::Bytes;
 use handoff_proto::node::NodeCore;
 use handoff_proto::settings::NodeSettings;
 use handoff_wire::{Resources, TicketClaim};
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{watch, Semaphore};
 
 use crate::budget::RecvBudget;
 use crate::message::TypeRegistry;
@@ -54,7 +54,8 @@ pub(crate) struct Context {
     /// Leases on buffers we sent as tickets: the core's table, and the sends waiting for
     /// room in it.
     pub(crate) leases: LeaseTable,
-    pub(crate) unlease_tx: mpsc::UnboundedSender<TicketClaim>,
+    /// Told when a hold ends here (its `unlease` waits in the core's `ended_holds`).
+    pub(crate) unleases_owed: Arc<tokio::sync::Notify>,
     /// Local objects that values refer to by key (bound while decoding).
     pub(crate) resources: Arc<Resources>,
     /// TLS for TCP connections (spec §3.1), if the node has it: then required of every TCP peer.
@@ -87,9 +88,11 @@ impl Context {
         self.connections.load(Ordering::Acquire)
     }
 
-    /// Queues the release of a hold whose last handle was dropped.
+    /// Owes the owner of a hold whose last handle was dropped its `unlease`.
     pub(crate) fn ticket_released(&self, claim: &TicketClaim) {
-        let _ = self.unlease_tx.send(claim.clone());
+        if self.ended_holds.push(claim) {
+            self.unleases_owed.notify_one();
+        }
     }
 }
 

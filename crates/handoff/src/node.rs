@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use handoff_wire::{Channel, Endpoint, Resources};
 use tokio::net::{TcpListener, UnixListener};
-use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tokio::sync::{watch, Notify, Semaphore};
 
 use crate::accept::{self, Listening};
 use crate::budget::RecvBudget;
@@ -79,7 +79,7 @@ impl NodeBuilder {
             bounds.warning_period,
         ));
         let (shutdown_tx, _) = watch::channel(false);
-        let (unlease_tx, unlease_rx) = mpsc::unbounded_channel();
+        let unleases_owed = Arc::new(Notify::new());
         settings.force_encode_inproc |= std::env::var("HANDOFF_FORCE_ENCODE").is_ok_and(|v| v == "1");
         let core = NodeCore::new(settings.core(me, secret));
         let ctx = Context {
@@ -96,7 +96,7 @@ impl NodeBuilder {
             node_log,
             shutdown: shutdown_tx,
             shut_down: std::sync::atomic::AtomicBool::new(false),
-            unlease_tx,
+            unleases_owed: unleases_owed.clone(),
             resources: Arc::new(Resources::new(settings.name.clone())),
             tls,
             settings,
@@ -114,7 +114,7 @@ impl NodeBuilder {
         if let Some((listener, _)) = unix_listener {
             tokio::spawn(accept::accept_loop(inner.clone(), Listening::Unix(listener)));
         }
-        tokio::spawn(unlease_loop(Arc::downgrade(&inner), unlease_rx));
+        tokio::spawn(unlease_loop(Arc::downgrade(&inner), unleases_owed));
         tokio::spawn(reap_expired(Arc::downgrade(&inner)));
         tokio::spawn(sweep_idle_shm(Arc::downgrade(&inner)));
         tracing::info!(node = %inner.ctx.me.name, host = %inner.ctx.me.host_id, listen = ?inner.ctx.listen_addr, "node started");

@@ -57,6 +57,17 @@ impl PeerInner {
         })
     }
 
+    /// Queues a control header that wants no answer (an `unlease`) on this connection,
+    /// without waiting for it to be written; counted against what the peer may leave
+    /// unread (past it, we read no more of its requests).
+    pub(crate) async fn queue_control(&self, header: &Header<'_>) {
+        if let Some(socket) = self.link.socket() {
+            let mut head = Vec::with_capacity(96);
+            encode_header_into(header, &mut head);
+            socket.queue_control(Bytes::from(head)).await;
+        }
+    }
+
     /// Shuts our sending direction down: the peer sees the end of the stream.
     pub(crate) async fn shutdown_writing(&self) {
         self.link

@@ -355,6 +355,19 @@ impl Socket {
         self.flush_later(&mut state);
     }
 
+    /// Queues control bytes that want no answer (an `unlease`), counted against what the
+    /// peer may leave unread; written now as far as the socket takes them, the rest by a
+    /// task.
+    pub(crate) async fn queue_control(self: &Arc<Self>, bytes: Bytes) {
+        let mut state = self.lock_async().await;
+        if !state.io.takes_more() {
+            return;
+        }
+        state.io.out_mut().push_control(bytes, Instant::now());
+        self.flush(&mut state);
+        self.flush_later(&mut state);
+    }
+
     /// Queues a `release` of the peer's lease (a view's last drop, on any thread, maybe
     /// while this socket's state is held further up the stack): written now if the state
     /// is free, else by a task.

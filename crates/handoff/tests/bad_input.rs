@@ -72,7 +72,11 @@ fn error_code_in(bytes: &[u8]) -> Option<String> {
 
 /// Performs a valid (version 2) handshake by hand; returns the stream, ready for messages.
 async fn handshaken(target: &str) -> TcpStream {
-    let mut s = TcpStream::connect(target).await.unwrap();
+    handshaken_on(TcpStream::connect(target).await.unwrap()).await
+}
+
+/// The handshake of [`handshaken`] on a connected stream.
+async fn handshaken_on(mut s: TcpStream) -> TcpStream {
     let ident = raw::ident(
         "00000000000000000000000000000abc",
         "raw-client",
@@ -456,4 +460,73 @@ async fn a_redemption_dropped_while_it_dials_gives_its_place_back() {
     let reachable = handoff::Ticket::of(&env.decode::<Ping>().unwrap().data).expect("a ticket");
     let err = reachable.read(0..1).await.unwrap_err().to_string();
     assert!(err.contains("unknown-lease"), "the real owner was reached: {err}");
+}
+
+/// An owner that reads nothing slows only its own releases: the holds on its tickets that
+/// end here queue their `unlease`s on its connection, and a hold on another owner's ticket
+/// that ends after them is released at once (a loop that waited for each write, a second
+/// at most, held the other owner's release behind thousands of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_reads_nothing_does_not_hold_up_releases_to_others() {
+    let node = server("unleases-holder").await;
+    // The raw client (node id ...abc) reads nothing, through a small receive buffer.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut silent = handshaken_on(sock.connect(addr(&node).parse().unwrap()).await.unwrap()).await;
+    let silent_id = "00000000000000000000000000000abc";
+    // Lazy tickets of its own (not redeemed on receipt), dropped here as they come: each
+    // owes it an `unlease` (counted against what it may leave unread: past a MiB of them
+    // the node would read no more of it).
+    let tickets_per_message = 1000;
+    let messages = 120;
+    let writer = tokio::spawn(async move {
+        for m in 0..messages {
+            let frames = (0..tickets_per_message)
+                .map(|i| {
+                    let mut claim = claim_of(silent_id, "127.0.0.1:1", true);
+                    claim.lease = (m * tickets_per_message + i + 1) as u64;
+                    handoff::wire::Descriptor::Ticket(claim)
+                })
+                .collect();
+            if silent
+                .write_all(&msg_with_frames("test.Ping", frames, &[]))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        silent
+    });
+    let mut dropped = 0;
+    while let Ok(env) = node.recv_timeout(Duration::from_secs(2)).await {
+        drop(env);
+        dropped += tickets_per_message;
+    }
+    assert!(
+        dropped >= 20_000,
+        "{dropped} tickets came before the node stopped reading the owner that reads nothing"
+    );
+    // Another owner's ticket, redeemed and let go after them: its hold ends at the owner.
+    let other = owner("unleases-other").await;
+    let peer = other.connect(node.listen_addr().unwrap()).await.unwrap();
+    peer.send_by_ticket(Ping {
+        seq: 1,
+        data: Buffer::from(vec![5u8; 4096]),
+    })
+    .await
+    .unwrap();
+    let got = node.recv_timeout(Duration::from_secs(10)).await.unwrap();
+    assert!(got.decode::<Ping>().unwrap().data.iter().all(|&x| x == 5));
+    let t0 = std::time::Instant::now();
+    while other.ticket_leases().count > 0 && t0.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        other.ticket_leases().count,
+        0,
+        "the other owner's lease ended within {:?}",
+        t0.elapsed()
+    );
+    writer.abort();
 }

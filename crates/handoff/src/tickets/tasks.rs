@@ -1,11 +1,10 @@
 //! The node's background work on tickets: releasing the holds whose last handle was
 //! dropped, and ending the holds on our leases whose deadline passed.
 
-use std::sync::Weak;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
 
-use handoff_wire::{Header, TicketClaim};
-use tokio::sync::mpsc;
+use handoff_wire::Header;
+use tokio::sync::Notify;
 
 use crate::state::NodeInner;
 
@@ -27,23 +26,32 @@ pub(crate) async fn reap_expired(node: Weak<NodeInner>) {
     }
 }
 
-/// Sends `unlease` for dropped handles, on a connection we have to the owner: it never
-/// dials just to release (the hold's deadline ends it, spec §9.1), and a write that takes
-/// long is given up, so one owner that reads nothing cannot hold up the releases to others.
-pub(crate) async fn unlease_loop(node: Weak<NodeInner>, mut rx: mpsc::UnboundedReceiver<TicketClaim>) {
-    while let Some(claim) = rx.recv().await {
+/// Sends `unlease` for the holds that ended here (`handoff_proto::ended_holds`), on a
+/// connection we have to the owner: it never dials just to release (the hold's deadline
+/// ends it, spec §9.1), and it never waits for the write, so that an owner that reads
+/// nothing delays only its own (they count against what it may leave unread, and its
+/// connection fails past the write timeout).
+pub(crate) async fn unlease_loop(node: Weak<NodeInner>, owed: Arc<Notify>) {
+    let mut shutdown = match node.upgrade() {
+        Some(node) => node.ctx.shutdown.subscribe(),
+        None => return,
+    };
+    loop {
+        tokio::select! {
+            _ = owed.notified() => {}
+            _ = shutdown.changed() => return,
+        }
         let Some(node) = node.upgrade() else { return };
         if node.ctx.is_shut_down() {
             return;
         }
-        let Some(peer) = node.peer_by_id(&claim.owner) else {
-            tracing::debug!(node = %node.ctx.me.name, lease = claim.lease, "not connected to the owner of lease {}; its deadline will end the hold", claim.lease);
-            continue;
-        };
-        let op = handoff_proto::ticket_requests::unlease_op(&claim);
-        let sent = tokio::time::timeout(Duration::from_secs(1), peer.write_control(&Header::Ticket(op), &[])).await;
-        if !matches!(sent, Ok(Ok(()))) {
-            tracing::debug!(node = %node.ctx.me.name, lease = claim.lease, "could not release a ticket hold; its deadline will");
+        for claim in node.ctx.ended_holds.take() {
+            let Some(peer) = node.peer_by_id(&claim.owner) else {
+                tracing::debug!(node = %node.ctx.me.name, lease = claim.lease, "not connected to the owner of lease {}; its deadline will end the hold", claim.lease);
+                continue;
+            };
+            let op = handoff_proto::ticket_requests::unlease_op(&claim);
+            peer.0.queue_control(&Header::Ticket(op)).await;
         }
     }
 }
