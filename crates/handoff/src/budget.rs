@@ -19,17 +19,6 @@ pub(crate) struct RecvBudget {
 }
 
 impl RecvBudget {
-    /// A budget with the bounds of [`Budget::new`].
-    #[cfg(test)]
-    pub(crate) fn new(max_total: u64, max_per_peer: u64, min_per_peer: u64, max_messages_per_peer: usize) -> Self {
-        RecvBudget::over(Budget::new(
-            max_total,
-            max_per_peer,
-            min_per_peer,
-            max_messages_per_peer,
-        ))
-    }
-
     /// Waits, the tokio way, for room in `budget` (a node's, `NodeCore::budget`).
     pub(crate) fn over(budget: Arc<Budget>) -> Self {
         let freed = Arc::new(Notify::new());
@@ -77,7 +66,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_waiting_connection_is_woken_when_room_is_given_back() {
-        let budget = Arc::new(RecvBudget::new(1000, 400, 0, 10));
+        let budget = Arc::new(RecvBudget::over(Budget::new(1000, 400, 0, 10)));
         let a = Arc::new(Account::default());
         let first = budget.acquire(&a, 300, 1).await;
         let waiting = {

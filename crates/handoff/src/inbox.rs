@@ -42,15 +42,8 @@ impl Inbox {
         if let Some(e) = self.take() {
             return e;
         }
-        loop {
-            let arrived = self.arrived.notified();
-            tokio::pin!(arrived);
-            arrived.as_mut().enable();
-            if let Some(e) = self.take() {
-                return e;
-            }
-            arrived.await;
-        }
+        let next = crate::wait::until(&self.arrived, None, None, || self.take()).await;
+        next.expect("no deadline")
     }
 
     /// The next message if one waits, passing the turn on to another receiver when more do.

@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use handoff_wire::Buffer;
 use tokio::sync::Notify;
 
 use crate::context::Context;
@@ -114,14 +113,13 @@ impl Link {
         }
     }
 
-    /// Writes `head` then `frames` (a whole message without shared segments), within the
-    /// write timeout; a stall fails the connection.
-    pub(crate) async fn write(&self, head: Vec<u8>, frames: &[Buffer]) -> std::io::Result<()> {
+    /// Writes `head` (a control header), within the write timeout; a stall fails the
+    /// connection.
+    pub(crate) async fn write(&self, head: Vec<u8>) -> std::io::Result<()> {
         let Some(socket) = self.socket() else {
             return Err(std::io::Error::other("no socket protocol between in-process nodes"));
         };
-        let frames = frames.iter().map(|f| f.as_bytes().clone()).collect();
-        socket.send(Bytes::from(head), Vec::new(), frames, || {}).await
+        socket.send(Bytes::from(head), Vec::new(), Vec::new(), || {}).await
     }
 
     /// Sends a message whose frames went through the ticket policy: over TCP with every

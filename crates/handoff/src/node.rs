@@ -282,31 +282,26 @@ impl Node {
     /// Waits until a peer named `name` is connected (for example one that connects to us).
     pub async fn wait_for_peer(&self, name: &str, timeout: Duration) -> Result<Peer> {
         let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let changed = self.inner.peers_changed.notified();
-            if let Some(p) = self.peer(name) {
-                return Ok(p);
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                let known: Vec<String> = self.peers().iter().map(|p| p.name().to_string()).collect();
-                return Err(Error::Timeout(format!(
-                    "no peer named {name:?} connected within {timeout:?}; connected: {}",
-                    known.join(", ")
-                )));
-            }
+        match crate::wait::until(&self.inner.peers_changed, Some(deadline), None, || self.peer(name)).await {
+            Some(peer) => Ok(peer),
+            None => Err(Error::Timeout(format!(
+                "no peer named {name:?} connected within {timeout:?}; connected: {}",
+                self.peer_names()
+            ))),
         }
+    }
+
+    /// The names of the connected peers, for errors.
+    fn peer_names(&self) -> String {
+        let names: Vec<String> = self.peers().iter().map(|p| p.name().to_string()).collect();
+        names.join(", ")
     }
 
     /// Sends `value` to the connected peer named `to`.
     pub async fn send<T: Message>(&self, to: &str, value: T) -> Result<()> {
         let peer = self.peer(to).ok_or_else(|| Error::UnknownPeer {
             name: to.to_string(),
-            known: self
-                .peers()
-                .iter()
-                .map(|p| p.name().to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
+            known: self.peer_names(),
         })?;
         peer.send(value).await
     }
@@ -361,15 +356,9 @@ impl std::fmt::Debug for Node {
 /// pool's segments and this node's mappings idle past their time
 /// (`handoff_proto::shm::IdleTimes`, the same sweep the asyncio driver runs).
 async fn sweep_idle_shm(node: std::sync::Weak<NodeInner>) {
-    loop {
-        let wait = {
-            let Some(node) = node.upgrade() else { return };
-            if node.ctx.is_shut_down() {
-                return;
-            }
-            node.ctx
-                .sweep_idle(&handoff_proto::shm::IdleTimes::from_env(), std::time::Instant::now())
-        };
-        tokio::time::sleep(wait).await;
-    }
+    crate::state::while_alive(node, |node| {
+        let times = handoff_proto::shm::IdleTimes::from_env();
+        node.ctx.sweep_idle(&times, std::time::Instant::now())
+    })
+    .await
 }

@@ -47,11 +47,11 @@ pub(crate) struct PeerInner {
 }
 
 impl PeerInner {
-    /// Writes a control header (and its inline bytes) on this connection.
-    pub(crate) async fn write_control(&self, header: &Header<'_>, frames: &[Buffer]) -> Result<()> {
+    /// Writes a control header on this connection.
+    pub(crate) async fn write_control(&self, header: &Header<'_>) -> Result<()> {
         let mut head = Vec::with_capacity(96);
         encode_header_into(header, &mut head);
-        self.link.write(head, frames).await.map_err(|e| {
+        self.link.write(head).await.map_err(|e| {
             self.closed.store(true, Ordering::Release);
             Error::io(format!("writing to {}", self.remote.name), e)
         })
@@ -397,11 +397,6 @@ impl Peer {
             exported.device,
             exported.offset,
         )))
-    }
-
-    /// Writes a control header (and its inline bytes) on this connection.
-    pub(crate) async fn write_control(&self, header: &Header<'_>, frames: &[Buffer]) -> Result<()> {
-        self.0.write_control(header, frames).await
     }
 }
 

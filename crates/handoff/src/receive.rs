@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_proto::established::{Established, Refused, Step};
+use handoff_proto::established::{Established, Step};
 use handoff_proto::inbound::{Digest, Event, Frame, Inbound};
 use handoff_proto::receive::{self, Redemptions};
 use handoff_proto::received;
@@ -160,14 +160,7 @@ async fn read_messages(
                 continue;
             }
             Step::Answer { waiter, answer } => {
-                let refused = |r: Refused| Error::TicketRefused {
-                    owner: peer.name().to_string(),
-                    lease: 0,
-                    what: "request",
-                    code: r.code,
-                    message: r.message,
-                };
-                let _ = waiter.send(answer.map_err(refused));
+                let _ = waiter.send(answer);
                 continue;
             }
             Step::Pulled { waiter, bytes, digest } => {

@@ -113,3 +113,21 @@ impl Drop for ConnectionGuard {
         self.0.ctx.connections.fetch_sub(1, Ordering::AcqRel);
     }
 }
+
+/// Runs `tick` on the node, then sleeps as long as it says, until the node is gone or shut
+/// down (a node's periodic chores: expiring holds, sweeping idle memory).
+pub(crate) async fn while_alive(
+    node: std::sync::Weak<NodeInner>,
+    mut tick: impl FnMut(&NodeInner) -> std::time::Duration,
+) {
+    loop {
+        let wait = {
+            let Some(node) = node.upgrade() else { return };
+            if node.ctx.is_shut_down() {
+                return;
+            }
+            tick(&node)
+        };
+        tokio::time::sleep(wait).await;
+    }
+}

@@ -145,20 +145,17 @@ impl NodeInner {
             .lock()
             .expect("pending lock")
             .insert(req, ask.asked(), tx);
-        if let Err(e) = peer.write_control(&Header::Ticket(ask.op(req, claim)), &[]).await {
+        if let Err(e) = peer.0.write_control(&Header::Ticket(ask.op(req, claim))).await {
             peer.0.pending.lock().expect("pending lock").complete(req);
             return Err(lost(claim, owner, format!("sending the {what}: {}", e.chain())));
         }
         match tokio::time::timeout(pull_timeout, rx).await {
-            Ok(Ok(answer)) => answer.map_err(|e| match e {
-                Error::TicketRefused { code, message, .. } => Error::TicketRefused {
-                    owner: owner.to_string(),
-                    lease: claim.lease,
-                    what,
-                    code,
-                    message,
-                },
-                other => other,
+            Ok(Ok(answer)) => answer.map_err(|r| Error::TicketRefused {
+                owner: owner.to_string(),
+                lease: claim.lease,
+                what,
+                code: r.code,
+                message: r.message,
             }),
             Ok(Err(_)) => Err(lost(claim, owner, "the connection closed before it answered")),
             Err(_) => {
@@ -200,7 +197,7 @@ impl NodeInner {
     /// Extends this node's hold on the claim's lease by the lease's ttl.
     pub(crate) async fn renew(self: &Arc<Self>, claim: &TicketClaim, owner: &str) -> Result<()> {
         let peer = self.owner_peer(claim, owner).await?;
-        peer.write_control(&Header::Ticket(renew_op(claim)), &[]).await
+        peer.0.write_control(&Header::Ticket(renew_op(claim))).await
     }
 }
 

@@ -20,11 +20,6 @@ pub(crate) struct LeaseTable {
 }
 
 impl LeaseTable {
-    #[cfg(test)]
-    pub(crate) fn new(config: LeaseConfig, max_holders: usize) -> LeaseTable {
-        LeaseTable::over(Arc::new(ticket_leases::LeaseTable::new(config, max_holders)))
-    }
-
     /// Waits, the tokio way, for room in `table` (a node's, `NodeCore::leases`).
     pub(crate) fn over(table: Arc<ticket_leases::LeaseTable>) -> LeaseTable {
         let changed = Arc::new(Notify::new());
@@ -81,6 +76,10 @@ mod tests {
 
     const B: &str = "0000000000000000000000000000000b";
 
+    fn table(config: LeaseConfig) -> LeaseTable {
+        LeaseTable::over(Arc::new(ticket_leases::LeaseTable::new(config, 3)))
+    }
+
     #[tokio::test]
     async fn an_issue_waits_for_room_or_fails() {
         let config = |when_full| LeaseConfig {
@@ -89,7 +88,7 @@ mod tests {
             max_bytes_per_peer: 100,
             when_full,
         };
-        let t = Arc::new(LeaseTable::new(config(WhenFull::Wait(Duration::from_secs(5))), 3));
+        let t = Arc::new(table(config(WhenFull::Wait(Duration::from_secs(5)))));
         let buf = Buffer::from(vec![1u8; 80]);
         let first = t.issue(&buf, None, false, B, B).await.unwrap();
         let t2 = t.clone();
@@ -100,7 +99,7 @@ mod tests {
         t.unlease(first.lease, B, &first.token).unwrap();
         waiting.await.unwrap().unwrap();
 
-        let failing = LeaseTable::new(config(WhenFull::Fail), 3);
+        let failing = table(config(WhenFull::Fail));
         failing.issue(&buf, None, false, B, B).await.unwrap();
         let err = failing.issue(&buf, None, false, B, B).await.unwrap_err();
         assert!(err.to_string().contains("80 of 100 bytes"), "{err}");

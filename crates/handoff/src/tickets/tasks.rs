@@ -10,20 +10,14 @@ use crate::state::NodeInner;
 
 /// Ends holds whose deadline passed, as they pass, while the node lives.
 pub(crate) async fn reap_expired(node: Weak<NodeInner>) {
-    loop {
-        let wait = {
-            let Some(node) = node.upgrade() else { return };
-            if node.ctx.is_shut_down() {
-                return;
-            }
-            let n = node.ctx.leases.expire();
-            if n > 0 {
-                tracing::info!(node = %node.ctx.me.name, "{n} ticket holds ended by their deadline");
-            }
-            node.ctx.leases.reap_after(std::time::Instant::now())
-        };
-        tokio::time::sleep(wait).await;
-    }
+    crate::state::while_alive(node, |node| {
+        let n = node.ctx.leases.expire();
+        if n > 0 {
+            tracing::info!(node = %node.ctx.me.name, "{n} ticket holds ended by their deadline");
+        }
+        node.ctx.leases.reap_after(std::time::Instant::now())
+    })
+    .await
 }
 
 /// Sends `unlease` for the holds that ended here (`handoff_proto::ended_holds`), on a
