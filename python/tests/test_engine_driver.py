@@ -230,6 +230,24 @@ async def test_a_silent_peer_times_out_the_handshake():
         server.close()
 
 
+async def test_an_address_the_driver_cannot_use_is_refused_by_name_and_keeps_no_descriptor(tmp_path):
+    driver = Driver(engine("py-eng-addresses"))
+    before = open_fds()
+    try:
+        for bad in ("tcp://127.0.0.1:65536", "tcp://127.0.0.1:99999", "tcp://::1:80", "tcp://host", "tcp://h:x"):
+            with pytest.raises(ValueError, match="not an address") as caught:
+                await driver.connect(bad, timeout=5)
+            assert repr(bad) in str(caught.value)
+            with pytest.raises(ValueError, match="not an address"):
+                await driver.listen(bad)
+        # A socket path too long to bind: the socket made for it is closed.
+        with pytest.raises(OSError):
+            await driver.listen("unix://" + str(tmp_path / ("x" * 200)))
+        assert open_fds() == before
+    finally:
+        driver.close()
+
+
 async def test_the_budget_stops_reading_and_taking_gives_room_back(spawn_rust):
     rust = await spawn_rust("rs-eng-budget", "--host-id", "rust-host")
     # Room for about one 4 MiB message per peer: the rest wait in the socket.

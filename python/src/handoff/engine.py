@@ -23,6 +23,7 @@ import logging
 import socket
 from typing import Awaitable, Callable, Optional
 
+from .addresses import tcp_socket
 from .errors import (
     AuthenticationError,
     CapReached,
@@ -75,6 +76,14 @@ def _error(label: str, code: str, message: str, by_peer: bool) -> Exception:
     if by_peer:
         return PeerRefused(label, code, message)
     return ConnectionFailed(label, code, message, by_peer)
+
+
+def _tcp_socket(addr: str):
+    """:func:`handoff.addresses.tcp_socket`, its error naming both forms a driver takes."""
+    try:
+        return tcp_socket(addr)
+    except ValueError:
+        raise ValueError(f"not an address: {addr!r} (tcp://HOST:PORT, [V6HOST]:PORT, or unix://PATH)") from None
 
 
 class Driver:
@@ -295,12 +304,8 @@ class Driver:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             target: object = addr[len("unix://") :]
         else:
-            host, _, port = addr.removeprefix("tcp://").rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"not an address: {addr!r} (tcp://HOST:PORT or unix://PATH)")
-            sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
-            target = (host.strip("[]"), int(port))
-            host = host.strip("[]")
+            sock, target = _tcp_socket(addr)
+            host = target[0]
         sock.setblocking(False)
         try:
             await asyncio.wait_for(self.loop.sock_connect(sock, target), timeout)
@@ -343,14 +348,19 @@ class Driver:
         past either is closed at once."""
         if addr.startswith("unix://"):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.bind(addr[len("unix://") :])
+            try:
+                sock.bind(addr[len("unix://") :])
+            except BaseException:
+                sock.close()
+                raise
         else:
-            host, _, port = addr.removeprefix("tcp://").rpartition(":")
-            if not host or not port.isdigit():
-                raise ValueError(f"not an address: {addr!r} (tcp://HOST:PORT or unix://PATH)")
-            sock = socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET, socket.SOCK_STREAM)
+            sock, target = _tcp_socket(addr)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host.strip("[]"), int(port)))
+            try:
+                sock.bind(target)
+            except BaseException:
+                sock.close()
+                raise
         sock.listen(128)
         sock.setblocking(False)
         return Listener(self, sock, admit, max_handshakes, max_unaccepted)

@@ -90,10 +90,6 @@ class Envelope:
         return self.error
 
     @property
-    def has_tickets(self) -> bool:
-        return any(f.kind == "ticket" for f in self.frames)
-
-    @property
     def has_eager_tickets(self) -> bool:
         """Whether a ticket not marked ``lazy`` is still unredeemed (eager redemption pulls those, §7.6)."""
         return any(isinstance(f.view, Ticket) and not f.view.desc.lazy for f in self.frames)

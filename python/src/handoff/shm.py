@@ -17,17 +17,7 @@ import importlib
 import os
 from typing import Any, Optional
 
-from .memfd import (  # noqa: F401  (the seal bits were defined here before memfd.py: still importable from here)
-    F_ADD_SEALS,
-    F_GET_SEALS,
-    F_SEAL_GROW,
-    F_SEAL_SEAL,
-    F_SEAL_SHRINK,
-    F_SEAL_WRITE,
-    SEALS_ALL,
-    SEALS_FIXED,
-    SEALS_REQUIRED,
-)
+from .memfd import F_ADD_SEALS, SEALS_ALL, SEALS_FIXED, SEALS_REQUIRED
 from . import native
 from .memfd import memfd as _memfd
 from .shmmap import Region
