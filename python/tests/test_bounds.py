@@ -860,3 +860,80 @@ async def test_a_holder_keeps_so_many_owner_connections_but_never_one_where_it_h
             await asyncio.sleep(0.02)
         assert h.peer_by_id(oa.node_id) is None and h.peer_by_id(ob.node_id) is not None
         raw.close()
+
+
+async def test_a_cancelled_ticket_request_is_forgotten_so_its_owner_connection_can_make_room():
+    """A redemption cancelled while its owner does not answer (a ``wait_for`` around it, a
+    cancelled Dask task) leaves no request behind: the owner's connection stops counting as
+    waiting for an answer, so with ``max_owner_connections=1`` it makes room for the next
+    owner's (before, every later dial failed: "none can close")."""
+    import threading
+
+    from handoff.tickets import Ticket as HeldTicket
+
+    started, box = threading.Event(), {}
+
+    def run_owner() -> None:  # a node in a thread of its own, whose loop the test stalls
+        async def main() -> None:
+            async with node("stalls", host_id="stalls-host") as o:
+                box.update(node=o, loop=asyncio.get_running_loop(), stop=asyncio.Event())
+                started.set()
+                await box["stop"].wait()
+
+        asyncio.run(main())
+
+    thread = threading.Thread(target=run_owner, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    stalls = box["node"]
+
+    def ticket(holder: Node, owner: Node) -> HeldTicket:
+        desc = wire.TicketDesc(
+            n=10, owner=owner.node_id, lease=1, token=bytes(32), digest=bytes(32), ttl=30_000,
+            addr=owner.listen_addr, lazy=True,
+        )  # fmt: skip
+        return HeldTicket(holder, desc, owner.name)
+
+    try:
+        async with (
+            node("holder", pull_timeout=1.0, bounds=Bounds(max_owner_connections=1)) as h,
+            node("answers", host_id="answers-host") as answers,
+        ):
+            first = ticket(h, stalls)
+            with pytest.raises(HandoffError, match="unknown-lease"):
+                await first.read(0, 1)  # dials the owner (kept): no such lease
+            box["loop"].call_soon_threadsafe(time.sleep, 2.5)  # it answers nothing for a while
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(first.read(0, 1), 0.2)
+            first.release()
+            del first
+            await asyncio.sleep(1.2)  # past the pull timeout, and the last use
+            with pytest.raises(HandoffError, match="unknown-lease"):
+                await ticket(h, answers).read(0, 1)  # the stalled owner's connection made room
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(10)
+
+
+async def test_a_send_waiting_for_ticket_lease_room_fails_as_soon_as_its_connection_is_aborted():
+    """A send waiting for room in the node's ticket leases (§9.1) is told at once when its
+    own connection is aborted (what ``HandoffComm.abort()`` does), not after the whole
+    ``lease_wait``."""
+    bounds = Bounds(max_ticket_bytes=100_000, max_ticket_bytes_per_peer=100_000, lease_wait=10.0)
+    async with (
+        node("sender", shm=False, ticket_threshold=1, bounds=bounds) as a,
+        node("keeps", host_id="keeps-host", shm=False, redeem="lazy", types=["t"]) as keeps,
+        node("waits", host_id="waits-host", shm=False, redeem="lazy", types=["t"]) as waits,
+    ):
+        await (await a.connect(keeps.listen_addr)).send("t", {"x": bytes(90_000)})
+        held = await keeps.recv(10)  # its ticket pins 90 kB of the 100 kB
+        peer = await a.connect(waits.listen_addr)
+        send = asyncio.ensure_future(peer.send("t", {"x": bytes(50_000)}))
+        await asyncio.sleep(0.3)
+        assert not send.done(), "the send waits for room"
+        peer.abort()
+        t0 = time.monotonic()
+        with pytest.raises(HandoffError):
+            await asyncio.wait_for(send, 5)
+        assert time.monotonic() - t0 < 2, "told when its connection went, not after lease_wait"
+        del held

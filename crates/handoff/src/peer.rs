@@ -32,6 +32,8 @@ pub(crate) struct PeerInner {
     pub(crate) inbound: Arc<Route>,
     pub(crate) link: Link,
     pub(crate) closed: AtomicBool,
+    /// Told when `closed` is set: a send waiting for room gives up then.
+    closing: tokio::sync::Notify,
     /// Encode even in-process (the test switch that keeps both paths equal).
     pub(crate) force_encode: bool,
     /// The node this peer belongs to (for tickets: its leases and settings).
@@ -52,7 +54,7 @@ impl PeerInner {
         let mut head = Vec::with_capacity(96);
         encode_header_into(header, &mut head);
         self.link.write(head).await.map_err(|e| {
-            self.closed.store(true, Ordering::Release);
+            self.mark_closed();
             Error::io(format!("writing to {}", self.remote.name), e)
         })
     }
@@ -66,6 +68,12 @@ impl PeerInner {
             encode_header_into(header, &mut head);
             socket.queue_control(Bytes::from(head)).await;
         }
+    }
+
+    /// Marks the connection closed; a send waiting for room gives up.
+    pub(crate) fn mark_closed(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.closing.notify_waiters();
     }
 
     /// Shuts our sending direction down: the peer sees the end of the stream.
@@ -112,6 +120,7 @@ impl Peer {
             inbound: Arc::new(inbound),
             link,
             closed: AtomicBool::new(false),
+            closing: tokio::sync::Notify::new(),
             force_encode,
             local: Arc::downgrade(node) as Weak<dyn LocalNode>,
             pending: Arc::default(),
@@ -176,7 +185,7 @@ impl Peer {
     }
 
     pub(crate) fn mark_closed(&self) {
-        self.0.closed.store(true, Ordering::Release);
+        self.0.mark_closed();
     }
 
     /// Whether a ticket request of ours waits for its answer on this connection.
@@ -244,8 +253,21 @@ impl Peer {
                 }
             }
             // The wire path's future is large: boxed, so that an in-process send does not
-            // move it around.
-            Link::Tcp { .. } | Link::Shm(_) => Box::pin(self.send_wire(value, by_ticket)).await,
+            // move it around. A send that waits (for lease room, or for the socket) gives up
+            // when the connection closes meanwhile; what it leased ends with it.
+            Link::Tcp { .. } | Link::Shm(_) => {
+                let closing = self.0.closing.notified();
+                tokio::pin!(closing);
+                closing.as_mut().enable();
+                if self.is_closed() {
+                    return Err(Error::PeerClosed(self.name().to_string()));
+                }
+                tokio::select! {
+                    biased;
+                    sent = Box::pin(self.send_wire(value, by_ticket)) => sent,
+                    _ = closing => Err(Error::PeerClosed(self.name().to_string())),
+                }
+            }
         }
     }
 

@@ -530,3 +530,25 @@ async fn an_owner_that_reads_nothing_does_not_hold_up_releases_to_others() {
     );
     writer.abort();
 }
+
+/// A redemption dropped while its owner does not answer (a caller's timeout) leaves no
+/// request behind: the owner's connection stops counting as waiting for an answer, so it
+/// makes room for the next owner's (before, every later dial failed: "none can close").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_dropped_while_its_owner_is_silent_is_forgotten() {
+    let node = holder("forgets", 1).await;
+    let answers = owner("answers").await;
+    let (silent_addr, silent_id) = raw::silent_acceptor(SECRET, "0000000000000000000000000000051e");
+    let mut s = handshaken(&addr(&node)).await;
+    let env = ping_with_ticket(&mut s, &node, claim_of(&silent_id, &silent_addr, true)).await;
+    let ping = env.decode::<Ping>().unwrap();
+    let ticket = handoff::Ticket::of(&ping.data).expect("a ticket");
+    let waited = tokio::time::timeout(Duration::from_millis(300), ticket.read(0..1)).await;
+    assert!(waited.is_err(), "the silent owner does not answer");
+    drop((ticket, ping));
+    after_recent_use().await;
+    let claim = claim_of(&answers.endpoint().node_id, answers.listen_addr().unwrap(), false);
+    let env = ping_with_ticket(&mut s, &node, claim).await;
+    let err = env.decode::<Ping>().unwrap_err().to_string();
+    assert!(err.contains("unknown-lease"), "the next owner was reached: {err}");
+}

@@ -114,3 +114,44 @@ async fn a_ticket_send_dropped_while_it_waits_for_lease_room_ends_the_leases_it_
     let got = b.recv_timeout(T).await.unwrap().decode::<Frames>().unwrap();
     assert!(got.parts[0].iter().all(|&x| x == 3));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_waiting_for_lease_room_fails_as_soon_as_its_connection_closes() {
+    // The node's ticket leases may pin one frame in all: a ticket that another peer keeps
+    // pins it, so a send to B waits for room.
+    let one_frame = LeaseConfig {
+        max_bytes: F as u64,
+        when_full: WhenFull::Wait(Duration::from_secs(30)),
+        ..LeaseConfig::default()
+    };
+    let a = node("closing-a", "host-a", Bounds::DEFAULT, one_frame).await;
+    let keeps = Node::builder("closing-keeps")
+        .secret("dropped")
+        .listen("127.0.0.1:0")
+        .host_id("host-keeps")
+        .register::<Frames>()
+        .redeem(handoff::Redeem::Lazy)
+        .build()
+        .await
+        .unwrap();
+    let b = node("closing-b", "host-b", Bounds::DEFAULT, LeaseConfig::default()).await;
+    let to_keeps = a.connect(keeps.listen_addr().unwrap()).await.unwrap();
+    to_keeps.send_by_ticket(frames(&[1], F)).await.unwrap();
+    let _kept = keeps.recv_timeout(T).await.unwrap();
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    let sending = {
+        let peer = peer.clone();
+        tokio::spawn(async move { peer.send_by_ticket(frames(&[2], F)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!sending.is_finished(), "the send waits for lease room");
+    assert!(a.disconnect("closing-b").await);
+    let t0 = std::time::Instant::now();
+    let sent = tokio::time::timeout(T, sending).await.expect("the send ends").unwrap();
+    assert!(sent.is_err(), "the connection closed: nothing was sent");
+    assert!(
+        t0.elapsed() < Duration::from_secs(2),
+        "told at once, not after the lease wait"
+    );
+    assert_eq!(a.ticket_leases().count, 1, "only the kept ticket's lease lives");
+}

@@ -796,6 +796,11 @@ class EngineConnection:
             self._ready.set_exception(failure)
             self._ready.exception()  # retrieved: the caller of ready() raises it
         self._wake()
+        # A send of ours waiting for room in the node's lease table finds out now (the
+        # others waiting there look again, and wait on).
+        room = self.driver._lease_room
+        if room is not None and not room.done():
+            room.set_result(None)
         self._tell_end()
 
     def _wake_release_waiters(self) -> None:
@@ -998,11 +1003,15 @@ class EngineConnection:
         try:
             kind, value = await asyncio.wait_for(fut, self.driver.pull_timeout)
         except TimeoutError:
-            self.conn.forget_request(req)
-            self._requests.pop(req, None)
             raise self._lost(ticket, f"no answer to the {what} within {self.driver.pull_timeout} s", label) from None
         except PeerClosed as e:
             raise self._lost(ticket, str(e), label) from None
+        finally:
+            if fut.cancelled():
+                # No answer came (the pull timeout, or the caller cancelled): the request is
+                # forgotten, so the connection no longer counts as waiting for one.
+                self.conn.forget_request(req)
+                self._requests.pop(req, None)
         if kind == "refused":
             code, message = value
             raise TicketRefused(label or self.driver.owner_label(ticket), ticket.lease, what, code, message)
@@ -1038,19 +1047,19 @@ class EngineConnection:
 
     async def _arrival(self, timeout: Optional[float]) -> None:
         """Waits until a message is queued or the connection ended (then raises why)."""
-        timer = None
+        deadline = None if timeout is None else self.loop.time() + timeout
         while not self._messages:
             # (Messages received before the end whose tickets are being redeemed still come.)
             if self._ended and not self._redeeming:
                 raise self._failure or PeerClosed(f"{self.label} is closed")
             waiter = self._waiter = self.loop.create_future()
-            if timeout is not None and timer is None:
-                timer = self.loop.call_later(timeout, _time_out, waiter)
+            # Each wait times out at the one deadline; its timer goes with it, however it ends.
+            timer = None if deadline is None else self.loop.call_at(deadline, _time_out, waiter)
             try:
                 await waiter
             finally:
                 self._waiter = None
-                if timer is not None and (self._messages or self._ended):
+                if timer is not None:
                     timer.cancel()
 
     @property

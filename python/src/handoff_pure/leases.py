@@ -20,11 +20,11 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import blake3
 
-from handoff.errors import CapReached
+from handoff.errors import CapReached, PeerClosed
 from handoff.tickets import digest
 
 __all__ = ["LeaseTable", "Refusal", "check_digest", "xxh3_digest", "StreamDigest", "STREAM_DIGEST_MIN"]
@@ -221,6 +221,7 @@ class LeaseTable:
         known_digest: Any = None,
         to_name: Optional[str] = None,
         xxh3: bool = False,
+        gone: Optional[Callable[[], bool]] = None,
     ) -> tuple[int, bytes, bytes]:
         """A new lease on ``view`` with one hold for ``to_node``; returns (lease, token, digest):
         the digest is 32 bytes (BLAKE3, the ticket's ``digest``) or, with ``xxh3`` (the holder
@@ -228,7 +229,9 @@ class LeaseTable:
 
         ``known_digest``, if given, is the BLAKE3 of ``view`` (not computed again; a large
         one is computed in a thread, so that the event loop goes on meanwhile). Waits
-        for room under the caps, at most ``wait`` seconds, then raises ``CapReached``."""
+        for room under the caps, at most ``wait`` seconds, then raises ``CapReached``; or
+        ``PeerClosed`` as soon as ``gone()`` says the connection it is for closed (its
+        closing calls :meth:`wake`)."""
         n = len(view)
         hash_fn = xxh3_digest if xxh3 else digest
         if known_digest is not None:
@@ -242,6 +245,8 @@ class LeaseTable:
         if reason is not None:
             deadline = time.monotonic() + self.wait
             while reason is not None:
+                if gone is not None and gone():
+                    raise PeerClosed(f"the connection to {to_name or to_node} closed while the send waited for room")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise CapReached(
@@ -265,6 +270,12 @@ class LeaseTable:
         self.bytes += n
         self._bytes_by_peer[to_node] = self._bytes_by_peer.get(to_node, 0) + n
         return lease, token, dg
+
+    def wake(self) -> None:
+        """Every issue waiting for room looks again (a lease ended, or a connection closed)."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     def _check(self, lease: int, holder: str, token: bytes) -> tuple[_Lease, _Hold]:
         """The checks of §7.7, in order: ``unknown-lease``, ``bad-token``, ``expired``."""
@@ -338,9 +349,7 @@ class LeaseTable:
                 self._bytes_by_peer[entry.issued_to] = left
             else:
                 self._bytes_by_peer.pop(entry.issued_to, None)
-            if self._changed is not None:
-                self._changed.set()
-                self._changed = None
+            self.wake()
         elif expired:
             entry.expired[holder] = hold.token
             while len(entry.expired) > self.max_holders:

@@ -339,7 +339,9 @@ class Peer(PeerBase):
                 if lazy or self._ticket_wanted(n, by_ticket):
                     known = source.digest if lazy else None
                     xxh3 = "xxh3" in self.ident.caps
-                    lease, token, dg = await self.node.leases.issue(view, self.node_id, known, self.name, xxh3=xxh3)
+                    lease, token, dg = await self.node.leases.issue(
+                        view, self.node_id, known, self.name, xxh3=xxh3, gone=lambda: self.closed
+                    )
                     new_tickets.append(lease)
                     descs.append(
                         wire.TicketDesc(
@@ -508,6 +510,7 @@ class Peer(PeerBase):
         self.closed = True
         self.transport.shutdown()
         self.node._budget.wake()
+        self.node.leases.wake()  # a send of ours waiting for lease room gives up
         self._control.wake()
         self._drop_queued()
 
@@ -517,6 +520,7 @@ class Peer(PeerBase):
         self._drop_queued()
         self.transport.shutdown()
         self.node._budget.wake()  # a reader waiting for room sees the close
+        self.node.leases.wake()  # a send of ours waiting for lease room gives up
         self._control.wake()
         if self.reader is not None and self.reader is not asyncio.current_task():
             try:
@@ -662,6 +666,7 @@ class Peer(PeerBase):
     async def _cleanup(self) -> None:
         self.transport.on_messages = None
         self.closed = True
+        self.node.leases.wake()  # a send of ours waiting for lease room gives up
         drain = self.node.bounds.drain_seconds if self.transport.error_sent else None
         await self.transport.aclose(drain=drain)
         self.node._remove_peer(self)

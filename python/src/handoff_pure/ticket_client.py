@@ -199,17 +199,21 @@ class TicketClient:
         peer.pending[req] = (fut, what, expect, whole)
         self._node._budget.wake()  # its reader, if it waits for room, may now go over the bounds
         try:
-            await peer._send_control(make(req))
-        except PeerClosed as e:
-            peer.pending.pop(req, None)
-            raise OwnerLost(ticket.owner_label, desc.lease, desc.n, f"sending the {what}: {e}") from None
-        try:
-            result = await asyncio.wait_for(fut, self._node.pull_timeout)
-        except asyncio.TimeoutError:
-            peer.pending.pop(req, None)
-            raise OwnerLost(
-                ticket.owner_label, desc.lease, desc.n, f"no answer to the {what} within {self._node.pull_timeout}s"
-            ) from None
+            try:
+                await peer._send_control(make(req))
+            except PeerClosed as e:
+                raise OwnerLost(ticket.owner_label, desc.lease, desc.n, f"sending the {what}: {e}") from None
+            try:
+                result = await asyncio.wait_for(fut, self._node.pull_timeout)
+            except asyncio.TimeoutError:
+                raise OwnerLost(
+                    ticket.owner_label, desc.lease, desc.n, f"no answer to the {what} within {self._node.pull_timeout}s"
+                ) from None
+        finally:
+            if not fut.done() or fut.cancelled():
+                # No answer came (not sent, the pull timeout, or the caller cancelled): the
+                # request is forgotten, so the connection no longer waits for one.
+                peer.pending.pop(req, None)
         if result[0] == "refused":
             raise TicketRefused(ticket.owner_label, desc.lease, what, result[1], result[2])
         if result[0] == "lost":

@@ -39,6 +39,19 @@ impl Drop for Reserved<'_> {
     }
 }
 
+/// A ticket request waiting on `peer` for the owner's answer: forgotten when dropped (an
+/// answer took it out already).
+struct Asked<'a> {
+    peer: &'a Peer,
+    req: u64,
+}
+
+impl Drop for Asked<'_> {
+    fn drop(&mut self) {
+        self.peer.0.pending.lock().expect("pending lock").complete(self.req);
+    }
+}
+
 fn lost(claim: &TicketClaim, owner: &str, reason: impl Into<String>) -> Error {
     Error::OwnerLost {
         owner: owner.to_string(),
@@ -145,8 +158,10 @@ impl NodeInner {
             .lock()
             .expect("pending lock")
             .insert(req, ask.asked(), tx);
+        // Forgotten unless answered, however this ends (an error, the pull timeout, or the
+        // caller dropping this future): the connection then waits for no answer of ours.
+        let _asked = Asked { peer: &peer, req };
         if let Err(e) = peer.0.write_control(&Header::Ticket(ask.op(req, claim))).await {
-            peer.0.pending.lock().expect("pending lock").complete(req);
             return Err(lost(claim, owner, format!("sending the {what}: {}", e.chain())));
         }
         match tokio::time::timeout(pull_timeout, rx).await {
@@ -159,7 +174,6 @@ impl NodeInner {
             }),
             Ok(Err(_)) => Err(lost(claim, owner, "the connection closed before it answered")),
             Err(_) => {
-                peer.0.pending.lock().expect("pending lock").complete(req);
                 let why = format!("no answer to the {what} within {pull_timeout:?}");
                 Err(lost(claim, peer.name(), why))
             }

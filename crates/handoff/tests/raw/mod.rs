@@ -121,3 +121,58 @@ impl RawSide {
         framed(&Header::Ready)
     }
 }
+
+/// An owner that completes the handshake as the acceptor (driven by the engine's own
+/// handshake, blocking, on a thread of its own), then reads nothing and answers nothing:
+/// a stalled ticket owner. Returns its address and node id; it keeps its connections open
+/// until the process ends.
+pub fn silent_acceptor(secret: &str, node_id: &str) -> (String, String) {
+    use handoff::proto::handshake::{Config, DialerNonces, Handshake, Status};
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = format!("tcp://{}", listener.local_addr().unwrap());
+    let (secret, me) = (
+        secret.as_bytes().to_vec(),
+        ident(node_id, "silent-owner", node_id, &["inline"]),
+    );
+    std::thread::spawn(move || {
+        let mut kept = Vec::new();
+        for stream in listener.incoming() {
+            let Ok(mut s) = stream else { return };
+            let config = Config {
+                ident: me.clone(),
+                secret: secret.clone(),
+                limits: handoff::wire::Limits::default(),
+                preamble: Preamble::OURS,
+                role: auth::Role::Acceptor,
+                nonce: rand::random(),
+                deadline: Instant::now() + Duration::from_secs(10),
+                progress_timeout: Duration::from_secs(10),
+                dialed: std::sync::Arc::new(DialerNonces::new(Duration::from_secs(10))),
+            };
+            let mut hs = Handshake::new(config, Instant::now());
+            loop {
+                if hs.has_transmit() {
+                    s.write_all(&hs.take_transmit()).unwrap();
+                }
+                match hs.status().clone() {
+                    Status::Admit(_) => hs.admit(Ok(())),
+                    Status::Done(_) => break,
+                    Status::Failed(f) => panic!("the silent owner's handshake failed: {f:?}"),
+                    Status::InProgress => {
+                        let mut buf = vec![0u8; hs.wants()];
+                        let n = s.read(&mut buf).unwrap();
+                        hs.handle_read(&buf[..n], 0, Instant::now());
+                    }
+                }
+            }
+            if hs.has_transmit() {
+                s.write_all(&hs.take_transmit()).unwrap();
+            }
+            kept.push(s); // read nothing more, answer nothing
+        }
+    });
+    (addr, node_id.to_string())
+}
