@@ -5,19 +5,12 @@
 
 use std::time::Duration;
 
-use handoff::{shm, Bounds, Buffer, Channel, Message, Node};
-use serde::{Deserialize, Serialize};
+use handoff::{shm, Bounds, Buffer, Channel, Node};
+mod common;
+use common::Frames;
 
 const T: Duration = Duration::from_secs(10);
 const F: usize = 1 << 20;
-
-#[derive(Serialize, Deserialize)]
-struct Frames {
-    parts: Vec<Buffer>,
-}
-impl Message for Frames {
-    const TYPE_NAME: &'static str = "test.Frames";
-}
 
 async fn node(name: &str, bounds: Bounds) -> Node {
     Node::builder(name)
