@@ -1249,3 +1249,28 @@ async def test_an_application_segment_goes_as_itself_on_shm_and_as_its_bytes_on_
         del x, env, frozen, buf
         gc.collect()
         assert await eventually(lambda: tx.segment_pool_stats()["busy_segments"] == busy)
+
+
+async def test_a_closed_node_gives_its_wake_pipe_back_before_any_collection():
+    """Dask makes a connector node whenever the last comm of the previous one closed: each
+    closed node's engine gives back its wake pipe at once, not when a garbage collection
+    frees the connections and tickets that keep its state alive (with collection off here,
+    50 nodes left up to 100 descriptors open before)."""
+    import gc
+
+    from handoff import Node
+
+    async with Node("pipes-a", secret=SECRET, listen="127.0.0.1:0") as a:
+        before = open_fds()
+        gc.disable()
+        try:
+            for i in range(50):
+                b = Node(f"pipes-b{i}", secret=SECRET)
+                peer = await b.connect(a.listen_addr)
+                await peer.send("t", {"i": i})
+                await b.close()
+                del b, peer
+            await asyncio.sleep(0.3)
+            assert open_fds() <= before + 4, f"{open_fds() - before} descriptors more than before"
+        finally:
+            gc.enable()

@@ -161,10 +161,13 @@ impl Shared {
 }
 
 /// The wake pipe: its write end is written (once until read) from whatever thread gives
-/// room back or drops a view; the event loop watches its read end.
+/// room back or drops a view; the event loop watches its read end. Closed with its driver
+/// ([`Engine::close_wake`]), not when the last of the many objects that keep the engine's
+/// state alive (connections, tickets, views) is collected.
 pub(crate) struct Wake {
-    read: OwnedFd,
-    write: OwnedFd,
+    /// The read and write ends; `None` once closed.
+    ends: Mutex<Option<(OwnedFd, OwnedFd)>>,
+    read_raw: i32,
     pending: AtomicBool,
 }
 
@@ -174,29 +177,43 @@ impl Wake {
         let (read, write) =
             rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC | rustix::pipe::PipeFlags::NONBLOCK)?;
         Ok(Wake {
-            read,
-            write,
+            read_raw: read.as_raw_fd(),
+            ends: Mutex::new(Some((read, write))),
             pending: AtomicBool::new(false),
         })
+    }
+
+    fn ends(&self) -> std::sync::MutexGuard<'_, Option<(OwnedFd, OwnedFd)>> {
+        self.ends.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Tells the event loop to look again (a byte in the pipe unless one waits there).
     pub(crate) fn signal(&self) {
         if !self.pending.swap(true, Ordering::AcqRel) {
-            let _ = rustix::io::write(self.write.as_fd(), &[1]);
+            if let Some((_, write)) = &*self.ends() {
+                let _ = rustix::io::write(write.as_fd(), &[1]);
+            }
         }
     }
 
     /// Empties the pipe, so the next signal writes again.
     pub(crate) fn drain(&self) {
+        let ends = self.ends();
+        let Some((read, _)) = &*ends else { return };
         self.pending.store(false, Ordering::Release);
         let mut scratch = [0u8; 64];
-        while matches!(rustix::io::read(self.read.as_fd(), &mut scratch), Ok(n) if n > 0) {}
+        while matches!(rustix::io::read(read.as_fd(), &mut scratch), Ok(n) if n > 0) {}
     }
 
-    /// The read end, which an event loop watches.
+    /// Closes both ends: nothing signals any more.
+    pub(crate) fn close(&self) {
+        self.pending.store(true, Ordering::Release);
+        self.ends().take();
+    }
+
+    /// The read end, which an event loop watches (until [`close`](Self::close)).
     pub(crate) fn read_fd(&self) -> i32 {
-        self.read.as_raw_fd()
+        self.read_raw
     }
 }
 
@@ -631,7 +648,13 @@ impl Engine {
     /// The descriptor the event loop watches: readable when connections should be asked
     /// again. Call [`take_wake`](Self::take_wake) when it is.
     fn wake_fd(&self) -> i32 {
-        self.shared.wake.read.as_raw_fd()
+        self.shared.wake.read_fd()
+    }
+
+    /// Closes the wake pipe, once the event loop no longer watches it (the driver closes):
+    /// its two descriptors go now, not when the engine's state is collected.
+    fn close_wake(&self) {
+        self.shared.wake.close();
     }
 
     /// Empties the wake pipe (before asking the connections again).

@@ -396,7 +396,12 @@ class Driver:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
-        self.loop.remove_reader(self._wake_fd)
+        if self._wake_fd >= 0:
+            self.loop.remove_reader(self._wake_fd)
+            self._wake_fd = -1
+            # Its descriptors go now: the engine's state may live on in objects that only a
+            # collection frees (connections in reference cycles, tickets, views).
+            self.engine.close_wake()
 
 
 #: Connections a listener accepts per turn of the loop.
