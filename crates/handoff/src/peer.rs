@@ -253,21 +253,8 @@ impl Peer {
                 }
             }
             // The wire path's future is large: boxed, so that an in-process send does not
-            // move it around. A send that waits (for lease room, or for the socket) gives up
-            // when the connection closes meanwhile; what it leased ends with it.
-            Link::Tcp { .. } | Link::Shm(_) => {
-                let closing = self.0.closing.notified();
-                tokio::pin!(closing);
-                closing.as_mut().enable();
-                if self.is_closed() {
-                    return Err(Error::PeerClosed(self.name().to_string()));
-                }
-                tokio::select! {
-                    biased;
-                    sent = Box::pin(self.send_wire(value, by_ticket)) => sent,
-                    _ = closing => Err(Error::PeerClosed(self.name().to_string())),
-                }
-            }
+            // move it around.
+            Link::Tcp { .. } | Link::Shm(_) => Box::pin(self.send_wire(value, by_ticket)).await,
         }
     }
 
@@ -300,7 +287,20 @@ impl Peer {
             leases: Vec::new(),
             sending: &sending,
         };
-        let planned = self.plan(encoded.frames, by_ticket, &mut issued).await?;
+        // Planning may wait (for lease room, a redemption, a forward): it gives up when the
+        // connection closes meanwhile, and what it issued ends. (Once queued, a message is
+        // written, or fails with its connection.)
+        let closing = self.0.closing.notified();
+        tokio::pin!(closing);
+        closing.as_mut().enable();
+        if self.is_closed() {
+            return Err(Error::PeerClosed(self.name().to_string()));
+        }
+        let planned = tokio::select! {
+            biased;
+            planned = self.plan(encoded.frames, by_ticket, &mut issued) => planned?,
+            _ = closing => return Err(Error::PeerClosed(self.name().to_string())),
+        };
         self.0
             .link
             .send(&sending, &encoded.body, planned)

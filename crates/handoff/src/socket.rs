@@ -120,8 +120,10 @@ struct FinishOnDrop<'a>(Option<&'a Arc<Socket>>);
 impl Drop for FinishOnDrop<'_> {
     fn drop(&mut self) {
         let Some(socket) = self.0.take() else { return };
+        // On the socket's runtime: the future may be dropped on any thread.
+        let runtime = socket.runtime.clone();
         let socket = Arc::downgrade(socket);
-        tokio::runtime::Handle::current().spawn(async move {
+        runtime.spawn(async move {
             let Some(socket) = Weak::upgrade(&socket) else { return };
             let mut state = socket.lock_async().await;
             socket.flush_later(&mut state);
