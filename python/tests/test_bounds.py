@@ -937,3 +937,25 @@ async def test_a_send_waiting_for_ticket_lease_room_fails_as_soon_as_its_connect
             await asyncio.wait_for(send, 5)
         assert time.monotonic() - t0 < 2, "told when its connection went, not after lease_wait"
         del held
+
+
+async def test_the_reference_drops_unleases_past_its_bound_and_keeps_reading():
+    """Our ``unlease``s to an owner that reads nothing do not stop the connection's reader
+    (they come from our own drops, not from reading the peer): past
+    ``MAX_UNLEASES_QUEUED`` unwritten, further ones are dropped and the holds' deadlines
+    end them (§9.1)."""
+    from handoff_pure.control import MAX_UNLEASES_QUEUED, ControlWriter
+
+    stuck = asyncio.Event()
+
+    async def never_written(header, payload) -> None:
+        await stuck.wait()
+
+    writer = ControlWriter(
+        never_written, lambda: Bounds(), lambda: False, asyncio.get_running_loop(), lambda: ("n", "p")
+    )
+    kept = sum(writer.queue_unlease(wire.Unlease(i, bytes(32))) for i in range(MAX_UNLEASES_QUEUED + 10))
+    assert kept == MAX_UNLEASES_QUEUED
+    assert not writer.full(), "the reader goes on"
+    writer.stop()
+    writer.cancel()

@@ -26,6 +26,12 @@ use crate::shm::buffers::PassFd;
 /// not read them before it stops reading that peer's requests.
 pub const MAX_CONTROL_BACKLOG: u64 = 1 << 20;
 
+/// Bytes of our `unlease`s a connection keeps queued unwritten (an owner that reads
+/// nothing): past it a further `unlease` is dropped, and the hold ends by its deadline at
+/// the owner (spec §9.1). They never stop the connection's reader: they come from our own
+/// drops, not from reading the peer.
+pub const MAX_UNLEASE_BACKLOG: u64 = 1 << 20;
+
 /// The most slices one write gathers.
 pub const MAX_SLICES: usize = 64;
 
@@ -45,6 +51,9 @@ pub struct Outgoing {
     /// stream and its length, and their sum while unwritten.
     control: VecDeque<(u64, u64)>,
     control_bytes: u64,
+    /// Our `unlease`s, likewise: where each ends and its length, and their sum unwritten.
+    unleases: VecDeque<(u64, u64)>,
+    unlease_bytes: u64,
     /// When a write last made progress, while bytes wait.
     last_progress: Option<Instant>,
 }
@@ -85,6 +94,19 @@ impl Outgoing {
         self.push(bytes, now);
         self.control.push_back((self.queued, len));
         self.control_bytes += len;
+    }
+
+    /// Queues one of our `unlease`s, unless [`MAX_UNLEASE_BACKLOG`] bytes of them wait
+    /// unwritten already: `false` when it is dropped.
+    pub fn push_unlease(&mut self, bytes: Bytes, now: Instant) -> bool {
+        let len = bytes.len() as u64;
+        if self.unlease_bytes + len > MAX_UNLEASE_BACKLOG {
+            return false;
+        }
+        self.push(bytes, now);
+        self.unleases.push_back((self.queued, len));
+        self.unlease_bytes += len;
+        true
     }
 
     /// Queues `release` messages for `leases` of the peer's segments whose last view was
@@ -185,6 +207,13 @@ impl Outgoing {
             self.control.pop_front();
             self.control_bytes -= len;
         }
+        while let Some(&(end, len)) = self.unleases.front() {
+            if end > self.written {
+                break;
+            }
+            self.unleases.pop_front();
+            self.unlease_bytes -= len;
+        }
         while n > 0 {
             let first = self.parts.front_mut().expect("bytes were written from the queue");
             if n >= first.len() {
@@ -204,6 +233,8 @@ impl Outgoing {
         self.pulled_answers.clear();
         self.control.clear();
         self.control_bytes = 0;
+        self.unleases.clear();
+        self.unlease_bytes = 0;
         self.written = self.queued;
         self.last_progress = None;
     }
@@ -309,5 +340,21 @@ mod tests {
         out.clear();
         assert!(out.is_empty());
         assert_eq!(out.write_deadline(timeout, false), None);
+    }
+
+    #[test]
+    fn unleases_are_dropped_past_their_backlog_and_never_stop_the_reader() {
+        let now = Instant::now();
+        let mut out = Outgoing::default();
+        let one = Bytes::from(vec![0u8; 1024]);
+        let mut kept = 0;
+        while out.push_unlease(one.clone(), now) {
+            kept += 1;
+        }
+        assert_eq!(kept as u64, MAX_UNLEASE_BACKLOG / 1024);
+        assert!(!out.backed_up(64), "our unleases do not stop reading the peer");
+        let n = out.transmit().slices.iter().map(|s| s.len()).sum();
+        out.advance(n, now);
+        assert!(out.push_unlease(one, now), "room again once written");
     }
 }

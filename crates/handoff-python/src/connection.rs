@@ -644,10 +644,20 @@ impl Connection {
     }
 
     /// Tells the owner (this connection's peer) that our hold on `lease` ended.
-    /// Counted against what the peer may leave unread: an owner that reads none of them
-    /// stops being read (past a MiB), and delays no other owner's.
-    fn send_unlease(&mut self, lease: u64, token: Vec<u8>) -> PyResult<()> {
-        self.queue_control(&Header::Ticket(TicketOp::Unlease { lease, token }), true)
+    /// Never waits: past a MiB of them unwritten (an owner that reads nothing), it is
+    /// dropped, and the hold's deadline ends it (`Outgoing::push_unlease`); returns whether
+    /// it was queued.
+    fn send_unlease(&mut self, lease: u64, token: Vec<u8>) -> PyResult<bool> {
+        if !matches!(phase!(self), Phase::Established(_)) || !self.stream.takes_more() {
+            return Ok(false);
+        }
+        let mut head = Vec::with_capacity(96);
+        encode_header_into(&Header::Ticket(TicketOp::Unlease { lease, token }), &mut head);
+        if !self.stream.out_mut().push_unlease(Bytes::from(head), Instant::now()) {
+            return Ok(false);
+        }
+        self.write_queued()?;
+        Ok(true)
     }
 
     /// Extends our hold on a ticket's lease by the lease's ttl.
@@ -923,12 +933,6 @@ impl Connection {
 
     /// Queues a control header and writes what the socket takes now.
     fn control(&mut self, header: &Header<'_>) -> PyResult<()> {
-        self.queue_control(header, false)
-    }
-
-    /// Queues a control header; `counted` as control bytes the peer must read before we
-    /// read more of its requests (`Outgoing::backed_up`).
-    fn queue_control(&mut self, header: &Header<'_>, counted: bool) -> PyResult<()> {
         if !matches!(phase!(self), Phase::Established(_)) || !self.stream.takes_more() {
             return Err(PyOSError::new_err(format!(
                 "the connection to {} is not open",
@@ -937,12 +941,7 @@ impl Connection {
         }
         let mut head = Vec::with_capacity(96);
         encode_header_into(header, &mut head);
-        let out = self.stream.out_mut();
-        if counted {
-            out.push_control(Bytes::from(head), Instant::now());
-        } else {
-            out.push(Bytes::from(head), Instant::now());
-        }
+        self.stream.out_mut().push(Bytes::from(head), Instant::now());
         self.write_queued()
     }
 

@@ -18,7 +18,6 @@ use handoff_proto::identity;
 use handoff_proto::node::{CoreSettings, NodeCore};
 use handoff_proto::ticket_leases::LeaseConfig;
 
-use handoff_proto::ended_holds::EndedHolds;
 use handoff_wire::{Endpoint, Limits, Preamble, WireError};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -54,8 +53,6 @@ pub(crate) struct Shared {
     /// Received segments are mapped private and writable, one mapping per frame
     /// (`Engine(shm_private=True)`).
     pub(crate) shm_private: bool,
-    /// Holds on other nodes' buffers whose last handle was dropped.
-    pub(crate) ended_holds: EndedHolds,
     /// The peers connected now, by node id, with how many connections each has: a second
     /// node with the same id from another process is refused (spec §5.1).
     pub(crate) connected: Mutex<HashMap<String, Endpoint>>,
@@ -211,9 +208,13 @@ impl Wake {
         self.ends().take();
     }
 
-    /// The read end, which an event loop watches (until [`close`](Self::close)).
+    /// The read end, which an event loop watches; -1 once [`close`](Self::close)d (the
+    /// number may name another file by then).
     pub(crate) fn read_fd(&self) -> i32 {
-        self.read_raw
+        match &*self.ends() {
+            Some(_) => self.read_raw,
+            None => -1,
+        }
     }
 }
 
@@ -588,7 +589,6 @@ impl Engine {
                 ticket_threshold,
                 tcp_timeout,
                 shm_private,
-                ended_holds: EndedHolds::default(),
                 connected: Mutex::default(),
                 connections_of: Mutex::default(),
                 waiting_for_leases: AtomicUsize::new(0),

@@ -59,15 +59,14 @@ impl PeerInner {
         })
     }
 
-    /// Queues a control header that wants no answer (an `unlease`) on this connection,
-    /// without waiting for it to be written; counted against what the peer may leave
-    /// unread (past it, we read no more of its requests).
-    pub(crate) async fn queue_control(&self, header: &Header<'_>) {
-        if let Some(socket) = self.link.socket() {
-            let mut head = Vec::with_capacity(96);
-            encode_header_into(header, &mut head);
-            socket.queue_control(Bytes::from(head)).await;
-        }
+    /// Queues our `unlease` (a header that wants no answer) on this connection, without
+    /// waiting for it to be written; `false` when it was dropped (see
+    /// `Socket::queue_unlease`): the hold's deadline ends it then.
+    pub(crate) async fn queue_unlease(&self, header: &Header<'_>) -> bool {
+        let Some(socket) = self.link.socket() else { return false };
+        let mut head = Vec::with_capacity(96);
+        encode_header_into(header, &mut head);
+        socket.queue_unlease(Bytes::from(head)).await
     }
 
     /// Marks the connection closed; a send waiting for room gives up.

@@ -357,17 +357,17 @@ impl Socket {
         self.flush_later(&mut state);
     }
 
-    /// Queues control bytes that want no answer (an `unlease`), counted against what the
-    /// peer may leave unread; written now as far as the socket takes them, the rest by a
-    /// task.
-    pub(crate) async fn queue_control(self: &Arc<Self>, bytes: Bytes) {
+    /// Queues one of our `unlease`s without waiting for it to be written (written now as
+    /// far as the socket takes it, the rest by a task); `false` when it is dropped instead:
+    /// the connection is closing, or too many wait unwritten (`Outgoing::push_unlease`).
+    pub(crate) async fn queue_unlease(self: &Arc<Self>, bytes: Bytes) -> bool {
         let mut state = self.lock_async().await;
-        if !state.io.takes_more() {
-            return;
+        if !state.io.takes_more() || !state.io.out_mut().push_unlease(bytes, Instant::now()) {
+            return false;
         }
-        state.io.out_mut().push_control(bytes, Instant::now());
         self.flush(&mut state);
         self.flush_later(&mut state);
+        true
     }
 
     /// Queues a `release` of the peer's lease (a view's last drop, on any thread, maybe

@@ -148,3 +148,43 @@ async fn a_send_waiting_for_lease_room_fails_as_soon_as_its_connection_closes() 
     );
     assert_eq!(a.ticket_leases().count, 1, "only the kept ticket's lease lives");
 }
+
+/// Polls `send` once (it encodes and queues its message), then hands it back.
+async fn polled_once<F: std::future::Future + Unpin>(mut send: F) -> F {
+    tokio::select! {
+        biased;
+        _ = &mut send => panic!("64 MiB are not written in one poll"),
+        _ = std::future::ready(()) => {}
+    }
+    send
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_send_dropped_on_a_thread_outside_the_runtime_is_still_written() {
+    let a = node("offthread-a", "host-a", Bounds::DEFAULT, LeaseConfig::default()).await;
+    let b = node("offthread-b", "host-b", Bounds::DEFAULT, LeaseConfig::default()).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    let big = 64 << 20;
+    let send = polled_once(Box::pin(async move { peer.send(frames(&[9], big)).await })).await;
+    std::thread::spawn(move || drop(send))
+        .join()
+        .expect("no panic where no runtime runs");
+    let got = b.recv_timeout(T).await.unwrap().decode::<Frames>().unwrap();
+    assert!(got.parts[0].len() == big && got.parts[0].iter().all(|&x| x == 9));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_queued_when_a_graceful_close_begins_succeeds_and_arrives() {
+    let a = node("graceful-a", "host-a", Bounds::DEFAULT, LeaseConfig::default()).await;
+    let b = node("graceful-b", "host-b", Bounds::DEFAULT, LeaseConfig::default()).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    let big = 64 << 20;
+    let send = polled_once(Box::pin(peer.send(frames(&[4], big)))).await;
+    assert!(a.disconnect("graceful-b").await);
+    tokio::time::timeout(T, send)
+        .await
+        .expect("the send ends")
+        .expect("what was queued before the close is written: the send succeeded");
+    let got = b.recv_timeout(T).await.unwrap().decode::<Frames>().unwrap();
+    assert!(got.parts[0].len() == big && got.parts[0].iter().all(|&x| x == 4));
+}

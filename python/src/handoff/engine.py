@@ -355,13 +355,17 @@ class Driver:
                 raise
         else:
             sock, target = _tcp_socket(addr)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind(target)
             except BaseException:
                 sock.close()
                 raise
-        sock.listen(128)
+        try:
+            sock.listen(128)
+        except BaseException:
+            sock.close()
+            raise
         sock.setblocking(False)
         return Listener(self, sock, admit, max_handshakes, max_unaccepted)
 

@@ -19,7 +19,11 @@ from . import wire
 from handoff.bounds import Bounds
 from handoff.errors import PeerClosed
 
-__all__ = ["ControlWriter"]
+__all__ = ["ControlWriter", "MAX_UNLEASES_QUEUED"]
+
+#: ``unlease``s queued unwritten on one connection (spec §9.1: their bytes stay under
+#: 1 MiB); past it an ended hold's ``unlease`` is dropped and its deadline ends it.
+MAX_UNLEASES_QUEUED = 16_384
 
 log = logging.getLogger("handoff")
 
@@ -48,6 +52,10 @@ class ControlWriter:
         self._task: Optional[asyncio.Task] = None
         self._room: Optional[asyncio.Event] = None
         self._pulls_queued = 0
+        #: Our ``unlease``s among the queued headers: they do not stop the reader (they
+        #: come from our own drops, not from reading the peer), and past
+        #: :data:`MAX_UNLEASES_QUEUED` more are dropped (the hold then ends by its deadline).
+        self._unleases_queued = 0
 
     def queue(self, header: Any, payload: Any = None) -> None:
         """Queues a header (and a ``pulled``'s bytes) for the connection's one control writer."""
@@ -59,10 +67,20 @@ class ControlWriter:
         if self._task is None:
             self._task = self._loop.create_task(self._write())
 
+    def queue_unlease(self, header: Any) -> bool:
+        """Queues one of our ``unlease``s, unless :data:`MAX_UNLEASES_QUEUED` wait unwritten
+        already (an owner that reads nothing): ``False`` when it is dropped."""
+        if self._closed() or self._unleases_queued >= MAX_UNLEASES_QUEUED:
+            return False
+        self._unleases_queued += 1
+        self.queue(header)
+        return True
+
     def full(self) -> bool:
         """Whether the reader must stop until answers are written (§9.1)."""
         b = self._bounds()
-        return self._pulls_queued >= b.max_pulls_in_flight or len(self._queue) >= b.max_control_queued
+        answers = len(self._queue) - self._unleases_queued
+        return self._pulls_queued >= b.max_pulls_in_flight or answers >= b.max_control_queued
 
     async def has_room(self) -> None:
         """Stops reading (the caller waits) while too many answers wait to be written (§9.1)."""
@@ -80,6 +98,7 @@ class ControlWriter:
         """The connection ended: nothing more is written, a waiting reader wakes."""
         self._queue.clear()
         self._pulls_queued = 0
+        self._unleases_queued = 0
         self.wake()
 
     def cancel(self) -> None:
@@ -97,12 +116,15 @@ class ControlWriter:
                     log.debug("%s: could not answer %s: %s", *self._label(), e)
                     self._queue.clear()
                     self._pulls_queued = 0
+                    self._unleases_queued = 0
                     return
                 finally:
                     if self._queue and self._queue[0][0] is header:
                         self._queue.popleft()
                         if isinstance(header, wire.Pulled):
                             self._pulls_queued -= 1
+                        elif isinstance(header, wire.Unlease):
+                            self._unleases_queued -= 1
                     if self._room is not None and not self.full():
                         self._room.set()
                         self._room = None

@@ -479,6 +479,11 @@ class Peer(PeerBase):
         """Queues a header (and a ``pulled``'s bytes) for the connection's one control writer."""
         self._control.queue(header, payload)
 
+    def _queue_unlease(self, lease: int, token: bytes) -> bool:
+        """Queues our ``unlease`` of ``lease``; ``False`` (dropped: its deadline ends the
+        hold) while too many wait unwritten (§9.1)."""
+        return self._control.queue_unlease(wire.Unlease(lease, token))
+
     # ------------------------------------------------------------------ releasing received shm frames
 
     def _kept_done(self, kept: Kept, lease: int) -> None:

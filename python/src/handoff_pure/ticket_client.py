@@ -286,7 +286,13 @@ class TicketClient:
                 desc.lease,
             )
             return
-        p._queue_control(wire.Unlease(desc.lease, desc.token))
+        if not p._queue_unlease(desc.lease, desc.token):
+            log.debug(
+                "%s: too many unleases unwritten to %s; the deadline of lease %d ends its hold",
+                self._node.name,
+                p.name,
+                desc.lease,
+            )
 
     async def redeem_all(self, env: Envelope) -> None:
         """Eager redemption: pulls every ticket of the message, then ends each hold (§7.6).

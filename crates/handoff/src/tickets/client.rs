@@ -48,7 +48,13 @@ struct Asked<'a> {
 
 impl Drop for Asked<'_> {
     fn drop(&mut self) {
-        self.peer.0.pending.lock().expect("pending lock").complete(self.req);
+        let mut pending = self
+            .peer
+            .0
+            .pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        pending.complete(self.req);
     }
 }
 

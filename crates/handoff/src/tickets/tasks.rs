@@ -23,12 +23,12 @@ pub(crate) async fn reap_expired(node: Weak<NodeInner>) {
 /// Sends `unlease` for the holds that ended here (`handoff_proto::ended_holds`), on a
 /// connection we have to the owner: it never dials just to release (the hold's deadline
 /// ends it, spec §9.1), and it never waits for the write, so that an owner that reads
-/// nothing delays only its own (they count against what it may leave unread, and its
-/// connection fails past the write timeout).
+/// nothing delays only its own (past a MiB of them unwritten, its further ones are dropped,
+/// and its connection fails past the write timeout).
 pub(crate) async fn unlease_loop(node: Weak<NodeInner>, owed: Arc<Notify>) {
     let mut shutdown = match node.upgrade() {
-        Some(node) => node.ctx.shutdown.subscribe(),
-        None => return,
+        Some(node) if !node.ctx.is_shut_down() => node.ctx.shutdown.subscribe(),
+        _ => return,
     };
     loop {
         tokio::select! {
@@ -45,7 +45,9 @@ pub(crate) async fn unlease_loop(node: Weak<NodeInner>, owed: Arc<Notify>) {
                 continue;
             };
             let op = handoff_proto::ticket_requests::unlease_op(&claim);
-            peer.0.queue_control(&Header::Ticket(op)).await;
+            if !peer.0.queue_unlease(&Header::Ticket(op)).await {
+                tracing::debug!(node = %node.ctx.me.name, lease = claim.lease, "too many unleases unwritten to the owner of lease {}; its deadline will end the hold", claim.lease);
+            }
         }
     }
 }
