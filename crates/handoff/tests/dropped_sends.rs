@@ -67,10 +67,7 @@ async fn a_later_send_finds_room(b: &Node, send: impl std::future::Future<Output
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tcp_send_dropped_after_its_message_was_queued_still_writes_all_of_it() {
-    let a = node("dropped-tcp-a", "host-a", Bounds::DEFAULT, LeaseConfig::default()).await;
-    let b = node("dropped-tcp-b", "host-b", Bounds::DEFAULT, LeaseConfig::default()).await;
-    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
-    assert_eq!(peer.channel(), Channel::Tcp);
+    let (_a, b, peer) = a_receiver_that_stops_reading("dropped-tcp").await;
 
     // Polled once: encoded and queued, then dropped while the socket takes the rest.
     let big = 64 << 20;
@@ -78,6 +75,7 @@ async fn a_tcp_send_dropped_after_its_message_was_queued_still_writes_all_of_it(
     assert!(first_poll.is_err(), "64 MiB are not written in one poll");
 
     // Nothing else is sent: the node writes the rest on its own.
+    take_the_first(&b).await;
     let got = b.recv_timeout(T).await.expect("the whole message arrives");
     let got = got.decode::<Frames>().unwrap();
     assert_eq!(got.parts[0].len(), big);
@@ -149,6 +147,31 @@ async fn a_send_waiting_for_lease_room_fails_as_soon_as_its_connection_closes() 
     assert_eq!(a.ticket_leases().count, 1, "only the kept ticket's lease lives");
 }
 
+/// Two nodes of other hosts (so TCP), the receiver holding an untaken message of the
+/// sender that fills its room for that peer: it reads no more of that connection until the
+/// test takes it ([`take_the_first`]), so a large message sent now cannot be written in one
+/// poll.
+async fn a_receiver_that_stops_reading(name: &str) -> (Node, Node, handoff::Peer) {
+    let room = Bounds {
+        max_buffered_bytes_per_peer: 2 * F as u64,
+        ..Bounds::DEFAULT
+    };
+    let a = node(&format!("{name}-a"), "host-a", Bounds::DEFAULT, LeaseConfig::default()).await;
+    let b = node(&format!("{name}-b"), "host-b", room, LeaseConfig::default()).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    assert_eq!(peer.channel(), Channel::Tcp);
+    peer.send(frames(&[1], 3 * F / 2)).await.unwrap();
+    let to_a = b.wait_for_peer(&format!("{name}-a"), T).await.unwrap();
+    common::wait_until("the first message is buffered", || to_a.buffered_bytes() > 0).await;
+    (a, b, peer)
+}
+
+/// Takes the message that stopped `b` reading (it then reads on).
+async fn take_the_first(b: &Node) {
+    let first = b.recv_timeout(T).await.unwrap().decode::<Frames>().unwrap();
+    assert!(first.parts[0].iter().all(|&x| x == 1));
+}
+
 /// Polls `send` once (it encodes and queues its message), then hands it back.
 async fn polled_once<F: std::future::Future + Unpin>(mut send: F) -> F {
     tokio::select! {
@@ -161,26 +184,25 @@ async fn polled_once<F: std::future::Future + Unpin>(mut send: F) -> F {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_queued_send_dropped_on_a_thread_outside_the_runtime_is_still_written() {
-    let a = node("offthread-a", "host-a", Bounds::DEFAULT, LeaseConfig::default()).await;
-    let b = node("offthread-b", "host-b", Bounds::DEFAULT, LeaseConfig::default()).await;
-    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    let (_a, b, peer) = a_receiver_that_stops_reading("offthread").await;
     let big = 64 << 20;
     let send = polled_once(Box::pin(async move { peer.send(frames(&[9], big)).await })).await;
     std::thread::spawn(move || drop(send))
         .join()
         .expect("no panic where no runtime runs");
+    take_the_first(&b).await;
     let got = b.recv_timeout(T).await.unwrap().decode::<Frames>().unwrap();
     assert!(got.parts[0].len() == big && got.parts[0].iter().all(|&x| x == 9));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_queued_when_a_graceful_close_begins_succeeds_and_arrives() {
-    let a = node("graceful-a", "host-a", Bounds::DEFAULT, LeaseConfig::default()).await;
-    let b = node("graceful-b", "host-b", Bounds::DEFAULT, LeaseConfig::default()).await;
-    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    let (a, b, peer) = a_receiver_that_stops_reading("graceful").await;
     let big = 64 << 20;
     let send = polled_once(Box::pin(peer.send(frames(&[4], big)))).await;
-    assert!(a.disconnect("graceful-b").await);
+    // The close writes what is queued first (within a second), and the receiver reads on.
+    let (closed, ()) = tokio::join!(a.disconnect("graceful-b"), take_the_first(&b));
+    assert!(closed);
     tokio::time::timeout(T, send)
         .await
         .expect("the send ends")
