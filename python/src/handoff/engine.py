@@ -346,25 +346,17 @@ class Driver:
         the connections whose handshake is over. At most ``max_handshakes`` handshakes run
         at once and ``max_unaccepted`` ready connections wait for ``accept``: a connection
         past either is closed at once."""
-        if addr.startswith("unix://"):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.bind(addr[len("unix://") :])
-            except BaseException:
-                sock.close()
-                raise
-        else:
-            sock, target = _tcp_socket(addr)
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.bind(target)
-            except BaseException:
-                sock.close()
-                raise
+        unix = addr.startswith("unix://")
+        sock, target = (
+            (socket.socket(socket.AF_UNIX, socket.SOCK_STREAM), addr[len("unix://") :]) if unix else _tcp_socket(addr)
+        )
         try:
+            if not unix:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(target)
             sock.listen(128)
         except BaseException:
-            sock.close()
+            sock.close()  # (a path or port it cannot have keeps no descriptor)
             raise
         sock.setblocking(False)
         return Listener(self, sock, admit, max_handshakes, max_unaccepted)
