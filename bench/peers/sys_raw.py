@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from common import RTT_BYTES, common_args, log, parse_common, round_trips, row, versions, write_result
+from common import RTT_BYTES, common_args, log, parse_common, read_full, round_trips, row, versions, write_result
 
 REQ = struct.Struct(">Q")
 
@@ -96,13 +96,18 @@ def connect(kind: str, port: int, unix_path: str, mode: bytes) -> socket.socket:
     return s
 
 
-def stream_runs(s: socket.socket, dst: memoryview, n: int, reps: int) -> list:
+def stream_runs(s: socket.socket, dst: memoryview, n: int, reps: int, full_read: bool = False) -> list:
+    """Times of ``reps`` requests for ``n`` bytes received into ``dst`` (after one warm-up);
+    with ``full_read``, each time also covers reading every received byte once
+    (``read_full``, as handoff's "full read" rows do)."""
     view = dst[:n]
     runs = []
     for rep in range(reps + 1):
         t = time.perf_counter()
         s.sendall(REQ.pack(n))
         recv_exact(s, view)
+        if full_read:
+            read_full(view)
         dt = time.perf_counter() - t
         if rep:
             runs.append(dt)
@@ -162,19 +167,17 @@ def main() -> int:
                     )
                 )
                 for kind, route, label in (("unix", "same-host", "raw Unix socket"), ("tcp", "remote", "raw TCP")):
-                    result["transfers"].append(
-                        row(
-                            label,
-                            "raw",
-                            route,
-                            "copy",
-                            n,
-                            stream_runs(socks[kind], memoryview(dst).cast("B"), n, reps(n)),
-                            f"{'Unix stream socket' if kind == 'unix' else 'loopback TCP'} between two Python "
-                            "processes: an 8-byte request, then n bytes from the far end's warm buffer "
-                            "received into a warm buffer (recv_into)",
-                        )
+                    how = (
+                        f"{'Unix stream socket' if kind == 'unix' else 'loopback TCP'} between two Python "
+                        "processes: an 8-byte request, then n bytes from the far end's warm buffer "
+                        "received into a warm buffer (recv_into)"
                     )
+                    # "copy": the bytes have landed (as handoff's sampled rows); "full": and
+                    # every byte was read once (as its full-read rows), so each is compared
+                    # with the raw row that did the same work.
+                    for read, full, extra in (("copy", False, ""), ("full", True, ", then every byte read once")):
+                        runs = stream_runs(socks[kind], memoryview(dst).cast("B"), n, reps(n), full_read=full)
+                        result["transfers"].append(row(label, "raw", route, read, n, runs, how + extra))
             for s in socks.values():
                 s.close()
             for kind, label in (("unix", "raw Unix socket"), ("tcp", "raw TCP")):

@@ -53,6 +53,9 @@ def test_every_handoff_and_raw_series_is_measured_at_every_size(smoke):
         ("raw memcpy", "copy", "same-host"),
         ("raw Unix socket", "copy", "same-host"),
         ("raw TCP", "copy", "remote"),
+        # The same receives followed by a read of every byte: what full reads compare with.
+        ("raw Unix socket", "full", "same-host"),
+        ("raw TCP", "full", "remote"),
         ("handoff Rust shm zero-copy", "none", "same-host"),
         ("handoff Rust shm zero-copy", "full", "same-host"),
         ("handoff Rust shm copy-in", "none", "same-host"),
@@ -197,6 +200,12 @@ def test_the_python_targets_are_judged_from_the_run_and_say_what_is_missing():
             _transfer("handoff Python←Rust tcp", "full", gib, 0.600),  # 0.67: short
             _transfer("handoff Rust shm zero-copy", "full", gib, 0.100),
             _transfer("handoff Python←Rust shm", "full", gib, 0.140),  # 1.4: short
+            # Issue 40's rows compare like with like: sampled with the raw receive, full
+            # read with the raw receive and read.
+            _transfer("raw TCP", "full", gib, 0.500),
+            _transfer("handoff Python←Rust tcp (engine)", "sample", gib, 0.450),  # 0.89: short
+            _transfer("handoff Python←Rust tcp (engine)", "full", gib, 0.520),  # 0.96: holds
+            _transfer("handoff Python←Rust ticket (engine)", "full", gib, 0.600),  # 0.83: short
         ],
         "rtt": [
             {"series": "raw Unix socket", "median": 20e-6},
@@ -210,6 +219,10 @@ def test_the_python_targets_are_judged_from_the_run_and_say_what_is_missing():
     assert "not measured" in lines["Python←Python shm, full read, 1 GiB: ours ÷ Rust full read"]
     assert "| 2.25 | yes |" in lines["Python↔Python shm, 100-byte round trip: ours ÷ raw Unix socket round trip"]
     assert "not measured" in lines["Python↔Python tcp, 100-byte round trip: ours ÷ raw Unix socket round trip"]
+    assert "| 0.89 | **no** |" in lines["engine: Python←Rust tcp, sampled, 1 GiB: raw TCP time ÷ ours"]
+    assert "| 0.96 | yes |" in lines["engine: Python←Rust tcp, full read, 1 GiB: raw TCP full read time ÷ ours"]
+    assert "not measured" in lines["engine: Python←Python tcp, full read, 1 GiB: raw TCP full read time ÷ ours"]
+    assert "| 0.83 | **no** |" in lines["engine: Python←Rust ticket, full read, 1 GiB: raw TCP full read time ÷ ours"]
 
 
 def test_floors_judges_each_run_of_handoff_bench(capsys):
