@@ -12,6 +12,11 @@ the receiver, sends it device frames three ways, and prints what it saw as JSON:
 - ``killed``: the receiver maps and holds an array, the owner kills it (SIGKILL), and its
   memory goes back when the connection ends.
 
+Each way also reports ``max_loop_lag``: the longest the owner's event loop was late to wake
+a task that sleeps 5 ms at a time, from the send until the answer. A host copy that a pull
+asks for is made off the loop, so a slow copy (the emulated driver's
+``HANDOFF_CUDA_EMULATE_DTOH_MS_PER_MIB``) must not show there.
+
 ``--reference`` makes the receiver a node of the pure-Python reference, which announces no
 ``cuda``: every array reaches it as a host copy (``via`` ``host``), a numpy array.
 
@@ -81,6 +86,24 @@ async def wait_for(what, limit: float = 10.0) -> float:
     return time.perf_counter() - t0
 
 
+class LoopLag:
+    """The longest a task sleeping 5 ms at a time woke late, while it runs."""
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.005)
+            self.worst = max(self.worst, time.perf_counter() - t0 - 0.005)
+
+    def stop(self) -> float:
+        self._task.cancel()
+        return self.worst
+
+
 async def owner(n: int, reference: bool) -> dict:
     out: dict = {}
     async with Node("cuda-a", secret=SECRET, listen="127.0.0.1:0") as a:
@@ -96,10 +119,12 @@ async def owner(n: int, reference: bool) -> dict:
                 await peer.send("pair.Way", {"way": "pull" if way == "pull" else "ipc"})
                 (await asyncio.wait_for(a.recv(), 30)).release()
                 x = ext.cuda_upload(pattern(seq, n))
+                lag = LoopLag()
                 await peer.send("pair.Array", {"seq": seq, "seed": seq, "n": n, "x": x, "hold": way == "killed"})
                 del x  # only the lease keeps it now
                 with await asyncio.wait_for(a.recv(), 30) as got:
                     row = dict(got.body)
+                row["max_loop_lag"] = lag.stop()
                 if way == "killed":
                     row["held_while_alive"] = used_bytes() - base
                     child.send_signal(signal.SIGKILL)

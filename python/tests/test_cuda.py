@@ -260,6 +260,18 @@ def test_between_two_processes_on_the_emulated_driver_device_memory_is_named_pul
         assert r[way]["seconds_to_free"] >= 0, f"{way}: the owner's memory never came back"
 
 
+def test_a_slow_host_copy_for_a_pull_holds_up_only_the_peer_that_asked(monkeypatch):
+    """The host copy a pull asks for is made off the owner's event loop: with a bus that
+    takes 60 ms per MiB, copying 8 MiB takes about half a second, and the owner's loop
+    stays free meanwhile (made inside the loop's callback, it was late by all of that)."""
+    monkeypatch.setenv("HANDOFF_CUDA_EMULATE_DTOH_MS_PER_MIB", "60")
+    r = _pair("--mib", "8")
+    assert r["pull"]["via"] == "copy" and r["pull"]["ok"], r["pull"]
+    assert r["pull"]["seconds_to_free"] >= 0, "the owner's memory never came back"
+    assert r["pull"]["max_loop_lag"] < 0.2, f"the owner's loop was held up {r['pull']['max_loop_lag']:.3f} s"
+    assert r["ipc"]["via"] == "ipc" and r["ipc"]["ok"]
+
+
 def test_a_receiver_without_cuda_gets_host_copies():
     """The pure-Python reference announces no ``cuda``: an engine node sends it host copies,
     and keeps nothing for it."""

@@ -69,7 +69,7 @@ fn load() -> Result<Driver, Unavailable> {
                 context: OnceLock::new(),
             }],
             pid: std::process::id(),
-            emulator: Some(Emulator::default()),
+            emulator: Some(Emulator::from_env()),
         });
     }
     // SAFETY: only tries to open the library.

@@ -31,6 +31,24 @@ struct Region {
 #[derive(Default)]
 pub(crate) struct Emulator {
     regions: Mutex<BTreeMap<u64, Region>>,
+    /// How long a copy to the host takes per MiB, beyond the memcpy: a slow bus, for tests
+    /// of what a long copy holds up (`HANDOFF_CUDA_EMULATE_DTOH_MS_PER_MIB`; none by default).
+    dtoh_per_mib: Option<std::time::Duration>,
+}
+
+impl Emulator {
+    /// The emulator, with the copy delay of `HANDOFF_CUDA_EMULATE_DTOH_MS_PER_MIB` if set.
+    pub(crate) fn from_env() -> Emulator {
+        let per_mib = std::env::var("HANDOFF_CUDA_EMULATE_DTOH_MS_PER_MIB")
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|ms| ms.is_finite() && *ms > 0.0 && *ms <= 1000.0)
+            .map(|ms| std::time::Duration::from_secs_f64(ms / 1000.0));
+        Emulator {
+            dtoh_per_mib: per_mib,
+            ..Emulator::default()
+        }
+    }
 }
 
 fn failed(call: &'static str, e: impl std::fmt::Display) -> CudaError {
@@ -138,6 +156,9 @@ impl Emulator {
         // SAFETY: the range lies in a region mapped while the registry holds it, and the
         // caller holds what keeps the region (its allocation or its mapping) alive.
         unsafe { std::ptr::copy_nonoverlapping(ptr as *const u8, out.as_mut_ptr(), out.len()) };
+        if let Some(per_mib) = self.dtoh_per_mib {
+            std::thread::sleep(per_mib.mul_f64(out.len() as f64 / (1 << 20) as f64));
+        }
         Ok(())
     }
 

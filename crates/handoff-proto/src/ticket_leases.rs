@@ -104,6 +104,55 @@ enum Leased {
 /// copy's answer arrived may find it not yet let go.
 pub const MAX_DEVICE_COPIES: usize = 2;
 
+/// A host copy of device memory that a pull asked for, still to be made: counted among its
+/// lease's copies from the pull on (until the copy made is written, or this is dropped
+/// unmade). Copying device memory can take long (a whole lease, over the bus), so a driver
+/// makes it off its event loop ([`OwnerAnswer::CopyThenPull`]).
+pub struct HostCopy {
+    counted: Option<(Arc<dyn DeviceBytes>, Arc<std::sync::atomic::AtomicUsize>)>,
+    lease: u64,
+    offset: u64,
+    len: u64,
+}
+
+impl HostCopy {
+    /// Makes the copy: its bytes (counted among the lease's copies until their last handle
+    /// is gone), or `device-error` if the device memory could not be read.
+    pub fn make(mut self) -> Result<Buffer, Refusal> {
+        let (memory, copies) = self.counted.take().expect("made once");
+        match memory.copy_out(self.offset, self.len) {
+            Ok(copy) => Ok(Buffer::from(bytes::Bytes::from_owner(DeviceCopy {
+                bytes: copy.into_bytes(),
+                copies,
+            }))),
+            Err(why) => {
+                copies.fetch_sub(1, Ordering::AcqRel);
+                Err(refuse(
+                    "device-error",
+                    format!(
+                        "lease {}: the owner could not copy its device memory: {why}",
+                        self.lease
+                    ),
+                ))
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for HostCopy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostCopy(lease {}, {}+{})", self.lease, self.offset, self.len)
+    }
+}
+
+impl Drop for HostCopy {
+    fn drop(&mut self) {
+        if let Some((_, copies)) = self.counted.take() {
+            copies.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 /// A host copy of device memory, counted among its lease's copies until its last handle
 /// (the answer being written) is gone.
 struct DeviceCopy {
@@ -368,9 +417,26 @@ impl LeaseTable {
     }
 
     /// Checks a pull and returns the bytes asked for: a view of host bytes (no copy), or a
-    /// host copy of device memory (made outside the table's lock; a failed copy is refused
-    /// with `device-error`, §7.10).
+    /// host copy of device memory (made here, outside the table's lock; a failed copy is
+    /// refused with `device-error`, §7.10). [`answer`](Self::answer) leaves the copy to the
+    /// driver instead ([`HostCopy`]).
     pub fn pull(&self, lease: u64, holder: &str, token: &[u8], offset: u64, len: u64) -> Result<Buffer, Refusal> {
+        match self.checked_pull(lease, holder, token, offset, len)? {
+            Ok(bytes) => Ok(bytes),
+            Err(copy) => copy.make(),
+        }
+    }
+
+    /// Checks a pull: the bytes of host memory, or the host copy of device memory still to
+    /// be made (counted among its lease's copies from now on).
+    fn checked_pull(
+        &self,
+        lease: u64,
+        holder: &str,
+        token: &[u8],
+        offset: u64,
+        len: u64,
+    ) -> Result<Result<Buffer, HostCopy>, Refusal> {
         let device = self.with_hold(lease, holder, token, |st, lease| {
             let buf = &st.leases[&lease].buffer;
             let Some(end) = offset.checked_add(len).filter(|e| *e <= buf.len()) else {
@@ -402,19 +468,12 @@ impl LeaseTable {
             st.bytes_pulled += len;
             Ok(out)
         })?;
-        device.or_else(|(memory, copies)| match memory.copy_out(offset, len) {
-            Ok(copy) => Ok(Buffer::from(bytes::Bytes::from_owner(DeviceCopy {
-                bytes: copy.into_bytes(),
-                copies,
-            }))),
-            Err(why) => {
-                copies.fetch_sub(1, Ordering::AcqRel);
-                Err(refuse(
-                    "device-error",
-                    format!("lease {lease}: the owner could not copy its device memory: {why}"),
-                ))
-            }
-        })
+        Ok(device.map_err(|(memory, copies)| HostCopy {
+            counted: Some((memory, copies)),
+            lease,
+            offset,
+            len,
+        }))
     }
 
     /// Registers `to` as a holder too, with its own token; the asking holder keeps its hold.
@@ -608,6 +667,16 @@ pub enum OwnerAnswer {
         /// Why.
         refusal: Refusal,
     },
+    /// Answer `pulled` with a host copy of device memory, once it is made: a driver makes it
+    /// off its event loop ([`finish`](Self::finish) on a thread of its own) and reads no
+    /// more of the connection meanwhile, so that a long copy holds up only the peer that
+    /// asked for it (spec §9.1).
+    CopyThenPull {
+        /// The request's id.
+        req: u64,
+        /// The copy to make.
+        copy: HostCopy,
+    },
     /// A release or a renewal that was taken; nothing to answer.
     Done,
     /// A release that was not (an ended lease, a wrong token): nothing to answer, worth a
@@ -618,8 +687,25 @@ pub enum OwnerAnswer {
 }
 
 impl OwnerAnswer {
+    /// The answer with its host copy made, for [`CopyThenPull`](Self::CopyThenPull) (blocks
+    /// for as long as the copy takes); any other answer as it is.
+    pub fn finish(self) -> OwnerAnswer {
+        match self {
+            OwnerAnswer::CopyThenPull { req, copy } => match copy.make() {
+                Ok(bytes) => OwnerAnswer::Pulled { req, bytes },
+                Err(refusal) => OwnerAnswer::Refused {
+                    req,
+                    what: "pull",
+                    refusal,
+                },
+            },
+            other => other,
+        }
+    }
+
     /// The header that answers the holder (a `pulled` is followed by the answer's bytes);
-    /// `None` when nothing is answered (§7.7).
+    /// `None` when nothing is answered (§7.7), or not yet ([`CopyThenPull`](Self::CopyThenPull):
+    /// [`finish`](Self::finish) it first).
     pub fn reply(&self) -> Option<handoff_wire::TicketOp> {
         use handoff_wire::TicketOp;
         match self {
@@ -636,20 +722,25 @@ impl OwnerAnswer {
                 code: refusal.code.to_string(),
                 message: refusal.message.clone(),
             }),
-            OwnerAnswer::Done | OwnerAnswer::ReleaseIgnored(_) | OwnerAnswer::RenewalRefused(_) => None,
+            OwnerAnswer::CopyThenPull { .. }
+            | OwnerAnswer::Done
+            | OwnerAnswer::ReleaseIgnored(_)
+            | OwnerAnswer::RenewalRefused(_) => None,
         }
     }
 
     /// Queues the answer to the holder in `out`, if there is one: a `pulled` with its bytes
     /// (counted until written: past spec §9.1's bound the connection reads no more requests
     /// until its answers drain), else a control header.
+    /// A [`CopyThenPull`](Self::CopyThenPull) is finished here first, on the caller's thread.
     pub fn queue_reply(self, out: &mut crate::outgoing::Outgoing, now: Instant) {
-        let Some(reply) = self.reply() else {
+        let answer = self.finish();
+        let Some(reply) = answer.reply() else {
             return;
         };
         let mut head = Vec::with_capacity(64);
         handoff_wire::framing::encode_header_into(&handoff_wire::Header::Ticket(reply), &mut head);
-        match self {
+        match answer {
             OwnerAnswer::Pulled { bytes, .. } => out.push_pulled_answer(head.into(), bytes.into_bytes(), now),
             _ => out.push_control(head.into(), now),
         }
@@ -668,8 +759,9 @@ impl LeaseTable {
                 token,
                 offset,
                 len,
-            } => match self.pull(*lease, holder, token, *offset, *len) {
-                Ok(bytes) => OwnerAnswer::Pulled { req: *req, bytes },
+            } => match self.checked_pull(*lease, holder, token, *offset, *len) {
+                Ok(Ok(bytes)) => OwnerAnswer::Pulled { req: *req, bytes },
+                Ok(Err(copy)) => OwnerAnswer::CopyThenPull { req: *req, copy },
                 Err(refusal) => OwnerAnswer::Refused {
                     req: *req,
                     what: "pull",

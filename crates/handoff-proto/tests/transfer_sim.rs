@@ -503,6 +503,8 @@ impl Sim {
     /// The owner's answer to a holder's request, checked against the model, and the
     /// model's change.
     fn owner_answers(&mut self, holder: usize, op: TicketOp, answer: OwnerAnswer) {
+        // (A host copy of device memory is made here, as a driver's thread would.)
+        let answer = answer.finish();
         let (lease, token) = match &op {
             TicketOp::Pull { lease, token, .. }
             | TicketOp::Forward { lease, token, .. }
@@ -559,7 +561,9 @@ impl Sim {
                 message: refusal.message,
             })),
             OwnerAnswer::Done => return,
-            OwnerAnswer::ReleaseIgnored(_) | OwnerAnswer::RenewalRefused(_) => return,
+            OwnerAnswer::CopyThenPull { .. } | OwnerAnswer::ReleaseIgnored(_) | OwnerAnswer::RenewalRefused(_) => {
+                return
+            }
         };
         self.send(OWNER, holder, &out);
     }

@@ -36,7 +36,7 @@ use handoff_proto::send_policy::{self, issued_claim, FramePlan, TicketPolicy};
 use handoff_proto::shm::buffers::Held;
 use handoff_proto::shm::buffers::{Release, RemoteView};
 use handoff_proto::shm::leases::ShmLeases;
-use handoff_proto::ticket_leases::LeaseTable;
+use handoff_proto::ticket_leases::{LeaseTable, OwnerAnswer};
 use handoff_proto::ticket_requests::{Answer, Requests};
 use handoff_proto::{peers, Handshaken};
 use handoff_wire::auth::Role;
@@ -175,6 +175,17 @@ pub struct Connection {
     /// may wait in the engine then, which no readiness of the socket announces: once the
     /// answers drain, the loop must drive again on its own ([`state`](Self::state)).
     paused_for_answers: bool,
+    /// Host copies of device memory the peer's pulls asked for, made on threads of their
+    /// own ([`copy_off_loop`](Self::copy_off_loop)).
+    copies: Arc<Mutex<HostCopies>>,
+}
+
+/// A connection's host copies of device memory under way, and the answers made of those
+/// done (queued by the next [`Connection::flush`], which the wake pipe brings).
+#[derive(Default)]
+struct HostCopies {
+    under_way: usize,
+    made: Vec<OwnerAnswer>,
 }
 
 /// An `OSError` that says what failed, with the system's errno where there is one: Python
@@ -268,6 +279,7 @@ impl Connection {
             peer: None,
             waiting_for_room: false,
             paused_for_answers: false,
+            copies: Arc::default(),
             shm_routing: unix.then_some(ShmRouting {
                 threshold: engine.shared.shm_threshold,
                 sealed_only: false,
@@ -413,6 +425,7 @@ impl Connection {
     /// that did neither).
     fn flush(&mut self, py: Python<'_>) -> PyResult<Vec<Py<PyAny>>> {
         self.queue_releases();
+        self.queue_copies();
         if self.waiting_for_room {
             self.on_readable(py)
         } else {
@@ -796,6 +809,50 @@ impl Connection {
     /// §9.1 allows, or a backlog of other control bytes.
     fn answers_backed_up(&self) -> bool {
         self.stream.out().backed_up(self.shared.bounds.max_pull_answers)
+            || self.copies.lock().expect("copies lock").under_way > 0
+    }
+
+    /// Makes a host copy of device memory for the peer's pull on a thread of its own, so
+    /// that the event loop serves every other connection meanwhile; this connection reads
+    /// no more until the answer is queued ([`answers_backed_up`](Self::answers_backed_up),
+    /// spec §9.1). Where no thread can be started, the copy is made here.
+    fn copy_off_loop(&mut self, answer: OwnerAnswer) {
+        let slot = Arc::new(Mutex::new(Some(answer)));
+        self.copies.lock().expect("copies lock").under_way += 1;
+        let (copies, shared, taken) = (self.copies.clone(), Arc::downgrade(&self.shared), slot.clone());
+        let started = std::thread::Builder::new()
+            .name("handoff-device-copy".into())
+            .spawn(move || {
+                let Some(answer) = taken.lock().expect("copy slot lock").take() else {
+                    return;
+                };
+                let answer = answer.finish();
+                let mut copies = copies.lock().expect("copies lock");
+                copies.under_way -= 1;
+                copies.made.push(answer);
+                drop(copies);
+                if let Some(shared) = shared.upgrade() {
+                    shared.wake.signal();
+                }
+            });
+        if started.is_err() {
+            let answer = slot.lock().expect("copy slot lock").take();
+            self.copies.lock().expect("copies lock").under_way -= 1;
+            if let Some(answer) = answer {
+                answer.queue_reply(self.stream.out_mut(), Instant::now());
+            }
+        }
+    }
+
+    /// Queues the answers whose host copies were made since the last call.
+    fn queue_copies(&mut self) {
+        let made = std::mem::take(&mut self.copies.lock().expect("copies lock").made);
+        let now = Instant::now();
+        for answer in made {
+            if matches!(phase!(self), Phase::Established(_)) && self.stream.takes_more() {
+                answer.queue_reply(self.stream.out_mut(), now);
+            }
+        }
     }
 
     /// The phase, for a look from `&self`.
@@ -1311,6 +1368,13 @@ impl Connection {
                     .into_any()
                     .unbind(),
                 )
+            }
+            Event::Owner {
+                answer: answer @ OwnerAnswer::CopyThenPull { .. },
+                ..
+            } => {
+                self.copy_off_loop(answer);
+                None
             }
             Event::Owner { answer, .. } => {
                 answer.queue_reply(self.stream.out_mut(), Instant::now());

@@ -294,8 +294,23 @@ fn received_frame(node: &Arc<NodeInner>, peer: &Peer, frame: Frame, release: Opt
 }
 
 /// Carries out the owner's answer to a ticket request: queued for the peer, counted until
-/// written (a peer that leaves them unread stops being read).
+/// written (a peer that leaves them unread stops being read). A host copy of device memory
+/// is made on a blocking thread first, while this connection's reader waits for it: a long
+/// copy holds up only the peer that asked (spec §9.1).
 async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, socket: &Arc<Socket>, answer: OwnerAnswer) {
+    let answer = match answer {
+        OwnerAnswer::CopyThenPull { req, copy } => {
+            let copying = tokio::task::spawn_blocking(move || OwnerAnswer::CopyThenPull { req, copy }.finish());
+            match copying.await {
+                Ok(answer) => answer,
+                // (Only if the copy panicked: the holder's pull then times out.)
+                Err(e) => {
+                    return limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "a host copy of device memory failed: {e}")
+                }
+            }
+        }
+        other => other,
+    };
     match &answer {
         OwnerAnswer::Refused { what, refusal: r, .. } => {
             limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "refused a {what}: {} [{}]", r.message, r.code)

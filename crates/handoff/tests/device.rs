@@ -26,11 +26,16 @@ impl Message for Weights {
 /// and one of them turns mapping off through the environment).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// How long the emulated bus takes to copy a MiB to the host (beyond the memcpy).
+const COPY_MS_PER_MIB: u64 = 20;
+
 /// The emulated driver, asked for before any node loads one (every test here starts so),
-/// with mapping on unless `ipc` is false; held until the test ends.
+/// with mapping on unless `ipc` is false, and a slow bus (`COPY_MS_PER_MIB`); held until
+/// the test ends.
 async fn emulate(ipc: bool) -> tokio::sync::MutexGuard<'static, ()> {
     let serial = SERIAL.lock().await;
     std::env::set_var("HANDOFF_CUDA_EMULATE", "1");
+    std::env::set_var("HANDOFF_CUDA_EMULATE_DTOH_MS_PER_MIB", COPY_MS_PER_MIB.to_string());
     std::env::set_var("HANDOFF_CUDA_IPC", if ipc { "1" } else { "0" });
     serial
 }
@@ -128,4 +133,53 @@ async fn a_receiver_that_cannot_map_pulls_the_bytes() {
         a.ticket_leases().count == 0
     })
     .await;
+}
+
+/// The host copy a pull asks for is made off the owner's runtime threads: 16 MiB over the
+/// emulated bus take about a third of a second, and a task of the same runtime (one thread,
+/// as `#[tokio::test]` makes it) keeps being woken on time meanwhile. Made inside the
+/// owner's reader, the copy held up every task of the runtime for all of that.
+#[tokio::test]
+async fn a_slow_host_copy_for_a_pull_holds_up_only_the_peer_that_asked() {
+    let _serial = emulate(false).await;
+    let a = node("dev-slow-a", true).await;
+    let b = node("dev-slow-b", true).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    let bytes = pattern(16 << 20, 11);
+    peer.send(Weights {
+        layer: 4,
+        data: DeviceBuffer::upload(0, &bytes).unwrap().into(),
+    })
+    .await
+    .unwrap();
+    let got: Weights = b.recv_timeout(T).await.unwrap().decode().unwrap();
+    let device = DeviceBuffer::of(&got.data).expect("a device buffer");
+    assert_eq!(device.via(), "unmapped");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let lag = tokio::spawn(async move {
+        let mut stopped = stopped;
+        let mut worst = Duration::ZERO;
+        loop {
+            let t0 = std::time::Instant::now();
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+                _ = &mut stopped => return worst,
+            }
+            worst = worst.max(t0.elapsed().saturating_sub(Duration::from_millis(5)));
+        }
+    });
+    let started = std::time::Instant::now();
+    assert_eq!(device.to_host().await.unwrap(), bytes);
+    let took = started.elapsed();
+    stop.send(()).unwrap();
+    let worst = lag.await.unwrap();
+    let copy = Duration::from_millis(16 * COPY_MS_PER_MIB);
+    assert!(
+        took >= copy,
+        "the pull took {took:?}, less than the emulated copy ({copy:?})"
+    );
+    assert!(
+        worst < copy / 3,
+        "the runtime was held up {worst:?} while the owner copied"
+    );
 }
