@@ -826,10 +826,12 @@ impl Connection {
                 let Some(answer) = taken.lock().expect("copy slot lock").take() else {
                     return;
                 };
-                let answer = answer.finish();
-                let mut copies = copies.lock().expect("copies lock");
+                // (A copy that panicked answers nothing: the holder's pull times out, and
+                // this connection is read again.)
+                let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer.finish()));
+                let mut copies = copies.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 copies.under_way -= 1;
-                copies.made.push(answer);
+                copies.made.extend(answer.ok());
                 drop(copies);
                 if let Some(shared) = shared.upgrade() {
                     shared.wake.signal();
