@@ -39,6 +39,7 @@ use handoff_proto::shm::leases::ShmLeases;
 use handoff_proto::ticket_leases::{LeaseTable, OwnerAnswer};
 use handoff_proto::ticket_requests::{Answer, Requests};
 use handoff_proto::{peers, Handshaken};
+use handoff_sys::hash_thread::HashThread;
 use handoff_wire::auth::Role;
 use handoff_wire::framing::encode_header_into;
 use handoff_wire::{Buffer, Header, Ident, WireError};
@@ -1217,13 +1218,20 @@ impl Connection {
                             self.stop_waiting_for_room();
                         }
                         Step::Answer { waiter, answer } => events.push(answer_event(py, waiter, answer)?),
-                        // (This driver hashes inline: nothing reads the bytes any more.)
-                        Step::Unclaimed { .. } => {}
+                        // The helper thread may still read the bytes: it stops before they go.
+                        Step::Unclaimed { digest, bytes } => {
+                            py.detach(move || drop(digest));
+                            drop(bytes);
+                        }
                         Step::Pulled { waiter, bytes, digest } => {
                             let digest = match digest {
                                 Digest::Hashed(d) => Some(d),
-                                // This driver gives the engine no helper: it hashes inline.
-                                Digest::None | Digest::Behind(_) => None,
+                                Digest::None => None,
+                                // The helper is at most a few runs behind the last byte; the
+                                // wait for it lets go of the interpreter.
+                                Digest::Behind(behind) => {
+                                    HashThread::of(behind).and_then(|thread| py.detach(move || thread.finish()))
+                                }
                             };
                             let frame = Py::new(py, Frame::new(bytes, "pulled"))?;
                             let digest = digest.map(|d| pyo3::types::PyBytes::new(py, &d).unbind());
@@ -1285,7 +1293,10 @@ impl Connection {
         let inbound = self
             .shared
             .inbound(self.unix, check, self.account.clone(), &done.ident.node_id)
-            .with_private_mappings(self.shared.shm_private);
+            .with_private_mappings(self.shared.shm_private)
+            // A large `pulled` answer is hashed on a helper thread while it arrives, as the
+            // Rust node does: on one thread, reading and hashing add up.
+            .with_hash_behind(Box::new(HashThread::start));
         self.shared.register(&done.ident);
         self.peer = Some(done);
         let conn = Established::new(
