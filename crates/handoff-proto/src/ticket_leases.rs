@@ -119,23 +119,35 @@ impl HostCopy {
     /// Makes the copy: its bytes (counted among the lease's copies until their last handle
     /// is gone), or `device-error` if the device memory could not be read.
     pub fn make(mut self) -> Result<Buffer, Refusal> {
-        let (memory, copies) = self.counted.take().expect("made once");
+        // Counted until the copy is made: a copy that fails, or panics, gives its place
+        // back as this is dropped.
+        let (memory, _) = self.counted.as_ref().expect("made once");
         match memory.copy_out(self.offset, self.len) {
-            Ok(copy) => Ok(Buffer::from(bytes::Bytes::from_owner(DeviceCopy {
-                bytes: copy.into_bytes(),
-                copies,
-            }))),
-            Err(why) => {
-                copies.fetch_sub(1, Ordering::AcqRel);
-                Err(refuse(
-                    "device-error",
-                    format!(
-                        "lease {}: the owner could not copy its device memory: {why}",
-                        self.lease
-                    ),
-                ))
+            Ok(copy) => {
+                let (_, copies) = self.counted.take().expect("made once");
+                Ok(Buffer::from(bytes::Bytes::from_owner(DeviceCopy {
+                    bytes: copy.into_bytes(),
+                    copies,
+                })))
             }
+            Err(why) => Err(refuse(
+                "device-error",
+                format!(
+                    "lease {}: the owner could not copy its device memory: {why}",
+                    self.lease
+                ),
+            )),
         }
+    }
+
+    /// How many bytes it copies.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether it copies nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -703,6 +715,17 @@ impl OwnerAnswer {
         }
     }
 
+    /// The refusal of pull `req` whose host copy broke on its thread (a driver caught its
+    /// panic): `device-error`, so that the holder hears at once instead of waiting out its
+    /// pull timeout.
+    pub fn copy_broke(req: u64) -> OwnerAnswer {
+        OwnerAnswer::Refused {
+            req,
+            what: "pull",
+            refusal: refuse("device-error", "the owner's copy of its device memory failed".into()),
+        }
+    }
+
     /// The header that answers the holder (a `pulled` is followed by the answer's bytes);
     /// `None` when nothing is answered (§7.7), or not yet ([`CopyThenPull`](Self::CopyThenPull):
     /// [`finish`](Self::finish) it first).
@@ -1057,5 +1080,64 @@ mod tests {
         assert!(refusal.message.contains("cuMemcpyDtoH failed"), "{}", refusal.message);
         // Device bytes count against the caps.
         assert_eq!(t.stats().bytes, 8);
+    }
+
+    #[test]
+    fn a_host_copy_left_to_the_driver_keeps_its_place_until_made_and_gives_it_back_however_it_ends() {
+        struct Panics;
+        impl DeviceBytes for Panics {
+            fn len(&self) -> u64 {
+                8
+            }
+            fn copy_out(&self, _: u64, _: u64) -> Result<Buffer, String> {
+                panic!("the driver broke")
+            }
+        }
+        let pull = |t: &LeaseTable, lease: u64, token: &[u8; 32], req: u64| {
+            let op = handoff_wire::TicketOp::Pull {
+                req,
+                lease,
+                token: token.to_vec(),
+                offset: 0,
+                len: 4,
+            };
+            t.answer(&op, B, "0".repeat(32).as_str()).expect("an owner's answer")
+        };
+        let t = table(10, 1 << 20, WhenFull::Fail);
+        let freed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (lease, token) = t.try_issue_device(Arc::new(FakeDevice(vec![7; 64], freed)), B).unwrap();
+        // Left to the driver: counted from the pull on, so at most MAX_DEVICE_COPIES wait.
+        let waiting: Vec<_> = (0..MAX_DEVICE_COPIES as u64)
+            .map(|req| pull(&t, lease, &token, req))
+            .collect();
+        assert!(waiting.iter().all(|a| matches!(a, OwnerAnswer::CopyThenPull { .. })));
+        let refused = pull(&t, lease, &token, 99);
+        assert!(matches!(&refused, OwnerAnswer::Refused { refusal, .. } if refusal.code == "device-error"));
+        // Dropped unmade (the connection ended), a copy gives its place back.
+        drop(waiting);
+        let made = pull(&t, lease, &token, 5).finish();
+        let OwnerAnswer::Pulled { req: 5, bytes } = made else {
+            panic!("a pulled answer")
+        };
+        assert_eq!(bytes.as_bytes().as_ref(), &[7; 4]);
+        // Made, it keeps its place until its bytes are written (dropped).
+        let held: Vec<_> = (0..MAX_DEVICE_COPIES as u64 - 1)
+            .map(|req| pull(&t, lease, &token, req))
+            .collect();
+        assert!(matches!(pull(&t, lease, &token, 98), OwnerAnswer::Refused { .. }));
+        drop((bytes, held));
+        assert!(matches!(pull(&t, lease, &token, 6), OwnerAnswer::CopyThenPull { .. }));
+
+        // A copy that panics on the driver's thread gives its place back too.
+        let (lease, token) = t.try_issue_device(Arc::new(Panics), B).unwrap();
+        for req in 0..3 * MAX_DEVICE_COPIES as u64 {
+            let answer = pull(&t, lease, &token, req);
+            assert!(
+                matches!(answer, OwnerAnswer::CopyThenPull { .. }),
+                "pull {req} found no place"
+            );
+            let broke = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer.finish()));
+            assert!(broke.is_err());
+        }
     }
 }

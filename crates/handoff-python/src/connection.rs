@@ -22,7 +22,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -187,7 +187,12 @@ pub struct Connection {
 struct HostCopies {
     under_way: usize,
     made: Vec<OwnerAnswer>,
+    /// The connection was closed: a copy made from now on is dropped at once.
+    closed: bool,
 }
+
+/// Host copies smaller than this are made on the event loop (a thread would cost more).
+const COPY_ON_LOOP_MAX: u64 = 1 << 20;
 
 /// An `OSError` that says what failed, with the system's errno where there is one: Python
 /// makes it the subclass the errno names (`ConnectionResetError` for `ECONNRESET`, …), as
@@ -724,6 +729,11 @@ impl Connection {
         let _ = self.write_queued();
         self.socket = None;
         self.stream.out_mut().clear();
+        // Host copies made for the peer's pulls go too, and any still under way when made.
+        let mut copies = self.copies.lock().unwrap_or_else(PoisonError::into_inner);
+        copies.closed = true;
+        copies.made.clear();
+        drop(copies);
         // The peer is gone: what it held goes back to the pool once its process cannot
         // map it any more (see `handoff_sys::end_leases_of`).
         socket::end_leases_of(self.peer_pid, self.shm_leases.take_all());
@@ -809,8 +819,11 @@ impl Connection {
     /// Whether the peer leaves our answers unread: as many pulled answers queued as spec
     /// §9.1 allows, or a backlog of other control bytes.
     fn answers_backed_up(&self) -> bool {
-        self.stream.out().backed_up(self.shared.bounds.max_pull_answers)
-            || self.copies.lock().expect("copies lock").under_way > 0
+        self.stream.out().backed_up(self.shared.bounds.max_pull_answers) || {
+            // A copy under way, or made and not yet queued (the wake pipe brings it).
+            let copies = self.copies.lock().unwrap_or_else(PoisonError::into_inner);
+            copies.under_way > 0 || !copies.made.is_empty()
+        }
     }
 
     /// Makes a host copy of device memory for the peer's pull on a thread of its own, so
@@ -818,8 +831,15 @@ impl Connection {
     /// no more until the answer is queued ([`answers_backed_up`](Self::answers_backed_up),
     /// spec §9.1). Where no thread can be started, the copy is made here.
     fn copy_off_loop(&mut self, answer: OwnerAnswer) {
+        let (req, small) = match &answer {
+            OwnerAnswer::CopyThenPull { req, copy } => (*req, copy.len() < COPY_ON_LOOP_MAX),
+            _ => (0, true),
+        };
+        if small {
+            return answer.queue_reply(self.stream.out_mut(), Instant::now());
+        }
         let slot = Arc::new(Mutex::new(Some(answer)));
-        self.copies.lock().expect("copies lock").under_way += 1;
+        self.copies.lock().unwrap_or_else(PoisonError::into_inner).under_way += 1;
         let (copies, shared, taken) = (self.copies.clone(), Arc::downgrade(&self.shared), slot.clone());
         let started = std::thread::Builder::new()
             .name("handoff-device-copy".into())
@@ -827,12 +847,14 @@ impl Connection {
                 let Some(answer) = taken.lock().expect("copy slot lock").take() else {
                     return;
                 };
-                // (A copy that panicked answers nothing: the holder's pull times out, and
-                // this connection is read again.)
-                let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer.finish()));
-                let mut copies = copies.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                // (A copy that panicked is refused: the holder hears at once.)
+                let answer = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| answer.finish()))
+                    .unwrap_or_else(|_| OwnerAnswer::copy_broke(req));
+                let mut copies = copies.lock().unwrap_or_else(PoisonError::into_inner);
                 copies.under_way -= 1;
-                copies.made.extend(answer.ok());
+                if !copies.closed {
+                    copies.made.push(answer);
+                }
                 drop(copies);
                 if let Some(shared) = shared.upgrade() {
                     shared.wake.signal();
@@ -840,7 +862,7 @@ impl Connection {
             });
         if started.is_err() {
             let answer = slot.lock().expect("copy slot lock").take();
-            self.copies.lock().expect("copies lock").under_way -= 1;
+            self.copies.lock().unwrap_or_else(PoisonError::into_inner).under_way -= 1;
             if let Some(answer) = answer {
                 answer.queue_reply(self.stream.out_mut(), Instant::now());
             }
@@ -849,7 +871,7 @@ impl Connection {
 
     /// Queues the answers whose host copies were made since the last call.
     fn queue_copies(&mut self) {
-        let made = std::mem::take(&mut self.copies.lock().expect("copies lock").made);
+        let made = std::mem::take(&mut self.copies.lock().unwrap_or_else(PoisonError::into_inner).made);
         let now = Instant::now();
         for answer in made {
             if matches!(phase!(self), Phase::Established(_)) && self.stream.takes_more() {

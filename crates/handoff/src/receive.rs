@@ -301,13 +301,8 @@ async fn answer_as_owner(node: &Arc<NodeInner>, peer: &Peer, socket: &Arc<Socket
     let answer = match answer {
         OwnerAnswer::CopyThenPull { req, copy } => {
             let copying = tokio::task::spawn_blocking(move || OwnerAnswer::CopyThenPull { req, copy }.finish());
-            match copying.await {
-                Ok(answer) => answer,
-                // (Only if the copy panicked: the holder's pull then times out.)
-                Err(e) => {
-                    return limited_warn!(peer.0.log, node = %node.ctx.me.name, peer = %peer.name(), "a host copy of device memory failed: {e}")
-                }
-            }
+            // (An error only if the copy panicked: the holder is refused, and hears at once.)
+            copying.await.unwrap_or_else(|_| OwnerAnswer::copy_broke(req))
         }
         other => other,
     };
