@@ -349,75 +349,65 @@ def targets_section(data: dict) -> str:
     """
     lines = []
 
-    def judge(what: str, value: Optional[float], floor: float, at_least: bool, detail: str) -> None:
+    def compare(what: str, ours: Optional[dict], base: Optional[dict], floor: float, at_least: bool) -> None:
+        """Judges ``base ÷ ours`` against a floor it must reach (``at_least``: a speed), or
+        ``ours ÷ base`` against a ceiling (a cost)."""
+        value = None
+        if ours and base and ours["median"] and base["median"]:
+            value = base["median"] / ours["median"] if at_least else ours["median"] / base["median"]
+        bound = ("≥ " if at_least else "≤ ") + f"{floor:g}"
+        detail = f"{fmt_time(ours['median']) if ours else '–'} vs {fmt_time(base['median']) if base else '–'}"
         if value is None:
-            lines.append([what, ("≥ " if at_least else "≤ ") + f"{floor:g}", "not measured", "–", detail])
+            lines.append([what, bound, "not measured", "–", detail])
             return
         ok = value >= floor if at_least else value <= floor
-        lines.append(
-            [what, ("≥ " if at_least else "≤ ") + f"{floor:g}", f"{value:.2f}", "yes" if ok else "**no**", detail]
-        )
+        lines.append([what, bound, f"{value:.2f}", "yes" if ok else "**no**", detail])
 
     big = sorted({r["bytes"] for r in data["transfers"] if r["bytes"] >= 64 << 20})
     for peer in ("Rust", "Python"):
         for n in big:
-            raw = _row(data, "raw TCP", "copy", n)
             for read in ("sample", "full"):
-                ours = _row(data, f"handoff Python←{peer} tcp", read, n)
-                value = raw["median"] / ours["median"] if raw and ours and ours["median"] else None
-                judge(
+                compare(
                     f"Python←{peer} tcp, {READ_NAME[read]}, {size_label(n)}: raw TCP time ÷ ours",
-                    value,
+                    _row(data, f"handoff Python←{peer} tcp", read, n),
+                    _row(data, "raw TCP", "copy", n),
                     0.8,
                     True,
-                    f"{fmt_time(ours['median']) if ours else '–'} vs {fmt_time(raw['median']) if raw else '–'}",
                 )
     gib = max(big) if big else None
     if gib:
-        rust = _row(data, "handoff Rust shm zero-copy", "full", gib)
         for peer in ("Rust", "Python"):
-            ours = _row(data, f"handoff Python←{peer} shm", "full", gib)
-            value = ours["median"] / rust["median"] if ours and rust and rust["median"] else None
-            judge(
+            compare(
                 f"Python←{peer} shm, full read, {size_label(gib)}: ours ÷ Rust full read",
-                value,
+                _row(data, f"handoff Python←{peer} shm", "full", gib),
+                _row(data, "handoff Rust shm zero-copy", "full", gib),
                 1.3,
                 False,
-                f"{fmt_time(ours['median']) if ours else '–'} vs {fmt_time(rust['median']) if rust else '–'}",
             )
-        raw = _row(data, "raw TCP", "copy", gib)
         for read in ("sample", "full"):
-            ours = _row(data, "handoff Python←Rust ticket", read, gib)
-            value = raw["median"] / ours["median"] if raw and ours and ours["median"] else None
-            judge(
+            compare(
                 f"Python←Rust ticket, {READ_NAME[read]}, {size_label(gib)}: raw TCP time ÷ ours",
-                value,
+                _row(data, "handoff Python←Rust ticket", read, gib),
+                _row(data, "raw TCP", "copy", gib),
                 0.8,
                 True,
-                f"{fmt_time(ours['median']) if ours else '–'} vs {fmt_time(raw['median']) if raw else '–'}",
             )
-    unix = _row(data, "raw Unix socket", "", 0, "rtt")
     for route in ("shm", "tcp"):
-        ours = _row(data, f"handoff Python↔Python {route}", "", 0, "rtt")
-        value = ours["median"] / unix["median"] if ours and unix and unix["median"] else None
-        judge(
+        compare(
             f"Python↔Python {route}, 100-byte round trip: ours ÷ raw Unix socket round trip",
-            value,
+            _row(data, f"handoff Python↔Python {route}", "", 0, "rtt"),
+            _row(data, "raw Unix socket", "", 0, "rtt"),
             2.5,
             False,
-            f"{fmt_time(ours['median']) if ours else '–'} vs {fmt_time(unix['median']) if unix else '–'}",
         )
     # Issue 40's floors, for the Python peer on the Rust engine (system handoff-engine).
     for channel, route in (("unix", "shm"), ("tcp", "tcp")):
-        floor = _row(data, f"asyncio add_reader floor {channel} (engine)", "", 0, "rtt")
-        ours = _row(data, f"handoff Python↔Python {route} (engine)", "", 0, "rtt")
-        value = ours["median"] / floor["median"] if ours and floor and floor["median"] else None
-        judge(
+        compare(
             f"engine: Python↔Python {route}, 100-byte round trip: ours ÷ the asyncio floor ({channel})",
-            value,
+            _row(data, f"handoff Python↔Python {route} (engine)", "", 0, "rtt"),
+            _row(data, f"asyncio add_reader floor {channel} (engine)", "", 0, "rtt"),
             1.3,
             False,
-            f"{fmt_time(ours['median']) if ours else '–'} vs {fmt_time(floor['median']) if floor else '–'}",
         )
     # Each of ours against the raw row that did the same work: sampled (the bytes have
     # landed in the array) against raw TCP's receive into a warm buffer, full read against
@@ -425,26 +415,20 @@ def targets_section(data: dict) -> str:
     for peer in ("Rust", "Python"):
         for n in big:
             for read, raw_read, raw_name in (("sample", "copy", "raw TCP"), ("full", "full", "raw TCP full read")):
-                raw = _row(data, "raw TCP", raw_read, n)
-                ours = _row(data, f"handoff Python←{peer} tcp (engine)", read, n)
-                value = raw["median"] / ours["median"] if raw and ours and ours["median"] else None
-                judge(
+                compare(
                     f"engine: Python←{peer} tcp, {READ_NAME[read]}, {size_label(n)}: {raw_name} time ÷ ours",
-                    value,
+                    _row(data, f"handoff Python←{peer} tcp (engine)", read, n),
+                    _row(data, "raw TCP", raw_read, n),
                     0.95,
                     True,
-                    f"{fmt_time(ours['median']) if ours else '–'} vs {fmt_time(raw['median']) if raw else '–'}",
                 )
     if gib:
-        raw = _row(data, "raw TCP", "full", gib)
-        ours = _row(data, "handoff Python←Rust ticket (engine)", "full", gib)
-        value = raw["median"] / ours["median"] if raw and ours and ours["median"] else None
-        judge(
+        compare(
             f"engine: Python←Rust ticket, full read, {size_label(gib)}: raw TCP full read time ÷ ours",
-            value,
+            _row(data, "handoff Python←Rust ticket (engine)", "full", gib),
+            _row(data, "raw TCP", "full", gib),
             0.9,
             True,
-            f"{fmt_time(ours['median']) if ours else '–'} vs {fmt_time(raw['median']) if raw else '–'}",
         )
     if not lines:
         return "_nothing measured_"

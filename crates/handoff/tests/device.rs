@@ -51,6 +51,24 @@ async fn node(name: &str, shm: bool) -> Node {
         .unwrap()
 }
 
+/// Node `{name}-a` sends `bytes` in device memory to node `{name}-b`, which cannot map it
+/// (`emulate(false)`): both nodes, what `b` received, and its device buffer (unmapped).
+async fn sent_to_a_peer_that_cannot_map(name: &str, bytes: &[u8]) -> (Node, Node, Weights, DeviceBuffer) {
+    let a = node(&format!("{name}-a"), true).await;
+    let b = node(&format!("{name}-b"), true).await;
+    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
+    peer.send(Weights {
+        layer: 3,
+        data: DeviceBuffer::upload(0, bytes).unwrap().into(),
+    })
+    .await
+    .unwrap();
+    let got: Weights = b.recv_timeout(T).await.unwrap().decode().unwrap();
+    let device = DeviceBuffer::of(&got.data).expect("a device buffer");
+    assert_eq!(device.via(), "unmapped");
+    (a, b, got, device)
+}
+
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)
         .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
@@ -110,19 +128,8 @@ async fn a_peer_over_tcp_gets_a_host_copy() {
 #[tokio::test]
 async fn a_receiver_that_cannot_map_pulls_the_bytes() {
     let _serial = emulate(false).await;
-    let a = node("dev-pull-a", true).await;
-    let b = node("dev-pull-b", true).await;
-    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
     let bytes = pattern(200_000, 5);
-    peer.send(Weights {
-        layer: 3,
-        data: DeviceBuffer::upload(0, &bytes).unwrap().into(),
-    })
-    .await
-    .unwrap();
-    let got: Weights = b.recv_timeout(T).await.unwrap().decode().unwrap();
-    let device = DeviceBuffer::of(&got.data).expect("a device buffer");
-    assert_eq!(device.via(), "unmapped");
+    let (a, _b, got, device) = sent_to_a_peer_that_cannot_map("dev-pull", &bytes).await;
     assert!(device.ptr().is_none());
     let local = device.on_device().await.unwrap();
     assert_eq!(local.via(), "local");
@@ -142,19 +149,8 @@ async fn a_receiver_that_cannot_map_pulls_the_bytes() {
 #[tokio::test]
 async fn a_slow_host_copy_for_a_pull_holds_up_only_the_peer_that_asked() {
     let _serial = emulate(false).await;
-    let a = node("dev-slow-a", true).await;
-    let b = node("dev-slow-b", true).await;
-    let peer = a.connect(b.listen_addr().unwrap()).await.unwrap();
     let bytes = pattern(16 << 20, 11);
-    peer.send(Weights {
-        layer: 4,
-        data: DeviceBuffer::upload(0, &bytes).unwrap().into(),
-    })
-    .await
-    .unwrap();
-    let got: Weights = b.recv_timeout(T).await.unwrap().decode().unwrap();
-    let device = DeviceBuffer::of(&got.data).expect("a device buffer");
-    assert_eq!(device.via(), "unmapped");
+    let (_a, _b, _got, device) = sent_to_a_peer_that_cannot_map("dev-slow", &bytes).await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let lag = tokio::spawn(async move {
         let mut stopped = stopped;
