@@ -50,10 +50,11 @@ pub enum Step<W> {
     Pulled {
         /// The request's waiter.
         waiter: W,
+        /// Their digest, when the request asked for one; first, so that a step dropped
+        /// whole joins a helper that still reads the bytes before they go.
+        digest: Digest,
         /// The bytes.
         bytes: Bytes,
-        /// Their digest, when the request asked for one.
-        digest: Digest,
     },
     /// Pulled bytes whose request gave up while they arrived: the driver drops them, after
     /// waiting for a [`Digest::Behind`] that still reads them (so that no thread of its
