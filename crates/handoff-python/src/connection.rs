@@ -36,7 +36,7 @@ use handoff_proto::send_policy::{self, issued_claim, FramePlan, TicketPolicy};
 use handoff_proto::shm::buffers::Held;
 use handoff_proto::shm::buffers::{Release, RemoteView};
 use handoff_proto::shm::leases::ShmLeases;
-use handoff_proto::ticket_leases::{LeaseTable, OwnerAnswer};
+use handoff_proto::ticket_leases::{HostCopy, LeaseTable, OwnerAnswer};
 use handoff_proto::ticket_requests::{Answer, Requests};
 use handoff_proto::{peers, Handshaken};
 use handoff_sys::hash_thread::HashThread;
@@ -830,11 +830,9 @@ impl Connection {
     /// that the event loop serves every other connection meanwhile; this connection reads
     /// no more until the answer is queued ([`answers_backed_up`](Self::answers_backed_up),
     /// spec §9.1). Where no thread can be started, the copy is made here.
-    fn copy_off_loop(&mut self, answer: OwnerAnswer) {
-        let (req, small) = match &answer {
-            OwnerAnswer::CopyThenPull { req, copy } => (*req, copy.len() < COPY_ON_LOOP_MAX),
-            _ => (0, true),
-        };
+    fn copy_off_loop(&mut self, req: u64, copy: HostCopy) {
+        let small = copy.len() < COPY_ON_LOOP_MAX;
+        let answer = OwnerAnswer::CopyThenPull { req, copy };
         if small {
             return answer.queue_reply(self.stream.out_mut(), Instant::now());
         }
@@ -1405,10 +1403,10 @@ impl Connection {
                 )
             }
             Event::Owner {
-                answer: answer @ OwnerAnswer::CopyThenPull { .. },
+                answer: OwnerAnswer::CopyThenPull { req, copy },
                 ..
             } => {
-                self.copy_off_loop(answer);
+                self.copy_off_loop(req, copy);
                 None
             }
             Event::Owner { answer, .. } => {
