@@ -8,7 +8,10 @@ ping-pong as handoff messages through ``handoff.engine`` (the handshake first, t
 ``msg`` with a body of ``{"seq": n, "data": <100 bytes>}`` encoded and decoded by
 ``handoff.codec`` on both sides, as an application does), on the same kind of socket pair;
 the ``no codec`` row sends and echoes the body as it is (what the engine and its driver
-add on their own). The ``Node`` rows are what applications run: ``handoff.Node`` on the
+add on their own), and the ``native codec`` row packs and reads the body with the
+extension's own codec, called directly (``PlainCodec.pack`` and ``BodyReader.read``, no
+Python around them): the least that any node which decodes and encodes the body can add
+to the engine. The ``Node`` rows are what applications run: ``handoff.Node`` on the
 engine (``engine=True``) and the Python implementation, each side a node, the pinger's
 ``peer.send`` and ``node.recv`` against the echo's, over the node's own TCP listener or
 Unix socket.
@@ -18,10 +21,13 @@ event loop, one batch at a time, the order rotating each round, so that a drift 
 machine falls on all of them alike. ``--pin`` runs the pinger on the first CPU and every
 echo on the second (where there are two), so that none gains or loses by where its
 process was put; the round trips themselves then change (on this machine TCP's floor
-halves), so the default leaves placement to the scheduler, as the floor script does. The figure of a style is the median of its batches; the
+halves), so the default leaves placement to the scheduler, as the floor script does.
+``--one-cpu`` runs every process on the first CPU: a round trip is then the CPU time of
+both sides one after the other, with no wake-up of another CPU in it (on a VM, where such
+wake-ups vary most, the steadiest of the three). The figure of a style is the median of its batches; the
 ratio to the floor is the median of the rounds' ratios, with their range.
 
-    .venv/bin/python bench/python_engine_rtt.py [--round-trips N] [--rounds R] [--pin]
+    .venv/bin/python bench/python_engine_rtt.py [--round-trips N] [--rounds R] [--pin | --one-cpu]
 """
 
 from __future__ import annotations
@@ -40,7 +46,16 @@ from python_rtt_floor import MESSAGE_BYTES, echo_add_reader, ping_add_reader, so
 
 SECRET = b"bench secret"
 TYPE = "handoff.bench.Ping"
-STYLES = ("add_reader", "engine", "engine, no codec", "Node on the engine", "Node (Python)")
+STYLES = (
+    "add_reader",
+    "engine",
+    "engine, no codec",
+    "engine, native codec",
+    "Node on the engine",
+    "Node (Python)",
+)
+#: How each engine style's echo treats a body (``handoff.codec``, as it is, the extension's codec).
+ENGINE_CODECS = {"engine": "codec", "engine, no codec": "none", "engine, native codec": "native"}
 NODE_STYLES = {"Node on the engine": True, "Node (Python)": False}
 
 
@@ -59,11 +74,22 @@ async def echo_node(w: int, channel: str, engine: bool) -> None:
             await env.sender.send(env.type_name, env.body)
 
 
-async def echo_engine(sock, codec: bool = True) -> None:
+def native_codec():
+    """The extension's codec, called directly: ``(pack(value) -> bytes, read(body, frames)
+    -> value)``, as ``handoff.codec`` makes them (its limits and types)."""
+    from handoff import codec
+
+    plain, read = codec._PLAIN, codec._reader
+    threshold = codec.DEFAULT_FRAME_THRESHOLD
+    return (lambda value: plain.pack(value, threshold)), (lambda body, frames: read(body, frames)[0])
+
+
+async def echo_engine(sock, codec: str = "codec") -> None:
     from handoff.codec import decode_body, encode_body
     from handoff.engine import Driver, Engine
     from handoff.errors import PeerClosed
 
+    pack, read = native_codec()
     driver = Driver(Engine("bench-echo", SECRET))
     conn = driver.adopt(sock, "acceptor", "bench pinger")
     await conn.ready(10)
@@ -72,26 +98,32 @@ async def echo_engine(sock, codec: bool = True) -> None:
             got = await conn.recv()
         except PeerClosed:
             break
-        if codec:
+        if codec == "codec":
             value = decode_body(got.body, got.frames, got.type_name)
             enc = encode_body(value)
             conn.send_now(got.type_name, enc.body, enc.frames)
+        elif codec == "native":
+            conn.send_now(got.type_name, pack(read(got.body, got.frames)), ())
         else:
             conn.send_now(got.type_name, got.body, got.frames)
     driver.close()
 
 
-#: With ``--pin``: the pinger on the first CPU, every echo on the second.
-PIN = False
+#: ``"apart"`` (``--pin``): the pinger on the first CPU, every echo on the second;
+#: ``"one"`` (``--one-cpu``): every process on the first CPU; ``None``: the scheduler's choice.
+PIN = None
 
 
 def pin(cpu: int) -> None:
-    """With ``--pin`` (and two CPUs or more), runs this process on one CPU: every echo on
-    the second, the pinger on the first, so that no style gains or loses by where the
-    scheduler put its process."""
+    """Places this process as ``--pin`` or ``--one-cpu`` ask: with ``--pin`` (and two CPUs
+    or more) every echo (``cpu`` 1) on the second CPU and the pinger (``cpu`` 0) on the
+    first, so that no style gains or loses by where the scheduler put its process; with
+    ``--one-cpu`` every process on the first."""
     cpus = sorted(os.sched_getaffinity(0))
-    if PIN and len(cpus) >= 2:
+    if PIN == "apart" and len(cpus) >= 2:
         os.sched_setaffinity(0, {cpus[cpu]})
+    elif PIN == "one":
+        os.sched_setaffinity(0, {cpus[0]})
 
 
 def fork_echo(channel: str, style: str):
@@ -116,7 +148,7 @@ def fork_echo(channel: str, style: str):
         if style == "add_reader":
             asyncio.run(echo_add_reader(b))
         else:
-            asyncio.run(echo_engine(b, codec=style == "engine"))
+            asyncio.run(echo_engine(b, codec=ENGINE_CODECS[style]))
         os._exit(0)
     b.close()
     return a, pid
@@ -130,7 +162,7 @@ async def measure(channel: str, n: int, rounds: int) -> dict:
     pin(0)
     driver = Driver(Engine("bench-pinger", SECRET))
     conns = {}
-    for style in ("engine", "engine, no codec"):
+    for style in ENGINE_CODECS:
         conns[style] = driver.adopt(echoes[style][0], "dialer", style)
         await conns[style].ready(10)
     from handoff import Node
@@ -141,6 +173,7 @@ async def measure(channel: str, n: int, rounds: int) -> dict:
         peers[style] = await nodes[style].connect(echoes[style][0], channel="tcp" if channel == "tcp" else None)
     data = os.urandom(MESSAGE_BYTES)
     raw = encode_body({"seq": 0, "data": data}).body
+    pack, read = native_codec()
 
     async def ping(style: str, k: int) -> None:
         if style == "add_reader":
@@ -159,6 +192,10 @@ async def measure(channel: str, n: int, rounds: int) -> dict:
                 conn.send_now(TYPE, enc.body, enc.frames)
                 got = await conn.recv(30)
                 decode_body(got.body, got.frames, got.type_name)
+            elif style == "engine, native codec":
+                conn.send_now(TYPE, pack({"seq": seq, "data": data}), ())
+                got = await conn.recv(30)
+                read(got.body, got.frames)
             else:
                 conn.send_now(TYPE, raw, ())
                 await conn.recv(30)
@@ -187,10 +224,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--round-trips", type=int, default=2000, help="per batch")
     parser.add_argument("--rounds", type=int, default=9, help="batches of each style, interleaved")
-    parser.add_argument("--pin", action="store_true", help="the pinger on one CPU, the echoes on another")
+    place = parser.add_mutually_exclusive_group()
+    place.add_argument("--pin", action="store_true", help="the pinger on one CPU, the echoes on another")
+    place.add_argument("--one-cpu", action="store_true", help="every process on the first CPU")
     args = parser.parse_args()
     global PIN
-    PIN = args.pin
+    PIN = "apart" if args.pin else "one" if args.one_cpu else None
     if args.round_trips < 1 or args.rounds < 1:
         parser.error("--round-trips and --rounds must be at least 1")
     print(
@@ -202,7 +241,7 @@ def main() -> int:
         floor = per_rt["add_reader"]
         for style in STYLES:
             times = per_rt[style]
-            line = f"{channel:4} {style:16} median {statistics.median(times) * 1e6:7.1f} µs  min {min(times) * 1e6:7.1f} µs"
+            line = f"{channel:4} {style:20} median {statistics.median(times) * 1e6:7.1f} µs  min {min(times) * 1e6:7.1f} µs"
             if style != "add_reader":
                 ratios = [t / f for t, f in zip(times, floor)]
                 line += (
