@@ -63,9 +63,6 @@ class _EngineBudget:
             env._received = None
             received.taken()
 
-    def wake(self) -> None:
-        pass
-
     @property
     def total(self) -> int:
         driver = self.node._driver

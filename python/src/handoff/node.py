@@ -85,14 +85,12 @@ def _implemented(cls: type, impl: type) -> type:
 _ENGINE_NODE: Optional[type] = None
 
 
-__all__ = ["Node", "DEFAULT_SHM_THRESHOLD", "HANDSHAKE_TIMEOUT", "STATS_MAX_PEERS"]
+__all__ = ["Node", "DEFAULT_SHM_THRESHOLD", "STATS_MAX_PEERS"]
 
 log = logging.getLogger("handoff")
 
 #: Buffers at least this large go to same-host peers as shared memory (as in the reference).
 DEFAULT_SHM_THRESHOLD = 64 * 1024
-#: The default time to complete a handshake (``Bounds.handshake_timeout``).
-HANDSHAKE_TIMEOUT = DEFAULT_BOUNDS.handshake_timeout
 _LISTEN_BACKLOG = 1024
 #: The most connections ``handoff.admin.Stats`` lists (spec Appendix A); ``peers_total`` counts all.
 STATS_MAX_PEERS = 4096

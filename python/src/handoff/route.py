@@ -78,8 +78,6 @@ __all__ = [
     "register",
     "unregister",
     "codec_for",
-    "codec_named",
-    "codecs",
     "on_register",
     "encode_value",
     "decode_value",
@@ -125,10 +123,6 @@ class Endpoint:
     lang: str = ""
     #: Capabilities the node announced (``inline``, ``shm``, ``ticket``).
     caps: tuple = ()
-
-    def has_cap(self, cap: str) -> bool:
-        """Whether the endpoint announced a capability."""
-        return cap in self.caps
 
     def to_dict(self) -> dict:
         """As ``comm.route`` of :mod:`handoff.dask` writes an endpoint."""
@@ -315,12 +309,6 @@ def unregister(type_or_name: Any) -> None:
             _by_name.pop(codec.name, None)
 
 
-def codecs() -> list:
-    """Every registered type's :class:`RouteCodec`."""
-    with _lock:
-        return list(_by_type.values())
-
-
 def on_register(listener: Callable[[RouteCodec], None]) -> None:
     """Calls ``listener(codec)`` for every type registered so far and every later one
     (how :mod:`handoff.dask.serialize` registers them with Dask)."""
@@ -344,11 +332,6 @@ def codec_for(obj: Any) -> Optional[RouteCodec]:
         if codec is not None:
             return codec
     return None
-
-
-def codec_named(name: str) -> Optional[RouteCodec]:
-    """The codec registered under ``name``, if any."""
-    return _by_name.get(name)
 
 
 # ------------------------------------------------------------------ same process: the object itself

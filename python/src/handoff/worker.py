@@ -65,30 +65,7 @@ from pathlib import Path
 
 from .bounds import Bounds
 from .data import FileDataset, dataset_key
-from .demo_server import (  # noqa: F401  (importable from here, as before the split)
-    BLOB,
-    BLOB_RECEIPT,
-    BLOB_WORK,
-    FORWARD,
-    HELD,
-    HOLD,
-    PAYLOAD,
-    PING,
-    RECEIPT,
-    RELEASE,
-    REPORT,
-    SEND_REQUEST,
-    STATS,
-    STATS_REQUEST,
-    TYPES,
-    Session,
-    Worker,
-    WorkerBounds,
-    blob_receipt,
-    fill_pattern,
-    make_payload,
-    read_blob_work,
-)
+from .demo_server import TYPES, Worker, WorkerBounds
 from .node import Node
 from .tls import TlsConfig
 
