@@ -91,6 +91,10 @@ pub struct Received {
     /// sender's lazy ones wait for use).
     #[pyo3(get)]
     eager_tickets: bool,
+    /// Whether it carries the sender's GPU memory (`cuda` frames, spec §7.10), which the
+    /// driver maps (or copies) before delivery.
+    #[pyo3(get)]
+    device_frames: bool,
     /// The bytes of those tickets (the room their redemption takes before it pulls them).
     eager_ticket_bytes: u64,
     /// Why its eager redemption failed (the message is delivered with the error).
@@ -1376,11 +1380,13 @@ impl Connection {
     fn on_event(&mut self, py: Python<'_>, event: Event) -> PyResult<Option<Py<PyAny>>> {
         Ok(match event {
             Event::Message(incoming) => {
+                let device_frames = incoming.frames.iter().any(|f| matches!(f, InFrame::Device(_)));
                 let mut frames = Vec::with_capacity(incoming.frames.len());
                 for frame in incoming.frames {
                     frames.push(self.frame(py, frame)?);
                 }
                 let received = Received {
+                    device_frames,
                     eager_tickets: incoming.eager_tickets,
                     eager_ticket_bytes: incoming.eager_ticket_bytes,
                     failure: None,

@@ -600,6 +600,8 @@ class EngineConnection:
         self.peername: object = None
         self._ended = False
         self._writing = False
+        #: The engine's last ``state()``, if applying it again would change nothing.
+        self._quiet: Optional[tuple] = None
         self._timer: Optional[asyncio.TimerHandle] = None
         self._recheck: Optional[asyncio.TimerHandle] = None
         #: A call of ``on_readable`` the loop makes without the socket's say-so: reading had
@@ -633,7 +635,16 @@ class EngineConnection:
     # -------------------------------------------------------------- the loop's callbacks
 
     def _on_readable(self) -> None:
-        self._run(self.conn.on_readable)
+        # (What _run does, in place: this runs once for every message read.)
+        if self._fd < 0:
+            return
+        try:
+            events = self.conn.on_readable()
+            if events:
+                self._handle(events)
+            self._after()
+        except Exception as e:  # noqa: BLE001 - whatever it is, it ends this connection only
+            self._broke(e)
 
     def _on_writable(self) -> None:
         self._run(self.conn.on_writable)
@@ -662,19 +673,31 @@ class EngineConnection:
                 self._handle(events)
             self._after()
         except Exception as e:  # noqa: BLE001 - whatever it is, it ends this connection only
-            if isinstance(e, OSError) and self.os_failure is None:
-                self.os_failure = e
-            elif not isinstance(e, OSError):
-                log.warning("closing the connection to %s: %r", self.label, e)
-            self._end(PeerClosed(f"{self.label}: {e}"))
-            self._stop_watching()
+            self._broke(e)
+
+    def _broke(self, e: Exception) -> None:
+        """A call into the engine (or what its events set off) raised: this connection ends."""
+        if isinstance(e, OSError) and self.os_failure is None:
+            self.os_failure = e
+        elif not isinstance(e, OSError):
+            log.warning("closing the connection to %s: %r", self.label, e)
+        self._end(PeerClosed(f"{self.label}: {e}"))
+        self._stop_watching()
 
     def _handle(self, events: list) -> None:
         for event in events:
             kind = event[0]
             if kind == "message":
                 received = event[1]
-                unmapped = _map_device_frames(received)
+                if not (self._redeeming or received.eager_tickets or received.device_frames):
+                    # Most messages: in order, at once.
+                    if self.on_message is not None:
+                        self.on_message(received)
+                    else:
+                        self._messages.append(received)
+                        self._wake()
+                    continue
+                unmapped = received.device_frames and _map_device_frames(received)
                 if self._redeeming or unmapped or (received.eager_tickets and self.driver.redemption == "eager"):
                     # Redeemed in a task of its own, so that this connection keeps reading
                     # the owners' answers; later messages wait behind it to keep their order.
@@ -736,7 +759,13 @@ class EngineConnection:
                 _, fut = self._written_waiters.popleft()
                 if not fut.done():
                     fut.set_result(None)
-        read, want, delay, recheck, done, resume = self.conn.state()
+        state = self.conn.state()
+        if state == self._quiet and not self._ended:
+            return  # (most calls: as last time, with nothing timed and nothing to resume)
+        # A state with no deadline, no recheck and no resume, once applied, needs nothing
+        # more while it stays the same.
+        self._quiet = state if state[2] is None and state[3] is None and not state[5] else None
+        read, want, delay, recheck, done, resume = state
         if self._ended and done:
             self._stop_watching()
             return
@@ -819,6 +848,7 @@ class EngineConnection:
             self._wake_release_waiters()
 
     def _stop_watching(self) -> None:
+        self._quiet = None
         if self._fd >= 0:
             if self._reading:
                 self.loop.remove_reader(self._fd)

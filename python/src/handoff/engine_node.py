@@ -58,7 +58,7 @@ class _EngineBudget:
         self.node = node
 
     def release_env(self, env: Envelope) -> None:
-        received = getattr(env, "_received", None)
+        received = env._received
         if received is not None:
             env._received = None
             received.taken()
@@ -130,11 +130,21 @@ class EngineNode(Node):
 
     # ------------------------------------------------------------------ life
 
+    async def recv(self, timeout: Optional[float] = None) -> Envelope:
+        """:meth:`Node.recv`: the message's room in the engine's receive budget goes back
+        as it is taken."""
+        env = await self._inbox.get(timeout)
+        received = env._received
+        if received is not None:
+            env._received = None
+            received.taken()
+        return env
+
     async def start(self) -> "EngineNode":
         if self._started:
             return self
         self.loop = asyncio.get_running_loop()
-        self._inbox = Inbox(self.bounds.message_overhead)
+        self._inbox = Inbox(self.bounds.message_overhead, self.loop)
         self._peers_changed = asyncio.Condition()
         socks = await self._bind()
         try:
@@ -494,7 +504,8 @@ class EnginePeer(Peer):
         return enc.body, frames
 
     async def send(self, type_name: str, body: Any, *, by_ticket: bool = False) -> None:
-        check_type_name(type_name)
+        if type(type_name) is not str:
+            check_type_name(type_name)
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
         packed = None if by_ticket else pack_plain(body, self.node.frame_threshold)
@@ -504,7 +515,7 @@ class EnginePeer(Peer):
             ec = self.ec
             try:
                 ec._send(type_name, packed, ())
-                if ec.conn.written < ec.conn.queued:
+                if ec._writing:  # (bytes of it still queued: the loop watches for room)
                     await ec.written()
             except PeerClosed:
                 self.closed = True
@@ -574,6 +585,9 @@ class EnginePeer(Peer):
             # Its eager redemption failed: the body raises why (as the Python peer's).
             env.error, env._decoded = received.failure, True
             received.failure = None
+        elif self.queue is None and env.type_name != pins.TYPE_UPDATE:
+            self.node._inbox.put(env)  # (what _deliver_now does with most messages, in place)
+            return
         try:
             self.node._deliver_now(env)
         except wire.WireError as e:

@@ -47,6 +47,10 @@ class Envelope:
     soon as no other view (a slice, a numpy array) remains.
     """
 
+    #: The engine's ``Received`` behind the envelope, until the application takes it (its
+    #: room in the receive budget goes back then); ``None`` elsewhere.
+    _received: Any = None
+
     def __init__(self, sender: Any, type_name: str, body: bytes, frames: list):
         self.sender = sender
         self.type_name = type_name

@@ -32,9 +32,11 @@ class Signal:
     only when it fires, not for every message (a timer that fires before a wait's own
     limit re-arms itself for the earliest limit still waiting)."""
 
-    __slots__ = ("_waiters", "_limits", "_timer")
+    __slots__ = ("_waiters", "_limits", "_timer", "loop")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+        #: The event loop its waits run in, if known when it is made (else looked up).
+        self.loop = loop
         self._waiters: list = []
         #: The waits with a time limit: future -> when it ends (the loop's clock).
         self._limits: dict = {}
@@ -49,7 +51,7 @@ class Signal:
 
     async def wait(self, timeout: Optional[float] = None) -> bool:
         """Waits for the next :meth:`set`: ``True``, or ``False`` after ``timeout`` seconds."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop or asyncio.get_running_loop()
         fut = loop.create_future()
         self._waiters.append(fut)
         if timeout is not None:
@@ -88,7 +90,7 @@ class Signal:
 
 async def wait_until(ready, signal: Signal, timeout: Optional[float]) -> None:
     """Waits until ``ready()`` (checked after each wake-up); ``asyncio.TimeoutError`` after ``timeout`` s."""
-    loop = asyncio.get_running_loop()
+    loop = signal.loop or asyncio.get_running_loop()
     if timeout is None:
         # (Signal.wait in place, without its timer: the common wait of a receiver.)
         waiters = signal._waiters
@@ -115,16 +117,16 @@ class Inbox:
 
     __slots__ = ("overhead", "_queues", "_arrived")
 
-    def __init__(self, overhead: int):
+    def __init__(self, overhead: int, loop: Optional[asyncio.AbstractEventLoop] = None):
         #: What a message without a charge weighs (the node's per-message overhead).
         self.overhead = max(1, overhead)
         #: Credit a connection gains per turn is about one small message.
         self._queues = native.required("the inbox").Inbox(2 * self.overhead)
-        self._arrived = Signal()
+        self._arrived = Signal(loop)
 
     def put(self, env: Any) -> None:
         """Adds a message behind the others of its connection."""
-        self._queues.push(id(env.sender), getattr(env, "charge", 0) or self.overhead, env)
+        self._queues.push(id(env.sender), env.charge or self.overhead, env)
         self._arrived.set()
 
     def closed(self, sender: Any) -> None:

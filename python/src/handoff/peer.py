@@ -83,8 +83,11 @@ class Peer:
     @property
     def inbound_route(self) -> Route:
         """The route of what the peer sends to this node."""
-        self.route
-        return self._routes[1]
+        routes = self._routes
+        if routes is None:
+            self.route
+            routes = self._routes
+        return routes[1]
 
     def _warn(self, fmt: str, *args: Any) -> None:
         """A warning about this peer, rate-limited per peer (§9.1)."""
