@@ -571,9 +571,10 @@ class EnginePeer(Peer):
             ec._tell_end()
 
     def _on_message(self, received: Any) -> None:
-        body = memoryview(received.body)
-        if received.frames:
-            frames = [self._frame(f) for f in received.frames]
+        body = received.body  # (the engine's buffer: decoded where it lies)
+        frames = received.frames
+        if frames:
+            frames = [self._frame(f) for f in frames]
             weight = sum(len(f.view) for f in frames if f.kind != "ticket")
         else:
             frames, weight = [], 0
