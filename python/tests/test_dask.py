@@ -125,6 +125,48 @@ def test_a_message_is_cut_into_parts_within_the_receivers_limits():
     assert [len(p["f"]) for p in plan.parts] == [64, 6]
 
 
+def _plan_as_data(plan) -> tuple:
+    """A plan as plain data: each entry's kind, the type it wraps and its bytes."""
+
+    def entry(e):
+        if isinstance(e, dask_frames.Bin):
+            return ("bin", type(e).__name__, bytes(e))
+        if isinstance(e, dask_frames.Buffer):
+            view = memoryview(e.data)
+            return ("frame", type(e.data).__name__, view.format, view.ndim, bytes(view))
+        return ("other", repr(e))
+
+    return [([entry(e) for e in p["f"]], p.get("more")) for p in plan.parts], plan.nbytes, plan.inline
+
+
+def test_the_one_pass_plan_of_most_messages_is_the_walks_plan(monkeypatch):
+    """plan_message plans most messages in one pass (_one_part); where it does, its plan is
+    the one the general walk makes, and it leaves the rest (GPU memory, consecutive large
+    frames that may be shards of one buffer, bytearrays, strided views) to the walk."""
+    big = np.arange(300_000)
+    messages = {
+        "an 8-byte array": [b"h", b"sub", memoryview(np.zeros(1))],
+        "a 64 KiB array": [b"h", b"sub", memoryview(np.ones(8192))],
+        "bins at the edge": [b"", memoryview(b""), b"x" * 1023, b"y" * 1024, b"s", memoryview(b"z" * 1025)],
+        "a 2-D array": [b"h", memoryview(np.arange(600).reshape(20, 30))],
+        "large, small, large": [memoryview(big)[:100_000], b"s", memoryview(big)[100_000:200_000]],
+        "two large in a row": [memoryview(big)[:100_000], memoryview(big)[100_000:200_000]],
+        "a bytearray": [b"h", memoryview(bytearray(3000)), bytearray(2000)],
+        "a strided view": [memoryview(np.arange(10_000))[::2]],
+    }
+    fast_ones = set()
+    for shm_threshold in (None, 1024, 1 << 20):
+        for name, frames in messages.items():
+            fast = dask_frames._one_part(frames, shm_threshold, dask_frames.DEFAULT_LIMITS)
+            with monkeypatch.context() as m:
+                m.setattr(dask_frames, "_one_part", lambda *a: None)
+                walked = plan_message(frames, shm_threshold=shm_threshold)
+            if fast is not None:
+                fast_ones.add(name)
+                assert _plan_as_data(fast) == _plan_as_data(walked), name
+    assert fast_ones == {"an 8-byte array", "a 64 KiB array", "bins at the edge", "a 2-D array", "large, small, large"}
+
+
 @pytest.mark.parametrize(
     "body",
     [

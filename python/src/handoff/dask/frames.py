@@ -223,6 +223,9 @@ def plan_message(
         raise FramesError(
             f"a Dask message of {len(frames)} frames: a receiver takes at most {MAX_DASK_FRAMES} in one message"
         )
+    plan = _one_part(frames, shm_threshold, limits)
+    if plan is not None:
+        return plan
     max_frame = limits.max_frame_bytes
     max_frames = limits.max_frames
     max_bytes = limits.max_message_bytes
@@ -253,6 +256,46 @@ def plan_message(
         n_body += body + 2
     parts.append({"f": entries})
     return Plan(parts, total, not out_of_band)
+
+
+def _one_part(frames: Sequence[Any], shm_threshold: Optional[int], limits: Limits) -> Optional[Plan]:
+    """:func:`plan_message`'s plan in one pass, for most messages: host frames (bytes, or
+    C-contiguous memoryviews) that fit one part, with no two large frames in a row (which
+    may be shards of one buffer, joined by the general walk). ``None``: walk."""
+    entries: list = []
+    total = body = n_large = n_shm = large_bytes = 0
+    after_large = False
+    for f in frames:
+        if type(f) is bytes:
+            n = len(f)
+        elif type(f) is memoryview and f.c_contiguous:
+            n = f.nbytes
+            if n and (f.format != "B" or f.ndim != 1):
+                f = f.cast("B")
+        else:
+            return None  # (bytearray, GPU memory, other buffers: as the walk makes them)
+        total += n
+        if n < SMALL:
+            entries.append(Bin(f if type(f) is bytes else f.tobytes()))
+            body += n + 10
+            after_large = False
+            continue
+        if after_large or n > limits.max_frame_bytes:
+            return None
+        entries.append(Buffer(f if type(f) is memoryview else memoryview(f)))
+        body += 2
+        n_large += 1
+        large_bytes += n
+        n_shm += shm_threshold is not None and n >= shm_threshold
+        after_large = True
+    if (
+        n_large > limits.max_frames
+        or n_shm > _MAX_SHM_PER_PART
+        or large_bytes > limits.max_message_bytes
+        or body > _MAX_BODY_PER_PART
+    ):
+        return None
+    return Plan([{"f": entries}], total, n_large == 0)
 
 
 def host_nbytes(frame: Any) -> int:
