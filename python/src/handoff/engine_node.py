@@ -515,7 +515,7 @@ class EnginePeer(Peer):
             ec = self.ec
             try:
                 ec._send(type_name, packed, ())
-                if ec._writing:  # (bytes of it still queued: the loop watches for room)
+                if ec._writing or ec._ended:  # (bytes of it still queued, or lost)
                     await ec.written()
             except PeerClosed:
                 self.closed = True

@@ -40,7 +40,7 @@ from ..cuda import shares_device_memory
 from ..route import Route
 from ..wire import packer
 from .failures import comm_closed
-from .frames import FRAME_COST, TYPE_FRAMES, FramesError, Join, host_nbytes, plan_message, unpack_part
+from .frames import FRAME_COST, TYPE_FRAMES, FramesError, host_bytes, plan_message, unpack_part
 from .serialize import FAMILY
 
 __all__ = ["HandoffComm", "endpoint_of_peer", "local_endpoint", "counters"]
@@ -264,7 +264,7 @@ class HandoffComm(Comm):
                     raise FramesError(f"expected a {TYPE_FRAMES} message, got {env.type_name!r}")
                 seen, joined = len(frames), len(joins)
                 more = unpack_part(env.body, frames, joins)
-                total += sum(host_nbytes(f) for f in frames[seen:] if type(f) is not Join)
+                total += host_bytes(frames, seen)
                 total += sum(frames[i].nbytes for i in joins[joined:])
                 # (Each frame's own cost to this process counts too: an empty one is not free.)
                 if total + FRAME_COST * len(frames) > MAX_MESSAGE_BYTES:

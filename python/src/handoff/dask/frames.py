@@ -59,6 +59,7 @@ __all__ = [
     "plan_message",
     "unpack_part",
     "host_nbytes",
+    "host_bytes",
     "FramesError",
     "SMALL",
     "Join",
@@ -296,6 +297,20 @@ def _one_part(frames: Sequence[Any], shm_threshold: Optional[int], limits: Limit
     ):
         return None
     return Plan([{"f": entries}], total, n_large == 0)
+
+
+def host_bytes(frames: list, start: int = 0) -> int:
+    """The host memory ``frames[start:]`` take (a :class:`Join` not yet run counts none)."""
+    total = 0
+    for f in frames[start:]:
+        t = type(f)
+        if t is memoryview:
+            total += f.nbytes
+        elif t is bytes:
+            total += len(f)
+        elif t is not Join:
+            total += host_nbytes(f)
+    return total
 
 
 def host_nbytes(frame: Any) -> int:
