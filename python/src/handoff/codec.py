@@ -117,13 +117,11 @@ def _plain_native(frame_threshold: Any) -> bool:
     )
 
 
-def pack_plain(value: Any, frame_threshold: int = DEFAULT_FRAME_THRESHOLD) -> Optional[bytes]:
-    """``value``'s msgpack if the extension packs it whole (plain types only, no frame):
-    what :func:`encode_body` gives as its body then; ``None`` otherwise (encode it with
-    :func:`encode_body`)."""
-    if _plain_native(frame_threshold):
-        return _PLAIN.pack(value, frame_threshold)
-    return None
+def pack_framed(value: Any, frame_threshold: int = DEFAULT_FRAME_THRESHOLD) -> Optional[EncodedBody]:
+    """:func:`encode_body`'s result, from the extension in one call, for a value that is
+    plain but for frames (bytes over the threshold, :class:`Buffer`) or plain with none;
+    ``None`` otherwise (encode it with :func:`encode_body`)."""
+    return _framed_native(value, frame_threshold) if _plain_native(frame_threshold) else None
 
 
 def _framed_native(value: Any, frame_threshold: int) -> Optional[EncodedBody]:
@@ -133,6 +131,8 @@ def _framed_native(value: Any, frame_threshold: int) -> Optional[EncodedBody]:
     if got is None:
         return None
     body, sources = got
+    if not sources:
+        return EncodedBody(body, [], sources)
     frames: list = []
     for source in sources:
         try:

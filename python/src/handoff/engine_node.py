@@ -24,7 +24,7 @@ from . import engine as eng
 from . import pins, wire
 from .addresses import strip_scheme
 from .bounds import DEFAULT_BOUNDS
-from .codec import OnDemand, encode_body, pack_plain
+from .codec import EncodedBody, OnDemand, encode_body, pack_framed
 from .cuda import is_cuda_array
 from .cuda import status as cuda_status
 from .envelope import Envelope, ReceivedFrame
@@ -483,8 +483,11 @@ class EnginePeer(Peer):
 
     # ------------------------------------------------------------------ sending
 
-    def _encode(self, body: Any) -> tuple:
-        enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
+    def _encode(self, body: Any, enc: Optional[EncodedBody] = None) -> tuple:
+        """``body``'s msgpack and its frames as the engine sends them (``enc``: what the
+        extension made of it already, if it could)."""
+        if enc is None:
+            enc = encode_body(body, self.node.frame_threshold, is_frame=_is_node_frame, route=self.route)
         frames = list(enc.frames)
         for i, source in enumerate(enc.sources):
             if isinstance(source, (SharedFrame, PooledFrame)):
@@ -508,20 +511,21 @@ class EnginePeer(Peer):
             check_type_name(type_name)
         if self.closed:
             raise PeerClosed(f"the connection to {self.name} is closed")
-        packed = None if by_ticket else pack_plain(body, self.node.frame_threshold)
-        if packed is not None:
+        # One call into the extension for most bodies: plain values, with or without frames.
+        enc = pack_framed(body, self.node.frame_threshold)
+        if enc is not None and not enc.frames and not by_ticket:
             # Most small messages: plain values, no frame, so nothing to wait for but the
             # socket (the same as below, in fewer steps).
             ec = self.ec
             try:
-                ec._send(type_name, packed, ())
+                ec._send(type_name, enc.body, ())
                 if ec._writing or ec._ended:  # (bytes of it still queued, or lost)
                     await ec.written()
             except PeerClosed:
                 self.closed = True
                 raise
             return
-        packed, frames = self._encode(body)
+        packed, frames = self._encode(body, enc)
         try:
             await self.ec.send(type_name, packed, frames, by_ticket=by_ticket, timeout=self.node.bounds.lease_wait)
         except PeerClosed:
