@@ -740,6 +740,25 @@ async def test_python_sends_tickets_to_rust_and_the_leases_end(spawn_rust):
         driver.close()
 
 
+async def test_a_send_that_fails_part_way_ends_the_leases_it_issued():
+    """A message whose second frame finds no room in the lease table is not sent, and the
+    lease its first frame took ends with it (as the tokio driver's send does): a failed
+    send leaves no lease alive until its deadline, for the peer or anyone."""
+    a, b, ab, ba, listener = await _pair(a_kw={"ticket_threshold": 1024, "max_lease_bytes": 3 * 1024})
+    try:
+        frame = bytes(2 * 1024)
+        with pytest.raises(CapReached, match="ticket leases"):
+            ab.send_now("t.T", *encoded({"one": frame, "two": frame}))
+        assert a.engine.ticket_leases == (0, 0), "the first frame's lease was withdrawn"
+        # The table has room again: one such frame goes, as a ticket.
+        ab.send_now("t.T", *encoded({"one": frame}))
+        assert a.engine.ticket_leases[0] == 1
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
 async def test_python_tickets_forwarded_to_a_third_node_and_refused_when_expired():
     owner = Driver(engine("py-t-owner", host_id="h-owner", capabilities=["inline", "ticket"], lease_ttl=1.0))
     holder = Driver(engine("py-t-holder", host_id="h-holder", capabilities=["inline", "ticket"]))

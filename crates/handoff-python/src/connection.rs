@@ -30,7 +30,9 @@ use handoff_proto::budget::{Account, Permit};
 use handoff_proto::established::{Established, Refused, Step};
 use handoff_proto::handshake::{error_header, Failure, Handshake, Status, DRAIN_BYTES, DRAIN_TIME};
 use handoff_proto::inbound::{Digest, Event, Frame as InFrame};
-use handoff_proto::outbound::{inline_routes, message_head, stream_parts, Planned, Routed, Router, ShmRouting};
+use handoff_proto::outbound::{
+    inline_routes, issued_leases, message_head, stream_parts, Planned, Routed, Router, ShmRouting,
+};
 use handoff_proto::receive::{self, Asked};
 use handoff_proto::send_policy::{self, issued_claim, FramePlan, TicketPolicy};
 use handoff_proto::shm::buffers::Held;
@@ -567,18 +569,7 @@ impl Connection {
         let Some(planned) = self.plan(py, frames, by_ticket)? else {
             return Ok(Some("ticket-leases"));
         };
-        let issued: Vec<TicketClaim> = planned
-            .iter()
-            .filter_map(|p| match p {
-                Planned::Ticket(c) if c.owner == self.shared.me.node_id => Some(c.clone()),
-                Planned::Device(c) => Some(TicketClaim {
-                    lease: c.lease,
-                    token: c.token.clone(),
-                    ..device_lease_stub()
-                }),
-                _ => None,
-            })
-            .collect();
+        let issued = issued_leases(&planned, &self.shared.me.node_id);
         let (routed, leased) = if self.shm_routing.is_some() {
             match self.route_shared(py, planned) {
                 Ok(Some(routed)) => routed,
@@ -913,12 +904,13 @@ impl Connection {
         let policy = self.policy(&receiver, by_ticket);
         let shared = self.shared.clone();
         let mut planned = Vec::with_capacity(frames.len());
-        let mut issued = Vec::new();
+        // (What it issued before a failure is withdrawn: `issued_leases` of `planned`.)
+        let me = shared.me.node_id.clone();
         for frame in frames {
             let bytes = match frame {
                 Outbound::Ticket(claim, holder) => {
                     if holder != receiver.node_id {
-                        self.withdraw(&issued);
+                        self.withdraw(&issued_leases(&planned, &me));
                         return Err(PyValueError::new_err(format!(
                             "a ticket made for node {holder} cannot go to {}: forward it to the receiver first \
                              (Connection.plan_held, request_forward)",
@@ -946,14 +938,9 @@ impl Connection {
                         .leases
                         .try_issue_device(device::leased(source), &receiver.node_id)
                     else {
-                        self.withdraw(&issued);
+                        self.withdraw(&issued_leases(&planned, &me));
                         return Ok(None);
                     };
-                    issued.push(TicketClaim {
-                        lease,
-                        token: token.to_vec(),
-                        ..device_lease_stub()
-                    });
                     planned.push(Planned::Device(send_policy::device_claim(
                         lease,
                         token,
@@ -976,12 +963,11 @@ impl Connection {
                         leases.try_issue(&buffer, digest, &receiver.node_id)
                     });
                     let Ok(lease) = tried else {
-                        self.withdraw(&issued);
+                        self.withdraw(&issued_leases(&planned, &me));
                         return Ok(None);
                     };
                     let ttl = shared.leases.config.ttl;
-                    let claim = issued_claim(&lease, len as u64, &shared.me.node_id, shared.listen.clone(), ttl, lazy);
-                    issued.push(claim.clone());
+                    let claim = issued_claim(&lease, len as u64, &me, shared.listen.clone(), ttl, lazy);
                     planned.push(Planned::Ticket(claim));
                 }
                 _ => planned.push(Planned::Bytes(buffer)),
@@ -990,17 +976,11 @@ impl Connection {
         Ok(Some(planned))
     }
 
-    /// Ends the leases issued for a message that was not sent after all (a device lease's
-    /// only by its lease and token: see [`device_lease_stub`]).
-    fn withdraw(&self, issued: &[TicketClaim]) {
-        let Some(peer) = &self.peer else {
-            return;
-        };
-        for claim in issued {
-            let _ = self
-                .shared
-                .leases
-                .unlease(claim.lease, &peer.ident.node_id, &claim.token);
+    /// Ends the leases issued for a message that was not sent after all
+    /// ([`issued_leases`]).
+    fn withdraw(&self, issued: &[(u64, Vec<u8>)]) {
+        if let Some(peer) = &self.peer {
+            self.shared.leases.withdraw(issued, &peer.ident.node_id);
         }
     }
 
@@ -1596,18 +1576,4 @@ fn error_event(py: Python<'_>, code: &str, message: &str, by_peer: bool) -> PyRe
         .into_pyobject(py)?
         .into_any()
         .unbind())
-}
-
-/// The fields of a withdrawn device lease that [`Connection::withdraw`] does not read.
-fn device_lease_stub() -> TicketClaim {
-    TicketClaim {
-        len: 0,
-        owner: String::new(),
-        addr: None,
-        lease: 0,
-        token: Vec::new(),
-        digest: handoff_wire::TicketDigest::Blake3([0; 32]),
-        ttl_ms: 0,
-        lazy: false,
-    }
 }
