@@ -71,8 +71,10 @@ pub trait HashBehind: Send {
     /// event's bytes live: a driver that keeps their address must be done with it (or
     /// drop the hasher) before it drops those bytes.
     fn arrived(&mut self, bytes: &[u8]);
-    /// The driver's own type again, to wait for the digest its way.
-    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any + Send>;
+    /// Waits until every byte handed over is hashed: the digest, or `None` if the hasher
+    /// failed. It blocks (a helper is at most a few runs behind the last byte), so a driver
+    /// calls it off its event loop, or with the interpreter let go.
+    fn finish(self: Box<Self>) -> Option<[u8; 32]>;
 }
 
 /// A driver's maker of [`HashBehind`]s: `None` when it has none to give (the engine then

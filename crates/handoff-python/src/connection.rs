@@ -1233,9 +1233,7 @@ impl Connection {
                                 Digest::None => None,
                                 // The helper is at most a few runs behind the last byte; the
                                 // wait for it lets go of the interpreter.
-                                Digest::Behind(behind) => {
-                                    HashThread::of(behind).and_then(|thread| py.detach(move || thread.finish()))
-                                }
+                                Digest::Behind(behind) => py.detach(move || behind.finish()),
                             };
                             let frame = Py::new(py, Frame::new(bytes, "pulled"))?;
                             let digest = digest.map(|d| pyo3::types::PyBytes::new(py, &d).unbind());

@@ -5,7 +5,6 @@
 //! engine hands the helper each run of bytes as it lands, the reading thread goes straight
 //! back to the socket, and the hash is (almost) done when the last byte lands.
 
-use std::any::Any;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
@@ -40,19 +39,6 @@ impl HashThread {
             thread: Some(thread),
         }))
     }
-
-    /// The helper behind `behind`, if it is one of these.
-    pub fn of(behind: Box<dyn HashBehind>) -> Option<HashThread> {
-        behind.into_any().downcast::<HashThread>().ok().map(|t| *t)
-    }
-
-    /// Waits for every run to be hashed (blocking: the helper is at most a few runs
-    /// behind): the digest, or `None` if the thread died.
-    pub fn finish(mut self) -> Option<[u8; 32]> {
-        self.ranges.take();
-        let hasher = self.thread.take()?.join().ok()?;
-        Some(*hasher.finalize().as_bytes())
-    }
 }
 
 impl HashBehind for HashThread {
@@ -62,8 +48,12 @@ impl HashBehind for HashThread {
         }
     }
 
-    fn into_any(self: Box<Self>) -> Box<dyn Any + Send> {
-        self
+    /// Waits for every run to be hashed: the digest, or `None` if the thread died.
+    fn finish(self: Box<Self>) -> Option<[u8; 32]> {
+        let mut this = *self;
+        this.ranges.take();
+        let hasher = this.thread.take()?.join().ok()?;
+        Some(*hasher.finalize().as_bytes())
     }
 }
 
@@ -89,7 +79,7 @@ mod tests {
         for run in data.chunks(65_536) {
             behind.arrived(run);
         }
-        let digest = HashThread::of(behind).expect("ours").finish();
+        let digest = behind.finish();
         assert_eq!(digest, Some(*blake3::hash(&data).as_bytes()));
     }
 }

@@ -244,9 +244,8 @@ async fn read_messages(
 /// `bytes` are the bytes it reads: they stay alive until it stopped, even if this wait is
 /// cancelled (the connection's reader stopped).
 async fn finish_hash(behind: Box<dyn handoff_proto::inbound::HashBehind>, bytes: Bytes) -> Option<[u8; 32]> {
-    let thread = HashThread::of(behind).expect("this driver's only hasher");
     tokio::task::spawn_blocking(move || {
-        let digest = thread.finish();
+        let digest = behind.finish();
         drop(bytes);
         digest
     })
