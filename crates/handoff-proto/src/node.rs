@@ -104,6 +104,28 @@ impl NodeCore {
         }
     }
 
+    /// A claim this node received is held from now on: counted until its hold ends, so
+    /// that a connection dialed to its owner is kept meanwhile (spec §9.1).
+    pub fn hold(&self, claim: &handoff_wire::TicketClaim) {
+        self.dials().held(claim.owner.clone());
+    }
+
+    /// The hold on `claim` ended here (its last handle was dropped): its owner's connection
+    /// may be let go, and the owner is owed an `unlease`; whether one was queued in
+    /// [`ended_holds`](Self::ended_holds) for the driver to send (at most
+    /// `ended_holds::MAX_ENDED_HOLDS`: past them, the hold ends by its deadline).
+    pub fn end_hold(&self, claim: &handoff_wire::TicketClaim) -> bool {
+        self.dials().let_go(&claim.owner);
+        self.ended_holds.push(claim)
+    }
+
+    /// The kept owner connections (a panic elsewhere while they were held leaves them usable).
+    pub fn dials(&self) -> std::sync::MutexGuard<'_, crate::dialing::OwnerDials<String>> {
+        self.owner_dials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The id of the node's next ticket request.
     pub fn next_request(&self) -> u64 {
         self.next_request.fetch_add(1, Ordering::Relaxed)

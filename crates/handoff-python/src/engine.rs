@@ -395,16 +395,6 @@ pub struct Engine {
     pub(crate) shared: Arc<Shared>,
 }
 
-impl Engine {
-    /// The connections this node dialed to reach ticket owners.
-    fn dials(&self) -> std::sync::MutexGuard<'_, handoff_proto::dialing::OwnerDials<String>> {
-        self.shared
-            .owner_dials
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
 #[pymethods]
 impl Engine {
     /// A node named `name` holding the cluster `secret`; `host_id` defaults to this host's
@@ -687,7 +677,8 @@ impl Engine {
         connected: std::collections::HashSet<String>,
         busy: std::collections::HashSet<String>,
     ) -> PyResult<Option<String>> {
-        self.dials()
+        self.shared
+            .dials()
             .make_room(Instant::now(), |id| connected.contains(id), |id| busy.contains(id))
             .map_err(PyValueError::new_err)
     }
@@ -695,22 +686,22 @@ impl Engine {
     /// The dial `owner_make_room` reserved for reached the owner `node_id`: kept, as the
     /// most recently used.
     fn owner_dialed(&self, node_id: String) {
-        self.dials().dialed(node_id, Instant::now());
+        self.shared.dials().dialed(node_id, Instant::now());
     }
 
     /// The dial `owner_make_room` reserved for failed.
     fn owner_gave_up(&self) {
-        self.dials().gave_up();
+        self.shared.dials().gave_up();
     }
 
     /// A request goes to the owner `node_id` on a connection we have.
     fn owner_used(&self, node_id: String) {
-        self.dials().used(&node_id, Instant::now());
+        self.shared.dials().used(&node_id, Instant::now());
     }
 
     /// This node's last connection to `node_id` closed.
     fn owner_ended(&self, node_id: String) {
-        self.dials().ended(&node_id);
+        self.shared.dials().ended(&node_id);
     }
 
     /// The bounds of spec §9.1 this node keeps that its driver applies: `max_handshakes`,

@@ -34,11 +34,7 @@ impl Ticket {
     pub(crate) fn held(claim: TicketClaim, shared: &Arc<Shared>) -> Ticket {
         // Counted until it ends, so that the connection to its owner is kept meanwhile
         // (spec §9.1).
-        shared
-            .owner_dials
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .held(claim.owner.clone());
+        shared.hold(&claim);
         Ticket {
             holder: shared.me.node_id.clone(),
             claim,
@@ -65,13 +61,8 @@ impl Ticket {
         let Some(shared) = self.ours.as_ref().and_then(Weak::upgrade) else {
             return;
         };
-        shared
-            .owner_dials
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .let_go(&self.claim.owner);
         // Bounded: past so many unsent, a hold ends by its ttl at the owner instead.
-        if shared.ended_holds.push(&self.claim) {
+        if shared.end_hold(&self.claim) {
             shared.wake.signal();
         }
     }

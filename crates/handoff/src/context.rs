@@ -88,9 +88,10 @@ impl Context {
         self.connections.load(Ordering::Acquire)
     }
 
-    /// Owes the owner of a hold whose last handle was dropped its `unlease`.
+    /// The hold on `claim` ended here (its last handle was dropped): its owner is owed an
+    /// `unlease`, which the unlease task sends.
     pub(crate) fn ticket_released(&self, claim: &TicketClaim) {
-        if self.ended_holds.push(claim) {
+        if self.end_hold(claim) {
             self.unleases_owed.notify_one();
         }
     }

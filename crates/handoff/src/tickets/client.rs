@@ -23,10 +23,7 @@ struct Reserved<'a>(Option<&'a Context>);
 impl Reserved<'_> {
     fn dialed(&mut self, owner: String) {
         if let Some(ctx) = self.0.take() {
-            ctx.owner_dials
-                .lock()
-                .expect("owner dials lock")
-                .dialed(owner, Instant::now());
+            ctx.dials().dialed(owner, Instant::now());
         }
     }
 }
@@ -34,7 +31,7 @@ impl Reserved<'_> {
 impl Drop for Reserved<'_> {
     fn drop(&mut self) {
         if let Some(ctx) = self.0.take() {
-            ctx.owner_dials.lock().expect("owner dials lock").gave_up();
+            ctx.dials().gave_up();
         }
     }
 }
@@ -96,12 +93,7 @@ impl NodeInner {
         // outstanding and none of its tickets held, makes room.
         let alive = |id: &String| self.peer_by_id(id).is_some();
         let busy = |id: &String| self.peer_by_id(id).is_some_and(|p| p.has_requests());
-        let make_room = self
-            .ctx
-            .owner_dials
-            .lock()
-            .expect("owner dials lock")
-            .make_room(Instant::now(), alive, busy);
+        let make_room = self.ctx.dials().make_room(Instant::now(), alive, busy);
         let idle = make_room.map_err(|why| lost(claim, owner, why))?;
         // From here on the place is reserved: given up unless the dial reaches the owner,
         // however this ends (an error, or the caller dropping this future).
@@ -140,11 +132,7 @@ impl NodeInner {
     /// out on it (it is used, if it is one we dialed to reach an owner).
     fn connected_owner(&self, owner: &str) -> Option<Peer> {
         let peer = self.peer_by_id(owner)?;
-        self.ctx
-            .owner_dials
-            .lock()
-            .expect("owner dials lock")
-            .used(&owner.to_string(), Instant::now());
+        self.ctx.dials().used(&owner.to_string(), Instant::now());
         Some(peer)
     }
 

@@ -28,10 +28,7 @@ impl TicketHandle {
         node: Weak<dyn LocalNode>,
         owner_label: String,
     ) -> TicketHandle {
-        ctx.owner_dials
-            .lock()
-            .expect("owner dials lock")
-            .held(claim.owner.clone());
+        ctx.hold(&claim);
         TicketHandle {
             claim,
             node,
@@ -43,12 +40,7 @@ impl TicketHandle {
 impl Drop for TicketHandle {
     fn drop(&mut self) {
         if let Some(node) = self.node.upgrade() {
-            let ctx = node.context();
-            ctx.owner_dials
-                .lock()
-                .expect("owner dials lock")
-                .let_go(&self.claim.owner);
-            ctx.ticket_released(&self.claim);
+            node.context().ticket_released(&self.claim);
         }
     }
 }
