@@ -33,6 +33,16 @@ pub struct Driver {
     pub(crate) emulator: Option<Emulator>,
 }
 
+/// A host copy of `len` bytes of this process's device memory at `ptr`, after the work
+/// queued on its device. It blocks for as long as the bus takes. The error says whether the
+/// driver could not be used or the copy failed.
+pub fn host_copy(ptr: u64, len: usize) -> Result<Vec<u8>, String> {
+    let d = driver().map_err(|e| e.to_string())?;
+    let mut out = vec![0u8; len];
+    d.copy_to_host(ptr, &mut out).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
 /// The driver, loaded and initialised once per process; or why it cannot be used.
 ///
 /// `HANDOFF_CUDA=0` turns it off. A process forked after the driver was initialised

@@ -23,7 +23,7 @@ mod errors;
 mod ipc;
 mod memory;
 
-pub use driver::{driver, Driver};
+pub use driver::{driver, host_copy, Driver};
 pub use errors::{CudaError, DeviceId, Unavailable};
 pub use ipc::{Exported, OpenError, Opened, IPC_HANDLE_BYTES};
 pub use memory::DeviceAlloc;

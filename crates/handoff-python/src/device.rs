@@ -11,7 +11,7 @@
 
 use std::sync::Arc;
 
-use handoff_cuda::{driver, DeviceAlloc, Opened};
+use handoff_cuda::{driver, host_copy, DeviceAlloc, Opened};
 use handoff_proto::ticket_leases::DeviceBytes;
 use handoff_wire::Buffer;
 use pyo3::exceptions::{PyOSError, PyValueError};
@@ -176,12 +176,9 @@ impl DeviceSource {
 
     /// A host copy of its bytes, made with the GIL released.
     pub(crate) fn to_host(&self, py: Python<'_>) -> PyResult<Vec<u8>> {
-        let d = driver().map_err(|e| PyOSError::new_err(e.to_string()))?;
-        let mut out = vec![0u8; self.len as usize];
-        let ptr = self.ptr;
-        py.detach(|| d.copy_to_host(ptr, &mut out))
-            .map_err(|e| PyOSError::new_err(format!("cannot copy a CUDA array to the host: {e}")))?;
-        Ok(out)
+        let (ptr, len) = (self.ptr, self.len as usize);
+        py.detach(|| host_copy(ptr, len))
+            .map_err(|e| PyOSError::new_err(format!("cannot copy a CUDA array to the host: {e}")))
     }
 }
 
@@ -191,10 +188,7 @@ impl DeviceBytes for DeviceSource {
     }
 
     fn copy_out(&self, offset: u64, len: u64) -> Result<Buffer, String> {
-        let d = driver().map_err(|e| e.to_string())?;
-        let mut out = vec![0u8; len as usize];
-        d.copy_to_host(self.ptr + offset, &mut out).map_err(|e| e.to_string())?;
-        Ok(Buffer::from(out))
+        Ok(Buffer::from(host_copy(self.ptr + offset, len as usize)?))
     }
 }
 
@@ -274,11 +268,8 @@ impl DeviceFrame {
 
     /// A host copy of its bytes.
     fn to_host<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let d = driver().map_err(|e| PyOSError::new_err(e.to_string()))?;
-        let mut out = vec![0u8; self.len() as usize];
-        let ptr = self.ptr();
-        py.detach(|| d.copy_to_host(ptr, &mut out))
-            .map_err(|e| PyOSError::new_err(e.to_string()))?;
+        let (ptr, len) = (self.ptr(), self.len() as usize);
+        let out = py.detach(|| host_copy(ptr, len)).map_err(PyOSError::new_err)?;
         Ok(PyBytes::new(py, &out))
     }
 

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use handoff_cuda::{driver, DeviceAlloc, Opened};
+use handoff_cuda::{driver, host_copy, DeviceAlloc, Opened};
 use handoff_proto::ticket_leases::DeviceBytes;
 use handoff_wire::{Buffer, DeviceClaim};
 
@@ -128,10 +128,7 @@ impl DeviceBuffer {
             return Ticket(hold.clone()).read(0..hold.claim.len).await;
         }
         let ptr = self.ptr().expect("on a device here");
-        let mut out = vec![0u8; self.len() as usize];
-        let d = driver().map_err(|e| unavailable("copying from a GPU", e))?;
-        d.copy_to_host(ptr, &mut out)
-            .map_err(|e| unavailable("copying from a GPU", e))?;
+        let out = host_copy(ptr, self.len() as usize).map_err(|e| unavailable("copying from a GPU", e))?;
         Ok(Bytes::from(out))
     }
 
@@ -172,10 +169,7 @@ impl DeviceBytes for Leased {
 
     fn copy_out(&self, offset: u64, len: u64) -> std::result::Result<Buffer, String> {
         let ptr = self.0.ptr().ok_or("not on a device here")?;
-        let d = driver().map_err(|e| e.to_string())?;
-        let mut out = vec![0u8; len as usize];
-        d.copy_to_host(ptr + offset, &mut out).map_err(|e| e.to_string())?;
-        Ok(Buffer::from(out))
+        Ok(Buffer::from(host_copy(ptr + offset, len as usize)?))
     }
 }
 
