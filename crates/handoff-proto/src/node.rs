@@ -119,6 +119,14 @@ impl NodeCore {
         self.ended_holds.push(claim)
     }
 
+    /// This node's last connection to node `node_id` ended: a kept connection to it (as a
+    /// ticket owner) is no longer kept, and every hold it had on our leases ends (§7.7).
+    /// Returns how many holds ended.
+    pub fn last_connection_ended(&self, node_id: &str) -> usize {
+        self.dials().ended(&node_id.to_string());
+        self.leases.drop_holder(node_id)
+    }
+
     /// The kept owner connections (a panic elsewhere while they were held leaves them usable).
     pub fn dials(&self) -> std::sync::MutexGuard<'_, crate::dialing::OwnerDials<String>> {
         self.owner_dials

@@ -137,7 +137,7 @@ impl Shared {
                 self.connected.lock().expect("connected lock").remove(node_id);
                 // Its last connection gone, the peer's holds on our leases end (§7.7), and
                 // a send waiting for room in the table may go on.
-                if self.leases.drop_holder(node_id) > 0 {
+                if self.last_connection_ended(node_id) > 0 {
                     self.wake.signal();
                 }
             }
@@ -697,11 +697,6 @@ impl Engine {
     /// A request goes to the owner `node_id` on a connection we have.
     fn owner_used(&self, node_id: String) {
         self.shared.dials().used(&node_id, Instant::now());
-    }
-
-    /// This node's last connection to `node_id` closed.
-    fn owner_ended(&self, node_id: String) {
-        self.shared.dials().ended(&node_id);
     }
 
     /// The bounds of spec §9.1 this node keeps that its driver applies: `max_handshakes`,

@@ -74,8 +74,7 @@ pub(crate) async fn read_loop(node: Arc<NodeInner>, peer: Peer, socket: Arc<Sock
     // A node may hold a second connection to us (the switch from TCP to its Unix socket):
     // its holds end with the last one.
     if node.peer_by_id(&peer.0.remote.node_id).is_none() {
-        node.ctx.dials().ended(&peer.0.remote.node_id);
-        let ended = node.ctx.leases.drop_holder(&peer.0.remote.node_id);
+        let ended = node.ctx.last_connection_ended(&peer.0.remote.node_id);
         if ended > 0 {
             tracing::info!(node = %node.ctx.me.name, peer = %peer.name(), "peer gone: its holds on {ended} ticket leases ended");
         }

@@ -811,7 +811,6 @@ class EngineConnection:
                 live.remove(self)
             if not live:
                 self.driver._by_id.pop(self.peer["node_id"], None)
-                self.driver.engine.owner_ended(self.peer["node_id"])
         for fut in self._requests.values():
             if not fut.done():
                 fut.set_exception(PeerClosed(f"{self.label} closed before it answered"))
