@@ -78,12 +78,21 @@ pub fn switch_after_tcp<'p>(
 }
 
 /// Where a holder that is not connected to a ticket's owner dials it: the address the
-/// ticket carries; or why it cannot (errors then name the owner by its id).
+/// ticket carries; or why it cannot.
 pub fn owner_address(claim: &TicketClaim) -> Result<&str, &'static str> {
     claim
         .addr
         .as_deref()
         .ok_or("not connected to the owner, and the ticket has no address")
+}
+
+/// Where a holder with no connection to a ticket's owner dials it: the address the ticket
+/// carries, if it is one the holder may dial ([`peers::may_dial`](crate::peers::may_dial):
+/// `tcp://`, and not `our_listen`); otherwise why not.
+pub fn dial_target<'c>(claim: &'c TicketClaim, our_listen: Option<&str>) -> Result<&'c str, String> {
+    let addr = owner_address(claim)?;
+    crate::peers::may_dial(addr, our_listen)?;
+    Ok(addr)
 }
 
 /// Checks that the node a holder reached at `addr` for a ticket's owner, whose id is

@@ -652,10 +652,21 @@ impl Engine {
         self.shared.wake.drain();
     }
 
-    /// Why this node must not dial `addr`, a ticket's owner address a peer gave it (spec
-    /// §9.1: only `tcp://` addresses, not our own); `None` when it may.
-    fn may_dial(&self, addr: &str) -> Option<String> {
-        handoff_proto::peers::may_dial(addr, self.shared.listen.as_deref()).err()
+    /// Where this node dials the owner of `ticket`, which it is not connected to: `(addr,
+    /// None)`, or `(None, why)` when it may not (spec §9.1: the ticket's address, only a
+    /// `tcp://` one and not our own; `handoff_proto::dialing::dial_target`).
+    fn dial_target(&self, ticket: &Bound<'_, crate::tickets::Ticket>) -> (Option<String>, Option<String>) {
+        match handoff_proto::dialing::dial_target(&ticket.get().claim, self.shared.listen.as_deref()) {
+            Ok(addr) => (Some(addr.to_string()), None),
+            Err(why) => (None, Some(why)),
+        }
+    }
+
+    /// Why the node reached at `addr`, whose id is `reached`, is not the ticket's owner
+    /// `owner` (another node listens there now); `None` when it is.
+    #[staticmethod]
+    fn check_reached_owner(addr: &str, reached: &str, owner: &str) -> Option<String> {
+        handoff_proto::dialing::check_reached_owner(addr, reached, owner).err()
     }
 
     /// Why a ticket owned by `owner` may not be redeemed from it at all (it names this node

@@ -219,10 +219,7 @@ class Driver:
         if c is not None:
             self.engine.owner_used(owner)
             return c
-        addr = ticket.addr
-        if not addr:
-            raise self._lost(ticket, "not connected to the owner, and the ticket has no address", label)
-        why = self.engine.may_dial(addr)
+        addr, why = self.engine.dial_target(ticket)
         if why is not None:
             raise self._lost(ticket, why, label)
         deadline = self.loop.time() + self.pull_timeout
@@ -258,10 +255,11 @@ class Driver:
                 raise
         finally:
             self._dials.release()
-        if c.peer["node_id"] != owner:
+        why = self.engine.check_reached_owner(addr, c.peer["node_id"], owner)
+        if why is not None:
             self.engine.owner_gave_up()
             c.close()
-            raise self._lost(ticket, f"the node at {addr} is {c.peer['node_id']}, not the ticket's owner", label)
+            raise self._lost(ticket, why, label)
         self.engine.owner_dialed(owner)
         return c
 

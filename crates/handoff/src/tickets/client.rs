@@ -71,8 +71,8 @@ impl NodeInner {
         if let Some(p) = self.connected_owner(&claim.owner) {
             return Ok(p);
         }
-        let addr = dialing::owner_address(claim).map_err(|why| lost(claim, &claim.owner, why))?;
-        handoff_proto::peers::may_dial(addr, self.ctx.listen_addr.as_deref()).map_err(|why| lost(claim, owner, why))?;
+        let addr =
+            dialing::dial_target(claim, self.ctx.listen_addr.as_deref()).map_err(|why| lost(claim, owner, why))?;
         let deadline = tokio::time::Instant::now() + self.ctx.settings.pull_timeout;
         // Only so many dials at once (spec §9.1): a flood of tickets cannot make this node
         // open connections without bound.
