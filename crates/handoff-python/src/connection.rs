@@ -604,6 +604,24 @@ impl Connection {
         Ok(None)
     }
 
+    /// Whether this TCP connection moves on to the peer's Unix socket (spec §7.1,
+    /// `handoff_proto::peers::unix_switch`): `(path, None)`, or `(None, why)` when it may
+    /// not. `we_offer_shm`: this node takes same-host peers on a Unix socket.
+    fn unix_switch(&self, we_offer_shm: bool) -> PyResult<(Option<String>, Option<&'static str>)> {
+        let done = self
+            .peer
+            .as_ref()
+            .ok_or_else(|| PyOSError::new_err(format!("the connection to {} is not open", self.label)))?;
+        let peer = peers::endpoint_of(&done.ident);
+        let locality = handoff_wire::Locality::between(&self.shared.me, &peer);
+        Ok(
+            match peers::unix_switch(locality, we_offer_shm, &peer, done.ident.unix.as_deref()) {
+                Ok(path) => (Some(path.to_string()), None),
+                Err(why) => (None, Some(why)),
+            },
+        )
+    }
+
     /// How a [`Ticket`] this node holds travels to this peer (spec §7.8): `"redeem"` (its
     /// bytes go: the peer is its owner, takes no tickets or would refuse its digest) or
     /// `"forward"` (ask the owner to make the peer a holder, and send that claim).

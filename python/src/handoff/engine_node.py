@@ -477,6 +477,11 @@ class EnginePeer(Peer):
         """The peer's socket address."""
         return self.ec.peername
 
+    def unix_switch(self, we_offer_shm: bool) -> tuple:
+        """Whether this TCP connection moves on to the peer's Unix socket (spec §7.1):
+        ``(path, None)``, or ``(None, why)`` when it may not (the engine's rule)."""
+        return self.ec.conn.unix_switch(we_offer_shm)
+
     def shm_leases(self) -> dict:
         count, held = self.ec.conn.shm_leases
         return {"count": count, "bytes": held}

@@ -549,20 +549,14 @@ class Node:
         """The same-host peer ``peer`` (over TCP) through its Unix socket, if it offers one
         (then ``peer`` is closed), else ``peer``; a Unix connection that is cancelled before
         it is returned is closed at once."""
-        why_not = None
-        if peer.ident.host != self.host_id:
-            why_not = "it is on another host"
-        elif not self.shm:
-            why_not = "this node has shared memory turned off"
-        elif "shm" not in peer.ident.caps or not peer.ident.unix:
-            why_not = "it offers no Unix socket"
+        path, why_not = peer.unix_switch(self.shm)
         if why_not is not None:
             if channel == "shm":
                 await peer.close()
                 raise HandoffError(f"cannot use shm with {peer.name}: {why_not}")
             return peer
         try:
-            shm_peer = await self._connect_unix(strip_scheme(peer.ident.unix, "unix://"))
+            shm_peer = await self._connect_unix(strip_scheme(path, "unix://"))
         except Exception as e:
             if channel == "shm":
                 await peer.close()
