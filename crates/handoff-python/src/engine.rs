@@ -710,6 +710,13 @@ impl Engine {
         self.shared.dials().used(&node_id, Instant::now());
     }
 
+    /// Why the node takes no more connections now (spec §9.1: it has `max_connections`
+    /// established), or `None` (`handoff_proto::admission::over_connections`).
+    fn over_connections(&self) -> Option<String> {
+        let established = self.shared.connections_of.lock().expect("connections lock").values().sum();
+        handoff_proto::admission::over_connections(established, self.shared.bounds.max_connections)
+    }
+
     /// The bounds of spec §9.1 this node keeps that its driver applies: `max_handshakes`,
     /// `max_connections`, `max_ticket_dials`, `max_owner_connections`, `write_timeout`
     /// (seconds).

@@ -453,15 +453,11 @@ class Listener:
                 self.driver.loop.remove_reader(self.sock.fileno())
                 self._resting = self.driver.loop.call_later(ACCEPT_REST, self._wake_up)
                 return
-            established = sum(1 for c in self.driver.connections if c.peer is not None and not c._ended)
-            cap = self.driver.engine.bounds["max_connections"]
-            if established >= cap or self._ready.qsize() >= self.max_unaccepted:
+            why = self.driver.engine.over_connections()
+            if why is None and self._ready.qsize() >= self.max_unaccepted:
+                why = f"{self.max_unaccepted} connections wait to be accepted, as many as the listener allows"
+            if why is not None:
                 self.refused += 1
-                why = (
-                    f"this node has {cap} connections, as many as it allows"
-                    if established >= cap
-                    else f"{self.max_unaccepted} connections wait to be accepted, as many as the listener allows"
-                )
                 self._refuse(s, why)
                 continue
             try:
