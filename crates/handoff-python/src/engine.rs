@@ -652,16 +652,6 @@ impl Engine {
         self.shared.wake.drain();
     }
 
-    /// Where this node dials the owner of `ticket`, which it is not connected to: `(addr,
-    /// None)`, or `(None, why)` when it may not (spec §9.1: the ticket's address, only a
-    /// `tcp://` one and not our own; `handoff_proto::dialing::dial_target`).
-    fn dial_target(&self, ticket: &Bound<'_, crate::tickets::Ticket>) -> (Option<String>, Option<String>) {
-        match handoff_proto::dialing::dial_target(&ticket.get().claim, self.shared.listen.as_deref()) {
-            Ok(addr) => (Some(addr.to_string()), None),
-            Err(why) => (None, Some(why)),
-        }
-    }
-
     /// Why the node reached at `addr`, whose id is `reached`, is not the ticket's owner
     /// `owner` (another node listens there now); `None` when it is.
     #[staticmethod]
@@ -713,7 +703,13 @@ impl Engine {
     /// Why the node takes no more connections now (spec §9.1: it has `max_connections`
     /// established), or `None` (`handoff_proto::admission::over_connections`).
     fn over_connections(&self) -> Option<String> {
-        let established = self.shared.connections_of.lock().expect("connections lock").values().sum();
+        let established = self
+            .shared
+            .connections_of
+            .lock()
+            .expect("connections lock")
+            .values()
+            .sum();
         handoff_proto::admission::over_connections(established, self.shared.bounds.max_connections)
     }
 

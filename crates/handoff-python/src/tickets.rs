@@ -215,6 +215,17 @@ impl Ticket {
         }
     }
 
+    /// Where `engine`'s node dials this ticket's owner, which it is not connected to:
+    /// `(addr, None)`, or `(None, why)` when it may not (spec §9.1: the ticket's address,
+    /// only a `tcp://` one and not the node's own; `handoff_proto::dialing::dial_target`).
+    fn dial_target(&self, engine: &Bound<'_, crate::engine::Engine>) -> (Option<String>, Option<String>) {
+        let listen = engine.get().shared.listen.clone();
+        match handoff_proto::dialing::dial_target(&self.claim, listen.as_deref()) {
+            Ok(addr) => (Some(addr.to_string()), None),
+            Err(why) => (None, Some(why)),
+        }
+    }
+
     /// The claim node `to` gets from a forward: this ticket's, with the token the owner
     /// made for it (the answer to `Connection.request_forward`).
     fn forwarded(&self, token: Vec<u8>, to: &str) -> PyResult<Ticket> {

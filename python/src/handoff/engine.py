@@ -219,7 +219,7 @@ class Driver:
         if c is not None:
             self.engine.owner_used(owner)
             return c
-        addr, why = self.engine.dial_target(ticket)
+        addr, why = ticket.dial_target(self.engine)
         if why is not None:
             raise self._lost(ticket, why, label)
         deadline = self.loop.time() + self.pull_timeout
