@@ -12,9 +12,10 @@
 //! too and only that peer's sends fail (spec §9.1).
 
 use std::io::{IoSlice, Read, Write};
+use std::ops::{Deref, DerefMut};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError, Weak};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -25,7 +26,7 @@ use handoff_sys::stream::StreamIo;
 use handoff_sys::Received;
 use tokio::io::Interest;
 use tokio::net::{TcpStream, UnixStream};
-use tokio::sync::{Mutex as AsyncMutex, Notify};
+use tokio::sync::Notify;
 
 /// The socket itself.
 pub(crate) enum Raw {
@@ -97,12 +98,11 @@ pub(crate) struct Socket {
     raw: Raw,
     /// The connection runs inside TLS (fixed at creation).
     tls: bool,
-    /// Taken by tasks (a TLS write holds it while it encrypts up to 256 KiB: a task waits
-    /// for it as a task, not blocking one of the runtime's threads), and tried from any
-    /// thread by a dropped view's release.
-    state: AsyncMutex<State>,
+    state: Mutex<State>,
     /// Bytes were written, or writing failed: whoever waits on the queue looks again.
     progress: Notify,
+    /// The state was let go: a task waiting for it tries again.
+    unlocked: Notify,
     /// Leases of the peer's segments whose last view here was dropped: `release`s to send.
     /// Apart from the state: a view's last reference may be dropped while the state is
     /// held (a queued frame written or cleared), and its release must not wait for it.
@@ -125,9 +125,37 @@ impl Drop for FinishOnDrop<'_> {
         let socket = Arc::downgrade(socket);
         runtime.spawn(async move {
             let Some(socket) = Weak::upgrade(&socket) else { return };
-            let mut state = socket.state.lock().await;
+            let mut state = socket.lock_async().await;
             socket.flush_later(&mut state);
         });
+    }
+}
+
+/// The state, held; letting it go wakes the tasks waiting for it.
+struct Guard<'a> {
+    /// Always `Some` until dropped.
+    state: Option<MutexGuard<'a, State>>,
+    unlocked: &'a Notify,
+}
+
+impl Deref for Guard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.state.as_ref().expect("held until dropped")
+    }
+}
+
+impl DerefMut for Guard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.state.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Guard<'_> {
+    fn drop(&mut self) {
+        // Let go first: a task woken now finds the state free.
+        self.state = None;
+        self.unlocked.notify_waiters();
     }
 }
 
@@ -146,11 +174,12 @@ impl Socket {
         Arc::new(Socket {
             raw,
             tls: tls.is_some(),
-            state: AsyncMutex::new(State {
+            state: Mutex::new(State {
                 io: StreamIo::new(tls),
                 flusher: false,
             }),
             progress: Notify::new(),
+            unlocked: Notify::new(),
             releases: Mutex::default(),
             release_task: AtomicBool::new(false),
             write_timeout,
@@ -158,10 +187,43 @@ impl Socket {
         })
     }
 
+    /// The state, for a task: it waits as a task while another holds the state (a TLS
+    /// write holds it while it encrypts up to 256 KiB), instead of blocking one of the
+    /// runtime's threads, which would then run nothing else.
+    async fn lock_async(&self) -> Guard<'_> {
+        if let Some(state) = self.try_lock() {
+            return state;
+        }
+        loop {
+            let unlocked = self.unlocked.notified();
+            tokio::pin!(unlocked);
+            unlocked.as_mut().enable();
+            if let Some(state) = self.try_lock() {
+                return state;
+            }
+            unlocked.await;
+        }
+    }
+
+    fn try_lock(&self) -> Option<Guard<'_>> {
+        let state = match self.state.try_lock() {
+            Ok(state) => state,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
+        Some(Guard {
+            state: Some(state),
+            unlocked: &self.unlocked,
+        })
+    }
+
+    /// One read into `buf` (through TLS when the connection has it), waiting until the
+    /// socket has something. With `take_fds` false, descriptors that come are closed by the
+    /// kernel and only counted by `truncated` (see [`handoff_sys::recv`]).
     pub(crate) async fn read(self: &Arc<Self>, buf: &mut [u8], take_fds: bool) -> std::io::Result<Received> {
         loop {
             let got = if self.tls {
-                let mut state = self.state.lock().await;
+                let mut state = self.lock_async().await;
                 let got = self
                     .raw
                     .try_io(Interest::READABLE, |fd| state.io.read(fd, buf, take_fds));
@@ -223,7 +285,7 @@ impl Socket {
     /// Queues `head` (with `fds` on its first byte) and `frames` and writes what the socket
     /// takes now; the end of them in the stream.
     pub(crate) async fn queue(&self, head: Bytes, fds: Vec<PassFd>, frames: Vec<Bytes>) -> std::io::Result<u64> {
-        let mut state = self.state.lock().await;
+        let mut state = self.lock_async().await;
         if let Some(refused) = state.io.refusal() {
             return Err(refused);
         }
@@ -242,7 +304,7 @@ impl Socket {
     pub(crate) async fn written(&self, end: u64) -> std::io::Result<()> {
         loop {
             let deadline = {
-                let mut state = self.state.lock().await;
+                let mut state = self.lock_async().await;
                 if !state.io.written(end) {
                     self.flush(&mut state);
                 }
@@ -260,7 +322,7 @@ impl Socket {
             match tokio::time::timeout_at(deadline.into(), self.raw.ready(Interest::WRITABLE)).await {
                 Ok(ready) => ready?,
                 Err(_) => {
-                    let mut state = self.state.lock().await;
+                    let mut state = self.lock_async().await;
                     state.io.fail_stalled(self.raw.fd(), self.write_timeout);
                     self.progress.notify_waiters();
                 }
@@ -286,7 +348,7 @@ impl Socket {
     /// Queues the owner's answer to the peer's ticket request (bytes pulled, a refusal);
     /// written now as far as the socket takes it, the rest by a task.
     pub(crate) async fn queue_answer(self: &Arc<Self>, answer: OwnerAnswer) {
-        let mut state = self.state.lock().await;
+        let mut state = self.lock_async().await;
         if !state.io.takes_more() {
             return;
         }
@@ -299,7 +361,7 @@ impl Socket {
     /// far as the socket takes it, the rest by a task); `false` when it is dropped instead:
     /// the connection is closing, or too many wait unwritten (`Outgoing::push_unlease`).
     pub(crate) async fn queue_unlease(self: &Arc<Self>, bytes: Bytes) -> bool {
-        let mut state = self.state.lock().await;
+        let mut state = self.lock_async().await;
         if !state.io.takes_more() || !state.io.out_mut().push_unlease(bytes, Instant::now()) {
             return false;
         }
@@ -313,7 +375,7 @@ impl Socket {
     /// is free, else by a task.
     pub(crate) fn queue_release(self: &Arc<Self>, lease: u64) {
         self.releases.lock().unwrap_or_else(PoisonError::into_inner).push(lease);
-        match self.state.try_lock().ok() {
+        match self.try_lock() {
             Some(mut state) => {
                 self.flush(&mut state);
                 self.flush_later(&mut state);
@@ -324,7 +386,7 @@ impl Socket {
                 self.runtime.spawn(async move {
                     let Some(socket) = Weak::upgrade(&socket) else { return };
                     socket.release_task.store(false, Ordering::Release);
-                    let mut state = socket.state.lock().await;
+                    let mut state = socket.lock_async().await;
                     socket.flush(&mut state);
                     socket.flush_later(&mut state);
                 });
@@ -344,7 +406,7 @@ impl Socket {
         self.runtime.spawn(async move {
             let Some(socket) = Weak::upgrade(&socket) else { return };
             let _ = socket.written(end).await;
-            let mut state = socket.state.lock().await;
+            let mut state = socket.lock_async().await;
             state.flusher = false;
             socket.flush_later(&mut state);
         });
@@ -364,7 +426,7 @@ impl Socket {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let backed_up = {
-                let state = self.state.lock().await;
+                let state = self.lock_async().await;
                 !state.io.has_failed() && state.io.out().backed_up(max_pull_answers)
             };
             if !backed_up {
@@ -384,7 +446,7 @@ impl Socket {
     /// sending direction down once they are written, within `limit` (then at once).
     pub(crate) async fn say_and_shutdown(&self, last: Vec<u8>, limit: Duration) {
         let end = {
-            let mut state = self.state.lock().await;
+            let mut state = self.lock_async().await;
             if state.io.takes_more() {
                 state.io.out_mut().push(Bytes::from(last), Instant::now());
             }
@@ -397,7 +459,7 @@ impl Socket {
             self.written(end).await?;
             loop {
                 {
-                    let mut state = self.state.lock().await;
+                    let mut state = self.lock_async().await;
                     self.flush(&mut state);
                     if state.io.shut_done() || state.io.has_failed() {
                         return Ok(());
@@ -407,7 +469,7 @@ impl Socket {
             }
         };
         let _: Result<std::io::Result<()>, _> = tokio::time::timeout(limit, finish).await;
-        self.state.lock().await.io.shut_now(self.raw.fd());
+        self.lock_async().await.io.shut_now(self.raw.fd());
     }
 }
 
@@ -454,7 +516,7 @@ mod tests {
     async fn a_release_queued_while_the_state_is_held_is_written_later_not_deadlocked() {
         let (socket, mut peer) = pair(Duration::from_secs(5));
         {
-            let _held = socket.state.lock().await;
+            let _held = socket.lock_async().await;
             // A view's last drop while the state is held (same thread): no deadlock.
             socket.queue_release(7);
             socket.queue_release(8);
