@@ -173,40 +173,6 @@ impl NodeInner {
             }
         }
     }
-
-    /// Pulls `len` bytes from `offset` of a ticket's buffer; with `hash`, also returns
-    /// their BLAKE3, computed while they arrive.
-    pub(crate) async fn pull(
-        self: &Arc<Self>,
-        claim: &TicketClaim,
-        owner: &str,
-        offset: u64,
-        len: u64,
-        hash: bool,
-    ) -> Result<(Bytes, Option<[u8; 32]>)> {
-        let answer = self
-            .ticket_request(claim, owner, Ask::Pull { offset, len, hash })
-            .await?;
-        answer.into_pulled(len).map_err(|why| lost(claim, owner, why))
-    }
-
-    /// Registers node `to` with the owner as a holder of the claim's lease; returns `to`'s claim.
-    pub(crate) async fn forward_claim(
-        self: &Arc<Self>,
-        claim: &TicketClaim,
-        owner: &str,
-        to: &str,
-    ) -> Result<TicketClaim> {
-        let answer = self.ticket_request(claim, owner, Ask::Forward { to }).await?;
-        let token = answer.into_token().map_err(|why| lost(claim, owner, why))?;
-        Ok(TicketClaim { token, ..claim.clone() })
-    }
-
-    /// Extends this node's hold on the claim's lease by the lease's ttl.
-    pub(crate) async fn renew(self: &Arc<Self>, claim: &TicketClaim, owner: &str) -> Result<()> {
-        let peer = self.owner_peer(claim, owner).await?;
-        peer.0.write_control(&Header::Ticket(renew_op(claim))).await
-    }
 }
 
 impl LocalNode for NodeInner {
@@ -222,7 +188,12 @@ impl LocalNode for NodeInner {
         len: u64,
         hash: bool,
     ) -> NodeFuture<'a, (Bytes, Option<[u8; 32]>)> {
-        Box::pin(async move { NodeInner::pull(&self, claim, owner, offset, len, hash).await })
+        Box::pin(async move {
+            let answer = self
+                .ticket_request(claim, owner, Ask::Pull { offset, len, hash })
+                .await?;
+            answer.into_pulled(len).map_err(|why| lost(claim, owner, why))
+        })
     }
 
     fn forward<'a>(
@@ -231,10 +202,17 @@ impl LocalNode for NodeInner {
         owner: &'a str,
         to: &'a str,
     ) -> NodeFuture<'a, TicketClaim> {
-        Box::pin(async move { self.forward_claim(claim, owner, to).await })
+        Box::pin(async move {
+            let answer = self.ticket_request(claim, owner, Ask::Forward { to }).await?;
+            let token = answer.into_token().map_err(|why| lost(claim, owner, why))?;
+            Ok(TicketClaim { token, ..claim.clone() })
+        })
     }
 
     fn renew<'a>(self: Arc<Self>, claim: &'a TicketClaim, owner: &'a str) -> NodeFuture<'a, ()> {
-        Box::pin(async move { NodeInner::renew(&self, claim, owner).await })
+        Box::pin(async move {
+            let peer = self.owner_peer(claim, owner).await?;
+            peer.0.write_control(&Header::Ticket(renew_op(claim))).await
+        })
     }
 }
