@@ -105,7 +105,7 @@ async fn connect_unix(node: &Arc<NodeInner>, path: &str) -> Result<Peer> {
 
 /// Closes our side of a connection (the peer sees the end of the stream and closes too).
 pub(crate) async fn close(peer: &Peer) {
-    peer.mark_closed();
+    peer.0.mark_closed();
     peer.0.shutdown_writing().await;
 }
 

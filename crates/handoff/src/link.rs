@@ -113,15 +113,6 @@ impl Link {
         }
     }
 
-    /// Writes `head` (a control header), within the write timeout; a stall fails the
-    /// connection.
-    pub(crate) async fn write(&self, head: Vec<u8>) -> std::io::Result<()> {
-        let Some(socket) = self.socket() else {
-            return Err(std::io::Error::other("no socket protocol between in-process nodes"));
-        };
-        socket.send(Bytes::from(head), Vec::new(), Vec::new(), || {}).await
-    }
-
     /// Sends a message whose frames went through the ticket policy: over TCP with every
     /// frame inline; on a same-host connection routed through shared memory.
     pub(crate) async fn send(&self, sending: &Sending<'_>, body: &[u8], frames: Vec<Planned>) -> Result<()> {
@@ -150,13 +141,6 @@ impl Link {
             socket
                 .say_and_shutdown(handoff_proto::handshake::error_header(err), limit)
                 .await;
-        }
-    }
-
-    /// Shuts our sending direction down (the peer sees the end of the stream), within `limit`.
-    pub(crate) async fn shutdown_writing(&self, limit: Duration) {
-        if let Some(socket) = self.socket() {
-            socket.shutdown_writing(limit).await;
         }
     }
 }

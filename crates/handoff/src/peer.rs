@@ -49,11 +49,16 @@ pub(crate) struct PeerInner {
 }
 
 impl PeerInner {
-    /// Writes a control header on this connection.
+    /// Writes a control header on this connection, within the write timeout (a stall fails
+    /// the connection).
     pub(crate) async fn write_control(&self, header: &Header<'_>) -> Result<()> {
         let mut head = Vec::with_capacity(96);
         encode_header_into(header, &mut head);
-        self.link.write(head).await.map_err(|e| {
+        let sent = match self.link.socket() {
+            Some(socket) => socket.send(Bytes::from(head), Vec::new(), Vec::new(), || {}).await,
+            None => Err(std::io::Error::other("no socket protocol between in-process nodes")),
+        };
+        sent.map_err(|e| {
             self.mark_closed();
             Error::io(format!("writing to {}", self.remote.name), e)
         })
@@ -75,11 +80,14 @@ impl PeerInner {
         self.closing.notify_waiters();
     }
 
-    /// Shuts our sending direction down: the peer sees the end of the stream.
+    /// Shuts our sending direction down once what is queued is written (TLS's close_notify
+    /// last), within the write timeout and a second at most: the peer sees the end of the
+    /// stream.
     pub(crate) async fn shutdown_writing(&self) {
-        self.link
-            .shutdown_writing(self.write_timeout.min(Duration::from_secs(1)))
-            .await;
+        if let Some(socket) = self.link.socket() {
+            let limit = self.write_timeout.min(Duration::from_secs(1));
+            socket.say_and_shutdown(Vec::new(), limit).await;
+        }
     }
 }
 
@@ -183,10 +191,6 @@ impl Peer {
         self.0.closed.load(Ordering::Acquire)
     }
 
-    pub(crate) fn mark_closed(&self) {
-        self.0.mark_closed();
-    }
-
     /// Whether a ticket request of ours waits for its answer on this connection.
     pub(crate) fn has_requests(&self) -> bool {
         !self.0.pending.lock().expect("pending lock").is_empty()
@@ -195,7 +199,7 @@ impl Peer {
     /// Closes the connection at once, in both directions, whatever is queued (the peer
     /// sees it end; our read loop ends too, and the peer goes with it).
     pub(crate) fn abort(&self) {
-        self.mark_closed();
+        self.0.mark_closed();
         if let Some(socket) = self.0.link.socket() {
             socket.abort();
         }
@@ -308,7 +312,7 @@ impl Peer {
                 // Only a failed socket closes the peer; a frame that could not be copied, or
                 // a lease that did not come, fails this send alone.
                 if sending.lost_the_connection() {
-                    self.mark_closed();
+                    self.0.mark_closed();
                 }
             })
     }

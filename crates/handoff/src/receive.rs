@@ -65,7 +65,7 @@ pub(crate) async fn read_loop(node: Arc<NodeInner>, peer: Peer, socket: Arc<Sock
     };
     // Whatever room the connection held goes back now, not after the goodbyes below.
     drop(conn);
-    peer.mark_closed();
+    peer.0.mark_closed();
     node.remove_peer(&peer);
     node.inbox.closed(&peer);
     // Requests waiting on this connection fail now (their senders drop), and every hold

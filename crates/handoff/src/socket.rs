@@ -436,12 +436,6 @@ impl Socket {
         }
     }
 
-    /// Shuts our sending direction down once what is queued is written (TLS's close_notify
-    /// last), within `limit`; the peer then sees the end of the stream.
-    pub(crate) async fn shutdown_writing(&self, limit: Duration) {
-        self.say_and_shutdown(Vec::new(), limit).await;
-    }
-
     /// Queues `last` (an `error`, say) as the last bytes of the stream, and shuts our
     /// sending direction down once they are written, within `limit` (then at once).
     pub(crate) async fn say_and_shutdown(&self, last: Vec<u8>, limit: Duration) {

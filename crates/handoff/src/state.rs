@@ -53,7 +53,7 @@ impl NodeInner {
             .expect("peers lock")
             .insert(peer.0.remote.node_id.clone(), peer);
         if let Some(old) = old {
-            old.mark_closed();
+            old.0.mark_closed();
         }
         self.peers_changed.notify_waiters();
     }
@@ -94,7 +94,7 @@ impl NodeInner {
             .map(|(_, p)| p)
             .collect();
         for p in peers {
-            p.mark_closed();
+            p.0.mark_closed();
             if let Link::Shm(link) = &p.0.link {
                 link.release_all();
             }
