@@ -271,6 +271,18 @@ class Peer(PeerBase):
 
     # ------------------------------------------------------------------ sending
 
+    def unix_switch(self, we_offer_shm: bool) -> tuple:
+        """Whether this TCP connection moves on to the peer's Unix socket (spec §7.1):
+        ``(path, None)``, or ``(None, why)`` when it may not (the reference's own reading of
+        the rule the engine applies, ``handoff_proto::peers::unix_switch``)."""
+        if self.ident.host != self.node.host_id:
+            return None, "it is on another host"
+        if not we_offer_shm:
+            return None, "this node has shared memory turned off"
+        if "shm" not in self.ident.caps or not self.ident.unix:
+            return None, "it offers no Unix socket"
+        return self.ident.unix, None
+
     def shm_leases(self) -> dict:
         """Shared-memory leases this node holds for the peer: ``{count, bytes}``."""
         return self._shm.stats()
