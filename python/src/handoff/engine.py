@@ -629,16 +629,7 @@ class EngineConnection:
     # -------------------------------------------------------------- the loop's callbacks
 
     def _on_readable(self) -> None:
-        # (What _run does, in place: this runs once for every message read.)
-        if self._fd < 0:
-            return
-        try:
-            events = self.conn.on_readable()
-            if events:
-                self._handle(events)
-            self._after()
-        except Exception as e:  # noqa: BLE001 - whatever it is, it ends this connection only
-            self._broke(e)
+        self._run(self.conn.on_readable)
 
     def _on_writable(self) -> None:
         self._run(self.conn.on_writable)
@@ -667,16 +658,12 @@ class EngineConnection:
                 self._handle(events)
             self._after()
         except Exception as e:  # noqa: BLE001 - whatever it is, it ends this connection only
-            self._broke(e)
-
-    def _broke(self, e: Exception) -> None:
-        """A call into the engine (or what its events set off) raised: this connection ends."""
-        if isinstance(e, OSError) and self.os_failure is None:
-            self.os_failure = e
-        elif not isinstance(e, OSError):
-            log.warning("closing the connection to %s: %r", self.label, e)
-        self._end(PeerClosed(f"{self.label}: {e}"))
-        self._stop_watching()
+            if isinstance(e, OSError) and self.os_failure is None:
+                self.os_failure = e
+            elif not isinstance(e, OSError):
+                log.warning("closing the connection to %s: %r", self.label, e)
+            self._end(PeerClosed(f"{self.label}: {e}"))
+            self._stop_watching()
 
     def _handle(self, events: list) -> None:
         for event in events:
@@ -684,12 +671,7 @@ class EngineConnection:
             if kind == "message":
                 received = event[1]
                 if not (self._redeeming or received.eager_tickets or received.device_frames):
-                    # Most messages: in order, at once.
-                    if self.on_message is not None:
-                        self.on_message(received)
-                    else:
-                        self._messages.append(received)
-                        self._wake()
+                    self._deliver(received)  # (most messages: in order, at once)
                     continue
                 unmapped = received.device_frames and _map_device_frames(received)
                 if self._redeeming or unmapped or (received.eager_tickets and self.driver.redemption == "eager"):

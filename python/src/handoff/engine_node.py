@@ -130,21 +130,11 @@ class EngineNode(Node):
 
     # ------------------------------------------------------------------ life
 
-    async def recv(self, timeout: Optional[float] = None) -> Envelope:
-        """:meth:`Node.recv`: the message's room in the engine's receive budget goes back
-        as it is taken."""
-        env = await self._inbox.get(timeout)
-        received = env._received
-        if received is not None:
-            env._received = None
-            received.taken()
-        return env
-
     async def start(self) -> "EngineNode":
         if self._started:
             return self
         self.loop = asyncio.get_running_loop()
-        self._inbox = Inbox(self.bounds.message_overhead, self.loop)
+        self._inbox = Inbox(self.bounds.message_overhead)
         self._peers_changed = asyncio.Condition()
         socks = await self._bind()
         try:
@@ -595,9 +585,6 @@ class EnginePeer(Peer):
             # Its eager redemption failed: the body raises why (as the Python peer's).
             env.error, env._decoded = received.failure, True
             received.failure = None
-        elif self.queue is None and env.type_name != pins.TYPE_UPDATE:
-            self.node._inbox.put(env)  # (what _deliver_now does with most messages, in place)
-            return
         try:
             self.node._deliver_now(env)
         except wire.WireError as e:

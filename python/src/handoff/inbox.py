@@ -32,11 +32,9 @@ class Signal:
     only when it fires, not for every message (a timer that fires before a wait's own
     limit re-arms itself for the earliest limit still waiting)."""
 
-    __slots__ = ("_waiters", "_limits", "_timer", "loop")
+    __slots__ = ("_waiters", "_limits", "_timer")
 
-    def __init__(self, loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
-        #: The event loop its waits run in, if known when it is made (else looked up).
-        self.loop = loop
+    def __init__(self) -> None:
         self._waiters: list = []
         #: The waits with a time limit: future -> when it ends (the loop's clock).
         self._limits: dict = {}
@@ -51,7 +49,7 @@ class Signal:
 
     async def wait(self, timeout: Optional[float] = None) -> bool:
         """Waits for the next :meth:`set`: ``True``, or ``False`` after ``timeout`` seconds."""
-        loop = self.loop or asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self._waiters.append(fut)
         if timeout is not None:
@@ -90,7 +88,7 @@ class Signal:
 
 async def wait_until(ready, signal: Signal, timeout: Optional[float]) -> None:
     """Waits until ``ready()`` (checked after each wake-up); ``asyncio.TimeoutError`` after ``timeout`` s."""
-    loop = signal.loop or asyncio.get_running_loop()
+    loop = asyncio.get_running_loop()
     if timeout is None:
         # (Signal.wait in place, without its timer: the common wait of a receiver.)
         waiters = signal._waiters
@@ -117,12 +115,12 @@ class Inbox:
 
     __slots__ = ("overhead", "_queues", "_arrived")
 
-    def __init__(self, overhead: int, loop: Optional[asyncio.AbstractEventLoop] = None):
+    def __init__(self, overhead: int):
         #: What a message without a charge weighs (the node's per-message overhead).
         self.overhead = max(1, overhead)
         #: Credit a connection gains per turn is about one small message.
         self._queues = native.required("the inbox").Inbox(2 * self.overhead)
-        self._arrived = Signal(loop)
+        self._arrived = Signal()
 
     def put(self, env: Any) -> None:
         """Adds a message behind the others of its connection."""
