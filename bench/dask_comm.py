@@ -17,9 +17,11 @@ handshake) and the first round trip of a small message, the median.
 The handoff settings come from Dask's configuration and the environment as usual, so one
 run can compare them: for example ``DASK_DISTRIBUTED__COMM__HANDOFF__SHM_THRESHOLD=64KiB``
 (frames from 64 KiB as shared memory instead of from 1 MiB) or ``HANDOFF_UNIX_SNDBUF=0``
-(the kernel's default Unix send buffer). From the repository root::
+(the kernel's default Unix send buffer). ``--between-hosts`` gives handoff's two processes
+different host ids, so that its comm takes the route between hosts (TCP, every frame
+inline), as tcp:// always does. From the repository root::
 
-    .venv/bin/python bench/dask_comm.py [--sizes 8,64KiB,256KiB,1MiB,8MiB] [--rounds 500] [--json]
+    .venv/bin/python bench/dask_comm.py [--sizes 8,64KiB,256KiB,1MiB,8MiB] [--rounds 500] [--between-hosts] [--json]
 """
 
 from __future__ import annotations
@@ -38,9 +40,17 @@ from dask.utils import format_bytes, parse_bytes
 
 SCHEMES = ("tcp", "handoff")
 SECRET = {"distributed.comm.handoff.secret": "bench-dask-comm"}
+HOST_ID = "distributed.comm.handoff.host-id"
 
 
-def _serve(scheme: str, ready) -> None:
+def configs(between_hosts: bool) -> tuple[dict, dict]:
+    """Dask's configuration of the server process and of this one."""
+    if not between_hosts:
+        return SECRET, SECRET
+    return {**SECRET, HOST_ID: "bench-server-host"}, {**SECRET, HOST_ID: "bench-client-host"}
+
+
+def _serve(scheme: str, ready, config: dict) -> None:
     """The server process: answers each message with a small one until killed."""
     from distributed.comm import listen
 
@@ -53,7 +63,7 @@ def _serve(scheme: str, ready) -> None:
                 except Exception:
                     return
 
-        with dask.config.set(SECRET):
+        with dask.config.set(config):
             listener = listen(f"{scheme}://127.0.0.1", handle)
             await listener.start()
         ready.put(listener.contact_address)
@@ -62,7 +72,7 @@ def _serve(scheme: str, ready) -> None:
     asyncio.run(main())
 
 
-async def _interleaved(addresses: dict, size: int, rounds: int, warmup: int, batch: int) -> dict:
+async def _interleaved(addresses: dict, size: int, rounds: int, warmup: int, batch: int, config: dict) -> dict:
     """Round trips of one message of ``size`` on each scheme's comm, in batches of ``batch``
     that alternate between the schemes (the order rotating each time), so that a drift of the
     machine falls on both alike: ``{scheme: [batch medians, seconds]}``, batch by batch."""
@@ -70,7 +80,7 @@ async def _interleaved(addresses: dict, size: int, rounds: int, warmup: int, bat
     from distributed.protocol import to_serialize
 
     comms = {}
-    with dask.config.set(SECRET):
+    with dask.config.set(config):
         for scheme, address in addresses.items():
             comms[scheme] = await connect(address, timeout=30)
     try:
@@ -99,11 +109,11 @@ async def _interleaved(addresses: dict, size: int, rounds: int, warmup: int, bat
             await comm.close()
 
 
-async def _connects(address: str, n: int) -> list[float]:
+async def _connects(address: str, n: int, config: dict) -> list[float]:
     from distributed.comm import connect
 
     times = []
-    with dask.config.set(SECRET):
+    with dask.config.set(config):
         for _ in range(n):
             t0 = time.perf_counter()
             comm = await connect(address, timeout=30)
@@ -114,26 +124,27 @@ async def _connects(address: str, n: int) -> list[float]:
     return times
 
 
-def _server(scheme: str):
+def _server(scheme: str, config: dict):
     """A fresh server process for ``scheme``: ``(process, address)``."""
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
-    server = ctx.Process(target=_serve, args=(scheme, ready), daemon=True)
+    server = ctx.Process(target=_serve, args=(scheme, ready, config), daemon=True)
     server.start()
     return server, ready.get(timeout=60)
 
 
-def measure(sizes: list[int], rounds: int, warmup: int, batch: int, connects: int) -> dict:
+def measure(sizes: list[int], rounds: int, warmup: int, batch: int, connects: int, between_hosts: bool = False) -> dict:
     """``{size: {scheme: [batch medians]}, "connect": {scheme: [seconds]}}`` against one
     server process per scheme, both up for the whole run."""
     servers = {}
+    server_config, config = configs(between_hosts)
     try:
         for scheme in SCHEMES:
-            servers[scheme] = _server(scheme)
+            servers[scheme] = _server(scheme, server_config)
         addresses = {scheme: address for scheme, (_, address) in servers.items()}
-        out: dict = {n: asyncio.run(_interleaved(addresses, n, rounds, warmup, batch)) for n in sizes}
+        out: dict = {n: asyncio.run(_interleaved(addresses, n, rounds, warmup, batch, config)) for n in sizes}
         if connects:
-            out["connect"] = {s: asyncio.run(_connects(a, connects)) for s, a in addresses.items()}
+            out["connect"] = {s: asyncio.run(_connects(a, connects, config)) for s, a in addresses.items()}
         return out
     finally:
         for server, _ in servers.values():
@@ -148,6 +159,11 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=50, help="unmeasured round trips first")
     ap.add_argument("--batch", type=int, default=50, help="round trips per batch (the schemes alternate by batch)")
     ap.add_argument("--connects", type=int, default=100, help="new comms timed (0: none)")
+    ap.add_argument(
+        "--between-hosts",
+        action="store_true",
+        help="handoff's two processes claim different hosts: its comm takes TCP, as between hosts",
+    )
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args(argv)
     try:
@@ -156,7 +172,7 @@ def main(argv=None) -> int:
         ap.error(f"--sizes: {e}")
     if not sizes or args.rounds < 1 or args.warmup < 0 or args.connects < 0 or args.batch < 1:
         ap.error("give at least one size, --rounds and --batch at least 1, --warmup and --connects at least 0")
-    raw = measure(sizes, args.rounds, args.warmup, args.batch, args.connects)
+    raw = measure(sizes, args.rounds, args.warmup, args.batch, args.connects, args.between_hosts)
     rows = []
     for n in sizes:
         t = statistics.median(raw[n]["tcp"])
@@ -181,7 +197,14 @@ def main(argv=None) -> int:
     if args.json:
         print(
             json.dumps(
-                {"rounds": args.rounds, "warmup": args.warmup, "batch": args.batch, "rows": rows, "connect": connect}
+                {
+                    "rounds": args.rounds,
+                    "warmup": args.warmup,
+                    "batch": args.batch,
+                    "between_hosts": args.between_hosts,
+                    "rows": rows,
+                    "connect": connect,
+                }
             )
         )
         return 0

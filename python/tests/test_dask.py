@@ -28,6 +28,7 @@ from handoff.dask import HandoffComm, config
 from handoff.dask import frames as dask_frames
 from handoff.dask.frames import SMALL, FramesError, plan_message, unpack_part
 from handoff.shmmap import Region
+from handoff._native import Frame
 from handoff_pure.wire import Limits
 
 MIB = 1 << 20
@@ -344,6 +345,38 @@ def _probe_loads(header, frames):
     return header["to-host"], header["channel"], bytes(frames[0])
 
 
+@pytest.mark.parametrize(
+    "addr, host_ids",
+    [
+        ("tcp://127.0.0.1", None),
+        ("handoff://127.0.0.1", None),  # same host: the Unix socket, the frame below the shm threshold
+        ("handoff://127.0.0.1", ("host-a", "host-b")),  # another host: TCP
+    ],
+)
+@gen_test(timeout=60)
+async def test_an_array_sent_inline_arrives_writable_and_is_not_copied_again(addr, host_ids):
+    """Dask's deserializer keeps a writable frame as it is and copies a read-only one
+    (``np.require(..., "W")``): a frame read off the socket must arrive writable, as tcp://'s
+    do, or every array below the shared-memory threshold is copied once more on receipt
+    (64 KiB: seen as a tenth of the comm's round trip)."""
+    listen_config = connect_config = SECRET
+    if host_ids:
+        listen_config = {**SECRET, "distributed.comm.handoff.host-id": host_ids[0]}
+        connect_config = {**SECRET, "distributed.comm.handoff.host-id": host_ids[1]}
+    a, b = await _pair(addr, listen_config, connect_config)
+    try:
+        arr = np.arange(64 * 1024 // 8, dtype=np.int64)
+        await a.write({"x": to_serialize(arr)})
+        got = (await b.read())["x"]
+        assert np.array_equal(got, arr) and got.flags.writeable
+        assert got.base is not None, "a copy: the array does not lie in the buffer it was read into"
+        got[:4] = -1  # the receiver's own memory: the sender's array does not change
+        assert arr[0] == 0 and got[0] == -1
+    finally:
+        await a.close()
+        await b.close()
+
+
 @gen_test(timeout=60)
 async def test_nodes_with_different_host_ids_talk_tcp_and_serializers_see_the_route(monkeypatch):
     monkeypatch.setattr(HandoffComm, "max_shard_size", MIB)
@@ -362,8 +395,11 @@ async def test_nodes_with_different_host_ids_talk_tcp_and_serializers_see_the_ro
         arr = np.arange(3 * MIB, dtype=np.uint8)
         await a.write({"x": to_serialize(arr)})
         got = (await b.read())["x"]
-        owner = _owner(got)  # the one buffer the frame was read into (numpy's, or a mapping)
-        assert np.array_equal(got, arr) and got.flags.writeable and isinstance(owner, (np.ndarray, mmap.mmap, Region))
+        # The one buffer the frame was read into (numpy's, a mapping, or the engine's frame,
+        # which the array is a view of: no copy after the read either).
+        owner = _owner(got)
+        assert np.array_equal(got, arr) and got.flags.writeable
+        assert isinstance(owner, (np.ndarray, mmap.mmap, Region, Frame))
         assert memoryview(owner).nbytes >= arr.nbytes
     finally:
         await a.close()

@@ -78,9 +78,15 @@ async def test_tcp_handshake_echo_and_a_large_frame(spawn_rust):
         assert [f.kind for f in got.frames] == ["inline", "inline"]
         data = np.frombuffer(body["data"], dtype=np.uint8)
         assert len(data) == 16 * MIB and digest(data) == bytes(body["digest"])
-        assert not data.flags.writeable, "a received frame is read-only"
+        # Read off the socket into memory of its own: writable, as a Python socket's buffer is.
+        assert got.frames[1].writable and data.flags.writeable
         # A view, not a copy: the array's memory is the frame's.
         assert np.shares_memory(data, np.frombuffer(got.frames[1], dtype=np.uint8))
+        # A write reaches that frame and no other (the body, and the first frame, keep theirs).
+        first = bytes(got.frames[0])
+        data[:4] = 0xEE
+        assert bytes(memoryview(got.frames[1])[:4]) == b"\xee" * 4 and bytes(got.frames[0]) == first
+        assert memoryview(got.body).readonly  # the body stays the engine's to decode
 
         # 16 MiB to Rust, sent from the array's memory; the Rust node checks its digest.
         out = np.random.default_rng(3).integers(0, 256, 16 * MIB, dtype=np.uint8)

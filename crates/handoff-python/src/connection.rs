@@ -1253,7 +1253,7 @@ impl Connection {
                                 // wait for it lets go of the interpreter.
                                 Digest::Behind(behind) => py.detach(move || behind.finish()),
                             };
-                            let frame = Py::new(py, Frame::new(bytes, "pulled"))?;
+                            let frame = Py::new(py, Frame::received(bytes, "pulled"))?;
                             let digest = digest.map(|d| pyo3::types::PyBytes::new(py, &d).unbind());
                             events.push(("pulled", waiter, frame, digest).into_pyobject(py)?.into_any().unbind());
                         }
@@ -1433,7 +1433,7 @@ impl Connection {
     /// A received frame as Python gets it.
     fn frame(&self, py: Python<'_>, frame: InFrame) -> PyResult<Py<PyAny>> {
         Ok(match frame {
-            InFrame::Bytes(bytes) => Py::new(py, Frame::new(bytes, "inline"))?.into_any(),
+            InFrame::Bytes(bytes) => Py::new(py, Frame::received(bytes, "inline"))?.into_any(),
             InFrame::Mapped {
                 mapping,
                 at,

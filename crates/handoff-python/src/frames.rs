@@ -9,16 +9,20 @@ use bytes::Bytes;
 use pyo3::buffer::PyUntypedBuffer;
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 
 /// Received bytes in Rust memory: a frame read off the socket, or a view of a peer's
 /// shared-memory segment (whose lease goes back to the peer when the last view is gone).
 ///
-/// Read-only; `memoryview(frame)`, `bytes(frame)` and `numpy.frombuffer(frame)` read it.
+/// `memoryview(frame)`, `bytes(frame)` and `numpy.frombuffer(frame)` read it. A frame read
+/// off the socket is writable, as a buffer Python's sockets fill is (the bytes were copied
+/// into memory of its own); a view of a peer's segment is writable only when mapped private.
 #[pyclass(frozen, module = "handoff._native")]
 pub struct Frame {
     bytes: Bytes,
     kind: &'static str,
-    /// The bytes lie in a private (copy-on-write) mapping of their own: views may write.
+    /// The bytes are this frame's alone (read off the socket, or a private copy-on-write
+    /// mapping): views may write.
     writable: bool,
     /// For a view of a peer's segment: the sender's lease, and where the frame lies.
     shm: Option<ShmOrigin>,
@@ -46,6 +50,17 @@ impl Frame {
             kind,
             writable: false,
             shm: None,
+        }
+    }
+
+    /// Bytes read off the socket into memory no one else holds (a buffer of their own, or one
+    /// of the receive pool's, which goes back to the pool only when the last view is gone):
+    /// exported writable, as Python's own socket reads are, so that a deserializer that needs
+    /// a writable buffer (Dask's, numpy's `require(..., "W")`) does not copy it again.
+    pub(crate) fn received(bytes: Bytes, kind: &'static str) -> Frame {
+        Frame {
+            writable: true,
+            ..Frame::new(bytes, kind)
         }
     }
 
@@ -86,7 +101,8 @@ impl Frame {
         format!("<Frame {} {} bytes>", self.kind, self.bytes.len())
     }
 
-    /// Whether views of the frame may write (a private mapping of a peer's segment).
+    /// Whether views of the frame may write (read off the socket, or a private mapping of a
+    /// peer's segment).
     #[getter]
     fn writable(&self) -> bool {
         self.writable
@@ -113,6 +129,30 @@ impl Frame {
         Ok(Some(d))
     }
 
+    /// The frame's bytes as a one-dimensional `uint8` NumPy array that owns no memory and has
+    /// no base (`base is None`), as the arrays Dask's TCP comm reads into are: Dask's tools
+    /// that look for the buffer an array lies in (its P2P rechunk's tests walk `.base`) stop
+    /// at it. The frame stays alive until the array is collected (a `weakref.finalize` holds
+    /// it, out of the application's reach). Only a writable frame has one: a read-only one is
+    /// refused with `BufferError`.
+    fn host_array<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let frame = slf.get();
+        if !frame.writable {
+            return Err(PyBufferError::new_err(
+                "a read-only frame (a shared view of a peer's segment) has no host array of its own",
+            ));
+        }
+        let array = host_array_over(py, frame.bytes.as_ptr(), frame.bytes.len())?;
+        static FINALIZE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+        let finalize = FINALIZE.get_or_try_init(py, || py.import("weakref")?.getattr("finalize").map(Bound::unbind))?;
+        // The bound method holds the frame until the array is gone, and nothing else can reach
+        // it to let it go sooner.
+        let keeper = finalize.bind(py).call1((&array, slf.getattr("__len__")?))?;
+        keeper.setattr("atexit", false)?;
+        Ok(array)
+    }
+
     unsafe fn __getbuffer__(slf: Bound<'_, Self>, view: *mut pyo3::ffi::Py_buffer, flags: c_int) -> PyResult<()> {
         let (ptr, len, writable) = {
             let frame = slf.get();
@@ -122,9 +162,10 @@ impl Frame {
             return Err(PyBufferError::new_err("a received frame is read-only"));
         }
         // SAFETY: the view keeps the frame (and so its bytes, which never move) alive until
-        // it is released: `obj` takes a reference to it. A writable frame's bytes are a
-        // private mapping made for it alone (`Frame::writable`), so a write through the view
-        // changes memory no other frame and no other process sees.
+        // it is released: `obj` takes a reference to it. A writable frame's bytes are its
+        // own (`Frame::received`: copied off the socket) or a private mapping made for it
+        // alone (`Frame::into_writable`), so a write through the view changes memory no
+        // other frame and no other process sees.
         let readonly = c_int::from(!writable);
         let r =
             unsafe { pyo3::ffi::PyBuffer_FillInfo(view, slf.as_ptr(), ptr as *mut _, len as isize, readonly, flags) };
@@ -267,4 +308,57 @@ pub(crate) fn bytes_of(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
         return Ok(Bytes::new());
     }
     Ok(Bytes::from_owner(Exported(buffer)))
+}
+
+/// NumPy's type number of `uint8` (`NPY_UBYTE`).
+const NPY_UBYTE: c_int = 2;
+/// `NPY_ARRAY_C_CONTIGUOUS | NPY_ARRAY_ALIGNED | NPY_ARRAY_WRITEABLE` (`NPY_ARRAY_CARRAY`).
+const NPY_ARRAY_CARRAY: c_int = 0x0001 | 0x0100 | 0x0400;
+
+type DescrFromType = unsafe extern "C" fn(c_int) -> *mut pyo3::ffi::PyObject;
+type NewFromDescr = unsafe extern "C" fn(
+    *mut pyo3::ffi::PyTypeObject,
+    *mut pyo3::ffi::PyObject,
+    c_int,
+    *const isize,
+    *const isize,
+    *mut std::ffi::c_void,
+    c_int,
+    *mut pyo3::ffi::PyObject,
+) -> *mut pyo3::ffi::PyObject;
+
+/// A writable `uint8` array of `len` bytes at `ptr`, owning nothing and with no base: the
+/// caller keeps the memory alive for as long as the array lives.
+fn host_array_over(py: Python<'_>, ptr: *const u8, len: usize) -> PyResult<Bound<'_, PyAny>> {
+    use crate::numpy_api::{entry, slot};
+    let array_type = entry(py, slot::ARRAY_TYPE)? as *mut pyo3::ffi::PyTypeObject;
+    // SAFETY: those slots' signatures (NumPy's `__multiarray_api.h`).
+    let (descr_from_type, new_from_descr) = unsafe {
+        (
+            std::mem::transmute::<*const std::ffi::c_void, DescrFromType>(entry(py, slot::DESCR_FROM_TYPE)?),
+            std::mem::transmute::<*const std::ffi::c_void, NewFromDescr>(entry(py, slot::NEW_FROM_DESCR)?),
+        )
+    };
+    // SAFETY: a new reference to a builtin descriptor, or null with an exception set.
+    let descr = unsafe { descr_from_type(NPY_UBYTE) };
+    if descr.is_null() {
+        return Err(PyErr::fetch(py));
+    }
+    let dims = [len as isize];
+    // SAFETY: `descr` is stolen; `dims` outlives the call; NumPy keeps `ptr` as the data of
+    // an array that does not own it (no OWNDATA), so it never frees or reallocates it.
+    let array = unsafe {
+        new_from_descr(
+            array_type,
+            descr,
+            1,
+            dims.as_ptr(),
+            std::ptr::null(),
+            ptr as *mut std::ffi::c_void,
+            NPY_ARRAY_CARRAY,
+            std::ptr::null_mut(),
+        )
+    };
+    // SAFETY: a new reference, or null with an exception set.
+    unsafe { Bound::from_owned_ptr_or_err(py, array) }
 }

@@ -15,6 +15,7 @@ pub mod frames;
 pub mod host;
 pub mod inbox;
 pub mod log_limits;
+mod numpy_api;
 pub mod plain;
 pub mod pooled;
 pub mod shared_arrays;

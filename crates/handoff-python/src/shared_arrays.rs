@@ -147,31 +147,10 @@ type SetHandler = unsafe extern "C" fn(*mut pyo3::ffi::PyObject) -> *mut pyo3::f
 
 /// NumPy's `PyDataMem_SetHandler`, from its C API table.
 fn set_handler_fn(py: Python<'_>) -> PyResult<SetHandler> {
-    let numpy = py
-        .import("numpy._core._multiarray_umath")
-        .or_else(|_| py.import("numpy.core._multiarray_umath"))
-        .map_err(|e| PyRuntimeError::new_err(format!("shared arrays need NumPy 1.22 or later: {e}")))?;
-    let version: String = py.import("numpy")?.getattr("__version__")?.extract()?;
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if (major, minor) < (1, 22) {
-        return Err(PyRuntimeError::new_err(format!(
-            "shared arrays need NumPy 1.22 or later (its allocator API, NEP 49); this is {version}"
-        )));
-    }
-    let api = numpy.getattr("_ARRAY_API")?;
-    // SAFETY: NumPy's C API capsule (unnamed), which lives as long as NumPy.
-    let table = unsafe { pyo3::ffi::PyCapsule_GetPointer(api.as_ptr(), std::ptr::null()) } as *const *const c_void;
-    if table.is_null() {
-        return Err(PyErr::take(py).unwrap_or_else(|| PyRuntimeError::new_err("NumPy's C API table is missing")));
-    }
-    // SAFETY: slot 304 is PyDataMem_SetHandler from NumPy 1.22 on (checked above).
-    let slot = unsafe { *table.add(304) };
-    if slot.is_null() {
-        return Err(PyRuntimeError::new_err("NumPy's C API has no PyDataMem_SetHandler"));
-    }
+    let entry = crate::numpy_api::entry(py, crate::numpy_api::slot::SET_HANDLER)
+        .map_err(|e| PyRuntimeError::new_err(format!("shared arrays: {e}")))?;
     // SAFETY: that slot's signature.
-    Ok(unsafe { std::mem::transmute::<*const c_void, SetHandler>(slot) })
+    Ok(unsafe { std::mem::transmute::<*const c_void, SetHandler>(entry) })
 }
 
 /// Makes `handler` (our handler when None) NumPy's allocator in the current context;

@@ -32,7 +32,9 @@ Design, and why:
   set (0 by default), the receiving connection keeps the mapping of a segment whose views
   are gone (its own writes scrubbed off), so that the next frame the sender sends in that
   segment arrives with its pages mapped already (``handoff_pure.mapcache``, on the reference node).
-  Another host: TCP, the frames inline, received into fresh writable buffers.
+  Another host: TCP, the frames inline, received into fresh writable buffers (on the
+  engine, its frames, handed to Dask as arrays with no base over the bytes read: Dask's
+  deserializers keep them without a copy).
 - **Addresses.** ``listen_address`` is the bound ``host:port``; a wildcard listener is
   advertised as ``default_host`` or ``get_ip()``, as Dask's TCP. A Unix comm has no
   port: its connecting side is ``handoff://HOST:0``, both ends agree on it through the

@@ -318,6 +318,19 @@ def host_nbytes(frame: Any) -> int:
     return 0 if is_cuda_array(frame) else memoryview(frame).nbytes
 
 
+def _own_buffer(frame: Any) -> Any:
+    """A whole writable frame the engine received, as the array Dask's TCP comm would have
+    read it into: a ``uint8`` array with no base over the frame's memory (no copy), so that
+    Dask's deserializers keep it as it is and its tools that look for an array's buffer
+    find it. Anything else as it is."""
+    if type(frame) is memoryview and not frame.readonly:
+        owner = frame.obj
+        host_array = getattr(owner, "host_array", None)
+        if host_array is not None and frame.nbytes == len(owner):
+            return host_array()
+    return frame
+
+
 def _bytes_like(value: Any) -> bool:
     return isinstance(value, (bytes, bytearray, memoryview))
 
@@ -369,7 +382,7 @@ def unpack_part(body: Any, out: list, joins: Optional[list] = None) -> bool:
         raise _too_many(out)
     for entry in body["f"]:
         if _bytes_like(entry):
-            out.append(entry)
+            out.append(_own_buffer(entry))
         elif isinstance(entry, dict) and "cut" in entry:
             view, sizes = entry.get("f"), entry["cut"]
             if (
@@ -383,7 +396,10 @@ def unpack_part(body: Any, out: list, joins: Optional[list] = None) -> bool:
                 )
             if len(out) + len(sizes) > MAX_DASK_FRAMES:
                 raise _too_many(out)
-            view = memoryview(view)
+            # Read-only: a deserializer that keeps a piece copies it into a buffer of its own,
+            # so that the pieces do not hold each other's memory (Dask's P2P rechunk lets go
+            # of the shards of one message one by one).
+            view = memoryview(view).toreadonly()
             if sum(sizes) != view.nbytes:
                 raise FramesError(f"'cut' lengths add up to {sum(sizes)}, the frame has {view.nbytes} bytes")
             pos = 0
