@@ -488,6 +488,13 @@ impl Inbound {
         &mut self.buf[self.end..]
     }
 
+    /// Whether the last [`recv_space`](Self::recv_space) was a large frame's own buffer. A
+    /// read that does not fill it has not learnt that the socket is empty: the rest of the
+    /// frame is on its way, and may have arrived while that read copied.
+    pub fn filling_frame(&self) -> bool {
+        self.into_fill
+    }
+
     /// `n` bytes were read into the last [`recv_space`](Self::recv_space), at `now`.
     pub fn received(&mut self, n: usize, now: Instant) {
         if n == 0 {

@@ -645,3 +645,47 @@ fn a_connection_that_fails_gives_its_room_back_at_once() {
         "given back when the connection fails, not when it is dropped"
     );
 }
+
+#[test]
+fn only_a_large_frames_own_buffer_counts_as_filling_a_frame() {
+    // A driver reads on after a short read into a large frame's buffer (the rest of the
+    // frame is on its way), and stops after one into the shared read buffer (the socket is
+    // empty): `filling_frame` tells the two apart.
+    let large = 1 << 20;
+    let stream = message(&[10, large]);
+    let mut inb = inbound(false);
+    let now = Instant::now();
+    let mut at = 0;
+    let mut seen_filling = Vec::new();
+    loop {
+        match inb.poll(now).unwrap() {
+            Step::Read => {
+                let space = inb.recv_space();
+                let n = space.len().min(stream.len() - at).min(4096);
+                space[..n].copy_from_slice(&stream[at..at + n]);
+                at += n;
+                seen_filling.push(inb.filling_frame());
+                inb.received(n, now);
+            }
+            Step::Room { .. } => assert!(inb.try_take_room(0, now)),
+            Step::Event(Event::Message(m)) => {
+                assert_eq!(frame_bytes(&m.frames[1]).len(), large);
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // The header and the small frame come through the read buffer; then every read but
+    // (perhaps) the first of the large frame, which the read buffer held the start of, goes
+    // into the frame's own buffer.
+    assert!(!seen_filling[0], "the header is read into the shared buffer");
+    let into_frame = seen_filling.iter().filter(|&&f| f).count();
+    assert!(
+        into_frame >= large / 4096 - 16,
+        "{into_frame} reads into the frame's buffer"
+    );
+    assert!(
+        seen_filling.iter().skip_while(|&&f| !f).all(|&f| f),
+        "once into the frame, every read"
+    );
+}

@@ -197,6 +197,10 @@ struct HostCopies {
     closed: bool,
 }
 
+/// The most one turn of the loop reads into large frames' buffers on a connection before it
+/// lets the loop's other callbacks run (a read that fills its space always reads on).
+const READ_TURN_BYTES: usize = 16 << 20;
+
 /// Host copies smaller than this are made on the event loop (a thread would cost more).
 const COPY_ON_LOOP_MAX: u64 = 1 << 20;
 
@@ -1096,6 +1100,7 @@ impl Connection {
     /// connection ended), collecting events.
     fn drive(&mut self, py: Python<'_>, events: &mut Vec<Py<PyAny>>) -> PyResult<()> {
         let mut drained = false;
+        let mut read_this_turn = 0usize;
         self.paused_for_answers = false;
         loop {
             let Some(socket) = self.socket.as_ref() else {
@@ -1210,6 +1215,7 @@ impl Connection {
                                 return Ok(());
                             }
                             let space = conn.recv_space().len();
+                            let into_frame = conn.inbound().filling_frame();
                             let got = match read_from(&mut self.stream, socket.as_fd(), conn.recv_space(), true) {
                                 Ok(Some(got)) => got,
                                 Ok(None) => return Ok(()),
@@ -1225,7 +1231,13 @@ impl Connection {
                                 self.refuse(py, &e, events)?;
                                 return Ok(());
                             }
-                            drained = got.bytes < space;
+                            // Into a large frame's buffer, a short read is followed by
+                            // another (the rest may have come meanwhile: one read more
+                            // costs less than a turn of the loop), until the socket is
+                            // empty or this turn read `READ_TURN_BYTES`, so that one
+                            // fast peer does not hold up the loop's other connections.
+                            read_this_turn += got.bytes;
+                            drained = got.bytes < space && (!into_frame || read_this_turn >= READ_TURN_BYTES);
                         }
                         Step::Room => {
                             // Counted before the attempt, so that room given back after it
