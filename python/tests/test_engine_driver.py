@@ -488,6 +488,53 @@ async def test_shm_private_frames_are_writable_views_of_the_segment_and_writes_s
         b.close()
 
 
+async def test_a_host_array_keeps_its_frame_and_lease_until_it_goes(tmp_path):
+    """``Frame.host_array()``: a base-less array over the frame (what Dask's tools expect of
+    a received array), no copy; the frame, and with it the sender's lease, stays alive while
+    the array or a view of it lives, whatever else lets go, and goes with the last of them.
+    A read-only frame (a shared view) has none."""
+    import gc
+
+    a = Driver(engine("py-eng-hostarr-a"))
+    b = Driver(engine("py-eng-hostarr-b", shm_private=True))
+    listener = await b.listen(f"unix://{tmp_path}/hostarr.sock")
+    try:
+        sender = await a.connect(listener.address)
+        receiver = await listener.accept(10)
+        await request(sender, "t.Big", {"data": np.full(2 * MIB, 5, dtype=np.uint8)})
+        got, body = await expect(receiver, "t.Big")
+        arr = got.frames[0].host_array()
+        assert arr.base is None and arr.flags.writeable and arr.dtype == np.uint8 and len(arr) == 2 * MIB
+        assert _region_of(memoryview(arr)).startswith("/memfd:handoff-segment"), "a copy, not the segment"
+        view = arr[MIB:]
+        del got, body, arr
+        gc.collect()
+        await asyncio.sleep(0.05)
+        assert sender.conn.shm_leases[0] == 1, "the frame went while a view of its array lived"
+        assert (view == 5).all()
+        view[:] = 6  # the receiver's private pages
+        del view
+        assert await eventually(lambda: sender.conn.shm_leases == (0, 0)), sender.conn.shm_leases
+        # A shared (read-only) view of a segment is no buffer of its own.
+        shared = Driver(engine("py-eng-hostarr-c"))
+        listener2 = await shared.listen(f"unix://{tmp_path}/hostarr2.sock")
+        try:
+            sender2 = await a.connect(listener2.address)
+            receiver2 = await listener2.accept(10)
+            await request(sender2, "t.Big", {"data": np.full(2 * MIB, 5, dtype=np.uint8)})
+            got, _ = await expect(receiver2, "t.Big")
+            assert not got.frames[0].writable
+            with pytest.raises(BufferError, match="read-only frame"):
+                got.frames[0].host_array()
+        finally:
+            listener2.close()
+            shared.close()
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
 async def test_a_segment_whose_connection_closed_under_a_live_view_is_never_reused(tmp_path):
     """A receiver that keeps a frame after its connection closed (Dask closes comms and
     keeps the arrays) still maps the sender's segment: the sender must not put that

@@ -147,7 +147,10 @@ impl Frame {
         static FINALIZE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
         let finalize = FINALIZE.get_or_try_init(py, || py.import("weakref")?.getattr("finalize").map(Bound::unbind))?;
         // The bound method holds the frame until the array is gone, and nothing else can reach
-        // it to let it go sooner.
+        // it to let it go sooner. (Not the array's `base`: Dask's tools stop only at a
+        // base-less array.) An ndarray is not tracked by the cyclic collector, so the
+        // callback runs at its deallocation, never while a finalizer of a cycle holding
+        // it could still read its bytes.
         let keeper = finalize.bind(py).call1((&array, slf.getattr("__len__")?))?;
         keeper.setattr("atexit", false)?;
         Ok(array)
