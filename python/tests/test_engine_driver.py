@@ -505,6 +505,9 @@ async def test_a_host_array_keeps_its_frame_and_lease_until_it_goes(tmp_path):
         got, body = await expect(receiver, "t.Big")
         arr = got.frames[0].host_array()
         assert arr.base is None and arr.flags.writeable and arr.dtype == np.uint8 and len(arr) == 2 * MIB
+        # One per frame: a second would alias the first's bytes.
+        with pytest.raises(BufferError, match="already"):
+            got.frames[0].host_array()
         assert _region_of(memoryview(arr)).startswith("/memfd:handoff-segment"), "a copy, not the segment"
         view = arr[MIB:]
         del got, body, arr
@@ -529,6 +532,34 @@ async def test_a_host_array_keeps_its_frame_and_lease_until_it_goes(tmp_path):
         finally:
             listener2.close()
             shared.close()
+    finally:
+        listener.close()
+        a.close()
+        b.close()
+
+
+async def test_a_dask_body_that_names_a_frame_twice_gets_no_two_writable_arrays_over_it(tmp_path):
+    """A peer may name one frame twice in a body (spec §8.2); handoff's own senders never
+    do. The Dask comm makes the first a host array and the second a read-only view, which
+    Dask's deserializers copy: no two writable arrays share the bytes."""
+    pytest.importorskip("distributed")
+    from handoff.dask.frames import unpack_part
+
+    a = Driver(engine("py-eng-twice-a", host_id="h-a"))
+    b = Driver(engine("py-eng-twice-b", host_id="h-b"))
+    listener = await b.listen("127.0.0.1:0")
+    try:
+        sender = await a.connect(listener.address)
+        receiver = await listener.accept(10)
+        await request(sender, "t.Big", {"data": np.full(256 * 1024, 3, dtype=np.uint8)})
+        got, _ = await expect(receiver, "t.Big")
+        frame = got.frames[0]
+        assert frame.kind == "inline" and frame.writable
+        out: list = []
+        assert unpack_part({"f": [memoryview(frame), memoryview(frame)]}, out) is False
+        first, second = out
+        assert isinstance(first, np.ndarray) and first.base is None and first.flags.writeable
+        assert isinstance(second, memoryview) and second.readonly
     finally:
         listener.close()
         a.close()

@@ -4,6 +4,7 @@
 //! [`bytes::Bytes`] for as long as the connection needs it.
 
 use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use pyo3::buffer::PyUntypedBuffer;
@@ -26,6 +27,8 @@ pub struct Frame {
     writable: bool,
     /// For a view of a peer's segment: the sender's lease, and where the frame lies.
     shm: Option<ShmOrigin>,
+    /// `host_array` was called: a second array would alias the first's bytes.
+    host_array_made: AtomicBool,
 }
 
 /// Where a received shared-memory frame lies, and the lease that keeps it.
@@ -50,6 +53,7 @@ impl Frame {
             kind,
             writable: false,
             shm: None,
+            host_array_made: AtomicBool::new(false),
         }
     }
 
@@ -133,14 +137,21 @@ impl Frame {
     /// no base (`base is None`), as the arrays Dask's TCP comm reads into are: Dask's tools
     /// that look for the buffer an array lies in (its P2P rechunk's tests walk `.base`) stop
     /// at it. The frame stays alive until the array is collected (a `weakref.finalize` holds
-    /// it, out of the application's reach). Only a writable frame has one: a read-only one is
-    /// refused with `BufferError`.
+    /// it, out of the application's reach). Only a writable frame has one, and only one: a
+    /// read-only frame, or a second call (a body may name one frame twice, and two writable
+    /// arrays over the same bytes would see each other's writes), is refused with
+    /// `BufferError`.
     fn host_array<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let frame = slf.get();
         if !frame.writable {
             return Err(PyBufferError::new_err(
                 "a read-only frame (a shared view of a peer's segment) has no host array of its own",
+            ));
+        }
+        if frame.host_array_made.swap(true, Ordering::AcqRel) {
+            return Err(PyBufferError::new_err(
+                "this frame has its host array already: a second would alias its bytes",
             ));
         }
         let array = host_array_over(py, frame.bytes.as_ptr(), frame.bytes.len())?;

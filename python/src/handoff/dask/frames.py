@@ -322,12 +322,19 @@ def _own_buffer(frame: Any) -> Any:
     """A whole writable frame the engine received, as the array Dask's TCP comm would have
     read it into: a ``uint8`` array with no base over the frame's memory (no copy), so that
     Dask's deserializers keep it as it is and its tools that look for an array's buffer
-    find it. Anything else as it is."""
+    find it. A frame the body names again, read-only (Dask copies it: two writable arrays
+    over one frame would see each other's writes); without NumPy 1.22 or later, the frame
+    as it is. Anything else as it is."""
     if type(frame) is memoryview and not frame.readonly:
         owner = frame.obj
         host_array = getattr(owner, "host_array", None)
         if host_array is not None and frame.nbytes == len(owner):
-            return host_array()
+            try:
+                return host_array()
+            except BufferError:  # named before in this message
+                return frame.toreadonly()
+            except RuntimeError:  # no NumPy (1.22 or later) in this process
+                return frame
     return frame
 
 
@@ -396,9 +403,11 @@ def unpack_part(body: Any, out: list, joins: Optional[list] = None) -> bool:
                 )
             if len(out) + len(sizes) > MAX_DASK_FRAMES:
                 raise _too_many(out)
-            # Read-only: a deserializer that keeps a piece copies it into a buffer of its own,
-            # so that the pieces do not hold each other's memory (Dask's P2P rechunk lets go
-            # of the shards of one message one by one).
+            # Read-only: a deserializer that keeps a piece (a Dask frame of its own) copies it
+            # into a buffer of its own, so that the pieces do not hold each other's memory
+            # (Dask's P2P rechunk lets go of the shards of one message one by one). The shards
+            # of one split Dask frame Dask joins itself (``merge_memoryviews`` takes a new view
+            # of the pieces' owner, the received frame), writable and without a copy.
             view = memoryview(view).toreadonly()
             if sum(sizes) != view.nbytes:
                 raise FramesError(f"'cut' lengths add up to {sum(sizes)}, the frame has {view.nbytes} bytes")
