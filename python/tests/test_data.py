@@ -113,6 +113,20 @@ def test_not_a_handle_is_left_alone_or_refused():
 # ---------------------------------------------------------------- a local source
 
 
+async def test_every_reader_of_a_received_fallback_gets_it_read_only():
+    """A fallback that came as bytes (to a peer that takes no tickets) is one buffer that
+    every reader of the handle gets; a frame read off the socket is writable, so a reader
+    could change what the next one reads, unless each gets it read-only."""
+    received = memoryview(bytearray(b"the sender's bytes"))  # as a writable received frame
+    h = BlobHandle(BlobTag(dataset="11111111-1111-4111-8111-111111111111", size=len(received)), fallback=received)
+    first = await h.read_all()
+    assert first == b"the sender's bytes" and h.last_origin == "remote-blob"
+    assert memoryview(first).readonly and memoryview(await h.read_range(4, 10)).readonly
+    with pytest.raises(TypeError):
+        memoryview(first)[0] = 0
+    assert await h.read_all() == b"the sender's bytes"
+
+
 def test_file_dataset_reads_files_and_refuses_escapes(tmp_path):
     (tmp_path / "tree" / "cats").mkdir(parents=True)
     (tmp_path / "tree" / "cats" / "1.png").write_bytes(b"png!")

@@ -349,7 +349,9 @@ class BlobHandle:
                     f"{self.tag.describe()}: pulling the bytes from the sender failed ({self._reason}): {e}"
                 ) from e
         else:
-            data = fb
+            # Every reader gets the same received bytes (a frame read off the socket is
+            # writable): read-only, so that none changes what the next one reads.
+            data = fb.toreadonly() if type(fb) is memoryview else fb
         self._origin = "remote-blob"
         return data
 
@@ -378,7 +380,7 @@ class BlobHandle:
                     f"{self.tag.describe()}: pulling the bytes from the sender failed ({self._reason}): {e}"
                 ) from e
         else:
-            data = memoryview(fb)[start:end]
+            data = memoryview(fb).toreadonly()[start:end]
         self._origin = "remote-blob"
         return data
 
