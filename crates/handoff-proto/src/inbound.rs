@@ -46,6 +46,10 @@ use crate::ticket_leases::{LeaseTable, OwnerAnswer};
 
 /// Bytes read ahead at a time between large frames.
 const READ_CHUNK: usize = 64 * 1024;
+
+/// The most bytes a driver reads into large frames' buffers in one turn of its loop while
+/// each read comes back short (see [`Inbound::turn_ends_after_read`]).
+pub const READ_TURN_BYTES: usize = 16 << 20;
 /// Most descriptors a peer may pass with one read (spec §7.2): a driver's receive buffer
 /// for them holds this many, and more (the kernel truncating them) fails the connection.
 /// So a sender puts at most this many `shm` descriptors in one message.
@@ -493,6 +497,18 @@ impl Inbound {
     /// frame is on its way, and may have arrived while that read copied.
     pub fn filling_frame(&self) -> bool {
         self.into_fill
+    }
+
+    /// Whether a driver's turn of reading ends after a read of `got` bytes into the last
+    /// [`recv_space`](Self::recv_space) (`space` bytes long), `read_this_turn` bytes read in
+    /// this turn so far, this read included. A read that fills its space reads on. A short
+    /// read into the shared read buffer found the socket empty: the turn ends (no read is
+    /// spent to learn it again). A short read into a large frame's own buffer reads on (the
+    /// rest may have come meanwhile, and one read more costs less than a turn of the loop)
+    /// until [`READ_TURN_BYTES`] were read, so that one fast peer does not hold up the
+    /// driver's other connections.
+    pub fn turn_ends_after_read(&self, got: usize, space: usize, read_this_turn: usize) -> bool {
+        got < space && (!self.into_fill || read_this_turn >= READ_TURN_BYTES)
     }
 
     /// `n` bytes were read into the last [`recv_space`](Self::recv_space), at `now`.

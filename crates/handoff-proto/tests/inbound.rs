@@ -689,3 +689,35 @@ fn only_a_large_frames_own_buffer_counts_as_filling_a_frame() {
         "once into the frame, every read"
     );
 }
+
+#[test]
+fn a_turn_of_reading_ends_at_an_empty_socket_or_the_turns_bound() {
+    use handoff_proto::inbound::READ_TURN_BYTES;
+    let stream = message(&[1 << 20]);
+    let mut inb = inbound(false);
+    let now = Instant::now();
+    // The header's read, into the shared buffer: a short one ends the turn, a full one not.
+    assert!(matches!(inb.poll(now).unwrap(), Step::Read));
+    let space = inb.recv_space().len();
+    assert!(inb.turn_ends_after_read(10, space, 10));
+    assert!(!inb.turn_ends_after_read(space, space, space));
+    // Into the frame's own buffer: a short read reads on, until the turn's bound.
+    let mut at = 0;
+    while !inb.filling_frame() {
+        match inb.poll(now).unwrap() {
+            Step::Read => {
+                let space = inb.recv_space();
+                let n = space.len().min(stream.len() - at);
+                space[..n].copy_from_slice(&stream[at..at + n]);
+                at += n;
+                if !inb.filling_frame() {
+                    inb.received(n, now);
+                }
+            }
+            Step::Room { .. } => assert!(inb.try_take_room(0, now)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(!inb.turn_ends_after_read(4096, 1 << 19, 4096));
+    assert!(inb.turn_ends_after_read(4096, 1 << 19, READ_TURN_BYTES));
+}

@@ -197,10 +197,6 @@ struct HostCopies {
     closed: bool,
 }
 
-/// The most one turn of the loop reads into large frames' buffers on a connection before it
-/// lets the loop's other callbacks run (a read that fills its space always reads on).
-const READ_TURN_BYTES: usize = 16 << 20;
-
 /// Host copies smaller than this are made on the event loop (a thread would cost more).
 const COPY_ON_LOOP_MAX: u64 = 1 << 20;
 
@@ -1215,7 +1211,6 @@ impl Connection {
                                 return Ok(());
                             }
                             let space = conn.recv_space().len();
-                            let into_frame = conn.inbound().filling_frame();
                             let got = match read_from(&mut self.stream, socket.as_fd(), conn.recv_space(), true) {
                                 Ok(Some(got)) => got,
                                 Ok(None) => return Ok(()),
@@ -1231,13 +1226,8 @@ impl Connection {
                                 self.refuse(py, &e, events)?;
                                 return Ok(());
                             }
-                            // Into a large frame's buffer, a short read is followed by
-                            // another (the rest may have come meanwhile: one read more
-                            // costs less than a turn of the loop), until the socket is
-                            // empty or this turn read `READ_TURN_BYTES`, so that one
-                            // fast peer does not hold up the loop's other connections.
                             read_this_turn += got.bytes;
-                            drained = got.bytes < space && (!into_frame || read_this_turn >= READ_TURN_BYTES);
+                            drained = conn.inbound().turn_ends_after_read(got.bytes, space, read_this_turn);
                         }
                         Step::Room => {
                             // Counted before the attempt, so that room given back after it
