@@ -94,7 +94,9 @@ if __name__ == "__main__":
             )
             fut = c.compute(out)
             # Kill a worker once shards have reached it and its transfer is not over.
-            victim = sorted(c.scheduler_info()["workers"])[r % 4]
+            # The workers now, from the scheduler (Client.scheduler_info() is the client's
+            # cached view, refreshed every few seconds, and can still miss one that is back).
+            victim = sorted(c.run(os.getpid))[r % 4]
             deadline, mid = time.monotonic() + 30, False
             while not mid and time.monotonic() < deadline:
                 mid = bool(c.run(shuffling, workers=[victim]).get(victim))
@@ -114,7 +116,7 @@ if __name__ == "__main__":
         if scheme == "handoff":
             from handoff.dask import stats
             shm_bytes = sum(s["counters"].get("bytes-written-shm", 0) for s in c.run(stats).values())
-        nworkers = len(c.scheduler_info()["workers"])
+        nworkers = len(c.run(os.getpid))
     # The cluster's processes are gone; what no live process holds is freed.
     deadline = time.monotonic() + 15
     while shmem() - before > 64 << 20 and time.monotonic() < deadline:

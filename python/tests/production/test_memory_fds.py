@@ -41,7 +41,8 @@ if __name__ == "__main__":
     with LocalCluster(
         protocol=scheme, n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None
     ) as cluster, Client(cluster) as c:
-        a, b = sorted(c.scheduler_info()["workers"])
+        c.wait_for_workers(2, timeout=60)
+        a, b = sorted(c.run(os.getpid))  # from the scheduler now, not the client's cached view
         futs = [c.submit(make, i, workers=[a], pure=False) for i in range(N)]
         wait(futs, timeout=60)
         t = time.monotonic()

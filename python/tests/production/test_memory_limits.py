@@ -20,7 +20,7 @@ pytest.importorskip("distributed")
 MIB = 1 << 20
 
 PROGRAM = """
-import json, sys, time
+import json, os, sys, time
 
 import numpy as np
 import psutil
@@ -53,7 +53,8 @@ if __name__ == "__main__":
         protocol=scheme, n_workers=2, threads_per_worker=1, processes=True, memory_limit="1GiB",
         dashboard_address=None,
     ) as cluster, Client(cluster) as c:
-        workers = sorted(c.scheduler_info()["workers"])
+        c.wait_for_workers(2, timeout=60)
+        workers = sorted(c.run(os.getpid))  # from the scheduler now, not the client's cached view
         a, b = workers
         results = []
         for round in range(2):
@@ -74,7 +75,7 @@ if __name__ == "__main__":
         print(json.dumps({
             "metric": sorted(metric),
             "results": results, "paused": paused, "restarts": restarts,
-            "same_workers": sorted(c.scheduler_info()["workers"]) == workers,
+            "same_workers": sorted(c.run(os.getpid)) == workers,
             "at_rest": [at_rest[a], at_rest[b]], "peaks": [peaks[a], peaks[b]],
         }))
 """
