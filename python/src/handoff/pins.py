@@ -1,39 +1,9 @@
-"""Pins: leases on local objects that are not buffers (a file on disk, a device buffer).
-
-A route-aware encoder (:mod:`handoff.route`) that sends a *reference* to something it
-owns — the path of a file to a same-host peer — must keep that thing for the receiver
-until the receiver is done with it, as the first seed asks, and must not leak it if the
-receiver never says so. A **pin** is that lease, as in the ticket protocol (§7.7): the
-owner node keeps ``keep`` (any object; holding it keeps the resource: a file is deleted
-only when nothing holds it) for one holder node, until
-
-- the holder **releases** it (its decoded object was closed or garbage-collected), or
-- the holder has **no connection** left to the owner (it closed them, or its process
-  died): 0.2 s after its last connection ends, as ticket holds end (§7.7), or
-- the holder never **claimed** it within ``claim_timeout`` (60 s): a message that was
-  never decoded, or a value a third process forwarded without decoding it (Dask's
-  scheduler forwards results to clients so), or a holder that is not a Python node;
-- or the owner node closes.
-
-**Messages: no wire change.** The holder sends ``handoff.pin.Update`` — an ordinary
-``msg`` (§6.4) with the body ``{"claim": [ids], "release": [ids]}`` and no frames — to
-the owner over any connection between the two nodes (the Dask comm's own connection
-included: the owner's node takes it before any queue, so a comm never sees it). Every
-node accepts this type, whatever types it registered. A new wire message kind would have
-needed the spec, vectors and both implementations; ticket leases (``unlease``/``renew``)
-pin a *buffer* the holder may pull, with a digest over all its bytes, which a file
-read in place neither needs nor should pay for.
-
-**Bounds** (:class:`PinBounds`, checked before anything is allocated): at most
-``max_pins_per_peer`` (1024) pins for one holder node and ``max_pins`` (65 536) in all —
-beyond, :meth:`PinTable.pin` raises :class:`~handoff.errors.CapReached` and the send
-fails with it (Dask's family sends the bytes instead); at most ``max_ids_per_update``
-(4096) ids in one update (a larger one is ignored with a warning, and a body larger
-than such an update can be, :attr:`PinBounds.max_update_bytes`, or one with frames, is
-ignored before it is decoded). Unknown ids, ids of
-another holder and malformed updates are ignored with a rate-limited warning; the
-connection stays open. A holder keeps a handle per decoded object only (what the
-application holds), and sends its claims and releases batched per event-loop turn.
+"""Pins: leases on local objects that are not buffers (a file on disk, a device buffer),
+which a route-aware encoder (:mod:`handoff.route`) keeps for a receiver it sent a reference
+to. A pin ends when the holder releases it, when the holder's last connection to the owner
+ends, or ``claim_timeout`` after a send it never decoded; claims and releases travel as
+ordinary ``handoff.pin.Update`` messages (no wire change), bounded by :class:`PinBounds`.
+The design in full: ``docs/python.md``, "Spilled files and pins, in detail".
 """
 
 from __future__ import annotations

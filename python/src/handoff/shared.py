@@ -1,26 +1,9 @@
-"""Arrays born in shared memory (issue 41): NumPy allocates large arrays from handoff's
+"""Arrays born in shared memory: inside :func:`shared_arrays` (or after :func:`install`),
+NumPy allocates every array of at least ``min_bytes`` (1 MiB unless set) from handoff's
 memfd arenas, so that a same-host send passes a descriptor and both processes share one
-physical copy.
-
-Inside :func:`shared_arrays` (or after :func:`install`), every NumPy allocation of at least
-``min_bytes`` (1 MiB unless set) comes from an arena: memfd segments that stay mapped and
-are reused. Smaller ones, and any an arena cannot serve (a descriptor bound, an address
-space or memory limit), come from ``malloc`` as before. Sent on a Unix socket to a
-same-host node, such an array's bytes travel as a window of its arena (spec §7.2): the
-receiver maps the same pages, and no byte is copied. Everywhere else (TCP, TLS, another
-host) its bytes are copied as any array's.
-
-Neither side sees the other's later writes. At the first send, the producer's mapping of
-the array is remapped private from the same memfd (same address, same bytes), so what it
-writes afterwards stays in its own pages; a receiver maps copy-on-write. An array written
-after a send is sent again from its new bytes: written back into the arena when no peer
-maps it any more, copied while one does. A range of an arena is reused only after the
-array is freed and every receiver released it; a forked child gets private copies of the
-arrays it inherits. See ``docs/shared-arrays.md``.
-
-NumPy keeps the allocator in a context variable: threads that start without it (a plain
-``threading.Thread``) allocate with ``malloc``; an array is always freed by the allocator
-that made it.
+physical copy; elsewhere its bytes are copied as any array's. Neither side sees the
+other's later writes. How and why, and what a plain ``threading.Thread`` or a fork gets:
+``docs/shared-arrays.md``.
 """
 
 from __future__ import annotations

@@ -1,45 +1,10 @@
 """``SpilledFile``: a large file on disk that travels by its route — the worked example of
-:mod:`handoff.route`.
-
-A worker that spilled a large object to disk owns the file. Sending the handle:
-
-| route | what travels | what the receiver gets |
-|---|---|---|
-| same process | nothing: the object itself (parked, :mod:`handoff.route`) | the very same ``SpilledFile`` |
-| same host, a Python recipient | the path, its size, device and inode, and a *pin* (:mod:`handoff.pins`) | the file mapped read-only in place (``mmap``): no byte copied |
-| another host, another language, or no route (Dask's ``tcp://``, pickling) | the bytes, as one out-of-band frame read straight from the owner's mapping | a ``SpilledFile`` over the received bytes, in memory |
-
-**The owner keeps the file** until every receiver is done: each path sent pins the file
-on the sending node for that receiver; the owner's own handle and every pin hold it, and
-it is deleted (when the ``SpilledFile`` was made with ``delete=True``, as
-:meth:`SpilledFile.write` makes it) only once the owner closed or dropped its handle and
-every pin ended — released by the receiver when it closes or drops what it received,
-ended when the receiver's last connection to the owner ends (a killed receiver: within
-about a second, :data:`handoff.pins.DISCONNECT_GRACE` after the kernel closes its
-sockets), or ended ``claim_timeout`` (60 s) after the send if the receiver never decoded
-it. A receiver that received a path forwards it to a third same-host node under a pin of
-its own, which keeps its own pin (and so the file) alive.
-
-Once mapped, the receiver's view stays valid even if the owner deletes the file (Linux
-keeps an unlinked file while it is mapped); the owner never truncates or rewrites a
-spilled file — a file that shrank under a mapping would fault its reader (``SIGBUS``),
-which is why shared-memory frames must be sealed memfds (spec §7.2) and why a regular
-file's descriptor cannot travel as one (that would need a new descriptor kind: a wire
-change). Passing the path keeps the wire as it is.
-
-**What a receiver checks before it opens a path from a peer** (each failure is an error
-for that value only, :class:`~handoff.route.RouteError`): the route is same-host and the
-header names our host; the path is absolute and normalized, at most 4096 bytes, and —
-symbolic links resolved — inside a directory this process agreed to read peers' files
-from (:func:`allowed_dirs`: the system temporary directory and ``$HANDOFF_SPILL_DIRS`` by
-default, more with :func:`allow_dir`); it is opened with ``O_NOFOLLOW | O_NONBLOCK`` (a
-FIFO cannot block us); it is a regular file owned by our own uid, with the device, inode
-and size the sender stated. A hostile same-host peer (it must share our uid to reach
-our Unix socket at all, and the cluster secret to connect) can thus make us map one of
-our own files in those directories, that it could read anyway — never ``/etc/shadow``,
-never a file of another user, never a device; what is at stake is only what this
-receiver then reads, and it never writes or deletes a path it received. The announced
-size is only compared with the file's: nothing is allocated by it.
+:mod:`handoff.route`. To a same-host Python peer it goes as its path under a pin
+(:mod:`handoff.pins`) and is mapped read-only in place; elsewhere as its bytes. The owner
+keeps the file until every pin ends, and a receiver opens a peer's path only under the
+directories it allows, as a regular file of its own uid with the stated device, inode and
+size. The whole design, and what a hostile same-host peer can and cannot make a receiver
+do: ``docs/python.md``, "Spilled files and pins, in detail".
 """
 
 from __future__ import annotations

@@ -1,41 +1,10 @@
-"""Data handles in Dask: every worker opens a catalog and a cache, and a dataset object
-passed to a task or returned from one travels as a tag that the receiving worker binds
-to its own catalog and cache (the Distributed.jl scenario of the DataSets.jl request).
-
-::
-
-    client.register_plugin(OpenCatalog("Data.toml", cache_dir="/var/cache/handoff/{host_id}"))
-
-    def produce():
-        return worker_catalog().blob("images")     # lazy: a handle, no bytes
-
-    def consume(blob):
-        data = read_all(blob)                      # this worker's cache or storage
-        return len(data), blob.last_origin
-
-    client.submit(consume, client.submit(produce, workers=[a]), workers=[b])
-
-- **One plugin** (:class:`OpenCatalog`) opens the catalog and the cache folder on every
-  worker, present and future. ``{host_id}`` in the cache folder is replaced by the
-  worker's handoff host identity: workers that stand for different hosts on one machine
-  keep their own folders, as different hosts would. Without a catalog path the worker's
-  ``$HANDOFF_CATALOG`` is used. Several catalogs (a list, or a ``:``-separated string) make a
-  :class:`~handoff.datasets.CatalogStack` searched in order, as Julia's ``JULIA_DATASETS_PATH``.
-- **Specs** select as in DataSets.jl: ``worker_catalog().blob("a_tree_example#1.csv")`` is a
-  file of a tree, and the handle sent on carries that path.
-- **The route-aware codec** (:mod:`handoff.route`): a :class:`~handoff.datasets.Blob`
-  travels as its tag (dataset uuid and name, path, size and digest when known) and the
-  address of the worker that sent it. The receiving worker binds the tag to its own
-  catalog: two same-host workers share their cache folder, so the second finds what the
-  first fetched (origin ``cache``, or ``shared-cache`` found by the tag's digest); a
-  worker of another host fetches from storage itself.
-- **A worker whose catalog cannot open the dataset** (it lacks it, or lacks its driver)
-  gets a :class:`RemoteBlob`, which reads the bytes from the sending worker when first
-  used, through Dask's own RPC on the same ``handoff://`` comms (origin ``remote-blob``,
-  and ``fallback_reason`` says why). The sender reads them from its own catalog.
-
-Tasks run in threads: :func:`read_all` and :func:`read_range` run a read on the worker's
-event loop (where its catalog's cache keeps its locks) and wait for it.
+"""Data handles in Dask: every worker opens a catalog and a cache (the plugin
+:class:`OpenCatalog`), and a dataset object passed to a task or returned from one travels
+as a tag that the receiving worker binds to its own catalog and cache; a worker that cannot
+open the dataset gets a :class:`RemoteBlob`, which reads the bytes from the sending worker
+through Dask's RPC on the same comms. Tasks run in threads: :func:`read_all` and
+:func:`read_range` run a read on the worker's event loop and wait for it. A guide with an
+example: ``docs/datasets.md``, "In Dask".
 """
 
 from __future__ import annotations

@@ -1,39 +1,10 @@
-"""Route-aware types inside Dask: the ``handoff`` serialization family.
-
-Every type registered with :func:`handoff.route.register` (such as
-:class:`handoff.spilled.SpilledFile`) is serialized by Dask with its route-aware
-encoder, the route built from what Dask hands a serializer:
-
-- **Encoding.** Dask passes ``context`` to a ``dumps`` that takes it: on a
-  ``handoff://`` comm, ``context["handoff"]`` is the comm's route (its two endpoints from
-  the authenticated handoff handshake, the locality and the channel, see
-  :class:`handoff.dask.comm.HandoffComm`), which becomes a :class:`handoff.route.Route`.
-  Without it — ``tcp://`` and other comms, spilling to disk, ``dask.base.tokenize`` —
-  the route is :data:`handoff.route.UNKNOWN` (``remote``): the type's self-contained
-  form (for ``SpilledFile``, the bytes). If the route-aware form is refused by a bound
-  (a pin for a holder that holds its ``max_pins_per_peer``), the value is encoded for
-  :data:`~handoff.route.UNKNOWN` instead, with a warning: a task must not fail for it.
-- **Decoding.** Dask calls ``loads(header, frames)`` without a context; the handoff comm
-  that reads the message makes its inbound route current around Dask's ``from_frames``
-  (:meth:`handoff.route.Route.current`; Dask's offload thread inherits it). A value the
-  scheduler forwarded without decoding it (``Client.gather`` goes through the scheduler)
-  is decoded by the client with the route of the comm it came on, not the one it was
-  encoded for: the decoder sees that it is not the holder the value was made for
-  (:func:`handoff.pins.hold` returns ``None``) and keeps no pin; the pin made for the
-  scheduler ends unclaimed after ``claim_timeout``.
-
-**How it is used, and why this way.** Dask picks a family from the ``serializers`` list of
-each call — ``("dask", "pickle")`` unless a caller says otherwise, with no configuration
-key for it — so a family nobody lists is never used. Each registered type is therefore
-also registered with ``dask_serialize``/``dask_deserialize`` (the ``dask`` family, first
-in every default list) with the same functions: that is how Dask's own types (numpy,
-pandas) are dispatched, and it works on every comm, handoff or not. The family is also
-registered under the name ``handoff`` for callers that list serializers explicitly
-(``serializers=["handoff", "dask", "pickle"]``). Types registered later (when their
-module is imported, such as while Dask unpickles a task) are added as they come
-(:func:`handoff.route.on_register`). The process must import this module: the
-``handoff://`` backend does (:mod:`handoff.dask`); on a ``tcp://``-only cluster that never
-loads it, a registered type travels by pickle — ``SpilledFile`` pickles as its bytes.
+"""Route-aware types inside Dask: the ``handoff`` serialization family. Every type
+registered with :func:`handoff.route.register` is serialized by Dask with its route-aware
+encoder: on a ``handoff://`` comm for the comm's route (``context["handoff"]``), elsewhere
+for :data:`handoff.route.UNKNOWN`. Each is registered in Dask's ``dask`` family too (the
+first of every default list), and under ``handoff``. How encoding and decoding find their
+route, and why it is registered so: ``docs/dask.md``, "Route-aware types and datasets
+inside Dask".
 """
 
 from __future__ import annotations
