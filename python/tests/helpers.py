@@ -337,3 +337,9 @@ def mapping_of(x):
     while x is not None and not isinstance(x, Region):
         x = getattr(x, "obj", None) if isinstance(x, memoryview) else getattr(x, "base", None)
     return x
+
+
+def inode_of(frame) -> tuple:
+    """``(device, inode)`` of the segment behind a frozen shared frame (``handoff.shm.SharedFrame``)."""
+    st = os.fstat(frame.fd)
+    return st.st_dev, st.st_ino

@@ -106,7 +106,7 @@ async def test_pooled_segments_are_reused_and_received_writable():
         # that this send makes a segment and the next reuses it.
         if native.ext is not None:
             native.ext.give_back_held()
-        held.give_back()
+        held.holder.give_back()
         before = tx.segment_pool_stats()
         arr = np.arange(MIB, dtype=np.int32)  # 4 MiB
         await p.send("t.A", {"x": arr})

@@ -346,7 +346,7 @@ async def test_oversized_headers_before_the_handshake(victim):
         return r
 
     def bomb(header) -> bytes:
-        m = header.to_map()
+        m = wire.to_map(header)
         m["f"] = [{}] * 61_000
         return wire.frame_header(msgpack.packb(m, use_bin_type=True))
 

@@ -208,7 +208,7 @@ def test_lazy_is_written_only_when_true_and_last():
 
 @pytest.mark.parametrize("value, ok", [(True, True), (False, True), (None, True), (1, False), ("yes", False)])
 def test_lazy_is_a_bool_in_every_descriptor(value, ok):
-    for desc in (dict(_claim(False).to_map(), lazy=value), {"k": "inline", "n": 0, "lazy": value}):
+    for desc in (dict(wire.to_map(_claim(False)), lazy=value), {"k": "inline", "n": 0, "lazy": value}):
         header = msgpack.packb({"k": "msg", "t": "x", "b": b"\x80", "f": [desc]}, use_bin_type=True)
         if ok:
             got = wire.decode_header(header).f[0]

@@ -11,6 +11,7 @@ import time
 
 from handoff import shmmap
 from handoff.memfd import memfd
+from handoff_pure.regions import release
 
 SIZE = 256 << 20
 
@@ -78,7 +79,7 @@ def test_release_closes_the_descriptor_after_the_mapping_goes():
     fd = memfd(SIZE)
     held = [shmmap.Region.map(fd, SIZE, write=True)]
     addr = held[0].addr
-    shmmap.release(held, fd, SIZE)
+    release(held, fd, SIZE)
     assert eventually(lambda: not mapped(addr)), "still mapped"
     assert eventually(
         lambda: not os.path.exists(f"/proc/self/fd/{fd}") or os.readlink(f"/proc/self/fd/{fd}").find("memfd") < 0

@@ -168,14 +168,10 @@ def encode_body(
     None, bool, int, float, str and small bytes); ``fast=False`` always walks it (the tests
     check that both give the same bytes).
     """
-    if fast:
-        if _plain_native(frame_threshold):
-            packed = _PLAIN.pack(value, frame_threshold)
-            if packed is not None:
-                return EncodedBody(packed, [], [])
-            framed = _framed_native(value, frame_threshold)
-            if framed is not None:
-                return framed
+    if fast and _plain_native(frame_threshold):
+        framed = _framed_native(value, frame_threshold)
+        if framed is not None:
+            return framed
     frames: list = []
     sources: list = []
     hashed = [0]  # map keys that are tuples or floats (at most MAX_HASHED_KEYS, §9)
@@ -268,24 +264,13 @@ def encode_body(
 #: references resolved to ``frames[index]``; ``marked``: some map has the key
 #: :data:`~handoff.route.MARKER`; ``keys_seen``: a resource key is in it), raising
 #: ``ValueError((code, detail))`` at the first fault. The extension's
-#: (``handoff._native.BodyReader``), or, in a process without it, the one the pure-Python
-#: reference registers (:func:`use_reader`).
+#: (``handoff._native.BodyReader``), every node's where it is in use; without it, ``None``
+#: until the pure-Python reference (``handoff_pure``, never imported here) puts its own.
 _reader: Optional[Callable[[Any, Sequence[Any]], tuple]] = (
     _native.BodyReader(MAX_BODY_DEPTH, MARKER, ResourceKey, Ext, BadStr, MAX_HASHED_KEYS).read
     if _native is not None
     else None
 )
-
-
-def use_reader(read: Callable[[Any, Sequence[Any]], tuple]) -> None:
-    """Reads bodies with ``read`` (same contract as the extension's) where the extension is
-    not in use: how ``handoff_pure`` brings its own reader, which ``handoff`` never imports.
-    Where the extension is in use, every node reads with it, the reference's too
-    (``HANDOFF_ENGINE=0``); the reference's reader runs with ``HANDOFF_NATIVE=0``, and
-    ``test_native_plain.py`` holds the two to the same answers."""
-    global _reader
-    if _native is None:
-        _reader = read
 
 
 def decode_body(

@@ -29,7 +29,7 @@ from typing import Any, Optional
 from .native import ext as _native
 from .route import UNKNOWN, Route, register
 
-__all__ = ["CudaArray", "DeviceArray", "is_cuda_array", "register_frameworks", "status"]
+__all__ = ["CudaArray", "DeviceArray", "array_nbytes", "is_cuda_array", "register_frameworks", "status"]
 
 #: The route-aware name of a CUDA array in a body (spec §8.1: an ordinary body map).
 NAME = "handoff.cuda-array"
@@ -119,6 +119,12 @@ def shares_device_memory(route: Route) -> bool:
     return _native.shares_device_memory(route.channel or "tcp", list(to.caps))
 
 
+def array_nbytes(described: Any) -> int:
+    """The bytes of the array that a ``__cuda_array_interface__`` (or a header of ours)
+    describes: its ``shape``'s product, times the item size its ``typestr`` says (``'<f8'``: 8)."""
+    return math.prod(int(n) for n in described["shape"]) * int(described["typestr"][2:])
+
+
 def _checked(header: Any, frames: list) -> tuple:
     if not isinstance(header, dict) or len(frames) != 1:
         raise ValueError("a CUDA array is a header map and one frame")
@@ -133,7 +139,7 @@ def _checked(header: Any, frames: list) -> tuple:
     dtype = header.get("dtype")
     if dtype is not None and (not isinstance(dtype, str) or not dtype.isidentifier()):
         raise ValueError(f"a CUDA array's dtype is a name like 'bfloat16', got {dtype!r}")
-    nbytes = math.prod(shape) * int(typestr[2:])
+    nbytes = array_nbytes(header)
     if len(frames[0]) != nbytes:
         raise ValueError(
             f"a CUDA array of shape {shape} and type {typestr} has {nbytes} bytes, its frame {len(frames[0])}"

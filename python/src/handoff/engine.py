@@ -8,9 +8,8 @@ pipe (room given back in the receive budget, a received view of a peer's segment
 Each callback hands the engine what is there and takes whole events back; nothing waits
 in Rust, and nothing crosses threads.
 
-This is the first part of the Python peer on the engine (issue 40): a connection that
-dials, handshakes, sends and receives messages (frames inline, or as views of a same-host
-peer's shared memory). ``handoff.Node`` still runs the Python implementation.
+Every connection of :class:`handoff.Node` (:mod:`handoff.engine_node`) and of the Dask
+backend runs here.
 """
 
 from __future__ import annotations
@@ -358,24 +357,6 @@ class Driver:
             raise
         sock.setblocking(False)
         return Listener(self, sock, admit, max_handshakes, max_unaccepted)
-
-    def stats(self, max_peers: int = 64) -> dict:
-        """What a node's ``handoff.admin.Stats`` carries (spec Appendix A), for this driver's
-        node: its ticket and shared-memory leases and its peers (at most ``max_peers``,
-        oldest first, and how many in all); plus what the engine holds for peers now:
-        received bytes not yet taken and peers' segments mapped."""
-        ready = [c for c in self.connections if c.peer is not None and not c._ended]
-        count, held = self.engine.ticket_leases
-        shm = [c.conn.shm_leases for c in ready]
-        return {
-            "node": self.engine.name,
-            "ticket_leases": {"count": count, "bytes": held},
-            "shm_leases": {"count": sum(n for n, _ in shm), "bytes": sum(b for _, b in shm)},
-            "peers": [[c.peer["name"], "shm" if c.conn.unix else "tcp"] for c in ready[:max_peers]],
-            "peers_total": len(ready),
-            "buffered_bytes": self.engine.buffered_bytes,
-            "mapped_bytes": self.engine.mapped_bytes,
-        }
 
     def _sweep(self) -> None:
         self._sweeper = self.loop.call_later(self.engine.sweep_idle(), self._sweep)

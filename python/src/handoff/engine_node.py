@@ -1,4 +1,4 @@
-"""``handoff.Node`` whose connections run on the Rust engine (issue 40, step 1).
+"""``handoff.Node`` whose connections run on the Rust engine.
 
 :class:`EngineNode` keeps :class:`~handoff.node.Node`'s API and everything above the
 connections: the node's inbox (fair by bytes), ``per_connection`` queues and
@@ -8,8 +8,8 @@ an :class:`~handoff.engine.EngineConnection` of the node's
 shared memory, tickets and TLS are the engine's, as in the Rust node.
 
 What ``handoff.Node(...)`` makes wherever the extension is in use (``engine=False`` or
-``HANDOFF_ENGINE=0`` give the Python implementation of the node while issue 40 retires
-it); options the engine does not take yet are refused by name (:data:`NOT_YET`).
+``HANDOFF_ENGINE=0`` give the pure-Python reference, ``handoff_pure``, for tests); options
+the engine does not take are refused by name (:data:`NOT_YET`).
 """
 
 from __future__ import annotations

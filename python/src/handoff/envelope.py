@@ -93,11 +93,6 @@ class Envelope:
             self._decoded = True
         return self.error
 
-    @property
-    def has_eager_tickets(self) -> bool:
-        """Whether a ticket not marked ``lazy`` is still unredeemed (eager redemption pulls those, §7.6)."""
-        return any(isinstance(f.view, Ticket) and not f.view.desc.lazy for f in self.frames)
-
     def segment_of(self, view: Any) -> Optional[dict]:
         """The shared segment behind a buffer of the body (``None`` if it did not come as shm)."""
         for f in self.frames:

@@ -10,10 +10,7 @@ from pathlib import Path
 
 from . import native
 
-__all__ = ["random_id", "process_id", "host_id", "runtime_dir", "keepalive_plan", "IMPLEMENTATION"]
-
-#: What a Python node says it is in its ident (``impl``, §5.2).
-IMPLEMENTATION = "handoff-py/0.1.0"
+__all__ = ["random_id", "process_id", "host_id", "runtime_dir", "keepalive_plan"]
 
 
 def _ext():

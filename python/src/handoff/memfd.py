@@ -11,30 +11,19 @@ import fcntl
 import os
 
 __all__ = [
-    "F_SEAL_SEAL",
-    "F_SEAL_SHRINK",
-    "F_SEAL_GROW",
-    "F_SEAL_WRITE",
-    "F_ADD_SEALS",
-    "F_GET_SEALS",
-    "SEALS_REQUIRED",
-    "SEALS_ALL",
-    "SEALS_FIXED",
-    "memfd",
-]
+    "F_SEAL_SEAL", "F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE", "F_ADD_SEALS", "SEALS_ALL", "SEALS_FIXED", "memfd",
+]  # fmt: skip
 
 F_SEAL_SEAL = getattr(fcntl, "F_SEAL_SEAL", 0x0001)
 F_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0x0002)
 F_SEAL_GROW = getattr(fcntl, "F_SEAL_GROW", 0x0004)
 F_SEAL_WRITE = getattr(fcntl, "F_SEAL_WRITE", 0x0008)
 F_ADD_SEALS = getattr(fcntl, "F_ADD_SEALS", 1033)
-F_GET_SEALS = getattr(fcntl, "F_GET_SEALS", 1034)
-#: What a segment announced as ``sealed`` must carry (§7.2).
-SEALS_REQUIRED = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW
-SEALS_ALL = SEALS_REQUIRED | F_SEAL_SEAL
 #: What every segment carries at least (§7.2 rule 1 needs the first), and what an unsealed
 #: segment of a fixed size is given before it is passed (§7.4).
 SEALS_FIXED = F_SEAL_SHRINK | F_SEAL_GROW
+#: A sealed segment's: it can change no more (§7.4, the reference's "sealed mode").
+SEALS_ALL = SEALS_FIXED | F_SEAL_WRITE | F_SEAL_SEAL
 
 
 def memfd(size: int, name: str = "handoff-segment") -> int:

@@ -31,7 +31,6 @@ from .addresses import sanitize_name, split_host_port, strip_scheme
 from .bounds import DEFAULT_BOUNDS, Bounds
 from .envelope import Envelope
 from .errors import HandoffError
-from .identity import IMPLEMENTATION
 from .outgoing import send_limits
 from .peer import Peer
 from .pins import DEFAULT_PIN_BOUNDS, PinBounds, PinOutbox, PinTable
@@ -305,21 +304,6 @@ class Node:
 
     # ------------------------------------------------------------------ life
 
-    def _own_ident(self) -> wire.Ident:
-        """What this node says about itself in an ident (the pid and caps as it sends them)."""
-        return wire.Ident(
-            node=self.node_id,
-            name=self.name,
-            host=self.host_id,
-            pid=os.getpid(),
-            proc=self.process_id,
-            lang="python",
-            impl=IMPLEMENTATION,
-            caps=self.caps,
-            listen=self.listen_addr,
-            unix=self.unix_addr,
-        )
-
     def _check_own_identity(self) -> None:
         """A ``ValueError`` naming the field if this node's name or host id breaks a bound of
         §5.2 (the engine's check; the rest of its identity is the implementation's own)."""
@@ -449,12 +433,6 @@ class Node:
             self.types = set()
         self.types.update(type_names)
 
-    def _check_type(self, type_name: str) -> None:
-        if self.types is not None and type_name not in self.types and type_name != pins.TYPE_UPDATE:
-            raise wire.WireError(
-                "unknown-type", f"unknown type name {type_name!r}; this node knows: {', '.join(sorted(self.types))}"
-            )
-
     # ------------------------------------------------------------------ peers
 
     @property
@@ -578,14 +556,6 @@ class Node:
         return shm_peer
 
     # ------------------------------------------------------------------ receiving
-
-    async def _deliver(self, env: Envelope) -> None:
-        self._deliver_now(env)
-
-    def _delivers_now(self, peer: Peer) -> bool:
-        """Whether :meth:`_deliver_now` would deliver a message from ``peer`` (rather than
-        refuse it: an accepted connection's first message where nothing takes accepted ones)."""
-        return peer.queue is None or peer._delivered or not peer.accepted or self.on_accept is not None
 
     def _deliver_now(self, env: Envelope) -> None:
         # The body is decoded when the application asks for it (§11.3 allows either): a peer

@@ -17,12 +17,12 @@ import importlib
 import os
 from typing import Any, Optional
 
-from .memfd import F_ADD_SEALS, SEALS_ALL, SEALS_FIXED, SEALS_REQUIRED
+from .memfd import F_ADD_SEALS, SEALS_ALL, SEALS_FIXED
 from . import native
 from .memfd import memfd as _memfd
 from .shmmap import Region
 
-__all__ = ["ShmBuffer", "SharedFrame", "PooledFrame", "SEALS_REQUIRED", "SEALS_FIXED"]
+__all__ = ["ShmBuffer", "SharedFrame", "PooledFrame", "SEALS_FIXED"]
 
 
 class SharedFrame:
@@ -48,14 +48,6 @@ class SharedFrame:
 
     def __len__(self) -> int:
         return self.size
-
-    def dup_fd(self) -> int:
-        """A descriptor of the segment that a lease keeps (closed when the lease ends)."""
-        return os.dup(self.fd)
-
-    def inode(self) -> tuple:
-        st = os.fstat(self.fd)
-        return st.st_dev, st.st_ino
 
     def close(self) -> None:
         """Closes this handle (mappings and descriptors held by leases stay valid)."""

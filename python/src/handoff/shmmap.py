@@ -25,28 +25,13 @@ import ctypes
 import os
 import sys
 import threading
-from typing import Any, Optional
+from typing import Any
 
-__all__ = [
-    "Region",
-    "release",
-    "UNMAP_ELSEWHERE",
-    "PROT_READ",
-    "PROT_WRITE",
-    "MAP_SHARED",
-    "MAP_PRIVATE",
-    "MAP_POPULATE",
-    "MADV_DONTNEED",
-]
+__all__ = ["Region", "UNMAP_ELSEWHERE", "PROT_READ", "PROT_WRITE", "MAP_SHARED"]
 
 PROT_READ = 0x1
 PROT_WRITE = 0x2
 MAP_SHARED = 0x01
-MAP_PRIVATE = 0x02
-#: Fill the page tables at once: for a memfd whose pages exist (a pooled segment used
-#: before), far faster than a fault per page on the first write.
-MAP_POPULATE = 0x8000
-MADV_DONTNEED = 4
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 # The C library as the interpreter loaded it (dlopen(NULL)): ctypes.util.find_library would
@@ -58,9 +43,6 @@ _mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, 
 _munmap = _libc.munmap
 _munmap.restype = ctypes.c_int
 _munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_madvise = _libc.madvise
-_madvise.restype = ctypes.c_int
-_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
 def _error(what: str) -> OSError:
@@ -110,22 +92,6 @@ def _unmap(addr: int, length: int) -> None:
         _munmap_pieces(addr, length)
 
 
-def release(held: list, fd: int, length: int) -> None:
-    """Lets go of a segment of ``length`` bytes: its mapping (``held``, a list the caller
-    gives up, holding the caller's last reference to the :class:`Region`), then its
-    descriptor. Closing the last descriptor of a memfd no mapping holds frees its pages,
-    about as slow as tearing down a mapping: a large segment is let go of off this thread,
-    both in that order."""
-
-    def work() -> None:
-        held.clear()  # the mapping (unmapped here if this was its last reference)
-        if fd >= 0:
-            os.close(fd)
-
-    if not _elsewhere(work, length):
-        work()
-
-
 class Region:
     """One mapping of a file (``fd`` may be closed once it is made); see the module.
 
@@ -139,26 +105,12 @@ class Region:
         self.readonly = readonly
 
     @classmethod
-    def map(
-        cls,
-        fd: int,
-        length: int,
-        *,
-        write: bool = False,
-        private: bool = False,
-        offset: int = 0,
-        populate: bool = False,
-    ) -> "Region":
-        """Maps ``length`` bytes of ``fd`` from ``offset`` (a multiple of the page size):
-        shared (``MAP_SHARED``) or ``private`` (copy-on-write), writable with ``write``,
-        its page tables filled at once with ``populate``. Raises ``OSError``."""
+    def map(cls, fd: int, length: int, *, write: bool = False) -> "Region":
+        """Maps the first ``length`` bytes of ``fd`` shared (``MAP_SHARED``), writable with
+        ``write``. Raises ``OSError``."""
         if length <= 0:
             raise ValueError("a mapping needs at least one byte")
-        if offset < 0:
-            raise ValueError("a negative offset")
-        prot = PROT_READ | (PROT_WRITE if write else 0)
-        flags = (MAP_PRIVATE if private else MAP_SHARED) | (MAP_POPULATE if populate else 0)
-        addr = _mmap(None, length, prot, flags, fd, offset)
+        addr = _mmap(None, length, PROT_READ | (PROT_WRITE if write else 0), MAP_SHARED, fd, 0)
         if addr is None or addr == _MAP_FAILED:
             raise _error(f"mmap of {length} bytes")
         return cls(addr, length, not write)
@@ -188,18 +140,6 @@ class Region:
         """A memoryview of the whole mapping (read-only for a read-only mapping)."""
         mv = memoryview(self.exporter()).cast("B")
         return mv.toreadonly() if self.readonly else mv
-
-    def __getitem__(self, key: Any) -> Any:
-        """``region[i]`` or ``region[a:b]``: through a fresh :meth:`view`."""
-        return self.view()[key]
-
-    def advise(self, advice: int, off: int = 0, n: Optional[int] = None) -> None:
-        """``madvise`` over ``off .. off + n`` (page-aligned ``off``); raises ``OSError``."""
-        n = self.length - off if n is None else n
-        if off < 0 or n < 0 or off + n > self.length:
-            raise ValueError("the range is not inside the mapping")
-        if n and _madvise(self.addr + off, n, advice) != 0:
-            raise _error("madvise")
 
     def __del__(self) -> None:
         addr, self.addr = getattr(self, "addr", 0), 0

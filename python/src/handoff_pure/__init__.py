@@ -38,32 +38,37 @@ from .recvbuf import recv_pool as _recv_pool
 __all__ = ["Node", "Peer"]
 
 
-_codec.use_reader(_body.read)  # where the extension is not in use
+if _codec._reader is None:  # no extension: bodies are read by the reference's reader
+    _codec._reader = _body.read
 
 
-def _held_now() -> dict:
-    p = _pool().stats()
-    return {
-        "pool-busy": p["bytes"] - p["idle_bytes"],
-        "pool-idle": p["idle_bytes"],
-        "pool-fds": p["fds"],
-        "kept-idle": _mapcache.idle_bytes(),
-        "recv-idle": _recv_pool().stats()["idle_bytes"],
-    }
+class _Held(_held.Holder):
+    """What the reference holds for reuse (its pool, kept mappings and receive buffers),
+    counted and given back by ``handoff.dask.memory``."""
+
+    def held(self) -> dict:
+        p = _pool().stats()
+        return {
+            "pool-busy": p["bytes"] - p["idle_bytes"],
+            "pool-idle": p["idle_bytes"],
+            "pool-fds": p["fds"],
+            "kept-idle": _mapcache.idle_bytes(),
+            "recv-idle": _recv_pool().stats()["idle_bytes"],
+        }
+
+    def give_back(self) -> None:
+        _pool().trim()
+        _mapcache.trim_all()
+        _recv_pool().clear()
+
+    def pool_stats(self) -> dict:
+        return _pool().stats()
+
+    def configure_pool(self, idle_bytes, idle_seconds) -> None:
+        if idle_bytes is not None:
+            _pool().max_idle_bytes = idle_bytes
+        if idle_seconds is not None:
+            _pool().idle_seconds = idle_seconds
 
 
-def _configure_pool(idle_bytes, idle_seconds) -> None:
-    if idle_bytes is not None:
-        _pool().max_idle_bytes = idle_bytes
-    if idle_seconds is not None:
-        _pool().idle_seconds = idle_seconds
-
-
-_held.register(
-    _held.Holder(
-        held=_held_now,
-        give_back=lambda: (_pool().trim(), _mapcache.trim_all(), _recv_pool().clear()),
-        pool_stats=lambda: _pool().stats(),
-        configure_pool=_configure_pool,
-    )
-)
+_held.holder = _Held()

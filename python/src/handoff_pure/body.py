@@ -1,6 +1,6 @@
 """The reference's reader of bodies (spec §2, §8): what ``handoff._native.BodyReader`` does
-for the engine, in Python, on the same contract (:func:`handoff.codec.use_reader`, which
-this package calls where the extension is not in use).
+for the engine, in Python, on the same contract (``handoff.codec._reader``, which this
+package sets where the extension is not in use).
 
 Two passes of one reading: a body without ext values is read by the ``msgpack`` package
 (C) and its nesting checked on the result (:func:`_plain_body`); anything else, valid or

@@ -39,11 +39,13 @@ from . import tls as tls_layer
 from . import wire
 from handoff.errors import AuthenticationError, PeerClosed, PeerRefused
 from .nonces import DialerNonces
-from handoff.identity import IMPLEMENTATION
 from .outgoing import clip
 from .transport import Transport
 
 __all__ = ["OurSide", "Handshaken", "handshake", "send_error", "IMPLEMENTATION"]
+
+#: What a Python node says it is in its ident (``impl``, §5.2).
+IMPLEMENTATION = "handoff-py/0.1.0"
 
 
 @dataclass

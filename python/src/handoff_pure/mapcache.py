@@ -46,7 +46,7 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Optional
 
-from handoff.shmmap import MADV_DONTNEED, Region
+from .regions import MADV_DONTNEED, Region
 
 __all__ = [
     "MapCache",

@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import errno
 import logging
+import os
 import socket
 import ssl
 import time
@@ -32,12 +33,13 @@ from . import wire
 from handoff.addresses import split_host_port, strip_scheme
 
 from .addresses import check_peer_uid
+from handoff.envelope import Envelope
 from handoff.errors import HandoffError, PeerClosed, TlsError
 from .inbox import Inbox
 from handoff.tickets import Ticket
 from .admission import Admission
 from .budget import Budget
-from .handshake import OurSide, handshake, send_error
+from .handshake import IMPLEMENTATION, OurSide, handshake, send_error
 from .leases import LeaseTable
 from .nonces import DialerNonces
 from .peer import Peer
@@ -62,10 +64,39 @@ class Node(handoff.node.Node):
     #: Its ids, host identity, socket folder and keepalive plan: the reference's own.
     _identity = identity
 
+    def _own_ident(self) -> wire.Ident:
+        """What this node says about itself in an ident (the pid and caps as it sends them)."""
+        return wire.Ident(
+            node=self.node_id,
+            name=self.name,
+            host=self.host_id,
+            pid=os.getpid(),
+            proc=self.process_id,
+            lang="python",
+            impl=IMPLEMENTATION,
+            caps=self.caps,
+            listen=self.listen_addr,
+            unix=self.unix_addr,
+        )
+
     def _check_own_identity(self) -> None:
         """A ``ValueError`` naming the first field of this node's ident that breaks its bound
         (§5.2), checked by the reference's own table."""
         wire.check_identity(self._own_ident())
+
+    def _check_type(self, type_name: str) -> None:
+        if self.types is not None and type_name not in self.types and type_name != pins.TYPE_UPDATE:
+            raise wire.WireError(
+                "unknown-type", f"unknown type name {type_name!r}; this node knows: {', '.join(sorted(self.types))}"
+            )
+
+    async def _deliver(self, env: Envelope) -> None:
+        self._deliver_now(env)
+
+    def _delivers_now(self, peer: Peer) -> bool:
+        """Whether :meth:`_deliver_now` would deliver a message from ``peer`` (rather than
+        refuse it: an accepted connection's first message where nothing takes accepted ones)."""
+        return peer.queue is None or peer._delivered or not peer.accepted or self.on_accept is not None
 
     def __init__(self, name: str, **kwargs: Any):
         super().__init__(name, **kwargs)

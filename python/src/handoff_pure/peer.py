@@ -386,7 +386,7 @@ class Peer(PeerBase):
                         fd = source.segment.fd
                     elif isinstance(source, SharedFrame):
                         await self._shm.room(source.size, self.node.bounds, self.name, lambda: self.closed)
-                        fd = source.dup_fd()
+                        fd = os.dup(source.fd)
                         close_after.append(fd)
                         shared, sealed = SealedLease(source.size), source.sealed
                     elif n >= self.node.shm_threshold and self.node.shm_pool:
@@ -807,7 +807,7 @@ class Peer(PeerBase):
             )
         env = Envelope(self, h.t, h.b, frames)
         env.charge, self._charge = self._charge, 0
-        if (env.has_eager_tickets and self.node.redeem == "eager") or self._queued:
+        if (self.node.redeem == "eager" and _has_eager_tickets(env)) or self._queued:
             self._queue_delivery(env)
         else:
             await self.node._deliver(env)
@@ -922,6 +922,11 @@ class Peer(PeerBase):
                 leases.renew(h.lease, holder, h.token)
             except Refusal as r:
                 self._warn("ignored a renewal from %s: %s [%s]", self.name, r.message, r.code)
+
+
+def _has_eager_tickets(env: Envelope) -> bool:
+    """Whether a ticket not marked ``lazy`` is still unredeemed (eager redemption pulls those, §7.6)."""
+    return any(isinstance(f.view, Ticket) and not f.view.desc.lazy for f in env.frames)
 
 
 def _end_unkept(shared: Any) -> None:

@@ -54,7 +54,7 @@ from typing import Any, Optional
 
 from .idletimer import IdleTimer
 from handoff.memfd import F_ADD_SEALS, SEALS_FIXED, memfd
-from handoff.shmmap import Region, release
+from .regions import Region, release
 
 __all__ = [
     "Segment",

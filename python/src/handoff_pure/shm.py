@@ -30,16 +30,20 @@ import mmap
 import os
 from typing import TYPE_CHECKING, Any, Optional
 
-from handoff.memfd import F_ADD_SEALS, F_GET_SEALS, F_SEAL_SHRINK, SEALS_ALL, SEALS_REQUIRED
+from handoff.memfd import F_ADD_SEALS, F_SEAL_GROW, F_SEAL_SHRINK, F_SEAL_WRITE, SEALS_ALL
 from handoff.memfd import memfd as _memfd
 from handoff.shm import SharedFrame
-from handoff.shmmap import Region
+from .regions import Region
 from .wire import WireError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .mapcache import MapCache
 
 __all__ = ["sealed_copy", "map_received", "read_received", "COPY_BELOW", "segment_info"]
+
+F_GET_SEALS = getattr(fcntl, "F_GET_SEALS", 1034)
+#: What a segment announced as ``sealed`` must carry (§7.2).
+SEALS_REQUIRED = F_SEAL_WRITE | F_SEAL_SHRINK | F_SEAL_GROW
 
 #: A received shm frame smaller than this is read into the receiver's own memory (one
 #: ``pread``, the lease released at once) instead of mapped: as cheap as the mapping's own

@@ -120,7 +120,7 @@ async def test_a_receiver_killed_during_a_large_copy_leaves_no_segment(copy_wait
         await asyncio.sleep(0.05)
     assert pool().stats()["busy_segments"] == 0
     pool().clear()
-    # A large segment is let go of on a short-lived thread (handoff.shmmap.release): its
+    # A large segment is let go of on a short-lived thread (handoff_pure.regions.release): its
     # descriptor closes within moments, not necessarily before clear() returns.
     deadline = time.monotonic() + 5
     while memfds() != fds_before and time.monotonic() < deadline:

@@ -100,10 +100,10 @@ __all__ = ["HandoffBackend", "HandoffComm", "HandoffConnector", "HandoffListener
 
 def _pool_stats() -> dict:
     """The pool this process's nodes send from: the engine's, for nodes on the engine, else
-    the one the reference registered (tests)."""
+    the reference's (tests), from :mod:`handoff.held`."""
     if engine_default() and native.ext is not None:
         return native.ext.segment_pool_stats()
-    return held.pool_stats() or {}
+    return held.holder.pool_stats() or {}
 
 
 def stats() -> dict:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import weakref
 from collections import Counter
 from typing import Any, Callable, Optional
@@ -37,13 +36,12 @@ from ..errors import HandoffError, PeerClosed
 from ..peer import Peer
 from ..route import _CURRENT as _CURRENT_ROUTE
 from ..cuda import shares_device_memory
-from ..route import Route
 from ..wire import packer
 from .failures import comm_closed
 from .frames import FRAME_COST, TYPE_FRAMES, FramesError, host_bytes, plan_message, unpack_part
 from .serialize import FAMILY
 
-__all__ = ["HandoffComm", "endpoint_of_peer", "local_endpoint", "counters"]
+__all__ = ["HandoffComm", "counters"]
 
 logger = logging.getLogger("distributed.comm.handoff")
 
@@ -52,34 +50,6 @@ counters: Counter = Counter()
 #: The most one Dask message may hold (all its parts), as Dask's TCP comm bounds its
 #: buffers (half the memory of the machine): a peer that sends parts without end is cut off.
 MAX_MESSAGE_BYTES = int(MEMORY_LIMIT // 2)
-
-
-def local_endpoint(peer: Peer) -> dict:
-    """What this side of the connection is (as its ident or hello said: §5.2)."""
-    node = peer.node
-    return {
-        "node": node.node_id,
-        "name": node.name,
-        "host": node.host_id,
-        "proc": node.process_id,
-        "pid": os.getpid(),
-        "lang": "python",
-        "caps": list(node.caps),
-    }
-
-
-def endpoint_of_peer(peer: Peer) -> dict:
-    """What the other side of the connection is, from its ident (v2) or hello (v1) (§5.2)."""
-    h = peer.ident
-    return {
-        "node": peer.node_id,
-        "name": peer.name,
-        "host": peer.host_id,
-        "proc": h.proc,
-        "pid": h.pid,
-        "lang": peer.lang,
-        "caps": peer.caps,
-    }
 
 
 def _close_dangling(peer: Peer, release: Optional[Callable[[], None]], label: str) -> None:
@@ -126,16 +96,17 @@ class HandoffComm(Comm):
         self._local_addr = local_addr
         self._peer_addr = peer_addr
         self._release = release
+        route = peer.route
         self.route = {
             "channel": peer.channel,
             "locality": peer.locality,
             "protocol": peer.protocol_version,
-            "local": local_endpoint(peer),
-            "peer": endpoint_of_peer(peer),
+            "local": route.sender.to_dict(),
+            "peer": route.recipient.to_dict(),
         }
-        self._inbound_route = Route.from_dict(self.route, inbound=True)
+        self._inbound_route = peer.inbound_route
         #: The peer maps GPU memory by IPC handle on this connection (spec §7.10).
-        self._maps_gpu_memory = shares_device_memory(Route.from_dict(self.route))
+        self._maps_gpu_memory = shares_device_memory(route)
         self._finalizer = weakref.finalize(self, _dangling, peer, release, f"{local_addr} -> {peer_addr}")
         self._finalizer.atexit = False
         counters[f"comms-{peer.channel}"] += 1

@@ -89,15 +89,13 @@ def _secret() -> bytes:
 def settings() -> Settings:
     """The current settings, from ``distributed.comm.handoff`` (and the environment)."""
     threshold = _get("shm-threshold", "1MiB")
-    idle = _get("pool-idle-bytes")
-    kept = _get("kept-map-bytes")
     return Settings(
         secret=_secret(),
         host_id=_get("host-id") or None,
         shm=bool(_get("shm", True)),
         shm_threshold=parse_bytes(threshold) if isinstance(threshold, str) else int(threshold),
-        pool_idle_bytes=None if idle in (None, "") else parse_bytes(idle) if isinstance(idle, str) else int(idle),
-        kept_map_bytes=None if kept in (None, "") else parse_bytes(kept) if isinstance(kept, str) else int(kept),
+        pool_idle_bytes=_size(_get("pool-idle-bytes")),
+        kept_map_bytes=_size(_get("kept-map-bytes")),
         pool_idle_seconds=_seconds(_get("pool-idle-seconds"), f"{SECTION}.pool-idle-seconds", zero=True),
         kept_map_seconds=_seconds(_get("kept-map-seconds"), f"{SECTION}.kept-map-seconds", zero=True),
         accept_v2=_flag("accept-v2"),

@@ -48,8 +48,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from ..buffers import as_bytes_view
 from ..codec import Bin, Buffer
-from ..cuda import is_cuda_array
+from ..cuda import array_nbytes, is_cuda_array
 from ..wire import DEFAULT_LIMITS, Limits
 
 __all__ = [
@@ -104,13 +105,7 @@ class Plan:
 def _flat(frame: Any) -> memoryview:
     """A frame as a flat byte view (empty frames of any shape included)."""
     view = frame if isinstance(frame, memoryview) else memoryview(frame)
-    if view.nbytes == 0:
-        return memoryview(b"")
-    if view.format != "B" or view.ndim != 1:
-        if not view.c_contiguous:
-            view = memoryview(view.tobytes())
-        view = view.cast("B")
-    return view
+    return as_bytes_view(view) if view.nbytes else memoryview(b"")
 
 
 def _address(view: memoryview) -> Optional[int]:
@@ -154,14 +149,6 @@ def _joined(views: list) -> Optional[memoryview]:
     return base[off : off + total]
 
 
-def _cuda_nbytes(frame: Any) -> int:
-    cai = frame.__cuda_array_interface__
-    n = int(cai["typestr"][2:])
-    for d in cai["shape"]:
-        n *= int(d)
-    return n
-
-
 def _entries(frames: Sequence[Any], max_frame: int) -> list:
     """Body entries, each with the sizes of the out-of-band frames it takes: ``(entry, [n...])``."""
     out: list = []
@@ -171,7 +158,7 @@ def _entries(frames: Sequence[Any], max_frame: int) -> list:
             out.extend(_host_entries(frames[start:i], max_frame))
             if f is not None:
                 # GPU memory: one frame, whole, that the node sends by IPC handle (§7.10).
-                out.append(({"cuda": Buffer(f)}, [_cuda_nbytes(f)]))
+                out.append(({"cuda": Buffer(f)}, [array_nbytes(f.__cuda_array_interface__)]))
             start = i + 1
     return out
 

@@ -11,8 +11,8 @@ are users asking Dask to see that). So the backend keeps its own part of it hone
   not both;
 - what is held only for reuse is given back on a timer (the idle segments of the pool,
   the mappings kept by connections, the warm receive buffers: the engine's own, which
-  ``handoff._native.held_for_reuse`` reports, and what other implementations registered
-  in :mod:`handoff.held`, the pure-Python reference's in tests), and at once when a worker's RSS
+  ``handoff._native.held_for_reuse`` reports, and what another implementation put in
+  :mod:`handoff.held`, the pure-Python reference's in tests), and at once when a worker's RSS
   comes within :data:`TRIM_MARGIN` of the lowest of Dask's spill, pause and terminate
   thresholds (a watcher on the event loop of the process's first comm, :func:`start`,
   checks every :data:`INTERVAL` seconds; no thread: Dask's tests fail on any thread a
@@ -87,8 +87,8 @@ def shared_bytes() -> dict:
     mapped, in this RSS), ``recv-idle`` (warm receive buffers, in this RSS)."""
     held = {"pool-busy": 0, "pool-idle": 0, "pool-fds": 0, "kept-idle": 0, "recv-idle": 0}
     # The Rust engine's pool, mappings and receive buffers (nodes on the engine), and what
-    # other implementations registered (the pure-Python reference's, in tests).
-    for key, n in held_for_reuse.held().items():
+    # another implementation holds (the pure-Python reference's, in tests).
+    for key, n in held_for_reuse.holder.held().items():
         held[key] += n
     if native.ENABLED:
         for key, n in native.ext.held_for_reuse().items():
@@ -103,7 +103,7 @@ def shared_bytes() -> dict:
 
 def trim() -> None:
     """Gives back everything held only for reuse, now (from any thread)."""
-    held_for_reuse.give_back()
+    held_for_reuse.holder.give_back()
     if native.ENABLED:
         native.ext.give_back_held()
         native.ext.arena_trim()

@@ -108,8 +108,8 @@ def make_node(
         accept_v1=settings.accept_v1,
         accept_v2=settings.accept_v2,
     )
-    # Where the reference runs (tests): its own pool, registered once the node loaded it.
-    held.configure_pools(settings.pool_idle_bytes, settings.pool_idle_seconds)
+    # Where the reference runs (tests): its own pool, put in handoff.held once the node loaded it.
+    held.holder.configure_pool(settings.pool_idle_bytes, settings.pool_idle_seconds)
     return node
 
 

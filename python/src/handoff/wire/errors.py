@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["WireError", "malformed"]
+__all__ = ["WireError"]
 
 
 class WireError(Exception):
@@ -12,8 +12,3 @@ class WireError(Exception):
         super().__init__(f"{message} [{code}]")
         self.code = code
         self.message = message
-
-
-def malformed(message: str) -> WireError:
-    """A ``malformed-header`` error (spec §6 rules 1–5 and 7, §7, the fixed header limits of §9)."""
-    return WireError("malformed-header", f"malformed header: {message}")

@@ -16,7 +16,7 @@ reader: it never calls the extension (the engine reads headers with ``handoff_pr
 from handoff.wire import *  # noqa: F401,F403  (the types, limits and encoding this package reads)
 from handoff.wire import __all__ as _types
 
-from .encode import encode_header, encode_message, frame_plain_msg
+from .encode import encode_header, encode_message, frame_plain_msg, to_map
 from . import identity as _identity
 from . import limits as _limits
 from . import preamble as _preamble
@@ -114,6 +114,7 @@ __all__ = [
     "encode_message",
     "frame_header",
     "frame_plain_msg",
+    "to_map",
     "header_length",
     "header_length_at",
     "hello_of",

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..msgpack_read import unpack_one
-from handoff.wire.errors import WireError, malformed
+from handoff.wire.errors import WireError
 from .identity import MAX_CAP_BYTES, MAX_CAPS, field_problem
-from .framing import LEN_PREFIX, header_length
+from .framing import LEN_PREFIX, header_length, malformed
 from .headers import (
     DESCRIPTOR_KINDS,
     TCP_KINDS,

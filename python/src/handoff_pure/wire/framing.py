@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import struct
 
-from handoff.wire.errors import WireError, malformed
+from handoff.wire.errors import WireError
 from handoff.wire.limits import DEFAULT_LIMITS, Limits
 
-__all__ = ["LEN_PREFIX", "frame_header", "header_length", "header_length_at"]
+__all__ = ["LEN_PREFIX", "frame_header", "header_length", "header_length_at", "malformed"]
 
 LEN_PREFIX = 4
+
+
+def malformed(message: str) -> WireError:
+    """A ``malformed-header`` error (spec §6 rules 1–5 and 7, §7, the fixed header limits of §9)."""
+    return WireError("malformed-header", f"malformed header: {message}")
 
 
 _LEN = struct.Struct(">I")

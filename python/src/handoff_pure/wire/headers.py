@@ -1,13 +1,13 @@
 """The headers (spec §6) and descriptors (§7) of the pure-Python reference, as dataclasses
 with their canonical maps (§2), beside those the Python API names (:mod:`handoff.wire.headers`:
-``TicketDesc``, ``Ident``, ``Msg``)."""
+``TicketDesc``, ``Ident``, ``Msg``, whose maps are :func:`handoff_pure.wire.encode.to_map`'s)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-from handoff.wire.headers import Ident, Msg, TicketDesc, _identity_map
+from handoff.wire.headers import Ident, Msg, TicketDesc
 
 __all__ = [
     "DESCRIPTOR_KINDS",
@@ -37,6 +37,29 @@ __all__ = [
     "Unlease",
     "hello_of",
 ]  # fmt: skip
+
+
+def identity_map(kind: str, who, middle: dict) -> dict:
+    """A hello's or an ident's map, in the order of §6.1 and §6.9: the identity fields up
+    to ``impl``, then ``middle`` (the kind's own fields and ``caps``), then the optional
+    addresses."""
+    m = {
+        "k": kind,
+        "node": who.node,
+        "name": who.name,
+        "host": who.host,
+        "pid": who.pid,
+        "proc": who.proc,
+        "lang": who.lang,
+        "impl": who.impl,
+        **middle,
+    }
+    if who.listen is not None:
+        m["listen"] = who.listen
+    if who.unix is not None:
+        m["unix"] = who.unix
+    return m
+
 
 # --------------------------------------------------------------------------- descriptors (§7)
 
@@ -129,7 +152,7 @@ class Hello:
     kind: ClassVar[str] = "hello"
 
     def to_map(self) -> dict:
-        return _identity_map("hello", self, {"v": self.v, "caps": list(self.caps), "nonce": bytes(self.nonce)})
+        return identity_map("hello", self, {"v": self.v, "caps": list(self.caps), "nonce": bytes(self.nonce)})
 
     def ident(self) -> Ident:
         """The identity fields of this hello, as a version-2 ``ident`` carries them."""

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import struct
 
-from handoff.wire.errors import WireError, malformed
+from handoff.wire.errors import WireError
+
+from .framing import malformed
 from .limits import MAX_HEADER_DEPTH, MAX_HEADER_VALUES, MAX_MAP_ENTRIES
 
 __all__ = ["Cursor", "describe_marker"]
