@@ -254,15 +254,20 @@ def test_the_secret_comes_from_config_then_a_file_then_the_environment(tmp_path,
 
 
 _KEPT_PROBE = """
-import dask, sys
+import asyncio, dask, sys
 from handoff_pure import mapcache
 from handoff.dask import config
 from handoff.dask.nodes import make_node
 if sys.argv[1]:
     dask.config.set({"distributed.comm.handoff.kept-map-bytes": sys.argv[1]})
-node = make_node(config.settings(), "t")
-# What the node keeps: the engine's setting, or the reference's process-wide one.
-print(node._kept_map_bytes() if hasattr(node, "_kept_map_bytes") else mapcache._keep_bytes())
+
+async def main():
+    async with make_node(config.settings(), "t") as node:
+        # What the node keeps: its engine's setting, or the reference's process-wide one.
+        driver = getattr(node, "_driver", None)
+        print(driver.engine.kept_map_bytes if driver is not None else mapcache._keep_bytes())
+
+asyncio.run(main())
 """
 
 

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
+import re
+import stat
 
 import numpy as np
 import pytest
 from conftest import ON_ENGINE
 from handoff import Node
-from handoff.bounds import DEFAULT_BOUNDS
+from handoff.bounds import DEFAULT_BOUNDS, Bounds
 from helpers import eventually
 
 pytestmark = pytest.mark.skipif(not ON_ENGINE, reason="the engine's settings")
@@ -103,3 +106,65 @@ def test_kept_map_settings_are_checked():
         Node("n", secret="k", kept_map_bytes=-1)
     with pytest.raises(ValueError, match="kept_map_seconds"):
         Node("n", secret="k", kept_map_seconds=float("nan"))
+
+
+def test_a_fixed_bound_is_refused_in_the_engine_s_words():
+    with pytest.raises(ValueError) as e:
+        Node("n", secret="k", bounds=dataclasses.replace(DEFAULT_BOUNDS, drain_seconds=5.0))
+    assert str(e.value) == (
+        "Bounds(drain_seconds=5.0): a node on the engine keeps drain_seconds at 1.0; leave it at that value"
+    )
+    with pytest.raises(ValueError) as e:
+        Node("n", secret="k", bounds=dataclasses.replace(DEFAULT_BOUNDS, max_control_queued=16))
+    assert str(e.value) == (
+        "Bounds(max_control_queued=16): a node on the engine bounds the ticket answers queued for a connection "
+        "by bytes (1 MiB), not by this count; leave it at 1024"
+    )
+    fixed = _native().ENGINE_FIXED_BOUNDS
+    assert fixed == {name: getattr(DEFAULT_BOUNDS, name) for name in fixed}
+
+
+def test_the_engine_takes_bounds_by_their_python_names():
+    """``handoff.bounds.Bounds`` as it is: renamed fields reach the engine, the driver's own
+    (lease_wait, the warnings) are accepted, and an unknown name is still refused."""
+    bounds = Bounds(max_handshakes=7, max_connections=9, max_owner_dials=3, max_owner_connections=5, write_timeout=11.0)
+    bounds = dataclasses.replace(bounds, lease_wait=2.0, warnings_per_period=1, warning_period=3.0)
+    engine = _native().Engine("n", b"k", bounds=dataclasses.asdict(bounds))
+    assert engine.bounds == {
+        "max_handshakes": 7,
+        "max_connections": 9,
+        "max_ticket_dials": 3,
+        "max_owner_connections": 5,
+        "write_timeout": 11.0,
+    }
+    with pytest.raises(ValueError, match="no bound named max_nothing"):
+        _native().Engine("n", b"k", bounds={"max_nothing": 1})
+    with pytest.raises(ValueError, match="bound max_owner_dials cannot be 0"):
+        _native().check_engine_bounds({"max_owner_dials": 0})
+
+
+async def test_the_engine_reads_kept_map_bytes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("HANDOFF_SHM_KEEP_BYTES", " 12345 ")
+    async with Node("env", secret="k") as a, Node("own", secret="k", kept_map_bytes=7) as b:
+        assert (a._driver.engine.kept_map_bytes, b._driver.engine.kept_map_bytes) == (12345, 7)
+    monkeypatch.setenv("HANDOFF_SHM_KEEP_BYTES", "lots")
+    node = Node("bad", secret="k")
+    with pytest.raises(ValueError) as e:
+        await node.start()
+    assert str(e.value) == "HANDOFF_SHM_KEEP_BYTES='lots': expected a number of bytes (0: keep none)"
+    assert node.unix_path is None or not node.unix_path.exists()
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_the_engine_announces_the_reference_s_capabilities(shm):
+    caps = Node("n", secret="k", shm=shm).caps
+    assert [c for c in caps if c != "cuda"] == Node("n", secret="k", shm=shm, engine=False).caps
+    assert ("shm" in caps) == shm and ("cuda" not in caps or shm)
+
+
+async def test_the_unix_socket_is_named_and_guarded_as_the_reference_s():
+    async with Node("a b/é", secret="k") as a:
+        assert re.fullmatch(r"a_b__-[0-9a-f]{12}\.sock", a.unix_path.name), a.unix_path
+        assert stat.S_IMODE(os.stat(a.unix_path).st_mode) == 0o600
+        path = a.unix_path
+    assert not path.exists()

@@ -14,7 +14,6 @@ from handoff import Buffer, MessageTooLarge, Node
 from handoff_pure import wire
 from handoff_pure import nonces
 from handoff import node as node_module
-from handoff.outgoing import send_limits
 from handoff_pure.outgoing import MAX_TEXT
 from helpers import RawPeer, eventually
 
@@ -272,10 +271,13 @@ def test_a_node_refuses_an_identity_of_its_own_that_breaks_a_bound():
 
 
 def test_send_limits_are_the_defaults_or_smaller():
+    """What a node sends within (the engine's ``Limits::for_sending``, or the reference's own)."""
     big = wire.Limits(max_header_bytes=64 << 20, max_frames=4096, max_frame_bytes=8 << 30, max_message_bytes=1 << 40)
-    assert send_limits(big) == wire.DEFAULT_LIMITS
+    assert Node("big", limits=big).send_limits == wire.DEFAULT_LIMITS
     small = wire.Limits(max_header_bytes=1024, max_frames=2, max_frame_bytes=100, max_message_bytes=150)
-    assert send_limits(small) == small
+    assert Node("small", limits=small).send_limits == small
+    values = wire.Limits(max_header_values=8, max_frames=4096)
+    assert Node("values", limits=values).send_limits == wire.Limits(max_header_values=8)
 
 
 @pytest.mark.parametrize(

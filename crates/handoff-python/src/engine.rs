@@ -57,6 +57,9 @@ pub(crate) struct Shared {
     /// node with the same id from another process is refused (spec §5.1).
     pub(crate) connected: Mutex<HashMap<String, Endpoint>>,
     connections_of: Mutex<HashMap<String, usize>>,
+    /// Idle bytes of received segments kept mapped for reuse, at most (`Engine(kept_map_bytes=)`,
+    /// else `HANDOFF_SHM_KEEP_BYTES`, else `handoff_proto::node::DEFAULT_KEPT_MAPPINGS`).
+    kept_bytes: usize,
     /// How long a received segment no view uses stays mapped (`Engine(kept_map_seconds=)`;
     /// `None`: `HANDOFF_SHM_KEEP_SECONDS`, else 10 s).
     kept_idle: Option<Duration>,
@@ -242,19 +245,172 @@ fn limits_of(given: std::collections::HashMap<String, u64>) -> PyResult<Limits> 
     Ok(limits)
 }
 
-/// Sets the field `name` of `bounds` (`handoff_proto::bounds::Bounds`, durations in
-/// seconds) to `value`; an unknown name, or a value that is not a whole number of at least
-/// 1 (a positive number of seconds for a duration), is refused naming it.
-fn set_bound(bounds: &mut Bounds, name: &str, value: f64) -> PyResult<()> {
+/// The limits a node sends within (`handoff_wire::Limits::for_sending`: the defaults of
+/// spec §9, or `limits` where smaller), from and as a dict of `handoff.wire.Limits`'s
+/// fields (`limits_of`'s names).
+#[pyfunction]
+pub fn limits_for_sending(
+    py: Python<'_>,
+    limits: std::collections::HashMap<String, u64>,
+) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    let l = limits_of(limits)?.for_sending();
+    let d = pyo3::types::PyDict::new(py);
+    d.set_item("max_header_bytes", l.max_header_bytes)?;
+    d.set_item("max_frames", l.max_frames)?;
+    d.set_item("max_frame_bytes", l.max_frame_bytes)?;
+    d.set_item("max_message_bytes", l.max_message_bytes)?;
+    d.set_item("max_header_values", l.max_header_values)?;
+    Ok(d)
+}
+
+/// The value at which the engine keeps one field of `handoff.bounds.Bounds` (see
+/// [`FIXED_BOUNDS`]).
+#[derive(Clone, Copy)]
+pub(crate) enum FixedValue {
+    /// A whole number (bytes, descriptors).
+    Count(u64),
+    /// A duration in seconds.
+    Seconds(f64),
+}
+
+impl FixedValue {
+    fn as_f64(self) -> f64 {
+        match self {
+            FixedValue::Count(n) => n as f64,
+            FixedValue::Seconds(s) => s,
+        }
+    }
+
+    /// The value as Python shows it (`65536`, `1.0`).
+    fn shown(self) -> String {
+        match self {
+            FixedValue::Count(n) => n.to_string(),
+            FixedValue::Seconds(s) => format!("{s:?}"),
+        }
+    }
+
+    /// The value as a Python `int` or `float`.
+    pub(crate) fn into_py_any(self, py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+        Ok(match self {
+            FixedValue::Count(n) => n.into_pyobject(py)?.into_any(),
+            FixedValue::Seconds(s) => s.into_pyobject(py)?.into_any(),
+        })
+    }
+}
+
+/// The fields of `handoff.bounds.Bounds` that the engine does not take from the node: it
+/// keeps each at this value (its own constant), and refuses a node that asks for another
+/// (`handoff._native.ENGINE_FIXED_BOUNDS` lists them). Checked in this order.
+pub(crate) const FIXED_BOUNDS: [(&str, FixedValue); 5] = [
+    (
+        "handshake_header_bytes",
+        FixedValue::Count(handoff_wire::HANDSHAKE_HEADER_BYTES as u64),
+    ),
+    (
+        "max_pending_fds",
+        FixedValue::Count(handoff_proto::inbound::MAX_PENDING_FDS as u64),
+    ),
+    (
+        "message_overhead",
+        FixedValue::Count(handoff_proto::bounds::MESSAGE_OVERHEAD),
+    ),
+    (
+        "drain_seconds",
+        FixedValue::Seconds(handoff_proto::handshake::DRAIN_TIME.as_secs_f64()),
+    ),
+    (
+        "drain_bytes",
+        FixedValue::Count(handoff_proto::handshake::DRAIN_BYTES as u64),
+    ),
+];
+
+/// The only `handoff.bounds.Bounds.max_control_queued` (its default) a node on the engine
+/// takes: the engine bounds the control headers queued for a connection by bytes
+/// (`handoff_proto::outgoing::MAX_CONTROL_BACKLOG`), not by a count.
+const CONTROL_QUEUED_DEFAULT: u64 = 1024;
+
+/// The fields of `handoff.bounds.Bounds` that the Python driver applies itself (the waits
+/// for lease room in `handoff.engine`, the rate-limited warnings in `handoff.node`): the
+/// engine accepts them and leaves them alone.
+const DRIVER_BOUNDS: [&str; 4] = [
+    "lease_wait",
+    "warnings_per_period",
+    "warning_period",
+    "warnings_in_all_per_period",
+];
+
+/// Why the engine refuses `value` (as Python shows it, `shown`) for the `handoff.bounds.Bounds`
+/// field `name`, which it keeps fixed; `None` if `value` is the one it keeps.
+fn fixed_bound_refusal(name: &str, value: f64, shown: &str) -> Option<String> {
+    if name == "max_control_queued" {
+        return (value != CONTROL_QUEUED_DEFAULT as f64).then(|| {
+            format!(
+                "Bounds(max_control_queued={shown}): a node on the engine bounds the ticket answers queued for a \
+                 connection by bytes ({} MiB), not by this count; leave it at {CONTROL_QUEUED_DEFAULT}",
+                handoff_proto::outgoing::MAX_CONTROL_BACKLOG >> 20
+            )
+        });
+    }
+    let (_, fixed) = FIXED_BOUNDS.iter().find(|(n, _)| *n == name)?;
+    (value != fixed.as_f64()).then(|| {
+        format!(
+            "Bounds({name}={shown}): a node on the engine keeps {name} at {}; leave it at that value",
+            fixed.shown()
+        )
+    })
+}
+
+/// Applies `given`, bounds by name, to `bounds` (`handoff_proto::bounds::Bounds`) and to the
+/// lease table's `leases`. The names are the engine's (`max_pull_answers`, ...) or those of
+/// the Python API's `handoff.bounds.Bounds` (as `dataclasses.asdict` gives them): a field the
+/// engine keeps fixed must have its value ([`FIXED_BOUNDS`], `max_control_queued`), checked
+/// first; one the Python driver applies ([`DRIVER_BOUNDS`]) is left alone; an unknown name,
+/// or a value out of range, is refused naming it.
+fn apply_bounds(given: &Bound<'_, pyo3::types::PyDict>, bounds: &mut Bounds, leases: &mut LeaseConfig) -> PyResult<()> {
+    for name in FIXED_BOUNDS.iter().map(|(n, _)| *n).chain(["max_control_queued"]) {
+        if let Some(value) = given.get_item(name)? {
+            let shown = value.repr()?.to_string();
+            if let Some(why) = fixed_bound_refusal(name, value.extract::<f64>()?, &shown) {
+                return Err(PyValueError::new_err(why));
+            }
+        }
+    }
+    for (name, value) in given.iter() {
+        let name: String = name.extract()?;
+        set_bound(bounds, leases, &name, &value)?;
+    }
+    Ok(())
+}
+
+/// Raises the `ValueError` the engine would raise for these bounds (`Engine(bounds=...)`,
+/// names as [`apply_bounds`] takes them), before a node makes its engine: a node on the
+/// engine refuses `handoff.bounds.Bounds` it would not apply when it is made.
+#[pyfunction]
+pub fn check_engine_bounds(bounds: &Bound<'_, pyo3::types::PyDict>) -> PyResult<()> {
+    let mut scratch = Bounds::DEFAULT;
+    apply_bounds(bounds, &mut scratch, &mut LeaseConfig::default())
+}
+
+/// Sets the bound `name` (see [`apply_bounds`]; durations in seconds) to `value`; an unknown
+/// name, or a value that is not a whole number of at least 1 (a positive number of seconds
+/// for a duration), is refused naming it. A field kept fixed, or the Python driver's, is
+/// left alone.
+fn set_bound(bounds: &mut Bounds, leases: &mut LeaseConfig, name: &str, value: &Bound<'_, PyAny>) -> PyResult<()> {
     let bad = || PyValueError::new_err(format!("bound {name} cannot be {value}"));
     let seconds = || {
-        (value.is_finite() && value > 0.0)
-            .then(|| Duration::from_secs_f64(value))
+        let s: f64 = value.extract()?;
+        (s.is_finite() && s > 0.0)
+            .then(|| Duration::from_secs_f64(s))
             .ok_or_else(bad)
     };
-    let count = || {
-        (value.is_finite() && value >= 1.0 && value.fract() == 0.0 && value <= u64::MAX as f64)
-            .then_some(value as u64)
+    let count = || -> PyResult<u64> {
+        if value.is_instance_of::<pyo3::types::PyInt>() {
+            // Exactly, however large (a float would round it).
+            return value.extract::<u64>().ok().filter(|n| *n >= 1).ok_or_else(bad);
+        }
+        let n: f64 = value.extract()?;
+        (n.is_finite() && n >= 1.0 && n.fract() == 0.0 && n <= u64::MAX as f64)
+            .then_some(n as u64)
             .ok_or_else(bad)
     };
     match name {
@@ -267,12 +423,17 @@ fn set_bound(bounds: &mut Bounds, name: &str, value: f64) -> PyResult<()> {
         "max_buffered_bytes" => bounds.max_buffered_bytes = count()?,
         "max_buffered_messages_per_peer" => bounds.max_buffered_messages_per_peer = count()? as usize,
         "min_buffered_bytes_per_peer" => bounds.min_buffered_bytes_per_peer = count()?,
-        "max_pull_answers" => bounds.max_pull_answers = count()? as usize,
+        "max_pull_answers" | "max_pulls_in_flight" => bounds.max_pull_answers = count()? as usize,
         "max_holders_per_lease" => bounds.max_holders_per_lease = count()? as usize,
-        "max_shm_lease_bytes_per_peer" => bounds.max_shm_lease_bytes_per_peer = count()?,
+        "max_shm_lease_bytes_per_peer" | "max_shm_bytes_per_peer" => bounds.max_shm_lease_bytes_per_peer = count()?,
         "max_shm_leases_per_peer" => bounds.max_shm_leases_per_peer = count()? as usize,
-        "max_ticket_dials" => bounds.max_ticket_dials = count()? as usize,
+        "max_ticket_dials" | "max_owner_dials" => bounds.max_ticket_dials = count()? as usize,
         "max_owner_connections" => bounds.max_owner_connections = count()? as usize,
+        "max_ticket_bytes" => leases.max_bytes = count()?,
+        "max_ticket_bytes_per_peer" => leases.max_bytes_per_peer = count()?,
+        "max_control_queued" => {} // kept fixed: checked by apply_bounds
+        _ if FIXED_BOUNDS.iter().any(|(n, _)| *n == name) => {}
+        _ if DRIVER_BOUNDS.contains(&name) => {}
         _ => {
             return Err(PyValueError::new_err(format!(
                 "no bound named {name} (handoff_proto::bounds::Bounds)"
@@ -324,6 +485,28 @@ fn recv_pool_bytes_from_env() -> Result<usize, String> {
             .parse::<usize>()
             .map_err(|_| format!("HANDOFF_RECV_POOL_BYTES={v:?}: expected a whole number of bytes")),
     }
+}
+
+/// The idle bytes of received segments an engine keeps mapped when its node does not say:
+/// `HANDOFF_SHM_KEEP_BYTES` (a whole number of bytes; 0 keeps none), else `None` (the
+/// default, `handoff_proto::node::DEFAULT_KEPT_MAPPINGS`). The error shows the value as
+/// Python writes a string.
+fn kept_map_bytes_from_env(py: Python<'_>) -> PyResult<Option<usize>> {
+    let raw = match std::env::var_os("HANDOFF_SHM_KEEP_BYTES") {
+        None => return Ok(None),
+        Some(raw) => raw.to_string_lossy().trim().to_string(),
+    };
+    if raw.is_empty() {
+        return Ok(None);
+    }
+    raw.parse::<usize>().map(Some).map_err(|_| {
+        let shown = pyo3::types::PyString::new(py, &raw)
+            .repr()
+            .map_or_else(|_| format!("{raw:?}"), |r| r.to_string());
+        PyValueError::new_err(format!(
+            "HANDOFF_SHM_KEEP_BYTES={shown}: expected a number of bytes (0: keep none)"
+        ))
+    })
 }
 
 /// The engines of this process, for what they hold only for reuse ([`held_for_reuse`],
@@ -399,9 +582,11 @@ pub struct Engine {
 impl Engine {
     /// A node named `name` holding the cluster `secret`; `host_id` defaults to this host's
     /// (spec §5.2). `capabilities` are announced in the handshake; `listen` and `unix` are
-    /// the addresses the node announces. `bounds` sets fields of
-    /// `handoff_proto::bounds::Bounds` by name (durations in seconds), after the named
-    /// arguments. With `shm_private` each received frame of a same-host peer's segment is a
+    /// the addresses the node announces. `bounds` sets bounds by name (durations in
+    /// seconds), after the named arguments: the fields of `handoff_proto::bounds::Bounds`, or
+    /// `dataclasses.asdict` of a `handoff.bounds.Bounds` (see `apply_bounds`).
+    /// `kept_map_bytes` defaults to `HANDOFF_SHM_KEEP_BYTES`; keeping none (0) without a
+    /// `kept_map_seconds` sweeps idle mappings at once. With `shm_private` each received frame of a same-host peer's segment is a
     /// private, writable (copy-on-write) mapping of its own, as `handoff.Node(shm_private=True)`
     /// gives Dask writable arrays. With `tls_check_name` false a dialing node checks the
     /// accepting node's certificate chain and not its name, as Dask's TLS does;
@@ -419,6 +604,7 @@ impl Engine {
                         tls_min_version=None, kept_map_bytes=None, kept_map_seconds=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
+        py: Python<'_>,
         name: String,
         secret: Vec<u8>,
         host_id: Option<String>,
@@ -442,7 +628,7 @@ impl Engine {
         max_lease_bytes: Option<u64>,
         write_timeout: Option<f64>,
         tcp_timeout: Option<f64>,
-        bounds: Option<std::collections::HashMap<String, f64>>,
+        bounds: Option<Bound<'_, pyo3::types::PyDict>>,
         shm_private: bool,
         limits: Option<std::collections::HashMap<String, u64>>,
         max_lease_bytes_per_peer: Option<u64>,
@@ -506,9 +692,6 @@ impl Engine {
         bounds.max_buffered_messages_per_peer = 64;
         bounds.max_shm_lease_bytes_per_peer =
             max_shm_lease_bytes_per_peer.unwrap_or(bounds.max_shm_lease_bytes_per_peer);
-        for (name, value) in given_bounds.unwrap_or_default() {
-            set_bound(&mut bounds, &name, value)?;
-        }
         let me = Endpoint {
             node_id: identity::random_id(),
             name,
@@ -529,6 +712,14 @@ impl Engine {
         lease_config.ttl = seconds("lease_ttl", lease_ttl, lease_config.ttl)?;
         lease_config.max_bytes = max_lease_bytes.unwrap_or(lease_config.max_bytes);
         lease_config.max_bytes_per_peer = max_lease_bytes_per_peer.unwrap_or(lease_config.max_bytes_per_peer);
+        if let Some(given) = &given_bounds {
+            apply_bounds(given, &mut bounds, &mut lease_config)?;
+        }
+        let kept_map_bytes = match kept_map_bytes {
+            Some(n) => Some(n),
+            None => kept_map_bytes_from_env(py)?,
+        };
+        let kept_bytes = kept_map_bytes.unwrap_or(handoff_proto::node::DEFAULT_KEPT_MAPPINGS);
         let wake = Wake::new().map_err(|e| PyValueError::new_err(format!("making the wake pipe: {e}")))?;
         let core = NodeCore::new(CoreSettings {
             me,
@@ -538,9 +729,12 @@ impl Engine {
             preamble: Preamble::ours(accept_v1, accept_v2),
             leases: lease_config,
             recv_pool_bytes: recv_pool_bytes_from_env().map_err(PyValueError::new_err)?,
-            kept_mapping_bytes: kept_map_bytes.unwrap_or(handoff_proto::node::DEFAULT_KEPT_MAPPINGS),
+            kept_mapping_bytes: kept_bytes,
         });
         let kept_idle = match kept_map_seconds {
+            // The engine learns that a mapping went idle when it sweeps: keeping none means
+            // sweeping often (every 50 ms), not at the default's pace.
+            None if kept_bytes == 0 => Some(Duration::ZERO),
             None => None,
             Some(s) if s.is_finite() && s >= 0.0 => Some(Duration::from_secs_f64(s)),
             Some(s) => {
@@ -582,6 +776,7 @@ impl Engine {
                 connected: Mutex::default(),
                 connections_of: Mutex::default(),
                 waiting_for_leases: AtomicUsize::new(0),
+                kept_bytes,
                 kept_idle,
             }
         });
@@ -627,6 +822,12 @@ impl Engine {
     #[getter]
     fn buffered_bytes(&self) -> u64 {
         self.shared.budget.used()
+    }
+
+    /// Idle bytes of received segments this node keeps mapped for reuse, at most.
+    #[getter]
+    fn kept_map_bytes(&self) -> usize {
+        self.shared.kept_bytes
     }
 
     /// Bytes of peers' segments mapped now.

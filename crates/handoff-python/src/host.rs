@@ -1,7 +1,8 @@
 //! Who this node is and where its host keeps things, as the engine computes them: node and
 //! process ids and the host identity (`handoff_proto::identity`, spec §5.2), the runtime
 //! directory of node sockets (`handoff_sys::same_host`, §7.1), the check of a node's own
-//! identity against the bounds of §5.2, and the keepalive plan of a TCP timeout. The
+//! identity against the bounds of §5.2, the keepalive plan of a TCP timeout, the
+//! capabilities a node announces, and its listening Unix socket. The
 //! Python API (`handoff.identity`, `handoff.node`) calls these, so that Python and Rust
 //! nodes cannot disagree on them; the pure-Python reference keeps its own copies.
 
@@ -60,6 +61,33 @@ pub fn keepalive_plan(timeout: f64) -> PyResult<(u32, u32, u32)> {
     handoff_proto::bounds::keepalive_plan(timeout).map_err(PyValueError::new_err)
 }
 
+/// The capabilities a node on the engine announces (`handoff_proto::settings::CAPABILITIES`
+/// by `NodeSettings::capabilities`): `shm` only with a Unix socket for same-host peers
+/// (`shm`), and `cuda` with it where the node maps their GPU memory (`device_memory`).
+#[pyfunction]
+pub fn node_capabilities(shm: bool, device_memory: bool) -> Vec<String> {
+    let mut settings = handoff_proto::settings::NodeSettings::new("");
+    settings.shm = shm;
+    settings.device_memory = device_memory;
+    settings.capabilities()
+}
+
+/// The Unix socket for same-host peers of node `node_id` named `name`, listening
+/// (`handoff_sys::same_host::listen`: in the [`runtime_dir`], a stale file replaced, mode
+/// 0600, non-blocking): its descriptor, which the caller owns from now on, and its path.
+#[pyfunction]
+pub fn listen_unix(py: Python<'_>, name: &str, node_id: &str) -> PyResult<(i32, String)> {
+    use std::os::fd::IntoRawFd;
+    let (listener, path) = py
+        .detach(|| handoff_sys::same_host::listen(name, node_id))
+        .map_err(crate::connection::same_host_error)?;
+    let path = path
+        .into_os_string()
+        .into_string()
+        .map_err(|p| PyValueError::new_err(format!("the socket path {p:?} is not UTF-8")))?;
+    Ok((listener.into_raw_fd(), path))
+}
+
 /// Adds this module's functions to `handoff._native`.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(random_id, m)?)?;
@@ -68,5 +96,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(runtime_dir, m)?)?;
     m.add_function(wrap_pyfunction!(check_own_identity, m)?)?;
     m.add_function(wrap_pyfunction!(keepalive_plan, m)?)?;
+    m.add_function(wrap_pyfunction!(node_capabilities, m)?)?;
+    m.add_function(wrap_pyfunction!(listen_unix, m)?)?;
     Ok(())
 }

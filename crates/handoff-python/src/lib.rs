@@ -31,12 +31,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ROOM_RECHECK", handoff_proto::receive::ROOM_RECHECK.as_secs_f64())?;
     // The bounds of `handoff.bounds.Bounds` that the engine keeps fixed, at these values.
     let fixed = pyo3::types::PyDict::new(m.py());
-    fixed.set_item("handshake_header_bytes", handoff_wire::HANDSHAKE_HEADER_BYTES)?;
-    fixed.set_item("max_pending_fds", handoff_proto::inbound::MAX_PENDING_FDS)?;
-    fixed.set_item("message_overhead", handoff_proto::bounds::MESSAGE_OVERHEAD)?;
-    fixed.set_item("drain_seconds", handoff_proto::handshake::DRAIN_TIME.as_secs_f64())?;
-    fixed.set_item("drain_bytes", handoff_proto::handshake::DRAIN_BYTES)?;
+    for (name, value) in engine::FIXED_BOUNDS {
+        fixed.set_item(name, value.into_py_any(m.py())?)?;
+    }
     m.add("ENGINE_FIXED_BOUNDS", fixed)?;
+    // The most descriptors a connection takes with one read (spec §7.2).
+    m.add("MAX_FDS_PER_READ", handoff_proto::inbound::MAX_FDS_PER_READ)?;
     m.add_class::<plain::PlainCodec>()?;
     m.add_class::<body_read::BodyReader>()?;
     m.add_class::<engine::Engine>()?;
@@ -60,6 +60,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(engine::held_for_reuse, m)?)?;
     m.add_function(wrap_pyfunction!(engine::give_back_held, m)?)?;
     m.add_function(wrap_pyfunction!(engine::configure_segment_pool, m)?)?;
+    m.add_function(wrap_pyfunction!(engine::check_engine_bounds, m)?)?;
+    m.add_function(wrap_pyfunction!(engine::limits_for_sending, m)?)?;
     m.add("SHARED_ARRAYS_HANDLER", shared_arrays::HANDLER_NAME)?;
     m.add_function(wrap_pyfunction!(shared_arrays::shared_arrays_set_handler, m)?)?;
     m.add_function(wrap_pyfunction!(shared_arrays::arena_locate, m)?)?;

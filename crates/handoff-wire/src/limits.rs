@@ -72,7 +72,8 @@ impl Limits {
 
     /// The limits a node sends within: the defaults of spec §9, or these where smaller. A
     /// node that accepts more than the defaults still sends nothing a peer with the
-    /// defaults must refuse (as the Python peer's `outgoing.send_limits`).
+    /// defaults must refuse (Python: `handoff._native.limits_for_sending`; the pure-Python
+    /// reference's own: `handoff_pure.outgoing.send_limits`).
     pub fn for_sending(&self) -> Limits {
         let d = Limits::DEFAULT;
         Limits {

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import socket
 
-__all__ = ["split_host_port", "strip_scheme", "sanitize_name", "tcp_socket"]
+__all__ = ["split_host_port", "strip_scheme", "tcp_socket"]
 
 
 def split_host_port(addr: str) -> tuple[str, int]:
@@ -33,8 +33,3 @@ def tcp_socket(addr: str) -> tuple:
 def strip_scheme(addr: str, scheme: str) -> str:
     """``addr`` without its leading ``scheme`` (such as ``tcp://``), if it has one."""
     return addr[len(scheme) :] if addr.startswith(scheme) else addr
-
-
-def sanitize_name(name: str) -> str:
-    """A node name made safe for a file name (at most 32 of ``[A-Za-z0-9_-]``)."""
-    return "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "_" for c in name)[:32]

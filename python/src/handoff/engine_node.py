@@ -17,13 +17,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 from typing import Any, Optional
 
 from . import engine as eng
 from . import pins, wire
 from .addresses import strip_scheme
-from .bounds import DEFAULT_BOUNDS
 from .codec import EncodedBody, OnDemand, encode_body, pack_framed
 from .cuda import is_cuda_array
 from .cuda import status as cuda_status
@@ -114,7 +112,9 @@ class EngineNode(Node):
                 "ssl context cannot be read back; Dask's are, from the Security that made them)"
             )
         super().__init__(*args, **kwargs)
-        _check_fixed_bounds(self.bounds)
+        # A Bounds the engine would not apply (one it keeps fixed) is refused now, by name.
+        eng._native.check_engine_bounds(dataclasses.asdict(self.bounds))
+        self.send_limits = wire.Limits(**eng._native.limits_for_sending(dataclasses.asdict(self.limits)))
         self._budget = _EngineBudget(self)
         self.leases = _EngineLeases(self)
         self.dialer_nonces = None  # the engine's own (handoff_proto::handshake::DialerNonces)
@@ -123,10 +123,10 @@ class EngineNode(Node):
 
     @property
     def caps(self) -> list:
-        # "cuda": this node maps same-host peers' GPU memory by its IPC handle (§7.10); only
-        # with shared memory (a Unix socket) and a CUDA driver that works here.
-        caps = super().caps
-        return caps + ["cuda"] if self.shm and cuda_status()[0] else caps
+        # "cuda": this node maps same-host peers' GPU memory by its IPC handle (§7.10), where
+        # a CUDA driver works here (announced only with shared memory, a Unix socket).
+        shm = bool(self.shm)
+        return eng._native.node_capabilities(shm, shm and cuda_status()[0])
 
     # ------------------------------------------------------------------ life
 
@@ -173,22 +173,6 @@ class EngineNode(Node):
         )
         return self
 
-    def _engine_bounds(self) -> dict:
-        """The node's :class:`~handoff.bounds.Bounds` in the engine's names."""
-        b = self.bounds
-        return {
-            "max_handshakes": b.max_handshakes,
-            "max_connections": b.max_connections,
-            "max_buffered_messages_per_peer": b.max_buffered_messages_per_peer,
-            "min_buffered_bytes_per_peer": b.min_buffered_bytes_per_peer,
-            "max_pull_answers": b.max_pulls_in_flight,
-            "max_holders_per_lease": b.max_holders_per_lease,
-            "max_shm_lease_bytes_per_peer": b.max_shm_bytes_per_peer,
-            "max_shm_leases_per_peer": b.max_shm_leases_per_peer,
-            "max_ticket_dials": b.max_owner_dials,
-            "max_owner_connections": b.max_owner_connections,
-        }
-
     def _engine_tls(self) -> dict:
         """The node's TLS as the engine takes it: the PEM of :meth:`TlsConfig.from_files`, or
         the PEM it was given (``TlsConfig.pem``)."""
@@ -208,30 +192,7 @@ class EngineNode(Node):
             "tls_min_version": self.tls.min_version,
         }
 
-    def _kept_map_bytes(self) -> Optional[int]:
-        """``kept_map_bytes``, else ``$HANDOFF_SHM_KEEP_BYTES``, else ``None`` (the engine's
-        default)."""
-        if self.kept_map_bytes is not None:
-            return self.kept_map_bytes
-        raw = os.environ.get("HANDOFF_SHM_KEEP_BYTES", "").strip()
-        if not raw:
-            return None
-        try:
-            n = int(raw)
-        except ValueError:
-            n = -1
-        if n < 0:
-            raise ValueError(f"HANDOFF_SHM_KEEP_BYTES={raw!r}: expected a number of bytes (0: keep none)")
-        return n
-
     def _make_engine(self) -> "eng.Engine":
-        b = self.bounds
-        kept = self._kept_map_bytes()
-        kept_seconds = self.kept_map_seconds
-        if kept == 0 and kept_seconds is None:
-            # The engine learns that a mapping went idle when it sweeps: keeping none means
-            # sweeping often (every 50 ms), not at the default's pace.
-            kept_seconds = 0.0
         engine = eng.Engine(
             self.name,
             self.secret,
@@ -241,22 +202,17 @@ class EngineNode(Node):
             unix=self.unix_addr,
             accept_v1=self.accept_v1,
             accept_v2=self.accept_v2,
-            handshake_timeout=b.handshake_timeout,
-            progress_timeout=b.progress_timeout,
-            max_buffered_bytes=b.max_buffered_bytes,
-            max_buffered_bytes_per_peer=b.max_buffered_bytes_per_peer,
             shm_threshold=self.shm_threshold,
             ticket_threshold=self.ticket_threshold,
             lease_ttl=self.lease_ttl,
-            write_timeout=b.write_timeout,
             tcp_timeout=self.tcp_timeout,
-            max_lease_bytes=b.max_ticket_bytes,
-            max_lease_bytes_per_peer=b.max_ticket_bytes_per_peer,
-            bounds=self._engine_bounds(),
+            # Bounds by their Python names: the engine applies them, or leaves those the
+            # driver applies (lease_wait, the warnings); it refused fixed ones in __init__.
+            bounds=dataclasses.asdict(self.bounds),
             shm_private=self.shm_private,
             limits=dataclasses.asdict(self.limits),
-            kept_map_bytes=kept,
-            kept_map_seconds=kept_seconds,
+            kept_map_bytes=self.kept_map_bytes,  # (None: $HANDOFF_SHM_KEEP_BYTES, the engine reads it)
+            kept_map_seconds=self.kept_map_seconds,
             **self._engine_tls(),
         )
         if self.types is not None:
@@ -622,25 +578,6 @@ class EnginePeer(Peer):
     async def close(self) -> None:
         """Closes the connection (what is queued is written first, as far as it goes now)."""
         self.abort()
-
-
-def _check_fixed_bounds(bounds: Any) -> None:
-    """Refuses a :class:`~handoff.bounds.Bounds` the engine would not apply: it keeps some
-    bounds at fixed values (``handoff._native.ENGINE_FIXED_BOUNDS``), and bounds the
-    queue of ticket answers by bytes (1 MiB) rather than by ``max_control_queued``."""
-    fixed = dict(eng._native.ENGINE_FIXED_BOUNDS)
-    for name, value in fixed.items():
-        if getattr(bounds, name) != value:
-            raise ValueError(
-                f"Bounds({name}={getattr(bounds, name)!r}): a node on the engine keeps {name} at {value!r}; "
-                "leave it at that value"
-            )
-    if bounds.max_control_queued != DEFAULT_BOUNDS.max_control_queued:
-        raise ValueError(
-            f"Bounds(max_control_queued={bounds.max_control_queued!r}): a node on the engine bounds the ticket "
-            "answers queued for a connection by bytes (1 MiB), not by this count; leave it at "
-            f"{DEFAULT_BOUNDS.max_control_queued}"
-        )
 
 
 def _segment_frame(source: SharedFrame) -> Any:

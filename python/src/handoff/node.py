@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 from . import identity, native, pins, wire
-from .addresses import sanitize_name, split_host_port, strip_scheme
+from .addresses import split_host_port, strip_scheme
 from .bounds import DEFAULT_BOUNDS, Bounds
 from .envelope import Envelope
 from .errors import HandoffError
-from .outgoing import send_limits
 from .peer import Peer
 from .pins import DEFAULT_PIN_BOUNDS, PinBounds, PinOutbox, PinTable
 from .resources import Resources
@@ -172,6 +171,9 @@ class Node:
     #: Where a node's ids, host identity, socket folder and keepalive plan come from: the
     #: engine's (the pure-Python reference has its own, ``handoff_pure.identity``).
     _identity = identity
+    #: What this node sends within (§9): the default limits, or its own where smaller (set
+    #: by the implementation, from ``limits``).
+    send_limits: wire.Limits
 
     def __new__(cls, *args, engine: Optional[bool] = None, **kwargs):
         if any(c.__dict__.get("_implementation", False) for c in cls.__mro__):
@@ -265,8 +267,6 @@ class Node:
         self.redeem = redeem
         self.pull_timeout = pull_timeout
         self.limits = limits
-        #: What this node sends within (§9): the default limits, or its own where smaller.
-        self.send_limits = send_limits(limits)
         self.bounds = bounds
         #: Whether peers that speak version 1 (``accept_v1``), or 2 (either), at most are
         #: accepted (§3): the node then announces versions 1..=3 or 2..=3, not 3 only.
@@ -311,8 +311,8 @@ class Node:
 
     @property
     def caps(self) -> list:
-        # "xxh3": this node checks tickets that carry an XXH3-128 digest (§7.5).
-        return ["inline", "shm", "ticket", "xxh3"] if self.shm else ["inline", "ticket", "xxh3"]
+        """The capabilities this node announces in its handshake (the implementation's)."""
+        raise NotImplementedError
 
     @property
     def unix_addr(self) -> Optional[str]:
@@ -371,19 +371,17 @@ class Node:
             )
             self._listeners.append(lsock)
         if self.shm:
-            path = self._identity.runtime_dir() / f"{sanitize_name(self.name)}-{self.node_id[:12]}.sock"
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
-            usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            usock.bind(str(path))
-            os.chmod(path, 0o600)
-            usock.listen(_LISTEN_BACKLOG)
-            usock.setblocking(False)
-            self.unix_path = path
+            usock, self.unix_path = self._listen_unix()
             self._listeners.append(usock)
         return list(self._listeners)
+
+    def _listen_unix(self) -> tuple:
+        """The node's Unix socket for same-host peers, listening, and its path: the engine's
+        (``handoff_sys::same_host::listen``: in the runtime directory, mode 0600)."""
+        fd, path = native.required("the node's Unix socket").listen_unix(self.name, self.node_id)
+        usock = socket.socket(fileno=fd)
+        usock.setblocking(False)
+        return usock, Path(path)
 
     def stop_listening(self) -> None:
         """Stops accepting connections (TCP and Unix socket); established ones carry on."""

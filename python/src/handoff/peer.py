@@ -67,10 +67,8 @@ class Peer:
 
     @property
     def locality(self) -> str:
-        """``remote``, ``same-host`` or ``same-process`` (spec §1)."""
-        if self.ident.host != self.node.host_id:
-            return "remote"
-        return "same-process" if self.ident.proc == self.node.process_id else "same-host"
+        """``remote``, ``same-host`` or ``same-process`` (spec §1; :func:`handoff.route.locality_between`)."""
+        return self.route.locality
 
     @property
     def route(self) -> Route:

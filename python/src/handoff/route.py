@@ -211,13 +211,13 @@ class Route:
     @classmethod
     def outbound(cls, peer: Any) -> "Route":
         """The route of what this node sends to ``peer``, a :class:`handoff.peer.Peer`
-        (read for its ``node``, ``ident``, ``locality``, ``channel`` and
-        ``protocol_version``; routes sit below peers, which make them)."""
+        (read for its ``node``, ``ident``, ``channel`` and ``protocol_version``; routes sit
+        below peers, which make them)."""
         node = peer.node
         ours = Endpoint(node.node_id, node.name, node.host_id, node.process_id, os.getpid(), "python", tuple(node.caps))
         h = peer.ident
         theirs = Endpoint(h.node, h.name, h.host, h.proc, h.pid, h.lang, tuple(h.caps))
-        return cls(ours, theirs, peer.locality, peer.channel, peer.protocol_version)
+        return cls(ours, theirs, locality_between(ours, theirs), peer.channel, peer.protocol_version)
 
     @classmethod
     def from_dict(cls, d: dict, inbound: bool = False) -> "Route":

@@ -1,6 +1,7 @@
 """What the pure-Python reference decides about addresses: whether an address is a node's own
-(its ticket client must never dial its own node, §9.1), and who is at the other end of a
-same-host socket (§7.1). The engine decides both in ``handoff_proto::peers``."""
+(its ticket client must never dial its own node, §9.1), who is at the other end of a
+same-host socket (§7.1), and the file name of a node's socket. The engine decides the first
+two in ``handoff_proto::peers``, the last in ``handoff_sys::same_host::listen``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Optional
 
 from handoff.addresses import split_host_port, strip_scheme
 
-__all__ = ["LOCAL_HOSTS", "is_own_address", "check_peer_uid"]
+__all__ = ["LOCAL_HOSTS", "is_own_address", "check_peer_uid", "sanitize_name"]
 
 LOCAL_HOSTS = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
@@ -47,3 +48,8 @@ def check_peer_uid(sock: socket.socket) -> int:
     if uid != os.geteuid():
         raise PermissionError(f"refusing a same-host peer running as uid {uid} (we are uid {os.geteuid()}, pid {pid})")
     return pid
+
+
+def sanitize_name(name: str) -> str:
+    """A node name made safe for a file name (at most 32 of ``[A-Za-z0-9_-]``)."""
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "_" for c in name)[:32]

@@ -32,7 +32,7 @@ from . import tls as tls_layer
 from . import wire
 from handoff.addresses import split_host_port, strip_scheme
 
-from .addresses import check_peer_uid
+from .addresses import check_peer_uid, sanitize_name
 from handoff.envelope import Envelope
 from handoff.errors import HandoffError, PeerClosed, TlsError
 from .inbox import Inbox
@@ -42,6 +42,7 @@ from .budget import Budget
 from .handshake import IMPLEMENTATION, OurSide, handshake, send_error
 from .leases import LeaseTable
 from .nonces import DialerNonces
+from .outgoing import send_limits
 from .peer import Peer
 from .pool import pool
 from .ticket_client import TicketClient
@@ -52,6 +53,8 @@ __all__ = ["Node"]
 
 log = logging.getLogger("handoff")
 
+#: How many connections a listening socket queues before they are accepted.
+_LISTEN_BACKLOG = 1024
 #: Longest the accept loop accepts waiting connections before other input goes first (s).
 _ACCEPT_SLICE = 100e-6
 
@@ -63,6 +66,25 @@ class Node(handoff.node.Node):
     _implementation = True
     #: Its ids, host identity, socket folder and keepalive plan: the reference's own.
     _identity = identity
+
+    @property
+    def caps(self) -> list:
+        # "xxh3": this node checks tickets that carry an XXH3-128 digest (§7.5).
+        return ["inline", "shm", "ticket", "xxh3"] if self.shm else ["inline", "ticket", "xxh3"]
+
+    def _listen_unix(self) -> tuple:
+        """The node's Unix socket for same-host peers, listening (mode 0600), and its path."""
+        path = self._identity.runtime_dir() / f"{sanitize_name(self.name)}-{self.node_id[:12]}.sock"
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        usock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        usock.bind(str(path))
+        os.chmod(path, 0o600)
+        usock.listen(_LISTEN_BACKLOG)
+        usock.setblocking(False)
+        return usock, path
 
     def _own_ident(self) -> wire.Ident:
         """What this node says about itself in an ident (the pid and caps as it sends them)."""
@@ -100,6 +122,8 @@ class Node(handoff.node.Node):
 
     def __init__(self, name: str, **kwargs: Any):
         super().__init__(name, **kwargs)
+        #: What this node sends within (§9): the default limits, or its own where smaller.
+        self.send_limits = send_limits(self.limits)
         bounds = self.bounds
         self._throttle = throttle.WarningThrottle(
             logging.getLogger("handoff"),

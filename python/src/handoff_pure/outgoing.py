@@ -1,6 +1,6 @@
 """What the pure-Python reference checks before it writes a message (spec §9): the header
 length, the frame count, each frame's size and their sum, against the limits it sends
-within (:func:`handoff.outgoing.send_limits`); a message over one fails that one send with
+within (:func:`send_limits`); a message over one fails that one send with
 :class:`~handoff.errors.MessageTooLarge`, naming the limit, instead of going out and
 closing the connection on the receiver. Texts it writes into its own answers from what a
 peer sent (an ``error``'s or a ``ticket-error``'s ``msg``) are clipped (:func:`clip`), so
@@ -9,15 +9,29 @@ that an answer stays far below any limit whatever the peer sent.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable
 
 from handoff import wire
 from handoff.errors import MessageTooLarge
 
-__all__ = ["check_header", "check_frames", "clip", "MAX_TEXT"]
+__all__ = ["send_limits", "check_header", "check_frames", "clip", "MAX_TEXT"]
 
 #: The most characters of an ``error`` or ``ticket-error`` text this node sends.
 MAX_TEXT = 1024
+
+
+def send_limits(limits: wire.Limits) -> wire.Limits:
+    """The limits a node sends within: the defaults of §9, or ``limits`` where smaller (the
+    engine's: ``handoff_wire::Limits::for_sending``)."""
+    d = wire.DEFAULT_LIMITS
+    return dataclasses.replace(
+        limits,
+        max_header_bytes=min(d.max_header_bytes, limits.max_header_bytes),
+        max_frames=min(d.max_frames, limits.max_frames),
+        max_frame_bytes=min(d.max_frame_bytes, limits.max_frame_bytes),
+        max_message_bytes=min(d.max_message_bytes, limits.max_message_bytes),
+    )
 
 
 def check_header(n: int, limits: wire.Limits, to: str) -> None:

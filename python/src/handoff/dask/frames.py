@@ -48,6 +48,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from .. import native
 from ..buffers import as_bytes_view
 from ..codec import Bin, Buffer
 from ..cuda import array_nbytes, is_cuda_array
@@ -74,8 +75,9 @@ TYPE_OPEN = "handoff.dask.Open"
 TYPE_FRAMES = "handoff.dask.Frames"
 #: Frames below this size travel inside the body.
 SMALL = 1024
-#: At most this many shared segments per part (a receiver takes 64 descriptors per read, §7.2).
-_MAX_SHM_PER_PART = 64
+#: At most this many shared segments per part: the descriptors a receiver takes with one
+#: read (§7.2, ``handoff_proto::inbound::MAX_FDS_PER_READ``).
+_MAX_SHM_PER_PART = native.required("handoff.dask").MAX_FDS_PER_READ
 #: At most this many body bytes per part (the header, which holds the body, is at most 16 MiB).
 _MAX_BODY_PER_PART = 8 << 20
 #: A :class:`Join` copies this many bytes at a time (a few milliseconds each).
