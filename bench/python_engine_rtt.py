@@ -27,7 +27,7 @@ both sides one after the other, with no wake-up of another CPU in it (on a VM, w
 wake-ups vary most, the steadiest of the three). The figure of a style is the median of its batches; the
 ratio to the floor is the median of the rounds' ratios, with their range.
 
-    .venv/bin/python bench/python_engine_rtt.py [--round-trips N] [--rounds R] [--pin | --one-cpu]
+    .venv/bin/python bench/python_engine_rtt.py [--round-trips N] [--rounds R] [--pin | --one-cpu] [--codec-steps]
 """
 
 from __future__ import annotations
@@ -57,6 +57,10 @@ STYLES = (
 #: How each engine style's echo treats a body (``handoff.codec``, as it is, the extension's codec).
 ENGINE_CODECS = {"engine": "codec", "engine, no codec": "none", "engine, native codec": "native"}
 NODE_STYLES = {"Node on the engine": True, "Node (Python)": False}
+#: ``--codec-steps``: the native codec's steps one at a time, the pinger sending the body as
+#: it is and not reading the answer (how much each call into the extension costs in the
+#: ping-pong, where it runs with caches the other side just used, against its ``timeit``).
+CODEC_STEPS = {"echo reads only": "read", "echo packs only": "pack"}
 
 
 async def echo_node(w: int, channel: str, engine: bool) -> None:
@@ -84,6 +88,10 @@ def native_codec():
     return (lambda value: plain.pack(value, threshold)), (lambda body, frames: read(body, frames)[0])
 
 
+#: What the ``echo packs only`` style answers: a body of the same shape and size.
+ANSWER = {"seq": 0, "data": bytes(MESSAGE_BYTES)}
+
+
 async def echo_engine(sock, codec: str = "codec") -> None:
     from handoff.codec import decode_body, encode_body
     from handoff.engine import Driver, Engine
@@ -104,6 +112,11 @@ async def echo_engine(sock, codec: str = "codec") -> None:
             conn.send_now(got.type_name, enc.body, enc.frames)
         elif codec == "native":
             conn.send_now(got.type_name, pack(read(got.body, got.frames)), ())
+        elif codec == "read":
+            read(got.body, got.frames)
+            conn.send_now(got.type_name, got.body, got.frames)
+        elif codec == "pack":
+            conn.send_now(got.type_name, pack(ANSWER), ())
         else:
             conn.send_now(got.type_name, got.body, got.frames)
     driver.close()
@@ -227,8 +240,16 @@ def main() -> int:
     place = parser.add_mutually_exclusive_group()
     place.add_argument("--pin", action="store_true", help="the pinger on one CPU, the echoes on another")
     place.add_argument("--one-cpu", action="store_true", help="every process on the first CPU")
+    parser.add_argument(
+        "--codec-steps",
+        action="store_true",
+        help="add the native codec's steps one at a time (echo reads only, packs only)",
+    )
     args = parser.parse_args()
-    global PIN
+    global PIN, STYLES
+    if args.codec_steps:
+        STYLES = STYLES + tuple(CODEC_STEPS)
+        ENGINE_CODECS.update(CODEC_STEPS)
     PIN = "apart" if args.pin else "one" if args.one_cpu else None
     if args.round_trips < 1 or args.rounds < 1:
         parser.error("--round-trips and --rounds must be at least 1")
