@@ -253,14 +253,16 @@ pub fn limits_for_sending(
     py: Python<'_>,
     limits: std::collections::HashMap<String, u64>,
 ) -> PyResult<Bound<'_, pyo3::types::PyDict>> {
+    use pyo3::types::IntoPyDict;
     let l = limits_of(limits)?.for_sending();
-    let d = pyo3::types::PyDict::new(py);
-    d.set_item("max_header_bytes", l.max_header_bytes)?;
-    d.set_item("max_frames", l.max_frames)?;
-    d.set_item("max_frame_bytes", l.max_frame_bytes)?;
-    d.set_item("max_message_bytes", l.max_message_bytes)?;
-    d.set_item("max_header_values", l.max_header_values)?;
-    Ok(d)
+    [
+        ("max_header_bytes", u64::from(l.max_header_bytes)),
+        ("max_frames", u64::from(l.max_frames)),
+        ("max_frame_bytes", l.max_frame_bytes),
+        ("max_message_bytes", l.max_message_bytes),
+        ("max_header_values", u64::from(l.max_header_values)),
+    ]
+    .into_py_dict(py)
 }
 
 /// The value at which the engine keeps one field of `handoff.bounds.Bounds` (see

@@ -385,7 +385,6 @@ class EnginePeer(Peer):
         self.queue: Optional[ConnectionQueue] = ConnectionQueue() if node.per_connection else None
         self._delivered = False
         self._routes: Optional[tuple] = None
-        self._overhead = node.bounds.message_overhead
 
     @property
     def buffered(self) -> int:
@@ -528,15 +527,12 @@ class EnginePeer(Peer):
     def _on_message(self, received: Any) -> None:
         body = received.body  # (the engine's buffer: decoded where it lies)
         frames = received.frames
-        if frames:
-            frames = [self._frame(f) for f in frames]
-            weight = sum(len(f.view) for f in frames if f.kind != "ticket")
-        else:
-            frames, weight = [], 0
+        frames = [self._frame(f) for f in frames] if frames else []
         env = Envelope(self, received.type_name, body, frames)
         env._received = received
-        # Its weight in the node's inbox, which serves connections fairly by bytes.
-        env.charge = len(body) + weight + self._overhead
+        # Its weight in the node's inbox, which serves connections fairly by bytes: the
+        # room it holds in the receive budget, as the Rust node weighs it.
+        env.charge = received.room
         if received.failure is not None:
             # Its eager redemption failed: the body raises why (as the Python peer's).
             env.error, env._decoded = received.failure, True

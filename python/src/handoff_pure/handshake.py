@@ -42,10 +42,28 @@ from .nonces import DialerNonces
 from .outgoing import clip
 from .transport import Transport
 
-__all__ = ["OurSide", "Handshaken", "handshake", "send_error", "IMPLEMENTATION"]
+__all__ = ["OurSide", "Handshaken", "handshake", "send_error", "own_ident", "IMPLEMENTATION"]
 
 #: What a Python node says it is in its ident (``impl``, §5.2).
 IMPLEMENTATION = "handoff-py/0.1.0"
+
+
+def own_ident(
+    node_id: str, name: str, host_id: str, process_id: str, caps, listen: Optional[str], unix: Optional[str]
+) -> wire.Ident:
+    """What a node of this implementation says about itself in an ident (§5.2)."""
+    return wire.Ident(
+        node=node_id,
+        name=name,
+        host=host_id,
+        pid=os.getpid(),
+        proc=process_id,
+        lang="python",
+        impl=IMPLEMENTATION,
+        caps=list(caps),
+        listen=listen,
+        unix=unix,
+    )
 
 
 @dataclass
@@ -83,6 +101,10 @@ class OurSide:
     #: The nonces this node recently sent as a dialer (version 3, §5.7 step 3); ``None``
     #: remembers and checks none.
     dialer_nonces: Optional[DialerNonces] = None
+
+    def ident(self) -> wire.Ident:
+        """What this side says about itself in an ident (§5.2)."""
+        return own_ident(self.node_id, self.name, self.host_id, self.process_id, self.caps, self.listen, self.unix)
 
 
 async def send_error(transport: Transport, code: str, message: str, *, before_preamble: bool = False) -> None:
@@ -311,18 +333,7 @@ async def handshake(transport: Transport, ours: OurSide) -> Handshaken:
         if refusal is not None:
             await _fail(transport, wire.WireError(*refusal))
 
-    ident = wire.Ident(
-        node=ours.node_id,
-        name=ours.name,
-        host=ours.host_id,
-        pid=os.getpid(),
-        proc=ours.process_id,
-        lang="python",
-        impl=IMPLEMENTATION,
-        caps=list(ours.caps),
-        listen=ours.listen,
-        unix=ours.unix,
-    )
+    ident = ours.ident()
     # Until the connection is established, headers are bounded by the handshake limit (§5.1, §9).
     limits = wire.during_handshake(ours.limits)
     preambles = (own_preamble, peer_preamble[:16])

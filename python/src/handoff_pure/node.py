@@ -39,7 +39,7 @@ from .inbox import Inbox
 from handoff.tickets import Ticket
 from .admission import Admission
 from .budget import Budget
-from .handshake import IMPLEMENTATION, OurSide, handshake, send_error
+from .handshake import OurSide, handshake, own_ident, send_error
 from .leases import LeaseTable
 from .nonces import DialerNonces
 from .outgoing import send_limits
@@ -86,25 +86,14 @@ class Node(handoff.node.Node):
         usock.setblocking(False)
         return usock, path
 
-    def _own_ident(self) -> wire.Ident:
-        """What this node says about itself in an ident (the pid and caps as it sends them)."""
-        return wire.Ident(
-            node=self.node_id,
-            name=self.name,
-            host=self.host_id,
-            pid=os.getpid(),
-            proc=self.process_id,
-            lang="python",
-            impl=IMPLEMENTATION,
-            caps=self.caps,
-            listen=self.listen_addr,
-            unix=self.unix_addr,
-        )
-
     def _check_own_identity(self) -> None:
         """A ``ValueError`` naming the first field of this node's ident that breaks its bound
         (§5.2), checked by the reference's own table."""
-        wire.check_identity(self._own_ident())
+        wire.check_identity(
+            own_ident(
+                self.node_id, self.name, self.host_id, self.process_id, self.caps, self.listen_addr, self.unix_addr
+            )
+        )
 
     def _check_type(self, type_name: str) -> None:
         if self.types is not None and type_name not in self.types and type_name != pins.TYPE_UPDATE:
