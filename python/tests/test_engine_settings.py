@@ -143,6 +143,30 @@ def test_the_engine_takes_bounds_by_their_python_names():
         _native().check_engine_bounds({"max_owner_dials": 0})
 
 
+@pytest.mark.parametrize("seconds", [1e20, 1e10, float("inf")])
+async def test_a_time_too_long_for_the_clock_is_refused_by_name_not_a_panic(seconds, monkeypatch):
+    """Every time the engine takes: past MAX_SECONDS (about 31 years) a deadline counted
+    from now would overflow the clock; such a value is a ValueError naming it (a Rust panic
+    would be a BaseException, past every ``except Exception``)."""
+    native = _native()
+    with pytest.raises(ValueError, match="write_timeout"):
+        Node("n", secret="k", bounds=dataclasses.replace(DEFAULT_BOUNDS, write_timeout=seconds))
+    with pytest.raises(ValueError, match="handshake_timeout"):
+        native.Engine("n", b"k", handshake_timeout=seconds)
+    with pytest.raises(ValueError, match="lease_ttl"):
+        native.Engine("n", b"k", lease_ttl=seconds)
+    with pytest.raises(ValueError, match="kept_map_seconds"):
+        native.Engine("n", b"k", kept_map_seconds=seconds)
+    with pytest.raises(ValueError, match="idle_seconds"):
+        native.configure_segment_pool(idle_seconds=seconds)
+    # From the environment, where nobody can be told: the default instead.
+    monkeypatch.setenv("HANDOFF_SHM_KEEP_SECONDS", repr(seconds))
+    monkeypatch.setenv("HANDOFF_SHM_POOL_IDLE_SECONDS", repr(seconds))
+    async with Node("env", secret="k") as node:
+        assert node._driver.engine.sweep_idle() > 0
+    native.Engine("n", b"k", bounds={"write_timeout": 1e9})  # the longest taken
+
+
 async def test_the_engine_reads_kept_map_bytes_from_the_environment(monkeypatch):
     monkeypatch.setenv("HANDOFF_SHM_KEEP_BYTES", " 12345 ")
     async with Node("env", secret="k") as a, Node("own", secret="k", kept_map_bytes=7) as b:

@@ -28,7 +28,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "h" => n * 3600.0,
         other => return Err(format!("unknown unit {other:?} in {s:?} (use ms, s, m or h)")),
     };
-    Duration::try_from_secs_f64(secs).map_err(|_| bad())
+    handoff::bounds::duration_from_secs(secs, true).ok_or_else(|| {
+        if secs.is_finite() && secs >= 0.0 {
+            format!("{s:?} is longer than a node takes (about 31 years)")
+        } else {
+            bad()
+        }
+    })
 }
 
 /// Whether a failed connect may succeed when tried again: the peer is not listening yet,
@@ -166,6 +172,11 @@ mod tests {
         assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("3 fortnights").unwrap_err().contains("unknown unit"));
+        // Longer than a deadline counted from now can be (the clock would overflow): refused.
+        assert!(parse_duration("10000000000000000000s")
+            .unwrap_err()
+            .contains("longer than a node takes"));
+        assert!(parse_duration("1000000000s").is_ok());
         assert_eq!(show(Duration::from_secs(30)), "30s");
         assert_eq!(show(Duration::from_millis(1500)), "1500ms");
     }

@@ -106,6 +106,43 @@ pub const MESSAGE_OVERHEAD: u64 = 1024;
 /// at most one at a time, so they are bounded by the connection count).
 pub const SMALL_HEADER: u64 = 64 * 1024;
 
+/// The longest time any timeout, lease or wait of a node may be (10⁹ s, about 31 years):
+/// past any that means something, and short enough that a deadline counted from now never
+/// overflows the clock (`Instant + Duration` panics there). Longer ones are refused by
+/// name ([`NodeSettings::check`](crate::settings::NodeSettings::check), the drivers'
+/// parsers).
+pub const MAX_DURATION: Duration = Duration::from_secs(1_000_000_000);
+
+/// `seconds` as a duration a node takes: finite, at most [`MAX_DURATION`], and positive
+/// (or zero, where `zero` allows it); `None` otherwise.
+pub fn duration_from_secs(seconds: f64, zero: bool) -> Option<Duration> {
+    let in_range = seconds > 0.0 || (zero && seconds == 0.0);
+    (seconds.is_finite() && in_range && seconds <= MAX_DURATION.as_secs_f64()).then(|| Duration::from_secs_f64(seconds))
+}
+
+impl Bounds {
+    /// The first of these bounds' times longer than [`MAX_DURATION`], named.
+    pub fn check(&self) -> Result<(), String> {
+        let times = [
+            ("handshake_timeout", self.handshake_timeout),
+            ("progress_timeout", self.progress_timeout),
+            ("write_timeout", self.write_timeout),
+        ];
+        check_durations(&times)
+    }
+}
+
+/// Refuses the first of `times` longer than [`MAX_DURATION`], by its name.
+pub fn check_durations(times: &[(&str, Duration)]) -> Result<(), String> {
+    match times.iter().find(|(_, t)| *t > MAX_DURATION) {
+        Some((name, t)) => Err(format!(
+            "{name} is {t:?}, longer than the {} s a node takes (about 31 years)",
+            MAX_DURATION.as_secs()
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Keepalive probes a TCP connection sends before it gives a silent peer up.
 pub const KEEPALIVE_PROBES: u32 = 10;
 

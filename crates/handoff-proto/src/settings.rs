@@ -109,7 +109,8 @@ impl NodeSettings {
     }
 
     /// What a node cannot start with, in words: no name, a name or host id longer than
-    /// peers accept (spec §5.2), a TCP timeout shorter than its keepalive plan.
+    /// peers accept (spec §5.2), a TCP timeout shorter than its keepalive plan, a time
+    /// longer than [`MAX_DURATION`](crate::bounds::MAX_DURATION).
     pub fn check(&self) -> Result<(), String> {
         if self.name.is_empty() {
             return Err("a node needs a name".into());
@@ -118,7 +119,10 @@ impl NodeSettings {
         if let Some(t) = self.tcp_timeout {
             crate::bounds::keepalive_plan(t)?;
         }
-        Ok(())
+        self.bounds.check()?;
+        let mut times = vec![("lease_ttl", self.leases.ttl), ("pull_timeout", self.pull_timeout)];
+        times.extend(self.tcp_timeout.map(|t| ("tcp_timeout", t)));
+        crate::bounds::check_durations(&times)
     }
 
     /// The size from which buffers travel as shared memory (at least one byte).
@@ -186,6 +190,22 @@ mod tests {
         assert!(s.check().unwrap_err().contains("TCP timeout"));
         let long = NodeSettings::new("n".repeat(10_000));
         assert!(long.check().unwrap_err().contains("name"));
+    }
+
+    #[test]
+    fn a_time_longer_than_a_deadline_can_be_is_refused_by_name() {
+        let mut s = NodeSettings::new("a");
+        s.leases.ttl = Duration::MAX;
+        assert!(s.check().unwrap_err().starts_with("lease_ttl is"));
+        let mut s = NodeSettings::new("a");
+        s.bounds.write_timeout = crate::bounds::MAX_DURATION + Duration::from_secs(1);
+        assert!(s.check().unwrap_err().starts_with("write_timeout is"));
+        s.bounds.write_timeout = crate::bounds::MAX_DURATION;
+        assert!(s.check().is_ok(), "the longest is taken");
+        assert_eq!(crate::bounds::duration_from_secs(1e20, false), None);
+        assert_eq!(crate::bounds::duration_from_secs(f64::NAN, true), None);
+        assert_eq!(crate::bounds::duration_from_secs(0.0, true), Some(Duration::ZERO));
+        assert_eq!(crate::bounds::duration_from_secs(0.0, false), None);
     }
 
     #[test]

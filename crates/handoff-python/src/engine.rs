@@ -76,6 +76,12 @@ pub(crate) struct Tls {
 /// `HANDOFF_SHM_POOL_IDLE_SECONDS`, else 10 s).
 static POOL_IDLE: Mutex<Option<Duration>> = Mutex::new(None);
 
+/// The longest time a bound or setting of the engine may be, in seconds
+/// (`handoff_proto::bounds::MAX_DURATION`): a larger one is refused, naming it.
+const MAX_SECONDS: u64 = handoff_proto::bounds::MAX_DURATION.as_secs();
+
+use handoff_proto::bounds::duration_from_secs as duration_of;
+
 impl Shared {
     /// The idle times this node's sweep applies: the process's pool's, and its own mappings'.
     fn idle_times(&self) -> handoff_proto::shm::IdleTimes {
@@ -98,12 +104,12 @@ impl Shared {
 #[pyo3(signature = (max_idle_bytes=None, idle_seconds=None))]
 pub fn configure_segment_pool(max_idle_bytes: Option<usize>, idle_seconds: Option<f64>) -> PyResult<()> {
     if let Some(s) = idle_seconds {
-        if !(s.is_finite() && s >= 0.0) {
-            return Err(PyValueError::new_err(format!(
-                "idle_seconds must be zero or a positive number of seconds, not {s}"
-            )));
-        }
-        *POOL_IDLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Duration::from_secs_f64(s));
+        let idle = duration_of(s, true).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "idle_seconds must be zero or a positive number of seconds (at most {MAX_SECONDS}), not {s}"
+            ))
+        })?;
+        *POOL_IDLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(idle);
     }
     if let Some(bytes) = max_idle_bytes {
         handoff_proto::shm::SegmentPool::global().set_max_idle_bytes(bytes);
@@ -401,9 +407,7 @@ fn set_bound(bounds: &mut Bounds, leases: &mut LeaseConfig, name: &str, value: &
     let bad = || PyValueError::new_err(format!("bound {name} cannot be {value}"));
     let seconds = || {
         let s: f64 = value.extract()?;
-        (s.is_finite() && s > 0.0)
-            .then(|| Duration::from_secs_f64(s))
-            .ok_or_else(bad)
+        duration_of(s, false).ok_or_else(bad)
     };
     let count = || -> PyResult<u64> {
         if value.is_instance_of::<pyo3::types::PyInt>() {
@@ -673,10 +677,11 @@ impl Engine {
         handoff_proto::peers::check_own_identity(&name, host_id.as_deref()).map_err(PyValueError::new_err)?;
         let seconds = |what: &str, s: Option<f64>, default: Duration| match s {
             None => Ok(default),
-            Some(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
-            Some(s) => Err(PyValueError::new_err(format!(
-                "{what} must be a positive number of seconds, not {s}"
-            ))),
+            Some(s) => duration_of(s, false).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "{what} must be a positive number of seconds (at most {MAX_SECONDS}), not {s}"
+                ))
+            }),
         };
         let shm_copy = shm_copy_from_env().map_err(PyValueError::new_err)?;
         let node_limits = match limits {
@@ -738,12 +743,11 @@ impl Engine {
             // sweeping often (every 50 ms), not at the default's pace.
             None if kept_bytes == 0 => Some(Duration::ZERO),
             None => None,
-            Some(s) if s.is_finite() && s >= 0.0 => Some(Duration::from_secs_f64(s)),
-            Some(s) => {
-                return Err(PyValueError::new_err(format!(
-                    "kept_map_seconds must be zero or a positive number of seconds, not {s}"
-                )))
-            }
+            Some(s) => Some(duration_of(s, true).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "kept_map_seconds must be zero or a positive number of seconds (at most {MAX_SECONDS}), not {s}"
+                ))
+            })?),
         };
         let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
             let weak = weak.clone();

@@ -81,10 +81,14 @@ pub fn listen_unix(py: Python<'_>, name: &str, node_id: &str) -> PyResult<(i32, 
     let (listener, path) = py
         .detach(|| handoff_sys::same_host::listen(name, node_id))
         .map_err(crate::connection::same_host_error)?;
-    let path = path
-        .into_os_string()
-        .into_string()
-        .map_err(|p| PyValueError::new_err(format!("the socket path {p:?} is not UTF-8")))?;
+    let path = match path.into_os_string().into_string() {
+        Ok(path) => path,
+        Err(p) => {
+            // (The listener closes as it goes; its file goes with it.)
+            let _ = std::fs::remove_file(&p);
+            return Err(PyValueError::new_err(format!("the socket path {p:?} is not UTF-8")));
+        }
+    };
     Ok((listener.into_raw_fd(), path))
 }
 

@@ -86,11 +86,18 @@ pub fn listen(name: &str, node_id: &str) -> Result<(UnixListener, PathBuf), Same
     let path = runtime_dir()?.join(format!("{safe}-{id}.sock"));
     let _ = std::fs::remove_file(&path);
     let listener = UnixListener::bind(&path).map_err(io(format!("listening on {}", path.display())))?;
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-        .map_err(io(format!("restricting {} to mode 0600", path.display())))?;
-    listener
-        .set_nonblocking(true)
-        .map_err(io(format!("making {} non-blocking", path.display())))?;
+    let ready = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+        .map_err(io(format!("restricting {} to mode 0600", path.display())))
+        .and_then(|()| {
+            listener
+                .set_nonblocking(true)
+                .map_err(io(format!("making {} non-blocking", path.display())))
+        });
+    if let Err(e) = ready {
+        // Not left behind for the next node of this name to find.
+        let _ = std::fs::remove_file(&path);
+        return Err(e);
+    }
     Ok((listener, path))
 }
 

@@ -25,14 +25,15 @@ pub const DEFAULT_IDLE: Duration = Duration::from_secs(10);
 
 impl IdleTimes {
     /// From `HANDOFF_SHM_POOL_IDLE_SECONDS` and `HANDOFF_SHM_KEEP_SECONDS` (positive
-    /// seconds; anything else is the default).
+    /// seconds that a duration can hold; anything else is the default).
     pub fn from_env() -> IdleTimes {
         let seconds = |name: &str| {
             std::env::var(name)
                 .ok()
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .filter(|s| s.is_finite() && *s > 0.0)
-                .map_or(DEFAULT_IDLE, Duration::from_secs_f64)
+                .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                .unwrap_or(DEFAULT_IDLE)
         };
         IdleTimes {
             pool: seconds("HANDOFF_SHM_POOL_IDLE_SECONDS"),
