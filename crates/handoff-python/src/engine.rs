@@ -57,9 +57,6 @@ pub(crate) struct Shared {
     /// node with the same id from another process is refused (spec §5.1).
     pub(crate) connected: Mutex<HashMap<String, Endpoint>>,
     connections_of: Mutex<HashMap<String, usize>>,
-    /// Idle bytes of received segments kept mapped for reuse, at most (`Engine(kept_map_bytes=)`,
-    /// else `HANDOFF_SHM_KEEP_BYTES`, else `handoff_proto::node::DEFAULT_KEPT_MAPPINGS`).
-    kept_bytes: usize,
     /// How long a received segment no view uses stays mapped (`Engine(kept_map_seconds=)`;
     /// `None`: `HANDOFF_SHM_KEEP_SECONDS`, else 10 s).
     kept_idle: Option<Duration>,
@@ -81,6 +78,17 @@ static POOL_IDLE: Mutex<Option<Duration>> = Mutex::new(None);
 const MAX_SECONDS: u64 = handoff_proto::bounds::MAX_DURATION.as_secs();
 
 use handoff_proto::bounds::duration_from_secs as duration_of;
+
+/// The setting `what`, `s` seconds, as a duration the engine takes ([`duration_of`]; zero
+/// only where `zero` allows it), or the `ValueError` that says what it must be.
+fn seconds_setting(what: &str, s: f64, zero: bool) -> PyResult<Duration> {
+    duration_of(s, zero).ok_or_else(|| {
+        let least = if zero { "zero or a positive" } else { "a positive" };
+        PyValueError::new_err(format!(
+            "{what} must be {least} number of seconds (at most {MAX_SECONDS}), not {s}"
+        ))
+    })
+}
 
 impl Shared {
     /// The idle times this node's sweep applies: the process's pool's, and its own mappings'.
@@ -104,11 +112,7 @@ impl Shared {
 #[pyo3(signature = (max_idle_bytes=None, idle_seconds=None))]
 pub fn configure_segment_pool(max_idle_bytes: Option<usize>, idle_seconds: Option<f64>) -> PyResult<()> {
     if let Some(s) = idle_seconds {
-        let idle = duration_of(s, true).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "idle_seconds must be zero or a positive number of seconds (at most {MAX_SECONDS}), not {s}"
-            ))
-        })?;
+        let idle = seconds_setting("idle_seconds", s, true)?;
         *POOL_IDLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(idle);
     }
     if let Some(bytes) = max_idle_bytes {
@@ -677,11 +681,7 @@ impl Engine {
         handoff_proto::peers::check_own_identity(&name, host_id.as_deref()).map_err(PyValueError::new_err)?;
         let seconds = |what: &str, s: Option<f64>, default: Duration| match s {
             None => Ok(default),
-            Some(s) => duration_of(s, false).ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "{what} must be a positive number of seconds (at most {MAX_SECONDS}), not {s}"
-                ))
-            }),
+            Some(s) => seconds_setting(what, s, false),
         };
         let shm_copy = shm_copy_from_env().map_err(PyValueError::new_err)?;
         let node_limits = match limits {
@@ -743,11 +743,7 @@ impl Engine {
             // sweeping often (every 50 ms), not at the default's pace.
             None if kept_bytes == 0 => Some(Duration::ZERO),
             None => None,
-            Some(s) => Some(duration_of(s, true).ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "kept_map_seconds must be zero or a positive number of seconds (at most {MAX_SECONDS}), not {s}"
-                ))
-            })?),
+            Some(s) => Some(seconds_setting("kept_map_seconds", s, true)?),
         };
         let shared = Arc::new_cyclic(|weak: &std::sync::Weak<Shared>| {
             let weak = weak.clone();
@@ -782,7 +778,6 @@ impl Engine {
                 connected: Mutex::default(),
                 connections_of: Mutex::default(),
                 waiting_for_leases: AtomicUsize::new(0),
-                kept_bytes,
                 kept_idle,
             }
         });
@@ -833,7 +828,7 @@ impl Engine {
     /// Idle bytes of received segments this node keeps mapped for reuse, at most.
     #[getter]
     fn kept_map_bytes(&self) -> usize {
-        self.shared.kept_bytes
+        self.shared.mappings.max_idle_bytes()
     }
 
     /// Bytes of peers' segments mapped now.

@@ -360,6 +360,11 @@ impl MappingCache {
         left
     }
 
+    /// The most bytes of idle mappings this cache keeps (what it was made with).
+    pub fn max_idle_bytes(&self) -> usize {
+        self.max_idle_bytes
+    }
+
     /// Bytes mapped that no view uses (kept for reuse).
     pub fn idle_bytes(&self) -> usize {
         let entries = self.entries.lock().expect("mapping cache lock");
